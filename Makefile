@@ -1,0 +1,44 @@
+# Shoal: `make run` starts a broker on 127.0.0.1:9092 with data in ./data; `make test` runs every test.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+.PHONY: run test install install-test lint typecheck unit integration bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
+
+run: install
+	$(VENV)/bin/shoal-broker config/server.properties
+
+test: install-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests
+
+unit: install-test
+	$(VENV)/bin/pytest -q tests/unit
+
+integration: install-test
+	$(VENV)/bin/pytest -q tests/integration
+
+lint: install-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy protocol broker
+
+bench: install-test
+	$(PY) bench/bench_produce_fetch.py
+
+clean:
+	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,468 @@
+"""One segment of a partition log: a `.log` file of record batches plus its sparse indexes.
+
+The log treats batches as opaque bytes apart from their 61-byte header. Offsets inside a segment are
+contiguous (the broker assigns them, nothing compacts), which lets an offset lookup walk batches using
+only the 12-byte log overhead (base offset + length) of each one.
+
+Indexes live in memory. They are written to `<base>.index` / `<base>.timeindex` only once the segment
+is sealed and its `.log` has been fsynced, so the presence of valid index files means "this segment is
+durable and complete" and lets a restart skip the CRC scan for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import threading
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
+from pathlib import Path
+
+from shoal.protocol.record_batch import (
+    BASE_OFFSET_POS,
+    LENGTH_POS,
+    LOG_OVERHEAD,
+    BatchHeader,
+    InvalidRecordBatch,
+    parse_batch_header,
+    verify_crc,
+)
+
+INT32_MAX = 2**31 - 1
+NO_TIMESTAMP = -1
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+TMP_SUFFIX = ".tmp"
+
+_OFFSET_ENTRY = struct.Struct(">ii")  # relative offset, file position
+_TIME_ENTRY = struct.Struct(">qi")  # max timestamp so far, relative offset of that record
+_PREFIX = struct.Struct(">q")
+_LENGTH = struct.Struct(">i")
+
+# Read granularity for header walks and recovery scans.
+_SCAN_CHUNK = 64 * 1024
+_RECOVERY_CHUNK = 1 << 20
+
+
+def segment_file_name(base_offset: int, suffix: str) -> str:
+    return f"{base_offset:020d}{suffix}"
+
+
+def _batch_size(buf: bytes | memoryview, pos: int) -> int:
+    return int(_LENGTH.unpack_from(buf, pos + LENGTH_POS)[0]) + LOG_OVERHEAD
+
+
+def _base_offset(buf: bytes | memoryview, pos: int) -> int:
+    return int(_PREFIX.unpack_from(buf, pos + BASE_OFFSET_POS)[0])
+
+
+def offset_of_max_timestamp(header: BatchHeader) -> int:
+    """Offset we report for a batch's max timestamp.
+
+    Records are opaque here, so we guess without decoding: with LogAppendTime every record carries the
+    same timestamp and the first one wins; with CreateTime producers stamp records in order, so the
+    last record usually carries the max.
+    """
+    return header.base_offset if header.timestamp_type == 1 else header.last_offset
+
+
+class LogSegment:
+    """A `.log` file starting at `base_offset`, with sparse offset and time indexes."""
+
+    def __init__(self, directory: Path, base_offset: int, fd: int, *, index_interval_bytes: int) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        self.fd = fd
+        self.size = 0
+        self.next_offset = base_offset
+        self.max_timestamp = NO_TIMESTAMP
+        self.offset_of_max_timestamp = -1
+        self.sealed = False
+        # Bytes known to be on stable storage; the partition log's flush advances it.
+        self.flushed_size = 0
+        self.indexes_persisted = False
+        self.deleted = False
+        # Serialises index-file writes (flush thread) against deletion (event loop).
+        self._file_lock = threading.Lock()
+        self._bytes_since_index = 0
+        self._idx_offsets: list[int] = []
+        self._idx_positions: list[int] = []
+        self._time_stamps: list[int] = []
+        self._time_offsets: list[int] = []
+
+    # -- paths -------------------------------------------------------------------------------------
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / segment_file_name(self.base_offset, LOG_SUFFIX)
+
+    @property
+    def index_path(self) -> Path:
+        return self.directory / segment_file_name(self.base_offset, INDEX_SUFFIX)
+
+    @property
+    def time_index_path(self) -> Path:
+        return self.directory / segment_file_name(self.base_offset, TIME_INDEX_SUFFIX)
+
+    # -- construction ------------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: Path, base_offset: int, *, index_interval_bytes: int = 4096) -> LogSegment:
+        """A new, empty, writable segment (any stale file of the same name is discarded)."""
+        path = directory / segment_file_name(base_offset, LOG_SUFFIX)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        seg = cls(directory, base_offset, fd, index_interval_bytes=index_interval_bytes)
+        seg._remove_index_files()
+        return seg
+
+    @classmethod
+    def open(
+        cls, directory: Path, base_offset: int, *, sealed: bool, index_interval_bytes: int = 4096
+    ) -> tuple[LogSegment, int]:
+        """Open an existing segment; returns it with the number of bytes recovery cut off its tail.
+
+        A sealed segment with valid index files is trusted (only its last batch is read). Anything
+        else is re-scanned with CRC checks and a torn or corrupt tail is truncated.
+        """
+        path = directory / segment_file_name(base_offset, LOG_SUFFIX)
+        fd = os.open(path, os.O_RDWR)
+        seg = cls(directory, base_offset, fd, index_interval_bytes=index_interval_bytes)
+        try:
+            seg.size = os.fstat(fd).st_size
+            if sealed and seg._load_indexes():
+                seg.sealed = True
+                seg.indexes_persisted = True
+                seg.flushed_size = seg.size
+                return seg, 0
+            truncated = seg.recover()
+            if sealed:
+                seg.seal()
+            else:
+                # The index files of a writable segment go stale with its first append.
+                seg._remove_index_files()
+            return seg, truncated
+        except BaseException:
+            os.close(fd)
+            raise
+
+    # -- append ------------------------------------------------------------------------------------
+
+    def append(self, data: bytes | bytearray | memoryview, headers: list[tuple[int, BatchHeader]]) -> None:
+        """Write batches that already carry their final offsets; `headers` positions are relative to `data`."""
+        if self.sealed:
+            raise RuntimeError(f"segment {self.base_offset} is sealed")
+        start = self.size
+        view = memoryview(data)
+        written = 0
+        try:
+            while written < len(view):
+                written += os.pwrite(self.fd, view[written:], start + written)
+        except BaseException:
+            # Never leave half a batch behind a failed write (e.g. ENOSPC).
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, start)
+            raise
+        for pos, header in headers:
+            self._track(start + pos, header)
+        self.size = start + len(view)
+
+    def _track(self, position: int, header: BatchHeader) -> None:
+        """Index bookkeeping for one batch at `position`; shared by append and recovery."""
+        if header.max_timestamp > self.max_timestamp:
+            self.max_timestamp = header.max_timestamp
+            self.offset_of_max_timestamp = offset_of_max_timestamp(header)
+        if self._bytes_since_index > self.index_interval_bytes:
+            self._idx_offsets.append(header.base_offset - self.base_offset)
+            self._idx_positions.append(position)
+            self._maybe_append_time_entry()
+            self._bytes_since_index = 0
+        self._bytes_since_index += header.size
+        self.next_offset = header.last_offset + 1
+
+    def _maybe_append_time_entry(self) -> None:
+        last = self._time_stamps[-1] if self._time_stamps else NO_TIMESTAMP
+        if self.max_timestamp > last:
+            self._time_stamps.append(self.max_timestamp)
+            self._time_offsets.append(self.offset_of_max_timestamp - self.base_offset)
+
+    def seal(self) -> None:
+        """Mark read-only; the final time index entry records the segment's max timestamp."""
+        self._maybe_append_time_entry()
+        self.sealed = True
+
+    # -- lookups -----------------------------------------------------------------------------------
+
+    def _index_floor(self, offset: int) -> int:
+        """File position of the last indexed batch whose base offset is <= `offset` (0 if none)."""
+        i = bisect_right(self._idx_offsets, offset - self.base_offset) - 1
+        return self._idx_positions[i] if i >= 0 else 0
+
+    def _walk(self, start: int) -> Iterator[tuple[int, int, int]]:
+        """Yield (position, base offset, size) for each batch from `start`, reading only log overheads."""
+        end = self.size
+        buf = b""
+        buf_pos = start
+        pos = start
+        while pos < end:
+            rel = pos - buf_pos
+            if rel < 0 or rel + LOG_OVERHEAD > len(buf):
+                buf = os.pread(self.fd, min(_SCAN_CHUNK, end - pos), pos)
+                buf_pos, rel = pos, 0
+                if len(buf) < LOG_OVERHEAD:
+                    raise InvalidRecordBatch(f"truncated batch at byte {pos} of segment {self.base_offset}")
+            size = _batch_size(buf, rel)
+            if size <= LOG_OVERHEAD:
+                raise InvalidRecordBatch(f"bad batch length at byte {pos} of segment {self.base_offset}")
+            yield pos, _base_offset(buf, rel), size
+            pos += size
+
+    def position_of(self, offset: int) -> int:
+        """File position of the batch containing `offset`; `size` if the offset is past this segment."""
+        if offset >= self.next_offset:
+            return self.size
+        if offset <= self.base_offset:
+            return 0
+        found = 0
+        for pos, base, _ in self._walk(self._index_floor(offset)):
+            if base > offset:
+                break
+            found = pos
+        return found
+
+    def _iter_full(self, start: int, *, check_crc: bool) -> Iterator[tuple[int, BatchHeader]]:
+        """Yield (position, header) of whole batches from `start`, raising at the first bad one."""
+        end = self.size
+        pos = start
+        buf = memoryview(b"")
+        buf_pos = start
+        while pos < end:
+            rel = pos - buf_pos
+            avail = len(buf) - rel
+            if avail < LOG_OVERHEAD or avail < _batch_size(buf, rel):
+                buf = memoryview(os.pread(self.fd, min(_RECOVERY_CHUNK, end - pos), pos))
+                buf_pos, rel = pos, 0
+                if len(buf) >= LOG_OVERHEAD:
+                    need = _batch_size(buf, 0)
+                    if len(buf) < need <= end - pos:
+                        # A batch larger than the chunk: fetch all of it. A length running past the
+                        # end of the file is left for parse_batch_header to reject as truncated.
+                        buf = memoryview(os.pread(self.fd, need, pos))
+            header = parse_batch_header(buf, rel)
+            if check_crc:
+                verify_crc(buf, rel, header)
+            yield pos, header
+            pos += header.size
+
+    def find_timestamp(self, timestamp_ms: int, min_offset: int) -> BatchHeader | None:
+        """Header of the first batch with max_timestamp >= `timestamp_ms` and last offset >= `min_offset`."""
+        if self.max_timestamp < timestamp_ms or min_offset >= self.next_offset:
+            return None
+        # Every batch up to an entry's recording point has max timestamp <= the entry's timestamp.
+        i = bisect_left(self._time_stamps, timestamp_ms) - 1
+        start = self._index_floor(self.base_offset + self._time_offsets[i]) if i >= 0 else 0
+        start = max(start, self._index_floor(min_offset))
+        for _, header in self._iter_full(start, check_crc=False):
+            if header.last_offset >= min_offset and header.max_timestamp >= timestamp_ms:
+                return header
+        return None
+
+    # -- reads -------------------------------------------------------------------------------------
+
+    def read(self, position: int, size: int) -> bytes:
+        return os.pread(self.fd, max(0, min(size, self.size - position)), position)
+
+    def read_batches(
+        self, position: int, max_bytes: int, *, min_one: bool, max_offset: int | None = None
+    ) -> tuple[bytes, bool]:
+        """Whole batches from `position` within `max_bytes` (one over-sized batch if `min_one`).
+
+        Returns (data, stopped): `stopped` is True when the read ended before this segment's end,
+        so the caller must not continue into the next segment.
+        """
+        end = self.size
+        if position >= end:
+            return b"", False
+        buf = os.pread(self.fd, max(0, min(max_bytes, end - position)), position)
+        cut = 0
+        while cut + LOG_OVERHEAD <= len(buf):
+            if max_offset is not None and _base_offset(buf, cut) >= max_offset:
+                return buf[:cut], True
+            size = _batch_size(buf, cut)
+            if cut + size > len(buf):
+                break
+            cut += size
+        if cut == 0 and min_one:
+            # Kafka returns a batch larger than the fetch size rather than stalling the consumer.
+            head = os.pread(self.fd, LOG_OVERHEAD, position)
+            if len(head) < LOG_OVERHEAD or (max_offset is not None and _base_offset(head, 0) >= max_offset):
+                return b"", True
+            first = os.pread(self.fd, _batch_size(head, 0), position)
+            return first, position + len(first) < end
+        return (buf if cut == len(buf) else buf[:cut]), position + cut < end
+
+    # -- recovery and truncation -------------------------------------------------------------------
+
+    def _reset_indexes(self) -> None:
+        self.next_offset = self.base_offset
+        self.max_timestamp = NO_TIMESTAMP
+        self.offset_of_max_timestamp = -1
+        self._bytes_since_index = 0
+        self._idx_offsets.clear()
+        self._idx_positions.clear()
+        self._time_stamps.clear()
+        self._time_offsets.clear()
+
+    def recover(self) -> int:
+        """Re-scan the file verifying CRCs and offset continuity, rebuild the indexes, truncate the tail
+        at the first torn or corrupt batch. Returns the number of bytes removed."""
+        self._reset_indexes()
+        good = 0
+        try:
+            for pos, header in self._iter_full(0, check_crc=True):
+                if header.base_offset != self.next_offset:
+                    break  # offsets here are always contiguous; anything else is garbage
+                self._track(pos, header)
+                good = pos + header.size
+        except InvalidRecordBatch:
+            pass
+        truncated = self.size - good
+        if truncated:
+            os.ftruncate(self.fd, good)
+            self.size = good
+        self.flushed_size = min(self.flushed_size, self.size)
+        return truncated
+
+    def truncate_to(self, position: int) -> None:
+        """Cut the file at `position` (a batch boundary) and rebuild the indexes from what is left."""
+        if self.sealed:
+            raise RuntimeError(f"segment {self.base_offset} is sealed")
+        if position < self.size:
+            os.ftruncate(self.fd, position)
+            self.size = position
+        self.recover()
+
+    # -- index persistence -------------------------------------------------------------------------
+
+    def _load_indexes(self) -> bool:
+        """Load persisted indexes and locate the last batch; False if anything looks off."""
+        try:
+            raw_index = self.index_path.read_bytes()
+            raw_time = self.time_index_path.read_bytes()
+        except FileNotFoundError:
+            return False
+        if len(raw_index) % _OFFSET_ENTRY.size or len(raw_time) % _TIME_ENTRY.size or self.size == 0:
+            return False
+        offsets: list[int] = []
+        positions: list[int] = []
+        for rel, pos in _OFFSET_ENTRY.iter_unpack(raw_index):
+            if (
+                (offsets and (rel <= offsets[-1] or pos <= positions[-1]))
+                or rel < 0
+                or not 0 <= pos < self.size
+            ):
+                return False
+            offsets.append(rel)
+            positions.append(pos)
+        stamps: list[int] = []
+        time_offsets: list[int] = []
+        for ts, rel in _TIME_ENTRY.iter_unpack(raw_time):
+            if (stamps and ts <= stamps[-1]) or rel < 0:
+                return False
+            stamps.append(ts)
+            time_offsets.append(rel)
+        try:
+            last_pos = 0
+            walked_to = 0
+            for pos, _, size in self._walk(positions[-1] if positions else 0):
+                last_pos, walked_to = pos, pos + size
+            if walked_to != self.size:
+                return False
+            last = next(self._iter_full(last_pos, check_crc=False))[1]
+        except (InvalidRecordBatch, StopIteration):
+            return False
+        if offsets and last.base_offset < self.base_offset + offsets[-1]:
+            return False
+        self._idx_offsets, self._idx_positions = offsets, positions
+        self._time_stamps, self._time_offsets = stamps, time_offsets
+        self.next_offset = last.last_offset + 1
+        if stamps:
+            self.max_timestamp = stamps[-1]
+            self.offset_of_max_timestamp = self.base_offset + time_offsets[-1]
+        if time_offsets and self.offset_of_max_timestamp >= self.next_offset:
+            self._reset_indexes()
+            return False
+        return True
+
+    def persist_indexes(self) -> None:
+        """Write both index files atomically. Call only after this segment's `.log` has been fsynced."""
+        with self._file_lock:
+            if self.deleted or self.indexes_persisted:
+                return
+            index = b"".join(
+                _OFFSET_ENTRY.pack(o, p) for o, p in zip(self._idx_offsets, self._idx_positions, strict=True)
+            )
+            times = b"".join(
+                _TIME_ENTRY.pack(t, o) for t, o in zip(self._time_stamps, self._time_offsets, strict=True)
+            )
+            for path, payload in ((self.index_path, index), (self.time_index_path, times)):
+                tmp = path.with_name(path.name + TMP_SUFFIX)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    os.write(fd, payload)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, path)
+            self.indexes_persisted = True
+
+    def unseal(self) -> None:
+        """Make a sealed segment writable again (recovery cut a sealed segment's tail)."""
+        self.sealed = False
+        self._remove_index_files()
+
+    @staticmethod
+    def remove_files(directory: Path, base_offset: int) -> None:
+        """Remove a segment's files without opening it."""
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            with contextlib.suppress(FileNotFoundError):
+                (directory / segment_file_name(base_offset, suffix)).unlink()
+
+    def _remove_index_files(self) -> None:
+        for path in (self.index_path, self.time_index_path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        self.indexes_persisted = False
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def fsync(self) -> None:
+        os.fsync(self.fd)
+        self.flushed_size = self.size
+
+    def last_modified_ms(self) -> int:
+        return int(os.fstat(self.fd).st_mtime * 1000)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def delete(self) -> None:
+        """Close and remove the segment's files."""
+        with self._file_lock:
+            self.deleted = True
+            self.close()
+            for path in (self.log_path, self.index_path, self.time_index_path):
+                for p in (path, path.with_name(path.name + TMP_SUFFIX)):
+                    with contextlib.suppress(FileNotFoundError):
+                        p.unlink()
+
+    def __repr__(self) -> str:
+        return (
+            f"LogSegment(base={self.base_offset}, next={self.next_offset}, size={self.size}, "
+            f"sealed={self.sealed})"
+        )

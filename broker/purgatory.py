@@ -1,0 +1,52 @@
+"""The request purgatory: parked long-poll requests woken when the thing they wait on changes.
+
+Keys are whatever identifies the watched state (a (topic, partition) for Fetch, a share partition for
+ShareFetch). A waiter wakes on the first notify of any of its keys or at its deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable, Iterable
+
+
+class Purgatory:
+    def __init__(self) -> None:
+        self._watchers: dict[Hashable, set[asyncio.Future[bool]]] = {}
+
+    async def wait(self, keys: Iterable[Hashable], timeout_s: float) -> bool:
+        """Park until one of `keys` is notified or `timeout_s` passes; True if woken by a notify."""
+        if timeout_s <= 0:
+            return False
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
+        keys = list(keys)
+        for key in keys:
+            self._watchers.setdefault(key, set()).add(fut)
+        handle = loop.call_later(timeout_s, _expire, fut)
+        try:
+            return await fut
+        finally:
+            handle.cancel()
+            for key in keys:
+                watchers = self._watchers.get(key)
+                if watchers is not None:
+                    watchers.discard(fut)
+                    if not watchers:
+                        del self._watchers[key]
+
+    def notify(self, key: Hashable) -> None:
+        watchers = self._watchers.get(key)
+        if not watchers:
+            return
+        for fut in list(watchers):
+            if not fut.done():
+                fut.set_result(True)
+
+    def watching(self, key: Hashable) -> int:
+        return len(self._watchers.get(key, ()))
+
+
+def _expire(fut: asyncio.Future[bool]) -> None:
+    if not fut.done():
+        fut.set_result(False)

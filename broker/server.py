@@ -1,0 +1,191 @@
+"""The broker: wires config, storage, handlers and listeners together, and owns their lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from shoal.protocol import messages
+from shoal.protocol.errors import ErrorCode
+
+from .authorizer import AllowAllAuthorizer, Authorizer
+from .config import BrokerConfig, Listener
+from .connection import KafkaConnection
+from .metrics import BrokerMetrics
+from .purgatory import Purgatory
+from .topic_registry import CONSUMER_OFFSETS, SHARE_GROUP_STATE, Topic, TopicRegistry
+
+log = structlog.get_logger("shoal.broker")
+
+
+@dataclass(frozen=True, slots=True)
+class Api:
+    """A handler for one API key over a version range; `handler(ctx, body)` returns the response body."""
+
+    key: int
+    name: str
+    min_version: int
+    max_version: int
+    handler: Callable[..., Any]
+    is_async: bool
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig):
+        self.config = config
+        self.node_id = int(config["node.id"])
+        self.cluster_id = str(config["cluster.id"])
+        self.metrics = BrokerMetrics()
+        self.authorizer: Authorizer = AllowAllAuthorizer()
+        self.topics = TopicRegistry(Path(config["log.dirs"]), config)
+        self.purgatory = Purgatory()
+        self.apis: dict[int, Api] = {}
+        self.connections: set[KafkaConnection] = set()
+        self.connection_listeners: list[Callable[[KafkaConnection], None]] = []
+        self.topic_listeners: list[Callable[..., None]] = []
+        self.bound: list[Listener] = []
+        self.advertised: list[Listener] = []
+        self.metrics_port: int | None = None
+        self._servers: list[asyncio.AbstractServer] = []
+        self._background: list[asyncio.Task[Any]] = []
+        self.started_at = time.time()
+
+    # ---- handlers ------------------------------------------------------------------------------
+
+    def register(self, key: int, min_version: int, max_version: int, handler: Callable[..., Any]) -> None:
+        spec_versions = messages.REQUESTS[key].spec.valid
+        assert min_version in spec_versions and max_version in spec_versions, (key, min_version, max_version)
+        self.apis[key] = Api(
+            key, messages.API_NAMES[key], min_version, max_version, handler, inspect.iscoroutinefunction(handler)
+        )
+
+    def api_versions_fallback(self, header: messages.RequestHeader) -> Any:
+        """ApiVersions v0 body with UNSUPPORTED_VERSION and our ranges, for a version we do not know."""
+        cls = messages.ApiVersionsResponse
+        return cls(error_code=ErrorCode.UNSUPPORTED_VERSION, api_keys=self.api_version_entries())
+
+    def api_version_entries(self) -> list[Any]:
+        entry = messages.ApiVersionsResponse.ApiVersion  # type: ignore[attr-defined]
+        return [
+            entry(api_key=api.key, min_version=api.min_version, max_version=api.max_version)
+            for api in sorted(self.apis.values(), key=lambda a: a.key)
+        ]
+
+    # ---- connections ---------------------------------------------------------------------------
+
+    def on_connection_opened(self, conn: KafkaConnection) -> None:
+        self.connections.add(conn)
+        self.metrics.connections.set(len(self.connections))
+
+    def on_connection_closed(self, conn: KafkaConnection) -> None:
+        self.connections.discard(conn)
+        self.metrics.connections.set(len(self.connections))
+        for callback in self.connection_listeners:
+            try:
+                callback(conn)
+            except Exception:
+                log.exception("connection-close listener failed")
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def ensure_internal_topics(self) -> None:
+        for name, key in (
+            (CONSUMER_OFFSETS, "offsets.topic.num.partitions"),
+            (SHARE_GROUP_STATE, "share.coordinator.state.topic.num.partitions"),
+        ):
+            if self.topics.get(name) is None:
+                self.topics.create(name, int(self.config[key]), {"cleanup.policy": "compact" if name == CONSUMER_OFFSETS else "delete"})
+
+    async def start(self) -> None:
+        from .handlers import register_all
+
+        self.topics.load()
+        self.ensure_internal_topics()
+        register_all(self)
+        loop = asyncio.get_running_loop()
+        for listener in self.config.listeners():
+            server = await loop.create_server(
+                lambda lst=listener: KafkaConnection(self, lst),  # type: ignore[misc]
+                host=listener.host,
+                port=listener.port,
+                reuse_address=True,
+                backlog=1024,
+            )
+            self._servers.append(server)
+            port = server.sockets[0].getsockname()[1]
+            self.bound.append(Listener(listener.name, listener.security_protocol, listener.host, port))
+        self.advertised = self.config.advertised(self.bound)
+        if int(self.config["metrics.port"]) >= 0:
+            self.metrics_port = self.metrics.serve(str(self.config["metrics.host"]), int(self.config["metrics.port"]))
+        self._background.append(loop.create_task(self._retention_loop()))
+        for topic in self.topics.by_name.values():
+            for plog in topic.partitions:
+                plog.start_background(loop)
+
+    async def _retention_loop(self) -> None:
+        interval = int(self.config["log.retention.check.interval.ms"]) / 1000
+        while True:
+            await asyncio.sleep(interval)
+            now_ms = int(time.time() * 1000)
+            for topic in list(self.topics.by_name.values()):
+                for plog in topic.partitions:
+                    try:
+                        plog.enforce_retention(now_ms)
+                    except Exception:
+                        log.exception("retention failed", topic=topic.name)
+
+    async def stop(self) -> None:
+        for server in self._servers:
+            server.close()
+        for conn in list(self.connections):
+            conn.close()
+        for task in self._background:
+            task.cancel()
+        for server in self._servers:
+            await server.wait_closed()
+        for topic in self.topics.by_name.values():
+            for plog in topic.partitions:
+                try:
+                    await plog.flush()
+                except Exception:
+                    log.exception("final flush failed", topic=topic.name)
+                await plog.stop_background()
+        self.topics.close()
+        self.metrics.stop()
+
+    # ---- topic lifecycle hooks (share groups subscribe to these) --------------------------------
+
+    def on_topic_created(self, topic: Topic) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None:
+            for plog in topic.partitions:
+                plog.start_background(loop)
+        for callback in self.topic_listeners:
+            callback("created", topic)
+
+    def delete_topic(self, topic: Topic) -> None:
+        self.topics.delete(topic)
+        for index in range(len(topic.partitions)):
+            self.purgatory.notify(("log", topic.topic_id, index))
+        for callback in self.topic_listeners:
+            callback("deleted", topic)
+
+    def on_log_start_moved(self, topic: Topic, partition: int) -> None:
+        for callback in self.topic_listeners:
+            callback("log_start_moved", topic, partition)
+
+    def advertised_listener(self, name: str) -> Listener:
+        for lst in self.advertised:
+            if lst.name == name:
+                return lst
+        return self.advertised[0]

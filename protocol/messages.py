@@ -1,0 +1,116 @@
+"""The registry of Kafka messages built from the JSON specs at import time, and request/response framing.
+
+`REQUESTS[api_key]` / `RESPONSES[api_key]` give a `MessageCodec`; `messages.ProduceRequest` etc. give the
+generated classes, so handlers build responses as `ProduceResponse(responses=[...])`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .codec import DecodeError, MessageBase, MessageCodec
+from .schema import load_all
+
+SPECS = load_all()
+CODECS: dict[str, MessageCodec] = {name: MessageCodec(spec) for name, spec in SPECS.items()}
+
+REQUESTS: dict[int, MessageCodec] = {}
+RESPONSES: dict[int, MessageCodec] = {}
+for _codec in CODECS.values():
+    if _codec.spec.type == "request" and _codec.spec.api_key is not None:
+        REQUESTS[_codec.spec.api_key] = _codec
+    elif _codec.spec.type == "response" and _codec.spec.api_key is not None:
+        RESPONSES[_codec.spec.api_key] = _codec
+
+API_NAMES: dict[int, str] = {k: c.spec.name.removesuffix("Request") for k, c in REQUESTS.items()}
+
+_REQUEST_HEADER = CODECS["RequestHeader"]
+_RESPONSE_HEADER = CODECS["ResponseHeader"]
+API_VERSIONS_KEY = 18
+
+
+def message_class(name: str) -> type[MessageBase]:
+    return CODECS[name].cls
+
+
+def __getattr__(name: str) -> type[MessageBase]:
+    # Lets callers write `messages.ProduceResponse` for any spec'd message.
+    codec = CODECS.get(name)
+    if codec is None:
+        raise AttributeError(name)
+    return codec.cls
+
+
+def request_header_version(api_key: int, api_version: int) -> int:
+    return 2 if REQUESTS[api_key].is_flexible(api_version) else 1
+
+
+def response_header_version(api_key: int, api_version: int) -> int:
+    # ApiVersions always answers with header v0 so a client can read it whatever version it tried (KIP-511).
+    if api_key == API_VERSIONS_KEY:
+        return 0
+    return 1 if RESPONSES[api_key].is_flexible(api_version) else 0
+
+
+@dataclass(slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+class UnknownApi(DecodeError):
+    """A request for an API key this build has no spec for."""
+
+
+def decode_request_header(buf: Any) -> tuple[RequestHeader, int]:
+    """Parse the header far enough to route the request; returns the header and the body's position."""
+    if len(buf) < 8:
+        raise DecodeError("request shorter than its header")
+    api_key = int.from_bytes(buf[0:2], "big", signed=True)
+    api_version = int.from_bytes(buf[2:4], "big", signed=True)
+    correlation_id = int.from_bytes(buf[4:8], "big", signed=True)
+    codec = REQUESTS.get(api_key)
+    if codec is None:
+        raise UnknownApi(f"unknown api key {api_key}")
+    version = 2 if codec.is_flexible(api_version) else 1
+    hdr, pos = _REQUEST_HEADER.decode(buf, version)
+    return RequestHeader(api_key, api_version, correlation_id, hdr.client_id), pos
+
+
+def decode_request(buf: Any) -> tuple[RequestHeader, Any]:
+    header, pos = decode_request_header(buf)
+    body, end = REQUESTS[header.api_key].decode(buf, header.api_version, pos)
+    return header, body
+
+
+def encode_request(body: Any, api_key: int, api_version: int, correlation_id: int, client_id: str | None) -> bytearray:
+    hv = request_header_version(api_key, api_version)
+    hdr = _REQUEST_HEADER.cls(
+        request_api_key=api_key, request_api_version=api_version, correlation_id=correlation_id, client_id=client_id
+    )
+    out = _REQUEST_HEADER.encode(hdr, hv)
+    return REQUESTS[api_key].encode(body, api_version, out)
+
+
+def encode_response(body: Any, api_key: int, api_version: int, correlation_id: int, *, framed: bool = True) -> bytearray:
+    """Response header + body, with the 4-byte size prefix when `framed`."""
+    out = bytearray(b"\x00\x00\x00\x00") if framed else bytearray()
+    out += correlation_id.to_bytes(4, "big", signed=True)
+    if response_header_version(api_key, api_version) >= 1:
+        out.append(0)  # empty tagged-field buffer
+    RESPONSES[api_key].encode(body, api_version, out)
+    if framed:
+        out[0:4] = (len(out) - 4).to_bytes(4, "big")
+    return out
+
+
+def decode_response(buf: Any, api_key: int, api_version: int) -> tuple[int, Any]:
+    correlation_id = int.from_bytes(buf[0:4], "big", signed=True)
+    pos = 4
+    if response_header_version(api_key, api_version) >= 1:
+        _, pos = _RESPONSE_HEADER.decode(buf, 1)
+    body, _ = RESPONSES[api_key].decode(buf, api_version, pos)
+    return correlation_id, body

@@ -1,0 +1,185 @@
+"""The message-spec model: Kafka's JSON message specs parsed into typed descriptions.
+
+Nothing here encodes bytes; `codec.py` compiles these descriptions into functions.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SPEC_DIR = Path(__file__).parent / "specs"
+
+PRIMITIVES = frozenset(
+    {"bool", "int8", "int16", "uint16", "int32", "uint32", "int64", "float64", "string", "bytes", "records", "uuid"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Versions:
+    """An inclusive version range; `high` None means open-ended ("3+")."""
+
+    low: int
+    high: int | None
+
+    @staticmethod
+    def parse(text: str | None) -> Versions:
+        if text is None or text == "none" or text == "":
+            return NO_VERSIONS
+        if text.endswith("+"):
+            return Versions(int(text[:-1]), None)
+        if "-" in text:
+            lo, hi = text.split("-")
+            return Versions(int(lo), int(hi))
+        return Versions(int(text), int(text))
+
+    def __contains__(self, version: int) -> bool:
+        if self.low < 0:
+            return False
+        return self.low <= version and (self.high is None or version <= self.high)
+
+
+NO_VERSIONS = Versions(-1, -1)
+
+_CAMEL_1 = re.compile(r"(.)([A-Z][a-z]+)")
+_CAMEL_2 = re.compile(r"([a-z0-9])([A-Z])")
+
+
+def snake_case(name: str) -> str:
+    """Kafka's field names are CamelCase; Python attributes are snake_case (ThrottleTimeMs -> throttle_time_ms)."""
+    return _CAMEL_2.sub(r"\1_\2", _CAMEL_1.sub(r"\1_\2", name)).lower()
+
+
+@dataclass(slots=True)
+class FieldSpec:
+    name: str
+    attr: str
+    type: str  # element type for arrays, struct name for structs
+    is_array: bool
+    versions: Versions
+    nullable: Versions
+    tagged: Versions
+    tag: int | None
+    default: Any
+    flexible_override: Versions | None  # the header's ClientId stays a classic string in flexible versions
+    struct: StructSpec | None = None
+
+    @property
+    def is_struct(self) -> bool:
+        return self.struct is not None
+
+
+@dataclass(slots=True)
+class StructSpec:
+    name: str
+    fields: list[FieldSpec] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class MessageSpec:
+    name: str
+    api_key: int | None
+    type: str
+    valid: Versions
+    flexible: Versions
+    root: StructSpec
+    structs: dict[str, StructSpec]
+    latest_version_unstable: bool = False
+
+    @property
+    def versions(self) -> range:
+        assert self.valid.high is not None
+        return range(self.valid.low, self.valid.high + 1)
+
+
+def _parse_default(raw: Any, type_name: str, is_array: bool) -> Any:
+    if is_array:
+        return None if raw == "null" else []
+    if raw is None:
+        if type_name == "bool":
+            return False
+        if type_name in ("string",):
+            return ""
+        if type_name in ("bytes", "records"):
+            return b""
+        if type_name == "uuid":
+            return b"\x00" * 16
+        if type_name == "float64":
+            return 0.0
+        if type_name in PRIMITIVES:
+            return 0
+        return None  # structs get a fresh instance at construction
+    if raw == "null":
+        return None
+    if type_name == "bool":
+        return raw in (True, "true")
+    if type_name == "float64":
+        return float(raw)
+    if type_name in ("int8", "int16", "uint16", "int32", "uint32", "int64"):
+        return int(raw, 0) if isinstance(raw, str) else int(raw)
+    if type_name == "string":
+        return str(raw)
+    return raw
+
+
+def _parse_fields(raw_fields: list[dict[str, Any]], structs: dict[str, StructSpec], common: dict[str, Any]) -> list[FieldSpec]:
+    out: list[FieldSpec] = []
+    for raw in raw_fields:
+        type_text: str = raw["type"]
+        is_array = type_text.startswith("[]")
+        elem = type_text[2:] if is_array else type_text
+        struct: StructSpec | None = None
+        if elem not in PRIMITIVES:
+            struct = structs.get(elem)
+            if struct is None:
+                struct = StructSpec(elem)
+                structs[elem] = struct
+                sub = raw.get("fields")
+                if sub is None:
+                    sub = common[elem]["fields"]
+                struct.fields = _parse_fields(sub, structs, common)
+        flex = raw.get("flexibleVersions")
+        out.append(
+            FieldSpec(
+                name=raw["name"],
+                attr=snake_case(raw["name"]),
+                type=elem,
+                is_array=is_array,
+                versions=Versions.parse(raw.get("versions")),
+                nullable=Versions.parse(raw.get("nullableVersions")),
+                tagged=Versions.parse(raw.get("taggedVersions")),
+                tag=raw.get("tag"),
+                default=_parse_default(raw.get("default"), elem, is_array),
+                flexible_override=Versions.parse(flex) if flex is not None else None,
+                struct=struct,
+            )
+        )
+    return out
+
+
+def parse_spec(doc: dict[str, Any]) -> MessageSpec:
+    common = {c["name"]: c for c in doc.get("commonStructs", [])}
+    structs: dict[str, StructSpec] = {}
+    root = StructSpec(doc["name"])
+    root.fields = _parse_fields(doc.get("fields", []), structs, common)
+    return MessageSpec(
+        name=doc["name"],
+        api_key=doc.get("apiKey"),
+        type=doc["type"],
+        valid=Versions.parse(doc["validVersions"]),
+        flexible=Versions.parse(doc.get("flexibleVersions")),
+        root=root,
+        structs=structs,
+        latest_version_unstable=bool(doc.get("latestVersionUnstable", False)),
+    )
+
+
+def load_spec(path: Path) -> MessageSpec:
+    return parse_spec(json.loads(path.read_text()))
+
+
+def load_all(directory: Path = SPEC_DIR) -> dict[str, MessageSpec]:
+    return {p.stem: load_spec(p) for p in sorted(directory.glob("*.json"))}

@@ -1,0 +1,1 @@
+"""Shoal: a Kafka-protocol broker with share groups."""
