@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import fetch, metadata, produce, topic_admin
+from . import alter_configs, fetch, metadata, produce, topic_admin
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -15,3 +15,4 @@ def register_all(broker: Broker) -> None:
     produce.register(broker)
     fetch.register(broker)
     topic_admin.register(broker)
+    alter_configs.register(broker)

@@ -448,7 +448,9 @@ class PartitionLog:
         """DeleteRecords: advance the log start offset (never past the high watermark), drop whole segments
         below it, and persist it. Returns the new log start offset."""
         self._check_open()
-        if offset < 0:
+        if offset == -1:
+            offset = self.high_watermark  # DeleteRecords' "everything up to the high watermark"
+        elif offset < 0:
             raise OffsetOutOfRange(offset, self.log_start_offset, self.log_end_offset)
         new_start = min(offset, self.high_watermark)
         if new_start <= self.log_start_offset:

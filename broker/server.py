@@ -18,6 +18,7 @@ from shoal.protocol.errors import ErrorCode
 from .authorizer import AllowAllAuthorizer, Authorizer
 from .config import BrokerConfig, Listener
 from .connection import KafkaConnection
+from .group_configs import GroupConfigs
 from .metrics import BrokerMetrics
 from .purgatory import Purgatory
 from .topic_registry import CONSUMER_OFFSETS, SHARE_GROUP_STATE, Topic, TopicRegistry
@@ -56,6 +57,18 @@ class Broker:
         self._servers: list[asyncio.AbstractServer] = []
         self._background: list[asyncio.Task[Any]] = []
         self.started_at = time.time()
+        self.group_configs = GroupConfigs(Path(config["log.dirs"]), config)
+        # Share-group parts, wired in start() once the internal topics exist.
+        self.share_coordinator: Any = None
+        self.group_coordinator: Any = None
+        self.persister: Any = None
+        self.share_partitions: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None
+        return self._loop
 
     # ---- handlers ------------------------------------------------------------------------------
 
@@ -106,10 +119,12 @@ class Broker:
     async def start(self) -> None:
         from .handlers import register_all
 
+        self._loop = loop = asyncio.get_running_loop()
+        self.topics.data_dir.mkdir(parents=True, exist_ok=True)
         self.topics.load()
         self.ensure_internal_topics()
+        # SHARE-WIRING await self._start_share_groups()
         register_all(self)
-        loop = asyncio.get_running_loop()
         for listener in self.config.listeners():
             server = await loop.create_server(
                 lambda lst=listener: KafkaConnection(self, lst),  # type: ignore[misc]
@@ -148,6 +163,8 @@ class Broker:
             conn.close()
         for task in self._background:
             task.cancel()
+        if self.group_coordinator is not None:
+            await self.group_coordinator.stop()
         for server in self._servers:
             await server.wait_closed()
         for topic in self.topics.by_name.values():
@@ -159,6 +176,73 @@ class Broker:
                 await plog.stop_background()
         self.topics.close()
         self.metrics.stop()
+
+    async def _start_share_groups(self) -> None:
+        from shoal.coordinator.group_coordinator import GroupCoordinator, GroupCoordinatorConfig
+        from shoal.coordinator.share_coordinator import ShareCoordinator
+        from shoal.persister.default_persister import DefaultStatePersister, InProcessShareCoordinatorClient
+
+        from .internal_topic_log import InternalTopicLog
+        from .share_group_apis import BrokerTopicMetadata
+        from .share_partition_leader import SharePartitionLeaders
+
+        state_topic = self.topics.get(SHARE_GROUP_STATE)
+        offsets_topic = self.topics.get(CONSUMER_OFFSETS)
+        assert state_topic is not None and offsets_topic is not None
+        cfg = self.config
+        self.share_coordinator = ShareCoordinator(
+            InternalTopicLog(state_topic),
+            snapshot_update_records_per_snapshot=int(cfg["share.coordinator.snapshot.update.records.per.snapshot"]),
+        )
+        self.persister = DefaultStatePersister(InProcessShareCoordinatorClient(self.share_coordinator))
+        self.share_partitions = SharePartitionLeaders(self.persister, self.group_configs, self.purgatory)
+        self.group_coordinator = GroupCoordinator(
+            InternalTopicLog(offsets_topic),
+            BrokerTopicMetadata(self),
+            self.persister,
+            GroupCoordinatorConfig(
+                session_timeout_ms=int(cfg["group.share.session.timeout.ms"]),
+                heartbeat_interval_ms=int(cfg["group.share.heartbeat.interval.ms"]),
+                max_size=int(cfg["group.share.max.size"]),
+                initialize_retry_interval_ms=int(cfg["group.share.initialize.retry.interval.ms"]),
+            ),
+            group_configs=self.group_configs,
+        )
+        started = time.monotonic()
+        await self.share_coordinator.load()
+        await self.group_coordinator.load()
+        log.info("coordinators loaded", seconds=round(time.monotonic() - started, 3))
+        self.group_coordinator.start()
+        self.topic_listeners.append(self._share_groups_on_topic_event)
+        self._background.append(self.loop.create_task(self._share_coordinator_housekeeping()))
+
+    async def _share_coordinator_housekeeping(self) -> None:
+        cold_ms = int(self.config["share.coordinator.cold.partition.snapshot.interval.ms"])
+        prune_ms = int(self.config["share.coordinator.state.topic.prune.interval.ms"])
+        interval = min(cold_ms, prune_ms) / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.share_coordinator.maybe_cold_snapshot(int(time.time() * 1000))
+                await self.share_coordinator.prune()
+            except Exception:
+                log.exception("share coordinator housekeeping failed")
+
+    def _share_groups_on_topic_event(self, event: str, topic: Topic, *args: Any) -> None:
+        if topic.internal:
+            return
+        if event == "deleted":
+            self.share_partitions.drop_topic(topic.topic_id)
+        if event in ("created", "deleted"):
+            self.group_coordinator.on_topics_changed()
+        if event == "log_start_moved":
+            self.purgatory.notify(("log", topic.topic_id, args[0]))
+
+    def on_group_config_changed(self, group_id: str) -> None:
+        if self.share_partitions is not None:
+            self.share_partitions.group_config_changed(group_id)
+        if self.group_coordinator is not None and hasattr(self.group_coordinator, "on_group_config_changed"):
+            self.group_coordinator.on_group_config_changed(group_id)
 
     # ---- topic lifecycle hooks (share groups subscribe to these) --------------------------------
 

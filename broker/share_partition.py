@@ -722,7 +722,7 @@ class SharePartition:
                 return AckOutcome(int(ErrorCode.INVALID_REQUEST))
             prev_last = ab.last_offset
         changes: list[_Change] = []
-        dirty_mark = len(self._dirty)
+        dirty_before = list(self._dirty)
         full_before = self._full_write
         touched: list[_Batch] = []
         spso_before = self._spso
@@ -735,7 +735,7 @@ class SharePartition:
                     self._restore(ch, match_renew=True)
                 for b in touched:
                     b.maybe_collapse()
-                del self._dirty[dirty_mark:]
+                self._dirty = dirty_before
                 self._full_write = full_before
                 return AckOutcome(err)
         for b in touched:

@@ -11,8 +11,11 @@ import structlog
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.record_batch import InvalidRecordBatch
+from shoal.protocol.records import decode_batch
 
 from .authorizer import CLUSTER_NAME, Operation, ResourceType
+from .partition_log import OffsetOutOfRange, PartitionLog
 from .producer_state import ProducerIdAllocator
 from .topic_registry import INTERNAL_TOPICS, TOPIC_CONFIG_KEYS, validate_topic_name
 
@@ -30,6 +33,8 @@ LATEST_TIERED_TIMESTAMP = -5
 
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
+RESOURCE_GROUP = 32
+SOURCE_GROUP = 8
 SOURCE_TOPIC = 1
 SOURCE_STATIC_BROKER = 4
 SOURCE_DEFAULT = 5
@@ -229,7 +234,7 @@ class TopicAdmin:
                 elif ts < 0:
                     pr.error_code = ErrorCode.INVALID_REQUEST
                 else:
-                    found = plog.offset_for_timestamp(ts)
+                    found = _record_at_or_after(plog, ts)
                     if found is not None:
                         pr.offset, pr.timestamp = found
             out.append(LoTopic(name=t.name, partitions=parts))
@@ -265,6 +270,12 @@ class TopicAdmin:
                     text = ",".join(value) if isinstance(value, list) else str(value).lower() if isinstance(value, bool) else str(value)
                     source = SOURCE_STATIC_BROKER if key in self.broker.config.explicit else SOURCE_DEFAULT
                     entries.append((key, text, source))
+            elif r.resource_type == RESOURCE_GROUP:
+                if not ctx.authorize(Operation.DESCRIBE_CONFIGS, ResourceType.GROUP, r.resource_name):
+                    res.error_code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+                    continue
+                for key, (value, explicit) in self.broker.group_configs.effective(r.resource_name).items():
+                    entries.append((key, value, SOURCE_GROUP if explicit else SOURCE_DEFAULT))
             else:
                 res.error_code = ErrorCode.INVALID_REQUEST
                 res.error_message = f"resource type {r.resource_type} is not supported"
@@ -290,6 +301,25 @@ class TopicAdmin:
             return InitProducerIdResponse(error_code=ErrorCode.NONE, producer_id=req.producer_id,
                                           producer_epoch=(req.producer_epoch + 1) & 0x7FFF)
         return InitProducerIdResponse(error_code=ErrorCode.NONE, producer_id=self.producer_ids.allocate(), producer_epoch=0)
+
+
+def _record_at_or_after(plog: PartitionLog, timestamp_ms: int) -> tuple[int, int] | None:
+    """(offset, timestamp) of the first record at or after `timestamp_ms`, as Kafka answers ListOffsets.
+
+    The log finds the first batch whose max timestamp qualifies; the record itself is found by decoding it.
+    """
+    found = plog.offset_for_timestamp(timestamp_ms)
+    if found is None:
+        return None
+    try:
+        data = plog.read(found[0], 1)
+        _header, records = decode_batch(data, 0, check_crc=False)
+    except (OffsetOutOfRange, InvalidRecordBatch):
+        return found
+    for rec in records:
+        if rec.offset >= plog.log_start_offset and rec.timestamp >= timestamp_ms:
+            return rec.offset, rec.timestamp
+    return found
 
 
 def _check_topic_configs(configs: dict[str, str]) -> str | None:

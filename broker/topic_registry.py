@@ -193,6 +193,17 @@ class TopicRegistry:
             topic.partitions.append(PartitionLog.open(self.partition_dir(topic.name, p), cfg))
         self._save()
 
+    def alter_configs(self, topic: Topic, changes: list[tuple[str, str | None]]) -> None:
+        for key, value in changes:
+            if value is None:
+                topic.configs.pop(key, None)
+            else:
+                topic.configs[key] = value
+        cfg = self.log_config(topic.configs)
+        for plog in topic.partitions:
+            plog.config = cfg
+        self._save()
+
     def delete(self, topic: Topic) -> None:
         self.by_name.pop(topic.name, None)
         self.by_id.pop(topic.topic_id, None)

@@ -352,6 +352,8 @@ def test_checkpoint_beyond_recovered_end_restarts_log_at_checkpoint(tmp_path: Pa
     plog = PartitionLog.open(d, cfg())
     for _ in range(5):
         append(plog, make_batch([b"q"]))
+    with pytest.raises(OffsetOutOfRange):
+        plog.delete_records_before(-2)
     plog.delete_records_before(4)
     active = plog.active.log_path
     _crash(plog)
@@ -359,6 +361,16 @@ def test_checkpoint_beyond_recovered_end_restarts_log_at_checkpoint(tmp_path: Pa
     plog = PartitionLog.open(d, cfg())
     assert (plog.log_start_offset, plog.log_end_offset) == (4, 4)
     assert append(plog, make_batch([b"q"]))[0].base_offset == 4
+    plog.close()
+
+
+def test_delete_records_minus_one_means_high_watermark(tmp_path: Path) -> None:
+    plog = PartitionLog.open(tmp_path / "t-0", cfg(segment_bytes=200))
+    for _ in range(6):
+        append(plog, make_batch([b"x" * 40] * 2))
+    assert plog.delete_records_before(-1) == 12
+    assert plog.segments[0].base_offset == 12 and plog.size_bytes() == 0
+    assert plog.read(12, 100) == b""
     plog.close()
 
 

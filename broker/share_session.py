@@ -1,0 +1,90 @@
+"""Share sessions: one per (group, member) on this broker, tied to the connection that opened it.
+
+Epoch 0 opens (replacing any session of the same member), n must equal the expected epoch, -1 closes.
+A session lists the share partitions its fetches cover; closing it, or losing its connection,
+releases the records the member holds on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoal.protocol.errors import ErrorCode
+
+INITIAL_EPOCH = 0
+FINAL_EPOCH = -1
+MAX_EPOCH = 2**31 - 1
+
+TopicPartitionId = tuple[bytes, int]  # (topic id, partition)
+
+
+def next_epoch(epoch: int) -> int:
+    # After Integer.MAX_VALUE the epoch wraps to 1, never back to 0 (0 means "open").
+    return 1 if epoch >= MAX_EPOCH else epoch + 1
+
+
+@dataclass(eq=False)
+class ShareSession:
+    group_id: str
+    member_id: str
+    connection: Any
+    expected_epoch: int = 1
+    # Insertion-ordered set of the session's partitions (dict keys keep order).
+    partitions: dict[TopicPartitionId, None] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.group_id, self.member_id)
+
+    def add(self, tp: TopicPartitionId) -> bool:
+        if tp in self.partitions:
+            return False
+        self.partitions[tp] = None
+        return True
+
+    def forget(self, tp: TopicPartitionId) -> None:
+        self.partitions.pop(tp, None)
+
+
+class ShareSessionCache:
+    def __init__(self, max_sessions: int):
+        self.max_sessions = max_sessions
+        self._sessions: dict[tuple[str, str], ShareSession] = {}
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def get(self, group_id: str, member_id: str) -> ShareSession | None:
+        return self._sessions.get((group_id, member_id))
+
+    def check(self, group_id: str, member_id: str, epoch: int) -> tuple[int, ShareSession | None]:
+        """Validate a non-initial epoch; returns (error code, session)."""
+        session = self._sessions.get((group_id, member_id))
+        if session is None:
+            return ErrorCode.SHARE_SESSION_NOT_FOUND, None
+        if epoch != FINAL_EPOCH and epoch != session.expected_epoch:
+            return ErrorCode.INVALID_SHARE_SESSION_EPOCH, session
+        return ErrorCode.NONE, session
+
+    def is_full_for(self, group_id: str, member_id: str) -> bool:
+        return (group_id, member_id) not in self._sessions and len(self._sessions) >= self.max_sessions
+
+    def open(self, group_id: str, member_id: str, connection: Any) -> tuple[ShareSession, ShareSession | None]:
+        """A new session at epoch 0; returns it and the one it replaced (whose records are not released)."""
+        old = self._sessions.get((group_id, member_id))
+        session = ShareSession(group_id, member_id, connection)
+        self._sessions[session.key] = session
+        return session, old
+
+    def remove(self, session: ShareSession) -> bool:
+        if self._sessions.get(session.key) is session:
+            del self._sessions[session.key]
+            return True
+        return False
+
+    def sessions_of(self, connection: Any) -> list[ShareSession]:
+        return [s for s in self._sessions.values() if s.connection is connection]
+
+    def groups(self) -> set[str]:
+        return {s.group_id for s in self._sessions.values()}

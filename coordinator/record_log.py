@@ -1,0 +1,31 @@
+"""The small interface through which coordinators reach their internal topic, without broker internals.
+
+A coordinator writes records, waits until they are durable, and only then replays them into its
+in-memory state; on start-up it replays everything the topic still holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from shoal.protocol.coordinator_records import CoordinatorRecord
+
+
+class CoordinatorRecordLog(Protocol):
+    """One internal topic (`__consumer_offsets` or `__share_group_state`) seen as partitions of records."""
+
+    @property
+    def num_partitions(self) -> int: ...
+
+    async def append(self, partition: int, records: list[CoordinatorRecord]) -> int:
+        """Append records as one batch and return once they are fsynced; returns the first offset."""
+        ...
+
+    def replay(self, partition: int) -> Iterator[tuple[int, CoordinatorRecord]]:
+        """Every (offset, record) the partition holds, oldest first."""
+        ...
+
+    def delete_before(self, partition: int, offset: int) -> None:
+        """Drop records below `offset` (pruning of records no longer needed)."""
+        ...

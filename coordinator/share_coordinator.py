@@ -1,0 +1,390 @@
+"""The share coordinator: durable share-partition state on `__share_group_state` (KIP-932).
+
+Every change goes the same way: validate against memory, build records, append them to the state topic
+and wait until they are durable, replay them into memory, answer. Memory changes only by replay, so a
+restart (`load`) rebuilds exactly what the answers promised. One lock per state-topic partition keeps
+two changes to the same key from interleaving between validation, append and replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from shoal.persister.persister import PersistedStateBatch, SharePartitionKey
+from shoal.protocol import messages
+from shoal.protocol.coordinator_records import CoordinatorRecord
+from shoal.protocol.errors import ErrorCode
+
+from .record_log import CoordinatorRecordLog
+from .share_state import (
+    UNINITIALIZED_DELIVERY_COMPLETE_COUNT,
+    UNINITIALIZED_START_OFFSET,
+    ShareStateMap,
+    cold_snapshot_record,
+    initialize_record,
+    state_partition_for,
+    tombstone_record,
+    write_record,
+)
+
+log = structlog.get_logger("shoal.share_coordinator")
+
+ZERO_UUID = b"\x00" * 16
+_REPLAY_YIELD_EVERY = 1000  # records replayed between yields, so a long load does not stall the loop
+
+InitializeResponse = messages.InitializeShareGroupStateResponse
+ReadResponse = messages.ReadShareGroupStateResponse
+WriteResponse = messages.WriteShareGroupStateResponse
+DeleteResponse = messages.DeleteShareGroupStateResponse
+SummaryResponse = messages.ReadShareGroupStateSummaryResponse
+
+
+def _wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(slots=True)
+class ShareCoordinatorStats:
+    """Counters for metrics; monotonically increasing."""
+
+    writes: int = 0  # appends to the state topic
+    records_written: int = 0
+    write_latency_ms_sum: float = 0.0
+    write_errors: int = 0
+    snapshots_written: int = 0
+    cold_snapshots_written: int = 0
+    prunes: int = 0
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """Per-partition answer before it is shaped into a response struct."""
+
+    error_code: int = ErrorCode.NONE
+    error_message: str | None = None
+    extra: dict[str, Any] | None = None
+
+
+class _Refused(Exception):
+    def __init__(self, code: int, message: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class ShareCoordinator:
+    def __init__(
+        self,
+        record_log: CoordinatorRecordLog,
+        *,
+        snapshot_update_records_per_snapshot: int = 500,
+        cold_snapshot_interval_ms: int = 300_000,
+        prune_interval_ms: int = 300_000,
+        clock_ms: Callable[[], int] = _wall_clock_ms,
+        partition_count: Callable[[bytes], int | None] | None = None,
+    ):
+        """`partition_count(topic_id)` gives a topic's partition count or None if it does not exist; when
+        given, state RPCs for unknown topics/partitions answer UNKNOWN_TOPIC_OR_PARTITION."""
+        self.record_log = record_log
+        self.num_partitions = record_log.num_partitions
+        self.updates_per_snapshot = snapshot_update_records_per_snapshot
+        self.cold_snapshot_interval_ms = cold_snapshot_interval_ms
+        self.prune_interval_ms = prune_interval_ms
+        self.clock_ms = clock_ms
+        self.partition_count = partition_count
+        self.maps = [ShareStateMap() for _ in range(self.num_partitions)]
+        self.loaded: set[int] = set()
+        self.pruned_to = [0] * self.num_partitions
+        self.stats = ShareCoordinatorStats()
+        self._locks = [asyncio.Lock() for _ in range(self.num_partitions)]
+
+    # ---- loading ---------------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Replay every state-topic partition; until a partition is done its keys answer
+        COORDINATOR_LOAD_IN_PROGRESS."""
+        for p in range(self.num_partitions):
+            state = ShareStateMap()
+            n = 0
+            for offset, record in self.record_log.replay(p):
+                state.apply(record, offset)
+                n += 1
+                if n % _REPLAY_YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+            self.maps[p] = state
+            self.loaded.add(p)
+            log.debug("share state partition loaded", partition=p, records=n, keys=len(state.states))
+
+    def partition_for(self, key: SharePartitionKey) -> int:
+        return state_partition_for(key, self.num_partitions)
+
+    def state_of(self, key: SharePartitionKey) -> Any:
+        return self.maps[self.partition_for(key)].get(key)
+
+    # ---- the write path --------------------------------------------------------------------------
+
+    async def _commit(self, partition: int, records: list[CoordinatorRecord]) -> None:
+        """Append durably, then replay. Callers hold the partition's lock."""
+        started = time.perf_counter()
+        try:
+            first = await self.record_log.append(partition, records)
+        except Exception:
+            self.stats.write_errors += 1
+            raise
+        state = self.maps[partition]
+        for i, record in enumerate(records):
+            state.apply(record, first + i)
+        self.stats.writes += 1
+        self.stats.records_written += len(records)
+        self.stats.snapshots_written += sum(1 for r in records if r.record_type == 0 and r.value is not None)
+        self.stats.write_latency_ms_sum += (time.perf_counter() - started) * 1000
+
+    async def _per_key(
+        self,
+        group_id: str,
+        topic_id: bytes,
+        partition: int,
+        action: Callable[[SharePartitionKey, int], Awaitable[_Outcome]],
+    ) -> _Outcome:
+        """Common checks, then `action(key, state_partition)` under that partition's lock."""
+        if topic_id == ZERO_UUID:
+            return _Outcome(ErrorCode.INVALID_REQUEST, "The topic id is null.")
+        if partition < 0:
+            return _Outcome(ErrorCode.INVALID_REQUEST, "The partition id is negative.")
+        key = SharePartitionKey(group_id, topic_id, partition)
+        sp = self.partition_for(key)
+        if sp not in self.loaded:
+            return _Outcome(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, "The share coordinator is loading.")
+        if self.partition_count is not None:
+            count = self.partition_count(topic_id)
+            if count is None or partition >= count:
+                return _Outcome(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "Unknown topic or partition.")
+        try:
+            async with self._locks[sp]:
+                return await action(key, sp)
+        except _Refused as exc:
+            return _Outcome(exc.code, exc.message)
+        except Exception as exc:  # a failed append: nothing was replayed, memory is unchanged
+            log.exception("share state write failed", key=str(key))
+            return _Outcome(ErrorCode.UNKNOWN_SERVER_ERROR, f"Share state write failed: {exc}")
+
+    # ---- RPC handlers ----------------------------------------------------------------------------
+
+    async def initialize_state(self, req: Any) -> Any:
+        async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
+            if p.state_epoch < 0:
+                raise _Refused(ErrorCode.INVALID_REQUEST, "The state epoch is negative.")
+            current = self.maps[sp].get(key)
+            if current is not None:
+                if current.state_epoch > p.state_epoch:
+                    raise _Refused(ErrorCode.FENCED_STATE_EPOCH, "The state epoch is fenced.")
+                if current.state_epoch == p.state_epoch and current.start_offset == p.start_offset:
+                    return _Outcome()  # a retried initialize: already done
+            await self._commit(sp, [initialize_record(key, current, p.state_epoch, p.start_offset, self.clock_ms())])
+            return _Outcome()
+
+        outcomes = await self._each(req, action)
+        return InitializeResponse(results=[
+            InitializeResponse.InitializeStateResult(topic_id=t.topic_id, partitions=[
+                InitializeResponse.PartitionResult(partition=p.partition, error_code=o.error_code,
+                                                   error_message=o.error_message)
+                for p, o in zip(t.partitions, outs, strict=True)
+            ])
+            for t, outs in zip(req.topics, outcomes, strict=True)
+        ])
+
+    async def read_state(self, req: Any) -> Any:
+        async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
+            if p.leader_epoch < 0:
+                raise _Refused(ErrorCode.INVALID_REQUEST, "The leader epoch is negative.")
+            current = self.maps[sp].get(key)
+            if current is None:
+                raise _Refused(ErrorCode.INVALID_REQUEST, "Read on an uninitialized share partition.")
+            if current.leader_epoch > p.leader_epoch:
+                raise _Refused(ErrorCode.FENCED_LEADER_EPOCH, "The leader epoch is fenced.")
+            answer = {"state_epoch": current.state_epoch, "start_offset": current.start_offset,
+                      "state_batches": list(current.state_batches)}
+            if current.leader_epoch != p.leader_epoch:
+                # A new partition leader: record its epoch so older leaders are fenced from now on.
+                await self._commit(sp, [write_record(
+                    key, current, leader_epoch=p.leader_epoch, start_offset=current.start_offset,
+                    delivery_complete_count=current.delivery_complete_count, batches=[],
+                    updates_per_snapshot=self.updates_per_snapshot, now_ms=self.clock_ms(),
+                )])
+            return _Outcome(extra=answer)
+
+        outcomes = await self._each(req, action)
+        return ReadResponse(results=[
+            ReadResponse.ReadStateResult(topic_id=t.topic_id, partitions=[
+                _read_partition_result(p.partition, o) for p, o in zip(t.partitions, outs, strict=True)
+            ])
+            for t, outs in zip(req.topics, outcomes, strict=True)
+        ])
+
+    async def write_state(self, req: Any) -> Any:
+        async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
+            if p.leader_epoch < 0:
+                raise _Refused(ErrorCode.INVALID_REQUEST, "The leader epoch is negative.")
+            if p.state_epoch < 0:
+                raise _Refused(ErrorCode.INVALID_REQUEST, "The state epoch is negative.")
+            current = self.maps[sp].get(key)
+            if current is None:
+                raise _Refused(ErrorCode.INVALID_REQUEST, "Write on an uninitialized share partition.")
+            if current.leader_epoch > p.leader_epoch:
+                raise _Refused(ErrorCode.FENCED_LEADER_EPOCH, "The leader epoch is fenced.")
+            if current.state_epoch > p.state_epoch:
+                raise _Refused(ErrorCode.FENCED_STATE_EPOCH, "The state epoch is fenced.")
+            batches = [
+                PersistedStateBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
+                for b in p.state_batches
+            ]
+            # As in Kafka, only reads move the recorded leader epoch; writes keep the stored one.
+            await self._commit(sp, [write_record(
+                key, current, leader_epoch=current.leader_epoch, start_offset=p.start_offset,
+                delivery_complete_count=p.delivery_complete_count, batches=batches,
+                updates_per_snapshot=self.updates_per_snapshot, now_ms=self.clock_ms(),
+            )])
+            return _Outcome()
+
+        outcomes = await self._each(req, action)
+        return WriteResponse(results=[
+            WriteResponse.WriteStateResult(topic_id=t.topic_id, partitions=[
+                WriteResponse.PartitionResult(partition=p.partition, error_code=o.error_code,
+                                              error_message=o.error_message)
+                for p, o in zip(t.partitions, outs, strict=True)
+            ])
+            for t, outs in zip(req.topics, outcomes, strict=True)
+        ])
+
+    async def delete_state(self, req: Any) -> Any:
+        async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
+            if self.maps[sp].get(key) is not None:  # deleting a missing key is a successful no-op
+                await self._commit(sp, [tombstone_record(key)])
+            return _Outcome()
+
+        outcomes = await self._each(req, action)
+        return DeleteResponse(results=[
+            DeleteResponse.DeleteStateResult(topic_id=t.topic_id, partitions=[
+                DeleteResponse.PartitionResult(partition=p.partition, error_code=o.error_code,
+                                               error_message=o.error_message)
+                for p, o in zip(t.partitions, outs, strict=True)
+            ])
+            for t, outs in zip(req.topics, outcomes, strict=True)
+        ])
+
+    async def read_state_summary(self, req: Any) -> Any:
+        async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
+            current = self.maps[sp].get(key)
+            if current is None:  # unknown key: "not initialised", not an error
+                return _Outcome(extra={"state_epoch": 0, "leader_epoch": 0,
+                                       "start_offset": UNINITIALIZED_START_OFFSET,
+                                       "delivery_complete_count": UNINITIALIZED_DELIVERY_COMPLETE_COUNT})
+            return _Outcome(extra={"state_epoch": current.state_epoch, "leader_epoch": current.leader_epoch,
+                                   "start_offset": current.start_offset,
+                                   "delivery_complete_count": current.delivery_complete_count})
+
+        outcomes = await self._each(req, action)
+        return SummaryResponse(results=[
+            SummaryResponse.ReadStateSummaryResult(topic_id=t.topic_id, partitions=[
+                SummaryResponse.PartitionResult(partition=p.partition, error_code=o.error_code,
+                                                error_message=o.error_message, **(o.extra or {}))
+                for p, o in zip(t.partitions, outs, strict=True)
+            ])
+            for t, outs in zip(req.topics, outcomes, strict=True)
+        ])
+
+    async def _each(
+        self, req: Any, action: Callable[[SharePartitionKey, int, Any], Awaitable[_Outcome]]
+    ) -> list[list[_Outcome]]:
+        """Run `action` for every (topic, partition) of a request, keys in different state partitions
+        concurrently; outcomes come back in request order."""
+        jobs = [
+            self._per_key(req.group_id, t.topic_id, p.partition, lambda k, sp, p=p: action(k, sp, p))
+            for t in req.topics
+            for p in t.partitions
+        ]
+        flat = list(await asyncio.gather(*jobs))
+        out: list[list[_Outcome]] = []
+        for t in req.topics:
+            out.append(flat[: len(t.partitions)])
+            flat = flat[len(t.partitions):]
+        return out
+
+    # ---- housekeeping ----------------------------------------------------------------------------
+
+    async def maybe_cold_snapshot(self, now_ms: int | None = None) -> int:
+        """Snapshot keys whose last snapshot is older than the cold interval, so pruning can move past
+        their old records. Skipped for a partition whose every key was already cold-snapshotted (a quiet
+        partition gains nothing). Returns the number of snapshots written."""
+        now = self.clock_ms() if now_ms is None else now_ms
+        written = 0
+        for sp in sorted(self.loaded):
+            async with self._locks[sp]:
+                state = self.maps[sp]
+                if all(s.create_timestamp != s.write_timestamp for _, s in state):
+                    continue
+                records = [
+                    cold_snapshot_record(key, s, now)
+                    for key, s in state
+                    if now - s.write_timestamp >= self.cold_snapshot_interval_ms
+                ]
+                if not records:
+                    continue
+                try:
+                    await self._commit(sp, records)
+                except Exception:
+                    log.exception("cold snapshot failed", partition=sp)
+                    continue
+                written += len(records)
+        self.stats.cold_snapshots_written += written
+        return written
+
+    async def prune(self) -> dict[int, int]:
+        """Delete state-topic records no live key needs any more; returns {partition: new start}."""
+        moved: dict[int, int] = {}
+        for sp in sorted(self.loaded):
+            async with self._locks[sp]:
+                upto = self.maps[sp].prunable_offset()
+                if upto > self.pruned_to[sp]:
+                    self.record_log.delete_before(sp, upto)
+                    self.pruned_to[sp] = upto
+                    moved[sp] = upto
+        if moved:
+            self.stats.prunes += 1
+        return moved
+
+    async def run_background(self) -> None:
+        """Cold snapshots and pruning on their intervals; run as a task, cancel to stop."""
+        loop = asyncio.get_running_loop()
+        next_cold = loop.time() + self.cold_snapshot_interval_ms / 1000
+        next_prune = loop.time() + self.prune_interval_ms / 1000
+        while True:
+            await asyncio.sleep(max(0.0, min(next_cold, next_prune) - loop.time()))
+            if loop.time() >= next_cold:
+                await self.maybe_cold_snapshot()
+                next_cold = loop.time() + self.cold_snapshot_interval_ms / 1000
+            if loop.time() >= next_prune:
+                try:
+                    await self.prune()
+                except Exception:
+                    log.exception("share state prune failed")
+                next_prune = loop.time() + self.prune_interval_ms / 1000
+
+
+def _read_partition_result(partition: int, o: _Outcome) -> Any:
+    r = ReadResponse.PartitionResult(partition=partition, error_code=o.error_code, error_message=o.error_message)
+    if o.extra is not None:
+        r.state_epoch = o.extra["state_epoch"]
+        r.start_offset = o.extra["start_offset"]
+        r.state_batches = [
+            ReadResponse.StateBatch(first_offset=b.first_offset, last_offset=b.last_offset,
+                                    delivery_state=b.delivery_state, delivery_count=b.delivery_count)
+            for b in o.extra["state_batches"]
+        ]
+    return r

@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .broker_process import BrokerProcess
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """One broker per test module (starting one takes a moment); tests use distinct topic names."""
+    base = tmp_path_factory.mktemp("broker")
+    proc = BrokerProcess(base / "data").start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def fresh_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker of the test's own, for tests that kill or reconfigure it."""
+    proc = BrokerProcess(tmp_path / "data")
+    yield proc
+    proc.stop()
