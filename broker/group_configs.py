@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
 from .config import BrokerConfig
 
 FILE_NAME = "shoal-group-configs.json"

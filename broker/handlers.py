@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import alter_configs, fetch, metadata, produce, topic_admin
+from . import (
+    alter_configs,
+    fetch,
+    metadata,
+    produce,
+    share_fetch,
+    share_group_apis,
+    share_state_apis,
+    topic_admin,
+)
 
 if TYPE_CHECKING:
     from .server import Broker
@@ -16,3 +25,6 @@ def register_all(broker: Broker) -> None:
     fetch.register(broker)
     topic_admin.register(broker)
     alter_configs.register(broker)
+    share_fetch.register(broker)
+    share_group_apis.register(broker)
+    share_state_apis.register(broker)

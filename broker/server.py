@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 
@@ -123,7 +122,7 @@ class Broker:
         self.topics.data_dir.mkdir(parents=True, exist_ok=True)
         self.topics.load()
         self.ensure_internal_topics()
-        # SHARE-WIRING await self._start_share_groups()
+        await self._start_share_groups()
         register_all(self)
         for listener in self.config.listeners():
             server = await loop.create_server(
@@ -193,6 +192,8 @@ class Broker:
         self.share_coordinator = ShareCoordinator(
             InternalTopicLog(state_topic),
             snapshot_update_records_per_snapshot=int(cfg["share.coordinator.snapshot.update.records.per.snapshot"]),
+            cold_snapshot_interval_ms=int(cfg["share.coordinator.cold.partition.snapshot.interval.ms"]),
+            partition_count=self._partition_count,
         )
         self.persister = DefaultStatePersister(InProcessShareCoordinatorClient(self.share_coordinator))
         self.share_partitions = SharePartitionLeaders(self.persister, self.group_configs, self.purgatory)
@@ -233,10 +234,15 @@ class Broker:
             return
         if event == "deleted":
             self.share_partitions.drop_topic(topic.topic_id)
+            self.loop.create_task(self.share_coordinator.delete_topics({topic.topic_id}))
         if event in ("created", "deleted"):
             self.group_coordinator.on_topics_changed()
         if event == "log_start_moved":
             self.purgatory.notify(("log", topic.topic_id, args[0]))
+
+    def _partition_count(self, topic_id: bytes) -> int | None:
+        topic = self.topics.get_by_id(topic_id)
+        return None if topic is None else len(topic.partitions)
 
     def on_group_config_changed(self, group_id: str) -> None:
         if self.share_partitions is not None:

@@ -7,7 +7,6 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import structlog
-
 from shoal.persister.persister import SharePartitionKey
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -16,7 +15,14 @@ from shoal.protocol.errors import ErrorCode
 from .authorizer import Operation, ResourceType
 from .share_partition import AckBatch, AcquireMode
 from .share_partition_leader import SharePartitionLeader
-from .share_session import FINAL_EPOCH, INITIAL_EPOCH, ShareSession, ShareSessionCache, TopicPartitionId, next_epoch
+from .share_session import (
+    FINAL_EPOCH,
+    INITIAL_EPOCH,
+    ShareSession,
+    ShareSessionCache,
+    TopicPartitionId,
+    next_epoch,
+)
 
 if TYPE_CHECKING:
     from .connection import KafkaConnection, RequestContext

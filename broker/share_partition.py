@@ -764,7 +764,8 @@ class SharePartition:
             lo, hi = max(first, b.first), min(last, b.last)
             if lo > hi:
                 continue
-            touched.append(b)
+            if not touched or touched[-1] is not b:
+                touched.append(b)
             if len(types) == 1:
                 self._ack_range(b, lo, hi, types[0], now_ms, changes)
                 continue

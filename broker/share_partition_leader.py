@@ -14,13 +14,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
-
 from shoal.persister.persister import PersistedStateBatch, Persister, SharePartitionKey, WriteStateRequest
 from shoal.protocol.errors import ErrorCode
 
 from .group_configs import GroupConfigs, parse_iso_duration_ms
 from .partition_log import OffsetOutOfRange, PartitionLog
-from .share_partition import AckBatch, AcquiredRange, AcquireMode, FetchedBatch, PersistedBatch, SharePartition
+from .share_partition import (
+    AckBatch,
+    AcquiredRange,
+    AcquireMode,
+    FetchedBatch,
+    PersistedBatch,
+    SharePartition,
+)
 
 if TYPE_CHECKING:
     from .purgatory import Purgatory

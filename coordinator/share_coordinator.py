@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-
 from shoal.persister.persister import PersistedStateBatch, SharePartitionKey
 from shoal.protocol import messages
-from shoal.protocol.coordinator_records import CoordinatorRecord
+from shoal.protocol.coordinator_records import SHARE_SNAPSHOT, CoordinatorRecord
 from shoal.protocol.errors import ErrorCode
 
 from .record_log import CoordinatorRecordLog
@@ -85,7 +84,6 @@ class ShareCoordinator:
         *,
         snapshot_update_records_per_snapshot: int = 500,
         cold_snapshot_interval_ms: int = 300_000,
-        prune_interval_ms: int = 300_000,
         clock_ms: Callable[[], int] = _wall_clock_ms,
         partition_count: Callable[[bytes], int | None] | None = None,
     ):
@@ -95,7 +93,6 @@ class ShareCoordinator:
         self.num_partitions = record_log.num_partitions
         self.updates_per_snapshot = snapshot_update_records_per_snapshot
         self.cold_snapshot_interval_ms = cold_snapshot_interval_ms
-        self.prune_interval_ms = prune_interval_ms
         self.clock_ms = clock_ms
         self.partition_count = partition_count
         self.maps = [ShareStateMap() for _ in range(self.num_partitions)]
@@ -142,7 +139,9 @@ class ShareCoordinator:
             state.apply(record, first + i)
         self.stats.writes += 1
         self.stats.records_written += len(records)
-        self.stats.snapshots_written += sum(1 for r in records if r.record_type == 0 and r.value is not None)
+        self.stats.snapshots_written += sum(
+            1 for r in records if r.record_type == SHARE_SNAPSHOT and r.value is not None
+        )
         self.stats.write_latency_ms_sum += (time.perf_counter() - started) * 1000
 
     async def _per_key(
@@ -304,8 +303,11 @@ class ShareCoordinator:
     ) -> list[list[_Outcome]]:
         """Run `action` for every (topic, partition) of a request, keys in different state partitions
         concurrently; outcomes come back in request order."""
+        def bound(p: Any) -> Callable[[SharePartitionKey, int], Awaitable[_Outcome]]:
+            return lambda key, sp: action(key, sp, p)
+
         jobs = [
-            self._per_key(req.group_id, t.topic_id, p.partition, lambda k, sp, p=p: action(k, sp, p))
+            self._per_key(req.group_id, t.topic_id, p.partition, bound(p))
             for t in req.topics
             for p in t.partitions
         ]
@@ -345,6 +347,17 @@ class ShareCoordinator:
         self.stats.cold_snapshots_written += written
         return written
 
+    async def delete_topics(self, topic_ids: set[bytes]) -> int:
+        """A deleted topic's share state goes too: tombstone every key of those topics. Returns the count."""
+        deleted = 0
+        for sp in sorted(self.loaded):
+            async with self._locks[sp]:
+                records = [tombstone_record(key) for key, _ in self.maps[sp] if key.topic_id in topic_ids]
+                if records:
+                    await self._commit(sp, records)
+                    deleted += len(records)
+        return deleted
+
     async def prune(self) -> dict[int, int]:
         """Delete state-topic records no live key needs any more; returns {partition: new start}."""
         moved: dict[int, int] = {}
@@ -358,23 +371,6 @@ class ShareCoordinator:
         if moved:
             self.stats.prunes += 1
         return moved
-
-    async def run_background(self) -> None:
-        """Cold snapshots and pruning on their intervals; run as a task, cancel to stop."""
-        loop = asyncio.get_running_loop()
-        next_cold = loop.time() + self.cold_snapshot_interval_ms / 1000
-        next_prune = loop.time() + self.prune_interval_ms / 1000
-        while True:
-            await asyncio.sleep(max(0.0, min(next_cold, next_prune) - loop.time()))
-            if loop.time() >= next_cold:
-                await self.maybe_cold_snapshot()
-                next_cold = loop.time() + self.cold_snapshot_interval_ms / 1000
-            if loop.time() >= next_prune:
-                try:
-                    await self.prune()
-                except Exception:
-                    log.exception("share state prune failed")
-                next_prune = loop.time() + self.prune_interval_ms / 1000
 
 
 def _read_partition_result(partition: int, o: _Outcome) -> Any:

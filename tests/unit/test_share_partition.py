@@ -7,11 +7,9 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-
 from shoal.broker.share_partition import (
     AckBatch,
     AckOutcome,
-    AcquiredRange,
     AcquireMode,
     FetchedBatch,
     PersistedBatch,
@@ -583,6 +581,7 @@ class SharePartitionMachine(RuleBasedStateMachine):
         # offset -> [state, member, delivery count, lock deadline]; missing = never delivered
         self.model: dict[int, list] = {}
         self.prev_spso = 0
+        self.log_start = 0
 
     @initialize(limit=st.integers(2, 5), in_flight=st.integers(5, 40),
                 loaded=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 4),
@@ -605,10 +604,23 @@ class SharePartitionMachine(RuleBasedStateMachine):
         self.sp = make(batches=batches, delivery_count_limit=limit, max_in_flight_records=in_flight,
                        lock_duration_ms=LOCK_MS)
 
-    def _release(self, o: int) -> None:
+    def _release(self, o: int, spso: int) -> None:
         rec = self.model[o]
-        rec[0] = ARCHIVED if rec[2] >= self.limit else AVAILABLE
+        rec[0] = ARCHIVED if rec[2] >= self.limit or o < spso else AVAILABLE
         rec[1] = None
+
+    def _apply_ack(self, o: int, t: int, spso: int) -> None:
+        if o < spso:
+            return  # acknowledgements below SPSO are ignored
+        rec = self.model[o]
+        if t == RENEW:
+            rec[3] = self.now + LOCK_MS
+        elif t == ACCEPT:
+            rec[0], rec[1] = ACKNOWLEDGED, None
+        elif t == RELEASE:
+            self._release(o, spso)
+        else:
+            rec[0], rec[1] = ARCHIVED, None
 
     @rule(member=st.sampled_from(MEMBERS), max_records=st.integers(1, 15), batch_size=st.integers(1, 8),
           record_limit=st.booleans(), n_batches=st.integers(1, 6))
@@ -661,24 +673,24 @@ class SharePartitionMachine(RuleBasedStateMachine):
                                        min_size=n, max_size=n))
             batches.append(AckBatch(a, b, types))
         before = self._observed()
+        spso = self.sp.start_offset
         out = self.sp.acknowledge(member, batches, now_ms=self.now)
         assert out.error_code == 0
         if then_rollback:
+            # A failed write undoes everything but RENEW (a lock extension is never persisted).
             assert self.sp.rollback(out)
-            assert self._observed() == before
+            renewed = self._observed_states()
+            for ab in batches:
+                for o in range(ab.first_offset, ab.last_offset + 1):
+                    t = ab.ack_types[0] if len(ab.ack_types) == 1 else ab.ack_types[o - ab.first_offset]
+                    if t == RENEW and o >= spso:
+                        self.model[o][3] = self.now + LOCK_MS
+            assert renewed == [before[0], before[1], [st_ for st_, _d in before[2]]]
             return
         for ab in batches:
             for o in range(ab.first_offset, ab.last_offset + 1):
                 t = ab.ack_types[0] if len(ab.ack_types) == 1 else ab.ack_types[o - ab.first_offset]
-                rec = self.model[o]
-                if t == RENEW:
-                    rec[3] = self.now + LOCK_MS
-                elif t == ACCEPT:
-                    rec[0], rec[1] = ACKNOWLEDGED, None
-                elif t == RELEASE:
-                    self._release(o)
-                else:
-                    rec[0], rec[1] = ARCHIVED, None
+                self._apply_ack(o, t, spso)
 
     @rule(member=st.sampled_from(MEMBERS), first=st.integers(0, LOG_END), length=st.integers(1, 8),
           ack_type=st.sampled_from([ACCEPT, RELEASE, REJECT]))
@@ -694,32 +706,47 @@ class SharePartitionMachine(RuleBasedStateMachine):
         for o in range(max(first, spso), last + 1):
             rec = self.model.get(o)
             assert rec is not None and rec[0] == ACQUIRED and rec[1] == member
-            if ack_type == ACCEPT:
-                rec[0], rec[1] = ACKNOWLEDGED, None
-            elif ack_type == RELEASE:
-                self._release(o)
-            else:
-                rec[0], rec[1] = ARCHIVED, None
+            self._apply_ack(o, ack_type, spso)
 
     @rule(member=st.sampled_from(MEMBERS))
     def close_session(self, member: str) -> None:
+        spso = self.sp.start_offset
         self.sp.release_member(member, now_ms=self.now)
         for o, rec in self.model.items():
             if rec[0] == ACQUIRED and rec[1] == member:
-                self._release(o)
+                self._release(o, spso)
 
     @rule(dt=st.integers(1, 150))
     def time_passes(self, dt: int) -> None:
         self.now += dt
+        spso = self.sp.start_offset
         self.sp.expire_locks(self.now)
         for o, rec in self.model.items():
             if rec[0] == ACQUIRED and rec[3] <= self.now:
-                self._release(o)
+                self._release(o, spso)
+
+    @rule(delta=st.integers(1, 6))
+    def log_start_moves(self, delta: int) -> None:
+        """Retention: AVAILABLE below the new log start is archived, ACQUIRED waits for its lock."""
+        new_start = min(self.sp.start_offset + delta, LOG_END)
+        if new_start <= self.sp.start_offset:
+            return
+        assert self.sp.on_log_start_offset_moved(new_start)
+        self.log_start = new_start
+        for o in range(new_start):
+            rec = self.model.setdefault(o, [ARCHIVED, None, 0, 0])
+            if rec[0] == AVAILABLE:
+                rec[0] = ARCHIVED
 
     def _observed(self) -> list:
         sp = self.sp
         return [sp.start_offset, sp.end_offset,
                 [(sp.offset_state(o), sp.lock_deadline(o)) for o in range(sp.start_offset, sp.end_offset + 1)]]
+
+    def _observed_states(self) -> list:
+        sp = self.sp
+        return [sp.start_offset, sp.end_offset,
+                [sp.offset_state(o) for o in range(sp.start_offset, sp.end_offset + 1)]]
 
     @invariant()
     def matches_model(self) -> None:
@@ -727,18 +754,29 @@ class SharePartitionMachine(RuleBasedStateMachine):
         spso = sp.start_offset
         assert spso >= self.prev_spso
         self.prev_spso = spso
-        expected_spso = 0
+        expected_spso = self.log_start
         while self.model.get(expected_spso, [AVAILABLE])[0] in TERMINAL:
             expected_spso += 1
         assert spso == expected_spso
         for o, (state, member, count, deadline) in self.model.items():
             assert count <= self.limit
             if o < spso:
-                assert state in TERMINAL
+                # Only records the log start overtook may still be ACQUIRED below SPSO.
+                assert state in TERMINAL or (state == ACQUIRED and o < self.log_start)
+                if state == ACQUIRED:
+                    assert sp.offset_state(o) == (state, member, count)
+                else:
+                    cached = sp.offset_state(o)
+                    assert cached is None or cached[0] in TERMINAL
                 continue
             assert sp.offset_state(o) == (state, member, count), o
             if state == ACQUIRED:
                 assert sp.lock_deadline(o) == deadline
+        # Fetching resumes at the first released/expired or never-delivered offset.
+        expected_nfo = spso
+        while self.model.get(expected_nfo, [AVAILABLE])[0] != AVAILABLE:
+            expected_nfo += 1
+        assert sp.next_fetch_offset() == min(expected_nfo, sp.end_offset + 1)
         acquired = [r for r in self.model.values() if r[0] == ACQUIRED]
         assert sp.acquired_count == len(acquired)
         assert sp.next_lock_deadline() == (min(r[3] for r in acquired) if acquired else None)

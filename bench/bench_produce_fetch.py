@@ -1,0 +1,251 @@
+"""End-to-end produce and fetch throughput of Shoal, next to librdkafka's mock cluster as a reference.
+
+Both brokers run as their own processes on loopback; the same confluent-kafka client code drives each:
+produce N records (100-byte values, acks=1, linger 5 ms) and wait for every delivery report, then read
+them back with an assigned Consumer. Shoal is also measured with acks=all (every ack after fsync).
+
+The mock keeps everything in memory and does no fsync or CRC checks, so it is an upper bound for what the
+client side can drive on this machine, not a like-for-like broker.
+
+Usage: python bench/bench_produce_fetch.py [--records 200000] [--value-bytes 100] [--partitions 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+READY_PREFIX = "SHOAL_READY "
+
+
+@dataclass
+class Result:
+    records: int
+    seconds: float
+    payload_bytes: int
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.payload_bytes / self.seconds / 1e6
+
+
+# ---- brokers -------------------------------------------------------------------------------------
+
+
+def start_shoal(data_dir: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "shoal.broker.main",
+            "--override", "listeners=PLAINTEXT://127.0.0.1:0",
+            "--override", f"log.dirs={data_dir}",
+            "--override", "log.level=WARNING",
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith(READY_PREFIX):
+            port = json.loads(line[len(READY_PREFIX):])["listeners"][0]["port"]
+            threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
+            return proc, f"127.0.0.1:{port}"
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise RuntimeError("shoal broker did not start")
+
+
+def run_mock_forever() -> None:
+    """Child-process mode: host librdkafka's mock cluster, print its bootstrap servers, serve until killed."""
+    lines: list[str] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("mock")
+    logger.addHandler(Capture())
+    logger.setLevel(logging.DEBUG)
+    holder = Producer({"test.mock.num.brokers": 1, "debug": "mock", "logger": logger})
+    bootstrap = None
+    deadline = time.monotonic() + 10
+    while bootstrap is None and time.monotonic() < deadline:
+        holder.poll(0.1)
+        for line in lines:
+            m = re.search(r"bootstrap\.servers=(\S+)", line)
+            if m:
+                bootstrap = m.group(1)
+                break
+    if bootstrap is None:
+        sys.exit("mock cluster did not report its bootstrap servers")
+    lines.clear()
+    print(bootstrap, flush=True)
+    while True:
+        holder.poll(1.0)
+        lines.clear()
+
+
+def start_mock() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, __file__, "--run-mock"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line:
+        proc.kill()
+        raise RuntimeError("mock cluster did not start")
+    return proc, line
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+# ---- workload ------------------------------------------------------------------------------------
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=10)[topic].result(timeout=30)
+
+
+def auto_create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """The mock does not serve CreateTopics: a producer's Metadata request auto-creates (4 partitions)."""
+    md = Producer({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10).topics[topic]
+    if md.error is not None or len(md.partitions) < partitions:
+        raise RuntimeError(f"mock topic {topic}: {md.error}, {len(md.partitions)} partitions")
+
+
+def produce(bootstrap: str, topic: str, records: int, value: bytes, partitions: int, acks: str) -> Result:
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": acks,
+            "linger.ms": 5,
+            "batch.num.messages": 10_000,
+            "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 1_048_576,
+        }
+    )
+    failures = 0
+
+    def report(err: Any, _msg: Any) -> None:
+        nonlocal failures
+        if err is not None:
+            failures += 1
+
+    started = time.perf_counter()
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, value=value, partition=i % partitions, on_delivery=report)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    remaining = producer.flush(120)
+    elapsed = time.perf_counter() - started
+    if remaining or failures:
+        raise RuntimeError(f"{remaining} undelivered, {failures} failed")
+    return Result(records, elapsed, records * len(value))
+
+
+def fetch(bootstrap: str, topic: str, records: int, partitions: int, value_bytes: int) -> Result:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench-unused",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "fetch.max.bytes": 52_428_800,
+            "max.partition.fetch.bytes": 10_485_760,
+        }
+    )
+    try:
+        started = time.perf_counter()
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        got = 0
+        deadline = time.monotonic() + 120
+        while got < records and time.monotonic() < deadline:
+            for msg in consumer.consume(10_000, 1.0):
+                if msg.error() is None:
+                    got += 1
+        elapsed = time.perf_counter() - started
+    finally:
+        consumer.close()
+    if got < records:
+        raise RuntimeError(f"fetched only {got} of {records} from {bootstrap}")
+    return Result(records, elapsed, records * value_bytes)
+
+
+def line(label: str, r: Result) -> str:
+    return f"  {label:<28} {r.rate:>12,.0f} rec/s {r.mb_per_s:>9.1f} MB/s   ({r.records:,} in {r.seconds:.2f} s)"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--run-mock", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run_mock:
+        run_mock_forever()
+        return 0
+
+    value = os.urandom(args.value_bytes)
+    n, parts = args.records, args.partitions
+    results: dict[str, Result] = {}
+    data_dir = tempfile.mkdtemp(prefix="shoal-bench-")
+    shoal, shoal_bootstrap = start_shoal(data_dir)
+    mock, mock_bootstrap = start_mock()
+    try:
+        for name, bootstrap in (("shoal", shoal_bootstrap), ("mock", mock_bootstrap)):
+            (create_topic if name == "shoal" else auto_create_topic)(bootstrap, "bench-acks1", parts)
+            results[f"{name} produce acks=1"] = produce(bootstrap, "bench-acks1", n, value, parts, "1")
+            results[f"{name} fetch"] = fetch(bootstrap, "bench-acks1", n, parts, args.value_bytes)
+        create_topic(shoal_bootstrap, "bench-acksall", parts)
+        results["shoal produce acks=all"] = produce(shoal_bootstrap, "bench-acksall", n, value, parts, "all")
+    finally:
+        stop(shoal)
+        stop(mock)
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+    print(f"{n:,} records x {args.value_bytes} B values over {parts} partitions, confluent-kafka "
+          f"(linger.ms=5), one process per broker")
+    for label, r in results.items():
+        print(line(label, r))
+    for kind, shoal_key, mock_key in (
+        ("produce acks=1", "shoal produce acks=1", "mock produce acks=1"),
+        ("fetch", "shoal fetch", "mock fetch"),
+    ):
+        ratio = results[shoal_key].rate / results[mock_key].rate
+        print(f"  ratio shoal/mock {kind:<17} {ratio:>6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,592 @@
+"""The share-group coordinator: membership, assignment and share-partition state initialisation.
+
+Share-group records live in `__consumer_offsets` on the group's partition (placed like Kafka places
+groups). Each change is planned by the pure model in `share_group`, appended durably, replayed into
+memory and only then answered, one request at a time per group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import structlog
+from shoal.persister.persister import Persister, SharePartitionKey
+from shoal.protocol import messages
+from shoal.protocol.coordinator_records import CoordinatorRecord
+from shoal.protocol.errors import ErrorCode
+
+from .assignor import ASSIGNOR_NAME, SimpleAssignor
+from .record_log import CoordinatorRecordLog
+from .share_group import (
+    JOIN_GROUP_MEMBER_EPOCH,
+    LEAVE_GROUP_MEMBER_EPOCH,
+    MAX_MEMBER_ID_LENGTH,
+    SHARE_RECORD_TYPES,
+    GroupState,
+    InitRequest,
+    ShareGroup,
+    ShareGroupError,
+    TopicMetadataSource,
+    state_partition_metadata_record,
+)
+
+__all__ = [
+    "DescribedGroup", "GroupConfigSource", "GroupCoordinator", "GroupCoordinatorConfig", "TopicMetadataSource",
+    "partition_for_group",
+]
+
+log = structlog.get_logger("shoal.group_coordinator")
+
+HeartbeatResponse = messages.ShareGroupHeartbeatResponse
+DescribeResponse = messages.ShareGroupDescribeResponse
+_HbAssignment = HeartbeatResponse.Assignment  # type: ignore[attr-defined]
+_HbTopicPartitions = HeartbeatResponse.TopicPartitions  # type: ignore[attr-defined]
+DescribedGroup = DescribeResponse.DescribedGroup  # type: ignore[attr-defined]
+_DMember = DescribeResponse.Member  # type: ignore[attr-defined]
+_DAssignment = DescribeResponse.Assignment  # type: ignore[attr-defined]
+_DTopicPartitions = DescribeResponse.TopicPartitions  # type: ignore[attr-defined]
+
+
+@dataclass(slots=True)
+class GroupCoordinatorConfig:
+    session_timeout_ms: int = 45000
+    heartbeat_interval_ms: int = 5000
+    max_size: int = 200
+    initialize_retry_interval_ms: int = 30000
+    # How often the background task looks for expired sessions and initialisations to retry.
+    maintenance_interval_ms: int = 1000
+
+
+class GroupConfigSource(Protocol):
+    """Dynamic per-group configs (`share.session.timeout.ms`, `share.heartbeat.interval.ms`), with broker fallbacks."""
+
+    def get_int(self, group_id: str, key: str) -> int: ...
+
+
+def java_string_hash(s: str) -> int:
+    """Java's String.hashCode (over UTF-16 code units, wrapping at 32 bits)."""
+    h = 0
+    data = s.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_for_group(group_id: str, num_partitions: int) -> int:
+    """Kafka: Utils.abs(groupId.hashCode()) % partitions, where Utils.abs(Integer.MIN_VALUE) == 0."""
+    h = java_string_hash(group_id)
+    return (0 if h == -(2**31) else abs(h)) % num_partitions
+
+
+def _response_assignment(assignment: dict[bytes, frozenset[int]] | None) -> Any:
+    if assignment is None:
+        return None
+    return _HbAssignment(topic_partitions=[
+        _HbTopicPartitions(topic_id=tid, partitions=sorted(ps)) for tid, ps in sorted(assignment.items())
+    ])
+
+
+def _error_response(code: ErrorCode, message: str | None = None) -> Any:
+    return HeartbeatResponse(error_code=code, error_message=message)
+
+
+class GroupCoordinator:
+    def __init__(
+        self,
+        record_log: CoordinatorRecordLog,
+        topics: TopicMetadataSource,
+        persister: Persister,
+        config: GroupCoordinatorConfig | None = None,
+        *,
+        group_configs: GroupConfigSource | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.record_log = record_log
+        self.topics = topics
+        self.persister = persister
+        self.config = config or GroupCoordinatorConfig()
+        self.group_configs = group_configs
+        self.clock = clock
+        self.assignor = SimpleAssignor()
+        self.groups: dict[str, ShareGroup] = {}
+        self.loaded = False
+        self.rebalances = 0  # group epoch bumps since start
+        self._locks: dict[str, list[Any]] = {}  # group id -> [lock, users]
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._maintenance: asyncio.Task[None] | None = None
+        self._init_inflight: set[tuple[str, bytes, int]] = set()
+        # Partitions of deleted topics whose persisted state still has to be deleted, per group.
+        self._pending_state_deletes: dict[str, dict[bytes, set[int]]] = {}
+
+    # ---- placement, locking, writing -------------------------------------------------------------
+
+    def partition_for(self, group_id: str) -> int:
+        return partition_for_group(group_id, self.record_log.num_partitions)
+
+    @contextlib.asynccontextmanager
+    async def _lock(self, group_id: str) -> AsyncIterator[None]:
+        """Serialise work on one group; the lock is forgotten once nobody uses it and the group is gone."""
+        entry = self._locks.get(group_id)
+        if entry is None:
+            entry = self._locks[group_id] = [asyncio.Lock(), 0]
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0 and group_id not in self.groups:
+                self._locks.pop(group_id, None)
+
+    async def _write(self, group_id: str, records: list[CoordinatorRecord]) -> None:
+        """Durably append, then replay into memory (the same path `load` takes)."""
+        if not records:
+            return
+        await self.record_log.append(self.partition_for(group_id), records)
+        self._apply(records, live=True)
+
+    def _apply(self, records: Iterable[CoordinatorRecord], *, live: bool) -> None:
+        for record in records:
+            group_id = record.key.group_id
+            group = self.groups.get(group_id)
+            if group is None:
+                if record.value is None:
+                    continue  # tombstone for a group we no longer hold
+                group = self.groups[group_id] = ShareGroup(group_id)
+            before = group.group_epoch
+            group.replay(record)
+            if live and group.group_epoch > before:
+                self.rebalances += 1
+            if group.deleted:
+                del self.groups[group_id]
+
+    def session_timeout(self, group_id: str) -> float:
+        """Seconds a member may stay silent (group config `share.session.timeout.ms` wins)."""
+        if self.group_configs is not None:
+            return self.group_configs.get_int(group_id, "share.session.timeout.ms") / 1000
+        return self.config.session_timeout_ms / 1000
+
+    def heartbeat_interval_ms(self, group_id: str) -> int:
+        if self.group_configs is not None:
+            return self.group_configs.get_int(group_id, "share.heartbeat.interval.ms")
+        return self.config.heartbeat_interval_ms
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Rebuild every share group from `__consumer_offsets`."""
+        self.groups.clear()
+        for partition in range(self.record_log.num_partitions):
+            self._apply(
+                (rec for _off, rec in self.record_log.replay(partition) if rec.record_type in SHARE_RECORD_TYPES),
+                live=False,
+            )
+            await asyncio.sleep(0)  # let the loop breathe between partitions
+        now = self.clock()
+        for group in self.groups.values():
+            deadline = now + self.session_timeout(group.group_id)
+            for member in group.members.values():
+                member.session_deadline = deadline
+        self.loaded = True
+        log.info("share groups loaded", groups=len(self.groups))
+
+    def start(self) -> None:
+        """Start session expiry and initialisation retries (needs a running loop)."""
+        if self._maintenance is None:
+            self._maintenance = asyncio.get_running_loop().create_task(self._maintenance_loop())
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks)
+        if self._maintenance is not None:
+            tasks.append(self._maintenance)
+            self._maintenance = None
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def wait_for_background(self) -> None:
+        """Wait until spawned work (initialisations, topic refreshes) has finished."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def _maintenance_loop(self) -> None:
+        interval = self.config.maintenance_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.expire_members()
+                await self.retry_pending()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("share group maintenance failed")
+
+    # ---- heartbeat ---------------------------------------------------------------------------------
+
+    async def heartbeat(self, req: Any, client_id: str, client_host: str) -> Any:
+        """ShareGroupHeartbeat (KIP-932): join with epoch 0, leave with -1, otherwise keep-alive."""
+        invalid = self._validate(req)
+        if invalid is not None:
+            return _error_response(ErrorCode.INVALID_REQUEST, invalid)
+        if not self.loaded:
+            return _error_response(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        async with self._lock(req.group_id):
+            try:
+                if req.member_epoch == LEAVE_GROUP_MEMBER_EPOCH:
+                    return await self._leave(req.group_id, req.member_id)
+                return await self._heartbeat(req, client_id, client_host)
+            except ShareGroupError as exc:
+                return _error_response(exc.code, exc.message)
+            except Exception:
+                log.exception("share group heartbeat failed", group_id=req.group_id)
+                return _error_response(ErrorCode.COORDINATOR_NOT_AVAILABLE, "the group coordinator could not write")
+
+    @staticmethod
+    def _validate(req: Any) -> str | None:
+        if not req.member_id:
+            return "MemberId can't be empty."
+        if len(req.member_id) > MAX_MEMBER_ID_LENGTH:
+            return f"MemberId can't be longer than {MAX_MEMBER_ID_LENGTH} characters."
+        if not req.group_id:
+            return "GroupId can't be empty."
+        if req.rack_id is not None and req.rack_id == "":
+            return "RackId can't be empty."
+        if req.member_epoch == JOIN_GROUP_MEMBER_EPOCH and not req.subscribed_topic_names:
+            return "SubscribedTopicNames must be set in first request."
+        if req.member_epoch < LEAVE_GROUP_MEMBER_EPOCH:
+            return f"MemberEpoch is {req.member_epoch}, but must be greater than or equal to -1."
+        return None
+
+    async def _heartbeat(self, req: Any, client_id: str, client_host: str) -> Any:
+        group = self.groups.get(req.group_id)
+        if group is None:
+            if req.member_epoch != JOIN_GROUP_MEMBER_EPOCH:
+                raise ShareGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Share group {req.group_id} not found.")
+            group = ShareGroup(req.group_id)
+        if group.deleting_group:
+            raise ShareGroupError(ErrorCode.COORDINATOR_NOT_AVAILABLE, "the group is being deleted")
+        now = self.clock()
+        plan = group.plan_heartbeat(
+            member_id=req.member_id,
+            member_epoch=req.member_epoch,
+            rack_id=req.rack_id,
+            subscribed_topic_names=req.subscribed_topic_names,
+            client_id=client_id,
+            client_host=client_host,
+            topics=self.topics,
+            assignor=self.assignor,
+            max_size=self.config.max_size,
+            now=now,
+            init_retry_interval=self.config.initialize_retry_interval_ms / 1000,
+        )
+        await self._write(req.group_id, plan.records)
+        live = self.groups[req.group_id]
+        live.members[req.member_id].session_deadline = now + self.session_timeout(req.group_id)
+        if plan.init is not None:
+            self._mark_initializing(live, plan.init, now)
+            self._spawn(self._initialize(plan.init))
+        return HeartbeatResponse(
+            error_code=ErrorCode.NONE,
+            member_id=plan.member_id,
+            member_epoch=plan.member_epoch,
+            heartbeat_interval_ms=self.heartbeat_interval_ms(req.group_id),
+            assignment=_response_assignment(plan.assignment),
+        )
+
+    async def _leave(self, group_id: str, member_id: str) -> Any:
+        group = self.groups.get(group_id)
+        if group is None:
+            raise ShareGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Share group {group_id} not found.")
+        if member_id not in group.members:
+            raise ShareGroupError(ErrorCode.UNKNOWN_MEMBER_ID, f"Member {member_id} is not a member of group {group_id}.")
+        await self._write(group_id, group.plan_remove_member(member_id, self.topics))
+        log.info("member left share group", group_id=group_id, member_id=member_id)
+        return HeartbeatResponse(error_code=ErrorCode.NONE, member_id=member_id, member_epoch=LEAVE_GROUP_MEMBER_EPOCH)
+
+    # ---- session timeouts ----------------------------------------------------------------------------
+
+    async def expire_members(self, now: float | None = None) -> list[tuple[str, str]]:
+        """Remove members whose session deadline passed; returns the (group, member) pairs removed."""
+        now = self.clock() if now is None else now
+        expired: list[tuple[str, str]] = []
+        for group_id in list(self.groups):
+            group = self.groups.get(group_id)
+            if group is None or not any(m.session_deadline <= now for m in group.members.values()):
+                continue
+            async with self._lock(group_id):
+                for member_id in sorted(group.members):
+                    current = self.groups.get(group_id)
+                    member = None if current is None else current.members.get(member_id)
+                    if current is None or member is None or member.session_deadline > now:
+                        continue
+                    await self._write(group_id, current.plan_remove_member(member_id, self.topics))
+                    expired.append((group_id, member_id))
+                    log.info("share group member session expired", group_id=group_id, member_id=member_id)
+        return expired
+
+    # ---- share-partition state initialisation ----------------------------------------------------------
+
+    def _mark_initializing(self, group: ShareGroup, req: InitRequest, now: float) -> None:
+        for tid, parts in req.topics.items():
+            info = group.initializing.get(tid)
+            if info is not None:
+                info.timestamp = now
+            for p in parts:
+                self._init_inflight.add((req.group_id, tid, p))
+
+    async def _initialize(self, req: InitRequest) -> None:
+        """Create persisted state for new share partitions, then record them as initialised."""
+        keys = [(tid, p) for tid, parts in sorted(req.topics.items()) for p in sorted(parts)]
+        try:
+            results = await asyncio.gather(
+                *(self.persister.initialize_state(SharePartitionKey(req.group_id, tid, p), req.state_epoch, -1)
+                  for tid, p in keys),
+                return_exceptions=True,
+            )
+            done: dict[bytes, set[int]] = {}
+            failed = 0
+            for (tid, p), result in zip(keys, results, strict=True):
+                if isinstance(result, BaseException) or result != ErrorCode.NONE:
+                    failed += 1
+                    log.warning("share partition state initialisation failed", group_id=req.group_id,
+                                partition=p, error=repr(result))
+                else:
+                    done.setdefault(tid, set()).add(p)
+            async with self._lock(req.group_id):
+                group = self.groups.get(req.group_id)
+                if group is None:
+                    return
+                if done:
+                    record = group.initialized_record(done)
+                    if record is not None:
+                        await self._write(req.group_id, [record])
+                if failed:
+                    # Failed partitions stay "initializing"; they are retried once the interval passed.
+                    now = self.clock()
+                    for tid in req.topics:
+                        info = group.initializing.get(tid)
+                        if info is not None:
+                            info.timestamp = now
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("share partition initialisation failed", group_id=req.group_id)
+        finally:
+            for tid, p in keys:
+                self._init_inflight.discard((req.group_id, tid, p))
+
+    async def retry_pending(self, now: float | None = None) -> None:
+        """Retry stale initialisations and leftover state deletions."""
+        now = self.clock() if now is None else now
+        interval = self.config.initialize_retry_interval_ms / 1000
+        for group_id in list(self.groups):
+            group = self.groups.get(group_id)
+            if group is None or group.deleting_group:
+                continue
+            topics: dict[bytes, set[int]] = {}
+            for tid, info in group.initializing.items():
+                if now - info.timestamp < interval or self.topics.topic_by_id(tid) is None:
+                    continue
+                parts = {p for p in info.partitions if (group_id, tid, p) not in self._init_inflight}
+                if parts:
+                    topics[tid] = parts
+            if topics:
+                req = InitRequest(group_id, group.group_epoch, topics)
+                self._mark_initializing(group, req, now)
+                self._spawn(self._initialize(req))
+        for group_id in list(self._pending_state_deletes):
+            await self._delete_topic_state(group_id)
+
+    # ---- topic changes -------------------------------------------------------------------------------
+
+    def on_topics_changed(self, event: str | None = None, *_args: Any) -> None:
+        """Broker hook (topic created/deleted, partitions added); the work runs as a task."""
+        if event == "log_start_moved":
+            return  # not a metadata change
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._spawn(self.refresh_topic_metadata())
+
+    async def refresh_topic_metadata(self) -> None:
+        """Handle deleted topics, bump epochs of groups whose subscribed metadata changed, start
+        initialising new partitions."""
+        if not self.loaded:
+            return
+        now = self.clock()
+        for group_id in list(self.groups):
+            async with self._lock(group_id):
+                group = self.groups.get(group_id)
+                if group is None or group.deleting_group:
+                    continue
+                await self._move_deleted_topics(group)
+                group = self.groups[group_id]
+                records = group.plan_metadata_refresh(self.topics)
+                missing = group.uninitialized_partitions(
+                    group.subscribed_topic_names(), self.topics, now, self.config.initialize_retry_interval_ms / 1000
+                ) if group.members else {}
+                if missing:
+                    records.append(group.initializing_record(missing))
+                await self._write(group_id, records)
+                if missing:
+                    live = self.groups[group_id]
+                    req = InitRequest(group_id, live.group_epoch, {tid: set(ti.partitions) for tid, ti in missing.items()})
+                    self._mark_initializing(live, req, now)
+                    self._spawn(self._initialize(req))
+            if group_id in self._pending_state_deletes:
+                await self._delete_topic_state(group_id)
+
+    async def _move_deleted_topics(self, group: ShareGroup) -> None:
+        """Phase one of deleting a topic's share state: record it as "deleting" (caller holds the lock)."""
+        gone: dict[bytes, set[int]] = {}
+        names: dict[bytes, str] = {}
+        for phase in (group.initializing, group.initialized):
+            for tid, info in phase.items():
+                if self.topics.topic_by_id(tid) is None:
+                    gone.setdefault(tid, set()).update(info.partitions)
+                    names[tid] = info.name
+        if not gone:
+            return
+        initializing = {tid: ti for tid, ti in group.initializing.items() if tid not in gone}
+        initialized = {tid: ti for tid, ti in group.initialized.items() if tid not in gone}
+        deleting = dict(group.deleting) | names
+        await self._write(group.group_id, [state_partition_metadata_record(group.group_id, initializing, initialized, deleting)])
+        pending = self._pending_state_deletes.setdefault(group.group_id, {})
+        for tid, parts in gone.items():
+            pending.setdefault(tid, set()).update(parts)
+
+    async def _delete_topic_state(self, group_id: str) -> None:
+        """Phase two: delete the persisted state, then drop the topics from "deleting"."""
+        pending = self._pending_state_deletes.get(group_id, {})
+        finished: set[bytes] = set()
+        for tid, parts in list(pending.items()):
+            if await self._delete_state(group_id, {tid: parts}) == ErrorCode.NONE:
+                finished.add(tid)
+        if not finished:
+            return
+        for tid in finished:
+            pending.pop(tid, None)
+        if not pending:
+            self._pending_state_deletes.pop(group_id, None)
+        async with self._lock(group_id):
+            group = self.groups.get(group_id)
+            if group is None or not finished & set(group.deleting):
+                return
+            deleting = {tid: name for tid, name in group.deleting.items() if tid not in finished}
+            await self._write(group_id, [state_partition_metadata_record(group_id, group.initializing, group.initialized, deleting)])
+
+    async def _delete_state(self, group_id: str, topics: dict[bytes, set[int]]) -> int:
+        keys = [SharePartitionKey(group_id, tid, p) for tid, parts in sorted(topics.items()) for p in sorted(parts)]
+        results = await asyncio.gather(*(self.persister.delete_state(k) for k in keys), return_exceptions=True)
+        for key, result in zip(keys, results, strict=True):
+            if isinstance(result, BaseException) or result != ErrorCode.NONE:
+                log.warning("share partition state deletion failed", group_id=group_id,
+                            partition=key.partition, error=repr(result))
+                return result if isinstance(result, int) and not isinstance(result, bool) else ErrorCode.UNKNOWN_SERVER_ERROR
+        return ErrorCode.NONE
+
+    # ---- admin ---------------------------------------------------------------------------------------
+
+    def describe(self, group_ids: Iterable[str]) -> list[Any]:
+        """ShareGroupDescribe v1 bodies, one per requested group."""
+        out = []
+        for group_id in group_ids:
+            group = self.groups.get(group_id)
+            if group is None:
+                out.append(DescribedGroup(group_id=group_id, error_code=ErrorCode.GROUP_ID_NOT_FOUND,
+                                          error_message=f"Group {group_id} not found.", members=[]))
+                continue
+            members = []
+            for m in sorted(group.members.values(), key=lambda x: x.member_id):
+                tps = []
+                for tid, ps in sorted(m.assigned_partitions.items()):
+                    meta = self.topics.topic_by_id(tid)
+                    if meta is not None:
+                        tps.append(_DTopicPartitions(topic_id=tid, topic_name=meta[0], partitions=sorted(ps)))
+                members.append(_DMember(
+                    member_id=m.member_id, rack_id=m.rack_id, member_epoch=m.member_epoch, client_id=m.client_id,
+                    client_host=m.client_host, subscribed_topic_names=sorted(m.subscribed_topic_names),
+                    assignment=_DAssignment(topic_partitions=tps),
+                ))
+            out.append(DescribedGroup(
+                error_code=ErrorCode.NONE, group_id=group_id, group_state=group.state.value,
+                group_epoch=group.group_epoch, assignment_epoch=group.assignment_epoch,
+                assignor_name=ASSIGNOR_NAME, members=members,
+            ))
+        return out
+
+    def list_groups(self) -> list[tuple[str, str]]:
+        return [(gid, g.state.value) for gid, g in sorted(self.groups.items())]
+
+    def group_ids(self) -> list[str]:
+        return sorted(self.groups)
+
+    def is_empty(self, group_id: str) -> bool:
+        group = self.groups.get(group_id)
+        return group is None or not group.members
+
+    def groups_by_state(self) -> dict[str, int]:
+        counts = {s.value: 0 for s in GroupState}
+        for g in self.groups.values():
+            counts[g.state.value] += 1
+        return counts
+
+    def assigned_partitions(self, group_id: str, member_id: str) -> dict[bytes, frozenset[int]]:
+        """The member's current assignment (empty if unknown) — for share-fetch validation."""
+        group = self.groups.get(group_id)
+        member = None if group is None else group.members.get(member_id)
+        return {} if member is None else dict(member.assigned_partitions)
+
+    async def delete_group(self, group_id: str) -> int:
+        """DeleteGroups for a share group: must be empty; its persisted share state goes first."""
+        if not self.loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        async with self._lock(group_id):
+            group = self.groups.get(group_id)
+            if group is None:
+                return ErrorCode.GROUP_ID_NOT_FOUND
+            if group.members:
+                return ErrorCode.NON_EMPTY_GROUP
+            # Everything with state becomes "deleting" first, so a crash mid-way leaves a trace to retry.
+            targets: dict[bytes, set[int]] = {}
+            names: dict[bytes, str] = {}
+            for phase in (group.initialized, group.initializing):
+                for tid, info in phase.items():
+                    targets.setdefault(tid, set()).update(info.partitions)
+                    names[tid] = info.name
+            for tid, name in group.deleting.items():
+                meta = self.topics.topic_by_id(tid)
+                if meta is not None:
+                    targets.setdefault(tid, set()).update(range(meta[1]))
+                names.setdefault(tid, name)
+            for tid, parts in self._pending_state_deletes.get(group_id, {}).items():
+                targets.setdefault(tid, set()).update(parts)
+            try:
+                if names:
+                    await self._write(group_id, [state_partition_metadata_record(group_id, {}, {}, names)])
+                    group = self.groups[group_id]
+                group.deleting_group = True
+                code = await self._delete_state(group_id, targets) if targets else ErrorCode.NONE
+                if code != ErrorCode.NONE:
+                    return code
+                await self._write(group_id, group.plan_delete())
+            except Exception:
+                log.exception("share group deletion failed", group_id=group_id)
+                return ErrorCode.UNKNOWN_SERVER_ERROR
+            finally:
+                group.deleting_group = False
+            self._pending_state_deletes.pop(group_id, None)
+            log.info("share group deleted", group_id=group_id)
+            return ErrorCode.NONE
+

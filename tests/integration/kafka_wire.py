@@ -1,0 +1,60 @@
+"""A minimal blocking Kafka client over a raw socket, for tests that need exact requests.
+
+It uses Shoal's protocol package only to build and parse frames; the broker on the other side is the
+real process.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import Any
+
+from shoal.protocol import messages
+
+
+class WireClient:
+    def __init__(self, host: str, port: int, client_id: str = "shoal-tests", timeout: float = 30.0):
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.client_id = client_id
+        self._correlation = 0
+
+    @classmethod
+    def connect(cls, bootstrap: str, **kwargs: Any) -> WireClient:
+        host, port = bootstrap.rsplit(":", 1)
+        return cls(host, int(port), **kwargs)
+
+    def send(self, api_key: int, version: int, body: Any) -> int:
+        self._correlation += 1
+        frame = messages.encode_request(body, api_key, version, self._correlation, self.client_id)
+        self.sock.sendall(struct.pack(">i", len(frame)) + bytes(frame))
+        return self._correlation
+
+    def receive(self, api_key: int, version: int) -> tuple[int, Any]:
+        size = struct.unpack(">i", self._read(4))[0]
+        return messages.decode_response(self._read(size), api_key, version)
+
+    def request(self, api_key: int, version: int, body: Any) -> Any:
+        correlation = self.send(api_key, version, body)
+        got, response = self.receive(api_key, version)
+        assert got == correlation, (got, correlation)
+        return response
+
+    def _read(self, n: int) -> bytes:
+        chunks = []
+        while n:
+            chunk = self.sock.recv(n)
+            if not chunk:
+                raise ConnectionError("broker closed the connection")
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> WireClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,92 @@
+"""Small helpers around confluent-kafka for the share-group tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Producer, ShareConsumer
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
+
+
+def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+        future.result(30)
+
+
+def set_group_config(bootstrap: str, group: str, **configs: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    entries = [
+        ConfigEntry(key.replace("_", "."), value, incremental_operation=AlterConfigOpType.SET)
+        for key, value in configs.items()
+    ]
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+
+
+def produce(bootstrap: str, topic: str, count: int, *, partitions: int = 1, prefix: str = "v",
+            extra: dict[str, Any] | None = None) -> list[tuple[int, int, bytes]]:
+    """Produce `count` records round-robin over partitions; returns (partition, offset, value) of each."""
+    delivered: list[tuple[int, int, bytes]] = []
+    errors: list[Any] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+        else:
+            delivered.append((msg.partition(), msg.offset(), msg.value()))
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, **(extra or {})})
+    for i in range(count):
+        producer.produce(topic, value=f"{prefix}-{i}".encode(), key=str(i).encode(), partition=i % partitions,
+                         on_delivery=on_delivery)
+        if i % 1000 == 999:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+    assert not errors, errors
+    return delivered
+
+
+def share_consumer(bootstrap: str, group: str, topics: list[str], **extra: Any) -> ShareConsumer:
+    config = {"bootstrap.servers": bootstrap, "group.id": group, **{k.replace("_", "."): v for k, v in extra.items()}}
+    consumer = ShareConsumer(config)
+    consumer.subscribe(topics)
+    return consumer
+
+
+@dataclass
+class Consumed:
+    records: list[tuple[int, int, bytes, int]] = field(default_factory=list)  # partition, offset, value, delivery
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, msg: Any) -> None:
+        with self.lock:
+            self.records.append((msg.partition(), msg.offset(), msg.value(), msg.delivery_count()))
+
+    def __len__(self) -> int:
+        with self.lock:
+            return len(self.records)
+
+
+def poll_until(consumer: ShareConsumer, done: Callable[[], bool], sink: Consumed, timeout: float,
+               on_message: Callable[[Any], None] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        for msg in consumer.poll(0.5):
+            if msg.error():
+                continue
+            sink.add(msg)
+            if on_message is not None:
+                on_message(msg)
