@@ -203,6 +203,8 @@ class SharePartitionLeader:
                     # The acknowledgement was not made durable: undo it so memory matches disk.
                     sp.rollback(outcome, now_ms=now_ms())
                     self._after_failed_write(write_err)
+                    self._cancel_timer()
+                    self._arm_timer()
                     return write_err
             self._arm_timer()
         self._changed()

@@ -7,12 +7,15 @@ import pytest
 
 from .broker_process import BrokerProcess
 
+FAST_HEARTBEAT = ["group.share.heartbeat.interval.ms=1000"]
+
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     """One broker per test module (starting one takes a moment); tests use distinct topic names."""
     base = tmp_path_factory.mktemp("broker")
-    proc = BrokerProcess(base / "data").start()
+    # A short heartbeat interval lets share consumers get their first assignment sooner.
+    proc = BrokerProcess(base / "data", overrides=FAST_HEARTBEAT).start()
     yield proc
     proc.stop()
 
@@ -20,6 +23,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
 @pytest.fixture
 def fresh_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     """A broker of the test's own, for tests that kill or reconfigure it."""
-    proc = BrokerProcess(tmp_path / "data")
+    proc = BrokerProcess(tmp_path / "data", overrides=FAST_HEARTBEAT)
     yield proc
     proc.stop()

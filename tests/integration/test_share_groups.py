@@ -134,7 +134,7 @@ def test_closed_consumer_records_come_back_at_once(broker):
 
 @pytest.mark.slow
 def test_unacknowledged_records_return_after_lock_duration(fresh_broker):
-    fresh_broker.overrides = ["group.share.record.lock.duration.ms=2000"]
+    fresh_broker.overrides += ["group.share.record.lock.duration.ms=2000"]
     fresh_broker.start()
     bs = fresh_broker.bootstrap
     topic, group = _name("qt"), _name("gt")
