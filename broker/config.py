@@ -101,7 +101,34 @@ _KEYS: list[ConfigKey] = [
     ConfigKey("authorizer.class.name", str, "", "Empty allows everything."),
     ConfigKey("super.users", str, "", "Semicolon-separated principals allowed everything."),
     ConfigKey("allow.everyone.if.no.acl.found", _bool, False, "Allow when no ACL matches a resource."),
+    # Security: TLS (PEM only), SASL, re-authentication. Each may also be set per listener with
+    # `listener.name.<listener>.<key>`; SASL JAAS per mechanism as `listener.name.<l>.<mech>.sasl.jaas.config`.
+    ConfigKey("ssl.keystore.type", str, "PEM", "Only PEM is supported."),
+    ConfigKey("ssl.keystore.location", str, "", "PEM file holding the certificate chain and the private key."),
+    ConfigKey("ssl.keystore.certificate.chain", str, "", "PEM certificate chain given inline."),
+    ConfigKey("ssl.keystore.key", str, "", "PEM private key given inline."),
+    ConfigKey("ssl.key.password", str, "", "Password of an encrypted private key."),
+    ConfigKey("ssl.keystore.password", str, "", "Accepted for compatibility; PEM keys use ssl.key.password."),
+    ConfigKey("ssl.truststore.type", str, "PEM", "Only PEM is supported."),
+    ConfigKey("ssl.truststore.location", str, "", "PEM file of CA certificates trusted for client certificates."),
+    ConfigKey("ssl.truststore.certificates", str, "", "PEM CA certificates given inline."),
+    ConfigKey("ssl.truststore.password", str, "", "Accepted for compatibility; PEM truststores have no password."),
+    ConfigKey("ssl.client.auth", str, "none", "none, requested or required."),
+    ConfigKey("ssl.enabled.protocols", _list, ["TLSv1.2", "TLSv1.3"], "TLS versions accepted."),
+    ConfigKey("ssl.endpoint.identification.algorithm", str, "https", "Accepted for compatibility (client side)."),
+    ConfigKey("sasl.enabled.mechanisms", _list, ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"],
+              "SASL mechanisms offered: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512."),
+    ConfigKey("sasl.jaas.config", str, "", "JAAS login module line; PLAIN users as user_<name>=\"<password>\"."),
+    ConfigKey("connections.max.reauth.ms", int, 0, "SASL session lifetime; 0 disables re-authentication.", 0),
+    ConfigKey("security.inter.broker.protocol", str, "PLAINTEXT", "Accepted for compatibility (one broker)."),
+    ConfigKey("inter.broker.listener.name", str, "", "Accepted for compatibility (one broker)."),
+    ConfigKey("sasl.mechanism.inter.broker.protocol", str, "GSSAPI", "Accepted for compatibility (one broker)."),
 ]
+
+SUPPORTED_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+LISTENER_PREFIX = "listener.name."
+# Keys that make sense per listener (Kafka's ListenerName.configPrefix overrides).
+_PER_LISTENER = ("ssl.", "sasl.", "connections.max.reauth.ms")
 
 KEYS: dict[str, ConfigKey] = {k.name: k for k in _KEYS}
 
@@ -117,9 +144,12 @@ class Listener:
 class BrokerConfig:
     """Typed access to the broker's settings; `cfg["log.segment.bytes"]` returns the parsed value."""
 
-    def __init__(self, values: dict[str, Any], explicit: set[str]):
+    def __init__(self, values: dict[str, Any], explicit: set[str],
+                 per_listener: dict[str, dict[str, Any]] | None = None):
         self._values = values
         self.explicit = explicit
+        # listener name (upper case) -> key -> parsed value, from `listener.name.<listener>.<key>`.
+        self.per_listener = per_listener or {}
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]
@@ -130,18 +160,17 @@ class BrokerConfig:
     @classmethod
     def from_strings(cls, raw: dict[str, str]) -> BrokerConfig:
         values: dict[str, Any] = {k.name: k.default for k in _KEYS}
-        unknown = sorted(set(raw) - set(KEYS))
+        per_listener: dict[str, dict[str, Any]] = {}
+        unknown = sorted(k for k in set(raw) - set(KEYS) if _listener_key(k) is None)
         if unknown:
             raise ConfigError(f"unknown configuration key(s): {', '.join(unknown)}")
         for key, text in raw.items():
-            spec = KEYS[key]
-            try:
-                value = spec.parse(text)
-            except ValueError as exc:
-                raise ConfigError(f"invalid value for {key}: {text!r} ({exc})") from exc
-            if spec.minimum is not None and isinstance(value, int) and value < spec.minimum:
-                raise ConfigError(f"{key} must be at least {spec.minimum}, got {value}")
-            values[key] = value
+            split = _listener_key(key) if key not in KEYS else None
+            if split is not None:
+                listener_name, base, spec = split
+                per_listener.setdefault(listener_name, {})[base] = _parse_value(spec, key, text)
+                continue
+            values[key] = _parse_value(KEYS[key], key, text)
         if "log.dirs" not in raw and raw.get("log.dir"):
             values["log.dirs"] = values["log.dir"]
         if "node.id" not in raw and values["broker.id"] >= 0:
@@ -150,9 +179,39 @@ class BrokerConfig:
             raise ConfigError("log.message.timestamp.type must be CreateTime or LogAppendTime")
         if values["log.format"] not in ("console", "json"):
             raise ConfigError("log.format must be console or json")
-        config = cls(values, set(raw))
+        config = cls(values, set(raw), per_listener)
         config.listeners()  # validate early
+        config._validate_security()
         return config
+
+    def for_listener(self, listener_name: str, key: str) -> Any:
+        """`listener.name.<listener>.<key>` when set, else the broker-wide value of `key`."""
+        overrides = self.per_listener.get(listener_name.upper(), {})
+        if key in overrides:
+            return overrides[key]
+        return self._values[key]
+
+    def jaas_config(self, listener_name: str, mechanism: str) -> str:
+        """JAAS line for a mechanism: per listener and mechanism, per listener, then broker-wide."""
+        overrides = self.per_listener.get(listener_name.upper(), {})
+        specific = overrides.get(f"{mechanism.lower()}.sasl.jaas.config")
+        if specific is not None:
+            return str(specific)
+        return str(self.for_listener(listener_name, "sasl.jaas.config"))
+
+    def _validate_security(self) -> None:
+        names = {lst.name for lst in self.listeners()} | set(self.per_listener)
+        for name in names:
+            for mech in self.for_listener(name, "sasl.enabled.mechanisms"):
+                if mech not in SUPPORTED_SASL_MECHANISMS:
+                    raise ConfigError(
+                        f"SASL mechanism {mech} is not supported (supported: {', '.join(SUPPORTED_SASL_MECHANISMS)})"
+                    )
+            if self.for_listener(name, "ssl.client.auth") not in ("none", "requested", "required"):
+                raise ConfigError("ssl.client.auth must be none, requested or required")
+            for key in ("ssl.keystore.type", "ssl.truststore.type"):
+                if str(self.for_listener(name, key)).upper() != "PEM":
+                    raise ConfigError(f"{key} must be PEM (JKS and PKCS12 stores are not supported)")
 
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: Iterable[str] = ()) -> BrokerConfig:
@@ -197,6 +256,35 @@ class BrokerConfig:
             port = lst.port or by_name[lst.name].port if lst.name in by_name else lst.port
             out.append(Listener(lst.name, lst.security_protocol, lst.host, port))
         return out
+
+
+def _parse_value(spec: ConfigKey, key: str, text: str) -> Any:
+    try:
+        value = spec.parse(text)
+    except ValueError as exc:
+        raise ConfigError(f"invalid value for {key}: {text!r} ({exc})") from exc
+    if spec.minimum is not None and isinstance(value, int) and value < spec.minimum:
+        raise ConfigError(f"{key} must be at least {spec.minimum}, got {value}")
+    return value
+
+
+_JAAS_KEY = ConfigKey("sasl.jaas.config", str, "", "JAAS line for one mechanism.")
+
+
+def _listener_key(key: str) -> tuple[str, str, ConfigKey] | None:
+    """Split `listener.name.<listener>.<key>` into (LISTENER, key, spec), or None if it is not one."""
+    if not key.startswith(LISTENER_PREFIX):
+        return None
+    listener_name, sep, base = key[len(LISTENER_PREFIX) :].partition(".")
+    if not sep or not listener_name:
+        return None
+    spec = KEYS.get(base)
+    if spec is not None and base.startswith(_PER_LISTENER):
+        return listener_name.upper(), base, spec
+    mech, _, rest = base.partition(".")
+    if rest == "sasl.jaas.config" and mech.upper() in SUPPORTED_SASL_MECHANISMS:
+        return listener_name.upper(), base.lower(), _JAAS_KEY
+    return None
 
 
 def _parse_listener(text: str, protocol_map: dict[str, str]) -> Listener:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -13,6 +14,9 @@ from shoal.protocol import messages
 from shoal.protocol.codec import DecodeError
 
 from .authorizer import ANONYMOUS, Operation, Principal, ResourceType
+from .sasl import PRE_AUTH_APIS, REAUTH_APIS, SASL_PROTOCOLS, SaslSession, log_failure, log_success
+from .scram import AuthenticationFailed
+from .tls import TlsSession, principal_from_certificate
 
 if TYPE_CHECKING:
     from .config import Listener
@@ -28,6 +32,7 @@ class RequestContext:
     header: messages.RequestHeader
     connection: KafkaConnection
     received_at: float = field(default_factory=time.monotonic)
+    close_after: bool = False
 
     @property
     def api_version(self) -> int:
@@ -42,15 +47,26 @@ class RequestContext:
             self.connection.principal, self.connection.client_host, operation, resource_type, name
         )
 
+    def authorize_any(self, operation: Operation, resource_type: ResourceType) -> bool:
+        """Whether the principal may do `operation` on some resource of the type (Kafka's authorizeByResourceType)."""
+        return self.connection.broker.authorizer.authorize_any(
+            self.connection.principal, self.connection.client_host, operation, resource_type
+        )
+
+    def close_after_response(self) -> None:
+        """Close the connection once this request's response has been written (e.g. a failed login)."""
+        self.close_after = True
+
 
 class _Slot:
     """A place in the response queue; filled when the handler finishes."""
 
-    __slots__ = ("ready", "payload")
+    __slots__ = ("ready", "payload", "close_after")
 
     def __init__(self) -> None:
         self.ready = False
         self.payload: bytes | bytearray | None = None
+        self.close_after = False
 
 
 class KafkaConnection(asyncio.Protocol):
@@ -73,8 +89,15 @@ class KafkaConnection(asyncio.Protocol):
         self._max_request = int(broker.config["socket.request.max.bytes"])
         self._max_in_flight = int(broker.config["queued.max.requests"])
         self._idle_ms = int(broker.config["connections.max.idle.ms"])
-        # Per-connection state other layers attach (share sessions bound to this socket, SASL state, ...).
+        # Per-connection state other layers attach (share sessions bound to this socket, ...).
         self.attachments: dict[str, Any] = {}
+        self.sasl: SaslSession | None = None
+        if listener.security_protocol in SASL_PROTOCOLS:
+            self.sasl = SaslSession(listener.name, int(broker.config.for_listener(listener.name, "connections.max.reauth.ms")))
+        self._tls: TlsSession | None = None
+        tls_context = broker.ssl_contexts.get(listener.name)
+        if tls_context is not None:
+            self._tls = TlsSession(tls_context)
 
     # ---- asyncio.Protocol ------------------------------------------------------------------
 
@@ -88,6 +111,10 @@ class KafkaConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_activity = time.monotonic()
+        if self._tls is not None:
+            data = self._tls_received(data)
+            if not data:
+                return
         buf = self._buffer
         buf += data
         while len(buf) >= 4 and not self._closed:
@@ -105,7 +132,67 @@ class KafkaConnection(asyncio.Protocol):
                 break
             frame = bytes(buf[4 : 4 + size])
             del buf[: 4 + size]
-            self._on_frame(frame)
+            if self.sasl is not None and self.sasl.raw_tokens:
+                self._on_raw_sasl_token(frame)
+            else:
+                self._on_frame(frame)
+
+    def _tls_received(self, data: bytes) -> bytes:
+        """Decrypt; on the handshake's completion take the SSL principal. Returns plaintext (maybe empty)."""
+        tls = self._tls
+        assert tls is not None
+        was_done = tls.handshake_done
+        try:
+            plaintext, reply = tls.receive(data)
+        except ssl.SSLError as exc:
+            # Also what a plaintext client on a TLS port ends up as: logged, dropped, nothing else touched.
+            log.warning(
+                "TLS handshake failed, closing connection" if not was_done else "TLS error, closing connection",
+                client=self.client_host, listener=self.listener.name, reason=exc.reason or str(exc),
+            )
+            # Send the TLS alert OpenSSL produced so the client learns why (e.g. unknown CA).
+            self._write_raw(tls.drain())
+            self.close()
+            return b""
+        if reply:
+            self._write_raw(reply)
+        if tls.handshake_done and not was_done:
+            principal = principal_from_certificate(tls.peer_certificate())
+            if principal is not None and self.sasl is None:
+                # On SSL listeners the client certificate names the principal; on SASL_SSL SASL does.
+                self.principal = principal
+            log.debug("TLS handshake complete", client=self.client_host, version=tls.version(),
+                      principal=str(self.principal))
+        if tls.peer_closed:
+            self.close()
+        return plaintext
+
+    def _write_raw(self, data: bytes | bytearray) -> None:
+        if data and self.transport is not None and not self._closed:
+            self.transport.write(data)
+
+    def _write(self, payload: bytes | bytearray) -> None:
+        self._write_raw(self._tls.send(payload) if self._tls is not None else payload)
+
+    def _on_raw_sasl_token(self, token: bytes) -> None:
+        """SaslHandshake v0: the mechanism's tokens arrive as bare frames and are answered the same way."""
+        session = self.sasl
+        assert session is not None
+        try:
+            challenge = session.evaluate(token)
+        except AuthenticationFailed as exc:
+            # v0 has no way to carry an error: log it and close, as Kafka does.
+            log_failure(self.client_host, session, exc)
+            self.close()
+            return
+        if session.authenticated and session.principal is not None:
+            self.principal = session.principal
+            log_success(self.client_host, session)
+        slot = _Slot()
+        slot.payload = len(challenge).to_bytes(4, "big") + challenge
+        slot.ready = True
+        self._pending.append(slot)
+        self._flush_ready()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
@@ -136,6 +223,10 @@ class KafkaConnection(asyncio.Protocol):
             return
         except DecodeError as exc:
             log.warning("malformed request header, closing connection", error=str(exc), client=self.client_host)
+            self.close()
+            return
+        sasl = self.sasl
+        if sasl is not None and not self._sasl_allows(sasl, header.api_key):
             self.close()
             return
         api = self.broker.apis.get(header.api_key)
@@ -187,6 +278,19 @@ class KafkaConnection(asyncio.Protocol):
                 return
             self._complete(slot, api, ctx, response)
 
+    def _sasl_allows(self, sasl: SaslSession, api_key: int) -> bool:
+        if not sasl.authenticated:
+            if api_key in PRE_AUTH_APIS:
+                return True
+            log.warning("request before SASL authentication completed, closing connection",
+                        api_key=api_key, client=self.client_host, listener=self.listener.name)
+            return False
+        if sasl.expired(time.monotonic()) and api_key not in REAUTH_APIS:
+            log.info("SASL session expired without re-authentication, closing connection",
+                     principal=str(self.principal), client=self.client_host, listener=self.listener.name)
+            return False
+        return True
+
     async def _run_async(self, api: Any, ctx: RequestContext, body: Any, slot: _Slot) -> None:
         try:
             response = await api.handler(ctx, body)
@@ -205,6 +309,7 @@ class KafkaConnection(asyncio.Protocol):
             slot.payload = messages.encode_response(
                 response, ctx.header.api_key, ctx.header.api_version, ctx.header.correlation_id
             )
+        slot.close_after = ctx.close_after
         slot.ready = True
         self._flush_ready()
 
@@ -221,8 +326,12 @@ class KafkaConnection(asyncio.Protocol):
         while pending and pending[0].ready:
             slot = pending.popleft()
             if slot.payload is not None and transport is not None and not self._closed:
-                transport.write(slot.payload)
+                self._write(slot.payload)
                 self.broker.metrics.bytes_out.inc(len(slot.payload))
+            if slot.close_after:
+                # Transport close flushes what was written first, so the client still reads the reason.
+                self.close()
+                return
         self._maybe_resume_reading()
 
     def _maybe_resume_reading(self) -> None:

@@ -5,11 +5,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import (
+    acl_apis,
     alter_configs,
     fetch,
     metadata,
     produce,
+    sasl,
+    scram_apis,
     share_fetch,
+    share_group_admin,
     share_group_apis,
     share_state_apis,
     topic_admin,
@@ -27,4 +31,8 @@ def register_all(broker: Broker) -> None:
     alter_configs.register(broker)
     share_fetch.register(broker)
     share_group_apis.register(broker)
+    share_group_admin.register(broker)
     share_state_apis.register(broker)
+    sasl.register(broker)
+    scram_apis.register(broker)
+    acl_apis.register(broker)

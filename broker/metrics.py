@@ -6,6 +6,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from .share_metrics import ShareGroupMetrics
+
 
 class BrokerMetrics:
     def __init__(self) -> None:
@@ -28,6 +30,8 @@ class BrokerMetrics:
         self.messages_in = Counter("shoal_messages_in_total", "Records appended to logs.", ["topic"], registry=r)
         self.log_bytes_in = Counter("shoal_log_bytes_in_total", "Record batch bytes appended.", ["topic"], registry=r)
         self.log_fsyncs = Counter("shoal_log_flushes_total", "Fsyncs of partition logs.", registry=r)
+        # KIP-932 share-group metrics; the scrape-time part is registered by the broker once wired.
+        self.share = ShareGroupMetrics(r)
         self.http_server: Any = None
 
     def observe_request(self, api: str, seconds: float) -> None:

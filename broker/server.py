@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,12 +15,13 @@ import structlog
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 
-from .authorizer import AllowAllAuthorizer, Authorizer
+from .authorizer import Authorizer, build_authorizer
 from .config import BrokerConfig, Listener
 from .connection import KafkaConnection
 from .group_configs import GroupConfigs
 from .metrics import BrokerMetrics
 from .purgatory import Purgatory
+from .scram import ScramCredentialStore
 from .topic_registry import CONSUMER_OFFSETS, SHARE_GROUP_STATE, Topic, TopicRegistry
 
 log = structlog.get_logger("shoal.broker")
@@ -43,7 +45,10 @@ class Broker:
         self.node_id = int(config["node.id"])
         self.cluster_id = str(config["cluster.id"])
         self.metrics = BrokerMetrics()
-        self.authorizer: Authorizer = AllowAllAuthorizer()
+        self.authorizer: Authorizer = build_authorizer(config, Path(config["log.dirs"]))
+        self.scram_credentials = ScramCredentialStore(Path(config["log.dirs"]))
+        # TLS server contexts of the SSL / SASL_SSL listeners, by listener name (built in start()).
+        self.ssl_contexts: dict[str, ssl.SSLContext] = {}
         self.topics = TopicRegistry(Path(config["log.dirs"]), config)
         self.purgatory = Purgatory()
         self.apis: dict[int, Api] = {}
@@ -117,6 +122,7 @@ class Broker:
 
     async def start(self) -> None:
         from .handlers import register_all
+        from .tls import server_context
 
         self._loop = loop = asyncio.get_running_loop()
         self.topics.data_dir.mkdir(parents=True, exist_ok=True)
@@ -124,6 +130,9 @@ class Broker:
         self.ensure_internal_topics()
         await self._start_share_groups()
         register_all(self)
+        for listener in self.config.listeners():
+            if listener.security_protocol in ("SSL", "SASL_SSL"):
+                self.ssl_contexts[listener.name] = server_context(self.config, listener.name)
         for listener in self.config.listeners():
             server = await loop.create_server(
                 lambda lst=listener: KafkaConnection(self, lst),  # type: ignore[misc]
@@ -197,6 +206,7 @@ class Broker:
         )
         self.persister = DefaultStatePersister(InProcessShareCoordinatorClient(self.share_coordinator))
         self.share_partitions = SharePartitionLeaders(self.persister, self.group_configs, self.purgatory)
+        self._wire_share_metrics()
         self.group_coordinator = GroupCoordinator(
             InternalTopicLog(offsets_topic),
             BrokerTopicMetadata(self),
@@ -216,6 +226,16 @@ class Broker:
         self.group_coordinator.start()
         self.topic_listeners.append(self._share_groups_on_topic_event)
         self._background.append(self.loop.create_task(self._share_coordinator_housekeeping()))
+
+    def _wire_share_metrics(self) -> None:
+        """KIP-932 metrics: event hooks into the share coordinator and leaders, plus a scrape-time collector."""
+        from .share_metrics import ShareGroupCollector
+
+        events = self.metrics.share
+        self.share_coordinator.on_partition_load = events.observe_state_partition_load
+        self.share_coordinator.on_write = events.observe_state_write
+        self.share_partitions.on_load = events.observe_partition_load
+        self.metrics.registry.register(ShareGroupCollector(self, events))
 
     async def _share_coordinator_housekeeping(self) -> None:
         cold_ms = int(self.config["share.coordinator.cold.partition.snapshot.interval.ms"])

@@ -229,13 +229,17 @@ class ShareFetchHandlers:
             member, [AckBatch(b.first_offset, b.last_offset, list(b.acknowledge_types)) for b in batches]
         )
         if code == ErrorCode.NONE:
+            counted: dict[int, int] = {}
             for b in batches:
                 span = b.last_offset - b.first_offset + 1
                 if len(b.acknowledge_types) == 1:
-                    self.ack_counts[b.acknowledge_types[0]] = self.ack_counts.get(b.acknowledge_types[0], 0) + span
+                    counted[b.acknowledge_types[0]] = counted.get(b.acknowledge_types[0], 0) + span
                 else:
                     for t in b.acknowledge_types:
-                        self.ack_counts[t] = self.ack_counts.get(t, 0) + 1
+                        counted[t] = counted.get(t, 0) + 1
+            for t, n in counted.items():
+                self.ack_counts[t] = self.ack_counts.get(t, 0) + n
+            self.broker.metrics.share.record_acknowledgement(counted)
         return code
 
     def _empty_partition(self, index: int) -> Any:

@@ -87,6 +87,10 @@ class SharePartitionLeader:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
         self.load_time_ms: float = 0.0
+        self.on_load: Callable[[float], None] | None = None  # metric hook, load time in ms
+        # Published for the metrics thread, which may only read plain attributes (see _publish).
+        self.published_delivery_complete = 0
+        self.published_oldest_lock_ms: int | None = None
 
     @property
     def wake_key(self) -> tuple[Any, ...]:
@@ -123,6 +127,9 @@ class SharePartitionLeader:
             leader_epoch=LEADER_EPOCH,
         )
         self.load_time_ms = (time.monotonic() - started) * 1000
+        if self.on_load is not None:
+            self.on_load(self.load_time_ms)
+        self._publish()
         log.info("share partition loaded", group=group, partition=self.key.partition, spso=start,
                  batches=len(result.state_batches))
         return ErrorCode.NONE
@@ -181,6 +188,7 @@ class SharePartitionLeader:
             if not ranges:
                 return Acquisition(b"", [])
             self._arm_timer()
+            self._publish()
             first, last = ranges[0].first_offset, ranges[-1].last_offset
             # Whole stored batches from the one holding the first acquired offset to the one holding the last.
             chosen = [bytes(view) for h, view in batches if h.last_offset >= first and h.base_offset <= last]
@@ -262,7 +270,17 @@ class SharePartitionLeader:
                         partition=self.key.partition, error_code=code)
             self.drop()
 
+    def _publish(self) -> None:
+        """Compute, on the event loop, the values the metrics thread cannot safely derive itself."""
+        sp = self.state
+        if sp is None:
+            self.published_delivery_complete, self.published_oldest_lock_ms = 0, None
+            return
+        self.published_delivery_complete = sp.delivery_complete_count
+        self.published_oldest_lock_ms = sp.oldest_lock_start_ms()
+
     def _changed(self) -> None:
+        self._publish()
         self.purgatory.notify(self.wake_key)
         if self.on_change is not None:
             self.on_change(self)
@@ -301,6 +319,7 @@ class SharePartitionLeaders:
         self.group_configs = group_configs
         self.purgatory = purgatory
         self._leaders: dict[SharePartitionKey, SharePartitionLeader] = {}
+        self.on_load: Callable[[float], None] | None = None  # metric hook for every leader's state load
 
     def get(self, key: SharePartitionKey) -> SharePartitionLeader | None:
         return self._leaders.get(key)
@@ -309,6 +328,7 @@ class SharePartitionLeaders:
         leader = self._leaders.get(key)
         if leader is None or leader.plog is not plog:
             leader = SharePartitionLeader(key, plog, self.persister, self.group_configs, self.purgatory)
+            leader.on_load = self.on_load
             self._leaders[key] = leader
         return leader
 

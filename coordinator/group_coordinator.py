@@ -31,8 +31,11 @@ from .share_group import (
     InitRequest,
     ShareGroup,
     ShareGroupError,
+    TopicInit,
     TopicMetadataSource,
+    group_epoch_record,
     state_partition_metadata_record,
+    target_metadata_record,
 )
 
 __all__ = [
@@ -590,3 +593,124 @@ class GroupCoordinator:
             log.info("share group deleted", group_id=group_id)
             return ErrorCode.NONE
 
+
+    # ---- share-group offsets admin (Describe/Alter/DeleteShareGroupOffsets) ---------------------------
+
+    def initialized_partitions(self, group_id: str) -> dict[bytes, set[int]] | None:
+        """Partitions with initialised share state, per topic id; None when the group does not exist."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return None
+        return {tid: set(info.partitions) for tid, info in group.initialized.items() if info.partitions}
+
+    async def alter_offsets(
+        self, group_id: str, offsets: dict[bytes, dict[int, int]], *, min_state_epoch: int = 0
+    ) -> tuple[int, dict[tuple[bytes, int], int]]:
+        """AlterShareGroupOffsets: re-initialise each partition's state at the given start offset.
+
+        As the KIP describes, the group epoch is bumped first and used as the new state epoch, so any
+        leader still holding the old state is fenced on its next write. The group is created (empty)
+        when it does not exist yet, so the offsets are what its first consumers start from. Returns the
+        group-level error and a per-partition error map.
+        """
+        if not self.loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, {}
+        async with self._lock(group_id):
+            group = self.groups.get(group_id) or ShareGroup(group_id)
+            if group.members:
+                return ErrorCode.NON_EMPTY_GROUP, {}
+            if group.deleting_group:
+                return ErrorCode.COORDINATOR_NOT_AVAILABLE, {}
+            epoch = max(group.group_epoch + 1, min_state_epoch)
+            # An empty group's (empty) target assignment is current at the new epoch.
+            await self._write(group_id, [
+                group_epoch_record(group_id, epoch, group.metadata_hash),
+                target_metadata_record(group_id, epoch),
+            ])
+            keys = [(tid, p, offset) for tid, parts in sorted(offsets.items()) for p, offset in sorted(parts.items())]
+            results = await asyncio.gather(
+                *(self.persister.initialize_state(SharePartitionKey(group_id, tid, p), epoch, offset)
+                  for tid, p, offset in keys),
+                return_exceptions=True,
+            )
+            errors: dict[tuple[bytes, int], int] = {}
+            done: dict[bytes, set[int]] = {}
+            for (tid, p, _offset), result in zip(keys, results, strict=True):
+                if isinstance(result, BaseException):
+                    log.warning("share offsets alteration failed", group_id=group_id, partition=p, error=repr(result))
+                    errors[(tid, p)] = ErrorCode.UNKNOWN_SERVER_ERROR
+                else:
+                    errors[(tid, p)] = int(result)
+                    if result == ErrorCode.NONE:
+                        done.setdefault(tid, set()).add(p)
+            if done:
+                group = self.groups[group_id]
+                initializing = {tid: TopicInit(ti.name, set(ti.partitions), ti.timestamp)
+                                for tid, ti in group.initializing.items()}
+                initialized = {tid: TopicInit(ti.name, set(ti.partitions)) for tid, ti in group.initialized.items()}
+                for tid, parts in done.items():
+                    meta = self.topics.topic_by_id(tid)
+                    name = meta[0] if meta is not None else group.deleting.get(tid, "")
+                    if tid in initializing:
+                        initializing[tid].partitions -= parts
+                        if not initializing[tid].partitions:
+                            del initializing[tid]
+                    initialized.setdefault(tid, TopicInit(name, set())).partitions |= parts
+                deleting = {tid: n for tid, n in group.deleting.items() if tid not in done}
+                await self._write(group_id, [state_partition_metadata_record(group_id, initializing, initialized, deleting)])
+            log.info("share group offsets altered", group_id=group_id, state_epoch=epoch,
+                     partitions=sum(len(ps) for ps in done.values()))
+            return ErrorCode.NONE, errors
+
+    async def delete_offsets(self, group_id: str, topic_ids: Iterable[bytes]) -> tuple[int, dict[bytes, int]]:
+        """DeleteShareGroupOffsets: forget the topics' share state so the next consumption starts from
+        `share.auto.offset.reset`. Two-phase like Kafka: the topics move to "deleting" first, their
+        persisted state is deleted, then they leave "deleting"; a failure leaves a trace that
+        `retry_pending` completes."""
+        if not self.loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, {}
+        async with self._lock(group_id):
+            group = self.groups.get(group_id)
+            if group is None:
+                return ErrorCode.GROUP_ID_NOT_FOUND, {}
+            if group.members:
+                return ErrorCode.NON_EMPTY_GROUP, {}
+            if group.deleting_group:
+                return ErrorCode.COORDINATOR_NOT_AVAILABLE, {}
+            targets: dict[bytes, set[int]] = {}
+            names: dict[bytes, str] = {}
+            for tid in topic_ids:
+                parts: set[int] = set()
+                for phase in (group.initialized, group.initializing):
+                    if tid in phase:
+                        parts |= phase[tid].partitions
+                        names[tid] = phase[tid].name
+                meta = self.topics.topic_by_id(tid)
+                if meta is not None:
+                    parts |= set(range(meta[1]))
+                    names.setdefault(tid, meta[0])
+                targets[tid] = parts
+                names.setdefault(tid, group.deleting.get(tid, ""))
+            if not targets:
+                return ErrorCode.NONE, {}
+            initializing = {t: ti for t, ti in group.initializing.items() if t not in targets}
+            initialized = {t: ti for t, ti in group.initialized.items() if t not in targets}
+            deleting = dict(group.deleting) | names
+            await self._write(group_id, [state_partition_metadata_record(group_id, initializing, initialized, deleting)])
+            errors: dict[bytes, int] = {}
+            for tid, parts in sorted(targets.items()):
+                errors[tid] = await self._delete_state(group_id, {tid: parts}) if parts else ErrorCode.NONE
+            finished = {tid for tid, code in errors.items() if code == ErrorCode.NONE}
+            pending = self._pending_state_deletes.setdefault(group_id, {})
+            for tid in set(targets) - finished:
+                pending.setdefault(tid, set()).update(targets[tid])
+            if not pending:
+                self._pending_state_deletes.pop(group_id, None)
+            if finished:
+                group = self.groups[group_id]
+                remaining = {tid: n for tid, n in group.deleting.items() if tid not in finished}
+                await self._write(group_id, [
+                    state_partition_metadata_record(group_id, group.initializing, group.initialized, remaining)
+                ])
+            log.info("share group offsets deleted", group_id=group_id, topics=len(finished))
+            return ErrorCode.NONE, errors

@@ -100,6 +100,13 @@ class ShareCoordinator:
         self.pruned_to = [0] * self.num_partitions
         self.stats = ShareCoordinatorStats()
         self._locks = [asyncio.Lock() for _ in range(self.num_partitions)]
+        # Metric hooks (milliseconds): a state partition loaded, a WriteShareGroupState call served.
+        self.on_partition_load: Callable[[float], None] | None = None
+        self.on_write: Callable[[float], None] | None = None
+        # Busy-time accounting for the KIP's thread-idle-ratio: time with at least one operation running.
+        self._active = 0
+        self._busy_since = 0.0
+        self._busy_total = 0.0
 
     # ---- loading ---------------------------------------------------------------------------------
 
@@ -107,6 +114,7 @@ class ShareCoordinator:
         """Replay every state-topic partition; until a partition is done its keys answer
         COORDINATOR_LOAD_IN_PROGRESS."""
         for p in range(self.num_partitions):
+            started = time.perf_counter()
             state = ShareStateMap()
             n = 0
             for offset, record in self.record_log.replay(p):
@@ -116,6 +124,8 @@ class ShareCoordinator:
                     await asyncio.sleep(0)
             self.maps[p] = state
             self.loaded.add(p)
+            if self.on_partition_load is not None:
+                self.on_partition_load((time.perf_counter() - started) * 1000)
             log.debug("share state partition loaded", partition=p, records=n, keys=len(state.states))
 
     def partition_for(self, key: SharePartitionKey) -> int:
@@ -166,7 +176,11 @@ class ShareCoordinator:
                 return _Outcome(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "Unknown topic or partition.")
         try:
             async with self._locks[sp]:
-                return await action(key, sp)
+                self._enter_busy()
+                try:
+                    return await action(key, sp)
+                finally:
+                    self._leave_busy()
         except _Refused as exc:
             return _Outcome(exc.code, exc.message)
         except Exception as exc:  # a failed append: nothing was replayed, memory is unchanged
@@ -226,7 +240,30 @@ class ShareCoordinator:
             for t, outs in zip(req.topics, outcomes, strict=True)
         ])
 
+    def _enter_busy(self) -> None:
+        if self._active == 0:
+            self._busy_since = time.perf_counter()
+        self._active += 1
+
+    def _leave_busy(self) -> None:
+        self._active -= 1
+        if self._active == 0:
+            self._busy_total += time.perf_counter() - self._busy_since
+
+    def busy_seconds(self) -> float:
+        """Total seconds with work in progress; read from the metrics thread, so plain attribute reads only."""
+        active, since, total = self._active, self._busy_since, self._busy_total
+        return total + (time.perf_counter() - since if active else 0.0)
+
     async def write_state(self, req: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await self._write_state(req)
+        finally:
+            if self.on_write is not None:
+                self.on_write((time.perf_counter() - started) * 1000)
+
+    async def _write_state(self, req: Any) -> Any:
         async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
             if p.leader_epoch < 0:
                 raise _Refused(ErrorCode.INVALID_REQUEST, "The leader epoch is negative.")

@@ -17,9 +17,14 @@ READY_PREFIX = "SHOAL_READY "
 
 
 class BrokerProcess:
-    def __init__(self, data_dir: Path, overrides: Iterable[str] = (), log_path: Path | None = None):
+    def __init__(self, data_dir: Path, overrides: Iterable[str] = (), log_path: Path | None = None,
+                 extra_listeners: Iterable[str] = ()):
         self.data_dir = data_dir
         self.overrides = list(overrides)
+        # More listeners after the PLAINTEXT one, as NAME://host:port (port 0 picks a free one).
+        self.extra_listeners = list(extra_listeners)
+        # Bound port of every listener by name, from the SHOAL_READY line.
+        self.ports: dict[str, int] = {}
         self.log_path = log_path or data_dir.parent / f"{data_dir.name}-broker.log"
         self.proc: subprocess.Popen[str] | None = None
         self.port: int = 0
@@ -30,9 +35,17 @@ class BrokerProcess:
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    def address(self, listener: str) -> str:
+        """host:port of a listener by name (e.g. "SASL_SSL")."""
+        return f"127.0.0.1:{self.ports[listener.upper()]}"
+
     def start(self, timeout: float = 30.0) -> BrokerProcess:
         # Reuse the previous port on restart so clients holding the old address reconnect.
         listener = f"PLAINTEXT://127.0.0.1:{self.port}"
+        for extra in self.extra_listeners:
+            name, _, rest = extra.partition("://")
+            host, _, port = rest.rpartition(":")
+            listener += f",{name}://{host}:{self.ports.get(name.upper(), int(port))}"
         args = [
             sys.executable,
             "-m",
@@ -63,6 +76,7 @@ class BrokerProcess:
             raise RuntimeError(f"broker not ready after {timeout}s; see {self.log_path}")
         info: dict[str, Any] = json.loads(line[len(READY_PREFIX) :])
         self.port = int(info["listeners"][0]["port"])
+        self.ports = {lst["name"]: int(lst["port"]) for lst in info["listeners"]}
         self.metrics_port = info.get("metrics_port")
         # Keep draining stdout so the child never blocks on a full pipe.
         threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True).start()

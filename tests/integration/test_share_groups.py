@@ -41,25 +41,36 @@ def test_six_consumers_two_partitions_all_receive(broker):
     topic, group = _name("q6"), _name("g6")
     create_topic(broker.bootstrap, topic, 2)
     set_group_config(broker.bootstrap, group, share_auto_offset_reset="earliest")
-    # Small producer batches and small polls so several members can hold records of one partition at once.
-    produce(broker.bootstrap, topic, 1200, partitions=2, extra={"batch.num.messages": 5, "linger.ms": 0})
     per_consumer: dict[int, Consumed] = {i: Consumed() for i in range(6)}
     consumers = [share_consumer(broker.bootstrap, group, [topic], max_poll_records=5) for _ in range(6)]
-    total = lambda: sum(len(s) for s in per_consumer.values())  # noqa: E731
+    everyone_got_some = lambda: all(len(s) > 0 for s in per_consumer.values())  # noqa: E731
+    stop = threading.Event()
+
+    def keep_producing() -> None:
+        # Records keep arriving until every member has had some: members join at different moments,
+        # and a fixed backlog could be drained before the last one is assigned a partition.
+        while not stop.is_set():
+            produce(broker.bootstrap, topic, 40, partitions=2, extra={"batch.num.messages": 5, "linger.ms": 0})
+            time.sleep(0.1)
 
     def run(i: int) -> None:
-        poll_until(consumers[i], lambda: total() >= 1200, per_consumer[i], 90,
-                   on_message=lambda _m: time.sleep(0.002))
+        poll_until(consumers[i], lambda: everyone_got_some() or stop.is_set(), per_consumer[i], 90,
+                   on_message=lambda _m: time.sleep(0.005))
 
+    producer = threading.Thread(target=keep_producing)
+    producer.start()
     threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    stop.set()
+    producer.join()
     for c in consumers:
         c.close()
-    assert total() >= 1200
-    assert all(len(s) > 0 for s in per_consumer.values()), {i: len(s) for i, s in per_consumer.items()}
+    assert everyone_got_some(), {i: len(s) for i, s in per_consumer.items()}
+    seen = [(p, o) for s in per_consumer.values() for p, o, _v, _d in s.records]
+    assert len(seen) == len(set(seen)), "two members were given the same record"
 
 
 def _poll_one(consumer, timeout: float = 30.0):

@@ -1,0 +1,415 @@
+"""Share-group figures for Shoal, with librdkafka's mock cluster as the reference where it applies.
+
+1. Consumption: records/s for 1 and 4 confluent-kafka ShareConsumers (implicit acknowledgement) draining a
+   backlog of N 100-byte records on a 4-partition topic, against Shoal and against the mock cluster.
+   The consumers first join and receive probe records (so assignments and share sessions are settled —
+   the mock only recomputes assignments on membership changes and starts share partitions at "latest"),
+   then stop polling while the backlog is produced, then the clock runs from the first poll to the last
+   record.
+2. State cost: bytes appended to `__share_group_state` (sum of its partition logs in Shoal's data dir)
+   per accepted record, for each of those runs.
+3. Reload: a state log of many ShareUpdate records (written with raw WriteShareGroupState requests over
+   many keys), then `kill -9` and a restart: time from process start to the SHOAL_READY line, and the
+   seconds the broker reports for its "coordinators loaded" step.
+
+The mock keeps everything in memory and persists no share state, so only figure 1 has a reference.
+
+Usage: python bench/bench_share.py [--records 100000] [--state-records 200000] [--skip-mock]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer, ShareConsumer
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic, ResourceType
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+
+READY_PREFIX = "SHOAL_READY "
+STATE_TOPIC = "__share_group_state"
+PARTITIONS = 4
+VALUE = b"x" * 100
+PROBE = b"probe"
+
+
+# ---- brokers -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Shoal:
+    data_dir: Path
+    log_path: Path
+    proc: subprocess.Popen[str] | None = None
+    port: int = 0
+    ready_seconds: float = 0.0
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> Shoal:
+        args = [
+            sys.executable, "-m", "shoal.broker.main",
+            "--override", f"listeners=PLAINTEXT://127.0.0.1:{self.port}",
+            "--override", f"log.dirs={self.data_dir}",
+            "--override", "group.share.heartbeat.interval.ms=1000",
+        ]
+        log_file = open(self.log_path, "a")
+        started = time.perf_counter()
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log_file, text=True)
+        log_file.close()
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if line.startswith(READY_PREFIX):
+                self.ready_seconds = time.perf_counter() - started
+                self.port = int(json.loads(line[len(READY_PREFIX):])["listeners"][0]["port"])
+                stdout = self.proc.stdout
+                threading.Thread(target=lambda: [None for _ in stdout], daemon=True).start()
+                return self
+            if not line and self.proc.poll() is not None:
+                break
+        self.kill()
+        raise RuntimeError(f"shoal did not start; see {self.log_path}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def state_log_bytes(self) -> int:
+        return sum(f.stat().st_size for d in self.data_dir.glob(f"{STATE_TOPIC}-*") for f in d.glob("*.log"))
+
+    def coordinators_loaded_seconds(self) -> float | None:
+        found = re.findall(r"coordinators loaded\s+seconds=([0-9.]+)", self.log_path.read_text())
+        return float(found[-1]) if found else None
+
+
+def run_mock_forever() -> None:
+    """Child-process mode: host librdkafka's mock cluster, print its bootstrap servers, serve until killed."""
+    lines: list[str] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("mock")
+    logger.addHandler(Capture())
+    logger.setLevel(logging.DEBUG)
+    holder = Producer({"test.mock.num.brokers": 1, "debug": "mock", "logger": logger})
+    bootstrap = None
+    deadline = time.monotonic() + 10
+    while bootstrap is None and time.monotonic() < deadline:
+        holder.poll(0.1)
+        for line in lines:
+            m = re.search(r"bootstrap\.servers=(\S+)", line)
+            if m:
+                bootstrap = m.group(1)
+                break
+    if bootstrap is None:
+        sys.exit("mock cluster did not report its bootstrap servers")
+    lines.clear()
+    print(bootstrap, flush=True)
+    while True:
+        holder.poll(1.0)
+        lines.clear()
+
+
+def start_mock() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, __file__, "--run-mock"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line:
+        proc.kill()
+        raise RuntimeError("mock cluster did not start")
+    return proc, line
+
+
+# ---- consumption -----------------------------------------------------------------------------------
+
+
+def produce(bootstrap: str, topic: str, count: int, value: bytes, *, one_per_partition: bool = False) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "1", "linger.ms": 5, "batch.num.messages": 10_000,
+                         "queue.buffering.max.messages": 1_000_000})
+    for i in range(PARTITIONS if one_per_partition else count):
+        while True:
+            try:
+                producer.produce(topic, value=value, partition=i % PARTITIONS)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    if producer.flush(120):
+        raise RuntimeError("undelivered records")
+
+
+class ConsumerGroup:
+    """N ShareConsumers on threads: they poll while `running` is set and count non-probe records."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str, n: int):
+        self.consumers = [ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group,
+                                         "max.poll.records": 500}) for _ in range(n)]
+        for c in self.consumers:
+            c.subscribe([topic])
+        self.running = threading.Event()
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.records = 0
+        self.probes = 0
+        self.last_record_at = 0.0
+        self.threads = [threading.Thread(target=self._run, args=(c,), daemon=True) for c in self.consumers]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, consumer: ShareConsumer) -> None:
+        while not self.stop.is_set():
+            if not self.running.wait(0.1):
+                continue
+            msgs = consumer.poll(0.2)
+            records = probes = 0
+            for m in msgs:
+                if m.error():
+                    continue
+                if m.value() == PROBE:
+                    probes += 1
+                else:
+                    records += 1
+            if records or probes:
+                with self.lock:
+                    self.records += records
+                    self.probes += probes
+                    self.last_record_at = time.perf_counter()
+
+    def wait(self, done: Any, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if done():
+                    return True
+            time.sleep(0.01)
+        return False
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+        for c in self.consumers:
+            c.close()
+
+
+def consume_rate(bootstrap: str, topic: str, group: str, n_consumers: int, records: int, settle_s: float) -> float:
+    cg = ConsumerGroup(bootstrap, group, topic, n_consumers)
+    try:
+        cg.running.set()
+        time.sleep(settle_s)  # joins, assignment, share-partition loading
+        produce(bootstrap, topic, PARTITIONS, PROBE, one_per_partition=True)
+        if not cg.wait(lambda: cg.probes >= PARTITIONS, 120):
+            raise RuntimeError(f"probes not consumed from {bootstrap}: {cg.probes}/{PARTITIONS}")
+        time.sleep(settle_s)  # later members' assignments arrive with their next heartbeats
+        cg.running.clear()
+        time.sleep(0.5)
+        produce(bootstrap, topic, records, VALUE)
+        started = time.perf_counter()
+        cg.running.set()
+        if not cg.wait(lambda: cg.records >= records, 600):
+            raise RuntimeError(f"only {cg.records}/{records} consumed from {bootstrap}")
+        return records / (cg.last_record_at - started)
+    finally:
+        cg.close()
+
+
+def shoal_topic(bootstrap: str, topic: str, group: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+    entry = ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)
+    for f in admin.incremental_alter_configs([ConfigResource(ResourceType.GROUP, group,
+                                                             incremental_configs=[entry])]).values():
+        f.result(30)
+
+
+def mock_topic(bootstrap: str, topic: str) -> None:
+    """The mock creates a 4-partition topic on first use; it must exist before the group subscribes."""
+    produce(bootstrap, topic, 1, b"init")
+
+
+# ---- a large state log -------------------------------------------------------------------------------
+
+
+class Wire:
+    """Pipelined raw requests on one connection."""
+
+    def __init__(self, bootstrap: str):
+        host, port = bootstrap.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=120)
+        self.correlation = 0
+        self.pending: list[tuple[int, int, int]] = []
+
+    def send(self, api_key: int, version: int, body: Any) -> None:
+        self.correlation += 1
+        frame = messages.encode_request(body, api_key, version, self.correlation, "bench")
+        self.sock.sendall(struct.pack(">i", len(frame)) + bytes(frame))
+        self.pending.append((self.correlation, api_key, version))
+
+    def receive(self) -> Any:
+        correlation, api_key, version = self.pending.pop(0)
+        size = struct.unpack(">i", self._read(4))[0]
+        got, resp = messages.decode_response(self._read(size), api_key, version)
+        assert got == correlation
+        return resp
+
+    def _read(self, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("closed")
+            buf += chunk
+        return buf
+
+
+def topic_id(bootstrap: str, topic: str) -> bytes:
+    w = Wire(bootstrap)
+    md = messages.MetadataRequest
+    w.send(ApiKey.METADATA, 12, md(topics=[md.MetadataRequestTopic(name=topic, topic_id=b"\x00" * 16)],  # type: ignore[attr-defined]
+                                   allow_auto_topic_creation=False, include_topic_authorized_operations=False))
+    [t] = w.receive().topics
+    w.sock.close()
+    return bytes(t.topic_id)
+
+
+def fill_state_log(bootstrap: str, state_records: int, groups: int = 20, partitions: int = 50) -> int:
+    """InitializeShareGroupState for groups x partitions keys, then rounds of one WriteShareGroupState per
+    group covering all its partitions (one ShareUpdate per key, each with an ACKNOWLEDGED and an AVAILABLE
+    batch, SPSO advancing by 10). Returns the number of state records written."""
+    topic = f"reload-{uuid.uuid4().hex[:6]}"
+    AdminClient({"bootstrap.servers": bootstrap}).create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+    tid = topic_id(bootstrap, topic)
+    init = messages.InitializeShareGroupStateRequest
+    write = messages.WriteShareGroupStateRequest
+    wires = [Wire(bootstrap) for _ in range(4)]
+    window = 16
+    for g in range(groups):
+        wires[0].send(ApiKey.INITIALIZE_SHARE_GROUP_STATE, 0, init(group_id=f"reload-g{g}", topics=[
+            init.InitializeStateData(topic_id=tid, partitions=[  # type: ignore[attr-defined]
+                init.PartitionData(partition=p, state_epoch=0, start_offset=0)  # type: ignore[attr-defined]
+                for p in range(partitions)])]))
+    for _ in range(groups):
+        wires[0].receive()
+    rounds = max(1, state_records // (groups * partitions))
+    k = 0
+    for r in range(rounds):
+        base = r * 10
+        for g in range(groups):
+            body = write(group_id=f"reload-g{g}", topics=[write.WriteStateData(topic_id=tid, partitions=[  # type: ignore[attr-defined]
+                write.PartitionData(partition=p, state_epoch=0, leader_epoch=0, start_offset=base,  # type: ignore[attr-defined]
+                                    delivery_complete_count=5, state_batches=[
+                                        write.StateBatch(first_offset=base + 10, last_offset=base + 14,  # type: ignore[attr-defined]
+                                                         delivery_state=2, delivery_count=1),
+                                        write.StateBatch(first_offset=base + 15, last_offset=base + 19,  # type: ignore[attr-defined]
+                                                         delivery_state=0, delivery_count=1)])
+                for p in range(partitions)])])
+            w = wires[k % len(wires)]
+            k += 1
+            w.send(ApiKey.WRITE_SHARE_GROUP_STATE, 1, body)
+            if len(w.pending) >= window:
+                _check_write(w.receive())
+    for w in wires:
+        while w.pending:
+            _check_write(w.receive())
+        w.sock.close()
+    return groups * partitions * (rounds + 1)
+
+
+def _check_write(resp: Any) -> None:
+    errors = {p.error_code for t in resp.results for p in t.partitions} - {0}
+    if errors:
+        raise RuntimeError(f"WriteShareGroupState errors {errors}")
+
+
+# ---- main ------------------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    if "--run-mock" in sys.argv:
+        run_mock_forever()
+        return 0
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--records", type=int, default=100_000)
+    ap.add_argument("--state-records", type=int, default=200_000)
+    ap.add_argument("--skip-mock", action="store_true")
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-share-"))
+    print(f"# share-group bench: {args.records} records x {len(VALUE)} B, {PARTITIONS} partitions, "
+          f"implicit acks, {os.cpu_count()} CPUs")
+    shoal = Shoal(tmp / "data", tmp / "broker.log").start()
+    try:
+        print(f"shoal cold start to SHOAL_READY: {shoal.ready_seconds:.2f} s")
+        for n in (1, 4):
+            topic, group = f"bs{n}-{uuid.uuid4().hex[:6]}", f"bsg{n}-{uuid.uuid4().hex[:6]}"
+            shoal_topic(shoal.bootstrap, topic, group)
+            before = shoal.state_log_bytes()
+            rate = consume_rate(shoal.bootstrap, topic, group, n, args.records, settle_s=2.5)
+            time.sleep(1.0)  # the closing consumers' last acknowledgements
+            per_record = (shoal.state_log_bytes() - before) / (args.records + PARTITIONS)
+            print(f"shoal  {n} consumer(s): {rate:>9,.0f} rec/s   __share_group_state: {per_record:.2f} B/accepted record")
+
+        if not args.skip_mock:
+            mock, mock_bs = start_mock()
+            try:
+                for n in (1, 4):
+                    topic, group = f"ms{n}-{uuid.uuid4().hex[:6]}", f"msg{n}-{uuid.uuid4().hex[:6]}"
+                    mock_topic(mock_bs, topic)
+                    rate = consume_rate(mock_bs, topic, group, n, args.records, settle_s=6.0)
+                    print(f"mock   {n} consumer(s): {rate:>9,.0f} rec/s")
+            finally:
+                mock.terminate()
+                mock.wait(15)
+
+        started = time.perf_counter()
+        written = fill_state_log(shoal.bootstrap, args.state_records)
+        fill_s = time.perf_counter() - started
+        size = shoal.state_log_bytes()
+        print(f"state log filled: {written:,} records via WriteShareGroupState in {fill_s:.1f} s "
+              f"({written / fill_s:,.0f} records/s); __share_group_state now {size / 1e6:.1f} MB")
+        shoal.kill()
+        shoal.start()
+        loaded = shoal.coordinators_loaded_seconds()
+        print(f"restart after kill -9: process start to SHOAL_READY {shoal.ready_seconds:.2f} s; "
+              f"'coordinators loaded' {loaded} s")
+    finally:
+        shoal.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""SASL on SASL_PLAINTEXT / SASL_SSL listeners: SaslHandshake (v0-1), SaslAuthenticate (v0-2), PLAIN and SCRAM.
+
+Per connection a `SaslSession` tracks the exchange. Until it completes, the connection serves only
+ApiVersions, SaslHandshake and SaslAuthenticate (the connection enforces that). With handshake v1 the
+mechanism's tokens travel inside SaslAuthenticate requests; with v0 they follow as bare size-prefixed
+frames, which the connection hands to `SaslSession.evaluate` directly.
+`connections.max.reauth.ms` gives each session a lifetime (KIP-368): the client re-authenticates with a
+new handshake on the same connection, as the same principal, or the connection is closed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.errors import ErrorCode
+
+from .authorizer import Principal
+from .scram import MECHANISMS as SCRAM_MECHANISMS
+from .scram import AuthenticationFailed, ScramServer
+
+if TYPE_CHECKING:
+    from .config import BrokerConfig
+    from .connection import RequestContext
+    from .server import Broker
+
+log = structlog.get_logger("shoal.sasl")
+
+SaslHandshakeResponse = messages.SaslHandshakeResponse
+SaslAuthenticateResponse = messages.SaslAuthenticateResponse
+
+SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
+# What an unauthenticated client may send on a SASL listener.
+PRE_AUTH_APIS = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
+# What a client whose session has expired may still send: the re-authentication itself.
+REAUTH_APIS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
+
+_JAAS_OPTION = re.compile(r'([A-Za-z0-9_.\-]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s;"]+))')
+
+
+def parse_jaas(text: str) -> tuple[str, dict[str, str]]:
+    """`<LoginModule class> <flag> key="value" ...;` -> (class, options). Only the first module is read."""
+    body = text.strip()
+    if not body:
+        return "", {}
+    parts = body.split(None, 2)
+    if len(parts) < 2:
+        raise ValueError(f"JAAS config must be '<LoginModule> <flag> options;', got {text!r}")
+    module, flag = parts[0], parts[1].rstrip(";").lower()
+    if flag not in ("required", "requisite", "sufficient", "optional"):
+        raise ValueError(f"JAAS control flag must be required/requisite/sufficient/optional, got {parts[1]!r}")
+    rest = parts[2] if len(parts) > 2 else ""
+    options = {}
+    for match in _JAAS_OPTION.finditer(rest):
+        key, quoted, bare = match.groups()
+        options[key] = re.sub(r"\\(.)", r"\1", quoted) if quoted is not None else bare
+    return module, options
+
+
+class MechanismServer(Protocol):
+    username: str | None
+    complete: bool
+
+    def evaluate(self, token: bytes) -> bytes: ...
+
+
+class PlainServer:
+    """RFC 4616: one message `authzid NUL authcid NUL password`, checked against the JAAS `user_<name>` options."""
+
+    def __init__(self, users: dict[str, str]):
+        self._users = users
+        self.username: str | None = None
+        self.complete = False
+
+    def evaluate(self, token: bytes) -> bytes:
+        parts = token.split(b"\x00")
+        if len(parts) != 3:
+            raise AuthenticationFailed("Invalid SASL/PLAIN response: expected 3 tokens", "malformed PLAIN message")
+        try:
+            authzid, user, password = (p.decode("utf-8") for p in parts)
+        except UnicodeDecodeError:
+            raise AuthenticationFailed("Invalid SASL/PLAIN response: not UTF-8", "malformed PLAIN message") from None
+        if not user:
+            raise AuthenticationFailed("Authentication failed: username not specified", "empty user name")
+        if not password:
+            raise AuthenticationFailed("Authentication failed: password not specified", f"empty password for {user!r}")
+        if authzid and authzid != user:
+            raise AuthenticationFailed(
+                "Authentication failed: Client requested an authorization id that is different from username",
+                f"authorization id {authzid!r} for user {user!r}",
+            )
+        expected = self._users.get(user)
+        # compare_digest on both branches so the reply time does not reveal which users exist.
+        ok = hmac.compare_digest(password.encode(), (expected if expected is not None else "\x00" + password).encode())
+        if expected is None or not ok:
+            reason = "unknown user" if expected is None else "wrong password"
+            raise AuthenticationFailed("Authentication failed: Invalid username or password", f"{reason} {user!r}")
+        self.username = user
+        self.complete = True
+        return b""
+
+
+HANDSHAKE, AUTHENTICATING, AUTHENTICATED, FAILED = "handshake", "authenticating", "authenticated", "failed"
+
+
+class SaslSession:
+    """SASL state of one connection on a SASL listener."""
+
+    def __init__(self, listener_name: str, reauth_ms: int):
+        self.listener_name = listener_name
+        self.reauth_ms = reauth_ms
+        self.state = HANDSHAKE
+        self.mechanism: str | None = None
+        self.server: MechanismServer | None = None
+        # Handshake v0: the tokens come as bare frames, not inside SaslAuthenticate.
+        self.raw_tokens = False
+        self.authenticated = False
+        self.principal: Principal | None = None
+        self.expires_at: float | None = None
+        self.lifetime_ms = 0
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+    def begin(self, mechanism: str, server: MechanismServer, raw_tokens: bool) -> None:
+        self.mechanism = mechanism
+        self.server = server
+        self.raw_tokens = raw_tokens
+        self.state = AUTHENTICATING
+
+    def evaluate(self, token: bytes) -> bytes:
+        """Run one token through the mechanism; raises AuthenticationFailed (and the session is failed)."""
+        server = self.server
+        assert server is not None and self.state == AUTHENTICATING
+        try:
+            challenge = server.evaluate(token)
+            if server.complete:
+                assert server.username is not None
+                principal = Principal("User", server.username)
+                if self.authenticated and principal != self.principal:
+                    raise AuthenticationFailed(
+                        "Cannot change principals during re-authentication",
+                        f"re-authentication as {principal} on a connection of {self.principal}",
+                    )
+                self._complete(principal)
+        except AuthenticationFailed:
+            self.state = FAILED
+            self.raw_tokens = False
+            raise
+        return challenge
+
+    def _complete(self, principal: Principal) -> None:
+        self.principal = principal
+        self.authenticated = True
+        self.state = AUTHENTICATED
+        self.raw_tokens = False
+        self.server = None
+        if self.reauth_ms > 0:
+            self.lifetime_ms = self.reauth_ms
+            self.expires_at = time.monotonic() + self.reauth_ms / 1000
+        else:
+            self.lifetime_ms = 0
+            self.expires_at = None
+
+
+def plain_users(config: BrokerConfig, listener_name: str) -> dict[str, str]:
+    _, options = parse_jaas(config.jaas_config(listener_name, "PLAIN"))
+    return {key[len("user_") :]: value for key, value in options.items() if key.startswith("user_")}
+
+
+class SaslApis:
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        self._plain_users: dict[str, dict[str, str]] = {}
+        for lst in broker.config.listeners():
+            if lst.security_protocol in SASL_PROTOCOLS:
+                # Parsed once at start-up so a bad JAAS line fails the start, not the first login.
+                self._plain_users[lst.name] = plain_users(broker.config, lst.name)
+
+    def _enabled(self, listener_name: str) -> list[str]:
+        return list(self.broker.config.for_listener(listener_name, "sasl.enabled.mechanisms"))
+
+    def _server_for(self, listener_name: str, mechanism: str) -> MechanismServer:
+        if mechanism == "PLAIN":
+            return PlainServer(self._plain_users.get(listener_name, {}))
+        assert mechanism in SCRAM_MECHANISMS
+        return ScramServer(mechanism, self.broker.scram_credentials)
+
+    def sasl_handshake(self, ctx: RequestContext, req: Any) -> Any:
+        conn = ctx.connection
+        session = conn.sasl
+        if session is None:
+            # Kafka answers a handshake on a listener without SASL this way.
+            return SaslHandshakeResponse(error_code=ErrorCode.ILLEGAL_SASL_STATE, mechanisms=[])
+        enabled = self._enabled(session.listener_name)
+        if session.state not in (HANDSHAKE, AUTHENTICATED):
+            log.warning("unexpected SaslHandshake, closing connection", state=session.state, client=conn.client_host)
+            ctx.close_after_response()
+            return SaslHandshakeResponse(error_code=ErrorCode.ILLEGAL_SASL_STATE, mechanisms=enabled)
+        if req.mechanism not in enabled:
+            log.warning("unsupported SASL mechanism requested, closing connection", mechanism=req.mechanism,
+                        enabled=enabled, client=conn.client_host, listener=session.listener_name)
+            ctx.close_after_response()
+            return SaslHandshakeResponse(error_code=ErrorCode.UNSUPPORTED_SASL_MECHANISM, mechanisms=enabled)
+        if session.authenticated and req.mechanism != session.mechanism:
+            log.warning("re-authentication with a different SASL mechanism, closing connection",
+                        mechanism=req.mechanism, previous=session.mechanism, client=conn.client_host)
+            ctx.close_after_response()
+            return SaslHandshakeResponse(error_code=ErrorCode.ILLEGAL_SASL_STATE, mechanisms=enabled)
+        session.begin(req.mechanism, self._server_for(session.listener_name, req.mechanism), ctx.api_version == 0)
+        return SaslHandshakeResponse(error_code=ErrorCode.NONE, mechanisms=enabled)
+
+    def sasl_authenticate(self, ctx: RequestContext, req: Any) -> Any:
+        conn = ctx.connection
+        session = conn.sasl
+        if session is None or session.state != AUTHENTICATING or session.raw_tokens:
+            log.warning("unexpected SaslAuthenticate, closing connection", client=conn.client_host,
+                        state=None if session is None else session.state)
+            ctx.close_after_response()
+            return SaslAuthenticateResponse(error_code=ErrorCode.ILLEGAL_SASL_STATE,
+                                            error_message="SaslAuthenticate without a preceding SaslHandshake",
+                                            auth_bytes=b"")
+        try:
+            challenge = session.evaluate(req.auth_bytes)
+        except AuthenticationFailed as exc:
+            log_failure(conn.client_host, session, exc)
+            ctx.close_after_response()
+            return SaslAuthenticateResponse(error_code=ErrorCode.SASL_AUTHENTICATION_FAILED, error_message=str(exc),
+                                            auth_bytes=b"")
+        lifetime = 0
+        if session.state == AUTHENTICATED:
+            conn.principal = session.principal or conn.principal
+            log_success(conn.client_host, session)
+            lifetime = session.lifetime_ms
+        return SaslAuthenticateResponse(error_code=ErrorCode.NONE, error_message=None, auth_bytes=challenge,
+                                        session_lifetime_ms=lifetime)
+
+
+def log_failure(client: str, session: SaslSession, exc: AuthenticationFailed) -> None:
+    log.warning("SASL authentication failed", client=client, listener=session.listener_name,
+                mechanism=session.mechanism, reason=exc.reason, error=str(exc))
+
+
+def log_success(client: str, session: SaslSession) -> None:
+    log.info("SASL authentication succeeded", client=client, listener=session.listener_name,
+             mechanism=session.mechanism, principal=str(session.principal), session_lifetime_ms=session.lifetime_ms)
+
+
+def register(broker: Broker) -> SaslApis:
+    h = SaslApis(broker)
+    broker.register(ApiKey.SASL_HANDSHAKE, 0, 1, h.sasl_handshake)
+    broker.register(ApiKey.SASL_AUTHENTICATE, 0, 2, h.sasl_authenticate)
+    return h

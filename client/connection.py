@@ -1,0 +1,244 @@
+"""One TCP (or TLS) connection to a broker: framing, pipelined requests matched by correlation id,
+ApiVersions negotiation and SASL authentication."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.codec import DecodeError
+from shoal.protocol.errors import ErrorCode
+
+from .errors import (
+    AuthenticationError,
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    UnsupportedVersionError,
+    for_code,
+)
+from .security import ClientConfig, sasl_exchange
+
+_SIZE = struct.Struct(">i")
+_MAX_FRAME = 512 * 1024 * 1024
+CLIENT_SOFTWARE_NAME = "shoal-python"
+CLIENT_SOFTWARE_VERSION = "0.1.0"
+
+
+class BrokerConnection:
+    """Pipelines requests to one broker; responses are routed back by correlation id, in any order."""
+
+    def __init__(self, host: str, port: int, config: ClientConfig, *, node_id: int = -1):
+        self.host = host
+        self.port = port
+        self.node_id = node_id
+        self.config = config
+        self.api_versions: dict[int, tuple[int, int]] = {}
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._read_task: asyncio.Task[None] | None = None
+        self._pending: dict[int, tuple[asyncio.Future[Any], int, int]] = {}
+        self._correlation = 0
+        self._closed = False
+        self._close_reason: KafkaError | None = None
+        self.on_close: Callable[[BrokerConnection], None] | None = None
+
+    def __repr__(self) -> str:
+        return f"BrokerConnection(node={self.node_id}, {self.host}:{self.port})"
+
+    @property
+    def connected(self) -> bool:
+        return self._writer is not None and not self._closed
+
+    # ---- set-up --------------------------------------------------------------------------------
+
+    async def connect(self) -> BrokerConnection:
+        timeout = self.config.request_timeout_ms / 1000
+        ssl_ctx = self.config.ssl_context()
+        try:
+            self._reader, self._writer = await asyncio.wait_for(
+                asyncio.open_connection(
+                    self.host, self.port, ssl=ssl_ctx, server_hostname=self.host if ssl_ctx else None, limit=1 << 20
+                ),
+                timeout,
+            )
+        except (TimeoutError, OSError) as exc:
+            self._closed = True
+            raise KafkaConnectionError(None, f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+        self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
+        try:
+            await self._negotiate_versions()
+            if self.config.uses_sasl:
+                await self._authenticate()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def _negotiate_versions(self) -> None:
+        # v3 first (flexible, carries our software name); a broker that does not know v3 answers in the v0
+        # shape with UNSUPPORTED_VERSION (Kafka) or a mixed body (librdkafka's mock), so fall back to v0.
+        body = messages.ApiVersionsRequest(
+            client_software_name=CLIENT_SOFTWARE_NAME, client_software_version=CLIENT_SOFTWARE_VERSION
+        )
+        response: Any = None
+        try:
+            response = await self.request(ApiKey.API_VERSIONS, body, version=3)
+        except (DecodeError, UnsupportedVersionError):
+            response = None
+        if response is None or response.error_code == ErrorCode.UNSUPPORTED_VERSION:
+            response = await self.request(ApiKey.API_VERSIONS, body, version=0)
+        if response.error_code:
+            raise for_code(response.error_code, "ApiVersions")
+        self.api_versions = {a.api_key: (a.min_version, a.max_version) for a in response.api_keys}
+
+    async def _authenticate(self) -> None:
+        cfg = self.config
+        handshake_v = self.pick_version(ApiKey.SASL_HANDSHAKE, 1, 1)
+        response = await self.request(
+            ApiKey.SASL_HANDSHAKE, messages.SaslHandshakeRequest(mechanism=cfg.sasl_mechanism), version=handshake_v
+        )
+        if response.error_code:
+            raise AuthenticationError(
+                response.error_code, f"{cfg.sasl_mechanism} not enabled; broker offers {response.mechanisms}"
+            )
+        auth_v = self.pick_version(ApiKey.SASL_AUTHENTICATE, 0, 2)
+        exchange = sasl_exchange(cfg)
+        out: bytes | None = exchange.first()
+        while out is not None:
+            response = await self.request(
+                ApiKey.SASL_AUTHENTICATE, messages.SaslAuthenticateRequest(auth_bytes=out), version=auth_v
+            )
+            if response.error_code:
+                raise AuthenticationError(response.error_code, response.error_message)
+            out = exchange.step(response.auth_bytes or b"")
+
+    # ---- versions --------------------------------------------------------------------------------
+
+    def supports(self, api_key: int, version: int) -> bool:
+        rng = self.api_versions.get(api_key)
+        return rng is not None and rng[0] <= version <= rng[1]
+
+    def max_version(self, api_key: int) -> int:
+        """The broker's highest version of `api_key`, or -1 if it does not serve it."""
+        rng = self.api_versions.get(api_key)
+        return -1 if rng is None else rng[1]
+
+    def pick_version(self, api_key: int, our_min: int, our_max: int) -> int:
+        """The highest version both sides speak within [our_min, our_max]."""
+        spec = messages.REQUESTS[api_key].spec.valid
+        lo, hi = max(our_min, spec.low), min(our_max, spec.high)
+        rng = self.api_versions.get(api_key)
+        if rng is not None:
+            lo, hi = max(lo, rng[0]), min(hi, rng[1])
+            if lo <= hi:
+                return hi
+        name = messages.API_NAMES.get(api_key, str(api_key))
+        raise UnsupportedVersionError(
+            None, f"{self.host}:{self.port} serves {name} {rng or 'not at all'}; this client needs {our_min}-{our_max}"
+        )
+
+    # ---- requests --------------------------------------------------------------------------------
+
+    async def request(
+        self,
+        api_key: int,
+        body: Any,
+        *,
+        version: int | None = None,
+        versions: tuple[int, int] | None = None,
+        expect_response: bool = True,
+        timeout_ms: int | None = None,
+    ) -> Any:
+        """Send one request and wait for its decoded response body.
+
+        Give either an exact `version` or a `versions` range to negotiate within.
+        """
+        if self._closed or self._writer is None:
+            raise self._close_reason or KafkaConnectionError(None, f"connection to {self.host}:{self.port} is closed")
+        if version is None:
+            lo, hi = versions if versions is not None else (0, messages.REQUESTS[api_key].spec.valid.high)
+            version = self.pick_version(api_key, lo, hi)
+        self._correlation = (self._correlation + 1) & 0x7FFFFFFF
+        correlation_id = self._correlation
+        frame = messages.encode_request(body, api_key, version, correlation_id, self.config.client_id)
+        future: asyncio.Future[Any] | None = None
+        if expect_response:
+            future = asyncio.get_running_loop().create_future()
+            self._pending[correlation_id] = (future, api_key, version)
+        self._writer.write(_SIZE.pack(len(frame)) + frame)
+        try:
+            await self._writer.drain()
+        except (OSError, RuntimeError) as exc:
+            self._fail(KafkaConnectionError(None, f"write to {self.host}:{self.port} failed: {exc}"))
+        if future is None:
+            return None
+        timeout = (timeout_ms if timeout_ms is not None else self.config.request_timeout_ms) / 1000
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            self._pending.pop(correlation_id, None)
+            # Like Kafka's clients, give up on the whole connection: its stream may be stuck.
+            self._fail(KafkaTimeoutError(None, f"no response from {self.host}:{self.port} within {timeout:.1f}s"))
+            raise KafkaTimeoutError(None, f"{messages.API_NAMES.get(api_key)} timed out after {timeout:.1f}s") from None
+
+    async def _read_loop(self) -> None:
+        assert self._reader is not None
+        reader = self._reader
+        try:
+            while True:
+                head = await reader.readexactly(4)
+                (size,) = _SIZE.unpack(head)
+                if size < 4 or size > _MAX_FRAME:
+                    raise KafkaConnectionError(None, f"invalid response frame size {size}")
+                payload = await reader.readexactly(size)
+                correlation_id = int.from_bytes(payload[0:4], "big", signed=True)
+                entry = self._pending.pop(correlation_id, None)
+                if entry is None:
+                    continue  # a response we stopped waiting for (timed out)
+                future, api_key, version = entry
+                if future.done():
+                    continue
+                try:
+                    _, body = messages.decode_response(payload, api_key, version)
+                except Exception as exc:  # a malformed body fails this request, not the connection
+                    future.set_exception(DecodeError(f"cannot decode {messages.API_NAMES.get(api_key)} v{version}: {exc}"))
+                else:
+                    future.set_result(body)
+        except asyncio.CancelledError:
+            self._fail(KafkaConnectionError(None, "connection closed"))
+            raise
+        except (asyncio.IncompleteReadError, OSError) as exc:
+            self._fail(KafkaConnectionError(None, f"connection to {self.host}:{self.port} lost: {exc!r}"))
+        except KafkaError as exc:
+            self._fail(exc)
+
+    def _fail(self, reason: KafkaError) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close_reason = reason
+            if self._writer is not None:
+                with contextlib.suppress(Exception):
+                    self._writer.close()
+            if self.on_close is not None:
+                self.on_close(self)
+        pending, self._pending = self._pending, {}
+        for future, _, _ in pending.values():
+            if not future.done():
+                future.set_exception(reason)
+
+    async def close(self) -> None:
+        self._fail(KafkaConnectionError(None, "connection closed by the client"))
+        task = self._read_task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._writer.wait_closed(), 1.0)

@@ -1,0 +1,63 @@
+"""Kafka's default partitioning: murmur2 of the key for keyed records, sticky partitions for the rest."""
+
+from __future__ import annotations
+
+import random
+
+_M = 0x5BD1E995
+_SEED = 0x9747B28C
+_MASK = 0xFFFFFFFF
+
+
+def murmur2(data: bytes) -> int:
+    """The 32-bit murmur2 hash exactly as Kafka's Java client computes it (signed result)."""
+    length = len(data)
+    h = (_SEED ^ length) & _MASK
+    end = length & ~3
+    for i in range(0, end, 4):
+        k = data[i] | (data[i + 1] << 8) | (data[i + 2] << 16) | (data[i + 3] << 24)
+        k = (k * _M) & _MASK
+        k ^= k >> 24
+        k = (k * _M) & _MASK
+        h = ((h * _M) & _MASK) ^ k
+    extra = length & 3
+    if extra == 3:
+        h ^= data[end + 2] << 16
+    if extra >= 2:
+        h ^= data[end + 1] << 8
+    if extra >= 1:
+        h ^= data[end]
+        h = (h * _M) & _MASK
+    h ^= h >> 13
+    h = (h * _M) & _MASK
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_for_key(key: bytes, num_partitions: int) -> int:
+    # Kafka's toPositive: clear the sign bit rather than taking abs().
+    return (murmur2(key) & 0x7FFFFFFF) % num_partitions
+
+
+class StickyPartitioner:
+    """Unkeyed records stick to one partition per topic until its batch is sent, then move on (KIP-480)."""
+
+    def __init__(self) -> None:
+        self._current: dict[str, int] = {}
+
+    def partition(self, topic: str, num_partitions: int) -> int:
+        current = self._current.get(topic)
+        if current is None or current >= num_partitions:
+            current = random.randrange(num_partitions)
+            self._current[topic] = current
+        return current
+
+    def on_new_batch(self, topic: str, num_partitions: int, previous: int) -> None:
+        """The batch for `previous` was closed: pick another partition for the next unkeyed records."""
+        if self._current.get(topic) != previous:
+            return
+        if num_partitions <= 1:
+            self._current[topic] = 0
+        else:
+            # Round-robin to the next partition so consecutive batches spread evenly.
+            self._current[topic] = (previous + 1) % num_partitions

@@ -1,0 +1,376 @@
+"""`kafka-share`: a PySpark (4.x Python Data Source API) streaming source that reads a Shoal share group.
+
+    import shoal.client.spark_source                    # registers "kafka-share" in the active session
+    # or: spark.dataSource.register(KafkaShareDataSource)
+    df = (spark.readStream.format("kafka-share")
+          .option("kafka.bootstrap.servers", "broker:9092")
+          .option("group.id", "orders-app")
+          .option("subscribe", "orders")
+          .load())
+
+Rows have Spark's Kafka schema (key, value, topic, partition, offset, timestamp, timestampType, headers)
+plus `deliveryCount`. The topic is consumed as a queue: several queries in one share group split it.
+
+Delivery is at-least-once. One share consumer lives in the driver-side process that Spark keeps for the
+source. `latestOffset` fetches a batch of records (acquiring them), `partitions` ships them to the
+executors inside the tasks, and `read` only turns them into Arrow. A record is ACCEPTed only once Spark has
+written the commit-log entry of its micro-batch: Spark calls `latestOffset(start)` for the next batch only
+after the batch ending at `start` is committed, so that is where we accept. (`commit(end)` arrives one batch
+late and never for the last batch, so it only backs this up.) If the query dies, nothing of the running
+batch was accepted; the broker hands those records out again once the consumer's connection drops or their
+acquisition lock runs out, and the replayed micro-batch (same offsets, new process) comes out empty, so it
+accepts nothing twice. Stopping the query releases what the consumer holds.
+
+Options: kafka.bootstrap.servers, group.id (or kafka.group.id), subscribe (comma-separated topics),
+maxRecordsPerTrigger (default 50000), maxBytesPerPartition (default 786432: records per Spark task are
+capped so the task stays below Spark's 1000 KiB large-task warning), pollTimeoutMs (default 500: how long
+a trigger waits for the first record), kafka.<client config> (security settings and the like).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from .spark_options import SparkOptionError, client_options, int_option, lowered
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+
+    from .share_consumer import ShareConsumer, ShareRecord
+
+log = logging.getLogger("shoal.client.spark_source")
+
+FORMAT_NAME = "kafka-share"
+SCHEMA = (
+    "key BINARY, value BINARY, topic STRING, partition INT, offset LONG, timestamp TIMESTAMP, "
+    "timestampType INT, headers ARRAY<STRUCT<key: STRING, value: BINARY>>, deliveryCount INT"
+)
+DEFAULT_MAX_RECORDS_PER_TRIGGER = 50_000
+DEFAULT_MAX_BYTES_PER_PARTITION = 768 * 1024
+DEFAULT_POLL_TIMEOUT_MS = 500
+# Once records are flowing, further polls in the same trigger only pick up what is already there.
+_TOP_UP_POLL_S = 0.05
+# Rough per-record cost in a pickled task beyond key/value/headers (ints, list slots).
+_RECORD_OVERHEAD_BYTES = 48
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    bootstrap_servers: str
+    group_id: str
+    topics: tuple[str, ...]
+    client_config: dict[str, str] = field(default_factory=dict)
+    max_records_per_trigger: int = DEFAULT_MAX_RECORDS_PER_TRIGGER
+    max_bytes_per_partition: int = DEFAULT_MAX_BYTES_PER_PARTITION
+    poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> SourceOptions:
+        options = lowered(raw)
+        conn = client_options(options)
+        group = options.get("group.id") or options.get("kafka.group.id")
+        if not group:
+            raise SparkOptionError("option 'group.id' is required: it names the share group to consume in")
+        if "assign" in options or "subscribepattern" in options:
+            raise SparkOptionError("share groups subscribe by topic name: use option 'subscribe'")
+        topics = tuple(t.strip() for t in options.get("subscribe", "").split(",") if t.strip())
+        if not topics:
+            raise SparkOptionError("option 'subscribe' is required (comma-separated topic names)")
+        return cls(
+            bootstrap_servers=conn.bootstrap_servers,
+            group_id=group,
+            topics=topics,
+            client_config=conn.client_config,
+            max_records_per_trigger=int_option(
+                options, "maxRecordsPerTrigger", DEFAULT_MAX_RECORDS_PER_TRIGGER
+            ),
+            max_bytes_per_partition=int_option(
+                options, "maxBytesPerPartition", DEFAULT_MAX_BYTES_PER_PARTITION
+            ),
+            poll_timeout_ms=int_option(options, "pollTimeoutMs", DEFAULT_POLL_TIMEOUT_MS, minimum=0),
+        )
+
+
+class RecordChunk(InputPartition):
+    """Records of one share partition for one Spark task, in columns (cheap to pickle, quick to Arrow)."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        super().__init__(None)
+        self.topic = topic
+        self.partition = partition
+        self.offsets: list[int] = []
+        self.timestamps: list[int] = []
+        self.timestamp_types: list[int] = []
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.headers: list[list[tuple[str, bytes | None]] | None] = []
+        self.delivery_counts: list[int] = []
+
+    def add(self, record: ShareRecord) -> None:
+        self.offsets.append(record.offset)
+        self.timestamps.append(record.timestamp)
+        self.timestamp_types.append(record.timestamp_type)
+        self.keys.append(record.key)
+        self.values.append(record.value)
+        self.headers.append(list(record.headers) if record.headers else None)
+        self.delivery_counts.append(record.delivery_count)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def to_arrow(self) -> pa.RecordBatch:
+        import pyarrow as pa
+
+        n = len(self.offsets)
+        header_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+        headers = [None if h is None else [{"key": k, "value": v} for k, v in h] for h in self.headers]
+        # Kafka uses -1 for "no timestamp"; Spark shows that as null rather than 1969-12-31.
+        micros = [ts * 1000 if ts >= 0 else None for ts in self.timestamps]
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array(self.keys, pa.binary()),
+                pa.array(self.values, pa.binary()),
+                pa.array([self.topic] * n, pa.string()),
+                pa.array([self.partition] * n, pa.int32()),
+                pa.array(self.offsets, pa.int64()),
+                pa.array(micros, pa.timestamp("us", tz="UTC")),
+                pa.array(self.timestamp_types, pa.int32()),
+                pa.array(headers, header_type),
+                pa.array(self.delivery_counts, pa.int32()),
+            ],
+            names=[
+                "key",
+                "value",
+                "topic",
+                "partition",
+                "offset",
+                "timestamp",
+                "timestampType",
+                "headers",
+                "deliveryCount",
+            ],
+        )
+
+
+def _record_size(record: ShareRecord) -> int:
+    size = _RECORD_OVERHEAD_BYTES + len(record.key or b"") + len(record.value or b"")
+    for key, value in record.headers or ():
+        size += len(key) + len(value or b"") + 16
+    return size
+
+
+def split_into_chunks(records: Sequence[ShareRecord], max_bytes: int) -> list[RecordChunk]:
+    """One or more chunks per share partition, each under `max_bytes` unless a single record is larger."""
+    by_partition: dict[tuple[str, int], list[ShareRecord]] = {}
+    for record in records:
+        by_partition.setdefault((record.topic, record.partition), []).append(record)
+    chunks: list[RecordChunk] = []
+    for (topic, partition), recs in sorted(by_partition.items()):
+        recs.sort(key=lambda r: r.offset)
+        chunk, size = RecordChunk(topic, partition), 0
+        for record in recs:
+            rsize = _record_size(record)
+            if len(chunk) and size + rsize > max_bytes:
+                chunks.append(chunk)
+                chunk, size = RecordChunk(topic, partition), 0
+            chunk.add(record)
+            size += rsize
+        chunks.append(chunk)
+    return chunks
+
+
+@dataclass
+class _AcquiredBatch:
+    records: list[ShareRecord]
+    chunks: list[RecordChunk]
+
+
+def _exit_on_sigterm() -> None:
+    """Spark stops the source process with SIGTERM; by default Python dies at once and the runner's
+    `finally: reader.stop()` never runs. As SystemExit it unwinds, so stop() releases what we hold."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def _raise_exit(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _raise_exit)
+
+
+class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are `{"seq": n}`: the n-th batch this query acquired. They are not replayable Kafka offsets:
+    a share group cannot re-read a batch, which is why a replayed batch is empty (see module doc)."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        # Runs in the driver (twice) and the instance is pickled to executors: no I/O or locks here.
+        self.options = options
+        self._consumer: ShareConsumer | None = None
+        self._pending: dict[int, _AcquiredBatch] = {}
+        self._available_now = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_consumer"] = None
+        state["_pending"] = {}
+        return state
+
+    # ---- driver side ------------------------------------------------------------------------------
+
+    def _ensure_consumer(self) -> ShareConsumer:
+        if self._consumer is None:
+            from .share_consumer import ShareConsumer
+
+            _exit_on_sigterm()
+            consumer = ShareConsumer(
+                self.options.bootstrap_servers,
+                group_id=self.options.group_id,
+                acknowledgement_mode="explicit",
+                config=self.options.client_config,
+            )
+            consumer.subscribe(list(self.options.topics))
+            self._consumer = consumer
+        return self._consumer
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"seq": 0}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.options.max_records_per_trigger)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        # A queue has no fixed end; "available now" means: stop once a fetch comes back empty.
+        self._available_now = True
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        seq = int(start["seq"])
+        # Spark asks for batch seq+1 only after the batch ending at `seq` is in its commit log.
+        self._settle(seq, accept=True)
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.options.max_records_per_trigger
+        records = self._fetch(max_rows)
+        if not records:
+            return start
+        self._pending[seq + 1] = _AcquiredBatch(
+            records, split_into_chunks(records, self.options.max_bytes_per_partition)
+        )
+        return {"seq": seq + 1}
+
+    def _fetch(self, max_rows: int) -> list[ShareRecord]:
+        consumer = self._ensure_consumer()
+        records: list[ShareRecord] = []
+        timeout = self.options.poll_timeout_ms / 1000
+        while len(records) < max_rows:
+            got = consumer.poll(timeout)
+            if not got:
+                break
+            room = max_rows - len(records)
+            records.extend(got[:room])
+            # The limit is ours, not the broker's: hand back what does not fit right away.
+            for extra in got[room:]:
+                consumer.acknowledge(extra, "release")
+            timeout = _TOP_UP_POLL_S
+        return records
+
+    def _settle(self, through_seq: int, *, accept: bool) -> None:
+        """ACCEPT (or RELEASE) every pending batch up to `through_seq`; safe to repeat."""
+        done = sorted(s for s in self._pending if s <= through_seq)
+        if not done or self._consumer is None:
+            return
+        kind = "accept" if accept else "release"
+        count = 0
+        for s in done:
+            for record in self._pending.pop(s).records:
+                self._consumer.acknowledge(record, kind)
+                count += 1
+        failed = {tp: err for tp, err in self._consumer.commit_sync().items() if err is not None}
+        if failed:
+            # The broker gave the records to someone else (lock expired, member fenced): they will be
+            # delivered again, which is a duplicate, not a loss. Nothing here can do better than report it.
+            log.warning("could not %s %d records of batch(es) %s: %s", kind, count, done, failed)
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        # May be called more than once per batch: read the buffer, never pop from it. A batch that is not
+        # buffered is a replay after a restart; its records were never accepted and come back by themselves.
+        chunks: list[InputPartition] = []
+        for s in range(int(start["seq"]) + 1, int(end["seq"]) + 1):
+            batch = self._pending.get(s)
+            if batch is not None:
+                chunks.extend(batch.chunks)
+        return chunks
+
+    def commit(self, end: dict[str, int]) -> None:
+        # Normally a no-op: latestOffset accepted this batch already.
+        self._settle(int(end["seq"]), accept=True)
+
+    def stop(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is None:
+            return
+        try:
+            if self._pending:
+                # We cannot tell whether the last batch reached the commit log; releasing risks a duplicate,
+                # accepting risks a loss.
+                self._consumer = consumer
+                self._settle(max(self._pending), accept=False)
+                self._consumer = None
+        finally:
+            consumer.close()
+
+    # ---- executor side ----------------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RecordChunk)
+        if len(partition):
+            yield partition.to_arrow()
+
+
+class KafkaShareDataSource(DataSource):
+    """`spark.readStream.format("kafka-share")` and `df.writeStream.format("kafka-share")`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KafkaShareStreamReader(SourceOptions.parse(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from .spark_sink import KafkaShareStreamWriter
+
+        return KafkaShareStreamWriter(lowered(self.options), schema)
+
+
+def register(spark: SparkSession) -> None:
+    """Make `format("kafka-share")` available in `spark` (registration is per session)."""
+    spark.dataSource.register(KafkaShareDataSource)
+
+
+def _register_in_active_session() -> None:
+    try:
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+    except Exception:  # no JVM yet, or an executor process: nothing to register with
+        return
+    if active is not None:
+        register(active)
+
+
+_register_in_active_session()
