@@ -117,7 +117,7 @@ class ProduceHandler:
             code = ErrorCode.INVALID_RECORD if isinstance(exc, InvalidRecord) else ErrorCode.CORRUPT_MESSAGE
             log.warning("rejected produce", topic=topic_name, partition=index, error=str(exc), error_code=int(code))
             return PartitionResponse(index=index, error_code=code, base_offset=-1, error_message=str(exc))
-        state = self.producer_states.setdefault((topic_id, index), PartitionProducerState())
+        state = self._producer_state(topic_id, index, plog)
         for _pos, header in headers:
             if header.producer_id >= 0 and header.base_sequence >= 0:
                 check = state.check(header.producer_id, header.producer_epoch, header.base_sequence, header.records_count)
@@ -146,6 +146,42 @@ class ProduceHandler:
             log_append_time_ms=append_time,
             log_start_offset=result.log_start_offset,
         )
+
+
+    def _producer_state(self, topic_id: bytes, index: int, plog: PartitionLog) -> PartitionProducerState:
+        state = self.producer_states.get((topic_id, index))
+        if state is None:
+            state = rebuild_producer_state(plog)
+            self.producer_states[(topic_id, index)] = state
+        return state
+
+
+# A retry after a crash is for one of a producer's last five batches, which sit near the log's end.
+_REBUILD_WINDOW_BYTES = 64 * 1024 * 1024
+_REBUILD_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+def rebuild_producer_state(plog: PartitionLog) -> PartitionProducerState:
+    """Recover idempotent-producer sequences from the tail of the log (headers only), as after a restart."""
+    state = PartitionProducerState()
+    start = plog.log_end_offset
+    covered = 0
+    for seg in reversed(plog.segments):
+        start = max(seg.base_offset, plog.log_start_offset)
+        covered += seg.size
+        if covered >= _REBUILD_WINDOW_BYTES:
+            break
+    offset = start
+    while offset < plog.log_end_offset:
+        batches = plog.read_batch_headers(offset, _REBUILD_CHUNK_BYTES)
+        if not batches:
+            break
+        for header, _view in batches:
+            if header.producer_id >= 0 and header.base_sequence >= 0:
+                state.record(header.producer_id, header.producer_epoch, header.base_sequence,
+                             header.records_count, header.base_offset)
+            offset = header.last_offset + 1
+    return state
 
 
 def register(broker: Broker) -> ProduceHandler:

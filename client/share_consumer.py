@@ -12,6 +12,7 @@ import base64
 import concurrent.futures
 import contextlib
 import logging
+import threading
 import time
 import uuid
 from collections import deque
@@ -62,7 +63,6 @@ _COORDINATOR_ERRORS = (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAI
 TopicIdPartition = tuple[bytes, int]
 AckResults = dict[tuple[str, int], KafkaError | None]
 AckCallback = Callable[[AckResults], None]
-AckTypeArg = "AcknowledgeType | int | str"
 
 
 class AcknowledgeType(IntEnum):
@@ -73,6 +73,9 @@ class AcknowledgeType(IntEnum):
     RELEASE = 2
     REJECT = 3
     RENEW = 4
+
+
+AckTypeArg = AcknowledgeType | int | str
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +177,8 @@ class AsyncShareConsumer:
         # Acknowledgements waiting to be sent, by the broker whose session acquired the records.
         self._pending_acks: dict[int, dict[TopicIdPartition, dict[int, int]]] = {}
         self._pending_renews: dict[int, dict[TopicIdPartition, dict[int, int]]] = {}
-        self._acquired_from: dict[TopicIdPartition, int] = {}
+        # The sync facade queues acknowledgements from the caller's thread while the loop may be taking them.
+        self._ack_lock = threading.Lock()
         self._topic_ids: dict[str, bytes] = {}
         self._buffer: deque[tuple[ShareRecord, int]] = deque()
         self._delivered: dict[tuple[str, int, int], int] = {}  # record key -> node
@@ -448,7 +452,7 @@ class AsyncShareConsumer:
                 return
             wanted = self._wanted_on(node)
             # Acknowledgements cannot ride on the epoch-0 request that opens a session.
-            acks = self._pending_acks.pop(node, {}) if session.epoch > 0 else {}
+            acks = self._take_acks(self._pending_acks, node) if session.epoch > 0 else {}
             if session.epoch == 0:
                 add, forget = wanted, set()
             else:
@@ -456,7 +460,7 @@ class AsyncShareConsumer:
                 forget = session.partitions - wanted - set(acks)
             if session.epoch == 0 and not add:
                 # No session to carry them and none to open: acks waiting for this broker cannot be sent.
-                stale = self._pending_acks.pop(node, {})
+                stale = self._take_acks(self._pending_acks, node)
                 self._ack_results(node, stale, KafkaError(ErrorCode.SHARE_SESSION_NOT_FOUND, "no open share session"), {})
                 return
             if not wanted and not acks and not forget:
@@ -532,7 +536,6 @@ class AsyncShareConsumer:
                     if name is None or not p.acquired_records:
                         continue
                     self._topic_ids[name] = topic.topic_id
-                    self._acquired_from[tp] = node
                     fetched_bytes += len(p.records or b"")
                     records = self._acquired(name, tp, node, p.records or b"", p.acquired_records)
                     fetched_records += len(records)
@@ -595,7 +598,12 @@ class AsyncShareConsumer:
 
     def _queue_ack(self, node: int, tp: TopicIdPartition, offset: int, kind: int) -> None:
         target = self._pending_renews if kind == AcknowledgeType.RENEW else self._pending_acks
-        target.setdefault(node, {}).setdefault(tp, {})[offset] = kind
+        with self._ack_lock:
+            target.setdefault(node, {}).setdefault(tp, {})[offset] = kind
+
+    def _take_acks(self, source: dict[int, dict[TopicIdPartition, dict[int, int]]], node: int) -> dict[TopicIdPartition, dict[int, int]]:
+        with self._ack_lock:
+            return source.pop(node, {})
 
     def acknowledge(self, record: ShareRecord, type: AckTypeArg = AcknowledgeType.ACCEPT) -> None:
         """Explicit mode: settle one delivered record (ACCEPT, RELEASE, REJECT or RENEW; names accepted too)."""
@@ -644,10 +652,10 @@ class AsyncShareConsumer:
         session = self._sessions.get(node)
         source = self._pending_renews if renew else self._pending_acks
         if session is None:
-            acks = source.pop(node, {})
+            acks = self._take_acks(source, node)
             return self._ack_results(node, acks, KafkaError(ErrorCode.SHARE_SESSION_NOT_FOUND), {})
         async with session.lock:
-            acks = source.pop(node, {})
+            acks = self._take_acks(source, node)
             if session.epoch == 0 or (not acks and not close):
                 error = KafkaError(ErrorCode.SHARE_SESSION_NOT_FOUND, "no open share session") if acks else None
                 return self._ack_results(node, acks, error, {})
@@ -817,17 +825,13 @@ class ShareConsumer:
         return self._thread.run(self._consumer.poll(timeout), timeout + self._margin)
 
     def acknowledge(self, record: ShareRecord, type: AckTypeArg = AcknowledgeType.ACCEPT) -> None:
-        self._thread.run(self._call(self._consumer.acknowledge, record, type))
+        self._consumer.acknowledge(record, type)
 
     def acknowledge_offset(
         self, topic: str, partition: int, offset: int, type: AckTypeArg = AcknowledgeType.ACCEPT
     ) -> None:
-        self._thread.run(self._call(self._consumer.acknowledge_offset, topic, partition, offset, type))
-
-    @staticmethod
-    async def _call(fn: Callable[..., None], *args: Any) -> None:
-        # Acknowledgement state is owned by the loop thread; mutate it there.
-        fn(*args)
+        # Direct call: it only records the acknowledgement (under a lock); sending happens on the loop.
+        self._consumer.acknowledge_offset(topic, partition, offset, type)
 
     def commit_sync(self, timeout: float | None = None) -> AckResults:
         wait = None if timeout is None else timeout + 1

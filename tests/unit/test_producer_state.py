@@ -1,0 +1,59 @@
+"""Idempotent-producer sequence checks, and their recovery from the log after a restart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shoal.broker.partition_log import LogConfig, PartitionLog
+from shoal.broker.produce import rebuild_producer_state
+from shoal.broker.producer_state import PartitionProducerState, ProducerIdAllocator
+from shoal.protocol.errors import ErrorCode
+from shoal.protocol.record_batch import iter_batches
+from shoal.protocol.records import RecordInput, encode_batch
+
+
+def test_retry_of_a_recent_batch_is_a_duplicate_with_its_offset() -> None:
+    state = PartitionProducerState()
+    state.record(1, 0, 0, 3, base_offset=10)
+    state.record(1, 0, 3, 2, base_offset=13)
+    check = state.check(1, 0, 0, 3)
+    assert check.error == ErrorCode.NONE and check.duplicate_offset == 10
+    assert state.check(1, 0, 5, 1).duplicate_offset == -1
+    assert state.check(1, 0, 7, 1).error == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+def test_epochs_fence_and_reset_sequences() -> None:
+    state = PartitionProducerState()
+    state.record(1, 3, 0, 1, base_offset=0)
+    assert state.check(1, 2, 1, 1).error == ErrorCode.INVALID_PRODUCER_EPOCH
+    assert state.check(1, 4, 0, 1).error == ErrorCode.NONE
+    assert state.check(1, 4, 5, 1).error == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+def test_only_the_last_five_batches_are_remembered() -> None:
+    state = PartitionProducerState()
+    for i in range(7):
+        state.record(9, 0, i, 1, base_offset=i)
+    assert state.check(9, 0, 1, 1).duplicate_offset == -1  # fell out of the window
+    assert state.check(9, 0, 6, 1).duplicate_offset == 6
+
+
+def test_state_is_rebuilt_from_the_log_tail(tmp_path: Path) -> None:
+    plog = PartitionLog.open(tmp_path / "p", LogConfig(segment_bytes=400))
+    for i in range(6):
+        batch = bytearray(encode_batch([RecordInput(value=b"x" * 20)] * 2, producer_id=7, producer_epoch=0,
+                                       base_sequence=2 * i))
+        plog.append(batch, list(iter_batches(batch)))
+    plog.close()
+    reopened = PartitionLog.open(tmp_path / "p", LogConfig(segment_bytes=400))
+    state = rebuild_producer_state(reopened)
+    assert state.check(7, 0, 10, 2).duplicate_offset == 10
+    assert state.check(7, 0, 12, 2).error == ErrorCode.NONE
+    assert state.check(7, 0, 14, 2).error == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+def test_producer_ids_never_repeat_across_restarts(tmp_path: Path) -> None:
+    first = ProducerIdAllocator(tmp_path / "ids")
+    used = {first.allocate() for _ in range(5)}
+    second = ProducerIdAllocator(tmp_path / "ids")
+    assert second.allocate() not in used
