@@ -1,11 +1,13 @@
 """Share-group figures for Shoal, with librdkafka's mock cluster as the reference where it applies.
 
 1. Consumption: records/s for 1 and 4 confluent-kafka ShareConsumers (implicit acknowledgement) draining a
-   backlog of N 100-byte records on a 4-partition topic, against Shoal and against the mock cluster.
-   The consumers first join and receive probe records (so assignments and share sessions are settled —
-   the mock only recomputes assignments on membership changes and starts share partitions at "latest"),
-   then stop polling while the backlog is produced, then the clock runs from the first poll to the last
-   record.
+   backlog of N 100-byte records on a 4-partition topic, against Shoal and against the mock cluster, once
+   with large producer batches and once with batches of at most 100 records (a share fetch acquires whole
+   log batches, so batch size sets how much work one fetch and one acknowledgement cover).
+   A first member receives probe records and leaves (the mock starts share partitions at "latest", so
+   they must exist before the backlog), then the backlog is produced, then fresh members join and the
+   clock runs from the first backlog record received to the last (joining time excluded; with 4 members
+   the assignment still spreads out while they consume).
 2. State cost: bytes appended to `__share_group_state` (sum of its partition logs in Shoal's data dir)
    per accepted record, for each of those runs.
 3. Reload: a state log of many ShareUpdate records (written with raw WriteShareGroupState requests over
@@ -14,7 +16,7 @@
 
 The mock keeps everything in memory and persists no share state, so only figure 1 has a reference.
 
-Usage: python bench/bench_share.py [--records 100000] [--state-records 200000] [--skip-mock]
+Usage: python bench/bench_share.py [--records 200000] [--state-records 200000] [--skip-mock]
 """
 
 from __future__ import annotations
@@ -34,12 +36,20 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Producer, ShareConsumer
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic, ResourceType
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 
@@ -48,6 +58,7 @@ STATE_TOPIC = "__share_group_state"
 PARTITIONS = 4
 VALUE = b"x" * 100
 PROBE = b"probe"
+BATCH_RECORDS = (10_000, 100)  # producer batch.num.messages: share fetches acquire whole log batches
 
 
 # ---- brokers -------------------------------------------------------------------------------------
@@ -83,8 +94,7 @@ class Shoal:
             if line.startswith(READY_PREFIX):
                 self.ready_seconds = time.perf_counter() - started
                 self.port = int(json.loads(line[len(READY_PREFIX):])["listeners"][0]["port"])
-                stdout = self.proc.stdout
-                threading.Thread(target=lambda: [None for _ in stdout], daemon=True).start()
+                threading.Thread(target=_drain, args=(self.proc.stdout,), daemon=True).start()
                 return self
             if not line and self.proc.poll() is not None:
                 break
@@ -110,6 +120,11 @@ class Shoal:
     def coordinators_loaded_seconds(self) -> float | None:
         found = re.findall(r"coordinators loaded\s+seconds=([0-9.]+)", self.log_path.read_text())
         return float(found[-1]) if found else None
+
+
+def _drain(stream: Any) -> None:
+    for _ in stream:
+        pass
 
 
 def run_mock_forever() -> None:
@@ -155,9 +170,10 @@ def start_mock() -> tuple[subprocess.Popen[str], str]:
 # ---- consumption -----------------------------------------------------------------------------------
 
 
-def produce(bootstrap: str, topic: str, count: int, value: bytes, *, one_per_partition: bool = False) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "1", "linger.ms": 5, "batch.num.messages": 10_000,
-                         "queue.buffering.max.messages": 1_000_000})
+def produce(bootstrap: str, topic: str, count: int, value: bytes, *, one_per_partition: bool = False,
+            batch_records: int = 10_000) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "1", "linger.ms": 5,
+                         "batch.num.messages": batch_records, "queue.buffering.max.messages": 1_000_000})
     for i in range(PARTITIONS if one_per_partition else count):
         while True:
             try:
@@ -183,7 +199,8 @@ class ConsumerGroup:
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.records = 0
-        self.probes = 0
+        self.probe_partitions: set[int] = set()
+        self.first_record_at = 0.0
         self.last_record_at = 0.0
         self.threads = [threading.Thread(target=self._run, args=(c,), daemon=True) for c in self.consumers]
         for t in self.threads:
@@ -194,19 +211,22 @@ class ConsumerGroup:
             if not self.running.wait(0.1):
                 continue
             msgs = consumer.poll(0.2)
-            records = probes = 0
+            records = 0
+            probes: set[int] = set()
             for m in msgs:
                 if m.error():
                     continue
                 if m.value() == PROBE:
-                    probes += 1
+                    probes.add(m.partition())
                 else:
                     records += 1
             if records or probes:
                 with self.lock:
                     self.records += records
-                    self.probes += probes
+                    self.probe_partitions |= probes
                     self.last_record_at = time.perf_counter()
+                    if records and not self.first_record_at:
+                        self.first_record_at = self.last_record_at
 
     def wait(self, done: Any, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -225,23 +245,30 @@ class ConsumerGroup:
             c.close()
 
 
-def consume_rate(bootstrap: str, topic: str, group: str, n_consumers: int, records: int, settle_s: float) -> float:
+def consume_rate(bootstrap: str, topic: str, group: str, n_consumers: int, records: int, batch_records: int,
+                 on_backlog: Callable[[], None] | None = None) -> float:
+    """Records/s of `n_consumers` fresh members draining a backlog, first to last record received."""
+    # A first member receives probe records from every partition, so the group's share partitions start
+    # before the backlog (the mock starts them at "latest", when the member first fetches), then leaves.
+    primer = ConsumerGroup(bootstrap, group, topic, 1)
+    try:
+        primer.running.set()
+        deadline = time.monotonic() + 120
+        while not primer.wait(lambda: len(primer.probe_partitions) == PARTITIONS, 1.0):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"probes not consumed from {bootstrap}: {sorted(primer.probe_partitions)}")
+            produce(bootstrap, topic, PARTITIONS, PROBE, one_per_partition=True)
+    finally:
+        primer.close()
+    produce(bootstrap, topic, records, VALUE, batch_records=batch_records)
+    if on_backlog is not None:
+        on_backlog()
     cg = ConsumerGroup(bootstrap, group, topic, n_consumers)
     try:
         cg.running.set()
-        time.sleep(settle_s)  # joins, assignment, share-partition loading
-        produce(bootstrap, topic, PARTITIONS, PROBE, one_per_partition=True)
-        if not cg.wait(lambda: cg.probes >= PARTITIONS, 120):
-            raise RuntimeError(f"probes not consumed from {bootstrap}: {cg.probes}/{PARTITIONS}")
-        time.sleep(settle_s)  # later members' assignments arrive with their next heartbeats
-        cg.running.clear()
-        time.sleep(0.5)
-        produce(bootstrap, topic, records, VALUE)
-        started = time.perf_counter()
-        cg.running.set()
         if not cg.wait(lambda: cg.records >= records, 600):
             raise RuntimeError(f"only {cg.records}/{records} consumed from {bootstrap}")
-        return records / (cg.last_record_at - started)
+        return records / (cg.last_record_at - cg.first_record_at)
     finally:
         cg.close()
 
@@ -310,7 +337,8 @@ def fill_state_log(bootstrap: str, state_records: int, groups: int = 20, partiti
     group covering all its partitions (one ShareUpdate per key, each with an ACKNOWLEDGED and an AVAILABLE
     batch, SPSO advancing by 10). Returns the number of state records written."""
     topic = f"reload-{uuid.uuid4().hex[:6]}"
-    AdminClient({"bootstrap.servers": bootstrap}).create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the future resolves
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
     tid = topic_id(bootstrap, topic)
     init = messages.InitializeShareGroupStateRequest
     write = messages.WriteShareGroupStateRequest
@@ -362,7 +390,7 @@ def main() -> int:
         run_mock_forever()
         return 0
     ap = argparse.ArgumentParser()
-    ap.add_argument("--records", type=int, default=100_000)
+    ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--state-records", type=int, default=200_000)
     ap.add_argument("--skip-mock", action="store_true")
     args = ap.parse_args()
@@ -373,23 +401,31 @@ def main() -> int:
     shoal = Shoal(tmp / "data", tmp / "broker.log").start()
     try:
         print(f"shoal cold start to SHOAL_READY: {shoal.ready_seconds:.2f} s")
-        for n in (1, 4):
-            topic, group = f"bs{n}-{uuid.uuid4().hex[:6]}", f"bsg{n}-{uuid.uuid4().hex[:6]}"
-            shoal_topic(shoal.bootstrap, topic, group)
-            before = shoal.state_log_bytes()
-            rate = consume_rate(shoal.bootstrap, topic, group, n, args.records, settle_s=2.5)
-            time.sleep(1.0)  # the closing consumers' last acknowledgements
-            per_record = (shoal.state_log_bytes() - before) / (args.records + PARTITIONS)
-            print(f"shoal  {n} consumer(s): {rate:>9,.0f} rec/s   __share_group_state: {per_record:.2f} B/accepted record")
+        for batch in BATCH_RECORDS:
+            for n in (1, 4):
+                topic, group = f"bs{n}-{uuid.uuid4().hex[:6]}", f"bsg{n}-{uuid.uuid4().hex[:6]}"
+                shoal_topic(shoal.bootstrap, topic, group)
+                before = [0]
+
+                def mark(box: list[int] = before) -> None:
+                    box[0] = shoal.state_log_bytes()
+
+                rate = consume_rate(shoal.bootstrap, topic, group, n, args.records, batch, on_backlog=mark)
+                time.sleep(1.0)  # the closing consumers' last acknowledgements
+                per_record = (shoal.state_log_bytes() - before[0]) / args.records
+                print(f"shoal  {n} consumer(s), producer batches <= {batch:>6} rec: {rate:>9,.0f} rec/s   "
+                      f"__share_group_state: {per_record:.2f} B/accepted record", flush=True)
 
         if not args.skip_mock:
             mock, mock_bs = start_mock()
             try:
-                for n in (1, 4):
-                    topic, group = f"ms{n}-{uuid.uuid4().hex[:6]}", f"msg{n}-{uuid.uuid4().hex[:6]}"
-                    mock_topic(mock_bs, topic)
-                    rate = consume_rate(mock_bs, topic, group, n, args.records, settle_s=6.0)
-                    print(f"mock   {n} consumer(s): {rate:>9,.0f} rec/s")
+                for batch in BATCH_RECORDS:
+                    for n in (1, 4):
+                        topic, group = f"ms{n}-{uuid.uuid4().hex[:6]}", f"msg{n}-{uuid.uuid4().hex[:6]}"
+                        mock_topic(mock_bs, topic)
+                        rate = consume_rate(mock_bs, topic, group, n, args.records, batch)
+                        print(f"mock   {n} consumer(s), producer batches <= {batch:>6} rec: {rate:>9,.0f} rec/s",
+                              flush=True)
             finally:
                 mock.terminate()
                 mock.wait(15)
@@ -399,7 +435,7 @@ def main() -> int:
         fill_s = time.perf_counter() - started
         size = shoal.state_log_bytes()
         print(f"state log filled: {written:,} records via WriteShareGroupState in {fill_s:.1f} s "
-              f"({written / fill_s:,.0f} records/s); __share_group_state now {size / 1e6:.1f} MB")
+              f"({written / fill_s:,.0f} records/s); __share_group_state now {size / 1e6:.1f} MB", flush=True)
         shoal.kill()
         shoal.start()
         loaded = shoal.coordinators_loaded_seconds()

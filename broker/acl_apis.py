@@ -162,8 +162,8 @@ class AclApis:
             return DescribeAclsResponse(error_code=ErrorCode.SECURITY_DISABLED,
                                         error_message=SECURITY_DISABLED_MESSAGE, resources=[])
         if not ctx.authorize(Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME):
-            return DescribeAclsResponse(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message=None,
-                                        resources=[])
+            return DescribeAclsResponse(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                                        error_message="Cluster authorization failed.", resources=[])
         try:
             acl_filter = AclFilter(req)
         except InvalidAcl as exc:

@@ -78,12 +78,13 @@ class AlterConfigs:
 
     def _alter_topic(self, ctx: RequestContext, name: str, changes: list[tuple[str, str | None]],
                      validate_only: bool, res: Any) -> None:
+        # Authorization first, as in Kafka: existence is not revealed to a client without the right.
+        if not ctx.authorize(Operation.ALTER_CONFIGS, ResourceType.TOPIC, name):
+            res.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            return
         topic = self.broker.topics.get(name)
         if topic is None:
             res.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-            return
-        if not ctx.authorize(Operation.ALTER_CONFIGS, ResourceType.TOPIC, name):
-            res.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
             return
         for key, value in changes:
             if key not in TOPIC_CONFIG_KEYS:

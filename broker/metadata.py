@@ -74,7 +74,9 @@ class DiscoveryHandlers:
                         continue
                 else:
                     topic = topics.get(rt.name)
-                if topic is not None and not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, topic.name):
+                # Kafka checks DESCRIBE before existence, so an unauthorized client cannot probe which topics exist.
+                described = topic.name if topic is not None else rt.name
+                if not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, described):
                     out.append(MdTopic(error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, name=rt.name))
                     continue
                 if topic is None:

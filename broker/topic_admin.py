@@ -293,7 +293,10 @@ class TopicAdmin:
     def init_producer_id(self, ctx: RequestContext, req: Any) -> Any:
         if req.transactional_id is not None:
             return InitProducerIdResponse(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, producer_id=-1, producer_epoch=-1)
-        if not ctx.authorize(Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, CLUSTER_NAME):
+        # Since KIP-679 WRITE on any topic also allows an idempotent producer, as in Kafka.
+        if not ctx.authorize(Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, CLUSTER_NAME) and not ctx.authorize_any(
+            Operation.WRITE, ResourceType.TOPIC
+        ):
             return InitProducerIdResponse(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, producer_id=-1, producer_epoch=-1)
         if ctx.api_version >= 3 and req.producer_id >= 0:
             # An idempotent producer bumping its own epoch keeps its id.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -67,6 +68,10 @@ class BrokerConnection:
                 ),
                 timeout,
             )
+        except ssl.SSLCertVerificationError as exc:
+            # Retrying cannot help: the server's certificate is not trusted (Kafka's SslAuthenticationException).
+            self._closed = True
+            raise AuthenticationError(None, f"TLS handshake with {self.host}:{self.port} failed: {exc}") from exc
         except (TimeoutError, OSError) as exc:
             self._closed = True
             raise KafkaConnectionError(None, f"cannot connect to {self.host}:{self.port}: {exc}") from exc

@@ -8,6 +8,8 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from .errors import ClientClosedError
+
 T = TypeVar("T")
 
 
@@ -29,6 +31,9 @@ class LoopThread:
         self.loop.close()
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        if self.loop.is_closed() or not self._thread.is_alive():
+            coro.close()
+            raise ClientClosedError()
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:

@@ -225,13 +225,11 @@ class AsyncProducer:
             partition = partition_for_key(key, num) if key is not None else self._partitioner.partition(topic, num)
         elif partition not in info.partitions:
             raise UnknownTopicError(None, f"{topic} has no partition {partition}")
-        rec_headers = _headers(headers)
-        size = (
-            _RECORD_OVERHEAD
-            + (len(key) if key else 0)
-            + (len(value) if value else 0)
-            + sum(len(h.key) + len(h.value or b"") + 4 for h in rec_headers)
-        )
+        size = _RECORD_OVERHEAD + (len(key) if key else 0) + (len(value) if value else 0)
+        rec_headers: list[Header] = []
+        if headers:
+            rec_headers = _headers(headers)
+            size += sum(len(h.key) + len(h.value or b"") + 4 for h in rec_headers)
         if size + _BATCH_OVERHEAD > self.max_request_size:
             raise KafkaError(ErrorCode.MESSAGE_TOO_LARGE, f"record of {size} bytes exceeds max_request_size")
         while self._buffered + size > self.buffer_memory and self._buffered > 0:

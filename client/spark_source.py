@@ -24,7 +24,8 @@ accepts nothing twice. Stopping the query releases what the consumer holds.
 Options: kafka.bootstrap.servers, group.id (or kafka.group.id), subscribe (comma-separated topics),
 maxRecordsPerTrigger (default 50000), maxBytesPerPartition (default 786432: records per Spark task are
 capped so the task stays below Spark's 1000 KiB large-task warning), pollTimeoutMs (default 500: how long
-a trigger waits for the first record), kafka.<client config> (security settings and the like).
+a trigger waits for the first record), lockRenewIntervalMs (default 5000; 0 = never renew the locks of
+records whose batch is still running), kafka.<client config> (security settings and the like).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
-    from .share_consumer import ShareConsumer, ShareRecord
+    from .share_consumer import ShareRecord
 
 log = logging.getLogger("shoal.client.spark_source")
 
@@ -63,8 +65,14 @@ SCHEMA = (
 DEFAULT_MAX_RECORDS_PER_TRIGGER = 50_000
 DEFAULT_MAX_BYTES_PER_PARTITION = 768 * 1024
 DEFAULT_POLL_TIMEOUT_MS = 500
+# A third of the shortest acquisition lock a group may set by default (15 s; Kafka's default lock is 30 s).
+DEFAULT_LOCK_RENEW_INTERVAL_MS = 5000
 # Once records are flowing, further polls in the same trigger only pick up what is already there.
 _TOP_UP_POLL_S = 0.05
+# Records per ShareFetch; the broker also caps in-flight records per share partition (2000 by default).
+_MAX_POLL_RECORDS = 5000
+# How long an availableNow query waits for its first assignment before concluding there is nothing.
+_ASSIGNMENT_WAIT_S = 15.0
 # Rough per-record cost in a pickled task beyond key/value/headers (ints, list slots).
 _RECORD_OVERHEAD_BYTES = 48
 
@@ -78,6 +86,7 @@ class SourceOptions:
     max_records_per_trigger: int = DEFAULT_MAX_RECORDS_PER_TRIGGER
     max_bytes_per_partition: int = DEFAULT_MAX_BYTES_PER_PARTITION
     poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
+    lock_renew_interval_ms: int = DEFAULT_LOCK_RENEW_INTERVAL_MS
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> SourceOptions:
@@ -103,6 +112,9 @@ class SourceOptions:
                 options, "maxBytesPerPartition", DEFAULT_MAX_BYTES_PER_PARTITION
             ),
             poll_timeout_ms=int_option(options, "pollTimeoutMs", DEFAULT_POLL_TIMEOUT_MS, minimum=0),
+            lock_renew_interval_ms=int_option(
+                options, "lockRenewIntervalMs", DEFAULT_LOCK_RENEW_INTERVAL_MS, minimum=0
+            ),
         )
 
 
@@ -212,39 +224,138 @@ def _exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _raise_exit)
 
 
+class _Acquisitions:
+    """Driver-side state of one query's source: the share consumer, the batches it acquired and has not
+    settled yet (by batch seq), and a thread renewing their acquisition locks while Spark works on them."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        from .share_consumer import ShareConsumer
+
+        self.options = options
+        self.consumer_max_poll_records = min(options.max_records_per_trigger, _MAX_POLL_RECORDS)
+        self.consumer = ShareConsumer(
+            options.bootstrap_servers,
+            options.group_id,
+            # Explicit: records stay acquired across polls until we settle them after their batch commits.
+            acknowledgement_mode="explicit",
+            max_poll_records=self.consumer_max_poll_records,
+            fetch_max_wait_ms=options.poll_timeout_ms,
+            config=options.client_config,
+        )
+        self.pending: dict[int, _AcquiredBatch] = {}
+        # Spark calls us on one thread; the lock is for the renewal thread.
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._renewer: threading.Thread | None = None
+        try:
+            self.consumer.subscribe(list(options.topics))
+        except BaseException:
+            self.consumer.close()
+            raise
+        if options.lock_renew_interval_ms > 0:
+            self._renewer = threading.Thread(target=self._renew_loop, name="kafka-share-renew", daemon=True)
+            self._renewer.start()
+
+    def fetch(self, max_rows: int, *, wait_for_assignment: bool) -> list[ShareRecord]:
+        """Acquire up to about `max_rows` records. A poll hands out at most max_poll_records, so we poll again
+        only while that many still fit: handing surplus records back would count as a delivery and push
+        them towards the delivery-count limit, after which the broker archives them."""
+        records: list[ShareRecord] = []
+        per_poll = self.consumer_max_poll_records
+        timeout = self.options.poll_timeout_ms / 1000
+        # Under availableNow an empty fetch ends the query, so a member still waiting for its first
+        # assignment keeps polling (bounded) instead of reporting "no data".
+        assign_by = time.monotonic() + _ASSIGNMENT_WAIT_S if wait_for_assignment else 0.0
+        with self._lock:
+            while not records or max_rows - len(records) >= per_poll:
+                got = self.consumer.poll(timeout)
+                if not got:
+                    if not records and not self.consumer.assignment() and time.monotonic() < assign_by:
+                        continue
+                    break
+                records.extend(got)
+                timeout = _TOP_UP_POLL_S
+        return records
+
+    def add(self, seq: int, records: list[ShareRecord]) -> None:
+        chunks = split_into_chunks(records, self.options.max_bytes_per_partition)
+        with self._lock:
+            self.pending[seq] = _AcquiredBatch(records, chunks)
+
+    def chunks(self, first_seq: int, last_seq: int) -> list[RecordChunk]:
+        with self._lock:
+            return [c for s in range(first_seq, last_seq + 1) if s in self.pending for c in self.pending[s].chunks]
+
+    def settle(self, through_seq: int, kind: str) -> None:
+        """ACCEPT or RELEASE every pending batch up to `through_seq`; repeating it is harmless."""
+        with self._lock:
+            done = sorted(s for s in self.pending if s <= through_seq)
+            if not done:
+                return
+            count = 0
+            for s in done:
+                for record in self.pending.pop(s).records:
+                    self.consumer.acknowledge(record, kind)
+                    count += 1
+            failed = {tp: err for tp, err in self.consumer.commit_sync().items() if err is not None}
+        if failed:
+            # The broker gave the records to someone else (lock expired, member fenced): they will be
+            # delivered again, which is a duplicate, not a loss. Nothing here can do better than report it.
+            log.warning("could not %s %d records of batch(es) %s: %s", kind, count, done, failed)
+
+    def _renew_loop(self) -> None:
+        # A micro-batch may outlast the acquisition lock (30 s by default); RENEW keeps it ours meanwhile.
+        interval = self.options.lock_renew_interval_ms / 1000
+        while not self._closing.wait(interval):
+            try:
+                with self._lock:
+                    if not self.pending:
+                        continue
+                    for batch in self.pending.values():
+                        for record in batch.records:
+                            self.consumer.acknowledge(record, "renew")
+                    failed = {tp: e for tp, e in self.consumer.commit_sync().items() if e is not None}
+                if failed:
+                    log.warning("could not renew acquisition locks: %s", failed)
+            except Exception:
+                if self._closing.is_set():
+                    return
+                log.exception("renewing acquisition locks failed")
+
+    def close(self) -> None:
+        self._closing.set()
+        try:
+            if self.pending:
+                # Whether the newest batch reached the commit log is unknown here (Spark stops us without
+                # saying): releasing risks a duplicate, accepting would risk a loss.
+                self.settle(max(self.pending), "release")
+        finally:
+            with self._lock:
+                self.consumer.close()  # closes the share sessions (releasing anything left) and leaves
+
+
 class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets are `{"seq": n}`: the n-th batch this query acquired. They are not replayable Kafka offsets:
     a share group cannot re-read a batch, which is why a replayed batch is empty (see module doc)."""
 
     def __init__(self, options: SourceOptions) -> None:
-        # Runs in the driver (twice) and the instance is pickled to executors: no I/O or locks here.
+        # Runs in the driver (twice) and the instance is pickled to executors: no I/O, threads or locks here.
         self.options = options
-        self._consumer: ShareConsumer | None = None
-        self._pending: dict[int, _AcquiredBatch] = {}
+        self._acq: _Acquisitions | None = None
         self._available_now = False
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_consumer"] = None
-        state["_pending"] = {}
+        state["_acq"] = None
         return state
 
     # ---- driver side ------------------------------------------------------------------------------
 
-    def _ensure_consumer(self) -> ShareConsumer:
-        if self._consumer is None:
-            from .share_consumer import ShareConsumer
-
+    def _acquisitions(self) -> _Acquisitions:
+        if self._acq is None:
             _exit_on_sigterm()
-            consumer = ShareConsumer(
-                self.options.bootstrap_servers,
-                group_id=self.options.group_id,
-                acknowledgement_mode="explicit",
-                config=self.options.client_config,
-            )
-            consumer.subscribe(list(self.options.topics))
-            self._consumer = consumer
-        return self._consumer
+            self._acq = _Acquisitions(self.options)
+        return self._acq
 
     def initialOffset(self) -> dict[str, int]:
         return {"seq": 0}
@@ -257,78 +368,33 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._available_now = True
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        acq = self._acquisitions()
         seq = int(start["seq"])
         # Spark asks for batch seq+1 only after the batch ending at `seq` is in its commit log.
-        self._settle(seq, accept=True)
+        acq.settle(seq, "accept")
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.options.max_records_per_trigger
-        records = self._fetch(max_rows)
+        records = acq.fetch(max_rows, wait_for_assignment=self._available_now)
         if not records:
             return start
-        self._pending[seq + 1] = _AcquiredBatch(
-            records, split_into_chunks(records, self.options.max_bytes_per_partition)
-        )
+        acq.add(seq + 1, records)
         return {"seq": seq + 1}
-
-    def _fetch(self, max_rows: int) -> list[ShareRecord]:
-        consumer = self._ensure_consumer()
-        records: list[ShareRecord] = []
-        timeout = self.options.poll_timeout_ms / 1000
-        while len(records) < max_rows:
-            got = consumer.poll(timeout)
-            if not got:
-                break
-            room = max_rows - len(records)
-            records.extend(got[:room])
-            # The limit is ours, not the broker's: hand back what does not fit right away.
-            for extra in got[room:]:
-                consumer.acknowledge(extra, "release")
-            timeout = _TOP_UP_POLL_S
-        return records
-
-    def _settle(self, through_seq: int, *, accept: bool) -> None:
-        """ACCEPT (or RELEASE) every pending batch up to `through_seq`; safe to repeat."""
-        done = sorted(s for s in self._pending if s <= through_seq)
-        if not done or self._consumer is None:
-            return
-        kind = "accept" if accept else "release"
-        count = 0
-        for s in done:
-            for record in self._pending.pop(s).records:
-                self._consumer.acknowledge(record, kind)
-                count += 1
-        failed = {tp: err for tp, err in self._consumer.commit_sync().items() if err is not None}
-        if failed:
-            # The broker gave the records to someone else (lock expired, member fenced): they will be
-            # delivered again, which is a duplicate, not a loss. Nothing here can do better than report it.
-            log.warning("could not %s %d records of batch(es) %s: %s", kind, count, done, failed)
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         # May be called more than once per batch: read the buffer, never pop from it. A batch that is not
         # buffered is a replay after a restart; its records were never accepted and come back by themselves.
-        chunks: list[InputPartition] = []
-        for s in range(int(start["seq"]) + 1, int(end["seq"]) + 1):
-            batch = self._pending.get(s)
-            if batch is not None:
-                chunks.extend(batch.chunks)
-        return chunks
+        if self._acq is None:
+            return []
+        return self._acq.chunks(int(start["seq"]) + 1, int(end["seq"]))
 
     def commit(self, end: dict[str, int]) -> None:
         # Normally a no-op: latestOffset accepted this batch already.
-        self._settle(int(end["seq"]), accept=True)
+        if self._acq is not None:
+            self._acq.settle(int(end["seq"]), "accept")
 
     def stop(self) -> None:
-        consumer, self._consumer = self._consumer, None
-        if consumer is None:
-            return
-        try:
-            if self._pending:
-                # We cannot tell whether the last batch reached the commit log; releasing risks a duplicate,
-                # accepting risks a loss.
-                self._consumer = consumer
-                self._settle(max(self._pending), accept=False)
-                self._consumer = None
-        finally:
-            consumer.close()
+        acq, self._acq = self._acq, None
+        if acq is not None:
+            acq.close()
 
     # ---- executor side ----------------------------------------------------------------------------
 

@@ -271,6 +271,7 @@ def list_groups(bs: str, states: list[str], types: list[str]) -> dict[str, Any]:
     return {g.group_id: g for g in resp.groups}
 
 
+@pytest.mark.filterwarnings("ignore:list_groups:DeprecationWarning")
 def test_confluent_admin_and_list_groups_filters_see_share_groups(broker: BrokerProcess) -> None:
     bs = broker.bootstrap
     topic, group = _name("ca"), _name("gca")

@@ -527,6 +527,29 @@ def test_connection_drop_releases_the_members_records(broker: BrokerProcess) -> 
         s.close()
 
 
+def test_release_on_disconnect_at_delivery_limit_archives(broker: BrokerProcess) -> None:
+    s = share_setup(broker, members=2, batches=[5])
+    set_group_config(broker.bootstrap, s.group, share_delivery_count_limit="2")
+    a, b = s.members
+    try:
+        assert acquired(a.fetch([0], max_wait_ms=5000)) == [(0, 4, 1)]
+        assert a.ack_codes({0: [(0, 4, [RELEASE])]}) == {0: ErrorCode.NONE}
+        assert acquired(b.fetch([0])) == [(0, 4, 2)]
+        b.close()  # the second delivery is the last: released at the limit, the records are archived
+        deadline = time.monotonic() + WAIT_S
+        while state_summary(s.admin, s.group, s.topic_id, [0])[0][3] != 5:
+            assert time.monotonic() < deadline, "SPSO never moved past the archived records"
+            time.sleep(0.1)
+        assert state_records(s.admin, s.group, s.topic_id, 0)[-2:] == [
+            StateRecord("update", 0, [(0, 4, AVAILABLE, 1)]), StateRecord("update", 5, [])]
+        assert acquired(a.fetch([0], max_wait_ms=200)) == []
+        # Acknowledgements wholly below SPSO are ignored, not refused.
+        assert a.ack_codes({0: [(0, 4, [ACCEPT])]}) == {0: ErrorCode.NONE}
+        assert len(state_records(s.admin, s.group, s.topic_id, 0)) == 3
+    finally:
+        s.close()
+
+
 def test_old_connection_close_leaves_a_reopened_session_alone(broker: BrokerProcess) -> None:
     s = share_setup(broker, members=2, batches=[5])
     a, b = s.members

@@ -1,0 +1,143 @@
+"""The bundled admin client against the real broker."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from shoal.client import (
+    RESOURCE_GROUP,
+    RESOURCE_TOPIC,
+    AcknowledgeType,
+    Admin,
+    NewTopic,
+    Producer,
+    ShareConsumer,
+)
+from shoal.client.connection import BrokerConnection
+from shoal.client.security import ClientConfig
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.errors import ErrorCode
+
+from .broker_process import BrokerProcess
+
+
+async def _advertised(bootstrap: str, *keys: int) -> bool:
+    host, port = bootstrap.rsplit(":", 1)
+    conn = await BrokerConnection(host, int(port), ClientConfig()).connect()
+    try:
+        return all(key in conn.api_versions for key in keys)
+    finally:
+        await conn.close()
+
+
+def _consume_all(bootstrap: str, group: str, topic: str, count: int) -> None:
+    with ShareConsumer(bootstrap, group, acknowledgement_mode="explicit") as consumer:
+        consumer.subscribe([topic])
+        got = 0
+        deadline = time.monotonic() + 30
+        while got < count and time.monotonic() < deadline:
+            for record in consumer.poll(0.5):
+                consumer.acknowledge(record, AcknowledgeType.ACCEPT)
+                got += 1
+        assert got == count
+        assert all(err is None for err in consumer.commit_sync(30).values())
+
+
+def test_topics_offsets_and_configs(broker: BrokerProcess) -> None:
+    with Admin(broker.bootstrap) as admin:
+        created = admin.create_topics([NewTopic("cl-adm-a", 3, configs={"retention.ms": "3600000"}), "cl-adm-b"])
+        assert created["cl-adm-a"].error is None and created["cl-adm-a"].num_partitions == 3
+        assert created["cl-adm-a"].topic_id is not None
+        again = admin.create_topics(["cl-adm-a"])
+        assert again["cl-adm-a"].error is not None and again["cl-adm-a"].error.code == ErrorCode.TOPIC_ALREADY_EXISTS
+        assert {"cl-adm-a": 3, "cl-adm-b": 1}.items() <= admin.list_topics().items()
+
+        with Producer(broker.bootstrap) as producer:
+            first = producer.send("cl-adm-a", b"x", partition=1, timestamp_ms=1_000_000).result(30)
+            producer.send("cl-adm-a", b"y", partition=1, timestamp_ms=2_000_000).result(30)
+        offsets = admin.list_offsets(
+            {("cl-adm-a", 1): "earliest", ("cl-adm-a", 0): "latest", ("cl-adm-a", 2): 1_500_000}
+        )
+        assert offsets[("cl-adm-a", 1)].offset == first.offset == 0
+        assert offsets[("cl-adm-a", 0)].offset == 0
+        # No record in partition 2 at or after that timestamp.
+        assert offsets[("cl-adm-a", 2)].offset == -1
+        by_time = admin.list_offsets({("cl-adm-a", 1): 1_500_000, ("cl-adm-a", 9): "latest"})
+        assert by_time[("cl-adm-a", 1)].offset == 1
+        assert by_time[("cl-adm-a", 9)].error is not None
+
+        described = admin.describe_configs(RESOURCE_TOPIC, "cl-adm-a", ["retention.ms"])
+        assert described.error is None and described.entries["retention.ms"].value == "3600000"
+        assert admin.incremental_alter_configs(RESOURCE_TOPIC, "cl-adm-a", {"retention.ms": "7200000"}) is None
+        assert admin.describe_configs(RESOURCE_TOPIC, "cl-adm-a").entries["retention.ms"].value == "7200000"
+        assert admin.incremental_alter_configs(RESOURCE_GROUP, "cl-adm-g", {"share.auto.offset.reset": "earliest"}) is None
+        group_cfg = admin.describe_configs(RESOURCE_GROUP, "cl-adm-g", ["share.auto.offset.reset"])
+        assert group_cfg.entries["share.auto.offset.reset"].value == "earliest"
+        bad = admin.incremental_alter_configs(RESOURCE_GROUP, "cl-adm-g", {"share.auto.offset.reset": "sideways"})
+        assert bad is not None and bad.code == ErrorCode.INVALID_CONFIG
+
+        deleted = admin.delete_topics(["cl-adm-b", "cl-adm-missing"])
+        assert deleted["cl-adm-b"] is None
+        assert deleted["cl-adm-missing"] is not None
+        assert "cl-adm-b" not in admin.list_topics()
+
+
+def test_share_group_listing_and_description(broker: BrokerProcess) -> None:
+    topic, group = "cl-adm-share", "cl-adm-share-g"
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 2)])
+        admin.incremental_alter_configs(RESOURCE_GROUP, group, {"share.auto.offset.reset": "earliest"})
+        with ShareConsumer(broker.bootstrap, group, client_id="describe-me") as consumer:
+            consumer.subscribe([topic])
+            deadline = time.monotonic() + 30
+            while len(consumer.assignment()) < 2 and time.monotonic() < deadline:
+                consumer.poll(0.2)
+            assert consumer.assignment() == {(topic, 0), (topic, 1)}
+            listed = {g.group_id: g for g in admin.list_groups(types=["share"])}
+            assert listed[group].type == "share" and listed[group].state == "Stable"
+            assert group not in {g.group_id for g in admin.list_groups(types=["share"], states=["Empty"])}
+            desc = admin.describe_share_groups([group])[group]
+            assert desc.error is None and desc.state == "Stable" and desc.assignor == "simple"
+            [member] = desc.members
+            assert member.member_id == consumer.member_id and member.client_id == "describe-me"
+            assert member.subscribed_topics == [topic]
+            assert member.assignment == [(topic, 0), (topic, 1)]
+        after = admin.describe_share_groups([group])[group]
+        assert after.state == "Empty" and after.members == []
+        missing = admin.describe_share_groups(["cl-no-such-group"])["cl-no-such-group"]
+        assert missing.error is not None or missing.state == "Dead"
+
+
+def test_share_group_offsets_alter_delete_and_delete_group(broker: BrokerProcess) -> None:
+    import asyncio
+
+    keys = (ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, ApiKey.ALTER_SHARE_GROUP_OFFSETS, ApiKey.DELETE_SHARE_GROUP_OFFSETS,
+            ApiKey.DELETE_GROUPS)
+    if not asyncio.run(_advertised(broker.bootstrap, *keys)):
+        pytest.skip("the broker does not serve DescribeShareGroupOffsets/Alter/Delete/DeleteGroups yet")
+    topic, group = "cl-adm-offsets", "cl-adm-offsets-g"
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 1)])
+        admin.incremental_alter_configs(RESOURCE_GROUP, group, {"share.auto.offset.reset": "earliest"})
+        with Producer(broker.bootstrap) as producer:
+            for i in range(6):
+                producer.send(topic, f"v{i}".encode(), partition=0)
+            producer.flush(30)
+        _consume_all(broker.bootstrap, group, topic, 6)
+
+        offsets = admin.list_share_group_offsets(group)
+        assert offsets[(topic, 0)].start_offset == 6 and offsets[(topic, 0)].error is None
+        assert admin.list_share_group_offsets(group, [topic])[(topic, 0)].start_offset == 6
+
+        # Rewind to offset 2: the group sees records 2..5 again.
+        assert admin.alter_share_group_offsets(group, {(topic, 0): 2}) == {(topic, 0): None}
+        assert admin.list_share_group_offsets(group, {topic: [0]})[(topic, 0)].start_offset == 2
+        _consume_all(broker.bootstrap, group, topic, 4)
+
+        assert admin.delete_share_group_offsets(group, [topic]) == {topic: None}
+        assert (topic, 0) not in admin.list_share_group_offsets(group) or (
+            admin.list_share_group_offsets(group)[(topic, 0)].start_offset == -1
+        )
+        assert admin.delete_groups([group]) == {group: None}
+        assert group not in {g.group_id for g in admin.list_groups(types=["share"])}

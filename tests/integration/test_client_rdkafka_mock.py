@@ -1,0 +1,95 @@
+"""The bundled client against a second, independent share-group broker: librdkafka's mock cluster.
+
+The mock speaks ShareGroupHeartbeat/ShareFetch/ShareAcknowledge v1 only and ApiVersions up to v2; its share
+auto-offset-reset is `latest` and it assigns partitions only when membership changes, so the topic is made
+before the consumer joins and the records are produced once the consumer holds its assignment.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Producer as RdProducer
+from shoal.client import AcknowledgeType, Producer, ShareConsumer
+from shoal.client.connection import BrokerConnection
+from shoal.client.security import ClientConfig
+from shoal.protocol.api_keys import ApiKey
+
+
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def mock_cluster() -> Iterator[tuple[str, RdProducer]]:
+    capture = _Capture()
+    logger = logging.getLogger("rdkafka-mock-client-tests")
+    logger.addHandler(capture)
+    logger.setLevel(logging.DEBUG)
+    owner = RdProducer({"test.mock.num.brokers": 1, "debug": "mock", "logger": logger})
+    bootstrap = None
+    deadline = time.monotonic() + 10
+    while bootstrap is None and time.monotonic() < deadline:
+        owner.poll(0.1)
+        for line in capture.lines:
+            match = re.search(r"bootstrap\.servers=(\S+)", line)
+            if match:
+                bootstrap = match.group(1)
+    assert bootstrap is not None, "the mock cluster did not report its address"
+    yield bootstrap, owner
+    owner.flush(5)
+
+
+async def test_api_versions_fall_back_to_v0_against_the_mock(mock_cluster: tuple[str, RdProducer]) -> None:
+    bootstrap, _ = mock_cluster
+    host, port = bootstrap.split(",")[0].rsplit(":", 1)
+    conn = await BrokerConnection(host, int(port), ClientConfig()).connect()
+    try:
+        assert conn.max_version(ApiKey.API_VERSIONS) == 2
+        assert conn.pick_version(ApiKey.SHARE_FETCH, 1, 2) == 1
+        assert conn.pick_version(ApiKey.FIND_COORDINATOR, 1, 6) <= 3
+    finally:
+        await conn.close()
+
+
+def test_produce_and_share_consume_with_explicit_acks(mock_cluster: tuple[str, RdProducer]) -> None:
+    bootstrap, owner = mock_cluster
+    topic, group = "cl-mock", "cl-mock-g"
+    owner.produce(topic, b"__create__")  # the mock creates the topic (4 partitions) on first produce
+    assert owner.flush(10) == 0
+    with ShareConsumer(bootstrap, group, acknowledgement_mode="explicit") as consumer:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 30
+        while len(consumer.assignment()) < 4 and time.monotonic() < deadline:
+            consumer.poll(0.2)
+        assert consumer.assignment() == {(topic, p) for p in range(4)}
+        with Producer(bootstrap) as producer:
+            sent = [producer.send(topic, f"m{i}".encode(), partition=i % 4).result(30) for i in range(12)]
+        assert {md.partition for md in sent} == {0, 1, 2, 3}
+
+        got: dict[bytes, int] = {}
+        released = None
+        deadline = time.monotonic() + 30
+        while len(got) < 12 and time.monotonic() < deadline:
+            for record in consumer.poll(0.5):
+                if released is None:
+                    released = record.value
+                    consumer.acknowledge(record, AcknowledgeType.RELEASE)
+                    continue
+                assert record.value is not None
+                got[record.value] = record.delivery_count
+                consumer.acknowledge(record, AcknowledgeType.ACCEPT)
+            results = consumer.commit_sync(30)
+            assert all(err is None for err in results.values()), results
+        assert sorted(got) == sorted(f"m{i}".encode() for i in range(12))
+        assert released is not None and got[released] == 2
+        assert all(count == 1 for value, count in got.items() if value != released)
