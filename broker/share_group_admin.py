@@ -235,7 +235,8 @@ class ShareGroupAdmin:
 
         if not self._enabled():
             return failed(ErrorCode.UNSUPPORTED_VERSION, "Share groups are not enabled on this broker.")
-        if not ctx.authorize(Operation.DELETE, ResourceType.GROUP, group_id):
+        # The design page's ACL table asks for READ on the group, as for AlterShareGroupOffsets.
+        if not ctx.authorize(Operation.READ, ResourceType.GROUP, group_id):
             return failed(ErrorCode.GROUP_AUTHORIZATION_FAILED)
         if not group_id:
             return failed(ErrorCode.INVALID_GROUP_ID, "The group id must not be empty.")
