@@ -4,10 +4,10 @@
    backlog of N 100-byte records on a 4-partition topic, against Shoal and against the mock cluster, once
    with large producer batches and once with batches of at most 100 records (a share fetch acquires whole
    log batches, so batch size sets how much work one fetch and one acknowledgement cover).
-   A first member receives probe records and leaves (the mock starts share partitions at "latest", so
-   they must exist before the backlog), then the backlog is produced, then fresh members join and the
-   clock runs from the first backlog record received to the last (joining time excluded; with 4 members
-   the assignment still spreads out while they consume).
+   Two ways (see consume_rate): "backlog" — fresh members drain records produced before they joined;
+   "live" — members already consuming while the backlog is produced (the only way that works with the
+   mock; it is bounded by the producer when consuming is faster). The clock runs from the first backlog
+   record received to the last.
 2. State cost: bytes appended to `__share_group_state` (sum of its partition logs in Shoal's data dir)
    per accepted record, for each of those runs.
 3. Reload: a state log of many ShareUpdate records (written with raw WriteShareGroupState requests over
@@ -245,27 +245,46 @@ class ConsumerGroup:
             c.close()
 
 
+def _probe_until_all_partitions(cg: ConsumerGroup, bootstrap: str, topic: str) -> None:
+    """Produce a probe to every partition each second until the group received one from each: its share
+    partitions are then started (the mock starts them at "latest", on a member's first fetch)."""
+    deadline = time.monotonic() + 120
+    while not cg.wait(lambda: len(cg.probe_partitions) == PARTITIONS, 1.0):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"probes not consumed from {bootstrap}: {sorted(cg.probe_partitions)}")
+        produce(bootstrap, topic, PARTITIONS, PROBE, one_per_partition=True)
+
+
 def consume_rate(bootstrap: str, topic: str, group: str, n_consumers: int, records: int, batch_records: int,
-                 on_backlog: Callable[[], None] | None = None) -> float:
-    """Records/s of `n_consumers` fresh members draining a backlog, first to last record received."""
-    # A first member receives probe records from every partition, so the group's share partitions start
-    # before the backlog (the mock starts them at "latest", when the member first fetches), then leaves.
-    primer = ConsumerGroup(bootstrap, group, topic, 1)
-    try:
-        primer.running.set()
-        deadline = time.monotonic() + 120
-        while not primer.wait(lambda: len(primer.probe_partitions) == PARTITIONS, 1.0):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"probes not consumed from {bootstrap}: {sorted(primer.probe_partitions)}")
-            produce(bootstrap, topic, PARTITIONS, PROBE, one_per_partition=True)
-    finally:
-        primer.close()
-    produce(bootstrap, topic, records, VALUE, batch_records=batch_records)
-    if on_backlog is not None:
-        on_backlog()
+                 *, fresh: bool, settle_s: float = 0.0, on_backlog: Callable[[], None] | None = None) -> float:
+    """Records/s from the first backlog record received to the last.
+
+    fresh: the backlog is produced first and `n_consumers` new members then drain it (after a primer member
+    started the share partitions and left). Not fresh ("live"): the members join, receive probes, settle for
+    `settle_s` (assignments reach later members with their next heartbeat), then keep polling while the
+    backlog is produced — for when producing is much faster than consuming, as with the mock, which also
+    restarts a group's share partitions at "latest" once the group emptied, so "fresh" cannot work there.
+    (librdkafka's ShareConsumer fetches in the background even when the application does not poll, so
+    pausing the members while producing would not hold the work back either.)"""
+    if fresh:
+        primer = ConsumerGroup(bootstrap, group, topic, 1)
+        try:
+            primer.running.set()
+            _probe_until_all_partitions(primer, bootstrap, topic)
+        finally:
+            primer.close()
+        produce(bootstrap, topic, records, VALUE, batch_records=batch_records)
+        if on_backlog is not None:
+            on_backlog()
     cg = ConsumerGroup(bootstrap, group, topic, n_consumers)
     try:
         cg.running.set()
+        if not fresh:
+            _probe_until_all_partitions(cg, bootstrap, topic)
+            time.sleep(settle_s)
+            if on_backlog is not None:
+                on_backlog()
+            produce(bootstrap, topic, records, VALUE, batch_records=batch_records)
         if not cg.wait(lambda: cg.records >= records, 600):
             raise RuntimeError(f"only {cg.records}/{records} consumed from {bootstrap}")
         return records / (cg.last_record_at - cg.first_record_at)
@@ -402,19 +421,22 @@ def main() -> int:
     try:
         print(f"shoal cold start to SHOAL_READY: {shoal.ready_seconds:.2f} s")
         for batch in BATCH_RECORDS:
-            for n in (1, 4):
-                topic, group = f"bs{n}-{uuid.uuid4().hex[:6]}", f"bsg{n}-{uuid.uuid4().hex[:6]}"
-                shoal_topic(shoal.bootstrap, topic, group)
-                before = [0]
+            for fresh in (True, False):
+                for n in (1, 4):
+                    topic, group = f"bs{n}-{uuid.uuid4().hex[:6]}", f"bsg{n}-{uuid.uuid4().hex[:6]}"
+                    shoal_topic(shoal.bootstrap, topic, group)
+                    before = [0]
 
-                def mark(box: list[int] = before) -> None:
-                    box[0] = shoal.state_log_bytes()
+                    def mark(box: list[int] = before) -> None:
+                        box[0] = shoal.state_log_bytes()
 
-                rate = consume_rate(shoal.bootstrap, topic, group, n, args.records, batch, on_backlog=mark)
-                time.sleep(1.0)  # the closing consumers' last acknowledgements
-                per_record = (shoal.state_log_bytes() - before[0]) / args.records
-                print(f"shoal  {n} consumer(s), producer batches <= {batch:>6} rec: {rate:>9,.0f} rec/s   "
-                      f"__share_group_state: {per_record:.2f} B/accepted record", flush=True)
+                    rate = consume_rate(shoal.bootstrap, topic, group, n, args.records, batch, fresh=fresh,
+                                        settle_s=2.0, on_backlog=mark)
+                    time.sleep(1.0)  # the closing consumers' last acknowledgements
+                    per_record = (shoal.state_log_bytes() - before[0]) / args.records
+                    print(f"shoal  {'backlog' if fresh else 'live   '} {n} consumer(s), producer batches <= "
+                          f"{batch:>5} rec: {rate:>9,.0f} rec/s   __share_group_state: {per_record:.2f} B/accepted "
+                          "record", flush=True)
 
         if not args.skip_mock:
             mock, mock_bs = start_mock()
@@ -423,9 +445,10 @@ def main() -> int:
                     for n in (1, 4):
                         topic, group = f"ms{n}-{uuid.uuid4().hex[:6]}", f"msg{n}-{uuid.uuid4().hex[:6]}"
                         mock_topic(mock_bs, topic)
-                        rate = consume_rate(mock_bs, topic, group, n, args.records, batch)
-                        print(f"mock   {n} consumer(s), producer batches <= {batch:>6} rec: {rate:>9,.0f} rec/s",
-                              flush=True)
+                        rate = consume_rate(mock_bs, topic, group, n, args.records, batch, fresh=False,
+                                            settle_s=6.0)
+                        print(f"mock   live    {n} consumer(s), producer batches <= {batch:>5} rec: "
+                              f"{rate:>9,.0f} rec/s", flush=True)
             finally:
                 mock.terminate()
                 mock.wait(15)

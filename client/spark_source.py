@@ -71,7 +71,7 @@ DEFAULT_LOCK_RENEW_INTERVAL_MS = 5000
 _TOP_UP_POLL_S = 0.05
 # Records per ShareFetch; the broker also caps in-flight records per share partition (2000 by default).
 _MAX_POLL_RECORDS = 5000
-# How long an availableNow query waits for its first assignment before concluding there is nothing.
+# How long a new consumer's first fetch (or an availableNow query's) waits for an assignment.
 _ASSIGNMENT_WAIT_S = 15.0
 # Rough per-record cost in a pickled task beyond key/value/headers (ints, list slots).
 _RECORD_OVERHEAD_BYTES = 48
@@ -243,6 +243,7 @@ class _Acquisitions:
             config=options.client_config,
         )
         self.pending: dict[int, _AcquiredBatch] = {}
+        self.first_fetch = True
         # Spark calls us on one thread; the lock is for the renewal thread.
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -263,9 +264,9 @@ class _Acquisitions:
         records: list[ShareRecord] = []
         per_poll = self.consumer_max_poll_records
         timeout = self.options.poll_timeout_ms / 1000
-        # Under availableNow an empty fetch ends the query, so a member still waiting for its first
-        # assignment keeps polling (bounded) instead of reporting "no data".
+        # A member still waiting for its first assignment keeps polling (bounded) rather than report "no data".
         assign_by = time.monotonic() + _ASSIGNMENT_WAIT_S if wait_for_assignment else 0.0
+        self.first_fetch = False
         with self._lock:
             while not records or max_rows - len(records) >= per_poll:
                 got = self.consumer.poll(timeout)
@@ -373,7 +374,9 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         # Spark asks for batch seq+1 only after the batch ending at `seq` is in its commit log.
         acq.settle(seq, "accept")
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.options.max_records_per_trigger
-        records = acq.fetch(max_rows, wait_for_assignment=self._available_now)
+        # A new consumer's first fetch waits for its assignment: otherwise the query's first trigger is
+        # empty (and under availableNow, an empty trigger ends the query).
+        records = acq.fetch(max_rows, wait_for_assignment=self._available_now or acq.first_fetch)
         if not records:
             return start
         acq.add(seq + 1, records)

@@ -32,7 +32,7 @@ def ensure_topics(bootstrap: str, source: str, sink: str, group: str, partitions
     """Create the topics if missing and let the share group start at the earliest offset (Kafka's default
     for a new share group is `latest`, which would skip orders produced before the job first ran)."""
     with Admin(bootstrap) as admin:
-        for name, result in admin.create_topics([NewTopic(source, partitions), NewTopic(sink, partitions)]).items():
+        for result in admin.create_topics([NewTopic(source, partitions), NewTopic(sink, partitions)]).values():
             if result.error is not None and result.error.code != ErrorCode.TOPIC_ALREADY_EXISTS:
                 raise result.error
         error = admin.incremental_alter_configs(RESOURCE_GROUP, group, {"share.auto.offset.reset": "earliest"})

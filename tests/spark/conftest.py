@@ -20,8 +20,14 @@ if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-# A short heartbeat interval gets share consumers their first assignment sooner.
-BROKER_OVERRIDES = ["group.share.heartbeat.interval.ms=1000"]
+# A short heartbeat interval gets share consumers their first assignment sooner. A short session timeout
+# makes a killed query's member leave the group soon: until it does, it keeps its share of the partitions.
+# The lock bound is raised only so one test can show that records come back without waiting for a lock.
+BROKER_OVERRIDES = [
+    "group.share.heartbeat.interval.ms=1000",
+    "group.share.session.timeout.ms=6000",
+    "group.share.max.record.lock.duration.ms=3600000",
+]
 
 
 def spark_env() -> dict[str, str]:

@@ -6,8 +6,16 @@ import time
 from typing import TYPE_CHECKING
 
 from shoal.client.admin import Admin
+
 from tests.integration.broker_process import BrokerProcess
-from tests.integration.share_clients import create_topic, produce, set_group_config
+from tests.integration.share_clients import (
+    Consumed,
+    create_topic,
+    poll_until,
+    produce,
+    set_group_config,
+    share_consumer,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -18,6 +26,10 @@ if TYPE_CHECKING:
 def _prepare(broker: BrokerProcess, topic: str, group: str, partitions: int) -> None:
     create_topic(broker.bootstrap, topic, partitions)
     set_group_config(broker.bootstrap, group, share_auto_offset_reset="earliest")
+
+
+def _rows(spark: SparkSession, table: str) -> list[tuple[int, int]]:
+    return [(r.partition, r.offset) for r in spark.sql(f"SELECT partition, offset FROM {table}").collect()]
 
 
 def test_stream_reads_every_record_and_accepts_them(spark: SparkSession, broker: BrokerProcess, tmp_path: Path) -> None:
@@ -69,3 +81,96 @@ def test_stream_reads_every_record_and_accepts_them(spark: SparkSession, broker:
         offsets = admin.list_share_group_offsets(group, [topic])
     assert {tp[1]: o.start_offset for tp, o in offsets.items()} == ends
     assert {o.lag for o in offsets.values()} == {0}
+
+
+def test_two_queries_in_one_share_group_split_the_queue(
+    spark: SparkSession, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    topic, group = "spark-split", "spark-split-group"
+    _prepare(broker, topic, group, 3)
+    queries = []
+    for name in ("split_a", "split_b"):
+        df = (
+            spark.readStream.format("kafka-share")
+            .option("kafka.bootstrap.servers", broker.bootstrap)
+            .option("group.id", group)
+            .option("subscribe", topic)
+            .option("maxRecordsPerTrigger", 200)
+            .load()
+        )
+        queries.append(
+            df.writeStream.format("memory")
+            .queryName(name)
+            .option("checkpointLocation", str(tmp_path / name))
+            .start()
+        )
+    try:
+        with Admin(broker.bootstrap) as admin:
+            # Produce only once both queries' consumers are members with partitions, so neither can take
+            # the whole topic before the other has joined.
+            deadline = time.monotonic() + 90
+            while True:
+                members = admin.describe_share_groups([group])[group].members
+                if len(members) == 2 and all(m.assignment for m in members):
+                    break
+                assert time.monotonic() < deadline, f"members: {members}"
+                time.sleep(0.3)
+        produced = produce(broker.bootstrap, topic, 3000, partitions=3)
+
+        deadline = time.monotonic() + 120
+        while len(_rows(spark, "split_a")) + len(_rows(spark, "split_b")) < len(produced):
+            for q in queries:
+                assert q.exception() is None
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    finally:
+        for q in queries:
+            q.stop()
+    a, b = _rows(spark, "split_a"), _rows(spark, "split_b")
+    assert a and b, "one query got all the work"
+    assert sorted(a + b) == sorted((p, o) for p, o, _ in produced)  # together: each record exactly once
+
+
+def test_stopping_a_query_releases_what_it_holds(spark: SparkSession, broker: BrokerProcess, tmp_path: Path) -> None:
+    topic, group = "spark-stop", "spark-stop-group"
+    _prepare(broker, topic, group, 1)
+    # A lock far longer than the test: records come back only if the stopped query hands them back.
+    set_group_config(broker.bootstrap, group, share_record_lock_duration_ms="3600000")
+    produced = produce(broker.bootstrap, topic, 300)
+    df = (
+        spark.readStream.format("kafka-share")
+        .option("kafka.bootstrap.servers", broker.bootstrap)
+        .option("group.id", group)
+        .option("subscribe", topic)
+        .option("maxRecordsPerTrigger", 100)
+        .load()
+    )
+    # One batch, then an hour's wait: its records stay acquired (settled only when the next batch is planned).
+    query = (
+        df.writeStream.format("memory")
+        .queryName("stop_sink")
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(processingTime="1 hour")
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while not _rows(spark, "stop_sink"):
+            assert query.exception() is None
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+    finally:
+        query.stop()
+    first_batch = _rows(spark, "stop_sink")
+    assert len(first_batch) == 100
+
+    consumer = share_consumer(broker.bootstrap, group, [topic])
+    got = Consumed()
+    try:
+        poll_until(consumer, lambda: len(got) >= len(produced), got, timeout=60)
+    finally:
+        consumer.close()
+    counts = {(p, o): d for p, o, _, d in got.records}
+    assert sorted(counts) == sorted((p, o) for p, o, _ in produced)
+    # The batch Spark had (committed, but not yet settled when the query stopped) was released, not kept.
+    assert all(counts[r] == 2 for r in first_batch)

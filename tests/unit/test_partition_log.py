@@ -530,8 +530,9 @@ async def test_roll_flush_persists_sealed_indexes(tmp_path: Path) -> None:
     for _ in range(6):
         append(plog, make_batch([b"r" * 60]))
     sealed = len(plog.segments) - 1
-    for _ in range(100):
-        if len(list(d.glob("*.index"))) == sealed:
+    # Index files are written in the flush thread before the loop records the flushed offset: wait for both.
+    for _ in range(300):
+        if len(list(d.glob("*.index"))) == sealed and plog.flushed_offset == plog.log_end_offset:
             break
         await asyncio.sleep(0.01)
     assert len(list(d.glob("*.index"))) == sealed
