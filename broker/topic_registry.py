@@ -6,7 +6,6 @@ the partition data itself lives in `<log.dirs>/<topic>-<partition>/` as Kafka la
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from shoal.protocol.uuids import uuid_to_str as topic_id_to_str
 
 from .partition_log import LogConfig, PartitionLog
 
@@ -45,11 +45,6 @@ TOPIC_CONFIG_KEYS: dict[str, str | None] = {
     "index.interval.bytes": "log.index.interval.bytes",
 }
 TOPIC_CONFIG_DEFAULTS: dict[str, str] = {"cleanup.policy": "delete", "compression.type": "producer", "min.insync.replicas": "1"}
-
-
-def topic_id_to_str(topic_id: bytes) -> str:
-    """Kafka renders a Uuid as 22 characters of URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(topic_id).decode().rstrip("=")
 
 
 def validate_topic_name(name: str) -> str | None:

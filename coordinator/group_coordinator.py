@@ -21,6 +21,7 @@ from shoal.protocol.coordinator_records import CoordinatorRecord
 from shoal.protocol.errors import ErrorCode
 
 from .assignor import ASSIGNOR_NAME, SimpleAssignor
+from .placement import coordinator_partition
 from .record_log import CoordinatorRecordLog
 from .share_group import (
     JOIN_GROUP_MEMBER_EPOCH,
@@ -71,19 +72,9 @@ class GroupConfigSource(Protocol):
     def get_int(self, group_id: str, key: str) -> int: ...
 
 
-def java_string_hash(s: str) -> int:
-    """Java's String.hashCode (over UTF-16 code units, wrapping at 32 bits)."""
-    h = 0
-    data = s.encode("utf-16-be")
-    for i in range(0, len(data), 2):
-        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h & 0x80000000 else h
-
-
 def partition_for_group(group_id: str, num_partitions: int) -> int:
-    """Kafka: Utils.abs(groupId.hashCode()) % partitions, where Utils.abs(Integer.MIN_VALUE) == 0."""
-    h = java_string_hash(group_id)
-    return (0 if h == -(2**31) else abs(h)) % num_partitions
+    """A group's records live on the `__consumer_offsets` partition Kafka would pick for it."""
+    return coordinator_partition(group_id, num_partitions)
 
 
 def _response_assignment(assignment: dict[bytes, frozenset[int]] | None) -> Any:

@@ -7,11 +7,11 @@ restart takes — so memory can never hold anything the log does not.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from shoal.coordinator.placement import coordinator_partition
 from shoal.persister.persister import PersistedStateBatch, SharePartitionKey
 from shoal.protocol.coordinator_records import (
     SHARE_SNAPSHOT,
@@ -20,6 +20,7 @@ from shoal.protocol.coordinator_records import (
     key_class,
     value_class,
 )
+from shoal.protocol.uuids import uuid_to_str
 
 UNINITIALIZED_START_OFFSET = -1
 UNINITIALIZED_DELIVERY_COMPLETE_COUNT = -1
@@ -33,24 +34,9 @@ _UpdateValue = value_class(SHARE_UPDATE)
 # ---- partitioning --------------------------------------------------------------------------------
 
 
-def java_string_hashcode(s: str) -> int:
-    """Java's String.hashCode: s[0]*31^(n-1) + ... + s[n-1] over UTF-16 code units, as a signed int32."""
-    h = 0
-    data = s.encode("utf-16-be")
-    for i in range(0, len(data), 2):
-        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h >= 1 << 31 else h
-
-
-def uuid_to_str(topic_id: bytes) -> str:
-    # Kafka's Uuid.toString: URL-safe base64, no padding (22 chars). Kept here so coordinator/ needn't import broker/.
-    return base64.urlsafe_b64encode(topic_id).decode().rstrip("=")
-
-
 def state_partition_for(key: SharePartitionKey, num_partitions: int) -> int:
     """The `__share_group_state` partition holding a key: Utils.abs(hashCode) % n, where abs(MIN_VALUE) is 0."""
-    h = java_string_hashcode(f"{key.group_id}:{uuid_to_str(key.topic_id)}:{key.partition}")
-    return (0 if h == -(1 << 31) else abs(h)) % num_partitions
+    return coordinator_partition(f"{key.group_id}:{uuid_to_str(key.topic_id)}:{key.partition}", num_partitions)
 
 
 # ---- the batch combiner --------------------------------------------------------------------------

@@ -13,9 +13,9 @@ from shoal.broker.topic_registry import Topic
 from shoal.coordinator.group_coordinator import (
     GroupCoordinator,
     GroupCoordinatorConfig,
-    java_string_hash,
     partition_for_group,
 )
+from shoal.coordinator.placement import java_string_hashcode
 from shoal.persister.persister import ReadStateResult, SharePartitionKey, StateSummary, WriteStateRequest
 from shoal.protocol import coordinator_records as cr
 from shoal.protocol import messages
@@ -433,13 +433,13 @@ async def test_load_in_progress(tmp_path: Path) -> None:
 
 
 def test_group_placement_matches_kafka() -> None:
-    assert java_string_hash("hello") == 99162322
-    assert java_string_hash("") == 0
+    assert java_string_hashcode("hello") == 99162322
+    assert java_string_hashcode("") == 0
     # A string whose Java hashCode is Integer.MIN_VALUE maps to partition 0 (Utils.abs).
-    assert java_string_hash("polygenelubricants") == -(2**31)
+    assert java_string_hashcode("polygenelubricants") == -(2**31)
     assert partition_for_group("polygenelubricants", 50) == 0
     assert partition_for_group("hello", 50) == 99162322 % 50
-    assert partition_for_group("\u00e9t\u00e9", 7) == abs(java_string_hash("\u00e9t\u00e9")) % 7
+    assert partition_for_group("\u00e9t\u00e9", 7) == abs(java_string_hashcode("\u00e9t\u00e9")) % 7
 
 
 # ---- the API layer (broker/share_group_apis.py) over a real broker object ------------------------------

@@ -25,11 +25,11 @@ from shoal.broker.partition_log import LogConfig, PartitionLog
 from shoal.broker.server import Broker
 from shoal.broker.share_state_apis import register
 from shoal.broker.topic_registry import Topic, topic_id_to_str
+from shoal.coordinator.placement import java_string_hashcode
 from shoal.coordinator.share_coordinator import ShareCoordinator
 from shoal.coordinator.share_state import (
     ShareState,
     combine_state_batches,
-    java_string_hashcode,
     state_partition_for,
 )
 from shoal.persister.default_persister import DefaultStatePersister, InProcessShareCoordinatorClient

@@ -1,0 +1,13 @@
+"""Kafka's text form of a Uuid (topic ids, member ids): 22 characters of URL-safe base64, no padding."""
+
+from __future__ import annotations
+
+import base64
+
+
+def uuid_to_str(value: bytes) -> str:
+    return base64.urlsafe_b64encode(value).decode().rstrip("=")
+
+
+def uuid_from_str(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
