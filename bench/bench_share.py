@@ -16,7 +16,8 @@
 
 The mock keeps everything in memory and persists no share state, so only figure 1 has a reference.
 
-Usage: python bench/bench_share.py [--records 200000] [--state-records 200000] [--skip-mock]
+Usage: python bench/bench_share.py [--records 200000] [--mock-records 30000] [--state-records 200000]
+       [--sections shoal,mock,reload]
 """
 
 from __future__ import annotations
@@ -411,8 +412,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--state-records", type=int, default=200_000)
-    ap.add_argument("--skip-mock", action="store_true")
+    ap.add_argument("--mock-records", type=int, default=30_000,
+                    help="backlog for the mock, which drops old log segments of a long partition")
+    ap.add_argument("--sections", default="shoal,mock,reload", help="comma-separated subset to run")
     args = ap.parse_args()
+    sections = set(args.sections.split(","))
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-share-"))
     print(f"# share-group bench: {args.records} records x {len(VALUE)} B, {PARTITIONS} partitions, "
@@ -420,7 +424,7 @@ def main() -> int:
     shoal = Shoal(tmp / "data", tmp / "broker.log").start()
     try:
         print(f"shoal cold start to SHOAL_READY: {shoal.ready_seconds:.2f} s")
-        for batch in BATCH_RECORDS:
+        for batch in BATCH_RECORDS if "shoal" in sections else ():
             for fresh in (True, False):
                 for n in (1, 4):
                     topic, group = f"bs{n}-{uuid.uuid4().hex[:6]}", f"bsg{n}-{uuid.uuid4().hex[:6]}"
@@ -438,21 +442,23 @@ def main() -> int:
                           f"{batch:>5} rec: {rate:>9,.0f} rec/s   __share_group_state: {per_record:.2f} B/accepted "
                           "record", flush=True)
 
-        if not args.skip_mock:
+        if "mock" in sections:
             mock, mock_bs = start_mock()
             try:
                 for batch in BATCH_RECORDS:
                     for n in (1, 4):
                         topic, group = f"ms{n}-{uuid.uuid4().hex[:6]}", f"msg{n}-{uuid.uuid4().hex[:6]}"
                         mock_topic(mock_bs, topic)
-                        rate = consume_rate(mock_bs, topic, group, n, args.records, batch, fresh=False,
+                        rate = consume_rate(mock_bs, topic, group, n, args.mock_records, batch, fresh=False,
                                             settle_s=6.0)
                         print(f"mock   live    {n} consumer(s), producer batches <= {batch:>5} rec: "
-                              f"{rate:>9,.0f} rec/s", flush=True)
+                              f"{rate:>9,.0f} rec/s   ({args.mock_records} records)", flush=True)
             finally:
                 mock.terminate()
                 mock.wait(15)
 
+        if "reload" not in sections:
+            return 0
         started = time.perf_counter()
         written = fill_state_log(shoal.bootstrap, args.state_records)
         fill_s = time.perf_counter() - started

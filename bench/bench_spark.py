@@ -6,7 +6,11 @@ the whole topic in its own share group:
   * bare client, explicit acknowledgement (accept every record, commit_sync per poll);
   * Spark (local[2]) reading with format("kafka-share") into the `noop` sink, availableNow trigger.
 For Spark we print the wall time (includes the first micro-batch's start-up) and the steady rate over the
-batches after the first. Usage: python bench/bench_spark.py [--records 200000] [--per-trigger 50000]
+batches after the first. A micro-batch can hold no more records than the group may have in flight
+(group.share.partition.max.record.locks per partition, 2000 by default), so that setting bounds the Spark
+rate through the fixed cost per micro-batch; --max-record-locks sets it on the broker.
+
+Usage: python bench/bench_spark.py [--records 200000] [--per-trigger 50000] [--max-record-locks 2000]
 """
 
 from __future__ import annotations
@@ -58,7 +62,6 @@ def spark_run(bootstrap: str, group: str, total: int, per_trigger: int) -> tuple
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
-
     from shoal.client.spark_source import register
 
     spark = (
@@ -103,10 +106,15 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--per-trigger", type=int, default=50_000)
+    parser.add_argument("--max-record-locks", type=int, default=2000)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
-        broker = BrokerProcess(Path(tmp) / "data", overrides=["group.share.heartbeat.interval.ms=1000"]).start()
+        overrides = [
+            "group.share.heartbeat.interval.ms=1000",
+            f"group.share.partition.max.record.locks={args.max_record_locks}",
+        ]
+        broker = BrokerProcess(Path(tmp) / "data", overrides=overrides).start()
         try:
             create_topic(broker.bootstrap, TOPIC, 3)
             pad = "x" * max(0, args.value_bytes - 8)
@@ -115,7 +123,8 @@ def main() -> None:
             for group in groups.values():
                 set_group_config(broker.bootstrap, group, share_auto_offset_reset="earliest")
             n = args.records
-            print(f"{n} records, {args.value_bytes}-byte values, 3 partitions, one broker on loopback")
+            print(f"{n} records, {args.value_bytes}-byte values, 3 partitions, one broker on loopback, "
+                  f"max.record.locks {args.max_record_locks} per partition")
             for label, explicit in (("bare-implicit", False), ("bare-explicit", True)):
                 total_s, steady_s = bare(broker.bootstrap, groups[label], n, explicit)
                 print(f"  {label:14s} {n / total_s:>10,.0f} rec/s incl. join ({total_s:.2f} s); "

@@ -126,6 +126,13 @@ class SharePartitionLeader:
             max_in_flight_records=self.group_configs.get_int(group, "share.partition.max.record.locks"),
             leader_epoch=LEADER_EPOCH,
         )
+        if result.start_offset < 0:
+            # Record the offset share.auto.offset.reset chose, so a restart resumes from it instead of
+            # resolving "latest" again and skipping what was produced in between.
+            write_err = await self._persist()
+            if write_err != ErrorCode.NONE:
+                self.state = None
+                return write_err
         self.load_time_ms = (time.monotonic() - started) * 1000
         if self.on_load is not None:
             self.on_load(self.load_time_ms)

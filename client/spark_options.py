@@ -41,6 +41,16 @@ def client_options(options: Mapping[str, str]) -> ClientOptions:
     return ClientOptions(bootstrap, config)
 
 
+def check_connection_config(config: Mapping[str, str]) -> None:
+    """Reject unknown client settings when the query is defined, not later inside Spark's worker processes."""
+    from .security import ClientConfig
+
+    try:
+        ClientConfig.from_dict(config)
+    except ValueError as exc:
+        raise SparkOptionError(f"kafka.* option: {exc}") from None
+
+
 def int_option(options: Mapping[str, str], name: str, default: int, *, minimum: int = 1) -> int:
     raw = options.get(name.lower())
     if raw is None or raw == "":

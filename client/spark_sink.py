@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from .spark_options import SparkOptionError, client_options
+from .spark_options import SparkOptionError, check_connection_config, client_options
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -65,6 +65,7 @@ class KafkaShareStreamWriter(DataSourceStreamArrowWriter):
                 self.client_config[key] = value
         if "enable.idempotence" in self.client_config:
             self.producer_kwargs["enable_idempotence"] = self.client_config.pop("enable.idempotence") == "true"
+        check_connection_config(self.client_config)
         self.topic = options.get("topic")
         names = set(schema.fieldNames())
         # Fail at start() rather than in the first task: these are user errors, not transient ones.

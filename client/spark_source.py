@@ -47,7 +47,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from .spark_options import SparkOptionError, client_options, int_option, lowered
+from .spark_options import SparkOptionError, check_connection_config, client_options, int_option, lowered
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -97,6 +97,12 @@ class SourceOptions:
             raise SparkOptionError("option 'group.id' is required: it names the share group to consume in")
         if "assign" in options or "subscribepattern" in options:
             raise SparkOptionError("share groups subscribe by topic name: use option 'subscribe'")
+        if "startingoffsets" in options or "endingoffsets" in options:
+            # Where a share group starts is the group's config, shared by all its members.
+            raise SparkOptionError(
+                "a share group has no per-query offsets; set the group config share.auto.offset.reset instead"
+            )
+        check_connection_config(conn.client_config)
         topics = tuple(t.strip() for t in options.get("subscribe", "").split(",") if t.strip())
         if not topics:
             raise SparkOptionError("option 'subscribe' is required (comma-separated topic names)")
@@ -149,7 +155,6 @@ class RecordChunk(InputPartition):
         import pyarrow as pa
 
         n = len(self.offsets)
-        header_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
         headers = [None if h is None else [{"key": k, "value": v} for k, v in h] for h in self.headers]
         # Kafka uses -1 for "no timestamp"; Spark shows that as null rather than 1969-12-31.
         micros = [ts * 1000 if ts >= 0 else None for ts in self.timestamps]
@@ -162,7 +167,7 @@ class RecordChunk(InputPartition):
                 pa.array(self.offsets, pa.int64()),
                 pa.array(micros, pa.timestamp("us", tz="UTC")),
                 pa.array(self.timestamp_types, pa.int32()),
-                pa.array(headers, header_type),
+                pa.array(headers, pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
                 pa.array(self.delivery_counts, pa.int32()),
             ],
             names=[
@@ -283,6 +288,10 @@ class _Acquisitions:
         with self._lock:
             self.pending[seq] = _AcquiredBatch(records, chunks)
 
+    def has(self, seq: int) -> bool:
+        with self._lock:
+            return seq in self.pending
+
     def chunks(self, first_seq: int, last_seq: int) -> list[RecordChunk]:
         with self._lock:
             return [c for s in range(first_seq, last_seq + 1) if s in self.pending for c in self.pending[s].chunks]
@@ -305,6 +314,8 @@ class _Acquisitions:
             log.warning("could not %s %d records of batch(es) %s: %s", kind, count, done, failed)
 
     def _renew_loop(self) -> None:
+        from .errors import UnsupportedVersionError
+
         # A micro-batch may outlast the acquisition lock (30 s by default); RENEW keeps it ours meanwhile.
         interval = self.options.lock_renew_interval_ms / 1000
         while not self._closing.wait(interval):
@@ -316,6 +327,9 @@ class _Acquisitions:
                         for record in batch.records:
                             self.consumer.acknowledge(record, "renew")
                     failed = {tp: e for tp, e in self.consumer.commit_sync().items() if e is not None}
+                if any(isinstance(e, UnsupportedVersionError) for e in failed.values()):
+                    log.warning("the broker cannot RENEW acquisition locks; long batches may be redelivered")
+                    return
                 if failed:
                     log.warning("could not renew acquisition locks: %s", failed)
             except Exception:
@@ -373,6 +387,9 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         seq = int(start["seq"])
         # Spark asks for batch seq+1 only after the batch ending at `seq` is in its commit log.
         acq.settle(seq, "accept")
+        if acq.has(seq + 1):
+            # Asked again for the same start: the batch we planned then is still the answer.
+            return {"seq": seq + 1}
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.options.max_records_per_trigger
         # A new consumer's first fetch waits for its assignment: otherwise the query's first trigger is
         # empty (and under availableNow, an empty trigger ends the query).

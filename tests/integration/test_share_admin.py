@@ -122,13 +122,13 @@ def test_describe_offsets_after_consuming_half(broker: BrokerProcess) -> None:
     assert {(topic, o) for o in range(100)} <= set(seen)
     wait_for_state(bs, group, "Empty")
 
-    # Topics null: every topic the group has state for, both partitions. Partition 1 never had records,
-    # so its state is still the uninitialised start offset the group coordinator created it with.
+    # Topics null: every topic the group has state for, both partitions. Partition 1 never had records:
+    # its leader recorded the start offset share.auto.offset.reset chose (0) when it first loaded.
     described = describe_offsets(bs, group)
     assert described.error_code == ErrorCode.NONE
     rows = offsets_by_partition(described)
     assert rows[(topic, 0)] == (50, 50, ErrorCode.NONE)
-    assert rows[(topic, 1)] == (-1, -1, ErrorCode.NONE)
+    assert rows[(topic, 1)] == (0, 0, ErrorCode.NONE)
 
     # v0 has no lag on the wire: the decoded default is -1.
     assert offsets_by_partition(describe_offsets(bs, group, {topic: [0]}, version=0))[(topic, 0)] == (50, -1, 0)

@@ -22,10 +22,12 @@ if TYPE_CHECKING:
 
 # A short heartbeat interval gets share consumers their first assignment sooner. A short session timeout
 # makes a killed query's member leave the group soon: until it does, it keeps its share of the partitions.
-# The lock bound is raised only so one test can show that records come back without waiting for a lock.
+# The lock bounds are widened so tests can set very long locks (records must come back without waiting
+# for one) and very short ones (a batch must outlive its lock).
 BROKER_OVERRIDES = [
     "group.share.heartbeat.interval.ms=1000",
     "group.share.session.timeout.ms=6000",
+    "group.share.min.record.lock.duration.ms=1000",
     "group.share.max.record.lock.duration.ms=3600000",
 ]
 
