@@ -20,6 +20,7 @@ from shoal.protocol import messages
 from shoal.protocol.coordinator_records import SHARE_SNAPSHOT, CoordinatorRecord
 from shoal.protocol.errors import ErrorCode
 
+from .partition_gate import PartitionGate
 from .record_log import CoordinatorRecordLog
 from .share_state import (
     UNINITIALIZED_DELIVERY_COMPLETE_COUNT,
@@ -99,7 +100,7 @@ class ShareCoordinator:
         self.loaded: set[int] = set()
         self.pruned_to = [0] * self.num_partitions
         self.stats = ShareCoordinatorStats()
-        self._locks = [asyncio.Lock() for _ in range(self.num_partitions)]
+        self._gates = [PartitionGate() for _ in range(self.num_partitions)]
         # Metric hooks (milliseconds): a state partition loaded, a WriteShareGroupState call served.
         self.on_partition_load: Callable[[float], None] | None = None
         self.on_write: Callable[[float], None] | None = None
@@ -137,7 +138,7 @@ class ShareCoordinator:
     # ---- the write path --------------------------------------------------------------------------
 
     async def _commit(self, partition: int, records: list[CoordinatorRecord]) -> None:
-        """Append durably, then replay. Callers hold the partition's lock."""
+        """Append durably, then replay. Callers hold the key (or the whole partition) in its gate."""
         started = time.perf_counter()
         try:
             first = await self.record_log.append(partition, records)
@@ -161,7 +162,7 @@ class ShareCoordinator:
         partition: int,
         action: Callable[[SharePartitionKey, int], Awaitable[_Outcome]],
     ) -> _Outcome:
-        """Common checks, then `action(key, state_partition)` under that partition's lock."""
+        """Common checks, then `action(key, state_partition)` holding that key in its partition's gate."""
         if topic_id == ZERO_UUID:
             return _Outcome(ErrorCode.INVALID_REQUEST, "The topic id is null.")
         if partition < 0:
@@ -175,7 +176,7 @@ class ShareCoordinator:
             if count is None or partition >= count:
                 return _Outcome(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "Unknown topic or partition.")
         try:
-            async with self._locks[sp]:
+            async with self._gates[sp].key(key):
                 self._enter_busy()
                 try:
                     return await action(key, sp)
@@ -364,7 +365,7 @@ class ShareCoordinator:
         now = self.clock_ms() if now_ms is None else now_ms
         written = 0
         for sp in sorted(self.loaded):
-            async with self._locks[sp]:
+            async with self._gates[sp].whole():
                 state = self.maps[sp]
                 if all(s.create_timestamp != s.write_timestamp for _, s in state):
                     continue
@@ -388,7 +389,7 @@ class ShareCoordinator:
         """A deleted topic's share state goes too: tombstone every key of those topics. Returns the count."""
         deleted = 0
         for sp in sorted(self.loaded):
-            async with self._locks[sp]:
+            async with self._gates[sp].whole():
                 records = [tombstone_record(key) for key, _ in self.maps[sp] if key.topic_id in topic_ids]
                 if records:
                     await self._commit(sp, records)
@@ -399,7 +400,7 @@ class ShareCoordinator:
         """Delete state-topic records no live key needs any more; returns {partition: new start}."""
         moved: dict[int, int] = {}
         for sp in sorted(self.loaded):
-            async with self._locks[sp]:
+            async with self._gates[sp].whole():
                 upto = self.maps[sp].prunable_offset()
                 if upto > self.pruned_to[sp]:
                     self.record_log.delete_before(sp, upto)
