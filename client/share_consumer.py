@@ -59,6 +59,10 @@ _METADATA_ERRORS = (
 )
 # Heartbeat errors after which the member simply tries again (after finding the coordinator anew).
 _COORDINATOR_ERRORS = (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE)
+# ShareAcquireMode (ShareFetch v2+): the broker acquires strictly at most MaxRecords, splitting log batches.
+ACQUIRE_MODE_RECORD_LIMIT = 1
+# KIP-932 caps member ids at 36 characters (a UUID's text form); Kafka's own are 22.
+MAX_MEMBER_ID_LENGTH = 36
 
 TopicIdPartition = tuple[bytes, int]
 AckResults = dict[tuple[str, int], KafkaError | None]
@@ -149,11 +153,17 @@ class AsyncShareConsumer:
         rack_id: str | None = None,
         request_timeout_ms: int = 30_000,
         config: Mapping[str, Any] | None = None,
+        member_id: str | None = None,
     ):
+        """`member_id`: reuse the id of an earlier incarnation of this member (e.g. a restarted job) so
+        that rejoining takes over its assignment at once instead of waiting for its session to expire.
+        Two live consumers must never share one. Default: a fresh random id."""
         if acknowledgement_mode not in ("implicit", "explicit"):
             raise ValueError("acknowledgement_mode must be 'implicit' or 'explicit'")
         if not group_id:
             raise ValueError("group_id is required")
+        if member_id is not None and not 0 < len(member_id) <= MAX_MEMBER_ID_LENGTH:
+            raise ValueError(f"member_id must be 1 to {MAX_MEMBER_ID_LENGTH} characters")
         self.group_id = group_id
         self.explicit = acknowledgement_mode == "explicit"
         self.max_poll_records = max_poll_records
@@ -163,7 +173,7 @@ class AsyncShareConsumer:
         self.rack_id = rack_id
         self.config = ClientConfig.from_dict(config, client_id=client_id, request_timeout_ms=request_timeout_ms)
         self.cluster = Cluster(bootstrap_servers, self.config)
-        self.member_id = new_member_id()
+        self.member_id = member_id or new_member_id()
         self.member_epoch = 0
         self._subscription: list[str] = []
         self._subscription_sent: list[str] | None = None
@@ -180,7 +190,9 @@ class AsyncShareConsumer:
         # The sync facade queues acknowledgements from the caller's thread while the loop may be taking them.
         self._ack_lock = threading.Lock()
         self._topic_ids: dict[str, bytes] = {}
-        self._buffer: deque[tuple[ShareRecord, int]] = deque()
+        # Fetched, not yet handed out: (record, node, monotonic time its acquisition lock runs out).
+        self._buffer: deque[tuple[ShareRecord, int, float]] = deque()
+        self._budget_rotation = 0
         self._delivered: dict[tuple[str, int, int], int] = {}  # record key -> node
         self._renewed: dict[tuple[str, int, int], int] = {}
         self._ack_callback: AckCallback | None = None
@@ -354,26 +366,37 @@ class AsyncShareConsumer:
         if self._fatal is not None:
             raise self._fatal
 
-    async def poll(self, timeout: float = 1.0) -> list[ShareRecord]:
-        """Records acquired for this member, at most max_poll_records; waits up to `timeout` seconds for some.
+    async def poll(self, timeout: float = 1.0, max_records: int | None = None) -> list[ShareRecord]:
+        """Records acquired for this member; waits up to `timeout` seconds for some.
+
+        Without `max_records` a poll hands out at most max_poll_records, and a fetch may acquire more than
+        that (whole log batches): the rest waits in the buffer, locked for us but not renewable. With
+        `max_records` the fetch asks the brokers to acquire at most that many (strictly, where ShareFetch
+        v2 allows it) and the poll hands out at most that many. Buffered records whose acquisition lock has
+        run out are dropped, never handed out: the broker may have given them to someone else.
 
         Implicit mode accepts the records of the previous poll now. In explicit mode records stay acquired
         (until their lock expires) until acknowledge() settles them, which may happen after later polls.
         """
         self._check_usable()
+        if max_records is not None and max_records < 1:
+            raise ValueError("max_records must be at least 1")
+        limit = self.max_poll_records if max_records is None else max_records
         started = time.monotonic()
         if self._last_poll_start is not None:
             between = started - self._last_poll_start
             self._sensors["time-between-poll"].record(between * 1000)
         self._settle_previous_poll()
         deadline = started + max(timeout, 0.0)
-        while not self._buffer:
+        while not self._drop_expired():
             remaining = deadline - time.monotonic()
             nodes = self._fetch_nodes()
             if nodes:
                 wait_ms = int(min(self.fetch_max_wait_ms, max(remaining, 0.0) * 1000))
                 round_start = time.monotonic()
-                await asyncio.gather(*(self._fetch_from(node, wait_ms) for node in nodes))
+                budgets = self._budgets(nodes, max_records)
+                strict = max_records is not None
+                await asyncio.gather(*(self._fetch_from(node, wait_ms, budgets[node], strict=strict) for node in nodes))
                 self._check_usable()
                 if self._buffer or time.monotonic() >= deadline:
                     break
@@ -389,8 +412,9 @@ class AsyncShareConsumer:
                 await asyncio.wait_for(self._assignment_changed.wait(), min(remaining, 0.5))
             self._check_usable()
         out: list[ShareRecord] = []
-        while self._buffer and len(out) < self.max_poll_records:
-            record, node = self._buffer.popleft()
+        self._drop_expired()
+        while self._buffer and len(out) < limit:
+            record, node, _ = self._buffer.popleft()
             out.append(record)
             self._delivered[(record.topic, record.partition, record.offset)] = node
         end = time.monotonic()
@@ -401,6 +425,37 @@ class AsyncShareConsumer:
         self._last_poll_start = started
         self._last_poll_end = end
         return out
+
+    def buffered(self) -> int:
+        """Records fetched (acquired) but not handed out yet whose acquisition lock has not run out."""
+        now = time.monotonic()
+        return sum(1 for _, _, expires in self._buffer if expires > now)
+
+    def _drop_expired(self) -> int:
+        """Forget buffered records whose lock has run out; returns how many are left.
+
+        They are not acknowledged: the broker already took them back, and a RELEASE could hit a later
+        acquisition of the same offsets by this very member."""
+        now = time.monotonic()
+        if any(expires <= now for _, _, expires in self._buffer):
+            kept = deque(entry for entry in self._buffer if entry[2] > now)
+            log.info(
+                "share consumer %s: dropped %d buffered records whose acquisition lock expired",
+                self.member_id,
+                len(self._buffer) - len(kept),
+            )
+            self._buffer = kept
+        return len(self._buffer)
+
+    def _budgets(self, nodes: list[int], max_records: int | None) -> dict[int, int]:
+        """MaxRecords for each broker's fetch. With a caller's limit the brokers share it, so that all of
+        them together cannot acquire more than the poll hands out; the remainder rotates between them."""
+        if max_records is None:
+            return dict.fromkeys(nodes, self.max_poll_records)
+        base, extra = divmod(max_records, len(nodes))
+        start = self._budget_rotation % len(nodes)
+        self._budget_rotation += 1
+        return {node: base + (1 if (i - start) % len(nodes) < extra else 0) for i, node in enumerate(nodes)}
 
     def _settle_previous_poll(self) -> None:
         # Implicit mode: whatever the last poll handed out is accepted now. Explicit mode keeps records
@@ -439,7 +494,7 @@ class AsyncShareConsumer:
             session.connection = conn
         return conn
 
-    async def _fetch_from(self, node: int, wait_ms: int) -> None:
+    async def _fetch_from(self, node: int, wait_ms: int, max_records: int, *, strict: bool = False) -> None:
         session = self._sessions.get(node)
         if session is None:
             session = self._sessions[node] = _ShareSession(node)
@@ -463,9 +518,9 @@ class AsyncShareConsumer:
                 stale = self._take_acks(self._pending_acks, node)
                 self._ack_results(node, stale, KafkaError(ErrorCode.SHARE_SESSION_NOT_FOUND, "no open share session"), {})
                 return
-            if not wanted and not acks and not forget:
+            fetching = bool(wanted) and max_records > 0
+            if not fetching and not acks and not forget:
                 return
-            fetching = bool(wanted)
             version = conn.pick_version(ApiKey.SHARE_FETCH, *SHARE_FETCH_VERSIONS)
             req = messages.ShareFetchRequest
             parts: dict[bytes, list[Any]] = {}
@@ -484,8 +539,11 @@ class AsyncShareConsumer:
                 max_wait_ms=wait_ms if fetching else 0,
                 min_bytes=self.fetch_min_bytes if fetching else 0,
                 max_bytes=self.fetch_max_bytes if fetching else 0,
-                max_records=self.max_poll_records if fetching else 0,
-                batch_size=self.max_poll_records,
+                max_records=max_records if fetching else 0,
+                batch_size=min(max_records, self.max_poll_records) if strict else self.max_poll_records,
+                # v1 brokers only know batch-optimised acquisition, which may round MaxRecords up to whole
+                # log batches; the surplus then waits in the buffer until its lock runs out.
+                share_acquire_mode=ACQUIRE_MODE_RECORD_LIMIT if strict and version >= 2 else 0,
                 topics=[req.FetchTopic(topic_id=tid, partitions=ps) for tid, ps in parts.items()],  # type: ignore[attr-defined]
                 forgotten_topics_data=[
                     req.ForgottenTopic(topic_id=tid, partitions=ps)  # type: ignore[attr-defined]
@@ -514,6 +572,10 @@ class AsyncShareConsumer:
                 return
             session.advance()
             session.partitions = (session.partitions | add) - forget
+            # The broker starts the locks somewhere between our send and its answer: counting from the send
+            # may drop a record a little early (it comes back later) but never hands out an expired one.
+            lock_ms = response.acquisition_lock_timeout_ms
+            expires = started + lock_ms / 1000 if lock_ms > 0 else float("inf")
             per_partition: dict[TopicIdPartition, KafkaError | None] = {}
             fetched_bytes = 0
             fetched_records = 0
@@ -539,7 +601,7 @@ class AsyncShareConsumer:
                     fetched_bytes += len(p.records or b"")
                     records = self._acquired(name, tp, node, p.records or b"", p.acquired_records)
                     fetched_records += len(records)
-                    self._buffer.extend((r, node) for r in records)
+                    self._buffer.extend((r, node, expires) for r in records)
             self._sensors["fetch-size"].record(fetched_bytes)
             self._sensors["records-per-request"].record(fetched_records)
             if fetched_records:
@@ -787,6 +849,10 @@ class AsyncShareConsumer:
         }
 
 
+async def _call(fn: Callable[[], int]) -> int:
+    return fn()
+
+
 class ShareConsumer:
     """Synchronous facade: an AsyncShareConsumer on its own event-loop thread.
 
@@ -796,7 +862,11 @@ class ShareConsumer:
 
     def __init__(self, bootstrap_servers: str | Iterable[str], group_id: str, **kwargs: Any):
         self._thread = LoopThread(f"shoal-share-consumer-{group_id}")
-        self._consumer: AsyncShareConsumer = self._thread.run(self._make(bootstrap_servers, group_id, kwargs))
+        try:
+            self._consumer: AsyncShareConsumer = self._thread.run(self._make(bootstrap_servers, group_id, kwargs))
+        except BaseException:
+            self._thread.stop()  # a bad argument must not leave the loop thread behind
+            raise
         self._margin = self._consumer.config.request_timeout_ms / 1000 + 5
 
     @staticmethod
@@ -821,8 +891,12 @@ class ShareConsumer:
     def assignment(self) -> set[tuple[str, int]]:
         return self._consumer.assignment()
 
-    def poll(self, timeout: float = 1.0) -> list[ShareRecord]:
-        return self._thread.run(self._consumer.poll(timeout), timeout + self._margin)
+    def poll(self, timeout: float = 1.0, max_records: int | None = None) -> list[ShareRecord]:
+        return self._thread.run(self._consumer.poll(timeout, max_records), timeout + self._margin)
+
+    def buffered(self) -> int:
+        # On the loop: the buffer is changed there and must not be iterated from this thread meanwhile.
+        return self._thread.run(_call(self._consumer.buffered), self._margin)
 
     def acknowledge(self, record: ShareRecord, type: AckTypeArg = AcknowledgeType.ACCEPT) -> None:
         self._consumer.acknowledge(record, type)

@@ -21,6 +21,14 @@ batch was accepted; the broker hands those records out again once the consumer's
 acquisition lock runs out, and the replayed micro-batch (same offsets, new process) comes out empty, so it
 accepts nothing twice. Stopping the query releases what the consumer holds.
 
+Each fetch asks the broker to acquire no more records than the batch still has room for (`poll(max_records=)`
+with record-limit acquisition), so nothing sits acquired in the client's buffer where its lock could not be
+renewed. The share-group member id is part of every offset (`{"seq": n, "member": id}`): Spark writes the
+offset of a batch to the checkpoint before running it, and a query restarted from that checkpoint (even
+after its driver was killed) rejoins under the same id before it fetches anything. The coordinator then
+hands it the killed incarnation's partitions at once instead of keeping them for the old member until its
+session times out. Two queries must therefore never run from one checkpoint (or copies of it) at once.
+
 Options: kafka.bootstrap.servers, group.id (or kafka.group.id), subscribe (comma-separated topics),
 maxRecordsPerTrigger (default 50000), maxBytesPerPartition (default 786432: records per Spark task are
 capped so the task stays below Spark's 1000 KiB large-task warning), pollTimeoutMs (default 500: how long
@@ -233,10 +241,11 @@ class _Acquisitions:
     """Driver-side state of one query's source: the share consumer, the batches it acquired and has not
     settled yet (by batch seq), and a thread renewing their acquisition locks while Spark works on them."""
 
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, member_id: str) -> None:
         from .share_consumer import ShareConsumer
 
         self.options = options
+        self.member_id = member_id
         self.consumer_max_poll_records = min(options.max_records_per_trigger, _MAX_POLL_RECORDS)
         self.consumer = ShareConsumer(
             options.bootstrap_servers,
@@ -246,6 +255,7 @@ class _Acquisitions:
             max_poll_records=self.consumer_max_poll_records,
             fetch_max_wait_ms=options.poll_timeout_ms,
             config=options.client_config,
+            member_id=member_id,
         )
         self.pending: dict[int, _AcquiredBatch] = {}
         self.first_fetch = True
@@ -263,18 +273,19 @@ class _Acquisitions:
             self._renewer.start()
 
     def fetch(self, max_rows: int, *, wait_for_assignment: bool) -> list[ShareRecord]:
-        """Acquire up to about `max_rows` records. A poll hands out at most max_poll_records, so we poll again
-        only while that many still fit: handing surplus records back would count as a delivery and push
-        them towards the delivery-count limit, after which the broker archives them."""
+        """Acquire up to `max_rows` records. Each poll asks the broker for no more than still fit, so no
+        record is acquired beyond the batch: one left in the consumer's buffer could not have its lock
+        renewed, and handing surplus back would count as a delivery (towards the delivery-count limit)."""
         records: list[ShareRecord] = []
         per_poll = self.consumer_max_poll_records
         timeout = self.options.poll_timeout_ms / 1000
+        max_rows = max(1, max_rows)
         # A member still waiting for its first assignment keeps polling (bounded) rather than report "no data".
         assign_by = time.monotonic() + _ASSIGNMENT_WAIT_S if wait_for_assignment else 0.0
         self.first_fetch = False
         with self._lock:
-            while not records or max_rows - len(records) >= per_poll:
-                got = self.consumer.poll(timeout)
+            while len(records) < max_rows:
+                got = self.consumer.poll(timeout, max_records=min(per_poll, max_rows - len(records)))
                 if not got:
                     if not records and not self.consumer.assignment() and time.monotonic() < assign_by:
                         continue
@@ -350,14 +361,17 @@ class _Acquisitions:
 
 
 class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Offsets are `{"seq": n}`: the n-th batch this query acquired. They are not replayable Kafka offsets:
-    a share group cannot re-read a batch, which is why a replayed batch is empty (see module doc)."""
+    """Offsets are `{"seq": n, "member": id}`: the n-th batch this query acquired, and the share-group member
+    id the query consumes under. They are not replayable Kafka offsets: a share group cannot re-read a batch,
+    which is why a replayed batch is empty (see module doc). Checkpoints written before the member id was
+    recorded hold only "seq"; such a query starts under a new id and records it from its next batch on."""
 
     def __init__(self, options: SourceOptions) -> None:
         # Runs in the driver (twice) and the instance is pickled to executors: no I/O, threads or locks here.
         self.options = options
         self._acq: _Acquisitions | None = None
         self._available_now = False
+        self._member_id: str | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -366,14 +380,32 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     # ---- driver side ------------------------------------------------------------------------------
 
-    def _acquisitions(self) -> _Acquisitions:
+    def _member(self) -> str:
+        from .share_consumer import new_member_id
+
+        if self._member_id is None:
+            self._member_id = new_member_id()
+        return self._member_id
+
+    def _acquisitions(self, start: Mapping[str, Any]) -> _Acquisitions:
         if self._acq is None:
             _exit_on_sigterm()
-            self._acq = _Acquisitions(self.options)
+            self._adopt_member(start)
+            self._acq = _Acquisitions(self.options, self._member())
         return self._acq
 
-    def initialOffset(self) -> dict[str, int]:
-        return {"seq": 0}
+    def _adopt_member(self, start: Mapping[str, Any]) -> None:
+        # On a restart `start` is the checkpoint's last offset: its member id wins over one this reader may
+        # have made up (in initialOffset) before Spark had read the checkpoint.
+        recorded = start.get("member")
+        if recorded:
+            self._member_id = str(recorded)
+
+    def _offset(self, seq: int) -> dict[str, Any]:
+        return {"seq": seq, "member": self._member()}
+
+    def initialOffset(self) -> dict[str, Any]:
+        return self._offset(0)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.options.max_records_per_trigger)
@@ -382,14 +414,14 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         # A queue has no fixed end; "available now" means: stop once a fetch comes back empty.
         self._available_now = True
 
-    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        acq = self._acquisitions()
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        acq = self._acquisitions(start)
         seq = int(start["seq"])
         # Spark asks for batch seq+1 only after the batch ending at `seq` is in its commit log.
         acq.settle(seq, "accept")
         if acq.has(seq + 1):
             # Asked again for the same start: the batch we planned then is still the answer.
-            return {"seq": seq + 1}
+            return self._offset(seq + 1)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.options.max_records_per_trigger
         # A new consumer's first fetch waits for its assignment: otherwise the query's first trigger is
         # empty (and under availableNow, an empty trigger ends the query).
@@ -397,16 +429,16 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if not records:
             return start
         acq.add(seq + 1, records)
-        return {"seq": seq + 1}
+        return self._offset(seq + 1)
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         # May be called more than once per batch: read the buffer, never pop from it. A batch that is not
         # buffered is a replay after a restart; its records were never accepted and come back by themselves.
         if self._acq is None:
             return []
         return self._acq.chunks(int(start["seq"]) + 1, int(end["seq"]))
 
-    def commit(self, end: dict[str, int]) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         # Normally a no-op: latestOffset accepted this batch already.
         if self._acq is not None:
             self._acq.settle(int(end["seq"]), "accept")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import pytest
 from shoal.client import (
@@ -15,8 +16,10 @@ from shoal.client import (
     ShareRecord,
 )
 from shoal.client.errors import ClientClosedError, IllegalStateError
+from shoal.client.share_consumer import new_member_id
 
 from .broker_process import BrokerProcess
+from .conftest import FAST_HEARTBEAT
 
 POLL_DEADLINE_S = 30.0
 KIP_METRICS = {
@@ -45,6 +48,24 @@ def _setup(bootstrap: str, topic: str, group: str, count: int, *, partitions: in
 def _produce(bootstrap: str, topic: str, values: list[bytes], partitions: int = 1) -> None:
     with Producer(bootstrap) as producer:
         futures = [producer.send(topic, v, partition=i % partitions) for i, v in enumerate(values)]
+        producer.flush(30)
+        for f in futures:
+            f.result(0)
+
+
+@pytest.fixture(scope="module")
+def short_lock_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """A broker that lets a group set acquisition locks of a few seconds (the default floor is 15 s)."""
+    base = tmp_path_factory.mktemp("short-lock-broker")
+    proc = BrokerProcess(base / "data", overrides=[*FAST_HEARTBEAT, "group.share.min.record.lock.duration.ms=1000"])
+    yield proc.start()
+    proc.stop()
+
+
+def _produce_one_batch(bootstrap: str, topic: str, count: int) -> None:
+    """`count` records in a single log batch: a batch-optimised fetch acquires all of it at once."""
+    with Producer(bootstrap, linger_ms=60_000) as producer:
+        futures = [producer.send(topic, f"v{i}".encode(), partition=0) for i in range(count)]
         producer.flush(30)
         for f in futures:
             f.result(0)
@@ -185,3 +206,96 @@ def test_renew_extends_the_lock_and_the_record_is_settled_later(broker: BrokerPr
         assert consumer.commit_sync(30) == {(topic, 0): None}
         with pytest.raises(IllegalStateError):
             consumer.acknowledge(got[0], AcknowledgeType.REJECT)
+
+
+def test_poll_max_records_acquires_no_more_than_it_hands_out(broker: BrokerProcess) -> None:
+    topic, group = "cl-maxrec", "cl-maxrec-g"
+    # A lock far longer than the test: what the first member acquired cannot reach the second one in time.
+    _setup(broker.bootstrap, topic, group, 0, share_record_lock_duration_ms="60000")
+    _produce_one_batch(broker.bootstrap, topic, 50)
+    with ShareConsumer(broker.bootstrap, group, acknowledgement_mode="explicit") as first:
+        first.subscribe([topic])
+        with pytest.raises(ValueError):
+            first.poll(0, max_records=0)
+        held: list[ShareRecord] = []
+        deadline = time.monotonic() + POLL_DEADLINE_S
+        while len(held) < 7 and time.monotonic() < deadline:
+            batch = first.poll(0.5, max_records=7 - len(held))
+            assert len(batch) <= 7 - len(held)
+            # Record-limit acquisition split the 50-record log batch: nothing waits, locked, in the buffer.
+            assert first.buffered() == 0
+            held.extend(batch)
+        assert sorted(r.offset for r in held) == list(range(7))
+        # The rest of the log batch was never acquired: another member of the group gets it now.
+        with ShareConsumer(broker.bootstrap, group, acknowledgement_mode="explicit") as second:
+            second.subscribe([topic])
+            rest = _poll_until(second, 43, ack=AcknowledgeType.ACCEPT)
+            assert sorted(r.offset for r in rest) == list(range(7, 50))
+            assert {r.delivery_count for r in held + rest} == {1}
+            assert second.commit_sync(30) == {(topic, 0): None}
+
+
+def test_buffered_records_whose_lock_ran_out_are_dropped_not_handed_out(short_lock_broker: BrokerProcess) -> None:
+    bootstrap = short_lock_broker.bootstrap
+    topic, group = "cl-expire", "cl-expire-g"
+    _setup(bootstrap, topic, group, 0, share_record_lock_duration_ms="3000")
+    _produce_one_batch(bootstrap, topic, 50)
+    with ShareConsumer(bootstrap, group, acknowledgement_mode="explicit", max_poll_records=5) as consumer:
+        consumer.subscribe([topic])
+        first = _poll_until(consumer, 1)
+        # Without max_records the fetch acquired the whole log batch; the poll handed out only 5.
+        assert sorted(r.offset for r in first) == list(range(5))
+        assert consumer.buffered() == 45
+        deadline = time.monotonic() + POLL_DEADLINE_S
+        while consumer.buffered():
+            assert time.monotonic() < deadline, "the buffered records' locks never ran out"
+            time.sleep(0.1)
+        # The stale copies (delivery 1) are gone; each record comes back only as a new delivery.
+        again: list[ShareRecord] = []
+        deadline = time.monotonic() + POLL_DEADLINE_S
+        while {r.offset for r in again} != set(range(50)):
+            assert time.monotonic() < deadline, f"missing {set(range(50)) - {r.offset for r in again}}"
+            again.extend(consumer.poll(0.5))
+        assert min(r.delivery_count for r in again) >= 2
+
+
+def test_rejoining_under_a_known_member_id_takes_over_its_assignment(broker: BrokerProcess) -> None:
+    topic, group = "cl-rejoin", "cl-rejoin-g"
+    _setup(broker.bootstrap, topic, group, 0, partitions=4)
+    with pytest.raises(ValueError):
+        ShareConsumer(broker.bootstrap, group, member_id="x" * 37)
+    member = new_member_id()
+    other = ShareConsumer(broker.bootstrap, group)
+    old = ShareConsumer(broker.bootstrap, group, member_id=member)
+    new: ShareConsumer | None = None
+    try:
+        assert old.member_id == member
+        other.subscribe([topic])
+        old.subscribe([topic])
+        everything = {(topic, p) for p in range(4)}
+        deadline = time.monotonic() + POLL_DEADLINE_S
+        while not (len(old.assignment()) == 2 and old.assignment() | other.assignment() == everything):
+            assert time.monotonic() < deadline, (old.assignment(), other.assignment())
+            time.sleep(0.1)
+        held = old.assignment()
+        # Stands in for kill -9: the loop stops, so the member neither leaves nor heartbeats any more.
+        old._thread.stop()
+
+        new = ShareConsumer(broker.bootstrap, group, member_id=member)
+        new.subscribe([topic])
+        deadline = time.monotonic() + POLL_DEADLINE_S
+        while not new.assignment():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        # Its first assignment is the old incarnation's, and the group did not grow a third member.
+        assert new.assignment() == held
+        with Admin(broker.bootstrap) as admin:
+            members = admin.describe_share_groups([group])[group].members
+        assert sorted(m.member_id for m in members) == sorted([member, other.member_id])
+        _produce(broker.bootstrap, topic, [f"r{i}".encode() for i in range(8)], 4)
+        got = _poll_until(new, 4)
+        assert {(r.topic, r.partition) for r in got} == held
+    finally:
+        for consumer in (new, other):
+            if consumer is not None:
+                consumer.close()

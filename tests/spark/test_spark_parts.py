@@ -70,3 +70,18 @@ def test_reader_pickles_without_its_driver_state() -> None:
     reader._acq = object()  # type: ignore[assignment]  # stands in for the live consumer and its thread
     copy = pickle.loads(pickle.dumps(reader))
     assert copy._acq is None and copy.options == reader.options
+
+
+def test_offsets_carry_one_member_id_and_a_checkpointed_one_wins() -> None:
+    reader = KafkaShareStreamReader(SourceOptions.parse(BASE))
+    first = reader.initialOffset()
+    assert first["seq"] == 0 and first["member"]
+    assert reader.initialOffset() == first  # one member id for the life of the reader
+    restarted = KafkaShareStreamReader(SourceOptions.parse(BASE))
+    assert restarted.initialOffset()["member"] != first["member"]
+    # Before its consumer exists, a restarted reader adopts the id recorded in the checkpoint's offset.
+    restarted._adopt_member({"seq": 7, "member": first["member"]})
+    assert restarted._offset(8) == {"seq": 8, "member": first["member"]}
+    # Offsets from checkpoints written before the id was recorded keep the reader's own.
+    restarted._adopt_member({"seq": 7})
+    assert restarted._offset(8)["member"] == first["member"]

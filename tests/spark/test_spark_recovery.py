@@ -12,6 +12,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from shoal.client.admin import Admin
+
 from tests.integration.broker_process import BrokerProcess
 from tests.integration.share_clients import create_topic, produce, set_group_config
 
@@ -58,6 +60,13 @@ def _batches(out: Path, run: str) -> dict[int, list[tuple[int, int, int]]]:
     return found
 
 
+def _source_offset(ckpt: Path, batch: int) -> dict[str, object]:
+    """The source's end offset for `batch` from Spark's offset log (version line, metadata line, then one
+    line per source)."""
+    lines = (ckpt / "offsets" / str(batch)).read_text().splitlines()
+    return json.loads(lines[-1])
+
+
 def test_killed_driver_restarts_from_checkpoint_without_loss(broker: BrokerProcess, tmp_path: Path) -> None:
     topic, group = "spark-crash", "spark-crash-group"
     create_topic(broker.bootstrap, topic, 3)
@@ -90,13 +99,23 @@ def test_killed_driver_restarts_from_checkpoint_without_loss(broker: BrokerProce
     accepted_batches = {n for n in run1 if n + 1 in planned}
     assert accepted_batches, "nothing was accepted before the kill; the test proves nothing"
     accepted = [(p, o) for n in accepted_batches for p, o, _ in run1[n]]
+    # The share-group member id is checkpointed with every offset.
+    member = _source_offset(ckpt, max(planned))["member"]
+    assert member and all(_source_offset(ckpt, n)["member"] == member for n in planned)
 
-    # The restarted query runs until every record is in the sink (first it only gets the partitions the
-    # killed query's member does not hold; that member leaves once its session times out).
+    # The restarted query rejoins as the killed query's member, so it holds every partition from its first
+    # batch on: it must not wait for the killed member's session (45 s) to time out.
     second = _start_job(broker, topic, group, ckpt, out, "run2", log)
+    checked_members = False
     try:
         deadline = time.monotonic() + 120
         while True:
+            if not checked_members and any(_batches(out, "run2").values()):
+                with Admin(broker.bootstrap) as admin:
+                    members = admin.describe_share_groups([group])[group].members
+                assert [m.member_id for m in members] == [member]
+                assert members[0].assignment == [(topic, p) for p in range(3)]
+                checked_members = True
             seen_now = {(p, o) for rows in [*run1.values(), *_batches(out, "run2").values()] for p, o, _ in rows}
             if seen_now >= produced:
                 break
@@ -106,6 +125,9 @@ def test_killed_driver_restarts_from_checkpoint_without_loss(broker: BrokerProce
     finally:
         _kill_session(second)
     run2 = _batches(out, "run2")
+    assert checked_members
+    later = {int(p.name) for p in (ckpt / "offsets").iterdir() if p.name.isdigit()} - planned
+    assert later and all(_source_offset(ckpt, n)["member"] == member for n in later)
 
     seen = Counter((p, o) for rows in [*run1.values(), *run2.values()] for p, o, _ in rows)
     assert set(seen) == produced

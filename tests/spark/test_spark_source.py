@@ -188,9 +188,9 @@ def test_a_batch_that_outlives_the_acquisition_lock_keeps_its_records(
         .option("kafka.bootstrap.servers", broker.bootstrap)
         .option("group.id", group)
         .option("subscribe", topic)
-        # Room for every record in one fetch: records the client fetched but has not handed out yet cannot
-        # be renewed (see the report on client/share_consumer.py), and this test is about handed-out ones.
-        .option("maxRecordsPerTrigger", 1000)
+        # Two batches from one 200-record log batch: the second half must not be acquired (and left to expire
+        # unrenewed in the client's buffer) while the first batch is still running.
+        .option("maxRecordsPerTrigger", 100)
         .option("lockRenewIntervalMs", 400)
         .load()
     )
@@ -212,6 +212,7 @@ def test_a_batch_that_outlives_the_acquisition_lock_keeps_its_records(
     assert query.exception() is None
     assert sorted((p, o) for p, o, _ in seen) == sorted((p, o) for p, o, _ in produced)
     assert {d for _, _, d in seen} == {1}  # never redelivered
+    assert max(p["numInputRows"] for p in query.recentProgress) <= 100
     with Admin(broker.bootstrap) as admin:
         offsets = admin.list_share_group_offsets(group, [topic])
     assert offsets[(topic, 0)].start_offset == len(produced)
