@@ -12,38 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 
+from peers import start_shoal
 from shoal.client import RESOURCE_GROUP, AsyncAdmin, AsyncProducer, AsyncShareConsumer, NewTopic
-
-READY_PREFIX = "SHOAL_READY "
-
-
-def start_shoal(data_dir: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "shoal.broker.main",
-            "--override", "listeners=PLAINTEXT://127.0.0.1:0",
-            "--override", f"log.dirs={data_dir}",
-            "--override", "log.level=WARNING",
-            "--override", "metrics.port=-1",
-            "--override", "group.share.heartbeat.interval.ms=500",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith(READY_PREFIX):
-            info = json.loads(line[len(READY_PREFIX):])
-            return proc, f"127.0.0.1:{info['listeners'][0]['port']}"
-    raise RuntimeError("broker did not start")
 
 
 async def produce(bootstrap: str, topic: str, records: int, value: bytes, compression: str) -> float:
@@ -85,7 +59,7 @@ async def main() -> None:
 
     proc = None
     if args.bootstrap is None:
-        proc, bootstrap = start_shoal(tempfile.mkdtemp(prefix="shoal-bench-client-"))
+        proc, bootstrap = start_shoal(tempfile.mkdtemp(prefix="shoal-bench-client-"), ["group.share.heartbeat.interval.ms=500"])
     else:
         bootstrap = args.bootstrap
     try:

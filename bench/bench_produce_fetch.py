@@ -13,23 +13,18 @@ Usage: python bench/bench_produce_fetch.py [--records 200000] [--value-bytes 100
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-
-READY_PREFIX = "SHOAL_READY "
+from peers import start_mock, start_shoal
 
 
 @dataclass
@@ -48,70 +43,6 @@ class Result:
 
 
 # ---- brokers -------------------------------------------------------------------------------------
-
-
-def start_shoal(data_dir: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "shoal.broker.main",
-            "--override", "listeners=PLAINTEXT://127.0.0.1:0",
-            "--override", f"log.dirs={data_dir}",
-            "--override", "log.level=WARNING",
-        ],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith(READY_PREFIX):
-            port = json.loads(line[len(READY_PREFIX):])["listeners"][0]["port"]
-            threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
-            return proc, f"127.0.0.1:{port}"
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise RuntimeError("shoal broker did not start")
-
-
-def run_mock_forever() -> None:
-    """Child-process mode: host librdkafka's mock cluster, print its bootstrap servers, serve until killed."""
-    lines: list[str] = []
-
-    class Capture(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
-
-    logger = logging.getLogger("mock")
-    logger.addHandler(Capture())
-    logger.setLevel(logging.DEBUG)
-    holder = Producer({"test.mock.num.brokers": 1, "debug": "mock", "logger": logger})
-    bootstrap = None
-    deadline = time.monotonic() + 10
-    while bootstrap is None and time.monotonic() < deadline:
-        holder.poll(0.1)
-        for line in lines:
-            m = re.search(r"bootstrap\.servers=(\S+)", line)
-            if m:
-                bootstrap = m.group(1)
-                break
-    if bootstrap is None:
-        sys.exit("mock cluster did not report its bootstrap servers")
-    lines.clear()
-    print(bootstrap, flush=True)
-    while True:
-        holder.poll(1.0)
-        lines.clear()
-
-
-def start_mock() -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, __file__, "--run-mock"], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if not line:
-        proc.kill()
-        raise RuntimeError("mock cluster did not start")
-    return proc, line
 
 
 def stop(proc: subprocess.Popen[str]) -> None:
@@ -215,11 +146,7 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--partitions", type=int, default=3)
-    parser.add_argument("--run-mock", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.run_mock:
-        run_mock_forever()
-        return 0
 
     value = os.urandom(args.value_bytes)
     n, parts = args.records, args.partitions

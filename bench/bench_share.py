@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import re
 import shutil
@@ -51,6 +50,7 @@ from confluent_kafka.admin import (
     NewTopic,
     ResourceType,
 )
+from peers import start_mock
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 
@@ -126,46 +126,6 @@ class Shoal:
 def _drain(stream: Any) -> None:
     for _ in stream:
         pass
-
-
-def run_mock_forever() -> None:
-    """Child-process mode: host librdkafka's mock cluster, print its bootstrap servers, serve until killed."""
-    lines: list[str] = []
-
-    class Capture(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
-
-    logger = logging.getLogger("mock")
-    logger.addHandler(Capture())
-    logger.setLevel(logging.DEBUG)
-    holder = Producer({"test.mock.num.brokers": 1, "debug": "mock", "logger": logger})
-    bootstrap = None
-    deadline = time.monotonic() + 10
-    while bootstrap is None and time.monotonic() < deadline:
-        holder.poll(0.1)
-        for line in lines:
-            m = re.search(r"bootstrap\.servers=(\S+)", line)
-            if m:
-                bootstrap = m.group(1)
-                break
-    if bootstrap is None:
-        sys.exit("mock cluster did not report its bootstrap servers")
-    lines.clear()
-    print(bootstrap, flush=True)
-    while True:
-        holder.poll(1.0)
-        lines.clear()
-
-
-def start_mock() -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, __file__, "--run-mock"], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if not line:
-        proc.kill()
-        raise RuntimeError("mock cluster did not start")
-    return proc, line
 
 
 # ---- consumption -----------------------------------------------------------------------------------
@@ -406,9 +366,6 @@ def _check_write(resp: Any) -> None:
 
 
 def main() -> int:
-    if "--run-mock" in sys.argv:
-        run_mock_forever()
-        return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--state-records", type=int, default=200_000)
