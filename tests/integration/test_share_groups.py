@@ -209,3 +209,54 @@ def test_broker_kill_during_consumption_loses_nothing_and_redelivers_no_accepted
     assert killed
     assert delivered_after_accept == []
     assert accepted == expected
+
+
+_HOLDER_SCRIPT = """
+import sys, time
+from confluent_kafka import ShareConsumer
+c = ShareConsumer({"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2],
+                   "share.acknowledgement.mode": "explicit"})
+c.subscribe([sys.argv[3]])
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    msgs = [m for m in c.poll(0.5) if not m.error()]
+    if msgs:
+        print(" ".join(str(m.offset()) for m in msgs), flush=True)
+        break
+time.sleep(600)  # hold the records, unacknowledged, until killed
+"""
+
+
+@pytest.mark.slow
+def test_sigkilled_consumer_records_go_to_another_consumer(fresh_broker):
+    import signal
+    import subprocess
+    import sys
+
+    fresh_broker.overrides += ["group.share.record.lock.duration.ms=2000"]
+    fresh_broker.start()
+    bs = fresh_broker.bootstrap
+    topic, group = _name("qx"), _name("gx")
+    create_topic(bs, topic, 1)
+    set_group_config(bs, group, share_auto_offset_reset="earliest")
+    produce(bs, topic, 20)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER_SCRIPT, bs, group, topic],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert holder.stdout is not None
+        held = {int(o) for o in holder.stdout.readline().split()}
+        assert held
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    other = share_consumer(bs, group, [topic])
+    try:
+        sink = Consumed()
+        poll_until(other, lambda: held <= {o for _p, o, _v, _d in sink.records}, sink, 30)
+        got = {o: d for _p, o, _v, d in sink.records}
+        assert held <= set(got)
+        assert all(got[o] == 2 for o in held), got
+    finally:
+        other.close()
