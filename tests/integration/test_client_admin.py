@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
 from shoal.client import (
     RESOURCE_GROUP,
     RESOURCE_TOPIC,
@@ -14,21 +13,9 @@ from shoal.client import (
     Producer,
     ShareConsumer,
 )
-from shoal.client.connection import BrokerConnection
-from shoal.client.security import ClientConfig
-from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
 from .broker_process import BrokerProcess
-
-
-async def _advertised(bootstrap: str, *keys: int) -> bool:
-    host, port = bootstrap.rsplit(":", 1)
-    conn = await BrokerConnection(host, int(port), ClientConfig()).connect()
-    try:
-        return all(key in conn.api_versions for key in keys)
-    finally:
-        await conn.close()
 
 
 def _consume_all(bootstrap: str, group: str, topic: str, count: int) -> None:
@@ -110,12 +97,6 @@ def test_share_group_listing_and_description(broker: BrokerProcess) -> None:
 
 
 def test_share_group_offsets_alter_delete_and_delete_group(broker: BrokerProcess) -> None:
-    import asyncio
-
-    keys = (ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, ApiKey.ALTER_SHARE_GROUP_OFFSETS, ApiKey.DELETE_SHARE_GROUP_OFFSETS,
-            ApiKey.DELETE_GROUPS)
-    if not asyncio.run(_advertised(broker.bootstrap, *keys)):
-        pytest.skip("the broker does not serve DescribeShareGroupOffsets/Alter/Delete/DeleteGroups yet")
     topic, group = "cl-adm-offsets", "cl-adm-offsets-g"
     with Admin(broker.bootstrap) as admin:
         admin.create_topics([NewTopic(topic, 1)])
