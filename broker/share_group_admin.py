@@ -66,6 +66,20 @@ class ShareGroupAdmin:
     def _enabled(self) -> bool:
         return bool(self.broker.config["group.share.enable"])
 
+    def _offsets_change_refused(self, ctx: RequestContext, group_id: str) -> tuple[int, str | None] | None:
+        """Checks shared by Alter- and DeleteShareGroupOffsets, in Kafka's order; None when it may go ahead."""
+        if not self._enabled():
+            return ErrorCode.UNSUPPORTED_VERSION, "Share groups are not enabled on this broker."
+        # The design page's ACL table asks for READ on the group for both.
+        if not ctx.authorize(Operation.READ, ResourceType.GROUP, group_id):
+            return ErrorCode.GROUP_AUTHORIZATION_FAILED, None
+        if not group_id:
+            return ErrorCode.INVALID_GROUP_ID, "The group id must not be empty."
+        code = self._coordinator_error()
+        if code != ErrorCode.NONE:
+            return code, None
+        return None
+
     def _coordinator_error(self) -> int:
         """Why the coordinator cannot serve now (NONE when it can)."""
         coordinator = self.coordinator
@@ -159,15 +173,9 @@ class ShareGroupAdmin:
         def failed(code: int, message: str | None = None) -> Any:
             return AlterOffsetsResponse(error_code=code, error_message=message, responses=[])
 
-        if not self._enabled():
-            return failed(ErrorCode.UNSUPPORTED_VERSION, "Share groups are not enabled on this broker.")
-        if not ctx.authorize(Operation.READ, ResourceType.GROUP, group_id):
-            return failed(ErrorCode.GROUP_AUTHORIZATION_FAILED)
-        if not group_id:
-            return failed(ErrorCode.INVALID_GROUP_ID, "The group id must not be empty.")
-        code = self._coordinator_error()
-        if code != ErrorCode.NONE:
-            return failed(code)
+        refused = self._offsets_change_refused(ctx, group_id)
+        if refused is not None:
+            return failed(*refused)
         coordinator = self.coordinator
         assert coordinator is not None
 
@@ -233,16 +241,9 @@ class ShareGroupAdmin:
         def failed(code: int, message: str | None = None) -> Any:
             return DeleteOffsetsResponse(error_code=code, error_message=message, responses=[])
 
-        if not self._enabled():
-            return failed(ErrorCode.UNSUPPORTED_VERSION, "Share groups are not enabled on this broker.")
-        # The design page's ACL table asks for READ on the group, as for AlterShareGroupOffsets.
-        if not ctx.authorize(Operation.READ, ResourceType.GROUP, group_id):
-            return failed(ErrorCode.GROUP_AUTHORIZATION_FAILED)
-        if not group_id:
-            return failed(ErrorCode.INVALID_GROUP_ID, "The group id must not be empty.")
-        code = self._coordinator_error()
-        if code != ErrorCode.NONE:
-            return failed(code)
+        refused = self._offsets_change_refused(ctx, group_id)
+        if refused is not None:
+            return failed(*refused)
         coordinator = self.coordinator
         assert coordinator is not None
 
