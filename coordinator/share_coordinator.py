@@ -204,14 +204,7 @@ class ShareCoordinator:
             return _Outcome()
 
         outcomes = await self._each(req, action)
-        return InitializeResponse(results=[
-            InitializeResponse.InitializeStateResult(topic_id=t.topic_id, partitions=[
-                InitializeResponse.PartitionResult(partition=p.partition, error_code=o.error_code,
-                                                   error_message=o.error_message)
-                for p, o in zip(t.partitions, outs, strict=True)
-            ])
-            for t, outs in zip(req.topics, outcomes, strict=True)
-        ])
+        return _error_only_response(InitializeResponse, InitializeResponse.InitializeStateResult, req, outcomes)
 
     async def read_state(self, req: Any) -> Any:
         async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
@@ -290,14 +283,7 @@ class ShareCoordinator:
             return _Outcome()
 
         outcomes = await self._each(req, action)
-        return WriteResponse(results=[
-            WriteResponse.WriteStateResult(topic_id=t.topic_id, partitions=[
-                WriteResponse.PartitionResult(partition=p.partition, error_code=o.error_code,
-                                              error_message=o.error_message)
-                for p, o in zip(t.partitions, outs, strict=True)
-            ])
-            for t, outs in zip(req.topics, outcomes, strict=True)
-        ])
+        return _error_only_response(WriteResponse, WriteResponse.WriteStateResult, req, outcomes)
 
     async def delete_state(self, req: Any) -> Any:
         async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
@@ -306,14 +292,7 @@ class ShareCoordinator:
             return _Outcome()
 
         outcomes = await self._each(req, action)
-        return DeleteResponse(results=[
-            DeleteResponse.DeleteStateResult(topic_id=t.topic_id, partitions=[
-                DeleteResponse.PartitionResult(partition=p.partition, error_code=o.error_code,
-                                               error_message=o.error_message)
-                for p, o in zip(t.partitions, outs, strict=True)
-            ])
-            for t, outs in zip(req.topics, outcomes, strict=True)
-        ])
+        return _error_only_response(DeleteResponse, DeleteResponse.DeleteStateResult, req, outcomes)
 
     async def read_state_summary(self, req: Any) -> Any:
         async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
@@ -409,6 +388,17 @@ class ShareCoordinator:
         if moved:
             self.stats.prunes += 1
         return moved
+
+
+def _error_only_response(response_cls: Any, result_cls: Any, req: Any, outcomes: list[list[_Outcome]]) -> Any:
+    """Initialize/Write/Delete answer each partition with just an error code and message."""
+    return response_cls(results=[
+        result_cls(topic_id=t.topic_id, partitions=[
+            response_cls.PartitionResult(partition=p.partition, error_code=o.error_code, error_message=o.error_message)
+            for p, o in zip(t.partitions, outs, strict=True)
+        ])
+        for t, outs in zip(req.topics, outcomes, strict=True)
+    ])
 
 
 def _read_partition_result(partition: int, o: _Outcome) -> Any:
