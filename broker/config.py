@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shoal.java_properties import parse_properties
+
 
 class ConfigError(ValueError):
     """A configuration key or value that the broker cannot start with."""
@@ -302,24 +304,3 @@ def _parse_listener(text: str, protocol_map: dict[str, str]) -> Listener:
     if proto is None:
         raise ConfigError(f"listener {name} has no entry in listener.security.protocol.map")
     return Listener(name, proto, host, port)
-
-
-def parse_properties(text: str) -> dict[str, str]:
-    """Java-properties subset: `key=value` or `key: value`, `#`/`!` comments, backslash line continuation."""
-    out: dict[str, str] = {}
-    pending = ""
-    for raw_line in text.splitlines():
-        line = pending + raw_line.strip()
-        pending = ""
-        if not line or line[0] in "#!":
-            continue
-        if line.endswith("\\"):
-            pending = line[:-1]
-            continue
-        for i, ch in enumerate(line):
-            if ch in "=:":
-                out[line[:i].strip()] = line[i + 1 :].strip()
-                break
-        else:
-            out[line] = ""
-    return out

@@ -7,29 +7,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoal.iso_duration import parse_iso_duration_ms
+
 from .config import BrokerConfig
 
 FILE_NAME = "shoal-group-configs.json"
-_DURATION = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?)?$")
 
 
 class InvalidGroupConfig(ValueError):
     pass
-
-
-def parse_iso_duration_ms(text: str) -> int:
-    """ISO-8601 durations as Java's Duration.parse accepts them (PnDTnHnMn.nS)."""
-    m = _DURATION.match(text.strip().upper())
-    if not m or text.strip().upper() in ("P", "PT"):
-        raise InvalidGroupConfig(f"not an ISO-8601 duration: {text!r}")
-    days, hours, minutes, seconds = m.groups()
-    total = int(days or 0) * 86400 + int(hours or 0) * 3600 + int(minutes or 0) * 60 + float(seconds or 0)
-    return int(total * 1000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +48,12 @@ def _offset_reset(value: str, cfg: BrokerConfig) -> None:
     if value in ("latest", "earliest"):
         return
     if value.startswith("by_duration:"):
-        parse_iso_duration_ms(value.split(":", 1)[1])
+        try:
+            duration = parse_iso_duration_ms(value.split(":", 1)[1])
+        except ValueError as exc:
+            raise InvalidGroupConfig(str(exc)) from exc
+        if duration < 0:
+            raise InvalidGroupConfig("the duration must not be negative")
         return
     raise InvalidGroupConfig("must be latest, earliest or by_duration:<ISO-8601 duration>")
 

@@ -43,9 +43,6 @@ class Purgatory:
             if not fut.done():
                 fut.set_result(True)
 
-    def watching(self, key: Hashable) -> int:
-        return len(self._watchers.get(key, ()))
-
 
 def _expire(fut: asyncio.Future[bool]) -> None:
     if not fut.done():

@@ -265,10 +265,9 @@ class Broker:
         return None if topic is None else len(topic.partitions)
 
     def on_group_config_changed(self, group_id: str) -> None:
+        # The group coordinator reads session timeout and heartbeat interval afresh on every heartbeat.
         if self.share_partitions is not None:
             self.share_partitions.group_config_changed(group_id)
-        if self.group_coordinator is not None and hasattr(self.group_coordinator, "on_group_config_changed"):
-            self.group_coordinator.on_group_config_changed(group_id)
 
     # ---- topic lifecycle hooks (share groups subscribe to these) --------------------------------
 

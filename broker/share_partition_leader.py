@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from shoal.iso_duration import parse_iso_duration_ms
 from shoal.persister.persister import PersistedStateBatch, Persister, SharePartitionKey, WriteStateRequest
 from shoal.protocol.errors import ErrorCode
 
-from .group_configs import GroupConfigs, parse_iso_duration_ms
+from .group_configs import GroupConfigs
 from .partition_log import OffsetOutOfRange, PartitionLog
 from .share_partition import (
     AckBatch,

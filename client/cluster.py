@@ -19,7 +19,6 @@ from .connection import BrokerConnection
 from .errors import (
     KafkaConnectionError,
     KafkaError,
-    KafkaTimeoutError,
     UnknownTopicError,
     for_code,
 )
@@ -222,21 +221,6 @@ class Cluster:
         if info is None or partition not in info.partitions:
             return -1
         return info.partitions[partition].leader
-
-    async def wait_for_leader(self, topic: str, partition: int, timeout_s: float) -> int:
-        """The leader of a partition, refreshing metadata until one is known (or the deadline passes)."""
-        deadline = time.monotonic() + timeout_s
-        delay = self.config.reconnect_backoff_ms / 1000
-        while True:
-            leader = self.leader(topic, partition)
-            if leader >= 0 and leader in self.brokers:
-                return leader
-            if time.monotonic() >= deadline:
-                raise KafkaTimeoutError(None, f"no leader for {topic}-{partition}")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.config.reconnect_backoff_max_ms / 1000)
-            with contextlib.suppress(KafkaError):
-                await self.refresh_metadata([topic])
 
     # ---- coordinators ----------------------------------------------------------------------------
 

@@ -125,10 +125,6 @@ class BrokerConnection:
 
     # ---- versions --------------------------------------------------------------------------------
 
-    def supports(self, api_key: int, version: int) -> bool:
-        rng = self.api_versions.get(api_key)
-        return rng is not None and rng[0] <= version <= rng[1]
-
     def max_version(self, api_key: int) -> int:
         """The broker's highest version of `api_key`, or -1 if it does not serve it."""
         rng = self.api_versions.get(api_key)

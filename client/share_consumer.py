@@ -8,7 +8,6 @@ it can be built and used from plain threads (e.g. inside a Spark executor).
 from __future__ import annotations
 
 import asyncio
-import base64
 import concurrent.futures
 import contextlib
 import logging
@@ -26,6 +25,7 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.record_batch import InvalidRecordBatch
 from shoal.protocol.records import iter_decoded_batches
+from shoal.protocol.uuids import uuid_to_str
 
 from .cluster import Cluster
 from .connection import BrokerConnection
@@ -97,7 +97,7 @@ class ShareRecord:
 
 def new_member_id() -> str:
     """A random Kafka Uuid rendered as Kafka does: 22 characters of URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    return uuid_to_str(uuid.uuid4().bytes)
 
 
 @dataclass(slots=True)

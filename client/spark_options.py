@@ -63,13 +63,3 @@ def int_option(options: Mapping[str, str], name: str, default: int, *, minimum: 
         raise SparkOptionError(f"option {name!r} must be >= {minimum}, not {value}")
     return value
 
-
-def bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:
-    raw = options.get(name.lower())
-    if raw is None or raw == "":
-        return default
-    if raw.lower() in ("true", "1", "yes"):
-        return True
-    if raw.lower() in ("false", "0", "no"):
-        return False
-    raise SparkOptionError(f"option {name!r} must be true or false, not {raw!r}")

@@ -10,6 +10,8 @@ import sys
 from datetime import UTC, datetime, timedelta, timezone
 from typing import NoReturn
 
+from shoal.iso_duration import parse_iso_duration_ms
+
 
 class UsageError(Exception):
     """The command line is wrong; the message says how."""
@@ -44,7 +46,6 @@ def usage_failure(parser: argparse.ArgumentParser, message: str) -> int:
 _DATETIME = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,3}))?(Z|[+-]\d{2}:?\d{2})?$"
 )
-_DURATION = re.compile(r"^(-)?P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?)?$", re.IGNORECASE)
 
 
 def parse_datetime_ms(text: str) -> int:
@@ -74,15 +75,13 @@ def parse_datetime_ms(text: str) -> int:
 
 def parse_duration_ms(text: str) -> int:
     """Milliseconds of an ISO-8601 duration `PnDTnHnMnS` (Kafka's --by-duration); must not be negative."""
-    match = _DURATION.match(text.strip())
-    if match is None or text.strip().upper() in ("P", "PT", "-P", "-PT"):
-        raise UsageError(f"--by-duration {text!r} is not an ISO-8601 duration 'PnDTnHnMnS' such as P1DT2H30M or PT15M")
-    negative, days, hours, minutes, seconds = match.groups()
-    if negative:
+    try:
+        millis = parse_iso_duration_ms(text)
+    except ValueError:
+        raise UsageError(f"--by-duration {text!r} is not an ISO-8601 duration 'PnDTnHnMnS' such as P1DT2H30M or PT15M") from None
+    if millis < 0 or text.strip().startswith("-"):
         raise UsageError(f"--by-duration {text!r} must not be negative")
-    total = timedelta(days=int(days or 0), hours=int(hours or 0), minutes=int(minutes or 0),
-                      seconds=float(seconds or 0))
-    return int(total.total_seconds() * 1000)
+    return millis
 
 
 _JAVA_DATE_TOKENS = {

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from shoal.java_properties import parse_properties, unescape
+
 # Property names `ClientConfig.from_dict` understands (security.py), passed through as they are.
 CONNECTION_KEYS = frozenset(
     {
@@ -67,36 +69,7 @@ def load_properties(path: str | Path) -> dict[str, str]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ToolConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
-    out: dict[str, str] = {}
-    pending = ""
-    for raw in text.splitlines():
-        line = raw.strip() if not pending else raw.lstrip()
-        if not pending and (not line or line[0] in "#!"):
-            continue
-        # An odd number of trailing backslashes continues the logical line on the next one.
-        trailing = len(line) - len(line.rstrip("\\"))
-        if trailing % 2 == 1:
-            pending += line[:-1]
-            continue
-        line, pending = pending + line, ""
-        key, value = _split_property(line)
-        out[key] = value
-    if pending:
-        key, value = _split_property(pending)
-        out[key] = value
-    return out
-
-
-def _split_property(line: str) -> tuple[str, str]:
-    match = re.match(r"((?:[^\s=:\\]|\\.)+)\s*[=:\s]\s*(.*)$", line)
-    if match is None:
-        return _unescape(line.strip()), ""
-    return _unescape(match.group(1)), _unescape(match.group(2).strip())
-
-
-def _unescape(text: str) -> str:
-    escapes = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
-    return re.sub(r"\\(.)", lambda m: escapes.get(m.group(1), m.group(1)), text)
+    return parse_properties(text)
 
 
 def parse_key_values(items: Iterable[str], option: str) -> dict[str, str]:
@@ -189,7 +162,7 @@ def _jaas_credentials(line: str) -> tuple[str, str]:
     """username/password of a PLAIN or SCRAM login-module line (the only SASL mechanisms Shoal speaks)."""
     if "PlainLoginModule" not in line and "ScramLoginModule" not in line:
         raise ToolConfigError("sasl.jaas.config: only PlainLoginModule and ScramLoginModule are supported")
-    options = {k: _unescape(v) for k, v in _JAAS_OPTION.findall(line)}
+    options = {k: unescape(v) for k, v in _JAAS_OPTION.findall(line)}
     if "username" not in options or "password" not in options:
         raise ToolConfigError("sasl.jaas.config needs username=\"...\" and password=\"...\"")
     return options["username"], options["password"]

@@ -132,9 +132,6 @@ class ShareCoordinator:
     def partition_for(self, key: SharePartitionKey) -> int:
         return state_partition_for(key, self.num_partitions)
 
-    def state_of(self, key: SharePartitionKey) -> Any:
-        return self.maps[self.partition_for(key)].get(key)
-
     # ---- the write path --------------------------------------------------------------------------
 
     async def _commit(self, partition: int, records: list[CoordinatorRecord]) -> None:

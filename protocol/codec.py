@@ -11,7 +11,9 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from .schema import FieldSpec, MessageSpec, StructSpec, Versions
+from .record_batch import InvalidRecordBatch
+from .records import read_uvarint, write_uvarint
+from .schema import FieldSpec, MessageSpec, StructSpec
 
 _FIXED = {
     "bool": ("?", 1),
@@ -30,30 +32,6 @@ _I32 = struct.Struct(">i")
 
 class DecodeError(ValueError):
     """Bytes that do not form a valid message of the expected API and version."""
-
-
-def read_uvarint(buf: Any, pos: int) -> tuple[int, int]:
-    b = buf[pos]
-    if b < 0x80:
-        return b, pos + 1
-    result = b & 0x7F
-    shift = 7
-    while True:
-        pos += 1
-        b = buf[pos]
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos + 1
-        shift += 7
-        if shift > 35:
-            raise DecodeError("uvarint too long")
-
-
-def write_uvarint(out: bytearray, value: int) -> None:
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
 
 
 def _check(buf: Any, end: int) -> None:
@@ -477,7 +455,7 @@ class MessageCodec:
     def decode(self, buf: Any, version: int, pos: int = 0) -> tuple[Any, int]:
         try:
             return self._get(version)[0](buf, pos)
-        except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        except (IndexError, struct.error, UnicodeDecodeError, InvalidRecordBatch) as exc:
             raise DecodeError(f"cannot decode {self.spec.name} v{version}: {exc}") from exc
 
     def encode(self, obj: Any, version: int, out: bytearray | None = None) -> bytearray:
@@ -488,7 +466,3 @@ class MessageCodec:
 
     def is_flexible(self, version: int) -> bool:
         return version in self.spec.flexible
-
-
-def versions_of(spec: MessageSpec) -> Versions:
-    return spec.valid

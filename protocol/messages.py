@@ -30,10 +30,6 @@ _RESPONSE_HEADER = CODECS["ResponseHeader"]
 API_VERSIONS_KEY = 18
 
 
-def message_class(name: str) -> type[MessageBase]:
-    return CODECS[name].cls
-
-
 def __getattr__(name: str) -> type[MessageBase]:
     # Lets callers write `messages.ProduceResponse` for any spec'd message.
     codec = CODECS.get(name)

@@ -135,10 +135,6 @@ def set_base_offset(buf: bytearray, pos: int, base_offset: int) -> None:
     struct.pack_into(">q", buf, pos + BASE_OFFSET_POS, base_offset)
 
 
-def set_partition_leader_epoch(buf: bytearray, pos: int, epoch: int) -> None:
-    struct.pack_into(">i", buf, pos + PARTITION_LEADER_EPOCH_POS, epoch)
-
-
 def set_log_append_time(buf: bytearray, pos: int, header: BatchHeader, timestamp_ms: int) -> None:
     """Stamp LogAppendTime: set the timestamp-type bit and max timestamp, then recompute the CRC."""
     attributes = header.attributes | TIMESTAMP_TYPE_MASK

@@ -168,6 +168,13 @@ def _read_uvarint_n(buf: bytes | bytearray | memoryview, pos: int, max_bytes: in
 
 def read_uvarint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
     """Read an unsigned varint (up to 5 bytes); return (value, position after it)."""
+    # One byte is by far the common case (lengths in flexible messages, small record fields).
+    try:
+        b = buf[pos]
+    except IndexError:
+        raise InvalidRecordBatch("truncated varint") from None
+    if b < 0x80:
+        return b, pos + 1
     return _read_uvarint_n(buf, pos, 5)
 
 

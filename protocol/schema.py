@@ -67,10 +67,6 @@ class FieldSpec:
     flexible_override: Versions | None  # the header's ClientId stays a classic string in flexible versions
     struct: StructSpec | None = None
 
-    @property
-    def is_struct(self) -> bool:
-        return self.struct is not None
-
 
 @dataclass(slots=True)
 class StructSpec:

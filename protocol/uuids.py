@@ -7,7 +7,3 @@ import base64
 
 def uuid_to_str(value: bytes) -> str:
     return base64.urlsafe_b64encode(value).decode().rstrip("=")
-
-
-def uuid_from_str(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
