@@ -199,7 +199,8 @@ class SharePartitionLeader:
             self._publish()
             first, last = ranges[0].first_offset, ranges[-1].last_offset
             # Whole stored batches from the one holding the first acquired offset to the one holding the last.
-            chosen = [bytes(view) for h, view in batches if h.last_offset >= first and h.base_offset <= last]
+            # The views are adjacent slices of one read, so joining them copies the bytes once.
+            chosen = [view for h, view in batches if h.last_offset >= first and h.base_offset <= last]
             return Acquisition(b"".join(chosen), ranges)
 
     # ---- acknowledgement and release ------------------------------------------------------------
