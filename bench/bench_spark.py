@@ -111,7 +111,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [
+            "group.share.min.heartbeat.interval.ms=1000",
             "group.share.heartbeat.interval.ms=1000",
+            f"group.share.max.partition.max.record.locks={max(4000, args.max_record_locks)}",
             f"group.share.partition.max.record.locks={args.max_record_locks}",
         ]
         broker = BrokerProcess(Path(tmp) / "data", overrides=overrides).start()

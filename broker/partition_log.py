@@ -30,6 +30,7 @@ from shoal.broker.log_segment import (
     LogSegment,
 )
 from shoal.protocol.record_batch import BatchHeader, iter_batches, set_base_offset, set_log_append_time
+from shoal.protocol.records import decode_records
 
 log = structlog.get_logger(__name__)
 
@@ -416,17 +417,21 @@ class PartitionLog:
         return [(header, data[pos : pos + header.size]) for pos, header in iter_batches(data)]
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first batch whose max timestamp is >= `timestamp_ms`, else None.
-
-        Kafka answers with the first *record* at or after the timestamp; records are opaque here, so we
-        return that batch's base offset (clamped to the log start) and its max timestamp. A consumer
-        seeking there sees the wanted record, possibly after a few earlier ones from the same batch.
-        """
+        """(offset, timestamp) of the first record at or after the log start whose timestamp is >=
+        `timestamp_ms`, else None. As in Kafka: the first batch whose max timestamp reaches it is found
+        through the time index, then its records are read to pick the record itself."""
         self._check_open()
         for seg in self.segments[self._segment_index(self.log_start_offset) :]:
             header = seg.find_timestamp(timestamp_ms, self.log_start_offset)
             if header is not None:
-                return max(header.base_offset, self.log_start_offset), header.max_timestamp
+                start = max(header.base_offset, self.log_start_offset)
+                for h, view in self.read_batch_headers(start, header.size):
+                    if h.base_offset != header.base_offset:
+                        continue
+                    for record in decode_records(view, 0, h):
+                        if record.offset >= start and record.timestamp >= timestamp_ms:
+                            return record.offset, record.timestamp
+                return start, header.max_timestamp
         return None
 
     def max_timestamp(self) -> tuple[int, int]:

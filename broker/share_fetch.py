@@ -222,8 +222,12 @@ class ShareFetchHandlers:
             return ErrorCode.UNKNOWN_TOPIC_ID
         if not ctx.authorize(Operation.READ, ResourceType.TOPIC, topic.name):
             return ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        if not 0 <= index < len(topic.partitions):
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        if not batches:
+            return ErrorCode.NONE  # nothing to apply, whether or not the share partition is loaded
         leader = self.leaders.get(SharePartitionKey(group, topic_id, index))
-        if leader is None or not 0 <= index < len(topic.partitions):
+        if leader is None:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         code = await leader.acknowledge(
             member, [AckBatch(b.first_offset, b.last_offset, list(b.acknowledge_types)) for b in batches]

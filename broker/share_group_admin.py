@@ -17,7 +17,6 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
 from .authorizer import Operation, ResourceType
-from .share_group_apis import GROUP_OPERATIONS, PROTOCOL_TYPE
 
 if TYPE_CHECKING:
     from shoal.coordinator.group_coordinator import GroupCoordinator
@@ -31,6 +30,7 @@ ZERO_UUID = b"\x00" * 16
 UNKNOWN_START_OFFSET = -1
 UNKNOWN_LAG = -1
 DEAD = "Dead"
+NO_OFFSETS_TO_DELETE = "There is no offset information to delete."
 
 DescribeOffsetsResponse = messages.DescribeShareGroupOffsetsResponse
 _DGroup = DescribeOffsetsResponse.DescribeShareGroupOffsetsResponseGroup  # type: ignore[attr-defined]
@@ -45,7 +45,6 @@ DeleteGroupsResponse = messages.DeleteGroupsResponse
 _DeletableGroup = DeleteGroupsResponse.DeletableGroupResult  # type: ignore[attr-defined]
 DescribeGroupsResponse = messages.DescribeGroupsResponse
 _DescribedGroup = DescribeGroupsResponse.DescribedGroup  # type: ignore[attr-defined]
-_DescribedMember = DescribeGroupsResponse.DescribedGroupMember  # type: ignore[attr-defined]
 
 
 def compute_lag(latest_offset: int, summary: StateSummary) -> int:
@@ -270,8 +269,12 @@ class ShareGroupAdmin:
                 err = early.get(t.topic_name, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
                 responses.append(_DelTopic(topic_name=t.topic_name, topic_id=ZERO_UUID, error_code=err))
             else:
-                responses.append(_DelTopic(topic_name=t.topic_name, topic_id=tid,
-                                           error_code=errors.get(tid, ErrorCode.NONE)))
+                err = errors.get(tid, ErrorCode.NONE)
+                if err == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:  # a topic without share state (named only)
+                    responses.append(_DelTopic(topic_name=t.topic_name, topic_id=ZERO_UUID, error_code=err,
+                                               error_message=NO_OFFSETS_TO_DELETE))
+                else:
+                    responses.append(_DelTopic(topic_name=t.topic_name, topic_id=tid, error_code=err))
         return DeleteOffsetsResponse(error_code=ErrorCode.NONE, responses=responses)
 
     # ---- DeleteGroups / DescribeGroups --------------------------------------------------------------
@@ -296,7 +299,6 @@ class ShareGroupAdmin:
 
     def describe_groups(self, ctx: RequestContext, req: Any) -> Any:
         version = ctx.api_version
-        coordinator = self.coordinator
         out = []
         for group_id in req.groups:
             if not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, group_id):
@@ -306,30 +308,12 @@ class ShareGroupAdmin:
             if code != ErrorCode.NONE:
                 out.append(_DescribedGroup(group_id=group_id, error_code=code))
                 continue
-            assert coordinator is not None
-            group = coordinator.groups.get(group_id)
-            if group is None:
-                # Kafka: an unknown group is "Dead"; v6 (KIP-1043) also says GROUP_ID_NOT_FOUND.
-                described = _DescribedGroup(group_id=group_id, group_state=DEAD, error_code=ErrorCode.NONE)
-                if version >= 6:
-                    described.error_code = ErrorCode.GROUP_ID_NOT_FOUND
-                    described.error_message = f"Group {group_id} not found."
-                out.append(described)
-                continue
-            members = [
-                # Share members have no classic protocol metadata or assignment bytes.
-                _DescribedMember(member_id=m.member_id, client_id=m.client_id, client_host=m.client_host,
-                                 member_metadata=b"", member_assignment=b"")
-                for m in sorted(group.members.values(), key=lambda x: x.member_id)
-            ]
-            described = _DescribedGroup(
-                group_id=group_id, error_code=ErrorCode.NONE, group_state=group.state.value,
-                protocol_type=PROTOCOL_TYPE, protocol_data="", members=members,
-            )
-            if version >= 3 and req.include_authorized_operations:
-                described.authorized_operations = sum(
-                    1 << op for op in GROUP_OPERATIONS if ctx.authorize(op, ResourceType.GROUP, group_id)
-                )
+            # Kafka's DescribeGroups describes classic groups only: a share group (every group this broker
+            # hosts) is answered like an unknown one, "Dead", and from v6 on (KIP-1043) GROUP_ID_NOT_FOUND.
+            described = _DescribedGroup(group_id=group_id, group_state=DEAD, error_code=ErrorCode.NONE)
+            if version >= 6:
+                described.error_code = ErrorCode.GROUP_ID_NOT_FOUND
+                described.error_message = f"Group {group_id} is not a classic group."
             out.append(described)
         return DescribeGroupsResponse(groups=out)
 

@@ -668,30 +668,31 @@ class GroupCoordinator:
                 return ErrorCode.NON_EMPTY_GROUP, {}
             if group.deleting_group:
                 return ErrorCode.COORDINATOR_NOT_AVAILABLE, {}
+            # As Kafka: an initialised topic has its initialised partitions deleted, a topic still being
+            # deleted is deleted again (every partition), and any other topic has no state to delete.
             targets: dict[bytes, set[int]] = {}
             names: dict[bytes, str] = {}
+            errors: dict[bytes, int] = {}
             for tid in topic_ids:
-                parts: set[int] = set()
-                for phase in (group.initialized, group.initializing):
-                    if tid in phase:
-                        parts |= phase[tid].partitions
-                        names[tid] = phase[tid].name
                 meta = self.topics.topic_by_id(tid)
-                if meta is not None:
-                    parts |= set(range(meta[1]))
-                    names.setdefault(tid, meta[0])
-                targets[tid] = parts
-                names.setdefault(tid, group.deleting.get(tid, ""))
+                if tid in group.initialized:
+                    targets[tid] = set(group.initialized[tid].partitions)
+                    names[tid] = group.initialized[tid].name
+                elif tid in group.deleting:
+                    targets[tid] = set(range(meta[1])) if meta is not None else set()
+                    names[tid] = group.deleting[tid]
+                else:
+                    errors[tid] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             if not targets:
-                return ErrorCode.NONE, {}
-            initializing = {t: ti for t, ti in group.initializing.items() if t not in targets}
+                return ErrorCode.NONE, errors
             initialized = {t: ti for t, ti in group.initialized.items() if t not in targets}
             deleting = dict(group.deleting) | names
-            await self._write(group_id, [state_partition_metadata_record(group_id, initializing, initialized, deleting)])
-            errors: dict[bytes, int] = {}
+            await self._write(group_id, [
+                state_partition_metadata_record(group_id, group.initializing, initialized, deleting)
+            ])
             for tid, parts in sorted(targets.items()):
                 errors[tid] = await self._delete_state(group_id, {tid: parts}) if parts else ErrorCode.NONE
-            finished = {tid for tid, code in errors.items() if code == ErrorCode.NONE}
+            finished = {tid for tid in targets if errors[tid] == ErrorCode.NONE}
             pending = self._pending_state_deletes.setdefault(group_id, {})
             for tid in set(targets) - finished:
                 pending.setdefault(tid, set()).update(targets[tid])
