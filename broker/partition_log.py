@@ -416,6 +416,21 @@ class PartitionLog:
         data = memoryview(self.read(fetch_offset, max_bytes, max_offset=max_offset))
         return [(header, data[pos : pos + header.size]) for pos, header in iter_batches(data)]
 
+    def bytes_from(self, offset: int, enough: int) -> int:
+        """Bytes of the log from the batch holding `offset` to the log end, counted up to at least
+        `enough` (a long poll's MinBytes); 0 at or past the end."""
+        self._check_open()
+        if offset >= self.log_end_offset:
+            return 0
+        offset = max(offset, self.log_start_offset)
+        i = self._segment_index(offset)
+        total = self.segments[i].size - self.segments[i].position_of(offset)
+        for seg in self.segments[i + 1 :]:
+            if total >= enough:
+                break
+            total += seg.size
+        return total
+
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record at or after the log start whose timestamp is >=
         `timestamp_ms`, else None. As in Kafka: the first batch whose max timestamp reaches it is found
