@@ -201,13 +201,13 @@ class ShareGroupAdmin:
 
         group_error, errors = ErrorCode.NONE, {}
         if offsets:
-            # The new state epoch must not be below what the share coordinator holds (e.g. state left by
-            # an earlier incarnation of the group), or the re-initialisation would be fenced.
+            # The state epoch must not be below what the share coordinator holds (e.g. state left by an
+            # earlier incarnation of the group), or the re-initialisation would be fenced.
             summaries = await asyncio.gather(*(
                 self.broker.persister.read_state_summary(SharePartitionKey(group_id, tid, p), 0)
                 for tid, parts in offsets.items() for p in parts
             ))
-            min_epoch = max((s.state_epoch + 1 for s in summaries if s.error_code == ErrorCode.NONE
+            min_epoch = max((s.state_epoch for s in summaries if s.error_code == ErrorCode.NONE
                              and s.start_offset >= 0), default=0)
             group_error, errors = await coordinator.alter_offsets(group_id, offsets, min_state_epoch=min_epoch)
         elif not coordinator.is_empty(group_id):

@@ -599,25 +599,28 @@ class GroupCoordinator:
     ) -> tuple[int, dict[tuple[bytes, int], int]]:
         """AlterShareGroupOffsets: re-initialise each partition's state at the given start offset.
 
-        As the KIP describes, the group epoch is bumped first and used as the new state epoch, so any
-        leader still holding the old state is fenced on its next write. The group is created (empty)
-        when it does not exist yet, so the offsets are what its first consumers start from. Returns the
-        group-level error and a per-partition error map.
+        As in Kafka the group epoch stays as it is and is the state epoch of the re-initialisation
+        (raised to `min_state_epoch`, the highest state epoch the share coordinator holds, so the
+        re-initialisation is not fenced). The group is created (empty) when it does not exist yet, so
+        the offsets are what its first consumers start from. Returns the group-level error and a
+        per-partition error map.
         """
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, {}
         async with self._lock(group_id):
-            group = self.groups.get(group_id) or ShareGroup(group_id)
+            existing = self.groups.get(group_id)
+            group = existing or ShareGroup(group_id)
             if group.members:
                 return ErrorCode.NON_EMPTY_GROUP, {}
             if group.deleting_group:
                 return ErrorCode.COORDINATOR_NOT_AVAILABLE, {}
-            epoch = max(group.group_epoch + 1, min_state_epoch)
-            # An empty group's (empty) target assignment is current at the new epoch.
-            await self._write(group_id, [
-                group_epoch_record(group_id, epoch, group.metadata_hash),
-                target_metadata_record(group_id, epoch),
-            ])
+            epoch = max(group.group_epoch, min_state_epoch)
+            if existing is None:
+                # A new, empty group, whose (empty) target assignment is current at its epoch.
+                await self._write(group_id, [
+                    group_epoch_record(group_id, epoch, group.metadata_hash),
+                    target_metadata_record(group_id, epoch),
+                ])
             keys = [(tid, p, offset) for tid, parts in sorted(offsets.items()) for p, offset in sorted(parts.items())]
             results = await asyncio.gather(
                 *(self.persister.initialize_state(SharePartitionKey(group_id, tid, p), epoch, offset)

@@ -96,7 +96,7 @@ class ShareCoordinator:
         self.cold_snapshot_interval_ms = cold_snapshot_interval_ms
         self.clock_ms = clock_ms
         self.partition_count = partition_count
-        self.maps = [ShareStateMap() for _ in range(self.num_partitions)]
+        self.maps = [self._new_map() for _ in range(self.num_partitions)]
         self.loaded: set[int] = set()
         self.pruned_to = [0] * self.num_partitions
         self.stats = ShareCoordinatorStats()
@@ -116,7 +116,7 @@ class ShareCoordinator:
         COORDINATOR_LOAD_IN_PROGRESS."""
         for p in range(self.num_partitions):
             started = time.perf_counter()
-            state = ShareStateMap()
+            state = self._new_map()
             n = 0
             for offset, record in self.record_log.replay(p):
                 state.apply(record, offset)
@@ -128,6 +128,9 @@ class ShareCoordinator:
             if self.on_partition_load is not None:
                 self.on_partition_load((time.perf_counter() - started) * 1000)
             log.debug("share state partition loaded", partition=p, records=n, keys=len(state.states))
+
+    def _new_map(self) -> ShareStateMap:
+        return ShareStateMap(updates_per_snapshot=self.updates_per_snapshot)
 
     def partition_for(self, key: SharePartitionKey) -> int:
         return state_partition_for(key, self.num_partitions)
@@ -256,16 +259,17 @@ class ShareCoordinator:
 
     async def _write_state(self, req: Any) -> Any:
         async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
-            if p.leader_epoch < 0:
+            if p.leader_epoch < -1:
                 raise _Refused(ErrorCode.INVALID_REQUEST, "The leader epoch is negative.")
-            if p.state_epoch < 0:
+            if p.state_epoch < -1:
                 raise _Refused(ErrorCode.INVALID_REQUEST, "The state epoch is negative.")
             current = self.maps[sp].get(key)
             if current is None:
                 raise _Refused(ErrorCode.INVALID_REQUEST, "Write on an uninitialized share partition.")
-            if current.leader_epoch > p.leader_epoch:
+            # As Kafka: an epoch of -1 is "not known" and skips its fencing check.
+            if p.leader_epoch != -1 and current.leader_epoch > p.leader_epoch:
                 raise _Refused(ErrorCode.FENCED_LEADER_EPOCH, "The leader epoch is fenced.")
-            if current.state_epoch > p.state_epoch:
+            if p.state_epoch != -1 and current.state_epoch > p.state_epoch:
                 raise _Refused(ErrorCode.FENCED_STATE_EPOCH, "The state epoch is fenced.")
             batches = [
                 PersistedStateBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)

@@ -31,9 +31,9 @@ async def test_alter_offsets_needs_an_empty_group(env: Env) -> None:
     epoch_before = env.coord.groups[GROUP].group_epoch
     code, errors = await env.coord.alter_offsets(GROUP, {T_ORDERS: {0: 5, 2: 7}})
     assert (code, errors) == (ErrorCode.NONE, {(T_ORDERS, 0): ErrorCode.NONE, (T_ORDERS, 2): ErrorCode.NONE})
-    # The bumped group epoch is the new state epoch, so leaders holding the old state are fenced.
+    # As in Kafka the group epoch stays as it is and is the state epoch of the re-initialisation.
     group = env.coord.groups[GROUP]
-    assert group.group_epoch == epoch_before + 1 and group.assignment_epoch == group.group_epoch
+    assert group.group_epoch == epoch_before and group.assignment_epoch == group.group_epoch
     altered = [(k.partition, epoch, offset) for k, epoch, offset in env.persister.initialized[-2:]]
     assert altered == [(0, group.group_epoch, 5), (2, group.group_epoch, 7)]
 
