@@ -184,7 +184,7 @@ class ShareFetchHandlers:
             keys = [key for tp in order for key in _wake_keys(session.group_id, tp)]
             with self.broker.purgatory.watch(keys) as watch:
                 left = deadline - time.monotonic()
-                if left > 0 and not self._min_bytes_ready(ctx, session.group_id, order, req.min_bytes):
+                if left > 0 and not await self._min_bytes_ready(ctx, session.group_id, order, req.min_bytes):
                     if ctx.connection.closed:
                         return
                     await watch.wait(left)
@@ -195,8 +195,8 @@ class ShareFetchHandlers:
                     return
                 await watch.wait(left)
 
-    def _min_bytes_ready(self, ctx: RequestContext, group_id: str, order: list[TopicPartitionId],
-                         min_bytes: int) -> bool:
+    async def _min_bytes_ready(self, ctx: RequestContext, group_id: str, order: list[TopicPartitionId],
+                               min_bytes: int) -> bool:
         """Whether the partitions hold at least MinBytes past their next fetch offsets (or an error to
         report). MinBytes of 1 or less is left to the acquisition itself."""
         if min_bytes <= 1:
@@ -206,7 +206,7 @@ class ShareFetchHandlers:
             leader, _err = self._leader_for(ctx, group_id, topic_id, index)
             if leader is None:
                 return True
-            total += leader.fetchable_bytes(min_bytes - total)
+            total += await leader.fetchable_bytes(min_bytes - total)
             if total >= min_bytes:
                 return True
         return False

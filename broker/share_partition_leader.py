@@ -214,15 +214,16 @@ class SharePartitionLeader:
             chosen = [view for h, view in batches if h.last_offset >= first and h.base_offset <= last]
             return Acquisition(b"".join(chosen), ranges)
 
-    def fetchable_bytes(self, enough: int) -> int:
+    async def fetchable_bytes(self, enough: int) -> int:
         """Log bytes from the next fetch offset on, counted up to `enough`: what a long poll weighs
-        against MinBytes before acquiring anything (`enough` when not loaded: only a fetch can tell)."""
-        sp = self.state
-        if sp is None:
-            return enough
-        if not sp.can_acquire():
-            return 0
-        return self.plog.bytes_from(sp.next_fetch_offset(), enough)
+        against MinBytes before acquiring anything (`enough` when loading failed: a fetch reports why)."""
+        async with self.lock:
+            if await self.ensure_loaded() != ErrorCode.NONE or self.state is None:
+                return enough
+            sp = self.state
+            if not sp.can_acquire():
+                return 0
+            return self.plog.bytes_from(sp.next_fetch_offset(), enough)
 
     # ---- acknowledgement and release ------------------------------------------------------------
 
