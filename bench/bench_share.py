@@ -51,6 +51,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 from peers import start_mock
+
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 

@@ -62,6 +62,7 @@ def spark_run(bootstrap: str, group: str, total: int, per_trigger: int) -> tuple
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
+
     from shoal.client.spark_source import register
 
     spark = (

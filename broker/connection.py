@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import structlog
+
 from shoal.protocol import messages
 from shoal.protocol.codec import DecodeError
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import structlog
+
 from shoal.protocol.codec import DecodeError
 from shoal.protocol.coordinator_records import CoordinatorRecord, decode_record, encode_record
 from shoal.protocol.record_batch import iter_batches

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
+
 from shoal.broker.log_segment import (
     INDEX_SUFFIX,
     INT32_MAX,

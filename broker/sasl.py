@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
+
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import structlog
+
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 

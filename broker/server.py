@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import structlog
+
 from shoal.persister.persister import SharePartitionKey
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey

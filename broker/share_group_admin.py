@@ -11,6 +11,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 import structlog
+
 from shoal.persister.persister import SharePartitionKey, StateSummary
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -136,18 +137,19 @@ class ShareGroupAdmin:
                     wanted.append((t.topic_name, topic.topic_id, list(t.partitions), ErrorCode.NONE))
 
         topics = []
-        for name, tid, parts, error in wanted:
-            if tid is None or error != ErrorCode.NONE:
-                topics.append(_DTopic(topic_name=name, topic_id=tid or ZERO_UUID, partitions=[
+        for name, wanted_id, wanted_parts, error in wanted:
+            if wanted_id is None or error != ErrorCode.NONE:
+                topics.append(_DTopic(topic_name=name, topic_id=wanted_id or ZERO_UUID, partitions=[
                     _DPartition(partition_index=p, start_offset=UNKNOWN_START_OFFSET, leader_epoch=0,
                                 lag=UNKNOWN_LAG, error_code=error)
-                    for p in parts
+                    for p in wanted_parts
                 ]))
                 continue
-            topic = self.broker.topics.get_by_id(tid)
+            topic = self.broker.topics.get_by_id(wanted_id)
             count = 0 if topic is None else len(topic.partitions)
-            rows = await asyncio.gather(*(self._describe_partition(group_id, tid, p, count) for p in parts))
-            topics.append(_DTopic(topic_name=name, topic_id=tid, partitions=list(rows)))
+            rows = await asyncio.gather(*(
+                self._describe_partition(group_id, wanted_id, p, count) for p in wanted_parts))
+            topics.append(_DTopic(topic_name=name, topic_id=wanted_id, partitions=list(rows)))
         return _DGroup(group_id=group_id, topics=topics, error_code=ErrorCode.NONE)
 
     async def _describe_partition(self, group_id: str, topic_id: bytes, partition: int, count: int) -> Any:
@@ -200,7 +202,8 @@ class ShareGroupAdmin:
                 else:
                     offsets.setdefault(topic.topic_id, {})[p.partition_index] = p.start_offset
 
-        group_error, errors = ErrorCode.NONE, {}
+        group_error: int = ErrorCode.NONE
+        errors: dict[tuple[bytes, int], int] = {}
         if offsets:
             # The new state epoch must not be below what the share coordinator holds (e.g. state left by
             # an earlier incarnation of the group), or the re-initialisation would be fenced.
@@ -279,6 +282,7 @@ class ShareGroupAdmin:
     async def delete_groups(self, ctx: RequestContext, req: Any) -> Any:
         results = []
         for group_id in req.groups_names:
+            code: int
             if not ctx.authorize(Operation.DELETE, ResourceType.GROUP, group_id):
                 code = ErrorCode.GROUP_AUTHORIZATION_FAILED
             elif not group_id:

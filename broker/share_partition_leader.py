@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
+
 from shoal.iso_duration import parse_iso_duration_ms
 from shoal.persister.persister import PersistedStateBatch, Persister, SharePartitionKey, WriteStateRequest
 from shoal.protocol.errors import ErrorCode

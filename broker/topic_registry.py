@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+
 from shoal.protocol.uuids import uuid_to_str as topic_id_to_str
 
 from .partition_log import LogConfig, PartitionLog

@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
 from shoal.client import (
     RESOURCE_GROUP,
     AcknowledgeType,

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from shoal.client import RESOURCE_GROUP, Admin, ShareConsumer
 
 from .broker_process import BrokerProcess

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
+
 from shoal.client.share_consumer import ShareRecord
 from shoal.client.spark_options import SparkOptionError
 from shoal.client.spark_source import KafkaShareStreamReader, SourceOptions, split_into_chunks

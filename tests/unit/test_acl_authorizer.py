@@ -6,6 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
 from shoal.broker.acl_apis import AclFilter, InvalidAcl, binding_from_creation
 from shoal.broker.acl_store import AclStore
 from shoal.broker.authorizer import (

@@ -8,6 +8,7 @@ import pickle
 import re
 
 import pytest
+
 from shoal.client.errors import (
     KafkaConnectionError,
     KafkaError,

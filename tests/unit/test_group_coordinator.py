@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from shoal.broker.internal_topic_log import InternalTopicLog
 from shoal.broker.partition_log import LogConfig, PartitionLog
 from shoal.broker.topic_registry import Topic

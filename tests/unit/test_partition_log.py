@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
 from shoal.broker import log_segment
 from shoal.broker.log_segment import LogSegment
 from shoal.broker.partition_log import LogClosed, LogConfig, OffsetOutOfRange, PartitionLog

@@ -6,6 +6,7 @@ import base64
 from pathlib import Path
 
 import pytest
+
 from shoal.broker import scram
 from shoal.broker.config import BrokerConfig, ConfigError
 from shoal.broker.sasl import PlainServer, SaslSession, parse_jaas

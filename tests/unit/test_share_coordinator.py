@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from shoal.broker.authorizer import AllowAllAuthorizer, Operation, Principal, ResourceType
 from shoal.broker.config import BrokerConfig, Listener
 from shoal.broker.connection import KafkaConnection, RequestContext

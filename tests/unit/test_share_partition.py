@@ -7,6 +7,7 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
 from shoal.broker.share_partition import (
     AckBatch,
     AckOutcome,
