@@ -80,7 +80,7 @@ class Shoal:
 
     def start(self) -> Shoal:
         args = [
-            sys.executable, "-m", "shoal.broker.main",
+            sys.executable, "-m", "shoal.broker.server.main",
             "--override", f"listeners=PLAINTEXT://127.0.0.1:{self.port}",
             "--override", f"log.dirs={self.data_dir}",
             "--override", "group.share.heartbeat.interval.ms=1000",

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from shoal.broker.internal_topic_log import InternalTopicLog
-from shoal.broker.partition_log import LogConfig, PartitionLog
-from shoal.broker.topic_registry import Topic
+from shoal.broker.storage.internal_topic_log import InternalTopicLog
+from shoal.broker.storage.partition_log import LogConfig, PartitionLog
+from shoal.broker.storage.topic_registry import Topic
 from shoal.coordinator.group_coordinator import (
     GroupCoordinator,
     GroupCoordinatorConfig,
@@ -458,11 +458,11 @@ class DenyingAuthorizer:
 
 @pytest.fixture
 async def api_env(tmp_path: Path) -> Any:
-    from shoal.broker.authorizer import Operation, ResourceType
-    from shoal.broker.config import BrokerConfig
-    from shoal.broker.connection import KafkaConnection, RequestContext
-    from shoal.broker.server import Broker
-    from shoal.broker.share_group_apis import BrokerTopicMetadata, ShareGroupApis
+    from shoal.broker.apis.share_group_apis import BrokerTopicMetadata, ShareGroupApis
+    from shoal.broker.network.connection import KafkaConnection, RequestContext
+    from shoal.broker.security.authorizer import Operation, ResourceType
+    from shoal.broker.server.config import BrokerConfig
+    from shoal.broker.server.server import Broker
 
     config = BrokerConfig.from_strings({"log.dirs": str(tmp_path / "data"), "offsets.topic.num.partitions": "3",
                                         "share.coordinator.state.topic.num.partitions": "3"})

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from shoal.broker.server.config import BrokerConfig
+
     from .acl_store import AclStore
-    from .config import BrokerConfig
 
 
 class Operation(IntEnum):
@@ -223,8 +224,9 @@ def _covers(deny: AclBinding, allow: AclBinding) -> bool:
 
 def build_authorizer(config: BrokerConfig, data_dir: Path) -> AllowAllAuthorizer | AclAuthorizer:
     """The authorizer `authorizer.class.name` asks for; ACLs live in the data directory."""
+    from shoal.broker.server.config import ConfigError
+
     from .acl_store import AclStore
-    from .config import ConfigError
 
     class_name = str(config["authorizer.class.name"]).strip()
     if not class_name:

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
 from shoal.iso_duration import parse_iso_duration_ms
 from shoal.persister.persister import PersistedStateBatch, Persister, SharePartitionKey, WriteStateRequest
 from shoal.protocol.errors import ErrorCode
 
 from .group_configs import GroupConfigs
-from .partition_log import OffsetOutOfRange, PartitionLog
 from .share_partition import (
     AckBatch,
     AcquiredRange,
@@ -31,7 +31,7 @@ from .share_partition import (
 )
 
 if TYPE_CHECKING:
-    from .purgatory import Purgatory
+    from shoal.broker.storage.purgatory import Purgatory
 
 log = structlog.get_logger("shoal.share_partition")
 

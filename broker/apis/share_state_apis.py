@@ -9,15 +9,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
-from .authorizer import CLUSTER_NAME, Operation, ResourceType
-
 if TYPE_CHECKING:
-    from .connection import RequestContext
-    from .server import Broker
+    from shoal.broker.network.connection import RequestContext
+    from shoal.broker.server.server import Broker
 
 # api key -> (response class, name of its per-topic result struct)
 _RESPONSES: dict[int, tuple[Any, str]] = {

@@ -9,16 +9,15 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from shoal.broker.security.authorizer import Operation, ResourceType
+from shoal.broker.storage.partition_log import OffsetOutOfRange
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
-from .authorizer import Operation, ResourceType
-from .partition_log import OffsetOutOfRange
-
 if TYPE_CHECKING:
-    from .connection import RequestContext
-    from .server import Broker
+    from shoal.broker.network.connection import RequestContext
+    from shoal.broker.server.server import Broker
 
 FetchResponse = messages.FetchResponse
 TopicData = FetchResponse.FetchableTopicResponse  # type: ignore[attr-defined]

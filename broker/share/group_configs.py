@@ -11,9 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoal.broker.server.config import BrokerConfig
 from shoal.iso_duration import parse_iso_duration_ms
-
-from .config import BrokerConfig
 
 FILE_NAME = "shoal-group-configs.json"
 

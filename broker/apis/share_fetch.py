@@ -8,15 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from shoal.persister.persister import SharePartitionKey
-from shoal.protocol import messages
-from shoal.protocol.api_keys import ApiKey
-from shoal.protocol.errors import ErrorCode
-
-from .authorizer import Operation, ResourceType
-from .share_partition import AckBatch, AcquireMode
-from .share_partition_leader import SharePartitionLeader
-from .share_session import (
+from shoal.broker.security.authorizer import Operation, ResourceType
+from shoal.broker.share.share_partition import AckBatch, AcquireMode
+from shoal.broker.share.share_partition_leader import SharePartitionLeader
+from shoal.broker.share.share_session import (
     FINAL_EPOCH,
     INITIAL_EPOCH,
     ShareSession,
@@ -24,10 +19,14 @@ from .share_session import (
     TopicPartitionId,
     next_epoch,
 )
+from shoal.persister.persister import SharePartitionKey
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from .connection import KafkaConnection, RequestContext
-    from .server import Broker
+    from shoal.broker.network.connection import KafkaConnection, RequestContext
+    from shoal.broker.server.server import Broker
 
 log = structlog.get_logger("shoal.share_fetch")
 

@@ -11,17 +11,23 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from shoal.broker.security.authorizer import ANONYMOUS, Operation, Principal, ResourceType
+from shoal.broker.security.sasl import (
+    PRE_AUTH_APIS,
+    REAUTH_APIS,
+    SASL_PROTOCOLS,
+    SaslSession,
+    log_failure,
+    log_success,
+)
+from shoal.broker.security.scram import AuthenticationFailed
+from shoal.broker.security.tls import TlsSession, principal_from_certificate
 from shoal.protocol import messages
 from shoal.protocol.codec import DecodeError
 
-from .authorizer import ANONYMOUS, Operation, Principal, ResourceType
-from .sasl import PRE_AUTH_APIS, REAUTH_APIS, SASL_PROTOCOLS, SaslSession, log_failure, log_success
-from .scram import AuthenticationFailed
-from .tls import TlsSession, principal_from_certificate
-
 if TYPE_CHECKING:
-    from .config import Listener
-    from .server import Broker
+    from shoal.broker.server.config import Listener
+    from shoal.broker.server.server import Broker
 
 log = structlog.get_logger("shoal.connection")
 

@@ -26,9 +26,9 @@ from .scram import MECHANISMS as SCRAM_MECHANISMS
 from .scram import AuthenticationFailed, ScramServer
 
 if TYPE_CHECKING:
-    from .config import BrokerConfig
-    from .connection import RequestContext
-    from .server import Broker
+    from shoal.broker.network.connection import RequestContext
+    from shoal.broker.server.config import BrokerConfig
+    from shoal.broker.server.server import Broker
 
 log = structlog.get_logger("shoal.sasl")
 

@@ -12,19 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from shoal.broker.security.authorizer import Operation, ResourceType
+from shoal.broker.storage.producer_state import PartitionProducerState
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.record_batch import InvalidRecordBatch, iter_batches
 from shoal.protocol.records import InvalidRecord, validate_batch_for_append
 
-from .authorizer import Operation, ResourceType
-from .producer_state import PartitionProducerState
-
 if TYPE_CHECKING:
-    from .connection import RequestContext
-    from .partition_log import PartitionLog
-    from .server import Broker
+    from shoal.broker.network.connection import RequestContext
+    from shoal.broker.server.server import Broker
+    from shoal.broker.storage.partition_log import PartitionLog
 
 log = structlog.get_logger("shoal.produce")
 

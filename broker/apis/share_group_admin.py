@@ -12,19 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from shoal.broker.security.authorizer import Operation, ResourceType
 from shoal.persister.persister import SharePartitionKey, StateSummary
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
-from .authorizer import Operation, ResourceType
 from .share_group_apis import GROUP_OPERATIONS, PROTOCOL_TYPE
 
 if TYPE_CHECKING:
+    from shoal.broker.network.connection import RequestContext
+    from shoal.broker.server.server import Broker
     from shoal.coordinator.group_coordinator import GroupCoordinator
-
-    from .connection import RequestContext
-    from .server import Broker
 
 log = structlog.get_logger("shoal.share_group_admin")
 

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.coordinator.group_coordinator import GroupCoordinator
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
-from .authorizer import CLUSTER_NAME, Operation, ResourceType
-
 if TYPE_CHECKING:
-    from .connection import RequestContext
-    from .server import Broker
-    from .topic_registry import TopicRegistry
+    from shoal.broker.network.connection import RequestContext
+    from shoal.broker.server.server import Broker
+    from shoal.broker.storage.topic_registry import TopicRegistry
 
 HeartbeatResponse = messages.ShareGroupHeartbeatResponse
 DescribeResponse = messages.ShareGroupDescribeResponse

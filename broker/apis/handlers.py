@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from shoal.broker.security import sasl
+
 from . import (
     acl_apis,
     alter_configs,
     fetch,
     metadata,
     produce,
-    sasl,
     scram_apis,
     share_fetch,
     share_group_admin,
@@ -20,7 +21,7 @@ from . import (
 )
 
 if TYPE_CHECKING:
-    from .server import Broker
+    from shoal.broker.server.server import Broker
 
 
 def register_all(broker: Broker) -> None:

@@ -10,11 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from shoal.protocol import messages
-from shoal.protocol.api_keys import ApiKey
-from shoal.protocol.errors import ErrorCode
-
-from .authorizer import (
+from shoal.broker.security.authorizer import (
     CLUSTER_NAME,
     WILDCARD,
     AclAuthorizer,
@@ -25,10 +21,13 @@ from .authorizer import (
     Principal,
     ResourceType,
 )
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from .connection import RequestContext
-    from .server import Broker
+    from shoal.broker.network.connection import RequestContext
+    from shoal.broker.server.server import Broker
 
 log = structlog.get_logger("shoal.acls")
 

@@ -11,21 +11,20 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from shoal.protocol import messages
-from shoal.protocol.errors import ErrorCode
-
-from .authorizer import CLUSTER_NAME, Operation, ResourceType
-from .scram import (
+from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
+from shoal.broker.security.scram import (
     MAX_ITERATIONS,
     MECHANISM_BY_CODE,
     MECHANISMS,
     MIN_ITERATIONS,
     credential_from_salted_password,
 )
+from shoal.protocol import messages
+from shoal.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from .connection import RequestContext
-    from .server import Broker
+    from shoal.broker.network.connection import RequestContext
+    from shoal.broker.server.server import Broker
 
 log = structlog.get_logger("shoal.scram")
 

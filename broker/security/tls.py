@@ -14,8 +14,9 @@ import ssl
 import tempfile
 from typing import Any
 
+from shoal.broker.server.config import BrokerConfig, ConfigError
+
 from .authorizer import Principal
-from .config import BrokerConfig, ConfigError
 
 _TLS_VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
 _CLIENT_AUTH = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}

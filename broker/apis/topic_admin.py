@@ -8,20 +8,19 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
+from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
+from shoal.broker.storage.producer_state import ProducerIdAllocator
+from shoal.broker.storage.topic_registry import INTERNAL_TOPICS, TOPIC_CONFIG_KEYS, validate_topic_name
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.record_batch import InvalidRecordBatch
 from shoal.protocol.records import decode_batch
 
-from .authorizer import CLUSTER_NAME, Operation, ResourceType
-from .partition_log import OffsetOutOfRange, PartitionLog
-from .producer_state import ProducerIdAllocator
-from .topic_registry import INTERNAL_TOPICS, TOPIC_CONFIG_KEYS, validate_topic_name
-
 if TYPE_CHECKING:
-    from .connection import RequestContext
-    from .server import Broker
+    from shoal.broker.network.connection import RequestContext
+    from shoal.broker.server.server import Broker
 
 log = structlog.get_logger("shoal.admin")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import structlog
 
-from shoal.broker.log_segment import (
+from shoal.broker.storage.log_segment import (
     INDEX_SUFFIX,
     INT32_MAX,
     LOG_SUFFIX,

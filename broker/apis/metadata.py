@@ -6,16 +6,15 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
+from shoal.broker.storage.topic_registry import Topic, validate_topic_name
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
-from .authorizer import CLUSTER_NAME, Operation, ResourceType
-from .topic_registry import Topic, validate_topic_name
-
 if TYPE_CHECKING:
-    from .connection import RequestContext
-    from .server import Broker
+    from shoal.broker.network.connection import RequestContext
+    from shoal.broker.server.server import Broker
 
 log = structlog.get_logger("shoal.metadata")
 

@@ -13,17 +13,17 @@ from typing import Any
 
 import structlog
 
+from shoal.broker.network.connection import KafkaConnection
+from shoal.broker.security.authorizer import Authorizer, build_authorizer
+from shoal.broker.security.scram import ScramCredentialStore
+from shoal.broker.share.group_configs import GroupConfigs
+from shoal.broker.storage.purgatory import Purgatory
+from shoal.broker.storage.topic_registry import CONSUMER_OFFSETS, SHARE_GROUP_STATE, Topic, TopicRegistry
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 
-from .authorizer import Authorizer, build_authorizer
 from .config import BrokerConfig, Listener
-from .connection import KafkaConnection
-from .group_configs import GroupConfigs
 from .metrics import BrokerMetrics
-from .purgatory import Purgatory
-from .scram import ScramCredentialStore
-from .topic_registry import CONSUMER_OFFSETS, SHARE_GROUP_STATE, Topic, TopicRegistry
 
 log = structlog.get_logger("shoal.broker")
 
@@ -122,8 +122,8 @@ class Broker:
                 self.topics.create(name, int(self.config[key]), {"cleanup.policy": "compact" if name == CONSUMER_OFFSETS else "delete"})
 
     async def start(self) -> None:
-        from .handlers import register_all
-        from .tls import server_context
+        from shoal.broker.apis.handlers import register_all
+        from shoal.broker.security.tls import server_context
 
         self._loop = loop = asyncio.get_running_loop()
         self.topics.data_dir.mkdir(parents=True, exist_ok=True)
@@ -187,13 +187,12 @@ class Broker:
         self.metrics.stop()
 
     async def _start_share_groups(self) -> None:
+        from shoal.broker.apis.share_group_apis import BrokerTopicMetadata
+        from shoal.broker.share.share_partition_leader import SharePartitionLeaders
+        from shoal.broker.storage.internal_topic_log import InternalTopicLog
         from shoal.coordinator.group_coordinator import GroupCoordinator, GroupCoordinatorConfig
         from shoal.coordinator.share_coordinator import ShareCoordinator
         from shoal.persister.default_persister import DefaultStatePersister, InProcessShareCoordinatorClient
-
-        from .internal_topic_log import InternalTopicLog
-        from .share_group_apis import BrokerTopicMetadata
-        from .share_partition_leader import SharePartitionLeaders
 
         state_topic = self.topics.get(SHARE_GROUP_STATE)
         offsets_topic = self.topics.get(CONSUMER_OFFSETS)

@@ -6,17 +6,16 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from shoal.broker.security.authorizer import Operation, ResourceType
+from shoal.broker.share.group_configs import InvalidGroupConfig
+from shoal.broker.storage.topic_registry import TOPIC_CONFIG_KEYS
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
-from .authorizer import Operation, ResourceType
-from .group_configs import InvalidGroupConfig
-from .topic_registry import TOPIC_CONFIG_KEYS
-
 if TYPE_CHECKING:
-    from .connection import RequestContext
-    from .server import Broker
+    from shoal.broker.network.connection import RequestContext
+    from shoal.broker.server.server import Broker
 
 log = structlog.get_logger("shoal.configs")
 
