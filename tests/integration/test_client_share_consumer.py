@@ -16,8 +16,8 @@ from shoal.client import (
     ShareConsumer,
     ShareRecord,
 )
+from shoal.client.consumer.share_consumer import new_member_id
 from shoal.client.errors import ClientClosedError, IllegalStateError
-from shoal.client.share_consumer import new_member_id
 
 from .broker_process import BrokerProcess
 from .conftest import FAST_HEARTBEAT

@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from shoal.client.spark_source import register
+    from shoal.client.spark.source import register
 
     spark = (
         SparkSession.builder.master("local[2]")

@@ -43,7 +43,7 @@ def client_options(options: Mapping[str, str]) -> ClientOptions:
 
 def check_connection_config(config: Mapping[str, str]) -> None:
     """Reject unknown client settings when the query is defined, not later inside Spark's worker processes."""
-    from .security import ClientConfig
+    from shoal.client.security import ClientConfig
 
     try:
         ClientConfig.from_dict(config)

@@ -13,11 +13,9 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 
-from shoal.protocol.errors import ErrorCode
-
-from .admin import AsyncAdmin, ShareGroupDescription, SharePartitionOffset, TopicPartition
-from .errors import KafkaError
-from .tools_cli import (
+from shoal.client.admin import AsyncAdmin, ShareGroupDescription, SharePartitionOffset, TopicPartition
+from shoal.client.errors import KafkaError
+from shoal.client.tools.cli import (
     ToolParser,
     UsageError,
     add_version,
@@ -25,7 +23,8 @@ from .tools_cli import (
     parse_duration_ms,
     usage_failure,
 )
-from .tools_config import ToolConfigError, load_properties, split_settings, warn_ignored
+from shoal.client.tools.config import ToolConfigError, load_properties, split_settings, warn_ignored
+from shoal.protocol.errors import ErrorCode
 
 PROG = "kafka-share-groups"
 DEFAULT_TIMEOUT_MS = 30_000

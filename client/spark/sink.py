@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from .spark_options import SparkOptionError, check_connection_config, client_options
+from shoal.client.spark.options import SparkOptionError, check_connection_config, client_options
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -78,7 +78,7 @@ class KafkaShareStreamWriter(DataSourceStreamArrowWriter):
             raise SparkOptionError(f"the kafka-share sink does not know columns {sorted(unknown)}")
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> ProducedCommitMessage:
-        from .producer import Producer
+        from shoal.client.producer import Producer
 
         producer = Producer(self.bootstrap, config=self.client_config, **self.producer_kwargs)
         futures = []

@@ -14,17 +14,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shoal.client.cluster import Cluster
+from shoal.client.errors import ClientClosedError, KafkaError, KafkaTimeoutError, UnknownTopicError, for_code
+from shoal.client.loop_thread import LoopThread
+from shoal.client.security import ClientConfig
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.compression import codec_from_name
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.records import Header, RecordInput, encode_batch
 
-from .cluster import Cluster
-from .errors import ClientClosedError, KafkaError, KafkaTimeoutError, UnknownTopicError, for_code
-from .loop_thread import LoopThread
 from .partitioner import StickyPartitioner, partition_for_key
-from .security import ClientConfig
 
 PRODUCE_VERSIONS = (3, 12)  # v13 addresses topics by id only; names are all this client needs
 INIT_PRODUCER_ID_VERSIONS = (0, 4)

@@ -1,6 +1,6 @@
 """`kafka-share`: a PySpark (4.x Python Data Source API) streaming source that reads a Shoal share group.
 
-    import shoal.client.spark_source                    # registers "kafka-share" in the active session
+    import shoal.client.spark                           # registers "kafka-share" in the active session
     # or: spark.dataSource.register(KafkaShareDataSource)
     df = (spark.readStream.format("kafka-share")
           .option("kafka.bootstrap.servers", "broker:9092")
@@ -55,15 +55,21 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from .spark_options import SparkOptionError, check_connection_config, client_options, int_option, lowered
+from shoal.client.spark.options import (
+    SparkOptionError,
+    check_connection_config,
+    client_options,
+    int_option,
+    lowered,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
-    from .share_consumer import ShareRecord
+    from shoal.client.consumer.share_consumer import ShareRecord
 
-log = logging.getLogger("shoal.client.spark_source")
+log = logging.getLogger("shoal.client.spark.source")
 
 FORMAT_NAME = "kafka-share"
 SCHEMA = (
@@ -242,7 +248,7 @@ class _Acquisitions:
     settled yet (by batch seq), and a thread renewing their acquisition locks while Spark works on them."""
 
     def __init__(self, options: SourceOptions, member_id: str) -> None:
-        from .share_consumer import ShareConsumer
+        from shoal.client.consumer.share_consumer import ShareConsumer
 
         self.options = options
         self.member_id = member_id
@@ -325,7 +331,7 @@ class _Acquisitions:
             log.warning("could not %s %d records of batch(es) %s: %s", kind, count, done, failed)
 
     def _renew_loop(self) -> None:
-        from .errors import UnsupportedVersionError
+        from shoal.client.errors import UnsupportedVersionError
 
         # A micro-batch may outlast the acquisition lock (30 s by default); RENEW keeps it ours meanwhile.
         interval = self.options.lock_renew_interval_ms / 1000
@@ -381,7 +387,7 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     # ---- driver side ------------------------------------------------------------------------------
 
     def _member(self) -> str:
-        from .share_consumer import new_member_id
+        from shoal.client.consumer.share_consumer import new_member_id
 
         if self._member_id is None:
             self._member_id = new_member_id()
@@ -470,7 +476,7 @@ class KafkaShareDataSource(DataSource):
         return KafkaShareStreamReader(SourceOptions.parse(self.options))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        from .spark_sink import KafkaShareStreamWriter
+        from shoal.client.spark.sink import KafkaShareStreamWriter
 
         return KafkaShareStreamWriter(lowered(self.options), schema)
 

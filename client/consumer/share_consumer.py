@@ -20,16 +20,9 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from shoal.protocol import messages
-from shoal.protocol.api_keys import ApiKey
-from shoal.protocol.errors import ErrorCode
-from shoal.protocol.record_batch import InvalidRecordBatch
-from shoal.protocol.records import iter_decoded_batches
-from shoal.protocol.uuids import uuid_to_str
-
-from .cluster import Cluster
-from .connection import BrokerConnection
-from .errors import (
+from shoal.client.cluster import Cluster
+from shoal.client.connection import BrokerConnection
+from shoal.client.errors import (
     ClientClosedError,
     IllegalStateError,
     KafkaConnectionError,
@@ -37,11 +30,17 @@ from .errors import (
     UnsupportedVersionError,
     for_code,
 )
-from .loop_thread import LoopThread
-from .metrics import Sensor
-from .security import ClientConfig
+from shoal.client.loop_thread import LoopThread
+from shoal.client.metrics import Sensor
+from shoal.client.security import ClientConfig
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.errors import ErrorCode
+from shoal.protocol.record_batch import InvalidRecordBatch
+from shoal.protocol.records import iter_decoded_batches
+from shoal.protocol.uuids import uuid_to_str
 
-log = logging.getLogger("shoal.client.share_consumer")
+log = logging.getLogger("shoal.client.consumer.share_consumer")
 
 HEARTBEAT_VERSIONS = (1, 1)
 SHARE_FETCH_VERSIONS = (1, 2)

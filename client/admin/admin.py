@@ -12,14 +12,13 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from shoal.client.cluster import Cluster
+from shoal.client.errors import KafkaError, for_code
+from shoal.client.loop_thread import LoopThread
+from shoal.client.security import ClientConfig
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
-
-from .cluster import Cluster
-from .errors import KafkaError, for_code
-from .loop_thread import LoopThread
-from .security import ClientConfig
 
 T = TypeVar("T")
 

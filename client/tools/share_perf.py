@@ -16,10 +16,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .errors import KafkaError
-from .share_consumer import AsyncShareConsumer
-from .tools_cli import ToolParser, UsageError, add_version, format_java_date, usage_failure
-from .tools_config import ToolConfigError, load_properties, parse_key_values, split_settings, warn_ignored
+from shoal.client.consumer.share_consumer import AsyncShareConsumer
+from shoal.client.errors import KafkaError
+from shoal.client.tools.cli import ToolParser, UsageError, add_version, format_java_date, usage_failure
+from shoal.client.tools.config import (
+    ToolConfigError,
+    load_properties,
+    parse_key_values,
+    split_settings,
+    warn_ignored,
+)
 
 PROG = "kafka-share-consumer-perf-test"
 HEADER = "start.time, end.time, data.consumed.in.MB, MB.sec, nMsg.sec, data.consumed.in.nMsg, fetch.time.ms"

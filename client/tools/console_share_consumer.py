@@ -17,10 +17,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from .errors import KafkaError
-from .share_consumer import AcknowledgeType, AsyncShareConsumer, ShareRecord
-from .tools_cli import ToolParser, UsageError, add_version, usage_failure
-from .tools_config import ToolConfigError, load_properties, parse_key_values, split_settings, warn_ignored
+from shoal.client.consumer.share_consumer import AcknowledgeType, AsyncShareConsumer, ShareRecord
+from shoal.client.errors import KafkaError
+from shoal.client.tools.cli import ToolParser, UsageError, add_version, usage_failure
+from shoal.client.tools.config import (
+    ToolConfigError,
+    load_properties,
+    parse_key_values,
+    split_settings,
+    warn_ignored,
+)
 
 PROG = "kafka-console-share-consumer"
 DEFAULT_GROUP = "console-share-consumer"
