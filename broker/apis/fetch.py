@@ -16,8 +16,8 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
+    from shoal.broker.apis.broker import Broker
     from shoal.broker.network.connection import RequestContext
-    from shoal.broker.server.server import Broker
 
 FetchResponse = messages.FetchResponse
 TopicData = FetchResponse.FetchableTopicResponse  # type: ignore[attr-defined]

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shoal.broker.security import sasl
-
 from . import (
     acl_apis,
     alter_configs,
     fetch,
     metadata,
     produce,
+    sasl_apis,
     scram_apis,
     share_fetch,
     share_group_admin,
@@ -21,7 +20,7 @@ from . import (
 )
 
 if TYPE_CHECKING:
-    from shoal.broker.server.server import Broker
+    from shoal.broker.apis.broker import Broker
 
 
 def register_all(broker: Broker) -> None:
@@ -34,6 +33,6 @@ def register_all(broker: Broker) -> None:
     share_group_apis.register(broker)
     share_group_admin.register(broker)
     share_state_apis.register(broker)
-    sasl.register(broker)
+    sasl_apis.register(broker)
     scram_apis.register(broker)
     acl_apis.register(broker)

@@ -13,8 +13,8 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
+    from shoal.broker.apis.broker import Broker
     from shoal.broker.network.connection import RequestContext
-    from shoal.broker.server.server import Broker
 
 log = structlog.get_logger("shoal.metadata")
 

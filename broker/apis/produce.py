@@ -21,8 +21,8 @@ from shoal.protocol.record_batch import InvalidRecordBatch, iter_batches
 from shoal.protocol.records import InvalidRecord, validate_batch_for_append
 
 if TYPE_CHECKING:
+    from shoal.broker.apis.broker import Broker
     from shoal.broker.network.connection import RequestContext
-    from shoal.broker.server.server import Broker
     from shoal.broker.storage.partition_log import PartitionLog
 
 log = structlog.get_logger("shoal.produce")

@@ -21,8 +21,8 @@ from shoal.protocol.errors import ErrorCode
 from .share_group_apis import GROUP_OPERATIONS, PROTOCOL_TYPE
 
 if TYPE_CHECKING:
+    from shoal.broker.apis.broker import Broker
     from shoal.broker.network.connection import RequestContext
-    from shoal.broker.server.server import Broker
     from shoal.coordinator.group_coordinator import GroupCoordinator
 
 log = structlog.get_logger("shoal.share_group_admin")

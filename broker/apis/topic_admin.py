@@ -19,8 +19,8 @@ from shoal.protocol.record_batch import InvalidRecordBatch
 from shoal.protocol.records import decode_batch
 
 if TYPE_CHECKING:
+    from shoal.broker.apis.broker import Broker
     from shoal.broker.network.connection import RequestContext
-    from shoal.broker.server.server import Broker
 
 log = structlog.get_logger("shoal.admin")
 

@@ -26,8 +26,8 @@ from shoal.protocol import messages
 from shoal.protocol.codec import DecodeError
 
 if TYPE_CHECKING:
+    from shoal.broker.apis.broker import Broker
     from shoal.broker.server.config import Listener
-    from shoal.broker.server.server import Broker
 
 log = structlog.get_logger("shoal.connection")
 

@@ -10,10 +10,26 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
-from .authorizer import AclBinding, Operation, PatternType, Permission, ResourceType
+from shoal.broker.server.config import ConfigError
+
+from .authorizer import (
+    STANDARD_AUTHORIZER_CLASSES,
+    AclAuthorizer,
+    AclBinding,
+    AllowAllAuthorizer,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+    parse_super_users,
+)
+
+if TYPE_CHECKING:
+    from shoal.broker.server.config import BrokerConfig
 
 log = structlog.get_logger("shoal.acls")
 
@@ -103,3 +119,19 @@ class AclStore:
         self._save(updated)
         self._bindings = updated
         self._reindex()
+
+
+def build_authorizer(config: BrokerConfig, data_dir: Path) -> AllowAllAuthorizer | AclAuthorizer:
+    """The authorizer `authorizer.class.name` asks for; ACLs live in the data directory."""
+    class_name = str(config["authorizer.class.name"]).strip()
+    if not class_name:
+        return AllowAllAuthorizer()
+    if class_name not in STANDARD_AUTHORIZER_CLASSES:
+        raise ConfigError(
+            f"authorizer.class.name {class_name!r} is not supported (use {STANDARD_AUTHORIZER_CLASSES[0]})"
+        )
+    return AclAuthorizer(
+        AclStore(data_dir),
+        parse_super_users(str(config["super.users"])),
+        bool(config["allow.everyone.if.no.acl.found"]),
+    )

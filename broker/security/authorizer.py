@@ -11,13 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from shoal.broker.server.config import BrokerConfig
-
-    from .acl_store import AclStore
+    from collections.abc import Iterator
 
 
 class Operation(IntEnum):
@@ -150,12 +147,24 @@ def parse_super_users(text: str) -> frozenset[str]:
     return frozenset(part.strip() for part in text.split(";") if part.strip())
 
 
+class AclBindings(Protocol):
+    """The ACL bindings an `AclAuthorizer` reads and CreateAcls/DeleteAcls change (acl_store.AclStore)."""
+
+    def for_resource_type(self, resource_type: ResourceType) -> list[AclBinding]: ...
+
+    def __iter__(self) -> Iterator[AclBinding]: ...
+
+    def add(self, bindings: Iterable[AclBinding]) -> None: ...
+
+    def remove(self, bindings: Iterable[AclBinding]) -> None: ...
+
+
 class AclAuthorizer:
     """StandardAuthorizer semantics over an `AclStore` that CreateAcls/DeleteAcls change in place."""
 
     acls_enabled = True
 
-    def __init__(self, store: AclStore, super_users: Iterable[str] = (), allow_if_no_acl: bool = False):
+    def __init__(self, store: AclBindings, super_users: Iterable[str] = (), allow_if_no_acl: bool = False):
         self.store = store
         self.super_users = frozenset(super_users)
         self.allow_if_no_acl = allow_if_no_acl
@@ -220,23 +229,3 @@ def _covers(deny: AclBinding, allow: AclBinding) -> bool:
     if deny.pattern_type == PatternType.PREFIXED:
         return allow.resource_name.startswith(deny.resource_name)
     return allow.pattern_type == PatternType.LITERAL and allow.resource_name == deny.resource_name
-
-
-def build_authorizer(config: BrokerConfig, data_dir: Path) -> AllowAllAuthorizer | AclAuthorizer:
-    """The authorizer `authorizer.class.name` asks for; ACLs live in the data directory."""
-    from shoal.broker.server.config import ConfigError
-
-    from .acl_store import AclStore
-
-    class_name = str(config["authorizer.class.name"]).strip()
-    if not class_name:
-        return AllowAllAuthorizer()
-    if class_name not in STANDARD_AUTHORIZER_CLASSES:
-        raise ConfigError(
-            f"authorizer.class.name {class_name!r} is not supported (use {STANDARD_AUTHORIZER_CLASSES[0]})"
-        )
-    return AclAuthorizer(
-        AclStore(data_dir),
-        parse_super_users(str(config["super.users"])),
-        bool(config["allow.everyone.if.no.acl.found"]),
-    )

@@ -7,14 +7,15 @@ import inspect
 import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from shoal.broker.apis.broker import Api
 from shoal.broker.network.connection import KafkaConnection
-from shoal.broker.security.authorizer import Authorizer, build_authorizer
+from shoal.broker.security.acl_store import build_authorizer
+from shoal.broker.security.authorizer import Authorizer
 from shoal.broker.security.scram import ScramCredentialStore
 from shoal.broker.share.group_configs import GroupConfigs
 from shoal.broker.storage.purgatory import Purgatory
@@ -26,18 +27,6 @@ from .config import BrokerConfig, Listener
 from .metrics import BrokerMetrics
 
 log = structlog.get_logger("shoal.broker")
-
-
-@dataclass(frozen=True, slots=True)
-class Api:
-    """A handler for one API key over a version range; `handler(ctx, body)` returns the response body."""
-
-    key: int
-    name: str
-    min_version: int
-    max_version: int
-    handler: Callable[..., Any]
-    is_async: bool
 
 
 class Broker:
@@ -192,7 +181,8 @@ class Broker:
         from shoal.broker.storage.internal_topic_log import InternalTopicLog
         from shoal.coordinator.group_coordinator import GroupCoordinator, GroupCoordinatorConfig
         from shoal.coordinator.share_coordinator import ShareCoordinator
-        from shoal.persister.default_persister import DefaultStatePersister, InProcessShareCoordinatorClient
+        from shoal.coordinator.share_coordinator_client import InProcessShareCoordinatorClient
+        from shoal.persister.default_persister import DefaultStatePersister
 
         state_topic = self.topics.get(SHARE_GROUP_STATE)
         offsets_topic = self.topics.get(CONSUMER_OFFSETS)

@@ -14,14 +14,23 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from .server import Broker
+    from shoal.broker.storage.topic_registry import TopicRegistry
+
+
+class Broker(Protocol):
+    """The parts of the broker the collector reads (the server's Broker has them)."""
+
+    topics: TopicRegistry
+    group_coordinator: Any
+    share_coordinator: Any
+    share_partitions: Any
 
 PROTOCOL = "share"
 # AcknowledgeType values on the wire (KIP-932; 4 = RENEW from KIP-1222).

@@ -28,12 +28,13 @@ from shoal.broker.storage.partition_log import LogConfig, PartitionLog
 from shoal.broker.storage.topic_registry import Topic, topic_id_to_str
 from shoal.coordinator.placement import java_string_hashcode
 from shoal.coordinator.share_coordinator import ShareCoordinator
+from shoal.coordinator.share_coordinator_client import InProcessShareCoordinatorClient
 from shoal.coordinator.share_state import (
     ShareState,
     combine_state_batches,
     state_partition_for,
 )
-from shoal.persister.default_persister import DefaultStatePersister, InProcessShareCoordinatorClient
+from shoal.persister.default_persister import DefaultStatePersister
 from shoal.persister.persister import PersistedStateBatch, SharePartitionKey, WriteStateRequest
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
