@@ -23,7 +23,8 @@ from shoal.broker.security.sasl import (
 from shoal.broker.security.scram import AuthenticationFailed
 from shoal.broker.security.tls import TlsSession, principal_from_certificate
 from shoal.protocol import messages
-from shoal.protocol.codec import DecodeError
+
+from .framing import FrameSizeError, Rejected, decode_body, decode_header, next_frame
 
 if TYPE_CHECKING:
     from shoal.broker.apis.broker import Broker
@@ -124,21 +125,20 @@ class KafkaConnection(asyncio.Protocol):
                 return
         buf = self._buffer
         buf += data
-        while len(buf) >= 4 and not self._closed:
-            size = int.from_bytes(buf[0:4], "big", signed=True)
-            if size < 0 or size > self._max_request:
+        while not self._closed:
+            try:
+                frame = next_frame(buf, self._max_request)
+            except FrameSizeError as exc:
                 log.warning(
                     "request frame size rejected, closing connection",
-                    size=size,
-                    limit=self._max_request,
+                    size=exc.size,
+                    limit=exc.limit,
                     client=self.client_host,
                 )
                 self.close()
                 return
-            if len(buf) < 4 + size:
+            if frame is None:
                 break
-            frame = bytes(buf[4 : 4 + size])
-            del buf[: 4 + size]
             if self.sasl is not None and self.sasl.raw_tokens:
                 self._on_raw_sasl_token(frame)
             else:
@@ -222,48 +222,23 @@ class KafkaConnection(asyncio.Protocol):
     # ---- requests ----------------------------------------------------------------------------
 
     def _on_frame(self, frame: bytes) -> None:
-        try:
-            header, pos = messages.decode_request_header(frame)
-        except messages.UnknownApi as exc:
-            log.warning("unknown api key, closing connection", error=str(exc), client=self.client_host)
-            self.close()
-            return
-        except DecodeError as exc:
-            log.warning("malformed request header, closing connection", error=str(exc), client=self.client_host)
-            self.close()
+        head = decode_header(frame)
+        if isinstance(head, Rejected):
+            self._reject(head)
             return
         sasl = self.sasl
-        if sasl is not None and not self._sasl_allows(sasl, header.api_key):
+        if sasl is not None and not self._sasl_allows(sasl, head.header.api_key):
             self.close()
             return
-        api = self.broker.apis.get(header.api_key)
-        if api is None or not (api.min_version <= header.api_version <= api.max_version):
-            if header.api_key == messages.API_VERSIONS_KEY:
+        decoded = decode_body(frame, head, self.broker.apis)
+        if isinstance(decoded, Rejected):
+            if decoded.answer_api_versions:
                 # KIP-511: answer an unknown ApiVersions version in v0 form so the client can downgrade.
-                self._respond_now(self.broker.api_versions_fallback(header), header, 0)
-                return
-            log.warning(
-                "unsupported api or version, closing connection",
-                api_key=header.api_key,
-                api_version=header.api_version,
-                client=self.client_host,
-            )
-            self.broker.metrics.request_errors.labels(api=str(header.api_key)).inc()
-            self.close()
+                self._respond_now(self.broker.api_versions_fallback(head.header), head.header, 0)
+            else:
+                self._reject(decoded)
             return
-        try:
-            body, _ = messages.REQUESTS[header.api_key].decode(frame, header.api_version, pos)
-        except DecodeError as exc:
-            log.warning(
-                "malformed request body, closing connection",
-                api=api.name,
-                api_version=header.api_version,
-                error=str(exc),
-                client=self.client_host,
-            )
-            self.broker.metrics.request_errors.labels(api=api.name).inc()
-            self.close()
-            return
+        header, api, body = decoded.header, decoded.api, decoded.body
         self.broker.metrics.bytes_in.inc(len(frame) + 4)
         ctx = RequestContext(header, self)
         slot = _Slot()
@@ -284,6 +259,12 @@ class KafkaConnection(asyncio.Protocol):
                 self.close()
                 return
             self._complete(slot, api, ctx, response)
+
+    def _reject(self, rejected: Rejected) -> None:
+        log.warning(rejected.reason, **rejected.log_fields, client=self.client_host)
+        if rejected.metric_label is not None:
+            self.broker.metrics.request_errors.labels(api=rejected.metric_label).inc()
+        self.close()
 
     def _sasl_allows(self, sasl: SaslSession, api_key: int) -> bool:
         if not sasl.authenticated:
