@@ -443,7 +443,7 @@ def test_group_placement_matches_kafka() -> None:
     assert partition_for_group("\u00e9t\u00e9", 7) == abs(java_string_hashcode("\u00e9t\u00e9")) % 7
 
 
-# ---- the API layer (broker/share_group_apis.py) over a real broker object ------------------------------
+# ---- the API layer (broker/apis/share_group_apis.py) over a real broker object ------------------------------
 
 
 class DenyingAuthorizer:
