@@ -18,8 +18,12 @@ if TYPE_CHECKING:
     from shoal.broker.server.config import BrokerConfig, Listener
     from shoal.broker.server.metrics import BrokerMetrics
     from shoal.broker.share.group_configs import GroupConfigs
+    from shoal.broker.share.share_partition_leader import SharePartitionLeaders
     from shoal.broker.storage.purgatory import Purgatory
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
+    from shoal.coordinator.group_coordinator import GroupCoordinator
+    from shoal.coordinator.share_coordinator import ShareCoordinator
+    from shoal.persister.persister import Persister
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +52,11 @@ class Broker(Protocol):
     apis: dict[int, Api]
     # Connections are typed loosely here: the network layer imports this module.
     connection_listeners: list[Callable[[Any], None]]
-    # Share-group parts, wired once the internal topics exist.
-    share_coordinator: Any
-    group_coordinator: Any
-    persister: Any
-    share_partitions: Any
+    # Share-group parts, wired in start() once the internal topics exist (before any request is served).
+    share_coordinator: ShareCoordinator
+    group_coordinator: GroupCoordinator
+    persister: Persister
+    share_partitions: SharePartitionLeaders
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...
