@@ -7,6 +7,7 @@ inside functions: a cycle through a type-only import still means the modules can
 from __future__ import annotations
 
 import ast
+import functools
 import os
 from pathlib import Path
 
@@ -60,6 +61,7 @@ def _resolve(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join([*base, node.module] if node.module else base)
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
     modules = _modules()
     graph: dict[str, set[str]] = {}
