@@ -187,10 +187,14 @@ class Broker:
             conn.close()
         for task in self._background:
             task.cancel()
-        if self._requests:
+        await asyncio.sleep(0)  # let the closed connections' callbacks run (they wake long polls, release)
+        running = set(self._requests)
+        if self.share_partitions is not None:
+            running |= self.share_partitions.changes_in_progress()
+        if running:
             # Work that started (a state write, an fsync) finishes before the logs close. Closing the
             # connections woke their long polls; a handler stuck longer than this is cut off.
-            _done, stuck = await asyncio.wait(set(self._requests), timeout=_REQUEST_DRAIN_S)
+            _done, stuck = await asyncio.wait(running, timeout=_REQUEST_DRAIN_S)
             for task in stuck:
                 task.cancel()
             if stuck:

@@ -288,9 +288,12 @@ class SharePartitionLeader:
                 return
             if sp.expire_locks(now_ms()):
                 # The transition stands even if the write fails (as in Kafka); the next write carries it.
-                write_err = await self._persist()
-                if write_err != ErrorCode.NONE:
-                    sp.mark_write_failed()
+                write_err = ErrorCode.UNKNOWN_SERVER_ERROR
+                try:
+                    write_err = await self._persist()
+                finally:
+                    if write_err != ErrorCode.NONE:
+                        sp.mark_write_failed()
             self._timer_at = None
             self._arm_timer()
         self._changed()
@@ -385,6 +388,11 @@ class SharePartitionLeaders:
 
     def all(self) -> list[SharePartitionLeader]:
         return list(self._leaders.values())
+
+    @staticmethod
+    def changes_in_progress() -> set[asyncio.Task[Any]]:
+        """Acknowledgements and releases still running (the broker lets them finish before it stops)."""
+        return set(_finishing)
 
     def of_group(self, group_id: str) -> list[SharePartitionLeader]:
         return [leader for key, leader in self._leaders.items() if key.group_id == group_id]
