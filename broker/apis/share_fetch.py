@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -198,14 +197,10 @@ class ShareFetchHandlers:
                                                   delivery_count=r.delivery_count) for r in acq.acquired]
                 remaining_records -= sum(r.last_offset - r.first_offset + 1 for r in acq.acquired)
                 remaining_bytes -= len(acq.records)
-            if ctx.connection.closed:
-                # The response cannot be delivered: what this request acquired goes back at once.
-                # (The connection's close released the member already, but this acquisition came after.)
-                if got_any:
-                    await self._release(session.group_id, member, set(results))
-                return
             left = deadline - time.monotonic()
-            if got_any or left <= 0 or not wake_keys:
+            # A closed connection stops the poll. An acquisition already waiting for its partition when the
+            # connection closed is undone by the close's release, queued behind it on the partition's lock.
+            if got_any or left <= 0 or not wake_keys or ctx.connection.closed:
                 return
             await self.broker.purgatory.wait([*wake_keys, ctx.connection.wake_key], left)
 
@@ -326,10 +321,6 @@ class ShareFetchHandlers:
         Every release starts before this returns and runs to completion even if no one awaits it."""
         return asyncio.gather(*(leader.release_member(member) for leader in self.leaders.of_group(group)))
 
-    def _release(self, group: str, member: str, partitions: Iterable[TopicPartitionId]) -> asyncio.Future[Any]:
-        """Like `_release_member`, on the named partitions only."""
-        leaders = [self.leaders.get(SharePartitionKey(group, topic_id, index)) for topic_id, index in partitions]
-        return asyncio.gather(*(leader.release_member(member) for leader in leaders if leader is not None))
 
     def _on_connection_closed(self, conn: KafkaConnection) -> None:
         closed = self.sessions.sessions_of(conn)

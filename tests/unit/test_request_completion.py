@@ -182,3 +182,46 @@ async def test_session_close_releases_every_partition_when_its_client_disconnect
         assert states(broker, key, 4) == [RecordState.AVAILABLE] * 4
         leader = broker.share_partitions.get(key)
         assert leader is not None and leader.state is not None and leader.state.acquired_count == 0
+
+
+async def test_long_polls_end_with_their_connection(broker: Broker) -> None:
+    topic = broker.topics.create("complete-poll", 1)
+    broker.on_topic_created(topic)
+    client = await asyncio.to_thread(WireClient, "127.0.0.1", broker.bound[0].port)
+    fr = messages.FetchRequest
+    await asyncio.to_thread(client.send, ApiKey.FETCH, 12, fr(
+        replica_id=-1, max_wait_ms=60_000, min_bytes=1 << 20, max_bytes=1 << 20, isolation_level=0, session_id=0,
+        session_epoch=-1, forgotten_topics_data=[], rack_id="", topics=[fr.FetchTopic(  # type: ignore[attr-defined]
+            topic=topic.name, partitions=[fr.FetchPartition(  # type: ignore[attr-defined]
+                partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])]))
+    await until(lambda: len(broker._requests) == 1)
+    await asyncio.to_thread(client.close)
+    await until(lambda: not broker._requests)  # long before its minute is up
+
+
+async def test_records_acquired_for_a_vanished_connection_are_released(broker: Broker) -> None:
+    topic = broker.topics.create("complete-vanished", 1)
+    broker.on_topic_created(topic)
+    broker.group_configs.apply(GROUP, [("share.auto.offset.reset", "earliest")])
+    key = SharePartitionKey(GROUP, topic.topic_id, 0)
+    client = await asyncio.to_thread(WireClient, "127.0.0.1", broker.bound[0].port)
+    await acquire_everything(broker, client, topic.topic_id, [0], 2)
+    leader = broker.share_partitions.get(key)
+    assert leader is not None and leader.state is not None
+    resp = await asyncio.to_thread(client.request, ApiKey.SHARE_ACKNOWLEDGE, 1, ack_body(topic.topic_id, 0, 0, 1, 2))
+    assert resp.error_code == ErrorCode.NONE
+    poll = fetch_body(topic.topic_id, [0], 3)
+    poll.max_wait_ms = 60_000
+    await asyncio.to_thread(client.send, ApiKey.SHARE_FETCH, 1, poll)
+    await until(lambda: len(broker._requests) == 1)
+    async with leader.lock:
+        # New records wake the parked ShareFetch; it waits for the partition while its client goes away.
+        produce(broker, topic.name, 0, 3)
+        broker.purgatory.notify(("log", topic.topic_id, 0))
+        await asyncio.to_thread(client.close)
+        await until(lambda: not broker.connections)
+    await until(lambda: not broker._requests)
+    # Its acquisition cannot be delivered, so it was handed back rather than locked for a lock duration.
+    await until(lambda: not leader.lock.locked())
+    assert leader.state.acquired_count == 0
+    assert leader.state.available_count == 3
