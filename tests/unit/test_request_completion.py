@@ -17,6 +17,7 @@ import pytest
 from shoal.broker.server.config import BrokerConfig
 from shoal.broker.server.server import Broker
 from shoal.broker.share.share_partition import RecordState
+from shoal.broker.storage.topic_registry import Topic
 from shoal.persister.persister import SharePartitionKey
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -112,6 +113,16 @@ async def acquire_everything(broker: Broker, client: WireClient, topic_id: bytes
     assert got == {p: [(0, records - 1)] for p in partitions}
 
 
+async def member_holding(broker: Broker, name: str, partitions: int, records: int) -> tuple[Topic, WireClient]:
+    """A topic, and a member on a raw connection that acquired `records` records on each of its partitions."""
+    topic = broker.topics.create(name, partitions)
+    broker.on_topic_created(topic)
+    broker.group_configs.apply(GROUP, [("share.auto.offset.reset", "earliest")])
+    client = await asyncio.to_thread(WireClient, "127.0.0.1", broker.bound[0].port)
+    await acquire_everything(broker, client, topic.topic_id, list(range(partitions)), records)
+    return topic, client
+
+
 @contextlib.asynccontextmanager
 async def write_held(broker: Broker, key: SharePartitionKey) -> AsyncIterator[None]:
     """Hold `key` in the share coordinator: a state write for it waits until the block ends."""
@@ -140,12 +151,8 @@ def start_offsets(broker: Broker, key: SharePartitionKey) -> tuple[int, int]:
 
 
 async def test_acknowledgement_finishes_after_its_client_disconnects(broker: Broker) -> None:
-    topic = broker.topics.create("complete-ack", 1)
-    broker.on_topic_created(topic)
-    broker.group_configs.apply(GROUP, [("share.auto.offset.reset", "earliest")])
+    topic, client = await member_holding(broker, "complete-ack", 1, 5)
     key = SharePartitionKey(GROUP, topic.topic_id, 0)
-    client = await asyncio.to_thread(WireClient, "127.0.0.1", broker.bound[0].port)
-    await acquire_everything(broker, client, topic.topic_id, [0], 5)
     leader = broker.share_partitions.get(key)
     assert leader is not None
     async with write_held(broker, key):
@@ -160,12 +167,8 @@ async def test_acknowledgement_finishes_after_its_client_disconnects(broker: Bro
 
 
 async def test_session_close_releases_every_partition_when_its_client_disconnects(broker: Broker) -> None:
-    topic = broker.topics.create("complete-close", 3)
-    broker.on_topic_created(topic)
-    broker.group_configs.apply(GROUP, [("share.auto.offset.reset", "earliest")])
+    topic, client = await member_holding(broker, "complete-close", 3, 4)
     keys = [SharePartitionKey(GROUP, topic.topic_id, p) for p in range(3)]
-    client = await asyncio.to_thread(WireClient, "127.0.0.1", broker.bound[0].port)
-    await acquire_everything(broker, client, topic.topic_id, [0, 1, 2], 4)
     first = broker.share_partitions.get(keys[0])
     assert first is not None
     async with write_held(broker, keys[0]):
@@ -200,12 +203,8 @@ async def test_long_polls_end_with_their_connection(broker: Broker) -> None:
 
 
 async def test_records_acquired_for_a_vanished_connection_are_released(broker: Broker) -> None:
-    topic = broker.topics.create("complete-vanished", 1)
-    broker.on_topic_created(topic)
-    broker.group_configs.apply(GROUP, [("share.auto.offset.reset", "earliest")])
+    topic, client = await member_holding(broker, "complete-vanished", 1, 2)
     key = SharePartitionKey(GROUP, topic.topic_id, 0)
-    client = await asyncio.to_thread(WireClient, "127.0.0.1", broker.bound[0].port)
-    await acquire_everything(broker, client, topic.topic_id, [0], 2)
     leader = broker.share_partitions.get(key)
     assert leader is not None and leader.state is not None
     resp = await asyncio.to_thread(client.request, ApiKey.SHARE_ACKNOWLEDGE, 1, ack_body(topic.topic_id, 0, 0, 1, 2))
