@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from shoal.broker.server.config import valid_cleanup_policy
 from shoal.broker.security.authorizer import Operation, ResourceType
+from shoal.broker.server.config import valid_cleanup_policy
 from shoal.broker.share.group_configs import InvalidGroupConfig
 from shoal.broker.storage.topic_registry import TOPIC_CONFIG_KEYS
 from shoal.protocol import messages

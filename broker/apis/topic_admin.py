@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from shoal.broker.server.config import valid_cleanup_policy
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
+from shoal.broker.server.config import valid_cleanup_policy
 from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
 from shoal.broker.storage.producer_state import ProducerIdAllocator
 from shoal.broker.storage.topic_registry import INTERNAL_TOPICS, TOPIC_CONFIG_KEYS, validate_topic_name

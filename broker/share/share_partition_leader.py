@@ -153,7 +153,7 @@ class SharePartitionLeader:
         if result.start_offset < 0:
             # Record the offset share.auto.offset.reset chose, so a restart resumes from it instead of
             # resolving "latest" again and skipping what was produced in between.
-            write_err = ErrorCode.UNKNOWN_SERVER_ERROR
+            write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
             try:
                 write_err = await self._persist()
             finally:
@@ -245,7 +245,7 @@ class SharePartitionLeader:
             if outcome.error_code != ErrorCode.NONE:
                 return outcome.error_code
             if outcome.persist_required:
-                write_err = ErrorCode.UNKNOWN_SERVER_ERROR
+                write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
                 try:
                     write_err = await self._persist()
                 finally:
@@ -272,7 +272,7 @@ class SharePartitionLeader:
                 return
             if sp.release_member(member_id, now_ms=now_ms()):
                 # The release stands even if its write fails (as a lock expiry does): the next write carries it.
-                write_err = ErrorCode.UNKNOWN_SERVER_ERROR
+                write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
                 try:
                     write_err = await self._persist()
                 finally:
@@ -288,7 +288,7 @@ class SharePartitionLeader:
                 return
             if sp.expire_locks(now_ms()):
                 # The transition stands even if the write fails (as in Kafka); the next write carries it.
-                write_err = ErrorCode.UNKNOWN_SERVER_ERROR
+                write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
                 try:
                     write_err = await self._persist()
                 finally:

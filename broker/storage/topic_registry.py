@@ -17,9 +17,9 @@ from typing import Any
 
 import structlog
 
+from shoal.broker.server.config import cleanup_policies
 from shoal.protocol.uuids import uuid_to_str as topic_id_to_str
 
-from shoal.broker.server.config import cleanup_policies
 from .partition_log import LogConfig, PartitionLog
 
 log = structlog.get_logger("shoal.topics")

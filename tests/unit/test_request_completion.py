@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from shoal.broker.server.config import BrokerConfig
 from shoal.broker.server.server import Broker
 from shoal.broker.share.share_partition import RecordState
@@ -24,7 +25,6 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.record_batch import iter_batches
 from shoal.protocol.records import RecordInput, encode_batch
-
 from tests.integration.kafka_wire import WireClient
 
 GROUP, MEMBER = "g-complete", "m-complete-0000000000000000000000001"
