@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
+
 from shoal.persister.persister import Persister, SharePartitionKey
 from shoal.protocol import messages
 from shoal.protocol.coordinator_records import CoordinatorRecord

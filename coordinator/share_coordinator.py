@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+
 from shoal.persister.persister import PersistedStateBatch, SharePartitionKey
 from shoal.protocol import messages
 from shoal.protocol.coordinator_records import SHARE_SNAPSHOT, CoordinatorRecord

@@ -8,7 +8,7 @@ the share-partition leader's job.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -21,9 +21,6 @@ from .persister import (
     StateSummary,
     WriteStateRequest,
 )
-
-if TYPE_CHECKING:
-    from shoal.coordinator.share_coordinator import ShareCoordinator
 
 InitializeRequest = messages.InitializeShareGroupStateRequest
 ReadRequest = messages.ReadShareGroupStateRequest
@@ -138,24 +135,3 @@ class DefaultStatePersister:
             # v0 has no such field; the decoder's default (-1) then means "unknown".
             delivery_complete_count=p.delivery_complete_count,
         )
-
-
-class InProcessShareCoordinatorClient:
-    """Hands requests straight to this process's share coordinator (no encoding: nothing crosses a wire)."""
-
-    def __init__(self, coordinator: ShareCoordinator):
-        self.coordinator = coordinator
-
-    async def send(self, api_key: int, version: int, request: Any) -> Any:
-        c = self.coordinator
-        if api_key == ApiKey.INITIALIZE_SHARE_GROUP_STATE:
-            return await c.initialize_state(request)
-        if api_key == ApiKey.READ_SHARE_GROUP_STATE:
-            return await c.read_state(request)
-        if api_key == ApiKey.WRITE_SHARE_GROUP_STATE:
-            return await c.write_state(request)
-        if api_key == ApiKey.DELETE_SHARE_GROUP_STATE:
-            return await c.delete_state(request)
-        if api_key == ApiKey.READ_SHARE_GROUP_STATE_SUMMARY:
-            return await c.read_state_summary(request)
-        raise ValueError(f"api key {api_key} is not a share-group-state RPC")

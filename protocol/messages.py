@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .codec import DecodeError, MessageBase, MessageCodec
+from .codec import DecodeError, MessageCodec
 from .schema import load_all
 
 SPECS = load_all()
@@ -30,8 +30,9 @@ _RESPONSE_HEADER = CODECS["ResponseHeader"]
 API_VERSIONS_KEY = 18
 
 
-def __getattr__(name: str) -> type[MessageBase]:
-    # Lets callers write `messages.ProduceResponse` for any spec'd message.
+def __getattr__(name: str) -> Any:
+    # Lets callers write `messages.ProduceResponse` for any spec'd message. The classes are built from
+    # the JSON specs at import time, so their fields (and nested classes) are unknown to the checker.
     codec = CODECS.get(name)
     if codec is None:
         raise AttributeError(name)

@@ -6,8 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from shoal.broker.config import BrokerConfig, ConfigError
-from shoal.broker.group_configs import GroupConfigs, InvalidGroupConfig
+
+from shoal.broker.server.config import BrokerConfig, ConfigError
+from shoal.broker.share.group_configs import GroupConfigs, InvalidGroupConfig
 
 
 def configs(tmp_path: Path, broker: dict[str, str] | None = None) -> GroupConfigs:

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shoal.broker.config import BrokerConfig, Listener
-from shoal.broker.connection import KafkaConnection, RequestContext
-from shoal.broker.server import Broker
-from shoal.broker.share_partition_leader import SharePartitionLeader
+
+from shoal.broker.network.connection import KafkaConnection, RequestContext
+from shoal.broker.server.config import BrokerConfig, Listener
+from shoal.broker.server.server import Broker
+from shoal.broker.share.share_partition_leader import SharePartitionLeader
 from shoal.persister.persister import Persister, SharePartitionKey, WriteStateRequest
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey

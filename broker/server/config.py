@@ -1,0 +1,358 @@
+"""Broker configuration under Kafka's own keys: a server.properties file plus `--override key=value`.
+
+Unknown keys are an error at start-up: a typo such as `log.dir=` silently ignored would put data in
+the wrong place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shoal.java_properties import parse_properties
+
+
+class ConfigError(ValueError):
+    """A configuration key or value that the broker cannot start with."""
+
+
+CLEANUP_POLICIES = frozenset({"delete", "compact"})
+
+
+def cleanup_policies(text: str) -> frozenset[str]:
+    """The parts of a cleanup.policy value ("delete", "compact", "compact,delete")."""
+    return frozenset(part.strip() for part in text.split(",") if part.strip())
+
+
+def valid_cleanup_policy(text: str) -> bool:
+    parts = cleanup_policies(text)
+    return bool(parts) and parts <= CLEANUP_POLICIES
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigKey:
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+    minimum: int | None = None
+
+
+_KEYS: list[ConfigKey] = [
+    # Identity and network
+    ConfigKey("node.id", int, 1, "This broker's node id."),
+    ConfigKey("broker.id", int, -1, "Alias of node.id kept for older configs."),
+    ConfigKey("cluster.id", str, "shoal-cluster", "Cluster id reported in Metadata and DescribeCluster."),
+    ConfigKey("listeners", _list, ["PLAINTEXT://127.0.0.1:9092"], "Listeners as NAME://host:port, comma separated."),
+    ConfigKey("advertised.listeners", _list, [], "Addresses clients should use; defaults to listeners."),
+    ConfigKey("listener.security.protocol.map", _list, [], "Listener name to security protocol, NAME:PROTOCOL."),
+    ConfigKey("socket.request.max.bytes", int, 104857600, "Largest request frame accepted.", 1),
+    ConfigKey("socket.send.buffer.bytes", int, 102400, "SO_SNDBUF; -1 for the OS default."),
+    ConfigKey("socket.receive.buffer.bytes", int, 102400, "SO_RCVBUF; -1 for the OS default."),
+    ConfigKey("connections.max.idle.ms", int, 600000, "Idle connections are closed after this long.", 1),
+    ConfigKey("queued.max.requests", int, 500, "Requests in flight per connection before reads pause.", 1),
+    # Log
+    ConfigKey("log.dirs", str, "./data", "Directory holding the partition logs (one directory supported)."),
+    ConfigKey("log.dir", str, "", "Used when log.dirs is not set."),
+    ConfigKey("num.partitions", int, 1, "Partitions of auto-created topics.", 1),
+    ConfigKey("default.replication.factor", int, 1, "Accepted for compatibility; this broker holds one replica."),
+    ConfigKey("auto.create.topics.enable", _bool, True, "Create a topic when Metadata asks for an unknown one."),
+    ConfigKey("delete.topic.enable", _bool, True, "Allow DeleteTopics."),
+    ConfigKey("log.segment.bytes", int, 1073741824, "Size at which a segment is rolled.", 14),
+    ConfigKey("log.retention.ms", int, -2, "Retention by time; -1 keeps forever, unset falls back to hours."),
+    ConfigKey("log.retention.minutes", int, -2, "Retention by time in minutes."),
+    ConfigKey("log.retention.hours", int, 168, "Retention by time in hours."),
+    ConfigKey("log.retention.bytes", int, -1, "Retention by size per partition; -1 unlimited."),
+    ConfigKey("log.retention.check.interval.ms", int, 300000, "How often retention runs.", 1),
+    ConfigKey("log.cleanup.policy", str, "delete",
+              "Default cleanup.policy of topics: delete, compact or compact,delete; compact alone never deletes by age or size."),
+    ConfigKey("log.flush.interval.messages", int, 2**63 - 1, "Fsync after this many messages.", 1),
+    ConfigKey("log.flush.interval.ms", int, -1, "Fsync at least this often; -1 never by time."),
+    ConfigKey("log.index.interval.bytes", int, 4096, "Bytes between sparse offset index entries.", 1),
+    ConfigKey("log.message.timestamp.type", str, "CreateTime", "CreateTime or LogAppendTime."),
+    ConfigKey("message.max.bytes", int, 1048588, "Largest record batch accepted.", 0),
+    ConfigKey("fetch.max.bytes", int, 57671680, "Most bytes one Fetch answers with.", 1024),
+    ConfigKey("offsets.topic.num.partitions", int, 50, "Partitions of __consumer_offsets.", 1),
+    ConfigKey("offsets.topic.replication.factor", int, 1, "Accepted for compatibility."),
+    ConfigKey("offsets.topic.segment.bytes", int, 104857600, "Segment size of __consumer_offsets.", 1),
+    ConfigKey("share.coordinator.state.topic.num.partitions", int, 50, "Partitions of __share_group_state.", 1),
+    ConfigKey("share.coordinator.state.topic.replication.factor", int, 1, "Accepted for compatibility."),
+    ConfigKey("share.coordinator.state.topic.min.isr", int, 1, "Accepted for compatibility."),
+    ConfigKey("share.coordinator.state.topic.segment.bytes", int, 104857600, "Segment size of __share_group_state.", 1),
+    ConfigKey("transaction.state.log.replication.factor", int, 1, "Accepted for compatibility."),
+    ConfigKey("transaction.state.log.min.isr", int, 1, "Accepted for compatibility."),
+    # Share groups (used by the share-group layers)
+    ConfigKey("group.share.enable", _bool, True, "Serve share groups (share.version=1)."),
+    ConfigKey("group.share.session.timeout.ms", int, 45000, "Share member session timeout.", 1),
+    ConfigKey("group.share.min.session.timeout.ms", int, 45000, "Lower bound for the session timeouts.", 1),
+    ConfigKey("group.share.max.session.timeout.ms", int, 60000, "Upper bound for the session timeouts.", 1),
+    ConfigKey("group.share.heartbeat.interval.ms", int, 5000, "Share member heartbeat interval.", 1),
+    ConfigKey("group.share.min.heartbeat.interval.ms", int, 5000, "Lower bound for the heartbeat intervals.", 1),
+    ConfigKey("group.share.max.heartbeat.interval.ms", int, 15000, "Upper bound for the heartbeat intervals.", 1),
+    ConfigKey("group.share.max.size", int, 200, "Members per share group.", 1),
+    ConfigKey("group.share.assignors", str, "simple", "Server-side assignor."),
+    ConfigKey("group.share.delivery.count.limit", int, 5, "Deliveries before a record is archived.", 2),
+    ConfigKey("group.share.min.delivery.count.limit", int, 2, "Lower bound for the delivery count limits.", 2),
+    ConfigKey("group.share.max.delivery.count.limit", int, 10, "Upper bound for the delivery count limits.", 2),
+    ConfigKey("group.share.record.lock.duration.ms", int, 30000, "Acquisition lock duration.", 1000),
+    ConfigKey("group.share.min.record.lock.duration.ms", int, 15000, "Lower bound for the group config.", 1000),
+    ConfigKey("group.share.max.record.lock.duration.ms", int, 60000, "Upper bound for the group config.", 1000),
+    ConfigKey("group.share.partition.max.record.locks", int, 2000, "In-flight records per share partition.", 100),
+    ConfigKey("group.share.min.partition.max.record.locks", int, 100, "Lower bound for the record-lock limits.", 100),
+    ConfigKey("group.share.max.partition.max.record.locks", int, 4000, "Upper bound for the record-lock limits.", 100),
+    ConfigKey("group.share.max.share.sessions", int, 2000, "Share sessions per broker.", 1),
+    ConfigKey("group.share.initialize.retry.interval.ms", int, 30000, "Retry interval for state initialisation.", 1),
+    ConfigKey("share.coordinator.snapshot.update.records.per.snapshot", int, 500, "Updates between snapshots.", 0),
+    ConfigKey("share.coordinator.cold.partition.snapshot.interval.ms", int, 300000, "Cold snapshot interval.", 1),
+    ConfigKey("share.coordinator.state.topic.prune.interval.ms", int, 300000, "Prune interval.", 1),
+    # Operations
+    ConfigKey("metrics.port", int, -1, "Port of the Prometheus endpoint; 0 picks a free port, -1 disables."),
+    ConfigKey("metrics.host", str, "127.0.0.1", "Address of the Prometheus endpoint."),
+    ConfigKey("log.format", str, "console", "Broker log output: console or json."),
+    ConfigKey("log.level", str, "info", "debug, info, warning or error."),
+    ConfigKey("authorizer.class.name", str, "", "Empty allows everything."),
+    ConfigKey("super.users", str, "", "Semicolon-separated principals allowed everything."),
+    ConfigKey("allow.everyone.if.no.acl.found", _bool, False, "Allow when no ACL matches a resource."),
+    # Security: TLS (PEM only), SASL, re-authentication. Each may also be set per listener with
+    # `listener.name.<listener>.<key>`; SASL JAAS per mechanism as `listener.name.<l>.<mech>.sasl.jaas.config`.
+    ConfigKey("ssl.keystore.type", str, "PEM", "Only PEM is supported."),
+    ConfigKey("ssl.keystore.location", str, "", "PEM file holding the certificate chain and the private key."),
+    ConfigKey("ssl.keystore.certificate.chain", str, "", "PEM certificate chain given inline."),
+    ConfigKey("ssl.keystore.key", str, "", "PEM private key given inline."),
+    ConfigKey("ssl.key.password", str, "", "Password of an encrypted private key."),
+    ConfigKey("ssl.keystore.password", str, "", "Accepted for compatibility; PEM keys use ssl.key.password."),
+    ConfigKey("ssl.truststore.type", str, "PEM", "Only PEM is supported."),
+    ConfigKey("ssl.truststore.location", str, "", "PEM file of CA certificates trusted for client certificates."),
+    ConfigKey("ssl.truststore.certificates", str, "", "PEM CA certificates given inline."),
+    ConfigKey("ssl.truststore.password", str, "", "Accepted for compatibility; PEM truststores have no password."),
+    ConfigKey("ssl.client.auth", str, "none", "none, requested or required."),
+    ConfigKey("ssl.enabled.protocols", _list, ["TLSv1.2", "TLSv1.3"], "TLS versions accepted."),
+    ConfigKey("ssl.endpoint.identification.algorithm", str, "https", "Accepted for compatibility (client side)."),
+    ConfigKey("sasl.enabled.mechanisms", _list, ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"],
+              "SASL mechanisms offered: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512."),
+    ConfigKey("sasl.jaas.config", str, "", "JAAS login module line; PLAIN users as user_<name>=\"<password>\"."),
+    ConfigKey("connections.max.reauth.ms", int, 0, "SASL session lifetime; 0 disables re-authentication.", 0),
+    ConfigKey("security.inter.broker.protocol", str, "PLAINTEXT", "Accepted for compatibility (one broker)."),
+    ConfigKey("inter.broker.listener.name", str, "", "Accepted for compatibility (one broker)."),
+    ConfigKey("sasl.mechanism.inter.broker.protocol", str, "GSSAPI", "Accepted for compatibility (one broker)."),
+]
+
+SUPPORTED_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+LISTENER_PREFIX = "listener.name."
+# Keys that make sense per listener (Kafka's ListenerName.configPrefix overrides).
+_PER_LISTENER = ("ssl.", "sasl.", "connections.max.reauth.ms")
+
+KEYS: dict[str, ConfigKey] = {k.name: k for k in _KEYS}
+
+
+@dataclass(frozen=True, slots=True)
+class Listener:
+    name: str
+    security_protocol: str
+    host: str
+    port: int
+
+
+class BrokerConfig:
+    """Typed access to the broker's settings; `cfg["log.segment.bytes"]` returns the parsed value."""
+
+    def __init__(self, values: dict[str, Any], explicit: set[str],
+                 per_listener: dict[str, dict[str, Any]] | None = None):
+        self._values = values
+        self.explicit = explicit
+        # listener name (upper case) -> key -> parsed value, from `listener.name.<listener>.<key>`.
+        self.per_listener = per_listener or {}
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def items(self) -> Iterable[tuple[str, Any]]:
+        return self._values.items()
+
+    @classmethod
+    def from_strings(cls, raw: dict[str, str]) -> BrokerConfig:
+        values: dict[str, Any] = {k.name: k.default for k in _KEYS}
+        per_listener: dict[str, dict[str, Any]] = {}
+        unknown = sorted(k for k in set(raw) - set(KEYS) if _listener_key(k) is None)
+        if unknown:
+            raise ConfigError(f"unknown configuration key(s): {', '.join(unknown)}")
+        for key, text in raw.items():
+            split = _listener_key(key) if key not in KEYS else None
+            if split is not None:
+                listener_name, base, spec = split
+                per_listener.setdefault(listener_name, {})[base] = _parse_value(spec, key, text)
+                continue
+            values[key] = _parse_value(KEYS[key], key, text)
+        if "log.dirs" not in raw and raw.get("log.dir"):
+            values["log.dirs"] = values["log.dir"]
+        if "node.id" not in raw and values["broker.id"] >= 0:
+            values["node.id"] = values["broker.id"]
+        if values["log.message.timestamp.type"] not in ("CreateTime", "LogAppendTime"):
+            raise ConfigError("log.message.timestamp.type must be CreateTime or LogAppendTime")
+        if not valid_cleanup_policy(values["log.cleanup.policy"]):
+            raise ConfigError("log.cleanup.policy must be delete, compact or compact,delete")
+        if values["log.format"] not in ("console", "json"):
+            raise ConfigError("log.format must be console or json")
+        config = cls(values, set(raw), per_listener)
+        config.listeners()  # validate early
+        config._validate_security()
+        config._validate_share_bounds()
+        return config
+
+    def for_listener(self, listener_name: str, key: str) -> Any:
+        """`listener.name.<listener>.<key>` when set, else the broker-wide value of `key`."""
+        overrides = self.per_listener.get(listener_name.upper(), {})
+        if key in overrides:
+            return overrides[key]
+        return self._values[key]
+
+    def jaas_config(self, listener_name: str, mechanism: str) -> str:
+        """JAAS line for a mechanism: per listener and mechanism, per listener, then broker-wide."""
+        overrides = self.per_listener.get(listener_name.upper(), {})
+        specific = overrides.get(f"{mechanism.lower()}.sasl.jaas.config")
+        if specific is not None:
+            return str(specific)
+        return str(self.for_listener(listener_name, "sasl.jaas.config"))
+
+    def _validate_share_bounds(self) -> None:
+        """Each share-group default lies within its min/max keys, which also bound the group configs."""
+        for value_key, (lo_key, hi_key) in SHARE_BOUNDS.items():
+            lo, hi, value = self[lo_key], self[hi_key], self[value_key]
+            if lo > hi:
+                raise ConfigError(f"{lo_key} ({lo}) must not exceed {hi_key} ({hi})")
+            if not lo <= value <= hi:
+                raise ConfigError(f"{value_key} must be between {lo_key} ({lo}) and {hi_key} ({hi}), got {value}")
+        if self["group.share.heartbeat.interval.ms"] >= self["group.share.session.timeout.ms"]:
+            raise ConfigError("group.share.heartbeat.interval.ms must be less than group.share.session.timeout.ms")
+
+    def _validate_security(self) -> None:
+        names = {lst.name for lst in self.listeners()} | set(self.per_listener)
+        for name in names:
+            for mech in self.for_listener(name, "sasl.enabled.mechanisms"):
+                if mech not in SUPPORTED_SASL_MECHANISMS:
+                    raise ConfigError(
+                        f"SASL mechanism {mech} is not supported (supported: {', '.join(SUPPORTED_SASL_MECHANISMS)})"
+                    )
+            if self.for_listener(name, "ssl.client.auth") not in ("none", "requested", "required"):
+                raise ConfigError("ssl.client.auth must be none, requested or required")
+            for key in ("ssl.keystore.type", "ssl.truststore.type"):
+                if str(self.for_listener(name, key)).upper() != "PEM":
+                    raise ConfigError(f"{key} must be PEM (JKS and PKCS12 stores are not supported)")
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, overrides: Iterable[str] = ()) -> BrokerConfig:
+        raw: dict[str, str] = {}
+        if path is not None:
+            raw.update(parse_properties(Path(path).read_text()))
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"override must be key=value, got {item!r}")
+            key, _, value = item.partition("=")
+            raw[key.strip()] = value.strip()
+        return cls.from_strings(raw)
+
+    def retention_ms(self) -> int:
+        if self["log.retention.ms"] != -2:
+            return int(self["log.retention.ms"])
+        if self["log.retention.minutes"] != -2:
+            return int(self["log.retention.minutes"]) * 60_000
+        return int(self["log.retention.hours"]) * 3_600_000
+
+    def listeners(self) -> list[Listener]:
+        protocol_map = {"PLAINTEXT": "PLAINTEXT", "SSL": "SSL", "SASL_PLAINTEXT": "SASL_PLAINTEXT", "SASL_SSL": "SASL_SSL"}
+        for entry in self["listener.security.protocol.map"]:
+            name, _, proto = entry.partition(":")
+            protocol_map[name.strip().upper()] = proto.strip().upper()
+        out = []
+        for text in self["listeners"]:
+            out.append(_parse_listener(text, protocol_map))
+        if not out:
+            raise ConfigError("listeners must name at least one listener")
+        return out
+
+    def advertised(self, bound: list[Listener]) -> list[Listener]:
+        """Advertised addresses, with port 0 replaced by the port actually bound."""
+        protocol_map = {lst.name: lst.security_protocol for lst in bound}
+        if not self["advertised.listeners"]:
+            return bound
+        by_name = {lst.name: lst for lst in bound}
+        out = []
+        for text in self["advertised.listeners"]:
+            lst = _parse_listener(text, protocol_map)
+            port = lst.port or by_name[lst.name].port if lst.name in by_name else lst.port
+            out.append(Listener(lst.name, lst.security_protocol, lst.host, port))
+        return out
+
+
+# Share-group settings bounded by broker min/max keys (Kafka 4.3's ShareGroupConfig): the broker's own
+# default and every group's dynamic value must lie within them.
+SHARE_BOUNDS: dict[str, tuple[str, str]] = {
+    "group.share.session.timeout.ms": ("group.share.min.session.timeout.ms", "group.share.max.session.timeout.ms"),
+    "group.share.heartbeat.interval.ms": (
+        "group.share.min.heartbeat.interval.ms", "group.share.max.heartbeat.interval.ms"),
+    "group.share.delivery.count.limit": (
+        "group.share.min.delivery.count.limit", "group.share.max.delivery.count.limit"),
+    "group.share.partition.max.record.locks": (
+        "group.share.min.partition.max.record.locks", "group.share.max.partition.max.record.locks"),
+}
+
+
+def _parse_value(spec: ConfigKey, key: str, text: str) -> Any:
+    try:
+        value = spec.parse(text)
+    except ValueError as exc:
+        raise ConfigError(f"invalid value for {key}: {text!r} ({exc})") from exc
+    if spec.minimum is not None and isinstance(value, int) and value < spec.minimum:
+        raise ConfigError(f"{key} must be at least {spec.minimum}, got {value}")
+    return value
+
+
+_JAAS_KEY = ConfigKey("sasl.jaas.config", str, "", "JAAS line for one mechanism.")
+
+
+def _listener_key(key: str) -> tuple[str, str, ConfigKey] | None:
+    """Split `listener.name.<listener>.<key>` into (LISTENER, key, spec), or None if it is not one."""
+    if not key.startswith(LISTENER_PREFIX):
+        return None
+    listener_name, sep, base = key[len(LISTENER_PREFIX) :].partition(".")
+    if not sep or not listener_name:
+        return None
+    spec = KEYS.get(base)
+    if spec is not None and base.startswith(_PER_LISTENER):
+        return listener_name.upper(), base, spec
+    mech, _, rest = base.partition(".")
+    if rest == "sasl.jaas.config" and mech.upper() in SUPPORTED_SASL_MECHANISMS:
+        return listener_name.upper(), base.lower(), _JAAS_KEY
+    return None
+
+
+def _parse_listener(text: str, protocol_map: dict[str, str]) -> Listener:
+    name, sep, rest = text.partition("://")
+    if not sep:
+        raise ConfigError(f"listener must look like NAME://host:port, got {text!r}")
+    host, _, port_text = rest.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        port = int(port_text)
+    except ValueError as exc:
+        raise ConfigError(f"bad port in listener {text!r}") from exc
+    name = name.upper()
+    proto = protocol_map.get(name)
+    if proto is None:
+        raise ConfigError(f"listener {name} has no entry in listener.security.protocol.map")
+    return Listener(name, proto, host, port)

@@ -1,0 +1,453 @@
+"""Share-partition leaders: the asyncio shell around each share partition's state machine.
+
+A leader loads its state through the persister on first use, reads the log for acquisitions, arms
+the acquisition-lock timer, and persists every state change before it is reported: an
+acknowledgement is answered only after WriteShareGroupState succeeded, and rolled back if it failed.
+
+A change that started persisting finishes whatever happens to its caller: acknowledgements and
+releases run in a task of their own (`finish`), so a caller cancelled mid-write (a shutdown) cannot
+leave memory ahead of the persisted state; if that task itself is cancelled, memory is rolled back.
+
+`lock` guards the in-memory state only while it changes; writes are ordered by `write_lock`, so a
+fetch can acquire while an acknowledgement's write is under way (records that write releases are
+not acquirable until it completes, as in Kafka).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import structlog
+
+from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
+from shoal.iso_duration import parse_iso_duration_ms
+from shoal.persister.persister import PersistedStateBatch, Persister, SharePartitionKey, WriteStateRequest
+from shoal.protocol.errors import ErrorCode
+
+from .group_configs import GroupConfigs
+from .share_partition import (
+    AckBatch,
+    AckOutcome,
+    AcquiredRange,
+    AcquireMode,
+    FetchedBatch,
+    PersistedBatch,
+    SharePartition,
+)
+
+if TYPE_CHECKING:
+    from shoal.broker.storage.purgatory import Purgatory
+
+log = structlog.get_logger("shoal.share_partition")
+
+LEADER_EPOCH = 0
+
+# How persister (share coordinator) errors surface to clients (as Kafka maps them).
+_PERSISTER_ERRORS = {
+    ErrorCode.NOT_COORDINATOR: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.COORDINATOR_NOT_AVAILABLE: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.GROUP_ID_NOT_FOUND: ErrorCode.GROUP_ID_NOT_FOUND,
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+    ErrorCode.FENCED_LEADER_EPOCH: ErrorCode.NOT_LEADER_OR_FOLLOWER,
+    ErrorCode.FENCED_STATE_EPOCH: ErrorCode.NOT_LEADER_OR_FOLLOWER,
+}
+# After these the in-memory share partition is dropped and rebuilt from persisted state on next use.
+_FENCING = {ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.GROUP_ID_NOT_FOUND, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+
+
+def map_persister_error(code: int) -> int:
+    if code == ErrorCode.NONE:
+        return ErrorCode.NONE
+    return int(_PERSISTER_ERRORS.get(code, ErrorCode.UNKNOWN_SERVER_ERROR))  # type: ignore[call-overload]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+_T = TypeVar("_T")
+_finishing: set[asyncio.Task[Any]] = set()  # strong references: the loop keeps only weak ones
+
+
+def finish(work: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
+    """Start `work` now in a task of its own; cancelling whoever awaits the result does not cancel it."""
+    task = asyncio.get_running_loop().create_task(work)
+    _finishing.add(task)
+    task.add_done_callback(_finished)
+    return asyncio.shield(task)
+
+
+def _finished(task: asyncio.Task[Any]) -> None:
+    _finishing.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.error("share partition change failed", error=repr(task.exception()))
+
+
+@dataclass(slots=True)
+class Acquisition:
+    records: bytes
+    acquired: list[AcquiredRange]
+    error_code: int = ErrorCode.NONE
+
+
+class SharePartitionLeader:
+    def __init__(
+        self,
+        key: SharePartitionKey,
+        plog: PartitionLog,
+        persister: Persister,
+        group_configs: GroupConfigs,
+        purgatory: Purgatory,
+        on_change: Callable[[SharePartitionLeader], None] | None = None,
+    ):
+        self.key = key
+        self.plog = plog
+        self.persister = persister
+        self.group_configs = group_configs
+        self.purgatory = purgatory
+        self.on_change = on_change
+        self.state: SharePartition | None = None
+        self.lock = asyncio.Lock()
+        self.write_lock = asyncio.Lock()
+        self.writes_in_flight = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: int | None = None
+        self.load_time_ms: float = 0.0
+        self.on_load: Callable[[float], None] | None = None  # metric hook, load time in ms
+        # Published for the metrics thread, which may only read plain attributes (see _publish).
+        self.published_delivery_complete = 0
+        self.published_oldest_lock_ms: int | None = None
+
+    @property
+    def wake_key(self) -> tuple[Any, ...]:
+        return ("share", self.key.group_id, self.key.topic_id, self.key.partition)
+
+    # ---- loading ------------------------------------------------------------------------------
+
+    async def ensure_loaded(self) -> int:
+        """Load persisted state once; returns a client-facing error code."""
+        if self.state is not None:
+            return ErrorCode.NONE
+        started = time.monotonic()
+        result = await self.persister.read_state(self.key, LEADER_EPOCH)
+        if result.error_code != ErrorCode.NONE:
+            log.warning("share partition state load failed", group=self.key.group_id,
+                        partition=self.key.partition, error_code=result.error_code, error=result.error_message)
+            return map_persister_error(result.error_code)
+        start = result.start_offset
+        if start < 0:
+            start = self._reset_offset()
+        start = max(start, self.plog.log_start_offset)
+        group = self.key.group_id
+        self.state = SharePartition(
+            group,
+            self.key.topic_id,
+            self.key.partition,
+            start_offset=start,
+            state_epoch=result.state_epoch,
+            state_batches=[PersistedBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
+                           for b in result.state_batches],
+            lock_duration_ms=self.group_configs.get_int(group, "share.record.lock.duration.ms"),
+            delivery_count_limit=self.group_configs.get_int(group, "share.delivery.count.limit"),
+            max_in_flight_records=self.group_configs.get_int(group, "share.partition.max.record.locks"),
+            leader_epoch=LEADER_EPOCH,
+        )
+        if result.start_offset < 0:
+            # Record the offset share.auto.offset.reset chose, so a restart resumes from it instead of
+            # resolving "latest" again and skipping what was produced in between.
+            write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
+            try:
+                write_err = await self._persist()
+            finally:
+                if write_err != ErrorCode.NONE:
+                    self.state = None  # not recorded (or cancelled): load afresh next time
+            if write_err != ErrorCode.NONE:
+                return write_err
+        self.load_time_ms = (time.monotonic() - started) * 1000
+        if self.on_load is not None:
+            self.on_load(self.load_time_ms)
+        self._publish()
+        log.info("share partition loaded", group=group, partition=self.key.partition, spso=start,
+                 batches=len(result.state_batches))
+        return ErrorCode.NONE
+
+    def _reset_offset(self) -> int:
+        """Resolve an uninitialised start offset through the group's share.auto.offset.reset."""
+        policy = self.group_configs.get(self.key.group_id, "share.auto.offset.reset")
+        if policy == "earliest":
+            return self.plog.log_start_offset
+        if policy.startswith("by_duration:"):
+            target = now_ms() - parse_iso_duration_ms(policy.split(":", 1)[1])
+            found = self.plog.offset_for_timestamp(target)
+            return found[0] if found is not None else self.plog.high_watermark
+        return self.plog.high_watermark
+
+    def apply_group_config(self) -> None:
+        """Dynamic group configs change lock duration and limits for what comes next."""
+        if self.state is None:
+            return
+        group = self.key.group_id
+        self.state.lock_duration_ms = self.group_configs.get_int(group, "share.record.lock.duration.ms")
+        self.state.delivery_count_limit = self.group_configs.get_int(group, "share.delivery.count.limit")
+        self.state.max_in_flight_records = self.group_configs.get_int(group, "share.partition.max.record.locks")
+
+    def drop(self) -> None:
+        self.state = None
+        self._cancel_timer()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing is loading, acquiring, acknowledging or writing."""
+        return not self.lock.locked() and self.writes_in_flight == 0
+
+    # ---- acquisition --------------------------------------------------------------------------
+
+    async def acquire(self, member_id: str, *, max_records: int, batch_size: int, max_bytes: int,
+                      mode: AcquireMode) -> Acquisition:
+        async with self.lock:
+            err = await self.ensure_loaded()
+            sp = self.state
+            if err != ErrorCode.NONE or sp is None:
+                return Acquisition(b"", [], err)
+            if not sp.can_acquire():
+                return Acquisition(b"", [])
+            fetch_offset = sp.next_fetch_offset()
+            if fetch_offset >= self.plog.high_watermark:
+                return Acquisition(b"", [])
+            try:
+                batches = self.plog.read_batch_headers(fetch_offset, max_bytes)
+            except OffsetOutOfRange:
+                # The log start moved past the fetch offset: archive what is gone and start again from the log
+                # start. Only then, as in Kafka; records still acquired below it can be acknowledged until then.
+                sp.on_log_start_offset_moved(self.plog.log_start_offset)
+                return Acquisition(b"", [])
+            if not batches:
+                return Acquisition(b"", [])
+            fetched = [FetchedBatch(h.base_offset, h.last_offset) for h, _ in batches]
+            ranges = sp.acquire(member_id, fetched, max_records=max_records, batch_size=batch_size,
+                                now_ms=now_ms(), mode=mode, fetch_offset=fetch_offset)
+            if not ranges:
+                return Acquisition(b"", [])
+            self._arm_timer()
+            self._publish()
+            first, last = ranges[0].first_offset, ranges[-1].last_offset
+            # Whole stored batches from the one holding the first acquired offset to the one holding the last.
+            # The views are adjacent slices of one read, so joining them copies the bytes once.
+            chosen = [view for h, view in batches if h.last_offset >= first and h.base_offset <= last]
+            return Acquisition(b"".join(chosen), ranges)
+
+    async def fetchable_bytes(self, enough: int) -> int:
+        """Log bytes from the next fetch offset on, counted up to `enough`: what a long poll weighs
+        against MinBytes before acquiring anything (`enough` when loading failed: a fetch reports why)."""
+        async with self.lock:
+            if await self.ensure_loaded() != ErrorCode.NONE or self.state is None:
+                return enough
+            sp = self.state
+            if not sp.can_acquire():
+                return 0
+            return self.plog.bytes_from(sp.next_fetch_offset(), enough)
+
+    # ---- acknowledgement and release ------------------------------------------------------------
+
+    def acknowledge(self, member_id: str, batches: list[AckBatch]) -> asyncio.Future[int]:
+        return finish(self._acknowledge(member_id, batches))
+
+    async def _acknowledge(self, member_id: str, batches: list[AckBatch]) -> int:
+        async with self.lock:
+            err = await self.ensure_loaded()
+            sp = self.state
+            if err != ErrorCode.NONE or sp is None:
+                return err
+            outcome = sp.acknowledge(member_id, batches, now_ms=now_ms(), until_written=True)
+            if outcome.error_code != ErrorCode.NONE:
+                return outcome.error_code
+            if not outcome.persist_required:
+                self._arm_timer()
+        code = await self._write_outcome(sp, outcome) if outcome.persist_required else ErrorCode.NONE
+        self._changed()
+        return code
+
+    def release_member(self, member_id: str) -> asyncio.Future[None]:
+        """Release the member's acquired records; started at once, so it runs even if never awaited."""
+        return finish(self._release_member(member_id))
+
+    async def _release_member(self, member_id: str) -> None:
+        async with self.lock:
+            sp = self.state
+            if sp is None:
+                return
+            outcome = sp.release_member(member_id, now_ms=now_ms(), until_written=True)
+        if outcome is not None:
+            await self._write_outcome(sp, outcome)
+        self._changed()
+
+    async def _write_outcome(self, sp: SharePartition, outcome: AckOutcome) -> int:
+        """Persist an applied transition; complete it when written, roll it back (records back to
+        ACQUIRED) when not, so memory matches what is durable."""
+        write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
+        try:
+            write_err = await self._persist()
+        finally:
+            # Also when cancelled mid-write: not known to be durable, so rolled back.
+            if self.state is sp:
+                if write_err != ErrorCode.NONE:
+                    sp.rollback(outcome, now_ms=now_ms())
+                    self._after_failed_write(write_err)
+                    self._cancel_timer()
+                else:
+                    sp.written(outcome)
+                self._arm_timer()
+        return write_err
+
+    async def _expire_locks(self) -> None:
+        async with self.lock:
+            sp = self.state
+            if sp is None:
+                return
+            expired = sp.expire_locks(now_ms())
+            self._timer_at = None
+            self._arm_timer()
+        if expired and self.state is sp:
+            # The transition stands even if the write fails (as in Kafka); the next write carries it.
+            write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
+            try:
+                write_err = await self._persist()
+            finally:
+                if write_err != ErrorCode.NONE and self.state is sp:
+                    sp.mark_write_failed()
+        self._changed()
+
+    async def _persist(self) -> int:
+        """Write what changed, in order with every other write of this share partition."""
+        self.writes_in_flight += 1
+        try:
+            async with self.write_lock:
+                return await self._write()
+        finally:
+            self.writes_in_flight -= 1
+
+    async def _write(self) -> int:
+        sp = self.state
+        if sp is None:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER  # dropped while the write waited its turn
+        snap = sp.write_state()
+        request = WriteStateRequest(
+            key=self.key,
+            state_epoch=snap.state_epoch,
+            leader_epoch=LEADER_EPOCH,
+            start_offset=snap.start_offset,
+            delivery_complete_count=snap.delivery_complete_count,
+            state_batches=[PersistedStateBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
+                           for b in snap.state_batches],
+        )
+        try:
+            code = await self.persister.write_state(request)
+        except Exception:
+            log.exception("share state write failed", group=self.key.group_id, partition=self.key.partition)
+            code = ErrorCode.UNKNOWN_SERVER_ERROR
+        return map_persister_error(code)
+
+    def _after_failed_write(self, code: int) -> None:
+        if code in _FENCING:
+            log.warning("share partition fenced; dropping in-memory state", group=self.key.group_id,
+                        partition=self.key.partition, error_code=code)
+            self.drop()
+
+    def _publish(self) -> None:
+        """Compute, on the event loop, the values the metrics thread cannot safely derive itself."""
+        sp = self.state
+        if sp is None:
+            self.published_delivery_complete, self.published_oldest_lock_ms = 0, None
+            return
+        self.published_delivery_complete = sp.delivery_complete_count
+        self.published_oldest_lock_ms = sp.oldest_lock_start_ms()
+
+    def _changed(self) -> None:
+        self._publish()
+        self.purgatory.notify(self.wake_key)
+        if self.on_change is not None:
+            self.on_change(self)
+
+    # ---- acquisition-lock timer ------------------------------------------------------------------
+
+    def _arm_timer(self) -> None:
+        sp = self.state
+        if sp is None:
+            return
+        deadline = sp.next_lock_deadline()
+        if deadline is None or (self._timer_at is not None and self._timer_at <= deadline):
+            return
+        self._cancel_timer()
+        loop = asyncio.get_running_loop()
+        delay = max(0.0, (deadline - now_ms()) / 1000)
+        self._timer_at = deadline
+        self._timer = loop.call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        asyncio.get_running_loop().create_task(self._expire_locks())
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = None
+        self._timer_at = None
+
+
+class SharePartitionLeaders:
+    """Every share partition this broker leads, created on first use."""
+
+    def __init__(self, persister: Persister, group_configs: GroupConfigs, purgatory: Purgatory):
+        self.persister = persister
+        self.group_configs = group_configs
+        self.purgatory = purgatory
+        self._leaders: dict[SharePartitionKey, SharePartitionLeader] = {}
+        self.on_load: Callable[[float], None] | None = None  # metric hook for every leader's state load
+
+    def get(self, key: SharePartitionKey) -> SharePartitionLeader | None:
+        return self._leaders.get(key)
+
+    def get_or_create(self, key: SharePartitionKey, plog: PartitionLog) -> SharePartitionLeader:
+        leader = self._leaders.get(key)
+        if leader is None or leader.plog is not plog:
+            leader = SharePartitionLeader(key, plog, self.persister, self.group_configs, self.purgatory)
+            leader.on_load = self.on_load
+            self._leaders[key] = leader
+        return leader
+
+    def all(self) -> list[SharePartitionLeader]:
+        return list(self._leaders.values())
+
+    @staticmethod
+    def changes_in_progress() -> set[asyncio.Task[Any]]:
+        """Acknowledgements and releases still running (the broker lets them finish before it stops)."""
+        return set(_finishing)
+
+    def of_group(self, group_id: str) -> list[SharePartitionLeader]:
+        return [leader for key, leader in self._leaders.items() if key.group_id == group_id]
+
+    def drop_group(self, group_id: str) -> None:
+        for key in [k for k in self._leaders if k.group_id == group_id]:
+            self._leaders.pop(key).drop()
+
+    def drop_idle_group(self, group_id: str) -> int:
+        """Forget the group's share partitions that nothing is using (their state is durable and is
+        loaded again on next use); returns how many went."""
+        keys = [k for k, leader in self._leaders.items() if k.group_id == group_id and leader.idle]
+        for key in keys:
+            self._leaders.pop(key).drop()
+        return len(keys)
+
+    def drop_topic(self, topic_id: bytes) -> None:
+        for key in [k for k in self._leaders if k.topic_id == topic_id]:
+            self._leaders.pop(key).drop()
+
+    def group_config_changed(self, group_id: str) -> None:
+        for key, leader in self._leaders.items():
+            if key.group_id == group_id:
+                leader.apply_group_config()
