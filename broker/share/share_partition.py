@@ -810,11 +810,12 @@ class SharePartition:
             changes.append(_Change(rl, rh, s, m, c, d, new_state, new_member, new_deadline, renew))
             self._set(b, rl, rh, new_state, new_member, c, new_deadline)
 
-    def _restore(self, ch: _Change, *, match_renew: bool) -> None:
-        """Put a changed run back where it still holds exactly what the acknowledgement wrote."""
+    def _restore(self, ch: _Change, *, match_renew: bool, below_spso: bool = False) -> None:
+        """Put a changed run back where it still holds exactly what the acknowledgement wrote (below SPSO
+        too with ``below_spso``: a release archives ACQUIRED records the log start overtook)."""
         if ch.renew and not match_renew:
             return
-        lo = max(ch.first, self._spso)
+        lo = ch.first if below_spso else max(ch.first, self._spso)
         hi = ch.last
         if lo > hi:
             return
@@ -841,7 +842,9 @@ class SharePartition:
         if undo is None or undo.used:
             return False
         undo.used = True
-        if self._spso == undo.spso_after and undo.spso_before < undo.spso_after:
+        # Nothing moved SPSO since: the outcome is undone exactly, batches it dropped included.
+        unmoved = self._spso == undo.spso_after
+        if unmoved:
             if undo.dropped:
                 self._batches[0:0] = undo.dropped
                 self._firsts[0:0] = [b.first for b in undo.dropped]
@@ -849,7 +852,7 @@ class SharePartition:
                     self._account(b, 1)
             self._spso = undo.spso_before
         for ch in reversed(undo.changes):
-            self._restore(ch, match_renew=False)
+            self._restore(ch, match_renew=False, below_spso=unmoved)
         self._full_write = True
         self._dirty.clear()
         self._nfo = None

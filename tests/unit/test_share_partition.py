@@ -717,6 +717,24 @@ class SharePartitionMachine(RuleBasedStateMachine):
             if rec[0] == ACQUIRED and rec[1] == member:
                 self._release(o, spso)
 
+    @rule(member=st.sampled_from(MEMBERS), then_rollback=st.booleans())
+    def close_session_written_or_failed(self, member: str, then_rollback: bool) -> None:
+        """A release held until written: completed, or rolled back to ACQUIRED when its write fails."""
+        spso = self.sp.start_offset
+        before = self._observed()
+        out = self.sp.release_member(member, now_ms=self.now, until_written=True)
+        if out is None:
+            assert self._observed() == before
+            return
+        if then_rollback:
+            assert self.sp.rollback(out)
+            assert self._observed() == before
+            return
+        self.sp.written(out)
+        for o, rec in self.model.items():
+            if rec[0] == ACQUIRED and rec[1] == member:
+                self._release(o, spso)
+
     @rule(dt=st.integers(1, 150))
     def time_passes(self, dt: int) -> None:
         self.now += dt
