@@ -385,7 +385,6 @@ class ShareFetchHandlers:
         if not self.sessions.has_group(group):
             self.leaders.drop_idle_group(group)
 
-
     def _on_connection_closed(self, conn: KafkaConnection) -> None:
         closed = self.sessions.sessions_of(conn)
         if not closed:
