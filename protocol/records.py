@@ -57,12 +57,20 @@ _NULL_LENGTH = b"\x01"  # zigzag(-1)
 _ZERO = b"\x00"
 
 
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+
+
 class InvalidRecord(CorruptRecordBatch):
     """A CRC-valid batch that Kafka's log validator refuses with INVALID_RECORD (87).
 
     It subclasses CorruptRecordBatch so callers that only know CORRUPT_MESSAGE still reject it, but
     INVALID_RECORD is the better answer: producers treat CORRUPT_MESSAGE as retriable.
     """
+
+
+class InvalidTimestamp(InvalidRecord):
+    """A CreateTime record outside the broker's accepted timestamp window (INVALID_TIMESTAMP, 32)."""
 
 
 @dataclass(slots=True)
@@ -546,12 +554,21 @@ def decode_batches(
 
 
 def validate_batch_for_append(
-    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, *, check_records: bool = False
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    header: BatchHeader,
+    *,
+    check_records: bool = True,
+    timestamp_bounds: TimestampBounds | None = None,
 ) -> None:
-    """The per-batch checks Kafka makes on a client's produce before appending it to the log.
+    """The per-batch checks Kafka's log validator makes on a client's produce before appending it.
 
-    Raises CorruptRecordBatch (CORRUPT_MESSAGE) for a bad CRC or an unknown codec, and its
-    subclass InvalidRecord (INVALID_RECORD) for the log validator's refusals.
+    Raises CorruptRecordBatch (CORRUPT_MESSAGE) for a bad CRC, an unknown codec or a payload that
+    does not decompress; its subclass InvalidRecord (INVALID_RECORD) for the validator's refusals
+    (counts, offsets, record framing: lengths, header counts); InvalidTimestamp (INVALID_TIMESTAMP)
+    for a CreateTime record outside `timestamp_bounds`. Every record is walked, as Kafka does: a
+    batch whose CRC is right but whose records cannot be read must never reach the log, where
+    consumers and coordinators replaying it would fail on it.
     """
     verify_crc(buf, pos, header)
     if header.compression > ZSTD:
@@ -568,10 +585,43 @@ def validate_batch_for_append(
         raise InvalidRecord("clients may not write control batches")
     if header.producer_id >= 0 and header.base_sequence < 0:
         raise InvalidRecord(f"invalid base sequence {header.base_sequence} for producer {header.producer_id}")
-    # Kafka also walks every record (decompressing if needed); by default we trust the CRC-covered
-    # framing and leave decoding to consumers, which keeps produce O(header) per batch.
-    if check_records:
+    if not check_records:
+        return
+    if header.compression != NONE:
         try:
-            decode_records(buf, pos, header)
-        except InvalidRecordBatch as exc:
-            raise InvalidRecord(str(exc)) from exc
+            data = decompress(header.compression, memoryview(buf)[pos + HEADER_SIZE : pos + header.size])
+        except CompressionError as exc:
+            raise CorruptRecordBatch(f"batch at byte {pos} does not decompress: {exc}") from exc
+    else:
+        data = bytes(memoryview(buf)[pos + HEADER_SIZE : pos + header.size])
+    try:
+        records = _parse_records(data, header.records_count, 0, header.base_timestamp, None)
+    except InvalidRecordBatch as exc:
+        raise InvalidRecord(str(exc)) from exc
+    for index, record in enumerate(records):
+        if record.offset != index:
+            raise InvalidRecord(f"record {index} has offset delta {record.offset}")
+    if timestamp_bounds is not None and not header.attributes & TIMESTAMP_TYPE_MASK:
+        for index, record in enumerate(records):
+            timestamp_bounds.check(index, record.timestamp)
+
+
+@dataclass(frozen=True, slots=True)
+class TimestampBounds:
+    """Kafka's message.timestamp.before/after.max.ms window around the broker's clock for CreateTime records."""
+
+    now_ms: int
+    before_max_ms: int
+    after_max_ms: int
+
+    def check(self, index: int, timestamp: int) -> None:
+        if not _INT64_MIN <= timestamp <= _INT64_MAX:
+            raise InvalidTimestamp(f"record {index} has a timestamp outside the int64 range")
+        if self.now_ms - timestamp > self.before_max_ms:
+            raise InvalidTimestamp(
+                f"timestamp {timestamp} of record {index} is more than {self.before_max_ms} ms before the broker's time"
+            )
+        if timestamp - self.now_ms > self.after_max_ms:
+            raise InvalidTimestamp(
+                f"timestamp {timestamp} of record {index} is more than {self.after_max_ms} ms after the broker's time"
+            )

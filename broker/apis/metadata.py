@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
-from shoal.broker.storage.topic_registry import Topic, validate_topic_name
+from shoal.broker.storage.topic_registry import ZERO_UUID, Topic, validate_topic_name
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -63,6 +63,15 @@ class DiscoveryHandlers:
             for topic in list(topics.by_name.values()):
                 if ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, topic.name):
                     out.append(self._topic(topic))
+        elif version < 12 and any(rt.name is None or rt.topic_id != ZERO_UUID for rt in req.topics):
+            # As Kafka: v10 and v11 carry topic ids but cannot look them up, and their response cannot hold a
+            # null name; the whole request is refused, each topic answered INVALID_REQUEST with "" for null.
+            log.info("metadata request refused: topic ids need v12", api_version=version, client=ctx.connection.client_host)
+            return MetadataResponse(brokers=[], cluster_id=None, controller_id=-1, topics=[
+                MdTopic(error_code=ErrorCode.INVALID_REQUEST, name=rt.name or "", topic_id=rt.topic_id,
+                        is_internal=False, partitions=[])
+                for rt in req.topics
+            ], cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED, error_code=ErrorCode.NONE)
         else:
             auto_create = self.broker.config["auto.create.topics.enable"] and (version < 4 or req.allow_auto_topic_creation)
             for rt in req.topics:
