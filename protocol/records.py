@@ -595,15 +595,105 @@ def validate_batch_for_append(
     else:
         data = bytes(memoryview(buf)[pos + HEADER_SIZE : pos + header.size])
     try:
-        records = _parse_records(data, header.records_count, 0, header.base_timestamp, None)
+        min_delta, max_delta = _walk_records(data, header.records_count)
     except InvalidRecordBatch as exc:
         raise InvalidRecord(str(exc)) from exc
-    for index, record in enumerate(records):
-        if record.offset != index:
-            raise InvalidRecord(f"record {index} has offset delta {record.offset}")
     if timestamp_bounds is not None and not header.attributes & TIMESTAMP_TYPE_MASK:
-        for index, record in enumerate(records):
-            timestamp_bounds.check(index, record.timestamp)
+        # Every record's timestamp lies between these two, so checking them checks all.
+        timestamp_bounds.check(header.base_timestamp + min_delta)
+        timestamp_bounds.check(header.base_timestamp + max_delta)
+
+
+def _walk_records(data: bytes, count: int) -> tuple[int, int]:
+    """Check that `count` records exactly fill `data` (lengths, key/value/header framing, offset deltas
+    0..count-1) without building them; returns the smallest and largest timestamp delta.
+
+    The produce path runs this over every record, so varints are read inline with a one-byte fast path.
+    """
+    slow = _read_zz_slow
+    end = len(data)
+    pos = 0
+    min_delta = max_delta = 0
+    try:
+        for index in range(count):
+            b = data[pos]
+            if b < 0x80:
+                length = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                length, pos = slow(data, pos)
+            record_end = pos + length
+            if length <= 0 or record_end > end:
+                raise InvalidRecordBatch(f"record {index} length {length} does not fit the batch")
+            pos += 1  # attributes
+            b = data[pos]
+            if b < 0x80:
+                delta = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                delta, pos = slow(data, pos)
+            if index == 0:
+                min_delta = max_delta = delta
+            elif delta < min_delta:
+                min_delta = delta
+            elif delta > max_delta:
+                max_delta = delta
+            b = data[pos]
+            if b < 0x80:
+                offset_delta = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                offset_delta, pos = slow(data, pos)
+            if offset_delta != index:
+                # Offsets are assigned by patching the batch's base offset only, so deltas must be 0..n-1.
+                raise InvalidRecordBatch(f"record {index} has offset delta {offset_delta}")
+            b = data[pos]
+            if b < 0x80:
+                size = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                size, pos = slow(data, pos)
+            if size > 0:
+                pos += size
+            elif size < -1:
+                raise InvalidRecordBatch(f"record {index} has invalid key length {size}")
+            b = data[pos]
+            if b < 0x80:
+                size = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                size, pos = slow(data, pos)
+            if size > 0:
+                pos += size
+            elif size < -1:
+                raise InvalidRecordBatch(f"record {index} has invalid value length {size}")
+            b = data[pos]
+            if b < 0x80:
+                header_count = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                header_count, pos = slow(data, pos)
+            if header_count:
+                # Each header takes at least two bytes (two length varints).
+                if header_count < 0 or 2 * header_count > record_end - pos:
+                    raise InvalidRecordBatch(f"record {index} has invalid header count {header_count}")
+                for _ in range(header_count):
+                    size, pos = slow(data, pos)
+                    if size < 0:
+                        raise InvalidRecordBatch(f"record {index} has invalid header key length {size}")
+                    pos += size
+                    size, pos = slow(data, pos)
+                    if size > 0:
+                        pos += size
+                    elif size < -1:
+                        raise InvalidRecordBatch(f"record {index} has invalid header value length {size}")
+            if pos != record_end:
+                raise InvalidRecordBatch(f"record {index} ends at {pos}, its length says {record_end}")
+    except IndexError:
+        raise InvalidRecordBatch("truncated record") from None
+    if pos != end:
+        raise InvalidRecordBatch(f"{end - pos} bytes left after the last of {count} records")
+    return min_delta, max_delta
 
 
 @dataclass(frozen=True, slots=True)
@@ -614,14 +704,14 @@ class TimestampBounds:
     before_max_ms: int
     after_max_ms: int
 
-    def check(self, index: int, timestamp: int) -> None:
+    def check(self, timestamp: int) -> None:
         if not _INT64_MIN <= timestamp <= _INT64_MAX:
-            raise InvalidTimestamp(f"record {index} has a timestamp outside the int64 range")
+            raise InvalidTimestamp(f"a record's timestamp {timestamp} is outside the int64 range")
         if self.now_ms - timestamp > self.before_max_ms:
             raise InvalidTimestamp(
-                f"timestamp {timestamp} of record {index} is more than {self.before_max_ms} ms before the broker's time"
+                f"timestamp {timestamp} is more than {self.before_max_ms} ms before the broker's time"
             )
         if timestamp - self.now_ms > self.after_max_ms:
             raise InvalidTimestamp(
-                f"timestamp {timestamp} of record {index} is more than {self.after_max_ms} ms after the broker's time"
+                f"timestamp {timestamp} is more than {self.after_max_ms} ms after the broker's time"
             )

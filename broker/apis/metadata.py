@@ -66,7 +66,7 @@ class DiscoveryHandlers:
         elif version < 12 and any(rt.name is None or rt.topic_id != ZERO_UUID for rt in req.topics):
             # As Kafka: v10 and v11 carry topic ids but cannot look them up, and their response cannot hold a
             # null name; the whole request is refused, each topic answered INVALID_REQUEST with "" for null.
-            log.info("metadata request refused: topic ids need v12", api_version=version, client=ctx.connection.client_host)
+            log.debug("metadata request refused: topic ids need v12", api_version=version, client=ctx.connection.client_host)
             return MetadataResponse(brokers=[], cluster_id=None, controller_id=-1, topics=[
                 MdTopic(error_code=ErrorCode.INVALID_REQUEST, name=rt.name or "", topic_id=rt.topic_id,
                         is_internal=False, partitions=[])
