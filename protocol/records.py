@@ -606,87 +606,44 @@ def validate_batch_for_append(
 
 def _walk_records(data: bytes, count: int) -> tuple[int, int]:
     """Check that `count` records exactly fill `data` (lengths, key/value/header framing, offset deltas
-    0..count-1) without building them; returns the smallest and largest timestamp delta.
-
-    The produce path runs this over every record, so varints are read inline with a one-byte fast path.
-    """
-    slow = _read_zz_slow
+    0..count-1) without building them; returns the smallest and largest timestamp delta."""
+    read = _read_zz_slow
     end = len(data)
     pos = 0
     min_delta = max_delta = 0
     try:
         for index in range(count):
-            b = data[pos]
-            if b < 0x80:
-                length = (b >> 1) ^ -(b & 1)
-                pos += 1
-            else:
-                length, pos = slow(data, pos)
+            length, pos = read(data, pos)
             record_end = pos + length
             if length <= 0 or record_end > end:
                 raise InvalidRecordBatch(f"record {index} length {length} does not fit the batch")
-            pos += 1  # attributes
-            b = data[pos]
-            if b < 0x80:
-                delta = (b >> 1) ^ -(b & 1)
-                pos += 1
-            else:
-                delta, pos = slow(data, pos)
+            delta, pos = read(data, pos + 1)  # after the attributes byte
             if index == 0:
                 min_delta = max_delta = delta
             elif delta < min_delta:
                 min_delta = delta
             elif delta > max_delta:
                 max_delta = delta
-            b = data[pos]
-            if b < 0x80:
-                offset_delta = (b >> 1) ^ -(b & 1)
-                pos += 1
-            else:
-                offset_delta, pos = slow(data, pos)
+            offset_delta, pos = read(data, pos)
             if offset_delta != index:
                 # Offsets are assigned by patching the batch's base offset only, so deltas must be 0..n-1.
                 raise InvalidRecordBatch(f"record {index} has offset delta {offset_delta}")
-            b = data[pos]
-            if b < 0x80:
-                size = (b >> 1) ^ -(b & 1)
-                pos += 1
-            else:
-                size, pos = slow(data, pos)
-            if size > 0:
-                pos += size
-            elif size < -1:
-                raise InvalidRecordBatch(f"record {index} has invalid key length {size}")
-            b = data[pos]
-            if b < 0x80:
-                size = (b >> 1) ^ -(b & 1)
-                pos += 1
-            else:
-                size, pos = slow(data, pos)
-            if size > 0:
-                pos += size
-            elif size < -1:
-                raise InvalidRecordBatch(f"record {index} has invalid value length {size}")
-            b = data[pos]
-            if b < 0x80:
-                header_count = (b >> 1) ^ -(b & 1)
-                pos += 1
-            else:
-                header_count, pos = slow(data, pos)
-            if header_count:
-                # Each header takes at least two bytes (two length varints).
-                if header_count < 0 or 2 * header_count > record_end - pos:
-                    raise InvalidRecordBatch(f"record {index} has invalid header count {header_count}")
-                for _ in range(header_count):
-                    size, pos = slow(data, pos)
-                    if size < 0:
-                        raise InvalidRecordBatch(f"record {index} has invalid header key length {size}")
-                    pos += size
-                    size, pos = slow(data, pos)
-                    if size > 0:
-                        pos += size
-                    elif size < -1:
-                        raise InvalidRecordBatch(f"record {index} has invalid header value length {size}")
+            # Key and value, then each header's key and value: a length (-1 = null) and that many bytes.
+            key_size, pos = read(data, pos)
+            value_size, pos = read(data, pos + key_size if key_size > 0 else pos)
+            header_count, pos = read(data, pos + value_size if value_size > 0 else pos)
+            if key_size < -1 or value_size < -1:
+                raise InvalidRecordBatch(f"record {index} has invalid key or value length")
+            # Each header takes at least two bytes (two length varints).
+            if header_count < 0 or 2 * header_count > record_end - pos:
+                raise InvalidRecordBatch(f"record {index} has invalid header count {header_count}")
+            for _ in range(header_count):
+                key_size, pos = read(data, pos)
+                value_size, pos = read(data, pos + key_size if key_size > 0 else pos)
+                if key_size < 0 or value_size < -1:
+                    raise InvalidRecordBatch(f"record {index} has an invalid header length")
+                if value_size > 0:
+                    pos += value_size
             if pos != record_end:
                 raise InvalidRecordBatch(f"record {index} ends at {pos}, its length says {record_end}")
     except IndexError:

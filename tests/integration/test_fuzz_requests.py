@@ -26,6 +26,7 @@ from shoal.protocol.errors import ErrorCode
 from shoal.protocol.records import RecordInput, encode_batch
 from shoal.protocol.schema import FieldSpec, StructSpec
 
+from ..unit.strategies import INT_RANGES
 from .broker_process import BrokerProcess
 from .kafka_wire import WireClient
 from .test_bad_requests import PHANTOM_HEADERS, create_topics, raw_batch, raw_record, topic_partitions
@@ -34,14 +35,6 @@ from .test_bad_requests import PHANTOM_HEADERS, create_topics, raw_batch, raw_re
 SEED = int(os.environ.get("SHOAL_FUZZ_SEED", "20261123"))
 REQUESTS_PER_VERSION = int(os.environ.get("SHOAL_FUZZ_ROUNDS", "12"))
 
-_INT_RANGES = {
-    "int8": (-(2**7), 2**7 - 1),
-    "int16": (-(2**15), 2**15 - 1),
-    "uint16": (0, 2**16 - 1),
-    "int32": (-(2**31), 2**31 - 1),
-    "uint32": (0, 2**32 - 1),
-    "int64": (-(2**63), 2**63 - 1),
-}
 # Durations the broker honours by waiting (long polls): their edges would only make the fuzzer sleep.
 _WAIT_FIELDS = ("WaitMs", "TimeoutMs")
 
@@ -84,8 +77,8 @@ class Generator:
         if f.struct is not None:
             return self._struct(getattr(self._root, f.struct.name), f.struct, version, flexible, depth + 1)
         t = f.type
-        if t in _INT_RANGES:
-            lo, hi = _INT_RANGES[t]
+        if t in INT_RANGES:
+            lo, hi = INT_RANGES[t]
             if f.name.endswith(_WAIT_FIELDS):
                 return rng.choice([v for v in (-1, 0, 1, 50) if lo <= v <= hi])
             return rng.choice((lo, hi, -1 if lo < 0 else 0, 0, 1, rng.randint(lo, hi)))
