@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
+from shoal.broker.apis.topic_admin import partition_budget_problem
 from shoal.broker.storage.topic_registry import ZERO_UUID, Topic, validate_topic_name
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -112,7 +113,12 @@ class DiscoveryHandlers:
             Operation.CREATE, ResourceType.TOPIC, name
         ):
             return None, ErrorCode.TOPIC_AUTHORIZATION_FAILED
-        topic = self.broker.topics.create(name, int(self.broker.config["num.partitions"]))
+        count = int(self.broker.config["num.partitions"])
+        too_many = partition_budget_problem(self.broker, count)
+        if too_many is not None:
+            log.warning("refused topic auto-creation", topic=name, reason=too_many)
+            return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        topic = self.broker.topics.create(name, count)
         self.broker.on_topic_created(topic)
         return topic, ErrorCode.NONE
 

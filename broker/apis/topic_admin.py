@@ -65,19 +65,6 @@ class TopicAdmin:
 
     # ---- CreateTopics ---------------------------------------------------------------------------
 
-    def _partition_budget(self, adding: int, added_so_far: int) -> str | None:
-        """Why `adding` more partitions cannot be created, or None: Kafka's per-request bound and our file budget."""
-        per_request = int(self.broker.config["max.partitions.per.request"])
-        if added_so_far + adding > per_request:
-            return (f"Unable to perform excessively large batch operation: {added_so_far + adding} partitions "
-                    f"in one request exceed max.partitions.per.request={per_request}.")
-        limit = broker_partition_limit(int(self.broker.config["max.partitions"]))
-        held = self.broker.topics.partition_count
-        if held + added_so_far + adding > limit:
-            return (f"Unable to create {adding} partitions: the broker holds {held} and its limit is {limit} "
-                    f"(max.partitions, bounded by the open-file limit).")
-        return None
-
     def create_topics(self, ctx: RequestContext, req: Any) -> Any:
         results = []
         seen: set[str] = set()
@@ -113,7 +100,7 @@ class TopicAdmin:
             if count <= 0:
                 result.error_code, result.error_message = ErrorCode.INVALID_PARTITIONS, "Number of partitions must be larger than 0."
                 continue
-            too_many = self._partition_budget(count, added)
+            too_many = partition_budget_problem(self.broker, count, added)
             if too_many is not None:
                 log.warning("refused topic creation", topic=shorten(ct.name), partitions=count, reason=too_many)
                 result.error_code, result.error_message = ErrorCode.POLICY_VIOLATION, too_many
@@ -193,7 +180,7 @@ class TopicAdmin:
                 res.error_code = ErrorCode.INVALID_PARTITIONS
                 res.error_message = f"Topic currently has {len(topic.partitions)} partitions, {t.count} would not be an increase."
                 continue
-            too_many = self._partition_budget(t.count - len(topic.partitions), added)
+            too_many = partition_budget_problem(self.broker, t.count - len(topic.partitions), added)
             if too_many is not None:
                 log.warning("refused partition creation", topic=t.name, count=t.count, reason=too_many)
                 res.error_code, res.error_message = ErrorCode.POLICY_VIOLATION, too_many
@@ -349,6 +336,20 @@ def _record_at_or_after(plog: PartitionLog, timestamp_ms: int) -> tuple[int, int
         if rec.offset >= plog.log_start_offset and timestamp_ms <= rec.timestamp < 1 << 63:
             return rec.offset, rec.timestamp
     return found
+
+
+def partition_budget_problem(broker: Broker, adding: int, added_so_far: int = 0) -> str | None:
+    """Why `adding` more partitions cannot be created, or None: Kafka's per-request bound and our file budget."""
+    per_request = int(broker.config["max.partitions.per.request"])
+    if added_so_far + adding > per_request:
+        return (f"Unable to perform excessively large batch operation: {added_so_far + adding} partitions "
+                f"in one request exceed max.partitions.per.request={per_request}.")
+    limit = broker_partition_limit(int(broker.config["max.partitions"]))
+    held = broker.topics.partition_count
+    if held + added_so_far + adding > limit:
+        return (f"Unable to create {adding} partitions: the broker holds {held} and its limit is {limit} "
+                f"(max.partitions, bounded by the open-file limit).")
+    return None
 
 
 def broker_partition_limit(configured: int) -> int:
