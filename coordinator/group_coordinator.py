@@ -16,13 +16,13 @@ from typing import Any, Protocol
 
 import structlog
 
+from shoal.backoff import Backoff
 from shoal.persister.persister import Persister, SharePartitionKey
 from shoal.protocol import messages
 from shoal.protocol.coordinator_records import CoordinatorRecord, fits_key_string
 from shoal.protocol.errors import ErrorCode
 
 from .assignor import ASSIGNOR_NAME, SimpleAssignor
-from .backoff import Backoff
 from .placement import coordinator_partition
 from .record_log import CoordinatorRecordLog
 from .share_group import (

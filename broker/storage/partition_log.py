@@ -23,6 +23,7 @@ from pathlib import Path
 
 import structlog
 
+from shoal.backoff import Backoff
 from shoal.broker.storage.log_segment import (
     INDEX_SUFFIX,
     INT32_MAX,
@@ -31,7 +32,6 @@ from shoal.broker.storage.log_segment import (
     TMP_SUFFIX,
     LogSegment,
 )
-from shoal.coordinator.backoff import Backoff
 from shoal.protocol.record_batch import BatchHeader, iter_batches, set_base_offset, set_log_append_time
 
 log = structlog.get_logger(__name__)

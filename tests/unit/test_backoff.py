@@ -6,7 +6,7 @@ from itertools import pairwise
 
 from hypothesis import given
 from hypothesis import strategies as st
-from shoal.coordinator.backoff import Backoff
+from shoal.backoff import Backoff
 
 
 @given(st.lists(st.floats(0.0, 30.0), min_size=1, max_size=300))

@@ -1,4 +1,4 @@
-"""Exponential backoff for background retries, which also decides when a repeated failure is worth a log line.
+"""Exponential backoff for background retries (any layer), which also decides when a failure is worth a log line.
 
 A retry that keeps failing (a persister that is down, a partition that is gone) must neither spin nor
 flood the log: each key waits twice as long after every failure, up to a ceiling, and its failures are
