@@ -369,9 +369,13 @@ class GroupCoordinator:
                 else:
                     done.setdefault(tid, set()).add(p)
             if failed:
-                # One line per attempt (attempts are initialize.retry.interval.ms apart), not one per partition.
-                log.warning("share partition state initialisation failed", group_id=req.group_id,
-                            partitions=failed, error=repr(first_error))
+                # One line per group, and repeated failures back off and are logged sparingly.
+                suppressed = self._retries.failed(("initialize", req.group_id), self.clock())
+                if suppressed is not None:
+                    log.warning("share partition state initialisation failed", group_id=req.group_id,
+                                partitions=failed, error=repr(first_error), failures_not_logged=suppressed)
+            else:
+                self._retries.succeeded(("initialize", req.group_id))
             async with self._lock(req.group_id):
                 group = self.groups.get(req.group_id)
                 if group is None:
@@ -401,7 +405,7 @@ class GroupCoordinator:
         interval = self.config.initialize_retry_interval_ms / 1000
         for group_id in list(self.groups):
             group = self.groups.get(group_id)
-            if group is None or group.deleting_group:
+            if group is None or group.deleting_group or not self._retries.ready(("initialize", group_id), now):
                 continue
             topics: dict[bytes, set[int]] = {}
             for tid, info in group.initializing.items():

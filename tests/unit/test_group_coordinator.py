@@ -53,9 +53,11 @@ class RecordingPersister:
         self.fail_initialize = False
         self.fail_delete = False
         self.delete_calls = 0
+        self.initialize_calls = 0
 
     async def initialize_state(self, key: SharePartitionKey, state_epoch: int, start_offset: int) -> int:
         await asyncio.sleep(0)
+        self.initialize_calls += 1
         if self.fail_initialize:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         self.initialized.append((key, state_epoch, start_offset))
@@ -452,6 +454,24 @@ async def test_stuck_deletion_of_a_deleted_topic_is_dropped(env: Env) -> None:
     assert env.persister.delete_calls == calls
     env.persister.fail_delete = False
     assert await env.coord.delete_group(GROUP) == ErrorCode.NONE
+
+
+async def test_failing_initialisation_backs_off(env: Env) -> None:
+    env.persister.fail_initialize = True
+    await env.hb("a", 0, ["orders"])
+    await env.coord.wait_for_background()
+    first = env.persister.initialize_calls
+    for _ in range(3600):  # an hour of one-second maintenance ticks
+        env.clock.now += 1
+        await env.coord.retry_pending()
+        await env.coord.wait_for_background()
+    attempts = (env.persister.initialize_calls - first) // 4  # four partitions per attempt
+    assert 0 < attempts <= 3600 // 30  # never more often than the retry interval, and less as failures go on
+    env.persister.fail_initialize = False
+    env.clock.now += 61
+    await env.coord.retry_pending()
+    await env.coord.wait_for_background()
+    assert len(env.persister.initialized) == 4
 
 
 async def test_failing_state_deletion_backs_off(env: Env) -> None:
