@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.broker.apis.topic_admin import partition_budget_problem
+from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.broker.storage.topic_registry import ZERO_UUID, Topic, validate_topic_name
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey

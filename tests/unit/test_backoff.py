@@ -6,6 +6,7 @@ from itertools import pairwise
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from shoal.backoff import Backoff
 
 
