@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from shoal.client.spark.options import SparkOptionError, check_connection_config, client_options
+from shoal.client.spark.options import SparkOptionError, check_connection_config, check_known, client_options
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -35,6 +35,8 @@ _PRODUCER_KWARGS: dict[str, tuple[str, type]] = {
     "delivery.timeout.ms": ("delivery_timeout_ms", int),
     "max.request.size": ("max_request_size", int),
 }
+# Spark hands a sink all writer options, its own (checkpointLocation, queryName, path) among them.
+SINK_OPTIONS = ("topic", "checkpointLocation", "queryName", "path")
 _ALLOWED_COLUMNS = {"key", "value", "topic", "partition", "headers"}
 
 
@@ -53,6 +55,7 @@ class KafkaShareStreamWriter(DataSourceStreamArrowWriter):
     """Created on the driver, pickled to executors; the producer is made inside `write` on the executor."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType):
+        check_known(options, SINK_OPTIONS, "kafka-share sink")
         conn = client_options(options)
         self.bootstrap = conn.bootstrap_servers
         self.client_config: dict[str, str] = {}
@@ -86,32 +89,25 @@ class KafkaShareStreamWriter(DataSourceStreamArrowWriter):
             for batch in iterator:
                 cols = batch.to_pydict()
                 rows = batch.num_rows
-                values = cols["value"]
-                keys = cols.get("key") or [None] * rows
+                values = [_as_bytes(v) for v in cols["value"]]
+                keys = [_as_bytes(k) for k in cols["key"]] if "key" in cols else [None] * rows
                 topics = [self.topic] * rows if self.topic is not None else cols["topic"]
+                if None in topics:
+                    raise SparkOptionError("a row has a null topic and no 'topic' option is set")
                 partitions = cols.get("partition") or [None] * rows
-                headers = cols.get("headers") or [None] * rows
-                for i in range(rows):
-                    topic = topics[i]
-                    if topic is None:
-                        raise SparkOptionError("a row has a null topic and no 'topic' option is set")
-                    hdrs = [(h["key"], _as_bytes(h["value"])) for h in headers[i]] if headers[i] else None
-                    futures.append(
-                        producer.send(
-                            topic,
-                            _as_bytes(values[i]),
-                            key=_as_bytes(keys[i]),
-                            headers=hdrs,
-                            partition=partitions[i],
-                        )
-                    )
+                headers = (
+                    [[(h["key"], _as_bytes(h["value"])) for h in hs] if hs else None for hs in cols["headers"]]
+                    if "headers" in cols
+                    else [None] * rows
+                )
+                # One hand-over to the producer's loop per Arrow batch, not one per row.
+                futures.append(producer.send_many(zip(topics, values, keys, headers, partitions, strict=True)))
             producer.flush()
             # Raise the first send failure so the task fails and Spark retries it (at-least-once).
-            for future in futures:
-                future.result()
+            sent = sum(future.result() for future in futures)
         finally:
             producer.close()
-        return ProducedCommitMessage(records=len(futures))
+        return ProducedCommitMessage(records=sent)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         # Every record is already acknowledged by the broker when its task succeeds.
