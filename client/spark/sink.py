@@ -14,6 +14,7 @@ success, so a failed or retried task can only produce a record twice, never drop
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,8 @@ from shoal.client.spark.options import SparkOptionError, check_connection_config
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from shoal.client.producer import Producer
+
 # `kafka.<name>` options that are producer settings rather than connection settings.
 _PRODUCER_KWARGS: dict[str, tuple[str, type]] = {
     "acks": ("acks", str),
@@ -37,6 +40,8 @@ _PRODUCER_KWARGS: dict[str, tuple[str, type]] = {
 }
 # Spark hands a sink all writer options, its own (checkpointLocation, queryName, path) among them.
 SINK_OPTIONS = ("topic", "checkpointLocation", "queryName", "path")
+_PRODUCERS: dict[tuple[Any, ...], Producer] = {}
+_PRODUCERS_LOCK = threading.Lock()
 _ALLOWED_COLUMNS = {"key", "value", "topic", "partition", "headers"}
 
 
@@ -80,10 +85,20 @@ class KafkaShareStreamWriter(DataSourceStreamArrowWriter):
         if unknown:
             raise SparkOptionError(f"the kafka-share sink does not know columns {sorted(unknown)}")
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> ProducedCommitMessage:
-        from shoal.client.producer import Producer
+    def _producer(self) -> Producer:
+        # One producer per Python worker and settings: Spark reuses workers across tasks, and connecting
+        # (metadata, producer id) costs more than a small task's rows.
+        key = (self.bootstrap, tuple(sorted(self.client_config.items())), tuple(sorted(self.producer_kwargs.items())))
+        with _PRODUCERS_LOCK:
+            producer = _PRODUCERS.get(key)
+            if producer is None:
+                from shoal.client.producer import Producer
 
-        producer = Producer(self.bootstrap, config=self.client_config, **self.producer_kwargs)
+                producer = _PRODUCERS[key] = Producer(self.bootstrap, config=self.client_config, **self.producer_kwargs)
+            return producer
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> ProducedCommitMessage:
+        producer = self._producer()
         futures = []
         try:
             for batch in iterator:
@@ -105,8 +120,14 @@ class KafkaShareStreamWriter(DataSourceStreamArrowWriter):
             producer.flush()
             # Raise the first send failure so the task fails and Spark retries it (at-least-once).
             sent = sum(future.result() for future in futures)
-        finally:
+        except BaseException:
+            # A producer that failed a task is not trusted with the next one.
+            with _PRODUCERS_LOCK:
+                for key, cached in list(_PRODUCERS.items()):
+                    if cached is producer:
+                        del _PRODUCERS[key]
             producer.close()
+            raise
         return ProducedCommitMessage(records=sent)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

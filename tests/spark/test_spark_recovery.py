@@ -11,9 +11,8 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-import pytest
 from shoal.client.admin import Admin
 from tests.integration.broker_process import BrokerProcess
 from tests.integration.share_clients import create_topic, produce, set_group_config
@@ -62,69 +61,105 @@ def _batch_ids(ckpt: Path, log: str) -> set[int]:
     return {int(p.name) for p in (ckpt / log).iterdir() if p.name.isdigit()}
 
 
-def _source_offset(ckpt: Path, batch: int) -> dict[str, object]:
+def _source_offset(ckpt: Path, batch: int) -> dict[str, Any]:
     """The source's end offset for `batch` in Spark's offset log (version, metadata, then one line per source)."""
     return json.loads((ckpt / "offsets" / str(batch)).read_text().splitlines()[-1])
 
 
-@pytest.mark.parametrize("mode", ["checkpoint", "commit"])
-def test_killed_driver_restarts_from_its_checkpoint(
-    spark: SparkSession, broker: BrokerProcess, tmp_path: Path, mode: str
+class CrashRun:
+    """One mode's scenario: a streaming job that is SIGKILLed inside a micro-batch, then a restart from its
+    checkpoint that drains the topic. Both modes run side by side to share the JVMs' start-up time."""
+
+    def __init__(self, broker: BrokerProcess, base: Path, mode: str) -> None:
+        self.broker, self.base, self.mode = broker, base, mode
+        self.topic, self.group = f"spark-crash-{mode}", f"spark-crash-{mode}-group"
+        self.ckpt, self.control, self.log = base / "ckpt", base / "control", base / "jobs.log"
+        self.control.mkdir(parents=True)
+        create_topic(broker.bootstrap, self.topic, 3)
+        set_group_config(broker.bootstrap, self.group, share_auto_offset_reset="earliest")
+        self.produced = {(p, o) for p, o, _ in produce(broker.bootstrap, self.topic, RECORDS, partitions=3)}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, *extra: str) -> None:
+        self.proc = _start_job(self.broker, self.topic, self.group, self.base, self.mode, *extra)
+
+    def _alive(self) -> None:
+        assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-3000:]
+
+    def hang_once_committed(self, deadline: float) -> bool:
+        """Step towards the kill; True once a task hangs inside a batch after one batch has committed."""
+        self._alive()
+        assert time.monotonic() < deadline, f"{self.mode}: no batch to kill in: " + self.log.read_text()[-3000:]
+        if not (self.control / "hang").exists():
+            if (self.ckpt / "commits").exists() and _batch_ids(self.ckpt, "commits"):
+                (self.control / "hang").touch()
+            return False
+        return (self.control / "hanging").exists()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        _kill_session(self.proc)
+        (self.control / "hang").unlink()
+        self.in_flight = _batch_ids(self.ckpt, "offsets") - _batch_ids(self.ckpt, "commits")
+        assert self.in_flight, "the kill did not land inside a micro-batch"
+        offset = _source_offset(self.ckpt, max(self.in_flight))
+        self.member, self.in_flight_ranges = offset["member"], offset["ranges"]
+        assert self.in_flight_ranges  # the offset log says exactly what the batch holds
+
+    def wait_drained(self) -> None:
+        assert self.proc is not None
+        try:
+            assert self.proc.wait(180) == 0, self.log.read_text()[-3000:]
+        finally:
+            if self.proc.poll() is None:
+                _kill_session(self.proc)
+        assert _source_offset(self.ckpt, max(_batch_ids(self.ckpt, "offsets")))["member"] == self.member
+
+    def check(self, spark: SparkSession) -> None:
+        # The file sink's log decides which files are part of the output.
+        rows = spark.read.parquet(str(self.base / "out")).select("partition", "offset", "deliveryCount").collect()
+        seen = Counter((r.partition, r.offset) for r in rows)
+        assert set(seen) == self.produced  # none missing
+        if self.mode == "checkpoint":
+            # The killed batch was replayed by offset, with the rows it had: nothing twice.
+            assert all(n == 1 for n in seen.values()), [r for r, n in seen.items() if n > 1][:10]
+        else:
+            # Commit mode: the killed batch's records came back to the group and were read again, later.
+            redelivered = {(r.partition, r.offset) for r in rows if r.deliveryCount > 1}
+            in_flight_offsets = {
+                (int(p), o) for parts in self.in_flight_ranges.values() for p, rs in parts.items()
+                for first, last, _, _ in rs for o in range(first, last + 1)
+            }
+            assert in_flight_offsets <= redelivered
+        with Admin(self.broker.bootstrap) as admin:
+            offsets = admin.list_share_group_offsets(self.group, [self.topic])
+        assert {o.lag for o in offsets.values()} == {0}
+
+
+def test_killed_driver_restarts_exactly_once_in_checkpoint_mode_at_least_once_in_commit_mode(
+    spark: SparkSession, broker: BrokerProcess, tmp_path: Path
 ) -> None:
-    topic, group = f"spark-crash-{mode}", f"spark-crash-{mode}-group"
-    create_topic(broker.bootstrap, topic, 3)
-    set_group_config(broker.bootstrap, group, share_auto_offset_reset="earliest")
-    produced = {(p, o) for p, o, _ in produce(broker.bootstrap, topic, RECORDS, partitions=3)}
-    ckpt, out, control, log = tmp_path / "ckpt", tmp_path / "out", tmp_path / "control", tmp_path / "jobs.log"
-    control.mkdir()
-
-    # Run 1 streams until a batch has committed, then a task of the next batch stops mid-batch and the
-    # job's whole process tree is SIGKILLed.
-    first = _start_job(broker, topic, group, tmp_path, mode)
+    runs = [CrashRun(broker, tmp_path / mode, mode) for mode in ("checkpoint", "commit")]
     try:
-        deadline = time.monotonic() + 180
-        while not ((ckpt / "commits").exists() and _batch_ids(ckpt, "commits")):
-            assert first.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "run 1 never committed a batch: " + log.read_text()[-3000:]
+        # Run 1 streams until a batch has committed; then a task of a later batch stops mid-batch and the
+        # job's whole process tree is SIGKILLed.
+        for run in runs:
+            run.start()
+        deadline = time.monotonic() + 240
+        waiting = list(runs)
+        while waiting:
+            waiting = [run for run in waiting if not run.hang_once_committed(deadline)]
             time.sleep(0.2)
-        (control / "hang").touch()
-        while not (control / "hanging").exists():
-            assert first.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "run 1 never reached a batch to hang in: " + log.read_text()[-3000:]
-            time.sleep(0.2)
+        for run in runs:
+            run.kill()
+        # Run 2 from the same checkpoint drains the topic and ends by itself.
+        for run in runs:
+            run.start("once")
+        for run in runs:
+            run.wait_drained()
     finally:
-        _kill_session(first)
-    (control / "hang").unlink()
-    in_flight = _batch_ids(ckpt, "offsets") - _batch_ids(ckpt, "commits")
-    assert in_flight, "the kill did not land inside a micro-batch"
-    member = _source_offset(ckpt, max(in_flight))["member"]
-    in_flight_ranges = _source_offset(ckpt, max(in_flight))["ranges"]
-    assert in_flight_ranges  # the offset log says exactly what the batch holds
-
-    # Run 2 from the same checkpoint drains the topic and ends by itself.
-    second = _start_job(broker, topic, group, tmp_path, mode, "once")
-    try:
-        assert second.wait(180) == 0, log.read_text()[-3000:]
-    finally:
-        if second.poll() is None:
-            _kill_session(second)
-    assert _source_offset(ckpt, max(_batch_ids(ckpt, "offsets")))["member"] == member  # rejoined as itself
-
-    # The file sink's log decides which files are part of the output.
-    rows = spark.read.parquet(str(out)).select("partition", "offset", "deliveryCount").collect()
-    seen = Counter((r.partition, r.offset) for r in rows)
-    assert set(seen) == produced  # none missing
-    if mode == "checkpoint":
-        # The killed batch was replayed by offset, with the rows it had: nothing twice.
-        assert all(n == 1 for n in seen.values()), [r for r, n in seen.items() if n > 1][:10]
-    else:
-        # Commit mode: the killed batch's records came back to the group and were read again, later.
-        redelivered = {(r.partition, r.offset) for r in rows if r.deliveryCount > 1}
-        in_flight_offsets = {
-            (int(p), o) for parts in in_flight_ranges.values() for p, rs in parts.items()
-            for first_o, last_o, _, _ in rs for o in range(first_o, last_o + 1)
-        }
-        assert in_flight_offsets <= redelivered
-    with Admin(broker.bootstrap) as admin:
-        offsets = admin.list_share_group_offsets(group, [topic])
-    assert {o.lag for o in offsets.values()} == {0}
+        for run in runs:
+            if run.proc is not None and run.proc.poll() is None:
+                _kill_session(run.proc)
+    for run in runs:
+        run.check(spark)
