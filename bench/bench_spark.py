@@ -93,6 +93,7 @@ def spark_session() -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
+
     from shoal.client.spark.source import register
 
     spark = (

@@ -12,15 +12,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shoal.client.admin import AsyncAdmin
+from shoal.client.errors import KafkaError, for_code
+from shoal.client.loop_thread import LoopThread
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.record_batch import BatchHeader
 from shoal.protocol.records import Record, iter_decoded_batches
-
-from shoal.client.admin import AsyncAdmin
-from shoal.client.errors import KafkaError, for_code
-from shoal.client.loop_thread import LoopThread
 
 FETCH_VERSIONS = (4, 12)  # v13+ names topics by id only
 READ_UNCOMMITTED = 0

@@ -8,6 +8,7 @@ import pickle
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from shoal.client.spark.options import SparkOptionError
 from shoal.client.spark.ranges import (
     OffsetRange,

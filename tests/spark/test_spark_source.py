@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 import pytest
+
 from shoal.client.admin import Admin
 from tests.integration.broker_process import BrokerProcess
 from tests.integration.share_clients import (
