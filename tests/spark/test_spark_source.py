@@ -108,14 +108,15 @@ def test_a_task_failing_once_is_retried_and_the_output_is_exactly_once(
     _prepare(broker, topic, group, 2)
     produced = produce(broker.bootstrap, topic, 2000, partitions=2)
 
-    @udf("long")
-    def flaky(offset: int) -> int:
+    def fail_first_attempt(offset):  # type: ignore[no-untyped-def]  # (hints would make it a pandas UDF)
         from pyspark import TaskContext
 
         # Each task's first attempt fails: Spark retries it, and the retry reads the same ranges again.
         if TaskContext.get().attemptNumber() == 0:
             raise RuntimeError("first attempt fails")
         return offset
+
+    flaky = udf(fail_first_attempt, "long")
 
     out = tmp_path / "out"
     query = (
