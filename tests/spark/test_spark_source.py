@@ -333,3 +333,36 @@ def test_commit_mode_a_batch_that_outlives_the_acquisition_lock_keeps_its_record
     with Admin(broker.bootstrap) as admin:
         offsets = admin.list_share_group_offsets(group, [topic])
     assert offsets[(topic, 0)].start_offset == len(produced)
+
+
+def test_records_back_from_the_offset_log_are_accepted_and_dropped(broker: BrokerProcess) -> None:
+    """The crash window of checkpoint mode, driven through the reader itself (no Spark needed): a batch is
+    in the offset log but its ACCEPT never reached the broker, so its records return to the group. The
+    restarted query replays the batch by offset and must not emit those records a second time."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from shoal.client.spark.source import KafkaShareStreamReader, SourceOptions
+
+    topic, group = "spark-dedup", "spark-dedup-group"
+    _prepare(broker, topic, group, 1)
+    produce(broker.bootstrap, topic, 100)
+    options = SourceOptions.parse({"kafka.bootstrap.servers": broker.bootstrap, "group.id": group, "subscribe": topic})
+
+    first = KafkaShareStreamReader(options)
+    start = first.initialOffset()
+    logged = first.latestOffset(start, ReadMaxRows(60))  # Spark would now write this to its offset log...
+    assert logged["ranges"] == {topic: {"0": [[0, 59, 1, logged["ranges"][topic]["0"][0][3]]]}}
+    first.stop()  # ...and the driver dies before partitions() accepts: the records go back to the group
+
+    restarted = KafkaShareStreamReader(options)
+    replay = restarted.partitions(start, logged)  # Spark replays the logged batch by its ranges
+    assert [(t.topic, t.partition, t.ranges) for t in replay] == [(topic, 0, [(0, 59, 1)])]
+    following = restarted.latestOffset(logged, ReadMaxRows(100))
+    # 0..59 came back (delivery count 2): accepted and dropped. Only the records never logged make the batch.
+    assert following["ranges"] == {topic: {"0": [[60, 99, 1, following["ranges"][topic]["0"][0][3]]]}}
+    assert "logged" not in following  # the dropped records' ACCEPT is confirmed: nothing left to watch for
+    restarted.partitions(logged, following)  # in the offset log now: accepted
+    restarted.stop()
+    with Admin(broker.bootstrap) as admin:
+        offsets = admin.list_share_group_offsets(group, [topic])
+    assert offsets[(topic, 0)].start_offset == 100 and offsets[(topic, 0)].lag == 0
