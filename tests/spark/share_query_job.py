@@ -3,9 +3,9 @@
     python share_query_job.py BOOTSTRAP TOPIC GROUP CHECKPOINT OUT_DIR MODE MAX_PER_TRIGGER CONTROL_DIR [once]
 
 MODE is the source's acknowledgeMode. Rows keep partition, offset and deliveryCount. Tasks pass their rows
-through mapInArrow, which stops inside the running micro-batch (after the batch is in Spark's offset log,
-before it can commit) when CONTROL_DIR/hang exists, leaving CONTROL_DIR/hanging so the test can kill the
-driver then. With `once`, the query drains what is available (trigger availableNow) and the job exits.
+through mapInArrow, which, when CONTROL_DIR/hang exists and a batch has committed, stops inside the running
+micro-batch (after the batch is in Spark's offset log, before it can commit), leaving CONTROL_DIR/hanging
+so the test can kill the driver then. With `once`, the query drains what is available (trigger availableNow) and the job exits.
 """
 
 from __future__ import annotations
@@ -46,9 +46,13 @@ def main(argv: list[str]) -> int:
         .select("partition", "offset", "deliveryCount")
     )
 
+    def committed_once() -> bool:
+        commits = os.path.join(checkpoint, "commits")
+        return os.path.isdir(commits) and any(name.isdigit() for name in os.listdir(commits))
+
     def maybe_hang(batches: Iterator[Any]) -> Iterator[Any]:
         for batch in batches:
-            if batch.num_rows and os.path.exists(os.path.join(control, "hang")):
+            if batch.num_rows and os.path.exists(os.path.join(control, "hang")) and committed_once():
                 with open(os.path.join(control, "hanging"), "w") as f:
                     f.write(str(batch.num_rows))
                 time.sleep(3600)

@@ -86,14 +86,10 @@ class CrashRun:
     def _alive(self) -> None:
         assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-3000:]
 
-    def hang_once_committed(self, deadline: float) -> bool:
-        """Step towards the kill; True once a task hangs inside a batch after one batch has committed."""
+    def hanging(self, deadline: float) -> bool:
+        """True once a task hangs inside a batch (the job hangs only after one batch has committed)."""
         self._alive()
         assert time.monotonic() < deadline, f"{self.mode}: no batch to kill in: " + self.log.read_text()[-3000:]
-        if not (self.control / "hang").exists():
-            if (self.ckpt / "commits").exists() and _batch_ids(self.ckpt, "commits"):
-                (self.control / "hang").touch()
-            return False
         return (self.control / "hanging").exists()
 
     def kill(self) -> None:
@@ -141,14 +137,15 @@ def test_killed_driver_restarts_exactly_once_in_checkpoint_mode_at_least_once_in
 ) -> None:
     runs = [CrashRun(broker, tmp_path / mode, mode) for mode in ("checkpoint", "commit")]
     try:
-        # Run 1 streams until a batch has committed; then a task of a later batch stops mid-batch and the
-        # job's whole process tree is SIGKILLed.
+        # Run 1 streams until a batch has committed; a task of the next batch stops mid-batch, and the job's
+        # whole process tree is SIGKILLed.
         for run in runs:
+            (run.control / "hang").touch()
             run.start()
         deadline = time.monotonic() + 240
         waiting = list(runs)
         while waiting:
-            waiting = [run for run in waiting if not run.hang_once_committed(deadline)]
+            waiting = [run for run in waiting if not run.hanging(deadline)]
             time.sleep(0.2)
         for run in runs:
             run.kill()
