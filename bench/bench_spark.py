@@ -35,6 +35,8 @@ from tests.integration.broker_process import BrokerProcess  # noqa: E402
 from tests.integration.share_clients import create_topic, produce, set_group_config  # noqa: E402
 
 TOPIC = "bench-spark"
+# librdkafka queues 100k messages by default; a busy broker falls that far behind a bulk produce.
+BIG_QUEUE = {"queue.buffering.max.messages": 10_000_000}
 
 
 def bare_confluent(bootstrap: str, group: str, total: int) -> float:
@@ -196,7 +198,7 @@ def main() -> None:
             pad = "x" * max(0, args.value_bytes - 8)
             for topic in (TOPIC, TOPIC + "-out", "rss-1", "rss-10"):
                 create_topic(bootstrap, topic, 3)
-            produce(bootstrap, TOPIC, n, partitions=3, prefix=pad)
+            produce(bootstrap, TOPIC, n, partitions=3, prefix=pad, extra=BIG_QUEUE)
             for group in ("bare", "noop", "parquet", "rss-1", "rss-10"):
                 set_group_config(bootstrap, group, share_auto_offset_reset="earliest")
             print(f"{n} records, {args.value_bytes}-byte values, 3 partitions, one broker on loopback, local[2], "
@@ -220,7 +222,7 @@ def main() -> None:
                           f"{sink_rate / producer_rate:.2f}")
                 peaks = []
                 for topic, count in (("rss-1", args.rss_records), ("rss-10", 10 * args.rss_records)):
-                    produce(bootstrap, topic, count, partitions=3, prefix=pad)
+                    produce(bootstrap, topic, count, partitions=3, prefix=pad, extra=BIG_QUEUE)
                     with RssSampler() as sampler:
                         spark_source(spark, bootstrap, topic, topic, count, "noop", tmp, args.per_trigger)
                     peaks.append(sampler.peak_kb / 1024)
