@@ -44,7 +44,8 @@ def spark() -> Iterator[SparkSession]:
     from pyspark.sql import SparkSession
 
     session = (
-        SparkSession.builder.master("local[2]")
+        # Two tries per task (local[N, maxFailures]): a task that fails once is retried, as on a cluster.
+        SparkSession.builder.master("local[2,2]")
         .appName("shoal-spark-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
