@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,6 +23,7 @@ from shoal.protocol.coordinator_records import CoordinatorRecord, fits_key_strin
 from shoal.protocol.errors import ErrorCode
 
 from .assignor import ASSIGNOR_NAME, SimpleAssignor
+from .keyed_locks import KeyedLocks
 from .placement import coordinator_partition
 from .record_log import CoordinatorRecordLog
 from .share_group import (
@@ -108,11 +109,13 @@ class GroupCoordinator:
         self.config = config or GroupCoordinatorConfig()
         self.group_configs = group_configs
         self.clock = clock
+        # True when the id belongs to a group of another type (a classic group): such ids are refused.
+        self.foreign_group: Callable[[str], bool] = lambda _group_id: False
         self.assignor = SimpleAssignor()
         self.groups: dict[str, ShareGroup] = {}
         self.loaded = False
         self.rebalances = 0  # group epoch bumps since start
-        self._locks: dict[str, list[Any]] = {}  # group id -> [lock, users]
+        self._locks = KeyedLocks()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._maintenance: asyncio.Task[None] | None = None
         self._init_inflight: set[tuple[str, bytes, int]] = set()
@@ -126,20 +129,9 @@ class GroupCoordinator:
     def partition_for(self, group_id: str) -> int:
         return partition_for_group(group_id, self.record_log.num_partitions)
 
-    @contextlib.asynccontextmanager
-    async def _lock(self, group_id: str) -> AsyncIterator[None]:
-        """Serialise work on one group; the lock is forgotten once nobody uses it and the group is gone."""
-        entry = self._locks.get(group_id)
-        if entry is None:
-            entry = self._locks[group_id] = [asyncio.Lock(), 0]
-        entry[1] += 1
-        try:
-            async with entry[0]:
-                yield
-        finally:
-            entry[1] -= 1
-            if entry[1] == 0 and group_id not in self.groups:
-                self._locks.pop(group_id, None)
+    def _lock(self, group_id: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """Serialise work on one group."""
+        return self._locks.hold(group_id)
 
     async def _write(self, group_id: str, records: list[CoordinatorRecord]) -> None:
         """Durably append, then replay into memory (the same path `load` takes)."""
@@ -276,6 +268,8 @@ class GroupCoordinator:
     async def _heartbeat(self, req: Any, client_id: str, client_host: str) -> Any:
         group = self.groups.get(req.group_id)
         if group is None:
+            if self.foreign_group(req.group_id):
+                raise ShareGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {req.group_id} is not a share group.")
             if req.member_epoch != JOIN_GROUP_MEMBER_EPOCH:
                 raise ShareGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Share group {req.group_id} not found.")
             group = ShareGroup(req.group_id)
@@ -640,6 +634,8 @@ class GroupCoordinator:
         """
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, {}
+        if group_id not in self.groups and self.foreign_group(group_id):
+            return ErrorCode.GROUP_ID_NOT_FOUND, {}
         async with self._lock(group_id):
             existing = self.groups.get(group_id)
             group = existing or ShareGroup(group_id)

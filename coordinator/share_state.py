@@ -25,10 +25,10 @@ from shoal.protocol.uuids import uuid_to_str
 UNINITIALIZED_START_OFFSET = -1
 UNINITIALIZED_DELIVERY_COMPLETE_COUNT = -1
 
-_SnapshotKey = key_class(SHARE_SNAPSHOT)
-_SnapshotValue = value_class(SHARE_SNAPSHOT)
-_UpdateKey = key_class(SHARE_UPDATE)
-_UpdateValue = value_class(SHARE_UPDATE)
+_SnapshotKey = key_class(SHARE_SNAPSHOT, offsets_topic=False)
+_SnapshotValue = value_class(SHARE_SNAPSHOT, offsets_topic=False)
+_UpdateKey = key_class(SHARE_UPDATE, offsets_topic=False)
+_UpdateValue = value_class(SHARE_UPDATE, offsets_topic=False)
 
 
 # ---- partitioning --------------------------------------------------------------------------------

@@ -13,13 +13,20 @@ from typing import Any
 from .codec import DecodeError, MessageCodec
 from .messages import CODECS
 
-KEY_CODECS: dict[int, MessageCodec] = {}
-VALUE_CODECS: dict[int, MessageCodec] = {}
+# Record types are numbered per internal topic: on `__share_group_state` 0 and 1 are share snapshots and
+# updates, on `__consumer_offsets` 0 and 1 are offset commits, 2 group metadata, and 3+ the newer groups.
+_STATE_CODECS: dict[int, tuple[MessageCodec, MessageCodec]] = {}
+_OFFSETS_CODECS: dict[int, tuple[MessageCodec, MessageCodec]] = {}
+_BY_KEY_CLASS: dict[type, tuple[MessageCodec, MessageCodec]] = {}
 for _codec in CODECS.values():
     if _codec.spec.type == "coordinator-key" and _codec.spec.api_key is not None:
-        KEY_CODECS[_codec.spec.api_key] = _codec
-    elif _codec.spec.type == "coordinator-value" and _codec.spec.api_key is not None:
-        VALUE_CODECS[_codec.spec.api_key] = _codec
+        _pair = (_codec, CODECS[_codec.spec.name.removesuffix("Key") + "Value"])
+        _BY_KEY_CLASS[_codec.cls] = _pair
+        if _codec.spec.name.startswith("ShareSnapshot") or _codec.spec.name.startswith("ShareUpdate"):
+            _STATE_CODECS[_codec.spec.api_key] = _pair
+        else:
+            _OFFSETS_CODECS[_codec.spec.api_key] = _pair
+_OFFSETS_CODECS[0] = _OFFSETS_CODECS[1]  # Kafka's offset-commit key has versions 0 and 1
 
 # Record types by name (the specs' apiKey).
 SHARE_SNAPSHOT = 0
@@ -51,43 +58,43 @@ class CoordinatorRecord:
     value_version: int = 0
 
 
-def key_class(record_type: int) -> Any:
-    return KEY_CODECS[record_type].cls
+def _codecs(record_type: int, offsets_topic: bool) -> tuple[MessageCodec, MessageCodec]:
+    table = _OFFSETS_CODECS if offsets_topic else _STATE_CODECS
+    found = table.get(record_type)
+    if found is None:
+        where = "__consumer_offsets" if offsets_topic else "__share_group_state"
+        raise DecodeError(f"unknown coordinator record type {record_type} on {where}")
+    return found
 
 
-def value_class(record_type: int) -> Any:
-    return VALUE_CODECS[record_type].cls
+def key_class(record_type: int, *, offsets_topic: bool = True) -> Any:
+    return _codecs(record_type, offsets_topic)[0].cls
 
 
-def encode_key(record_type: int, key: Any) -> bytes:
-    out = bytearray(record_type.to_bytes(2, "big", signed=True))
-    KEY_CODECS[record_type].encode(key, 0, out)
-    return bytes(out)
-
-
-def encode_value(record_type: int, value: Any, version: int = 0) -> bytes:
-    out = bytearray(version.to_bytes(2, "big", signed=True))
-    VALUE_CODECS[record_type].encode(value, version, out)
-    return bytes(out)
+def value_class(record_type: int, *, offsets_topic: bool = True) -> Any:
+    return _codecs(record_type, offsets_topic)[1].cls
 
 
 def encode_record(record: CoordinatorRecord) -> tuple[bytes, bytes | None]:
-    key = encode_key(record.record_type, record.key)
-    value = None if record.value is None else encode_value(record.record_type, record.value, record.value_version)
-    return key, value
+    key_codec, value_codec = _BY_KEY_CLASS[type(record.key)]
+    key = bytearray(record.record_type.to_bytes(2, "big", signed=True))
+    key_codec.encode(record.key, 0, key)
+    if record.value is None:
+        return bytes(key), None
+    value = bytearray(record.value_version.to_bytes(2, "big", signed=True))
+    value_codec.encode(record.value, record.value_version, value)
+    return bytes(key), bytes(value)
 
 
-def decode_record(key: bytes, value: bytes | None) -> CoordinatorRecord:
+def decode_record(key: bytes, value: bytes | None, *, offsets_topic: bool = False) -> CoordinatorRecord:
     """Decode a record read back from an internal topic; unknown types raise DecodeError."""
     if len(key) < 2:
         raise DecodeError("coordinator record key too short")
     record_type = int.from_bytes(key[0:2], "big", signed=True)
-    key_codec = KEY_CODECS.get(record_type)
-    if key_codec is None:
-        raise DecodeError(f"unknown coordinator record type {record_type}")
+    key_codec, value_codec = _codecs(record_type, offsets_topic)
     key_obj, _ = key_codec.decode(key, 0, 2)
     if value is None:
         return CoordinatorRecord(record_type, key_obj, None)
     version = int.from_bytes(value[0:2], "big", signed=True)
-    value_obj, _ = VALUE_CODECS[record_type].decode(value, version, 2)
+    value_obj, _ = value_codec.decode(value, version, 2)
     return CoordinatorRecord(record_type, key_obj, value_obj, version)

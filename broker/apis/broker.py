@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
     from shoal.broker.storage.purgatory import Purgatory
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
+    from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
     from shoal.coordinator.group_coordinator import GroupCoordinator
     from shoal.coordinator.share_coordinator import ShareCoordinator
     from shoal.persister.persister import Persister
@@ -57,6 +58,8 @@ class Broker(Protocol):
     group_coordinator: GroupCoordinator
     persister: Persister
     share_partitions: SharePartitionLeaders
+    # Classic consumer groups (JoinGroup/SyncGroup); None only in tests that wire share groups alone.
+    classic_groups: ClassicGroupCoordinator | None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...

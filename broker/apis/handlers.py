@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from . import (
     acl_apis,
     alter_configs,
+    classic_group_apis,
     fetch,
     metadata,
     produce,
@@ -31,6 +32,7 @@ def register_all(broker: Broker) -> None:
     alter_configs.register(broker)
     share_fetch.register(broker)
     share_group_apis.register(broker)
+    classic_group_apis.register(broker)
     share_group_admin.register(broker)
     share_state_apis.register(broker)
     sasl_apis.register(broker)

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from shoal.broker.apis.share_group_apis import GROUP_OPERATIONS
 from shoal.broker.security.authorizer import Operation, ResourceType
+from shoal.coordinator.classic_group import ClassicGroup, ClassicGroupState
 from shoal.persister.persister import SharePartitionKey, StateSummary
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -45,6 +47,7 @@ DeleteGroupsResponse = messages.DeleteGroupsResponse
 _DeletableGroup = DeleteGroupsResponse.DeletableGroupResult  # type: ignore[attr-defined]
 DescribeGroupsResponse = messages.DescribeGroupsResponse
 _DescribedGroup = DescribeGroupsResponse.DescribedGroup  # type: ignore[attr-defined]
+_DescribedMember = DescribeGroupsResponse.DescribedGroupMember  # type: ignore[attr-defined]
 
 
 def compute_lag(latest_offset: int, summary: StateSummary) -> int:
@@ -78,6 +81,11 @@ class ShareGroupAdmin:
         if code != ErrorCode.NONE:
             return code, None
         return None
+
+    def _classic(self, group_id: str) -> ClassicGroup | None:
+        """The classic group with this id, if the broker hosts one."""
+        classic = self.broker.classic_groups
+        return None if classic is None else classic.groups.get(group_id)
 
     def _coordinator_error(self) -> int:
         """Why the coordinator cannot serve now (NONE when it can)."""
@@ -289,7 +297,10 @@ class ShareGroupAdmin:
                 code = ErrorCode.GROUP_AUTHORIZATION_FAILED
             elif not group_id:
                 code = ErrorCode.INVALID_GROUP_ID
-            elif (code := self._coordinator_error()) == ErrorCode.NONE:
+            elif (code := self._coordinator_error()) == ErrorCode.NONE and (
+                    (classic := self.broker.classic_groups) is not None and group_id in classic.groups):
+                code = await classic.delete_group(group_id)
+            elif code == ErrorCode.NONE:
                 coordinator = self.coordinator
                 assert coordinator is not None
                 code = await coordinator.delete_group(group_id)
@@ -311,14 +322,42 @@ class ShareGroupAdmin:
             if code != ErrorCode.NONE:
                 out.append(_DescribedGroup(group_id=group_id, error_code=code))
                 continue
-            # Kafka's DescribeGroups describes classic groups only: a share group (every group this broker
-            # hosts) is answered like an unknown one, "Dead", and from v6 on (KIP-1043) GROUP_ID_NOT_FOUND.
+            classic = self._classic(group_id)
+            if classic is not None:
+                described = describe_classic_group(classic)
+                if version >= 3 and req.include_authorized_operations:
+                    described.authorized_operations = sum(
+                        1 << op for op in GROUP_OPERATIONS if ctx.authorize(op, ResourceType.GROUP, group_id)
+                    )
+                out.append(described)
+                continue
+            # Kafka's DescribeGroups describes classic groups only: a share group is answered like an
+            # unknown one, "Dead", and from v6 on (KIP-1043) GROUP_ID_NOT_FOUND.
             described = _DescribedGroup(group_id=group_id, group_state=DEAD, error_code=ErrorCode.NONE)
             if version >= 6:
+                coordinator = self.coordinator
+                shared = coordinator is not None and group_id in coordinator.groups
                 described.error_code = ErrorCode.GROUP_ID_NOT_FOUND
-                described.error_message = f"Group {group_id} is not a classic group."
+                described.error_message = (f"Group {group_id} is not a classic group." if shared
+                                           else f"Group {group_id} not found.")
             out.append(described)
         return DescribeGroupsResponse(groups=out)
+
+
+def describe_classic_group(group: ClassicGroup) -> Any:
+    """DescribeGroups for a classic group: metadata and assignments only once it is Stable, as in Kafka."""
+    stable = group.state == ClassicGroupState.STABLE
+    members = [
+        _DescribedMember(member_id=m.member_id, group_instance_id=m.group_instance_id, client_id=m.client_id,
+                         client_host=m.client_host, member_metadata=m.metadata(group.protocol_name) if stable else b"",
+                         member_assignment=m.assignment if stable else b"")
+        for m in group.members.values()
+    ]
+    return _DescribedGroup(
+        group_id=group.group_id, error_code=ErrorCode.NONE, group_state=group.state.value,
+        protocol_type=group.protocol_type or "", protocol_data=(group.protocol_name or "") if stable else "",
+        members=members,
+    )
 
 
 def register(broker: Broker) -> ShareGroupAdmin:

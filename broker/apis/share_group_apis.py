@@ -27,6 +27,7 @@ ListedGroup = ListGroupsResponse.ListedGroup  # type: ignore[attr-defined]
 
 PROTOCOL_TYPE = "share"
 GROUP_TYPE = "share"
+CLASSIC_GROUP_TYPE = "classic"
 KNOWN_GROUP_TYPES = frozenset({"classic", "consumer", "share", "streams"})
 # Operations Kafka reports for a GROUP resource (AclEntry.supportedOperations).
 GROUP_OPERATIONS = (Operation.READ, Operation.DESCRIBE, Operation.DELETE, Operation.DESCRIBE_CONFIGS,
@@ -117,21 +118,26 @@ class ShareGroupApis:
         return group
 
     def list_groups(self, ctx: RequestContext, req: Any) -> Any:
+        """Share groups (when enabled) and classic groups."""
         coordinator = self.coordinator
-        if coordinator is None or not self._enabled():
+        classic = self.broker.classic_groups
+        if coordinator is None:
             return ListGroupsResponse(error_code=ErrorCode.NONE, groups=[])
-        if not coordinator.loaded:
+        if not coordinator.loaded or (classic is not None and not classic.loaded):
             return ListGroupsResponse(error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, groups=[])
         version = ctx.api_version
         states = {s.strip().lower() for s in (req.states_filter or ())} if version >= 4 else set()
         types = {t.strip().lower() for t in (req.types_filter or ())} if version >= 5 else set()
-        if types and GROUP_TYPE not in types:
-            return ListGroupsResponse(error_code=ErrorCode.NONE, groups=[])
+        listed: list[tuple[str, str, str, str]] = []  # id, protocol type, state, group type
+        if self._enabled():
+            listed += [(gid, PROTOCOL_TYPE, state, GROUP_TYPE) for gid, state in coordinator.list_groups()]
+        if classic is not None:
+            listed += [(gid, ptype, state, CLASSIC_GROUP_TYPE) for gid, ptype, state in classic.list_groups()]
         see_all = ctx.authorize(Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME)
         groups = [
-            ListedGroup(group_id=gid, protocol_type=PROTOCOL_TYPE, group_state=state, group_type=GROUP_TYPE)
-            for gid, state in coordinator.list_groups()
-            if (not states or state.lower() in states)
+            ListedGroup(group_id=gid, protocol_type=ptype, group_state=state, group_type=gtype)
+            for gid, ptype, state, gtype in sorted(listed)
+            if (not states or state.lower() in states) and (not types or gtype in types)
             and (see_all or ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, gid))
         ]
         return ListGroupsResponse(error_code=ErrorCode.NONE, groups=groups)

@@ -104,6 +104,12 @@ _KEYS: list[ConfigKey] = [
     ConfigKey("share.coordinator.state.topic.segment.bytes", int, 104857600, "Segment size of __share_group_state.", 1),
     ConfigKey("transaction.state.log.replication.factor", int, 1, "Accepted for compatibility."),
     ConfigKey("transaction.state.log.min.isr", int, 1, "Accepted for compatibility."),
+    # Classic consumer groups
+    ConfigKey("group.min.session.timeout.ms", int, 6000, "Shortest session timeout a member may ask for.", 1),
+    ConfigKey("group.max.session.timeout.ms", int, 1800000, "Longest session timeout a member may ask for.", 1),
+    ConfigKey("group.initial.rebalance.delay.ms", int, 3000, "Wait for more members before a new group's first rebalance.", 0),
+    ConfigKey("group.max.size", int, 2**31 - 1, "Members per classic group.", 1),
+    ConfigKey("offset.metadata.max.bytes", int, 4096, "Largest metadata string of a committed offset.", 0),
     # Share groups (used by the share-group layers)
     ConfigKey("group.share.enable", _bool, True, "Serve share groups (share.version=1)."),
     ConfigKey("group.share.session.timeout.ms", int, 45000, "Share member session timeout.", 1),

@@ -59,6 +59,7 @@ class Broker:
         # Share-group parts, wired in start() once the internal topics exist.
         self.share_coordinator: Any = None
         self.group_coordinator: Any = None
+        self.classic_groups: Any = None
         self.persister: Any = None
         self.share_partitions: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -201,6 +202,8 @@ class Broker:
                 log.warning("requests still running at shutdown were cancelled", count=len(stuck))
         if self.group_coordinator is not None:
             await self.group_coordinator.stop()
+        if self.classic_groups is not None:
+            await self.classic_groups.stop()
         for server in self._servers:
             await server.wait_closed()
         for topic in self.topics.by_name.values():
@@ -217,6 +220,7 @@ class Broker:
         from shoal.broker.apis.share_group_apis import BrokerTopicMetadata
         from shoal.broker.share.share_partition_leader import SharePartitionLeaders
         from shoal.broker.storage.internal_topic_log import InternalTopicLog
+        from shoal.coordinator.classic_coordinator import ClassicGroupConfig, ClassicGroupCoordinator
         from shoal.coordinator.group_coordinator import GroupCoordinator, GroupCoordinatorConfig
         from shoal.coordinator.share_coordinator import ShareCoordinator
         from shoal.coordinator.share_coordinator_client import InProcessShareCoordinatorClient
@@ -247,10 +251,25 @@ class Broker:
             ),
             group_configs=self.group_configs,
         )
+        self.classic_groups = ClassicGroupCoordinator(
+            InternalTopicLog(offsets_topic),
+            ClassicGroupConfig(
+                min_session_timeout_ms=int(cfg["group.min.session.timeout.ms"]),
+                max_session_timeout_ms=int(cfg["group.max.session.timeout.ms"]),
+                initial_rebalance_delay_ms=int(cfg["group.initial.rebalance.delay.ms"]),
+                max_size=int(cfg["group.max.size"]),
+                offset_metadata_max_bytes=int(cfg["offset.metadata.max.bytes"]),
+            ),
+            # One group id, one group type: each coordinator refuses the other's ids.
+            foreign_group=lambda group_id: group_id in self.group_coordinator.groups,
+        )
+        self.group_coordinator.foreign_group = lambda group_id: group_id in self.classic_groups.groups
         started = time.monotonic()
         await self.share_coordinator.load()
         await self.share_coordinator.delete_orphaned_state()
         await self.group_coordinator.load()
+        await self.classic_groups.load()
+        self.classic_groups.start()
         log.info("coordinators loaded", seconds=round(time.monotonic() - started, 3))
         self.group_coordinator.start()
         self.topic_listeners.append(self._share_groups_on_topic_event)

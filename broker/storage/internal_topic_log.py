@@ -10,7 +10,7 @@ from shoal.protocol.coordinator_records import CoordinatorRecord, decode_record,
 from shoal.protocol.record_batch import InvalidRecordBatch, iter_batches
 from shoal.protocol.records import RecordInput, decode_records, encode_batch
 
-from .topic_registry import Topic
+from .topic_registry import CONSUMER_OFFSETS, Topic
 
 log = structlog.get_logger("shoal.internal_topic")
 
@@ -20,6 +20,7 @@ _READ_CHUNK = 4 * 1024 * 1024
 class InternalTopicLog:
     def __init__(self, topic: Topic):
         self.topic = topic
+        self.offsets_topic = topic.name == CONSUMER_OFFSETS
 
     @property
     def num_partitions(self) -> int:
@@ -58,7 +59,7 @@ class InternalTopicLog:
                     if record.offset < offset or record.key is None:
                         continue
                     try:
-                        decoded = decode_record(record.key, record.value)
+                        decoded = decode_record(record.key, record.value, offsets_topic=self.offsets_topic)
                     except ValueError as exc:  # DecodeError, or a value version no spec knows
                         log.warning("skipping undecodable coordinator record", topic=self.topic.name,
                                     partition=partition, offset=record.offset, error=str(exc))

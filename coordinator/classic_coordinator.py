@@ -1,0 +1,855 @@
+"""The classic-group coordinator: JoinGroup/SyncGroup/Heartbeat/LeaveGroup, committed offsets, and
+the timers that drive rebalances (join and sync deadlines, the initial rebalance delay, sessions).
+
+It follows Kafka's GroupMetadataManager for classic groups. Work on one group is serialised by a
+lock; JoinGroup and SyncGroup answers that must wait for other members are futures completed when
+the phase ends, awaited outside the lock. Persisted changes (see `classic_group`) are appended to
+the group's `__consumer_offsets` partition, fsynced, and only then replayed into memory and answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from shoal.protocol import messages
+from shoal.protocol.coordinator_records import CoordinatorRecord
+from shoal.protocol.errors import ErrorCode
+
+from .classic_group import (
+    CLASSIC_RECORD_TYPES,
+    ClassicGroup,
+    ClassicGroupState,
+    ClassicMember,
+    CommittedOffset,
+    offset_commit_record,
+    offset_tombstone,
+    record_group_id,
+)
+from .keyed_locks import KeyedLocks
+from .placement import coordinator_partition
+from .record_log import CoordinatorRecordLog
+
+log = structlog.get_logger("shoal.classic_groups")
+
+JoinResponse = messages.JoinGroupResponse
+_JoinMember = JoinResponse.JoinGroupResponseMember  # type: ignore[attr-defined]
+SyncResponse = messages.SyncGroupResponse
+
+Empty, Preparing, Completing, Stable, Dead = (
+    ClassicGroupState.EMPTY, ClassicGroupState.PREPARING_REBALANCE, ClassicGroupState.COMPLETING_REBALANCE,
+    ClassicGroupState.STABLE, ClassicGroupState.DEAD,
+)
+# How long a new member may wait for its first join to complete without heartbeating (Kafka's value).
+NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000
+NO_OFFSET = -1
+
+
+@dataclass(slots=True)
+class ClassicGroupConfig:
+    min_session_timeout_ms: int = 6000
+    max_session_timeout_ms: int = 1_800_000
+    initial_rebalance_delay_ms: int = 3000
+    max_size: int = 2**31 - 1
+    offset_metadata_max_bytes: int = 4096
+
+
+@dataclass(slots=True)
+class JoinRequest:
+    """A JoinGroup request in version-independent form."""
+
+    group_id: str
+    member_id: str
+    group_instance_id: str | None
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]
+    client_id: str
+    client_host: str
+    version: int
+
+
+@dataclass(slots=True)
+class OffsetToCommit:
+    topic: str
+    partition: int
+    offset: int
+    leader_epoch: int
+    metadata: str | None
+
+
+def _join_error(code: int, member_id: str = "") -> Any:
+    return JoinResponse(error_code=code, generation_id=-1, member_id=member_id, leader="", protocol_name=None,
+                        members=[])
+
+
+def _resolve(fut: asyncio.Future[Any], value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+class ClassicGroupCoordinator:
+    def __init__(
+        self,
+        record_log: CoordinatorRecordLog,
+        config: ClassicGroupConfig | None = None,
+        *,
+        foreign_group: Callable[[str], bool] = lambda _group_id: False,
+        clock: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ):
+        self.record_log = record_log
+        self.config = config or ClassicGroupConfig()
+        # True when the id belongs to a group of another type (a share group): such ids are refused.
+        self.foreign_group = foreign_group
+        self.clock = clock
+        self.wall_ms = wall_ms
+        self.groups: dict[str, ClassicGroup] = {}
+        self.loaded = False
+        self.rebalances = 0
+        self._locks = KeyedLocks()
+        self._join_waiters: dict[tuple[str, str], asyncio.Future[Any]] = {}
+        self._sync_waiters: dict[tuple[str, str], asyncio.Future[Any]] = {}
+        self._timers: dict[tuple[str, ...], asyncio.TimerHandle] = {}
+        self._pending_deadlines: dict[tuple[str, str], float] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ---- plumbing --------------------------------------------------------------------------------
+
+    def partition_for(self, group_id: str) -> int:
+        return coordinator_partition(group_id, self.record_log.num_partitions)
+
+    def _lock(self, group_id: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """Serialise work on one group."""
+        return self._locks.hold(group_id)
+
+    async def _write(self, group_id: str, records: list[CoordinatorRecord]) -> None:
+        """Durably append, then replay into memory (the same path `load` takes)."""
+        if records:
+            await self.record_log.append(self.partition_for(group_id), records)
+            for record in records:
+                self._apply(record)
+
+    def _apply(self, record: CoordinatorRecord) -> None:
+        group_id = record_group_id(record)
+        group = self.groups.get(group_id)
+        if group is None:
+            if record.value is None:
+                return
+            group = self.groups[group_id] = ClassicGroup(group_id)
+        group.replay(record)
+        if group.state == Dead:
+            del self.groups[group_id]
+
+    def _schedule(self, key: tuple[str, ...], delay_s: float, work: Callable[[], Any]) -> None:
+        self._cancel(key)
+        loop = asyncio.get_running_loop()
+        self._timers[key] = loop.call_later(max(delay_s, 0.0), self._fire, key, work)
+
+    def _fire(self, key: tuple[str, ...], work: Callable[[], Any]) -> None:
+        self._timers.pop(key, None)
+        self._spawn(work())
+
+    def _cancel(self, key: tuple[str, ...]) -> None:
+        handle = self._timers.pop(key, None)
+        if handle is not None:
+            handle.cancel()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _forget_if_unused(self, group: ClassicGroup) -> None:
+        """A group that never got past creation (no members, offsets or generation) is not kept."""
+        if (group.state == Empty and not group.members and not group.pending_members and not group.offsets
+                and group.generation_id == 0 and self.groups.get(group.group_id) is group):
+            del self.groups[group.group_id]
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Rebuild every classic group and its offsets from `__consumer_offsets`."""
+        self.groups.clear()
+        for partition in range(self.record_log.num_partitions):
+            for _offset, record in self.record_log.replay(partition):
+                if record.record_type in CLASSIC_RECORD_TYPES:
+                    self._apply(record)
+            await asyncio.sleep(0)
+        self.loaded = True
+        log.info("classic groups loaded", groups=len(self.groups),
+                 offsets=sum(len(g.offsets) for g in self.groups.values()))
+
+    def start(self) -> None:
+        """Members restored from the log get a full session to come back (needs a running loop)."""
+        for group in self.groups.values():
+            for member in group.members.values():
+                self._arm_heartbeat(group, member)
+
+    async def stop(self) -> None:
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- heartbeats and sessions -------------------------------------------------------------------
+
+    def _arm_heartbeat(self, group: ClassicGroup, member: ClassicMember, timeout_ms: int | None = None) -> None:
+        """Move the member's session deadline; the timer re-arms itself lazily unless it must fire sooner."""
+        timeout = (member.session_timeout_ms if timeout_ms is None else timeout_ms) / 1000
+        deadline = self.clock() + timeout
+        sooner = deadline < member.heartbeat_deadline
+        member.heartbeat_deadline = deadline
+        group_id, member_id = group.group_id, member.member_id
+        key = ("hb", group_id, member_id)
+        if sooner or key not in self._timers:
+            self._schedule(key, timeout, lambda: self._on_heartbeat_deadline(group_id, member_id))
+
+    async def _on_heartbeat_deadline(self, group_id: str, member_id: str) -> None:
+        async with self._lock(group_id):
+            group = self.groups.get(group_id)
+            member = None if group is None else group.members.get(member_id)
+            if group is None or member is None:
+                return
+            remaining = member.heartbeat_deadline - self.clock()
+            satisfied = not member.is_new and (member.awaiting_join or member.awaiting_sync)
+            if remaining > 0 or satisfied:
+                delay = remaining if remaining > 0 else member.session_timeout_ms / 1000
+                self._schedule(("hb", group_id, member_id), delay,
+                               lambda: self._on_heartbeat_deadline(group_id, member_id))
+                return
+            log.info("classic group member session expired", group_id=group_id, member_id=member_id)
+            await self._remove_members(group, [member_id], "session expired")
+
+    async def _on_pending_deadline(self, group_id: str, member_id: str) -> None:
+        async with self._lock(group_id):
+            self._pending_deadlines.pop((group_id, member_id), None)
+            group = self.groups.get(group_id)
+            if group is None or member_id not in group.pending_members:
+                return
+            group.pending_members.discard(member_id)
+            if group.state == Preparing:
+                await self._maybe_complete_join(group)
+            self._forget_if_unused(group)
+
+    # ---- JoinGroup ---------------------------------------------------------------------------------
+
+    async def join_group(self, req: JoinRequest) -> Any:
+        if not req.group_id:
+            return _join_error(ErrorCode.INVALID_GROUP_ID, req.member_id)
+        cfg = self.config
+        if not cfg.min_session_timeout_ms <= req.session_timeout_ms <= cfg.max_session_timeout_ms:
+            return _join_error(ErrorCode.INVALID_SESSION_TIMEOUT, req.member_id)
+        if not self.loaded:
+            return _join_error(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, req.member_id)
+        if self.foreign_group(req.group_id):
+            return _join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        async with self._lock(req.group_id):
+            try:
+                await self._join(req, waiter)
+            except Exception:
+                log.exception("join group failed", group_id=req.group_id)
+                _resolve(waiter, _join_error(ErrorCode.UNKNOWN_SERVER_ERROR, req.member_id))
+        # Shielded: a client that disconnects does not cancel what other members wait for.
+        return await asyncio.shield(waiter)
+
+    async def _join(self, req: JoinRequest, waiter: asyncio.Future[Any]) -> None:
+        group = self.groups.get(req.group_id)
+        if group is None:
+            if req.member_id:
+                _resolve(waiter, _join_error(ErrorCode.UNKNOWN_MEMBER_ID, req.member_id))
+                return
+            group = self.groups[req.group_id] = ClassicGroup(req.group_id)
+        if not self._accepts_joining_member(group, req.member_id):
+            _resolve(waiter, _join_error(ErrorCode.GROUP_MAX_SIZE_REACHED, req.member_id))
+        elif not req.member_id:
+            await self._join_new_member(group, req, waiter)
+        else:
+            await self._join_existing_member(group, req, waiter)
+        self._forget_if_unused(group)
+
+    def _accepts_joining_member(self, group: ClassicGroup, member_id: str) -> bool:
+        max_size = self.config.max_size
+        member = group.members.get(member_id)
+        if group.state in (Empty, Dead):
+            return True
+        if group.state == Preparing:
+            awaiting = sum(1 for m in group.members.values() if m.awaiting_join)
+            return (member is not None and member.awaiting_join) or awaiting < max_size
+        return member is not None or len(group.members) < max_size
+
+    async def _join_new_member(self, group: ClassicGroup, req: JoinRequest, waiter: asyncio.Future[Any]) -> None:
+        if group.state == Dead:
+            _resolve(waiter, _join_error(ErrorCode.COORDINATOR_NOT_AVAILABLE))
+            return
+        if not group.supports_protocols(req.protocol_type, req.protocols):
+            _resolve(waiter, _join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL))
+            return
+        new_id = f"{req.group_instance_id or req.client_id}-{uuid.uuid4()}"
+        if req.group_instance_id is not None:
+            await self._join_new_static_member(group, req, new_id, waiter)
+        elif req.version >= 4:
+            # KIP-394: the member learns its id first and joins with it, so a lost response leaves no ghost.
+            group.pending_members.add(new_id)
+            self._pending_deadlines[(group.group_id, new_id)] = self.clock() + req.session_timeout_ms / 1000
+            self._schedule(("pending", group.group_id, new_id), req.session_timeout_ms / 1000,
+                           lambda: self._on_pending_deadline(group.group_id, new_id))
+            _resolve(waiter, _join_error(ErrorCode.MEMBER_ID_REQUIRED, new_id))
+        else:
+            await self._add_member_and_rebalance(group, req, new_id, waiter)
+
+    async def _join_new_static_member(
+        self, group: ClassicGroup, req: JoinRequest, new_id: str, waiter: asyncio.Future[Any]
+    ) -> None:
+        assert req.group_instance_id is not None
+        old_id = group.static_members.get(req.group_instance_id)
+        if old_id is None:
+            await self._add_member_and_rebalance(group, req, new_id, waiter)
+            return
+        # A known static member restarted: it takes over its old member id's place.
+        old_leader = group.leader_id
+        self._fence_waiters(group.group_id, old_id)
+        self._cancel(("hb", group.group_id, old_id))
+        member = group.replace_static_member(req.group_instance_id, old_id, new_id)
+        old_state = (list(member.protocols), member.rebalance_timeout_ms, member.session_timeout_ms)
+        member.protocols = req.protocols
+        member.rebalance_timeout_ms, member.session_timeout_ms = req.rebalance_timeout_ms, req.session_timeout_ms
+        member.client_id, member.client_host = req.client_id, req.client_host
+        self._arm_heartbeat(group, member)
+        if group.state == Stable:
+            if group.select_protocol() != group.protocol_name:
+                member.awaiting_join = True
+                self._join_waiters[(group.group_id, new_id)] = waiter
+                await self._maybe_prepare_rebalance_or_complete_join(group, "static member changed protocols")
+                return
+            try:
+                await self._write(group.group_id, [group.metadata_record(None, self.wall_ms())])
+            except Exception:
+                log.exception("persisting a replaced static member failed", group_id=group.group_id)
+                member.protocols, member.rebalance_timeout_ms, member.session_timeout_ms = old_state
+                self._cancel(("hb", group.group_id, new_id))
+                restored = group.replace_static_member(req.group_instance_id, new_id, old_id)
+                self._arm_heartbeat(group, restored)
+                _resolve(waiter, _join_error(ErrorCode.UNKNOWN_SERVER_ERROR))
+                return
+            live = group.members[new_id]
+            live.protocols = req.protocols  # replay keeps only the selected protocol's metadata
+            is_leader = group.is_leader(new_id)
+            skip = req.version >= 9 and is_leader
+            log.info("static member rejoined without a rebalance", group_id=group.group_id,
+                     instance_id=req.group_instance_id, member_id=new_id)
+            _resolve(waiter, JoinResponse(
+                error_code=ErrorCode.NONE, generation_id=group.generation_id, protocol_type=group.protocol_type,
+                protocol_name=group.protocol_name, leader=group.leader_id if skip else old_leader,
+                skip_assignment=skip, member_id=new_id, members=self._leader_view(group) if skip else [],
+            ))
+            return
+        member.awaiting_join = True
+        self._join_waiters[(group.group_id, new_id)] = waiter
+        if group.state == Completing:
+            # The leader may already have been given the old member id: assign again.
+            await self._prepare_rebalance(group, "static member replaced during CompletingRebalance")
+        else:
+            await self._maybe_complete_join(group)
+
+    async def _join_existing_member(self, group: ClassicGroup, req: JoinRequest, waiter: asyncio.Future[Any]) -> None:
+        if group.state == Dead:
+            _resolve(waiter, _join_error(ErrorCode.COORDINATOR_NOT_AVAILABLE, req.member_id))
+            return
+        if not group.supports_protocols(req.protocol_type, req.protocols):
+            _resolve(waiter, _join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, req.member_id))
+            return
+        if req.member_id in group.pending_members:
+            self._cancel(("pending", group.group_id, req.member_id))
+            self._pending_deadlines.pop((group.group_id, req.member_id), None)
+            await self._add_member_and_rebalance(group, req, req.member_id, waiter)
+            return
+        error = self._validate_member(group, req.member_id, req.group_instance_id)
+        if error != ErrorCode.NONE:
+            _resolve(waiter, _join_error(error, req.member_id))
+            return
+        member = group.members[req.member_id]
+        if group.state == Preparing:
+            await self._update_member_and_rebalance(group, member, req, waiter, "member rejoined")
+        elif group.state == Completing:
+            if member.matches(req.protocols):
+                # Its JoinGroup response was lost: answer again with the current generation.
+                _resolve(waiter, self._join_response(group, member.member_id))
+            else:
+                await self._update_member_and_rebalance(group, member, req, waiter, "member changed protocols")
+        elif group.state == Stable:
+            if group.is_leader(member.member_id) or not member.matches(req.protocols):
+                await self._update_member_and_rebalance(group, member, req, waiter, "leader or changed member rejoined")
+            else:
+                self._arm_heartbeat(group, member)
+                _resolve(waiter, self._join_response(group, member.member_id, with_members=False))
+        else:
+            _resolve(waiter, _join_error(ErrorCode.UNKNOWN_MEMBER_ID, req.member_id))
+
+    @staticmethod
+    def _validate_member(group: ClassicGroup, member_id: str, instance_id: str | None) -> int:
+        if instance_id is not None:
+            known = group.static_members.get(instance_id)
+            if known is None:
+                return ErrorCode.UNKNOWN_MEMBER_ID
+            if known != member_id:
+                return ErrorCode.FENCED_INSTANCE_ID
+            return ErrorCode.NONE
+        return ErrorCode.NONE if member_id in group.members else ErrorCode.UNKNOWN_MEMBER_ID
+
+    async def _add_member_and_rebalance(
+        self, group: ClassicGroup, req: JoinRequest, member_id: str, waiter: asyncio.Future[Any]
+    ) -> None:
+        member = ClassicMember(
+            member_id=member_id, group_instance_id=req.group_instance_id, client_id=req.client_id,
+            client_host=req.client_host, rebalance_timeout_ms=req.rebalance_timeout_ms,
+            session_timeout_ms=req.session_timeout_ms, protocol_type=req.protocol_type, protocols=req.protocols,
+            awaiting_join=True, is_new=True,
+        )
+        group.add_member(member)
+        self._join_waiters[(group.group_id, member_id)] = waiter
+        self._arm_heartbeat(group, member, NEW_MEMBER_JOIN_TIMEOUT_MS)
+        await self._maybe_prepare_rebalance_or_complete_join(group, f"member {member_id} joined")
+
+    async def _update_member_and_rebalance(
+        self, group: ClassicGroup, member: ClassicMember, req: JoinRequest, waiter: asyncio.Future[Any], reason: str
+    ) -> None:
+        member.protocols = req.protocols
+        member.rebalance_timeout_ms, member.session_timeout_ms = req.rebalance_timeout_ms, req.session_timeout_ms
+        previous = self._join_waiters.pop((group.group_id, member.member_id), None)
+        if previous is not None:
+            _resolve(previous, _join_error(ErrorCode.REBALANCE_IN_PROGRESS, member.member_id))
+        member.awaiting_join = True
+        self._join_waiters[(group.group_id, member.member_id)] = waiter
+        self._arm_heartbeat(group, member)
+        await self._maybe_prepare_rebalance_or_complete_join(group, reason)
+
+    async def _maybe_prepare_rebalance_or_complete_join(self, group: ClassicGroup, reason: str) -> None:
+        if group.state in (Stable, Completing, Empty):
+            await self._prepare_rebalance(group, reason)
+        elif group.state == Preparing:
+            await self._maybe_complete_join(group)
+
+    async def _prepare_rebalance(self, group: ClassicGroup, reason: str) -> None:
+        gid = group.group_id
+        if group.state == Completing:
+            for m in group.members.values():
+                m.assignment = b""
+            self._fail_sync_waiters(group, ErrorCode.REBALANCE_IN_PROGRESS)
+            self._cancel(("sync", gid))
+        initial = group.state == Empty
+        group.state = Preparing
+        group.state_timestamp_ms = self.wall_ms()
+        self.rebalances += 1
+        log.info("preparing to rebalance classic group", group_id=gid, generation=group.generation_id, reason=reason)
+        delay_ms = self.config.initial_rebalance_delay_ms
+        if initial and delay_ms > 0:
+            timeout = group.rebalance_timeout_ms
+            first = min(delay_ms, timeout)
+            group.initial_delay_running, group.new_member_added = True, False
+            group.initial_delay_remaining_ms = max(timeout - first, 0)
+            self._schedule(("join", gid), first / 1000, lambda: self._on_initial_delay(gid))
+            return
+        generation = group.generation_id
+        self._schedule(("join", gid), group.rebalance_timeout_ms / 1000, lambda: self._on_join_deadline(gid, generation))
+        await self._maybe_complete_join(group)
+
+    async def _on_initial_delay(self, group_id: str) -> None:
+        async with self._lock(group_id):
+            group = self.groups.get(group_id)
+            if group is None or group.state != Preparing or not group.initial_delay_running:
+                return
+            if group.new_member_added and group.initial_delay_remaining_ms > 0:
+                # Members keep arriving: wait another delay, within the rebalance timeout.
+                delay = min(self.config.initial_rebalance_delay_ms, group.initial_delay_remaining_ms)
+                group.initial_delay_remaining_ms -= delay
+                group.new_member_added = False
+                self._schedule(("join", group_id), delay / 1000, lambda: self._on_initial_delay(group_id))
+                return
+            group.initial_delay_running = False
+            await self._complete_join(group)
+
+    async def _on_join_deadline(self, group_id: str, generation: int) -> None:
+        async with self._lock(group_id):
+            group = self.groups.get(group_id)
+            if group is not None and group.state == Preparing and group.generation_id == generation:
+                await self._complete_join(group)
+
+    async def _maybe_complete_join(self, group: ClassicGroup) -> None:
+        if group.state == Preparing and not group.initial_delay_running and group.has_all_members_joined():
+            await self._complete_join(group)
+
+    async def _complete_join(self, group: ClassicGroup) -> None:
+        gid = group.group_id
+        self._cancel(("join", gid))
+        group.initial_delay_running = False
+        for member in list(group.members.values()):
+            if not member.awaiting_join:
+                log.info("classic group member did not rejoin in time", group_id=gid, member_id=member.member_id)
+                group.remove_member(member.member_id)
+                self._cancel(("hb", gid, member.member_id))
+        now_ms = self.wall_ms()
+        group.init_next_generation(now_ms)
+        if group.state == Empty:
+            try:
+                await self._write(gid, [group.metadata_record(None, now_ms, empty=True)])
+            except Exception:
+                log.exception("persisting an empty classic group failed", group_id=gid)
+            log.info("classic group is empty", group_id=gid, generation=group.generation_id)
+            return
+        log.info("classic group join phase complete", group_id=gid, generation=group.generation_id,
+                 protocol=group.protocol_name, members=len(group.members))
+        for member in group.members.values():
+            member.awaiting_join = False
+            member.is_new = False
+            waiter = self._join_waiters.pop((gid, member.member_id), None)
+            if waiter is not None:
+                _resolve(waiter, self._join_response(group, member.member_id))
+            self._arm_heartbeat(group, member)
+        generation = group.generation_id
+        self._schedule(("sync", gid), group.rebalance_timeout_ms / 1000, lambda: self._on_sync_deadline(gid, generation))
+
+    def _leader_view(self, group: ClassicGroup) -> list[Any]:
+        return [_JoinMember(member_id=m.member_id, group_instance_id=m.group_instance_id,
+                            metadata=m.metadata(group.protocol_name)) for m in group.members.values()]
+
+    def _join_response(self, group: ClassicGroup, member_id: str, *, with_members: bool = True) -> Any:
+        leader = group.is_leader(member_id) and with_members
+        return JoinResponse(
+            error_code=ErrorCode.NONE, generation_id=group.generation_id, protocol_type=group.protocol_type,
+            protocol_name=group.protocol_name, leader=group.leader_id or "", skip_assignment=False,
+            member_id=member_id, members=self._leader_view(group) if leader else [],
+        )
+
+    async def _on_sync_deadline(self, group_id: str, generation: int) -> None:
+        async with self._lock(group_id):
+            group = self.groups.get(group_id)
+            if group is None or group.state != Completing or group.generation_id != generation:
+                return
+            missing = sorted(group.pending_sync)
+            log.info("classic group members did not sync in time", group_id=group_id, members=missing)
+            for member_id in missing:
+                group.remove_member(member_id)
+                self._cancel(("hb", group_id, member_id))
+            await self._prepare_rebalance(group, "members did not sync in time")
+
+    def _fence_waiters(self, group_id: str, member_id: str) -> None:
+        for waiters, make in ((self._join_waiters, _join_error), (self._sync_waiters, _sync_error)):
+            waiter = waiters.pop((group_id, member_id), None)
+            if waiter is not None:
+                _resolve(waiter, make(ErrorCode.FENCED_INSTANCE_ID, member_id))
+
+    def _fail_sync_waiters(self, group: ClassicGroup, code: int) -> None:
+        for member_id in list(group.members):
+            waiter = self._sync_waiters.pop((group.group_id, member_id), None)
+            if waiter is not None:
+                _resolve(waiter, _sync_error(code))
+
+    async def _remove_members(self, group: ClassicGroup, member_ids: Iterable[str], reason: str) -> None:
+        removed = False
+        for member_id in member_ids:
+            member = group.remove_member(member_id)
+            self._cancel(("hb", group.group_id, member_id))
+            if member is None:
+                continue
+            removed = True
+            for waiters, make in ((self._join_waiters, _join_error), (self._sync_waiters, _sync_error)):
+                waiter = waiters.pop((group.group_id, member_id), None)
+                if waiter is not None:
+                    _resolve(waiter, make(ErrorCode.UNKNOWN_MEMBER_ID, member_id))
+        if not removed:
+            return
+        if group.state in (Stable, Completing):
+            await self._prepare_rebalance(group, reason)
+        elif group.state == Preparing:
+            await self._maybe_complete_join(group)
+
+    # ---- SyncGroup ---------------------------------------------------------------------------------
+
+    async def sync_group(self, req: Any, version: int) -> Any:
+        if not req.group_id:
+            return _sync_error(ErrorCode.INVALID_GROUP_ID)
+        if not self.loaded:
+            return _sync_error(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        async with self._lock(req.group_id):
+            try:
+                await self._sync(req, version, waiter)
+            except Exception:
+                log.exception("sync group failed", group_id=req.group_id)
+                _resolve(waiter, _sync_error(ErrorCode.UNKNOWN_SERVER_ERROR))
+        return await asyncio.shield(waiter)
+
+    async def _sync(self, req: Any, version: int, waiter: asyncio.Future[Any]) -> None:
+        group = self.groups.get(req.group_id)
+        if group is None:
+            _resolve(waiter, _sync_error(ErrorCode.UNKNOWN_MEMBER_ID))
+            return
+        error = self._validate_sync(group, req, version)
+        if error != ErrorCode.NONE:
+            _resolve(waiter, _sync_error(error))
+            return
+        member = group.members[req.member_id]
+        if group.state == Preparing:
+            _resolve(waiter, _sync_error(ErrorCode.REBALANCE_IN_PROGRESS))
+        elif group.state == Stable:
+            self._arm_heartbeat(group, member)
+            _resolve(waiter, self._sync_response(group, member))
+        elif group.state == Completing:
+            key = (group.group_id, member.member_id)
+            previous = self._sync_waiters.pop(key, None)
+            if previous is not None:
+                _resolve(previous, _sync_error(ErrorCode.REBALANCE_IN_PROGRESS))
+            self._sync_waiters[key] = waiter
+            member.awaiting_sync = True
+            group.pending_sync.discard(member.member_id)
+            self._arm_heartbeat(group, member)
+            if group.is_leader(member.member_id):
+                await self._store_assignment(group, req)
+        else:
+            _resolve(waiter, _sync_error(ErrorCode.UNKNOWN_MEMBER_ID))
+
+    def _validate_sync(self, group: ClassicGroup, req: Any, version: int) -> int:
+        if group.state == Dead:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        instance_id = req.group_instance_id if version >= 3 else None
+        error = self._validate_member(group, req.member_id, instance_id)
+        if error != ErrorCode.NONE:
+            return error
+        if req.generation_id != group.generation_id:
+            return ErrorCode.ILLEGAL_GENERATION
+        if version >= 5 and (
+            (req.protocol_type is not None and req.protocol_type != group.protocol_type)
+            or (req.protocol_name is not None and req.protocol_name != group.protocol_name)
+        ):
+            return ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+        return ErrorCode.NONE
+
+    async def _store_assignment(self, group: ClassicGroup, req: Any) -> None:
+        given = {a.member_id: bytes(a.assignment) for a in req.assignments or () if a.member_id in group.members}
+        assignments = {mid: given.get(mid, b"") for mid in group.members}
+        try:
+            await self._write(group.group_id, [group.metadata_record(assignments, self.wall_ms())])
+        except Exception:
+            log.exception("persisting the group assignment failed", group_id=group.group_id)
+            await self._prepare_rebalance(group, "the assignment could not be persisted")
+            return
+        self._cancel(("sync", group.group_id))
+        log.info("classic group stable", group_id=group.group_id, generation=group.generation_id)
+        for member in group.members.values():
+            waiter = self._sync_waiters.pop((group.group_id, member.member_id), None)
+            if waiter is not None:
+                _resolve(waiter, self._sync_response(group, member))
+
+    @staticmethod
+    def _sync_response(group: ClassicGroup, member: ClassicMember) -> Any:
+        return SyncResponse(error_code=ErrorCode.NONE, protocol_type=group.protocol_type,
+                            protocol_name=group.protocol_name, assignment=member.assignment)
+
+    # ---- Heartbeat / LeaveGroup ----------------------------------------------------------------------
+
+    async def heartbeat(self, group_id: str, member_id: str, generation_id: int, instance_id: str | None) -> int:
+        if not group_id:
+            return ErrorCode.INVALID_GROUP_ID
+        if not self.loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        group = self.groups.get(group_id)
+        if group is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if group.state == Dead:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        error = self._validate_member(group, member_id, instance_id)
+        if error != ErrorCode.NONE:
+            return error
+        if generation_id != group.generation_id:
+            return ErrorCode.ILLEGAL_GENERATION
+        if group.state == Empty:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        self._arm_heartbeat(group, group.members[member_id])
+        return ErrorCode.REBALANCE_IN_PROGRESS if group.state == Preparing else ErrorCode.NONE
+
+    async def leave_group(self, group_id: str, leaving: list[tuple[str, str | None]]) -> tuple[int, list[int]]:
+        """LeaveGroup for (member id, group instance id) pairs: the group error and one code per member."""
+        if not self.loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
+        if group_id not in self.groups:
+            return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID] * len(leaving)
+        async with self._lock(group_id):
+            group = self.groups.get(group_id)
+            if group is None:
+                return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID] * len(leaving)
+            if group.state == Dead:
+                return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
+            codes: list[int] = []
+            to_remove: list[str] = []
+            pending_left = False
+            for member_id, instance_id in leaving:
+                if instance_id is not None:
+                    known = group.static_members.get(instance_id)
+                    if known is None:
+                        codes.append(ErrorCode.UNKNOWN_MEMBER_ID)
+                    elif member_id and member_id != known:
+                        codes.append(ErrorCode.FENCED_INSTANCE_ID)
+                    else:
+                        codes.append(ErrorCode.NONE)
+                        to_remove.append(known)
+                elif member_id in group.pending_members:
+                    group.pending_members.discard(member_id)
+                    self._cancel(("pending", group_id, member_id))
+                    pending_left = True
+                    codes.append(ErrorCode.NONE)
+                elif member_id in group.members:
+                    codes.append(ErrorCode.NONE)
+                    to_remove.append(member_id)
+                else:
+                    codes.append(ErrorCode.UNKNOWN_MEMBER_ID)
+            if to_remove:
+                log.info("classic group members left", group_id=group_id, members=to_remove)
+                await self._remove_members(group, to_remove, "members left the group")
+            elif pending_left and group.state == Preparing:
+                await self._maybe_complete_join(group)
+            self._forget_if_unused(group)
+            return ErrorCode.NONE, codes
+
+    # ---- offsets -----------------------------------------------------------------------------------
+
+    def _validate_offset_commit(self, group: ClassicGroup, member_id: str, instance_id: str | None,
+                                generation_id: int) -> int:
+        if group.state == Dead:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if generation_id < 0 and group.state == Empty:
+            return ErrorCode.NONE  # a consumer without group management, or an admin client
+        if generation_id >= 0 or member_id or instance_id is not None:
+            error = self._validate_member(group, member_id, instance_id)
+            if error != ErrorCode.NONE:
+                return error
+            if generation_id != group.generation_id:
+                return ErrorCode.ILLEGAL_GENERATION
+        elif group.state != Empty:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if group.state == Completing:
+            return ErrorCode.REBALANCE_IN_PROGRESS
+        return ErrorCode.NONE
+
+    async def commit_offsets(
+        self, group_id: str, member_id: str, instance_id: str | None, generation_id: int,
+        offsets: list[OffsetToCommit], version: int,
+    ) -> tuple[int, list[int]]:
+        """OffsetCommit: a group-level error (applied to every partition) or one code per offset."""
+        if not self.loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
+        if self.foreign_group(group_id):
+            return ErrorCode.GROUP_ID_NOT_FOUND, []
+        async with self._lock(group_id):
+            group = self.groups.get(group_id)
+            if group is None:
+                if generation_id >= 0:
+                    return (ErrorCode.GROUP_ID_NOT_FOUND if version >= 9 else ErrorCode.ILLEGAL_GENERATION), []
+                group = self.groups[group_id] = ClassicGroup(group_id)
+            error = self._validate_offset_commit(group, member_id, instance_id, generation_id)
+            if error != ErrorCode.NONE:
+                self._forget_if_unused(group)
+                return error, []
+            member = group.members.get(member_id)
+            if member is not None:
+                self._arm_heartbeat(group, member)
+            now_ms = self.wall_ms()
+            codes: list[int] = []
+            records: list[CoordinatorRecord] = []
+            limit = self.config.offset_metadata_max_bytes
+            for o in offsets:
+                metadata = o.metadata or ""
+                if len(metadata.encode()) > limit:
+                    codes.append(ErrorCode.OFFSET_METADATA_TOO_LARGE)
+                    continue
+                codes.append(ErrorCode.NONE)
+                records.append(offset_commit_record(
+                    group_id, o.topic, o.partition, CommittedOffset(o.offset, o.leader_epoch, metadata, now_ms)))
+            try:
+                await self._write(group_id, records)
+            except Exception:
+                log.exception("offset commit failed", group_id=group_id)
+                self._forget_if_unused(group)
+                return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
+            self._forget_if_unused(group)
+            return ErrorCode.NONE, codes
+
+    def fetch_offsets(
+        self, group_id: str, wanted: list[tuple[str, list[int]]] | None
+    ) -> tuple[int, list[tuple[str, int, CommittedOffset | None]]]:
+        """OffsetFetch: (topic, partition, committed or None) for `wanted`, or every committed offset."""
+        if not self.loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
+        if self.foreign_group(group_id):
+            return ErrorCode.GROUP_ID_NOT_FOUND, []
+        group = self.groups.get(group_id)
+        offsets = {} if group is None else group.offsets
+        if wanted is None:
+            return ErrorCode.NONE, [(t, p, c) for (t, p), c in sorted(offsets.items())]
+        return ErrorCode.NONE, [(t, p, offsets.get((t, p))) for t, parts in wanted for p in parts]
+
+    async def delete_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> tuple[int, list[int]]:
+        """OffsetDelete: refused per partition while the group's members subscribe to the topic."""
+        if not self.loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
+        async with self._lock(group_id):
+            group = self.groups.get(group_id)
+            if group is None or group.state == Dead:
+                return ErrorCode.GROUP_ID_NOT_FOUND, []
+            subscribed: set[str] | None = set()
+            if group.state != Empty:
+                if group.protocol_type != "consumer":
+                    return ErrorCode.NON_EMPTY_GROUP, []
+                subscribed = group.subscribed_topics()
+            codes: list[int] = []
+            records: list[CoordinatorRecord] = []
+            for topic, partition in partitions:
+                if subscribed is None or topic in subscribed:
+                    codes.append(ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC)
+                    continue
+                codes.append(ErrorCode.NONE)
+                if (topic, partition) in group.offsets:
+                    records.append(offset_tombstone(group_id, topic, partition))
+            await self._write(group_id, records)
+            self._forget_if_unused(group)
+            return ErrorCode.NONE, codes
+
+    # ---- admin -------------------------------------------------------------------------------------
+
+    async def delete_group(self, group_id: str) -> int:
+        if not self.loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        async with self._lock(group_id):
+            group = self.groups.get(group_id)
+            if group is None or group.state == Dead:
+                return ErrorCode.GROUP_ID_NOT_FOUND
+            if group.state != Empty or group.members:
+                return ErrorCode.NON_EMPTY_GROUP
+            try:
+                await self._write(group_id, group.tombstone_records())
+            except Exception:
+                log.exception("classic group deletion failed", group_id=group_id)
+                return ErrorCode.UNKNOWN_SERVER_ERROR
+            self.groups.pop(group_id, None)
+            log.info("classic group deleted", group_id=group_id)
+            return ErrorCode.NONE
+
+    def list_groups(self) -> list[tuple[str, str, str]]:
+        """(group id, protocol type, state) of every classic group."""
+        return [(gid, g.protocol_type or "", g.state.value) for gid, g in sorted(self.groups.items())]
+
+
+def _sync_error(code: int, _member_id: str = "") -> Any:
+    return SyncResponse(error_code=code, assignment=b"")
