@@ -1,7 +1,8 @@
 """Broker configuration under Kafka's own keys: a server.properties file plus `--override key=value`.
 
-Unknown keys are an error at start-up: a typo such as `log.dir=` silently ignored would put data in
-the wrong place.
+A key Kafka knows but that does not apply to one Shoal broker (KRaft roles, thread pools, replication)
+is ignored and logged once with the reason. A key nobody knows is a warning, as in Kafka, or an error
+with `--strict`. A known key with a bad value is always an error that names the key.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from shoal.java_properties import parse_properties
+
+from .ignored_keys import ignored_reason
 
 
 class ConfigError(ValueError):
@@ -61,6 +64,7 @@ _KEYS: list[ConfigKey] = [
     ConfigKey("listeners", _list, ["PLAINTEXT://127.0.0.1:9092"], "Listeners as NAME://host:port, comma separated."),
     ConfigKey("advertised.listeners", _list, [], "Addresses clients should use; defaults to listeners."),
     ConfigKey("listener.security.protocol.map", _list, [], "Listener name to security protocol, NAME:PROTOCOL."),
+    ConfigKey("controller.listener.names", _list, [], "KRaft controller listeners: named in a Kafka config, not served."),
     ConfigKey("socket.request.max.bytes", int, 104857600, "Largest request frame accepted.", 1),
     ConfigKey("socket.send.buffer.bytes", int, 102400, "SO_SNDBUF; -1 for the OS default."),
     ConfigKey("socket.receive.buffer.bytes", int, 102400, "SO_RCVBUF; -1 for the OS default."),
@@ -175,6 +179,15 @@ KEYS: dict[str, ConfigKey] = {k.name: k for k in _KEYS}
 
 
 @dataclass(frozen=True, slots=True)
+class ConfigNote:
+    """A key the broker did not apply: `known` ones are Kafka's and ignored on purpose, the rest unknown."""
+
+    key: str
+    reason: str
+    known: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Listener:
     name: str
     security_protocol: str
@@ -186,9 +199,11 @@ class BrokerConfig:
     """Typed access to the broker's settings; `cfg["log.segment.bytes"]` returns the parsed value."""
 
     def __init__(self, values: dict[str, Any], explicit: set[str],
-                 per_listener: dict[str, dict[str, Any]] | None = None):
+                 per_listener: dict[str, dict[str, Any]] | None = None, notes: list[ConfigNote] | None = None):
         self._values = values
         self.explicit = explicit
+        # Keys that were accepted but not applied, for the broker to log once logging is set up.
+        self.notes = notes or []
         # listener name (upper case) -> key -> parsed value, from `listener.name.<listener>.<key>`.
         self.per_listener = per_listener or {}
 
@@ -199,13 +214,20 @@ class BrokerConfig:
         return self._values.items()
 
     @classmethod
-    def from_strings(cls, raw: dict[str, str]) -> BrokerConfig:
+    def from_strings(cls, raw: dict[str, str], *, strict: bool = False) -> BrokerConfig:
         values: dict[str, Any] = {k.name: k.default for k in _KEYS}
         per_listener: dict[str, dict[str, Any]] = {}
+        notes: list[ConfigNote] = []
         unknown = sorted(k for k in set(raw) - set(KEYS) if _listener_key(k) is None)
-        if unknown:
-            raise ConfigError(f"unknown configuration key(s): {', '.join(unknown)}")
+        strangers = [k for k in unknown if ignored_reason(k) is None]
+        if strangers and strict:
+            raise ConfigError(f"unknown configuration key(s): {', '.join(strangers)}")
+        for key in unknown:
+            reason = ignored_reason(key)
+            notes.append(ConfigNote(key, reason or "not a known configuration key", known=reason is not None))
         for key, text in raw.items():
+            if key in unknown:
+                continue
             split = _listener_key(key) if key not in KEYS else None
             if split is not None:
                 listener_name, base, spec = split
@@ -222,7 +244,7 @@ class BrokerConfig:
             raise ConfigError("log.cleanup.policy must be delete, compact or compact,delete")
         if values["log.format"] not in ("console", "json"):
             raise ConfigError("log.format must be console or json")
-        config = cls(values, set(raw), per_listener)
+        config = cls(values, set(raw) - set(unknown), per_listener, notes)
         config.listeners()  # validate early
         config._validate_security()
         config._validate_share_bounds()
@@ -269,7 +291,7 @@ class BrokerConfig:
                     raise ConfigError(f"{key} must be PEM (JKS and PKCS12 stores are not supported)")
 
     @classmethod
-    def load(cls, path: str | Path | None = None, overrides: Iterable[str] = ()) -> BrokerConfig:
+    def load(cls, path: str | Path | None = None, overrides: Iterable[str] = (), *, strict: bool = False) -> BrokerConfig:
         raw: dict[str, str] = {}
         if path is not None:
             raw.update(parse_properties(Path(path).read_text()))
@@ -278,7 +300,7 @@ class BrokerConfig:
                 raise ConfigError(f"override must be key=value, got {item!r}")
             key, _, value = item.partition("=")
             raw[key.strip()] = value.strip()
-        return cls.from_strings(raw)
+        return cls.from_strings(raw, strict=strict)
 
     def retention_ms(self) -> int:
         if self["log.retention.ms"] != -2:
@@ -292,9 +314,12 @@ class BrokerConfig:
         for entry in self["listener.security.protocol.map"]:
             name, _, proto = entry.partition(":")
             protocol_map[name.strip().upper()] = proto.strip().upper()
+        controllers = {name.upper() for name in self["controller.listener.names"]}
         out = []
         for text in self["listeners"]:
-            out.append(_parse_listener(text, protocol_map))
+            listener = _parse_listener(text, protocol_map)
+            if listener.name not in controllers:
+                out.append(listener)
         if not out:
             raise ConfigError("listeners must name at least one listener")
         return out
@@ -305,8 +330,11 @@ class BrokerConfig:
         if not self["advertised.listeners"]:
             return bound
         by_name = {lst.name: lst for lst in bound}
+        controllers = {name.upper() for name in self["controller.listener.names"]}
         out = []
         for text in self["advertised.listeners"]:
+            if text.partition("://")[0].upper() in controllers:
+                continue
             lst = _parse_listener(text, protocol_map)
             port = lst.port or by_name[lst.name].port if lst.name in by_name else lst.port
             out.append(Listener(lst.name, lst.security_protocol, lst.host, port))

@@ -35,12 +35,27 @@ def configure_logging(fmt: str, level: str) -> None:
     )
 
 
+def log_config_notes(config: BrokerConfig) -> None:
+    """Each key the broker accepted without applying it, once: Kafka's own with the reason, others as Kafka warns."""
+    log = structlog.get_logger("shoal.config")
+    for note in config.notes:
+        if note.known:
+            log.info("ignoring configuration key", key=note.key, reason=note.reason)
+        else:
+            log.warning(f"The configuration '{note.key}' was supplied but isn't a known config.", key=note.key)
+    controllers = [n for n in config["controller.listener.names"]]
+    if controllers:
+        log.info("ignoring controller listeners", listeners=controllers,
+                 reason="Shoal is one broker with no KRaft controller quorum")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="shoal-broker", description="Shoal: a Kafka-protocol broker with share groups.")
     parser.add_argument("config", nargs="?", help="server.properties file (Kafka's keys)")
     parser.add_argument(
         "--override", action="append", default=[], metavar="KEY=VALUE", help="set a config key, after the file"
     )
+    parser.add_argument("--strict", action="store_true", help="refuse keys that are not known configuration keys")
     return parser.parse_args(argv)
 
 
@@ -68,11 +83,12 @@ async def serve(config: BrokerConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        config = BrokerConfig.load(args.config, args.override)
+        config = BrokerConfig.load(args.config, args.override, strict=args.strict)
     except (ConfigError, OSError) as exc:
         print(f"shoal-broker: configuration error: {exc}", file=sys.stderr)
         return 2
     configure_logging(config["log.format"], config["log.level"])
+    log_config_notes(config)
     try:
         import uvloop
 

@@ -18,8 +18,10 @@ READY_PREFIX = "SHOAL_READY "
 
 class BrokerProcess:
     def __init__(self, data_dir: Path, overrides: Iterable[str] = (), log_path: Path | None = None,
-                 extra_listeners: Iterable[str] = ()):
+                 extra_listeners: Iterable[str] = (), config_file: Path | None = None):
         self.data_dir = data_dir
+        # A server.properties of its own: then its listeners and log.dirs are used as they are.
+        self.config_file = config_file
         self.overrides = list(overrides)
         # More listeners after the PLAINTEXT one, as NAME://host:port (port 0 picks a free one).
         self.extra_listeners = list(extra_listeners)
@@ -46,17 +48,12 @@ class BrokerProcess:
             name, _, rest = extra.partition("://")
             host, _, port = rest.rpartition(":")
             listener += f",{name}://{host}:{self.ports.get(name.upper(), int(port))}"
-        args = [
-            sys.executable,
-            "-m",
-            "shoal.broker.server.main",
-            "--override",
-            f"listeners={listener}",
-            "--override",
-            f"log.dirs={self.data_dir}",
-            "--override",
-            "metrics.port=0",
-        ]
+        args = [sys.executable, "-m", "shoal.broker.server.main"]
+        if self.config_file is not None:
+            args.append(str(self.config_file))
+        else:
+            args += ["--override", f"listeners={listener}", "--override", f"log.dirs={self.data_dir}"]
+        args += ["--override", "metrics.port=0"]
         for item in self.overrides:
             args += ["--override", item]
         self._log_file = open(self.log_path, "a")

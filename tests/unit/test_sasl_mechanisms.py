@@ -135,7 +135,11 @@ def test_security_config_keys() -> None:
     assert cfg.for_listener("sasl_ssl", "ssl.client.auth") == "required"
     assert cfg.for_listener("INTERNAL", "connections.max.reauth.ms") == 60000
     assert cfg.jaas_config("INTERNAL", "SCRAM-SHA-512").startswith("x.ScramLoginModule")
-    for bad in ("listener.name.internal.log.dirs=/x", "listener.name.x.no.such.key=1",
-                "sasl.enabled.mechanisms=GSSAPI", "ssl.client.auth=sometimes", "ssl.keystore.type=JKS"):
+    for bad in ("sasl.enabled.mechanisms=GSSAPI", "ssl.client.auth=sometimes", "ssl.keystore.type=JKS"):
         with pytest.raises(ConfigError):
             BrokerConfig.load(None, [bad])
+    # Per-listener keys that do not exist are unknown keys: a warning, an error with --strict.
+    for unknown in ("listener.name.internal.log.dirs=/x", "listener.name.x.no.such.key=1"):
+        assert not BrokerConfig.load(None, [unknown]).notes[0].known
+        with pytest.raises(ConfigError):
+            BrokerConfig.load(None, [unknown], strict=True)
