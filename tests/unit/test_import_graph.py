@@ -26,9 +26,10 @@ LAYERS: dict[str, int] = {
     "shoal.broker.apis": 3,
     "shoal.broker.server": 4,
 }
-# Read by every layer, and themselves importing nothing above storage: the broker's settings and the
-# metrics every layer counts into.
-SHARED_LEAVES = {"shoal.broker.server.config", "shoal.broker.server.metrics", "shoal.broker.server.share_metrics"}
+# Read by every layer, and themselves importing nothing above storage: the broker's settings (with the
+# table of Kafka keys it ignores) and the metrics every layer counts into.
+SHARED_LEAVES = {"shoal.broker.server.config", "shoal.broker.server.ignored_keys", "shoal.broker.server.metrics",
+                 "shoal.broker.server.share_metrics"}
 
 
 def _module_name(path: Path) -> str:
