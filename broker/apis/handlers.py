@@ -9,6 +9,7 @@ from . import (
     alter_configs,
     classic_group_apis,
     fetch,
+    leader_epochs,
     metadata,
     produce,
     sasl_apis,
@@ -28,6 +29,7 @@ def register_all(broker: Broker) -> None:
     metadata.register(broker)
     produce.register(broker)
     fetch.register(broker)
+    leader_epochs.register(broker)
     topic_admin.register(broker)
     alter_configs.register(broker)
     share_fetch.register(broker)

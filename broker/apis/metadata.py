@@ -28,6 +28,15 @@ MdPartition = MetadataResponse.MetadataResponsePartition  # type: ignore[attr-de
 FindCoordinatorResponse = messages.FindCoordinatorResponse
 Coordinator = FindCoordinatorResponse.Coordinator  # type: ignore[attr-defined]
 DescribeClusterResponse = messages.DescribeClusterResponse
+DescribeTopicPartitionsResponse = messages.DescribeTopicPartitionsResponse
+_DtpTopic = DescribeTopicPartitionsResponse.DescribeTopicPartitionsResponseTopic  # type: ignore[attr-defined]
+_DtpPartition = DescribeTopicPartitionsResponse.DescribeTopicPartitionsResponsePartition  # type: ignore[attr-defined]
+_DtpCursor = DescribeTopicPartitionsResponse.Cursor  # type: ignore[attr-defined]
+# Kafka's max.request.partition.size.limit default: the most partitions one response describes.
+MAX_DESCRIBED_PARTITIONS = 2000
+# Operations Kafka reports for a TOPIC resource.
+TOPIC_OPERATIONS = (Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DELETE, Operation.ALTER,
+                    Operation.DESCRIBE, Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS)
 DcBroker = DescribeClusterResponse.DescribeClusterBroker  # type: ignore[attr-defined]
 
 KEY_TYPE_GROUP = 0
@@ -190,10 +199,57 @@ class DiscoveryHandlers:
         )
 
 
+    def describe_topic_partitions(self, ctx: RequestContext, req: Any) -> Any:
+        """KIP-966's paginated topic description: topics by name, at most ResponsePartitionLimit partitions."""
+        topics = self.broker.topics
+        limit = max(1, min(req.response_partition_limit, MAX_DESCRIBED_PARTITIONS))
+        if req.topics:
+            names = sorted({t.name for t in req.topics})
+        else:
+            names = sorted(n for n in topics.by_name if ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, n))
+        cursor = req.cursor
+        if cursor is not None:
+            names = [n for n in names if n >= cursor.topic_name]
+        out: list[Any] = []
+        next_cursor = None
+        budget = limit
+        for name in names:
+            if budget <= 0:
+                next_cursor = _DtpCursor(topic_name=name, partition_index=0)
+                break
+            topic = topics.get(name)
+            if not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, name):
+                out.append(_DtpTopic(error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, name=name, topic_id=ZERO_UUID,
+                                     partitions=[]))
+                continue
+            if topic is None:
+                out.append(_DtpTopic(error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, name=name, topic_id=ZERO_UUID,
+                                     partitions=[]))
+                continue
+            first = cursor.partition_index if cursor is not None and name == cursor.topic_name else 0
+            indexes = list(range(max(first, 0), len(topic.partitions)))
+            shown, rest = indexes[:budget], indexes[budget:]
+            budget -= len(shown)
+            out.append(_DtpTopic(
+                error_code=ErrorCode.NONE, name=name, topic_id=topic.topic_id, is_internal=topic.internal,
+                partitions=[_DtpPartition(error_code=ErrorCode.NONE, partition_index=i, leader_id=self.broker.node_id,
+                                          leader_epoch=0, replica_nodes=[self.broker.node_id],
+                                          isr_nodes=[self.broker.node_id], eligible_leader_replicas=[],
+                                          last_known_elr=[], offline_replicas=[]) for i in shown],
+                topic_authorized_operations=sum(
+                    1 << op for op in TOPIC_OPERATIONS if ctx.authorize(op, ResourceType.TOPIC, name)),
+            ))
+            if rest:
+                next_cursor = _DtpCursor(topic_name=name, partition_index=rest[0])
+                break
+        return DescribeTopicPartitionsResponse(topics=out, next_cursor=next_cursor)
+
+
 def register(broker: Broker) -> DiscoveryHandlers:
     h = DiscoveryHandlers(broker)
     broker.register(ApiKey.API_VERSIONS, 0, 4, h.api_versions)
     broker.register(ApiKey.METADATA, 0, 13, h.metadata)
     broker.register(ApiKey.FIND_COORDINATOR, 0, 6, h.find_coordinator)
     broker.register(ApiKey.DESCRIBE_CLUSTER, 0, 2, h.describe_cluster)
+    broker.register(ApiKey.DESCRIBE_TOPIC_PARTITIONS, 0, 0, h.describe_topic_partitions)
     return h

@@ -33,6 +33,10 @@ ADMIN_CLIENT_ID = "__admin_client"
 ProduceResponse = messages.ProduceResponse
 TopicResponse = ProduceResponse.TopicProduceResponse  # type: ignore[attr-defined]
 PartitionResponse = ProduceResponse.PartitionProduceResponse  # type: ignore[attr-defined]
+DescribeProducersResponse = messages.DescribeProducersResponse
+_DpTopic = DescribeProducersResponse.TopicResponse  # type: ignore[attr-defined]
+_DpPartition = DescribeProducersResponse.PartitionResponse  # type: ignore[attr-defined]
+_DpProducer = DescribeProducersResponse.ProducerState  # type: ignore[attr-defined]
 
 
 class ProduceHandler:
@@ -149,7 +153,8 @@ class ProduceHandler:
         offset = result.base_offset
         for _pos, header in headers:
             if header.producer_id >= 0 and header.base_sequence >= 0:
-                state.record(header.producer_id, header.producer_epoch, header.base_sequence, header.records_count, offset)
+                state.record(header.producer_id, header.producer_epoch, header.base_sequence, header.records_count, offset,
+                             append_time if self.log_append_time else header.max_timestamp)
             offset += header.last_offset_delta + 1
         count = sum(h.records_count for _p, h in headers)
         self.broker.metrics.messages_in.labels(topic=topic_name).inc(count)
@@ -170,6 +175,31 @@ class ProduceHandler:
             state = rebuild_producer_state(plog)
             self.producer_states[(topic_id, index)] = state
         return state
+
+    def describe_producers(self, ctx: RequestContext, req: Any) -> Any:
+        """DescribeProducers: the idempotent producers each partition knows (READ on the topic, as in Kafka)."""
+        topics = []
+        for t in req.topics or ():
+            topic = self.broker.topics.get(t.name)
+            allowed = ctx.authorize(Operation.READ, ResourceType.TOPIC, t.name)
+            parts = []
+            for index in t.partition_indexes or ():
+                if not allowed:
+                    parts.append(_DpPartition(partition_index=index, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                                              active_producers=[]))
+                elif topic is None or not 0 <= index < len(topic.partitions):
+                    parts.append(_DpPartition(partition_index=index, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                              active_producers=[]))
+                else:
+                    state = self._producer_state(topic.topic_id, index, topic.partitions[index])
+                    parts.append(_DpPartition(partition_index=index, error_code=ErrorCode.NONE, active_producers=[
+                        _DpProducer(producer_id=pid, producer_epoch=entry.epoch, last_sequence=entry.last_seq,
+                                    last_timestamp=entry.last_timestamp, coordinator_epoch=-1,
+                                    current_txn_start_offset=-1)
+                        for pid, entry in sorted(state.producers.items())
+                    ]))
+            topics.append(_DpTopic(name=t.name, partitions=parts))
+        return DescribeProducersResponse(topics=topics)
 
 
 # A retry after a crash is for one of a producer's last five batches, which sit near the log's end.
@@ -195,7 +225,7 @@ def rebuild_producer_state(plog: PartitionLog) -> PartitionProducerState:
         for header, _view in batches:
             if header.producer_id >= 0 and header.base_sequence >= 0:
                 state.record(header.producer_id, header.producer_epoch, header.base_sequence,
-                             header.records_count, header.base_offset)
+                             header.records_count, header.base_offset, header.max_timestamp)
             offset = header.last_offset + 1
     return state
 
@@ -203,4 +233,5 @@ def rebuild_producer_state(plog: PartitionLog) -> PartitionProducerState:
 def register(broker: Broker) -> ProduceHandler:
     handler = ProduceHandler(broker)
     broker.register(ApiKey.PRODUCE, 3, 13, handler.handle)
+    broker.register(ApiKey.DESCRIBE_PRODUCERS, 0, 0, handler.describe_producers)
     return handler

@@ -27,6 +27,7 @@ class _BatchMeta:
 @dataclass(slots=True)
 class ProducerEntry:
     epoch: int
+    last_timestamp: int = -1  # max timestamp of its last batch (DescribeProducers)
     batches: deque[_BatchMeta] = field(default_factory=lambda: deque(maxlen=MAX_CACHED_BATCHES))
 
     @property
@@ -71,11 +72,13 @@ class PartitionProducerState:
             return SequenceCheck(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
         return OK
 
-    def record(self, producer_id: int, epoch: int, first_seq: int, record_count: int, base_offset: int) -> None:
+    def record(self, producer_id: int, epoch: int, first_seq: int, record_count: int, base_offset: int,
+               max_timestamp: int = -1) -> None:
         entry = self.producers.get(producer_id)
         if entry is None or entry.epoch != epoch:
             entry = ProducerEntry(epoch)
             self.producers[producer_id] = entry
+        entry.last_timestamp = max_timestamp
         entry.batches.append(_BatchMeta(first_seq, (first_seq + record_count - 1) & 0x7FFFFFFF, base_offset))
 
 
