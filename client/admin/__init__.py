@@ -1,4 +1,4 @@
-"""The admin client: topics, configs, offsets and share groups."""
+"""The admin client: topics, configs, offsets, consumer groups and share groups."""
 
 from .admin import (
     EARLIEST,
@@ -12,6 +12,8 @@ from .admin import (
     AsyncAdmin,
     ConfigDescription,
     ConfigEntry,
+    ConsumerGroupDescription,
+    ConsumerMemberDescription,
     GroupListing,
     ListedOffset,
     NewTopic,
@@ -34,6 +36,8 @@ __all__ = [
     "AsyncAdmin",
     "ConfigDescription",
     "ConfigEntry",
+    "ConsumerGroupDescription",
+    "ConsumerMemberDescription",
     "GroupListing",
     "ListedOffset",
     "NewTopic",

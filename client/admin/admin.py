@@ -112,6 +112,47 @@ class SharePartitionOffset:
 
 
 @dataclass(slots=True)
+class ConsumerMemberDescription:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    assignment: list[TopicPartition]
+
+
+@dataclass(slots=True)
+class ConsumerGroupDescription:
+    """A classic group as DescribeGroups tells it; `protocol` is the assignor of a consumer group."""
+
+    group_id: str
+    state: str
+    protocol_type: str
+    protocol: str
+    members: list[ConsumerMemberDescription]
+    error: KafkaError | None
+
+
+def parse_consumer_assignment(data: bytes) -> list[TopicPartition]:
+    """The partitions of a ConsumerProtocolAssignment (any version: the topic list comes first)."""
+    out: list[TopicPartition] = []
+    if len(data) < 6:
+        return out
+    pos = 2
+    topics = int.from_bytes(data[pos:pos + 4], "big", signed=True)
+    pos += 4
+    for _ in range(max(topics, 0)):
+        size = int.from_bytes(data[pos:pos + 2], "big", signed=True)
+        topic = data[pos + 2:pos + 2 + size].decode()
+        pos += 2 + size
+        count = int.from_bytes(data[pos:pos + 4], "big", signed=True)
+        pos += 4
+        for _ in range(max(count, 0)):
+            out.append((topic, int.from_bytes(data[pos:pos + 4], "big", signed=True)))
+            pos += 4
+    return sorted(out)
+
+
+@dataclass(slots=True)
 class ConfigEntry:
     name: str
     value: str | None
@@ -344,6 +385,104 @@ class AsyncAdmin:
                 out[r.group_id] = _error(r.error_code)
         return out
 
+    # ---- consumer (classic) groups ------------------------------------------------------------------
+
+    async def describe_consumer_groups(self, group_ids: Iterable[str]) -> dict[str, ConsumerGroupDescription]:
+        out: dict[str, ConsumerGroupDescription] = {}
+        for group_id in group_ids:
+            body = messages.DescribeGroupsRequest(groups=[group_id], include_authorized_operations=False)
+
+            async def send(node: int, body: Any = body) -> Any:
+                return await self.cluster.request(node, ApiKey.DESCRIBE_GROUPS, body, (0, 6))
+
+            response = await self._coordinated(group_id, send, lambda r: r.groups[0].error_code if r.groups else 0)
+            for g in response.groups:
+                consumer = g.protocol_type == "consumer"
+                members = [
+                    ConsumerMemberDescription(
+                        m.member_id, m.group_instance_id, m.client_id, m.client_host,
+                        parse_consumer_assignment(bytes(m.member_assignment)) if consumer else [],
+                    )
+                    for m in g.members
+                ]
+                out[g.group_id] = ConsumerGroupDescription(
+                    g.group_id, g.group_state, g.protocol_type, g.protocol_data, members,
+                    _error(g.error_code, g.error_message),
+                )
+        return out
+
+    async def list_consumer_group_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, int]:
+        """Committed offsets of a group (OffsetFetch); None = every partition it committed."""
+        req = messages.OffsetFetchRequest
+        topics: list[Any] | None = None
+        if partitions is not None:
+            by_topic: dict[str, list[int]] = {}
+            for topic, partition in partitions:
+                by_topic.setdefault(topic, []).append(partition)
+            topics = [req.OffsetFetchRequestTopics(name=t, partition_indexes=sorted(ps))  # type: ignore[attr-defined]
+                      for t, ps in sorted(by_topic.items())]
+        body = req(groups=[req.OffsetFetchRequestGroup(group_id=group_id, member_id=None, member_epoch=-1,  # type: ignore[attr-defined]
+                                                       topics=topics)], require_stable=True)
+
+        async def send(node: int) -> Any:
+            return await self.cluster.request(node, ApiKey.OFFSET_FETCH, body, (8, 9))
+
+        response = await self._coordinated(group_id, send, lambda r: r.groups[0].error_code if r.groups else 0)
+        out: dict[TopicPartition, int] = {}
+        for g in response.groups:
+            if g.error_code:
+                raise for_code(g.error_code, f"OffsetFetch for group {group_id}")
+            for t in g.topics:
+                for p in t.partitions:
+                    if p.error_code:
+                        raise for_code(p.error_code, f"OffsetFetch for {t.name}-{p.partition_index}")
+                    if p.committed_offset >= 0:
+                        out[(t.name, p.partition_index)] = p.committed_offset
+        return out
+
+    async def alter_consumer_group_offsets(
+        self, group_id: str, offsets: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, KafkaError | None]:
+        """Commit offsets for a group without members (OffsetCommit as a simple consumer, generation -1)."""
+        req = messages.OffsetCommitRequest
+        by_topic: dict[str, list[Any]] = {}
+        for (topic, partition), offset in sorted(offsets.items()):
+            by_topic.setdefault(topic, []).append(req.OffsetCommitRequestPartition(  # type: ignore[attr-defined]
+                partition_index=partition, committed_offset=offset, committed_leader_epoch=-1, committed_metadata=""))
+        body = req(group_id=group_id, generation_id_or_member_epoch=-1, member_id="", group_instance_id=None,
+                   topics=[req.OffsetCommitRequestTopic(name=t, partitions=ps)  # type: ignore[attr-defined]
+                           for t, ps in by_topic.items()])
+
+        def first_error(r: Any) -> int:
+            return next((p.error_code for t in r.topics for p in t.partitions if p.error_code), 0)
+
+        async def send(node: int) -> Any:
+            return await self.cluster.request(node, ApiKey.OFFSET_COMMIT, body, (2, 9))
+
+        response = await self._coordinated(group_id, send, first_error)
+        return {(t.name, p.partition_index): _error(p.error_code) for t in response.topics for p in t.partitions}
+
+    async def delete_consumer_group_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, KafkaError | None]:
+        """OffsetDelete: forget committed offsets; refused for topics the group's members subscribe to."""
+        req = messages.OffsetDeleteRequest
+        by_topic: dict[str, list[Any]] = {}
+        for topic, partition in sorted(set(partitions)):
+            by_topic.setdefault(topic, []).append(req.OffsetDeleteRequestPartition(partition_index=partition))  # type: ignore[attr-defined]
+        body = req(group_id=group_id, topics=[req.OffsetDeleteRequestTopic(name=t, partitions=ps)  # type: ignore[attr-defined]
+                                              for t, ps in by_topic.items()])
+
+        async def send(node: int) -> Any:
+            return await self.cluster.request(node, ApiKey.OFFSET_DELETE, body, (0, 0))
+
+        response = await self._coordinated(group_id, send, lambda r: r.error_code)
+        if response.error_code:
+            raise for_code(response.error_code, f"OffsetDelete for group {group_id}")
+        return {(t.name, p.partition_index): _error(p.error_code) for t in response.topics for p in t.partitions}
+
     # ---- share-group offsets -----------------------------------------------------------------------
 
     async def list_share_group_offsets(
@@ -511,6 +650,24 @@ class Admin:
 
     def delete_groups(self, group_ids: Iterable[str]) -> dict[str, KafkaError | None]:
         return self._thread.run(self._admin.delete_groups(list(group_ids)))
+
+    def describe_consumer_groups(self, group_ids: Iterable[str]) -> dict[str, ConsumerGroupDescription]:
+        return self._thread.run(self._admin.describe_consumer_groups(list(group_ids)))
+
+    def list_consumer_group_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, int]:
+        return self._thread.run(self._admin.list_consumer_group_offsets(group_id, partitions))
+
+    def alter_consumer_group_offsets(
+        self, group_id: str, offsets: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, KafkaError | None]:
+        return self._thread.run(self._admin.alter_consumer_group_offsets(group_id, dict(offsets)))
+
+    def delete_consumer_group_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, KafkaError | None]:
+        return self._thread.run(self._admin.delete_consumer_group_offsets(group_id, list(partitions)))
 
     def list_share_group_offsets(
         self, group_id: str, topics: Mapping[str, Iterable[int]] | Iterable[str] | None = None

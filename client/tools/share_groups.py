@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
 from collections.abc import Iterable, Sequence
 
 from shoal.client.admin import AsyncAdmin, ShareGroupDescription, SharePartitionOffset, TopicPartition
@@ -24,6 +23,14 @@ from shoal.client.tools.cli import (
     usage_failure,
 )
 from shoal.client.tools.config import ToolConfigError, load_properties, split_settings, warn_ignored
+from shoal.client.tools.group_offsets import (
+    ToolError,
+    assignment_string,
+    named_partitions,
+    table,
+    target_offsets,
+    width,
+)
 from shoal.protocol.errors import ErrorCode
 
 PROG = "kafka-share-groups"
@@ -32,10 +39,6 @@ SHARE_GROUP_STATES = ("Empty", "Stable", "Dead")
 MISSING = "-"  # what Kafka's tool prints for an unknown value
 ACTIONS = ("list", "describe", "delete", "reset_offsets", "delete_offsets")
 RESET_SCENARIOS = ("to_earliest", "to_latest", "to_datetime", "by_duration", "to_offset")
-
-
-class ToolError(Exception):
-    """A failure to report as `Error: <message>` with exit code 1."""
 
 
 def _opt(dest: str) -> str:
@@ -160,19 +163,6 @@ def parse_states(text: str) -> list[str]:
     return [by_lower[s.lower()] for s in names]
 
 
-def _table(rows: Sequence[Sequence[object]], widths: Sequence[int]) -> list[str]:
-    """Left-aligned columns as Kafka's tools print them: each column padded to its width, the last unpadded."""
-    out = []
-    for row in rows:
-        cells = [f"{str(cell):<{width}}" for cell, width in zip(row[:-1], widths, strict=False)]
-        out.append(" ".join([*cells, str(row[-1])]))
-    return out
-
-
-def _width(minimum: int, values: Iterable[object]) -> int:
-    return max([minimum, *(len(str(v)) for v in values)])
-
-
 class ShareGroupService:
     def __init__(self, admin: AsyncAdmin, ns: argparse.Namespace):
         self.admin = admin
@@ -195,9 +185,9 @@ class ShareGroupService:
             return
         states = parse_states(self.ns.state)
         listings = sorted(await self.admin.list_groups(types=["share"], states=states), key=lambda g: g.group_id)
-        width = _width(15, (g.group_id for g in listings))
+        group_width = width(15, (g.group_id for g in listings))
         rows = [("GROUP", "STATE"), *((g.group_id, g.state or "Unknown") for g in listings)]
-        print("\n".join(_table(rows, [width])))
+        print("\n".join(table(rows, [group_width])))
 
     # ---- --describe -----------------------------------------------------------------------------------
 
@@ -249,9 +239,9 @@ class ShareGroupService:
         for o in infos:
             epoch = [known(o.leader_epoch)] if verbose else []
             rows.append([d.group_id, o.topic, o.partition, *epoch, known(o.start_offset), known(o.lag)])
-        widths = [_width(15, [d.group_id]), _width(15, (o.topic for o in infos)), 10, *([13] if verbose else []), 13]
+        widths = [width(15, [d.group_id]), width(15, (o.topic for o in infos)), 10, *([13] if verbose else []), 13]
         print()
-        print("\n".join(_table(rows, widths)))
+        print("\n".join(table(rows, widths)))
 
     def _print_members(self, d: ShareGroupDescription) -> None:
         members = sorted(d.members, key=lambda m: m.member_id)
@@ -266,15 +256,15 @@ class ShareGroupService:
             rows.append([d.group_id, m.member_id, m.client_host, m.client_id, len(m.assignment), *epoch,
                          assignment_string(m.assignment)])
         widths = [
-            _width(15, [d.group_id]),
-            _width(15, (m.member_id for m in members)),
-            _width(15, (m.client_host for m in members)),
-            _width(15, (m.client_id for m in members)),
+            width(15, [d.group_id]),
+            width(15, (m.member_id for m in members)),
+            width(15, (m.client_host for m in members)),
+            width(15, (m.client_id for m in members)),
             12,
             *([13] if verbose else []),
         ]
         print()
-        print("\n".join(_table(rows, widths)))
+        print("\n".join(table(rows, widths)))
 
     async def _print_state(self, d: ShareGroupDescription) -> None:
         self._has_members_to_show(d, 1)
@@ -289,12 +279,12 @@ class ShareGroupService:
                 ("GROUP", "COORDINATOR (ID)", "STATE", "GROUP-EPOCH", "ASSIGNMENT-EPOCH", "#MEMBERS"),
                 (d.group_id, coordinator, d.state, d.group_epoch, d.assignment_epoch, len(d.members)),
             ]
-            widths = [_width(15, [d.group_id]), _width(25, [coordinator]), 15, 12, 17]
+            widths = [width(15, [d.group_id]), width(25, [coordinator]), 15, 12, 17]
         else:
             rows = [("GROUP", "COORDINATOR (ID)", "STATE", "#MEMBERS"), (d.group_id, coordinator, d.state, len(d.members))]
-            widths = [_width(15, [d.group_id]), _width(25, [coordinator]), 15]
+            widths = [width(15, [d.group_id]), width(25, [coordinator]), 15]
         print()
-        print("\n".join(_table(rows, widths)))
+        print("\n".join(table(rows, widths)))
 
     # ---- --delete -------------------------------------------------------------------------------------
 
@@ -341,7 +331,7 @@ class ShareGroupService:
         except KafkaError as exc:
             self.error(_group_error(group_id, exc))
             return
-        width = _width(15, topics)
+        topic_width = width(15, topics)
         rows: list[Sequence[object]] = [("TOPIC", "STATUS")]
         for topic in sorted(topics):
             error = results.get(topic)
@@ -354,7 +344,7 @@ class ShareGroupService:
             else:
                 rows.append((topic, "Successful"))
         print()
-        print("\n".join(_table(rows, [width])))
+        print("\n".join(table(rows, [topic_width])))
 
     # ---- --reset-offsets ------------------------------------------------------------------------------
 
@@ -372,7 +362,7 @@ class ShareGroupService:
             print(f"\nShare group '{group_id}' has no offset information to reset; name topics with --topic.",
                   file=sys.stderr)
             return
-        offsets = await self._target_offsets(partitions)
+        offsets = await target_offsets(self.admin, self.ns, partitions)
         if self.ns.execute:
             try:
                 results = await self.admin.alter_share_group_offsets(group_id, offsets)
@@ -382,12 +372,12 @@ class ShareGroupService:
                 if err is not None:
                     self.error(f"Resetting {topic}-{partition} failed: {err}")
                     offsets.pop((topic, partition), None)
-        width_group = _width(30, [group_id])
-        width_topic = _width(30, (t for t, _ in offsets))
+        width_group = width(30, [group_id])
+        width_topic = width(30, (t for t, _ in offsets))
         rows: list[Sequence[object]] = [("GROUP", "TOPIC", "PARTITION", "NEW-OFFSET")]
         rows += [(group_id, t, p, o) for (t, p), o in sorted(offsets.items())]
         print()
-        print("\n".join(_table(rows, [width_group, width_topic, 10])))
+        print("\n".join(table(rows, [width_group, width_topic, 10])))
 
     async def _partitions_to_reset(self, group_id: str) -> list[TopicPartition]:
         if not self.ns.topic:
@@ -398,76 +388,7 @@ class ShareGroupService:
                     return []
                 raise
             return sorted(current)
-        counts = await self.admin.list_topics()
-        wanted: list[TopicPartition] = []
-        missing: list[str] = []
-        for spec in dict.fromkeys(self.ns.topic):
-            topic, sep, listed = spec.partition(":")
-            if topic not in counts:
-                missing.append(topic)
-                continue
-            if not sep:
-                wanted += [(topic, p) for p in range(counts[topic])]
-                continue
-            try:
-                chosen = [int(p) for p in listed.split(",") if p.strip()]
-            except ValueError:
-                raise UsageError(f"--topic {spec!r}: partitions must be numbers, as in 'topic:0,1,2'") from None
-            missing += [f"{topic}-{p}" for p in chosen if not 0 <= p < counts[topic]]
-            wanted += [(topic, p) for p in chosen if 0 <= p < counts[topic]]
-        if missing:
-            raise ToolError(f"The partitions or topics do not exist: {', '.join(missing)}")
-        return sorted(set(wanted))
-
-    async def _target_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
-        ns = self.ns
-        if ns.to_earliest or ns.to_latest:
-            return await self._list_offsets(partitions, "earliest" if ns.to_earliest else "latest")
-        if ns.to_datetime is not None or ns.by_duration is not None:
-            if ns.to_datetime is not None:
-                timestamp = parse_datetime_ms(ns.to_datetime)
-            else:
-                timestamp = int(time.time() * 1000) - parse_duration_ms(ns.by_duration)
-            found = await self._list_offsets(partitions, timestamp)
-            # No record at or after the time: the partition's end, as Kafka's tool resets then.
-            beyond = [tp for tp, o in found.items() if o < 0]
-            if beyond:
-                found.update(await self._list_offsets(beyond, "latest"))
-            return found
-        earliest = await self._list_offsets(partitions, "earliest")
-        latest = await self._list_offsets(partitions, "latest")
-        out = {}
-        for tp in partitions:
-            target = ns.to_offset
-            if target > latest[tp]:
-                print(f"New offset ({target}) is higher than latest offset for topic partition {tp[0]}-{tp[1]}. "
-                      f"Value will be set to {latest[tp]}", file=sys.stderr)
-                target = latest[tp]
-            elif target < earliest[tp]:
-                print(f"New offset ({target}) is lower than earliest offset for topic partition {tp[0]}-{tp[1]}. "
-                      f"Value will be set to {earliest[tp]}", file=sys.stderr)
-                target = earliest[tp]
-            out[tp] = target
-        return out
-
-    async def _list_offsets(self, partitions: list[TopicPartition], spec: str | int) -> dict[TopicPartition, int]:
-        listed = await self.admin.list_offsets({tp: spec for tp in partitions})
-        out = {}
-        for tp in partitions:
-            entry = listed.get(tp)
-            if entry is None or entry.error is not None:
-                reason = entry.error if entry is not None else "no answer"
-                raise ToolError(f"Listing offsets of {tp[0]}-{tp[1]} failed: {reason}")
-            out[tp] = entry.offset
-        return out
-
-
-def assignment_string(assignment: Iterable[TopicPartition]) -> str:
-    """`topic:0,1,2;other:0` with topics and partitions sorted, as Kafka's tool shows an assignment."""
-    by_topic: dict[str, list[int]] = {}
-    for topic, partition in assignment:
-        by_topic.setdefault(topic, []).append(partition)
-    return ";".join(f"{t}:{','.join(str(p) for p in sorted(ps))}" for t, ps in sorted(by_topic.items()))
+        return await named_partitions(self.admin, self.ns.topic)
 
 
 def _group_error(group_id: str, exc: KafkaError) -> str:
