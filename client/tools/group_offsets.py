@@ -1,19 +1,106 @@
-"""What `kafka-share-groups` and `kafka-consumer-groups` share: Kafka's table layout, the partitions a
-reset names (`--topic t` or `t:0,1`), and the offsets each reset scenario resolves to."""
+"""What `kafka-share-groups` and `kafka-consumer-groups` share: how they run their actions, Kafka's table
+layout, the partitions a reset names (`--topic t` or `t:0,1`), and the offsets each reset scenario
+resolves to."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol
 
 from shoal.client.admin import AsyncAdmin, TopicPartition
-from shoal.client.tools.cli import UsageError, parse_datetime_ms, parse_duration_ms
+from shoal.client.errors import KafkaError
+from shoal.client.tools.cli import ToolParser, UsageError, parse_datetime_ms, parse_duration_ms, usage_failure
+from shoal.client.tools.config import ToolConfigError, load_properties, split_settings, warn_ignored
 
 
 class ToolError(Exception):
     """A failure to report as `Error: <message>` with exit code 1."""
+
+
+def option(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def check_group_args(ns: argparse.Namespace, scenarios: Sequence[str], reset_only: Sequence[str], what: str) -> None:
+    """The option combinations both tools refuse, as Kafka's tools refuse them."""
+    if not ns.bootstrap_server:
+        raise UsageError('Missing required argument "[bootstrap-server]"')
+    if sum(bool(getattr(ns, a)) for a in ("list", "describe", "delete", "reset_offsets", "delete_offsets")) != 1:
+        raise UsageError("Command must include exactly one action: --list, --describe, --delete, --reset-offsets, "
+                         "--delete-offsets.")
+    if ns.timeout <= 0:
+        raise UsageError("--timeout must be a positive number of milliseconds")
+    if ns.group and ns.all_groups:
+        raise UsageError("Option --group cannot be used with --all-groups.")
+    if ns.group and ns.list:
+        raise UsageError("Option --group cannot be used with --list.")
+    if ns.topic and (ns.list or ns.describe or ns.delete):
+        raise UsageError("Option --topic can only be used with --reset-offsets or --delete-offsets.")
+    for flag in ("offsets", "members", "verbose"):
+        if getattr(ns, flag) and not ns.describe:
+            raise UsageError(f"Option {option(flag)} can only be used with --describe.")
+    if ns.state is not None and not (ns.describe or ns.list):
+        raise UsageError("Option --state can only be used with --describe or --list.")
+    if not ns.reset_offsets:
+        for flag in ("dry_run", "execute", "all_topics", *reset_only, *scenarios):
+            if getattr(ns, flag) not in (None, False):
+                raise UsageError(f"Option {option(flag)} can only be used with --reset-offsets.")
+    if ns.describe:
+        if not ns.group and not ns.all_groups:
+            raise UsageError("Option --describe takes one of these options: --group, --all-groups")
+        if sum((ns.members, ns.offsets, ns.state is not None)) > 1:
+            raise UsageError("Option --describe takes at most one of these options: --members, --offsets, --state")
+        if ns.state:
+            raise UsageError("Option --describe does not take a value for --state")
+    if ns.delete and not ns.group and not ns.all_groups:
+        raise UsageError("Option --delete takes the options --group or --all-groups")
+    if ns.delete_offsets:
+        if not ns.group or not ns.topic or ns.all_groups:
+            raise UsageError("Option --delete-offsets takes the following options: --group, --topic")
+        if len(set(ns.group)) > 1:
+            raise UsageError(f"Option --delete-offsets supports one {what} at a time.")
+    if ns.reset_offsets:
+        if ns.dry_run and ns.execute:
+            raise UsageError("Option --reset-offsets only accepts one of --execute and --dry-run")
+        if sum(getattr(ns, s) not in (None, False) for s in scenarios) != 1:
+            raise UsageError("Option --reset-offsets takes exactly one of these options: "
+                             + ", ".join(option(s) for s in scenarios))
+        if ns.topic and ns.all_topics:
+            raise UsageError("Option --reset-offsets takes either --topic or --all-topics, not both.")
+        # Check the time formats now, before anything is sent.
+        if ns.to_datetime is not None:
+            parse_datetime_ms(ns.to_datetime)
+        if ns.by_duration is not None:
+            parse_duration_ms(ns.by_duration)
+
+
+def parse_states(text: str, known: Sequence[str]) -> list[str]:
+    """Comma-separated group states, any case, as the broker spells them."""
+    by_lower = {s.lower(): s for s in known}
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in names if s.lower() not in by_lower]
+    if unknown:
+        raise UsageError(f"Invalid state list '{text}'. Valid states are: {', '.join(known)}")
+    return [by_lower[s.lower()] for s in names]
+
+
+def report_deletions(kind: str, group_ids: Sequence[str], failures: Mapping[str, str]) -> bool:
+    """Print what DeleteGroups did, as Kafka's tools word it; False when some group was not deleted."""
+    deleted = [g for g in group_ids if g not in failures]
+    quoted = ", ".join(f"'{g}'" for g in deleted)
+    if not failures:
+        print(f"Deletion of requested {kind} groups ({quoted}) was successful.")
+        return True
+    print(f"Error: Deletion of some {kind} groups failed:", file=sys.stderr)
+    for group_id, reason in failures.items():
+        print(f"* Group '{group_id}' could not be deleted due to: {reason}", file=sys.stderr)
+    if deleted:
+        print(f"\nThese {kind} groups were deleted successfully: {quoted}")
+    return False
 
 
 def table(rows: Sequence[Sequence[object]], widths: Sequence[int]) -> list[str]:
@@ -117,3 +204,67 @@ async def target_offsets(
                   f"Value will be set to {earliest[tp]}", file=sys.stderr)
             wanted[tp] = earliest[tp]
     return wanted
+
+
+class GroupService(Protocol):
+    """One action per method, as the tools' options name them; `failed` turns into exit code 1."""
+
+    failed: bool
+
+    async def list_groups(self) -> None: ...
+
+    async def describe(self) -> None: ...
+
+    async def delete_groups(self) -> None: ...
+
+    async def reset_offsets(self) -> None: ...
+
+    async def delete_offsets(self) -> None: ...
+
+
+async def run_service(ns: argparse.Namespace, prog: str,
+                      make_service: Callable[[AsyncAdmin, argparse.Namespace], GroupService]) -> int:
+    props = load_properties(ns.command_config) if ns.command_config else {}
+    settings = split_settings(props)
+    warn_ignored(settings)
+    admin = AsyncAdmin(ns.bootstrap_server, client_id=settings.client_id or prog, request_timeout_ms=ns.timeout,
+                       config=settings.connection)
+    service = make_service(admin, ns)
+    try:
+        await admin.start()
+        if ns.list:
+            await service.list_groups()
+        elif ns.describe:
+            await service.describe()
+        elif ns.delete:
+            await service.delete_groups()
+        elif ns.reset_offsets:
+            await service.reset_offsets()
+        else:
+            await service.delete_offsets()
+    finally:
+        await admin.close()
+    return 1 if service.failed else 0
+
+
+def tool_main(argv: Sequence[str] | None, parser: ToolParser, check_args: Callable[[argparse.Namespace], None],
+              prog: str, make_service: Callable[[AsyncAdmin, argparse.Namespace], GroupService], what: str) -> int:
+    """Parse, check, run; usage errors exit 2, failures print `Error: ...` and exit 1, as Kafka's tools."""
+    try:
+        ns = parser.parse_args(argv)
+        check_args(ns)
+    except UsageError as exc:
+        return usage_failure(parser, str(exc))
+    try:
+        return asyncio.run(run_service(ns, prog, make_service))
+    except UsageError as exc:
+        return usage_failure(parser, str(exc))
+    except (ToolError, ToolConfigError) as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+    except ValueError as exc:  # client settings the bundled client refuses
+        print(f"Error: invalid client configuration: {exc}", file=sys.stderr)
+    except KafkaError as exc:
+        print(f"Error: Executing {what} command failed due to {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        return 130
+    return 1

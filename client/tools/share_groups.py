@@ -8,9 +8,8 @@ every failure ends with a non-zero exit code and error text goes to stderr.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from shoal.client.admin import AsyncAdmin, ShareGroupDescription, SharePartitionOffset, TopicPartition
 from shoal.client.errors import KafkaError
@@ -18,17 +17,17 @@ from shoal.client.tools.cli import (
     ToolParser,
     UsageError,
     add_version,
-    parse_datetime_ms,
-    parse_duration_ms,
-    usage_failure,
 )
-from shoal.client.tools.config import ToolConfigError, load_properties, split_settings, warn_ignored
 from shoal.client.tools.group_offsets import (
     ToolError,
     assignment_string,
+    check_group_args,
     named_partitions,
+    parse_states,
+    report_deletions,
     table,
     target_offsets,
+    tool_main,
     width,
 )
 from shoal.protocol.errors import ErrorCode
@@ -37,12 +36,7 @@ PROG = "kafka-share-groups"
 DEFAULT_TIMEOUT_MS = 30_000
 SHARE_GROUP_STATES = ("Empty", "Stable", "Dead")
 MISSING = "-"  # what Kafka's tool prints for an unknown value
-ACTIONS = ("list", "describe", "delete", "reset_offsets", "delete_offsets")
 RESET_SCENARIOS = ("to_earliest", "to_latest", "to_datetime", "by_duration", "to_offset")
-
-
-def _opt(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
 
 
 def build_parser() -> ToolParser:
@@ -92,75 +86,16 @@ def build_parser() -> ToolParser:
 
 def check_args(ns: argparse.Namespace) -> None:
     """Option combinations Kafka's tool refuses, refused here with the same meaning."""
-    if not ns.bootstrap_server:
-        raise UsageError('Missing required argument "[bootstrap-server]"')
-    if sum(bool(getattr(ns, a)) for a in ACTIONS) != 1:
-        raise UsageError("Command must include exactly one action: --list, --describe, --delete, --reset-offsets, "
-                         "--delete-offsets.")
-    if ns.timeout <= 0:
-        raise UsageError("--timeout must be a positive number of milliseconds")
-    scenarios = [_opt(s) for s in RESET_SCENARIOS if getattr(ns, s) not in (None, False)]
-    if ns.group and ns.all_groups:
-        raise UsageError("Option --group cannot be used with --all-groups.")
-    if ns.group and ns.list:
-        raise UsageError("Option --group cannot be used with --list.")
-    if ns.topic and (ns.list or ns.describe or ns.delete):
-        raise UsageError("Option --topic can only be used with --reset-offsets or --delete-offsets.")
-    for flag in ("offsets", "members", "verbose"):
-        if getattr(ns, flag) and not ns.describe:
-            raise UsageError(f"Option {_opt(flag)} can only be used with --describe.")
-    if ns.state is not None and not (ns.describe or ns.list):
-        raise UsageError("Option --state can only be used with --describe or --list.")
-    if not ns.reset_offsets:
-        for flag in ("dry_run", "execute", "all_topics", *RESET_SCENARIOS):
-            if getattr(ns, flag) not in (None, False):
-                raise UsageError(f"Option {_opt(flag)} can only be used with --reset-offsets.")
+    check_group_args(ns, RESET_SCENARIOS, (), "share group")
     if ns.all_groups and (ns.reset_offsets or ns.delete_offsets):
         raise UsageError("Option --all-groups cannot be used with --reset-offsets or --delete-offsets.")
-
-    if ns.describe:
-        if not ns.group and not ns.all_groups:
-            raise UsageError("Option --describe takes one of these options: --group, --all-groups")
-        if sum((ns.members, ns.offsets, ns.state is not None)) > 1:
-            raise UsageError("Option --describe takes at most one of these options: --members, --offsets, --state")
-        if ns.state:
-            raise UsageError("Option --describe does not take a value for --state")
-    if ns.delete and not ns.group and not ns.all_groups:
-        raise UsageError("Option --delete takes the options --group or --all-groups")
-    if ns.delete_offsets:
-        if not ns.group or not ns.topic:
-            raise UsageError("Option --delete-offsets takes the following options: --group, --topic")
-        if len(set(ns.group)) > 1:
-            raise UsageError("Option --delete-offsets supports one share group at a time.")
     if ns.reset_offsets:
-        if ns.dry_run and ns.execute:
-            raise UsageError("Option --reset-offsets only accepts one of --execute and --dry-run")
         if not ns.dry_run and not ns.execute:
             raise UsageError("Option --reset-offsets takes the option: --execute or --dry-run")
         if not ns.group:
             raise UsageError("Option --reset-offsets takes the option: --group")
         if len(set(ns.group)) > 1:
             raise UsageError("Option --reset-offsets supports one share group at a time.")
-        if len(scenarios) != 1:
-            raise UsageError("Option --reset-offsets takes exactly one of these options: --to-earliest, "
-                             "--to-latest, --to-datetime, --by-duration, --to-offset")
-        if ns.topic and ns.all_topics:
-            raise UsageError("Option --reset-offsets takes either --topic or --all-topics, not both.")
-        # Check the time formats now, before anything is sent.
-        if ns.to_datetime is not None:
-            parse_datetime_ms(ns.to_datetime)
-        if ns.by_duration is not None:
-            parse_duration_ms(ns.by_duration)
-
-
-def parse_states(text: str) -> list[str]:
-    """Comma-separated share-group states, any case, as the broker spells them."""
-    by_lower = {s.lower(): s for s in SHARE_GROUP_STATES}
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [s for s in names if s.lower() not in by_lower]
-    if unknown:
-        raise UsageError(f"Invalid state list '{text}'. Valid states are: {', '.join(SHARE_GROUP_STATES)}")
-    return [by_lower[s.lower()] for s in names]
 
 
 class ShareGroupService:
@@ -183,7 +118,7 @@ class ShareGroupService:
             for group_id in await self.share_group_ids():
                 print(group_id)
             return
-        states = parse_states(self.ns.state)
+        states = parse_states(self.ns.state, SHARE_GROUP_STATES)
         listings = sorted(await self.admin.list_groups(types=["share"], states=states), key=lambda g: g.group_id)
         group_width = width(15, (g.group_id for g in listings))
         rows = [("GROUP", "STATE"), *((g.group_id, g.state or "Unknown") for g in listings)]
@@ -302,24 +237,13 @@ class ShareGroupService:
                 failures[group_id] = f"Share group '{group_id}' is not EMPTY."
         to_delete = [g for g in group_ids if g not in failures]
         results = await self.admin.delete_groups(to_delete) if to_delete else {}
-        deleted = [g for g in to_delete if results.get(g) is None and g in results]
         for group_id in to_delete:
             if group_id not in results:
                 failures[group_id] = "the broker did not answer for this group"
             elif results[group_id] is not None:
                 failures[group_id] = str(results[group_id])
-
-        def quoted(groups: Iterable[str]) -> str:
-            return ", ".join(f"'{g}'" for g in groups)
-
-        if not failures:
-            print(f"Deletion of requested share groups ({quoted(deleted)}) was successful.")
-            return
-        self.error("Deletion of some share groups failed:")
-        for group_id, reason in failures.items():
-            print(f"* Group '{group_id}' could not be deleted due to: {reason}", file=sys.stderr)
-        if deleted:
-            print(f"\nThese share groups were deleted successfully: {quoted(deleted)}")
+        if not report_deletions("share", group_ids, failures):
+            self.failed = True
 
     # ---- --delete-offsets -----------------------------------------------------------------------------
 
@@ -399,54 +323,8 @@ def _group_error(group_id: str, exc: KafkaError) -> str:
     return f"{exc.message or exc.name} ({exc.name})"
 
 
-async def run(ns: argparse.Namespace) -> int:
-    props = load_properties(ns.command_config) if ns.command_config else {}
-    settings = split_settings(props)
-    warn_ignored(settings)
-    admin = AsyncAdmin(
-        ns.bootstrap_server,
-        client_id=settings.client_id or PROG,
-        request_timeout_ms=ns.timeout,
-        config=settings.connection,
-    )
-    service = ShareGroupService(admin, ns)
-    try:
-        await admin.start()
-        if ns.list:
-            await service.list_groups()
-        elif ns.describe:
-            await service.describe()
-        elif ns.delete:
-            await service.delete_groups()
-        elif ns.reset_offsets:
-            await service.reset_offsets()
-        else:
-            await service.delete_offsets()
-    finally:
-        await admin.close()
-    return 1 if service.failed else 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        ns = parser.parse_args(argv)
-        check_args(ns)
-    except UsageError as exc:
-        return usage_failure(parser, str(exc))
-    try:
-        return asyncio.run(run(ns))
-    except UsageError as exc:
-        return usage_failure(parser, str(exc))
-    except (ToolError, ToolConfigError) as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-    except ValueError as exc:  # client settings the bundled client refuses
-        print(f"Error: invalid client configuration: {exc}", file=sys.stderr)
-    except KafkaError as exc:
-        print(f"Error: Executing share group command failed due to {exc}", file=sys.stderr)
-    except KeyboardInterrupt:
-        return 130
-    return 1
+    return tool_main(argv, build_parser(), check_args, PROG, ShareGroupService, "share group")
 
 
 if __name__ == "__main__":
