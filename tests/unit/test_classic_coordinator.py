@@ -146,3 +146,66 @@ async def test_commit_validation_and_offset_delete(env: Env) -> None:
         ErrorCode.NONE, [ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC, ErrorCode.NONE])
     assert env.coord.fetch_offsets(GROUP, [("other", [0])])[1][0][2] is None
     assert await env.coord.delete_group(GROUP) == ErrorCode.NON_EMPTY_GROUP
+
+
+async def test_group_max_size_refuses_another_member(tmp_path: Path) -> None:
+    env = Env(tmp_path, max_size=1)
+    await env.coord.load()
+    try:
+        await one_member(env)
+        refused = await env.join()
+        assert refused.error_code == ErrorCode.GROUP_MAX_SIZE_REACHED
+        assert len(env.coord.groups[GROUP].members) == 1
+    finally:
+        await env.coord.stop()
+        close_log(env.log)
+
+
+async def test_initial_rebalance_delay_gathers_members_into_one_generation(tmp_path: Path) -> None:
+    env = Env(tmp_path)
+    env.config.initial_rebalance_delay_ms = 20
+    await env.coord.load()
+    try:
+        joins = [asyncio.ensure_future(env.join(version=3)) for _ in range(3)]
+        answers = await asyncio.gather(*joins)
+        assert {a.generation_id for a in answers} == {1} and env.coord.rebalances == 1
+        leaders = [a for a in answers if a.members]
+        assert len(leaders) == 1 and len(leaders[0].members) == 3
+    finally:
+        await env.coord.stop()
+        close_log(env.log)
+
+
+async def test_batch_leave_by_member_and_instance_id(env: Env) -> None:
+    static, gen = await one_member(env, instance="i1")
+    code, codes = await env.coord.leave_group(GROUP, [("", "i1"), ("ghost", None), ("wrong", "i1")])
+    # Each entry is checked against the group as it was: the third names i1 with another member id.
+    assert (code, codes) == (ErrorCode.NONE, [ErrorCode.NONE, ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.FENCED_INSTANCE_ID])
+    group = env.coord.groups[GROUP]
+    assert (group.state, group.members, group.generation_id) == (ClassicGroupState.EMPTY, {}, gen + 1)
+    fenced = await one_member(env, instance="i2")
+    assert await env.coord.leave_group(GROUP, [("not-" + fenced[0], "i2")]) == (
+        ErrorCode.NONE, [ErrorCode.FENCED_INSTANCE_ID])
+
+
+async def test_members_that_do_not_sync_in_time_are_removed(env: Env) -> None:
+    a, gen = await one_member(env)
+    b_id = (await env.join()).member_id
+    b_join = asyncio.ensure_future(env.join(member_id=b_id))
+    await asyncio.sleep(0)
+    a_join = await env.join(member_id=a)
+    await b_join
+    # Only the leader syncs; the follower never does.
+    a_sync = asyncio.ensure_future(env.sync(a, a_join.generation_id, {a: b"A", b_id: b"B"}))
+    assert (await a_sync).assignment == b"A"
+    group = env.coord.groups[GROUP]
+    assert group.state == ClassicGroupState.STABLE
+    # A generation whose leader never syncs: its members are dropped when the sync deadline passes.
+    c_id = (await env.join()).member_id
+    c_join = asyncio.ensure_future(env.join(member_id=c_id))
+    await asyncio.sleep(0)
+    joins = await asyncio.gather(env.join(member_id=a), env.join(member_id=b_id), c_join)
+    generation = joins[0].generation_id
+    await env.coord._on_sync_deadline(GROUP, generation)
+    assert group.members == {} and group.state == ClassicGroupState.EMPTY and group.generation_id == generation + 1
+    assert gen < generation
