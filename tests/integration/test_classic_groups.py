@@ -17,19 +17,19 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
 from .broker_process import BrokerProcess
+from .conftest import NO_JOIN_DELAY
 from .group_clients import CLIENTS, ConfluentGroupConsumer, GroupConsumer
 from .kafka_wire import WireClient
 
 PARTITIONS = 6
 BATCH = 20  # records per partition per produced batch
 ALL = set(range(PARTITIONS))
-GROUP_OVERRIDES = ["group.initial.rebalance.delay.ms=0"]
 MAX_ROUNDS = 400  # poll rounds before a test gives up (a hang guard, not a timing assertion)
 
 
-@pytest.fixture
-def group_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path / "data", overrides=GROUP_OVERRIDES).start()
+@pytest.fixture(scope="module")
+def group_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    proc = BrokerProcess(tmp_path_factory.mktemp("groups") / "data", overrides=NO_JOIN_DELAY).start()
     yield proc
     proc.stop()
 
@@ -70,7 +70,7 @@ def contiguous(offsets: list[int], start: int, end: int) -> bool:
 
 @pytest.mark.parametrize("client", list(CLIENTS))
 def test_split_takeover_and_resume_after_kill(tmp_path: Path, client: str) -> None:
-    broker = BrokerProcess(tmp_path / "data", overrides=GROUP_OVERRIDES).start()
+    broker = BrokerProcess(tmp_path / "data", overrides=NO_JOIN_DELAY).start()
     try:
         make = CLIENTS[client]
         topic, group = f"cg-{client}-{uuid.uuid4().hex[:6]}", f"g-{uuid.uuid4().hex[:6]}"
