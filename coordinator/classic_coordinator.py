@@ -194,10 +194,21 @@ class ClassicGroupCoordinator:
             for member in group.members.values():
                 self._arm_heartbeat(group, member)
 
-    async def stop(self) -> None:
+    def unload(self) -> None:
+        """Shutdown: no more timers, and requests waiting for a rebalance are told NOT_COORDINATOR (as Kafka
+        answers when it unloads a group), so the broker does not wait for phases that will not end."""
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
+        for (_group_id, member_id), waiter in list(self._join_waiters.items()):
+            _resolve(waiter, _join_error(ErrorCode.NOT_COORDINATOR, member_id))
+        for waiter in self._sync_waiters.values():
+            _resolve(waiter, _sync_error(ErrorCode.NOT_COORDINATOR))
+        self._join_waiters.clear()
+        self._sync_waiters.clear()
+
+    async def stop(self) -> None:
+        self.unload()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

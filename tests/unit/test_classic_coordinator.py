@@ -209,3 +209,14 @@ async def test_members_that_do_not_sync_in_time_are_removed(env: Env) -> None:
     await env.coord._on_sync_deadline(GROUP, generation)
     assert group.members == {} and group.state == ClassicGroupState.EMPTY and group.generation_id == generation + 1
     assert gen < generation
+
+
+async def test_unload_answers_requests_waiting_for_a_rebalance(env: Env) -> None:
+    a, _gen = await one_member(env)
+    b_id = (await env.join()).member_id
+    waiting = asyncio.ensure_future(env.join(member_id=b_id))
+    await asyncio.sleep(0)
+    assert not waiting.done()  # a has not rejoined yet
+    env.coord.unload()
+    assert (await waiting).error_code == ErrorCode.NOT_COORDINATOR
+    assert a in env.coord.groups[GROUP].members
