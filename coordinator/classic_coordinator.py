@@ -40,7 +40,7 @@ from .record_log import CoordinatorRecordLog
 log = structlog.get_logger("shoal.classic_groups")
 
 JoinResponse = messages.JoinGroupResponse
-_JoinMember = JoinResponse.JoinGroupResponseMember  # type: ignore[attr-defined]
+_JoinMember = JoinResponse.JoinGroupResponseMember
 SyncResponse = messages.SyncGroupResponse
 
 Empty, Preparing, Completing, Stable, Dead = (
