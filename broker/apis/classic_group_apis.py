@@ -89,12 +89,12 @@ class ClassicGroupApis:
             leaving = [(req.member_id, None)]
         if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
             return LeaveResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, members=[])
-        if not req.group_id:
-            return LeaveResponse(error_code=ErrorCode.INVALID_GROUP_ID, members=[])
         code, codes = await self.coordinator.leave_group(req.group_id, leaving)
         if version < 3:
             # One member, no per-member list: its error is the response's.
             return LeaveResponse(error_code=code if code != ErrorCode.NONE else (codes[0] if codes else code))
+        if code != ErrorCode.NONE:
+            return LeaveResponse(error_code=code, members=[])
         members = [_LeaveMember(member_id=mid, group_instance_id=iid, error_code=c)
                    for (mid, iid), c in zip(leaving, codes, strict=True)]
         return LeaveResponse(error_code=code, members=members)
