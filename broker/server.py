@@ -173,6 +173,8 @@ class Broker:
             task.cancel()
         if self.group_coordinator is not None:
             await self.group_coordinator.stop()
+        if self.share_coordinator is not None:
+            await self.share_coordinator.stop()
         for server in self._servers:
             await server.wait_closed()
         for topic in self.topics.by_name.values():

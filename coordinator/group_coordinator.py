@@ -1,18 +1,19 @@
 """The share-group coordinator: membership, assignment and share-partition state initialisation.
 
 Share-group records live in `__consumer_offsets` on the group's partition (placed like Kafka places
-groups). Each change is planned by the pure model in `share_group`, appended durably, replayed into
-memory and only then answered, one request at a time per group.
+groups). Each change is planned by the pure model in `share_group` and run through the coordinator
+runtime: appended durably, replayed into the partition's `GroupShard` and only then answered, one
+operation at a time per group.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import structlog
 from shoal.persister.persister import Persister, SharePartitionKey
@@ -21,13 +22,14 @@ from shoal.protocol.coordinator_records import CoordinatorRecord
 from shoal.protocol.errors import ErrorCode
 
 from .assignor import ASSIGNOR_NAME, SimpleAssignor
+from .group_shard import GroupShard, GroupsView
 from .placement import coordinator_partition
 from .record_log import CoordinatorRecordLog
+from .runtime import CoordinatorRuntime
 from .share_group import (
     JOIN_GROUP_MEMBER_EPOCH,
     LEAVE_GROUP_MEMBER_EPOCH,
     MAX_MEMBER_ID_LENGTH,
-    SHARE_RECORD_TYPES,
     GroupState,
     InitRequest,
     ShareGroup,
@@ -38,6 +40,8 @@ from .share_group import (
     state_partition_metadata_record,
     target_metadata_record,
 )
+
+T = TypeVar("T")
 
 __all__ = [
     "DescribedGroup", "GroupConfigSource", "GroupCoordinator", "GroupCoordinatorConfig", "TopicMetadataSource",
@@ -100,64 +104,38 @@ class GroupCoordinator:
         group_configs: GroupConfigSource | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
-        self.record_log = record_log
+        self.runtime = CoordinatorRuntime(record_log, lambda _partition: GroupShard())
         self.topics = topics
         self.persister = persister
         self.config = config or GroupCoordinatorConfig()
         self.group_configs = group_configs
         self.clock = clock
         self.assignor = SimpleAssignor()
-        self.groups: dict[str, ShareGroup] = {}
+        self.groups = GroupsView(self.runtime.shards, self.partition_for)
         self.loaded = False
-        self.rebalances = 0  # group epoch bumps since start
-        self._locks: dict[str, list[Any]] = {}  # group id -> [lock, users]
         self._tasks: set[asyncio.Task[Any]] = set()
         self._maintenance: asyncio.Task[None] | None = None
         self._init_inflight: set[tuple[str, bytes, int]] = set()
         # Partitions of deleted topics whose persisted state still has to be deleted, per group.
         self._pending_state_deletes: dict[str, dict[bytes, set[int]]] = {}
 
-    # ---- placement, locking, writing -------------------------------------------------------------
+    # ---- placement, operations, writing -----------------------------------------------------------
 
     def partition_for(self, group_id: str) -> int:
-        return partition_for_group(group_id, self.record_log.num_partitions)
+        return partition_for_group(group_id, self.runtime.num_partitions)
 
-    @contextlib.asynccontextmanager
-    async def _lock(self, group_id: str) -> AsyncIterator[None]:
-        """Serialise work on one group; the lock is forgotten once nobody uses it and the group is gone."""
-        entry = self._locks.get(group_id)
-        if entry is None:
-            entry = self._locks[group_id] = [asyncio.Lock(), 0]
-        entry[1] += 1
-        try:
-            async with entry[0]:
-                yield
-        finally:
-            entry[1] -= 1
-            if entry[1] == 0 and group_id not in self.groups:
-                self._locks.pop(group_id, None)
+    async def _run(self, group_id: str, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run `operation` as the group's only one in progress, to completion whatever its caller does."""
+        return await self.runtime.write(self.partition_for(group_id), group_id, operation)
 
     async def _write(self, group_id: str, records: list[CoordinatorRecord]) -> None:
-        """Durably append, then replay into memory (the same path `load` takes)."""
-        if not records:
-            return
-        await self.record_log.append(self.partition_for(group_id), records)
-        self._apply(records, live=True)
+        """Durably append, then replay into memory (the same path `load` takes); from an operation only."""
+        await self.runtime.append(self.partition_for(group_id), records)
 
-    def _apply(self, records: Iterable[CoordinatorRecord], *, live: bool) -> None:
-        for record in records:
-            group_id = record.key.group_id
-            group = self.groups.get(group_id)
-            if group is None:
-                if record.value is None:
-                    continue  # tombstone for a group we no longer hold
-                group = self.groups[group_id] = ShareGroup(group_id)
-            before = group.group_epoch
-            group.replay(record)
-            if live and group.group_epoch > before:
-                self.rebalances += 1
-            if group.deleted:
-                del self.groups[group_id]
+    @property
+    def rebalances(self) -> int:
+        """Group epoch bumps since start."""
+        return sum(shard.epoch_bumps for shard in self.runtime.shards)
 
     def session_timeout(self, group_id: str) -> float:
         """Seconds a member may stay silent (group config `share.session.timeout.ms` wins)."""
@@ -179,12 +157,9 @@ class GroupCoordinator:
 
     async def load(self) -> None:
         """Rebuild every share group from `__consumer_offsets`."""
-        self.groups.clear()
-        for partition in range(self.record_log.num_partitions):
-            self._apply(
-                (rec for _off, rec in self.record_log.replay(partition) if rec.record_type in SHARE_RECORD_TYPES),
-                live=False,
-            )
+        for partition in range(self.runtime.num_partitions):
+            await self.runtime.load(partition)
+            self.runtime.shard(partition).epoch_bumps = 0  # the rebalance count starts now
             await asyncio.sleep(0)  # let the loop breathe between partitions
         now = self.clock()
         for group in self.groups.values():
@@ -207,6 +182,7 @@ class GroupCoordinator:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.runtime.drain()  # operations already started finish
 
     async def wait_for_background(self) -> None:
         """Wait until spawned work (initialisations, topic refreshes) has finished."""
@@ -234,7 +210,8 @@ class GroupCoordinator:
             return _error_response(ErrorCode.INVALID_REQUEST, invalid)
         if not self.loaded:
             return _error_response(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
-        async with self._lock(req.group_id):
+
+        async def operation() -> Any:
             try:
                 if req.member_epoch == LEAVE_GROUP_MEMBER_EPOCH:
                     return await self._leave(req.group_id, req.member_id)
@@ -244,6 +221,8 @@ class GroupCoordinator:
             except Exception:
                 log.exception("share group heartbeat failed", group_id=req.group_id)
                 return _error_response(ErrorCode.COORDINATOR_NOT_AVAILABLE, "the group coordinator could not write")
+
+        return await self._run(req.group_id, operation)
 
     @staticmethod
     def _validate(req: Any) -> str | None:
@@ -313,19 +292,22 @@ class GroupCoordinator:
         """Remove members whose session deadline passed; returns the (group, member) pairs removed."""
         now = self.clock() if now is None else now
         expired: list[tuple[str, str]] = []
+
+        async def expire(group_id: str, candidates: list[str]) -> None:
+            for member_id in candidates:
+                current = self.groups.get(group_id)
+                member = None if current is None else current.members.get(member_id)
+                if current is None or member is None or member.session_deadline > now:
+                    continue
+                await self._write(group_id, current.plan_remove_member(member_id, self.topics))
+                expired.append((group_id, member_id))
+                log.info("share group member session expired", group_id=group_id, member_id=member_id)
+
         for group_id in list(self.groups):
             group = self.groups.get(group_id)
             if group is None or not any(m.session_deadline <= now for m in group.members.values()):
                 continue
-            async with self._lock(group_id):
-                for member_id in sorted(group.members):
-                    current = self.groups.get(group_id)
-                    member = None if current is None else current.members.get(member_id)
-                    if current is None or member is None or member.session_deadline > now:
-                        continue
-                    await self._write(group_id, current.plan_remove_member(member_id, self.topics))
-                    expired.append((group_id, member_id))
-                    log.info("share group member session expired", group_id=group_id, member_id=member_id)
+            await self._run(group_id, functools.partial(expire, group_id, sorted(group.members)))
         return expired
 
     # ---- share-partition state initialisation ----------------------------------------------------------
@@ -356,7 +338,8 @@ class GroupCoordinator:
                                 partition=p, error=repr(result))
                 else:
                     done.setdefault(tid, set()).add(p)
-            async with self._lock(req.group_id):
+
+            async def record_outcome() -> None:
                 group = self.groups.get(req.group_id)
                 if group is None:
                     return
@@ -371,6 +354,8 @@ class GroupCoordinator:
                         info = group.initializing.get(tid)
                         if info is not None:
                             info.timestamp = now
+
+            await self._run(req.group_id, record_outcome)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -419,25 +404,28 @@ class GroupCoordinator:
         if not self.loaded:
             return
         now = self.clock()
+
+        async def refresh(group_id: str) -> None:
+            group = self.groups.get(group_id)
+            if group is None or group.deleting_group:
+                return
+            await self._move_deleted_topics(group)
+            group = self.groups[group_id]
+            records = group.plan_metadata_refresh(self.topics)
+            missing = group.uninitialized_partitions(
+                group.subscribed_topic_names(), self.topics, now, self.config.initialize_retry_interval_ms / 1000
+            ) if group.members else {}
+            if missing:
+                records.append(group.initializing_record(missing))
+            await self._write(group_id, records)
+            if missing:
+                live = self.groups[group_id]
+                req = InitRequest(group_id, live.group_epoch, {tid: set(ti.partitions) for tid, ti in missing.items()})
+                self._mark_initializing(live, req, now)
+                self._spawn(self._initialize(req))
+
         for group_id in list(self.groups):
-            async with self._lock(group_id):
-                group = self.groups.get(group_id)
-                if group is None or group.deleting_group:
-                    continue
-                await self._move_deleted_topics(group)
-                group = self.groups[group_id]
-                records = group.plan_metadata_refresh(self.topics)
-                missing = group.uninitialized_partitions(
-                    group.subscribed_topic_names(), self.topics, now, self.config.initialize_retry_interval_ms / 1000
-                ) if group.members else {}
-                if missing:
-                    records.append(group.initializing_record(missing))
-                await self._write(group_id, records)
-                if missing:
-                    live = self.groups[group_id]
-                    req = InitRequest(group_id, live.group_epoch, {tid: set(ti.partitions) for tid, ti in missing.items()})
-                    self._mark_initializing(live, req, now)
-                    self._spawn(self._initialize(req))
+            await self._run(group_id, functools.partial(refresh, group_id))
             if group_id in self._pending_state_deletes:
                 await self._delete_topic_state(group_id)
 
@@ -473,12 +461,15 @@ class GroupCoordinator:
             pending.pop(tid, None)
         if not pending:
             self._pending_state_deletes.pop(group_id, None)
-        async with self._lock(group_id):
+
+        async def forget_deleted() -> None:
             group = self.groups.get(group_id)
             if group is None or not finished & set(group.deleting):
                 return
             deleting = {tid: name for tid, name in group.deleting.items() if tid not in finished}
             await self._write(group_id, [state_partition_metadata_record(group_id, group.initializing, group.initialized, deleting)])
+
+        await self._run(group_id, forget_deleted)
 
     async def _delete_state(self, group_id: str, topics: dict[bytes, set[int]]) -> int:
         keys = [SharePartitionKey(group_id, tid, p) for tid, parts in sorted(topics.items()) for p in sorted(parts)]
@@ -546,7 +537,8 @@ class GroupCoordinator:
         """DeleteGroups for a share group: must be empty; its persisted share state goes first."""
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
-        async with self._lock(group_id):
+
+        async def operation() -> int:
             group = self.groups.get(group_id)
             if group is None:
                 return ErrorCode.GROUP_ID_NOT_FOUND
@@ -584,6 +576,8 @@ class GroupCoordinator:
             log.info("share group deleted", group_id=group_id)
             return ErrorCode.NONE
 
+        return await self._run(group_id, operation)
+
 
     # ---- share-group offsets admin (Describe/Alter/DeleteShareGroupOffsets) ---------------------------
 
@@ -606,7 +600,8 @@ class GroupCoordinator:
         """
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, {}
-        async with self._lock(group_id):
+
+        async def operation() -> tuple[int, dict[tuple[bytes, int], int]]:
             group = self.groups.get(group_id) or ShareGroup(group_id)
             if group.members:
                 return ErrorCode.NON_EMPTY_GROUP, {}
@@ -653,6 +648,8 @@ class GroupCoordinator:
                      partitions=sum(len(ps) for ps in done.values()))
             return ErrorCode.NONE, errors
 
+        return await self._run(group_id, operation)
+
     async def delete_offsets(self, group_id: str, topic_ids: Iterable[bytes]) -> tuple[int, dict[bytes, int]]:
         """DeleteShareGroupOffsets: forget the topics' share state so the next consumption starts from
         `share.auto.offset.reset`. Two-phase like Kafka: the topics move to "deleting" first, their
@@ -660,7 +657,8 @@ class GroupCoordinator:
         `retry_pending` completes."""
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, {}
-        async with self._lock(group_id):
+
+        async def operation() -> tuple[int, dict[bytes, int]]:
             group = self.groups.get(group_id)
             if group is None:
                 return ErrorCode.GROUP_ID_NOT_FOUND, {}
@@ -705,3 +703,5 @@ class GroupCoordinator:
                 ])
             log.info("share group offsets deleted", group_id=group_id, topics=len(finished))
             return ErrorCode.NONE, errors
+
+        return await self._run(group_id, operation)

@@ -1,14 +1,16 @@
 """The share coordinator: durable share-partition state on `__share_group_state` (KIP-932).
 
-Every change goes the same way: validate against memory, build records, append them to the state topic
-and wait until they are durable, replay them into memory, answer. Memory changes only by replay, so a
-restart (`load`) rebuilds exactly what the answers promised. One lock per state-topic partition keeps
-two changes to the same key from interleaving between validation, append and replay.
+Every change goes the same way, through the coordinator runtime: validate against memory, build
+records, append them to the state topic and wait until they are durable, replay them into memory,
+answer. Memory changes only by replay, so a restart (`load`) rebuilds exactly what the answers
+promised. The shard of each state-topic partition is a `ShareStateMap`, and writes hold their share
+partition's key, so two changes to one key never interleave between validation, append and replay.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -20,8 +22,8 @@ from shoal.protocol import messages
 from shoal.protocol.coordinator_records import SHARE_SNAPSHOT, CoordinatorRecord
 from shoal.protocol.errors import ErrorCode
 
-from .partition_gate import PartitionGate
 from .record_log import CoordinatorRecordLog
+from .runtime import CoordinatorRuntime
 from .share_state import (
     UNINITIALIZED_DELIVERY_COMPLETE_COUNT,
     UNINITIALIZED_START_OFFSET,
@@ -36,7 +38,6 @@ from .share_state import (
 log = structlog.get_logger("shoal.share_coordinator")
 
 ZERO_UUID = b"\x00" * 16
-_REPLAY_YIELD_EVERY = 1000  # records replayed between yields, so a long load does not stall the loop
 
 InitializeResponse = messages.InitializeShareGroupStateResponse
 ReadResponse = messages.ReadShareGroupStateResponse
@@ -90,17 +91,14 @@ class ShareCoordinator:
     ):
         """`partition_count(topic_id)` gives a topic's partition count or None if it does not exist; when
         given, state RPCs for unknown topics/partitions answer UNKNOWN_TOPIC_OR_PARTITION."""
-        self.record_log = record_log
+        self.runtime = CoordinatorRuntime(record_log, lambda _partition: ShareStateMap())
         self.num_partitions = record_log.num_partitions
         self.updates_per_snapshot = snapshot_update_records_per_snapshot
         self.cold_snapshot_interval_ms = cold_snapshot_interval_ms
         self.clock_ms = clock_ms
         self.partition_count = partition_count
-        self.maps = [ShareStateMap() for _ in range(self.num_partitions)]
-        self.loaded: set[int] = set()
         self.pruned_to = [0] * self.num_partitions
         self.stats = ShareCoordinatorStats()
-        self._gates = [PartitionGate() for _ in range(self.num_partitions)]
         # Metric hooks (milliseconds): a state partition loaded, a WriteShareGroupState call served.
         self.on_partition_load: Callable[[float], None] | None = None
         self.on_write: Callable[[float], None] | None = None
@@ -109,6 +107,15 @@ class ShareCoordinator:
         self._busy_since = 0.0
         self._busy_total = 0.0
 
+    @property
+    def maps(self) -> list[ShareStateMap]:
+        """The shard of each state-topic partition."""
+        return self.runtime.shards
+
+    @property
+    def loaded(self) -> set[int]:
+        return self.runtime.loaded
+
     # ---- loading ---------------------------------------------------------------------------------
 
     async def load(self) -> None:
@@ -116,18 +123,14 @@ class ShareCoordinator:
         COORDINATOR_LOAD_IN_PROGRESS."""
         for p in range(self.num_partitions):
             started = time.perf_counter()
-            state = ShareStateMap()
-            n = 0
-            for offset, record in self.record_log.replay(p):
-                state.apply(record, offset)
-                n += 1
-                if n % _REPLAY_YIELD_EVERY == 0:
-                    await asyncio.sleep(0)
-            self.maps[p] = state
-            self.loaded.add(p)
+            n = await self.runtime.load(p)
             if self.on_partition_load is not None:
                 self.on_partition_load((time.perf_counter() - started) * 1000)
-            log.debug("share state partition loaded", partition=p, records=n, keys=len(state.states))
+            log.debug("share state partition loaded", partition=p, records=n, keys=len(self.maps[p].states))
+
+    async def stop(self) -> None:
+        """Let writes in progress finish (they were started, so they are completed, not dropped)."""
+        await self.runtime.drain()
 
     def partition_for(self, key: SharePartitionKey) -> int:
         return state_partition_for(key, self.num_partitions)
@@ -135,16 +138,14 @@ class ShareCoordinator:
     # ---- the write path --------------------------------------------------------------------------
 
     async def _commit(self, partition: int, records: list[CoordinatorRecord]) -> None:
-        """Append durably, then replay. Callers hold the key (or the whole partition) in its gate."""
+        """Append durably, then replay. Callers run as a runtime operation holding the key (or the
+        whole partition)."""
         started = time.perf_counter()
         try:
-            first = await self.record_log.append(partition, records)
+            await self.runtime.append(partition, records)
         except Exception:
             self.stats.write_errors += 1
             raise
-        state = self.maps[partition]
-        for i, record in enumerate(records):
-            state.apply(record, first + i)
         self.stats.writes += 1
         self.stats.records_written += len(records)
         self.stats.snapshots_written += sum(
@@ -159,7 +160,7 @@ class ShareCoordinator:
         partition: int,
         action: Callable[[SharePartitionKey, int], Awaitable[_Outcome]],
     ) -> _Outcome:
-        """Common checks, then `action(key, state_partition)` holding that key in its partition's gate."""
+        """Common checks, then `action(key, state_partition)` as a runtime write holding that key."""
         if topic_id == ZERO_UUID:
             return _Outcome(ErrorCode.INVALID_REQUEST, "The topic id is null.")
         if partition < 0:
@@ -172,18 +173,20 @@ class ShareCoordinator:
             count = self.partition_count(topic_id)
             if count is None or partition >= count:
                 return _Outcome(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "Unknown topic or partition.")
-        try:
-            async with self._gates[sp].key(key):
-                self._enter_busy()
-                try:
-                    return await action(key, sp)
-                finally:
-                    self._leave_busy()
-        except _Refused as exc:
-            return _Outcome(exc.code, exc.message)
-        except Exception as exc:  # a failed append: nothing was replayed, memory is unchanged
-            log.exception("share state write failed", key=str(key))
-            return _Outcome(ErrorCode.UNKNOWN_SERVER_ERROR, f"Share state write failed: {exc}")
+
+        async def operation() -> _Outcome:
+            self._enter_busy()
+            try:
+                return await action(key, sp)
+            except _Refused as exc:
+                return _Outcome(exc.code, exc.message)
+            except Exception as exc:  # a failed append: nothing was replayed, memory is unchanged
+                log.exception("share state write failed", key=str(key))
+                return _Outcome(ErrorCode.UNKNOWN_SERVER_ERROR, f"Share state write failed: {exc}")
+            finally:
+                self._leave_busy()
+
+        return await self.runtime.write(sp, key, operation)
 
     # ---- RPC handlers ----------------------------------------------------------------------------
 
@@ -339,49 +342,58 @@ class ShareCoordinator:
         their old records. Skipped for a partition whose every key was already cold-snapshotted (a quiet
         partition gains nothing). Returns the number of snapshots written."""
         now = self.clock_ms() if now_ms is None else now_ms
+
+        async def snapshot(sp: int) -> int:
+            state = self.maps[sp]
+            if all(s.create_timestamp != s.write_timestamp for _, s in state):
+                return 0
+            records = [
+                cold_snapshot_record(key, s, now)
+                for key, s in state
+                if now - s.write_timestamp >= self.cold_snapshot_interval_ms
+            ]
+            if not records:
+                return 0
+            try:
+                await self._commit(sp, records)
+            except Exception:
+                log.exception("cold snapshot failed", partition=sp)
+                return 0
+            return len(records)
+
         written = 0
         for sp in sorted(self.loaded):
-            async with self._gates[sp].whole():
-                state = self.maps[sp]
-                if all(s.create_timestamp != s.write_timestamp for _, s in state):
-                    continue
-                records = [
-                    cold_snapshot_record(key, s, now)
-                    for key, s in state
-                    if now - s.write_timestamp >= self.cold_snapshot_interval_ms
-                ]
-                if not records:
-                    continue
-                try:
-                    await self._commit(sp, records)
-                except Exception:
-                    log.exception("cold snapshot failed", partition=sp)
-                    continue
-                written += len(records)
+            written += await self.runtime.write_exclusive(sp, functools.partial(snapshot, sp))
         self.stats.cold_snapshots_written += written
         return written
 
     async def delete_topics(self, topic_ids: set[bytes]) -> int:
         """A deleted topic's share state goes too: tombstone every key of those topics. Returns the count."""
+
+        async def tombstone(sp: int) -> int:
+            records = [tombstone_record(key) for key, _ in self.maps[sp] if key.topic_id in topic_ids]
+            if records:
+                await self._commit(sp, records)
+            return len(records)
+
         deleted = 0
         for sp in sorted(self.loaded):
-            async with self._gates[sp].whole():
-                records = [tombstone_record(key) for key, _ in self.maps[sp] if key.topic_id in topic_ids]
-                if records:
-                    await self._commit(sp, records)
-                    deleted += len(records)
+            deleted += await self.runtime.write_exclusive(sp, functools.partial(tombstone, sp))
         return deleted
 
     async def prune(self) -> dict[int, int]:
         """Delete state-topic records no live key needs any more; returns {partition: new start}."""
         moved: dict[int, int] = {}
+
+        async def prune_partition(sp: int) -> None:
+            upto = self.maps[sp].prunable_offset()
+            if upto > self.pruned_to[sp]:
+                self.runtime.delete_before(sp, upto)
+                self.pruned_to[sp] = upto
+                moved[sp] = upto
+
         for sp in sorted(self.loaded):
-            async with self._gates[sp].whole():
-                upto = self.maps[sp].prunable_offset()
-                if upto > self.pruned_to[sp]:
-                    self.record_log.delete_before(sp, upto)
-                    self.pruned_to[sp] = upto
-                    moved[sp] = upto
+            await self.runtime.write_exclusive(sp, functools.partial(prune_partition, sp))
         if moved:
             self.stats.prunes += 1
         return moved

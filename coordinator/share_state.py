@@ -1,7 +1,7 @@
 """Share-partition state as the share coordinator keeps it, and the records that change it.
 
 Pure logic, no I/O: the coordinator builds records with the functions here, appends them to
-`__share_group_state`, and only then feeds them back through `ShareStateMap.apply` — the same path a
+`__share_group_state`, and only then feeds them back through `ShareStateMap.replay` — the same path a
 restart takes — so memory can never hold anything the log does not.
 """
 
@@ -143,10 +143,10 @@ def key_of(record: CoordinatorRecord) -> SharePartitionKey:
 
 @dataclass(slots=True)
 class ShareStateMap:
-    """All share-partition states held by one `__share_group_state` partition, built only by `apply`."""
+    """All share-partition states held by one `__share_group_state` partition, built only by `replay`."""
 
     states: dict[SharePartitionKey, ShareState] = field(default_factory=dict)
-    # Offset just past the last record applied: the partition's end as far as this map knows.
+    # Offset just past the last record replayed: the partition's end as far as this map knows.
     next_offset: int = 0
 
     def get(self, key: SharePartitionKey) -> ShareState | None:
@@ -155,7 +155,7 @@ class ShareStateMap:
     def __iter__(self) -> Iterator[tuple[SharePartitionKey, ShareState]]:
         return iter(self.states.items())
 
-    def apply(self, record: CoordinatorRecord, offset: int) -> None:
+    def replay(self, offset: int, record: CoordinatorRecord) -> None:
         """Replay one record read back from (or just appended to) the state topic."""
         self.next_offset = max(self.next_offset, offset + 1)
         if record.record_type == SHARE_SNAPSHOT:
@@ -179,7 +179,7 @@ class ShareStateMap:
         elif record.record_type == SHARE_UPDATE:
             key = key_of(record)
             v = record.value
-            if v is None:  # updates are never tombstoned; a stray one carries nothing to apply
+            if v is None:  # updates are never tombstoned; a stray one carries nothing to replay
                 return
             current = self.states.get(key)
             if current is None:
