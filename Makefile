@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: run test install install-test lint typecheck unit integration bench clean
+.PHONY: run test install install-test lint typecheck unit integration bench clean generate
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ integration: install-test
 lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy protocol broker coordinator persister client shoal_pkg
+
+# Typed message classes and ApiKey from protocol/specs (a unit test fails when they are stale).
+generate: install
+	$(PY) -m shoal.protocol.generate
 
 bench: install-test
 	$(PY) bench/bench_produce_fetch.py

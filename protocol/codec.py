@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from .record_batch import InvalidRecordBatch
 from .records import read_uvarint, write_uvarint
@@ -81,14 +81,18 @@ class MessageBase:
         return {f: conv(getattr(self, f)) for f in self._fields}
 
 
-def build_classes(spec: MessageSpec) -> type[MessageBase]:
-    """One Python class per struct of a message (fields are the union over all versions)."""
-    made: dict[str, type[MessageBase]] = {}
+def bind_classes(spec: MessageSpec, root: type[MessageBase]) -> type[MessageBase]:
+    """Give the generated classes of a message (`message_classes.py`) their defaults from the spec: the
+    class per struct is nested in the root class, its fields are the union over all versions."""
+    bound: set[str] = set()
 
-    def make(s: StructSpec) -> type[MessageBase]:
-        if s.name in made:
-            return made[s.name]
+    def bind(s: StructSpec) -> type[MessageBase]:
+        cls: type[MessageBase] = root if s is spec.root else getattr(root, s.name, None) or _stale(spec, s.name)
+        if s.name in bound:
+            return cls
         names = tuple(f.attr for f in s.fields)
+        if getattr(cls, "__slots__", None) != names:
+            _stale(spec, s.name)
         factories: dict[str, Callable[[], Any]] = {}
         defaults: list[Any] = []
         for f in s.fields:
@@ -96,7 +100,7 @@ def build_classes(spec: MessageSpec) -> type[MessageBase]:
                 factories[f.attr] = list
                 defaults.append(None)
             elif f.struct is not None and not f.is_array:
-                sub_cls = make(f.struct)
+                sub_cls = bind(f.struct)
                 if f.default is None and f.nullable.low >= 0:
                     defaults.append(None)
                 else:
@@ -105,20 +109,16 @@ def build_classes(spec: MessageSpec) -> type[MessageBase]:
             else:
                 defaults.append(f.default)
             if f.struct is not None:
-                make(f.struct)
-        cls = type(
-            s.name,
-            (MessageBase,),
-            {"__slots__": names, "_fields": names, "_defaults": tuple(defaults), "_factories": factories},
-        )
-        made[s.name] = cls
+                bind(f.struct)
+        cls._fields, cls._defaults, cls._factories = names, tuple(defaults), factories
+        bound.add(s.name)
         return cls
 
-    root = make(spec.root)
-    for name, cls in made.items():
-        if cls is not root:
-            setattr(root, name, cls)
-    return root
+    return bind(spec.root)
+
+
+def _stale(spec: MessageSpec, struct: str) -> NoReturn:
+    raise RuntimeError(f"message_classes.py does not match the spec of {spec.name} ({struct}): run `make generate`")
 
 
 class _Gen:
@@ -435,9 +435,9 @@ Encoder = Callable[[Any, bytearray], None]
 class MessageCodec:
     """Encoder/decoder pairs for every version of one message, compiled lazily and cached."""
 
-    def __init__(self, spec: MessageSpec):
+    def __init__(self, spec: MessageSpec, cls: type[MessageBase]):
         self.spec = spec
-        self.cls = build_classes(spec)
+        self.cls = bind_classes(spec, cls)
         self._classes: dict[str, type[MessageBase]] = {spec.root.name: self.cls}
         for name in spec.structs:
             self._classes[name] = getattr(self.cls, name)

@@ -1,7 +1,8 @@
 """The registry of Kafka messages built from the JSON specs at import time, and request/response framing.
 
-`REQUESTS[api_key]` / `RESPONSES[api_key]` give a `MessageCodec`; `messages.ProduceRequest` etc. give the
-generated classes, so handlers build responses as `ProduceResponse(responses=[...])`.
+`REQUESTS[api_key]` / `RESPONSES[api_key]` give a `MessageCodec`; `messages.ProduceRequest` etc. are the
+typed classes generated from the specs (`message_classes.py`), so handlers build responses as
+`ProduceResponse(responses=[...])`.
 """
 
 from __future__ import annotations
@@ -9,11 +10,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from . import message_classes
 from .codec import DecodeError, MessageBase, MessageCodec
+from .message_classes import *  # noqa: F403 - the generated classes are this module's message names
 from .schema import load_all
 
 SPECS = load_all()
-CODECS: dict[str, MessageCodec] = {name: MessageCodec(spec) for name, spec in SPECS.items()}
+
+
+def _generated_class(name: str) -> type[MessageBase]:
+    cls = getattr(message_classes, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, MessageBase)):
+        raise RuntimeError(f"message_classes.py has no class for the spec {name}: run `make generate`")
+    return cls
+
+
+CODECS: dict[str, MessageCodec] = {name: MessageCodec(spec, _generated_class(name)) for name, spec in SPECS.items()}
 
 REQUESTS: dict[int, MessageCodec] = {}
 RESPONSES: dict[int, MessageCodec] = {}
@@ -28,14 +40,6 @@ API_NAMES: dict[int, str] = {k: c.spec.name.removesuffix("Request") for k, c in 
 _REQUEST_HEADER = CODECS["RequestHeader"]
 _RESPONSE_HEADER = CODECS["ResponseHeader"]
 API_VERSIONS_KEY = 18
-
-
-def __getattr__(name: str) -> type[MessageBase]:
-    # Lets callers write `messages.ProduceResponse` for any spec'd message.
-    codec = CODECS.get(name)
-    if codec is None:
-        raise AttributeError(name)
-    return codec.cls
 
 
 def request_header_version(api_key: int, api_version: int) -> int:
