@@ -11,15 +11,23 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import structlog
 from shoal.persister.persister import Persister, SharePartitionKey
-from shoal.protocol import messages
 from shoal.protocol.coordinator_records import CoordinatorRecord
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.messages import (
+    ShareGroupDescribeResponse as DescribeResponse,
+)
+from shoal.protocol.messages import (
+    ShareGroupHeartbeatRequest as HeartbeatRequest,
+)
+from shoal.protocol.messages import (
+    ShareGroupHeartbeatResponse as HeartbeatResponse,
+)
 
 from .assignor import ASSIGNOR_NAME, SimpleAssignor
 from .group_shard import GroupShard, GroupsView
@@ -50,14 +58,12 @@ __all__ = [
 
 log = structlog.get_logger("shoal.group_coordinator")
 
-HeartbeatResponse = messages.ShareGroupHeartbeatResponse
-DescribeResponse = messages.ShareGroupDescribeResponse
-_HbAssignment = HeartbeatResponse.Assignment  # type: ignore[attr-defined]
-_HbTopicPartitions = HeartbeatResponse.TopicPartitions  # type: ignore[attr-defined]
-DescribedGroup = DescribeResponse.DescribedGroup  # type: ignore[attr-defined]
-_DMember = DescribeResponse.Member  # type: ignore[attr-defined]
-_DAssignment = DescribeResponse.Assignment  # type: ignore[attr-defined]
-_DTopicPartitions = DescribeResponse.TopicPartitions  # type: ignore[attr-defined]
+_HbAssignment = HeartbeatResponse.Assignment
+_HbTopicPartitions = HeartbeatResponse.TopicPartitions
+DescribedGroup = DescribeResponse.DescribedGroup
+_DMember = DescribeResponse.Member
+_DAssignment = DescribeResponse.Assignment
+_DTopicPartitions = DescribeResponse.TopicPartitions
 
 
 @dataclass(slots=True)
@@ -81,7 +87,7 @@ def partition_for_group(group_id: str, num_partitions: int) -> int:
     return coordinator_partition(group_id, num_partitions)
 
 
-def _response_assignment(assignment: dict[bytes, frozenset[int]] | None) -> Any:
+def _response_assignment(assignment: dict[bytes, frozenset[int]] | None) -> HeartbeatResponse.Assignment | None:
     if assignment is None:
         return None
     return _HbAssignment(topic_partitions=[
@@ -89,7 +95,7 @@ def _response_assignment(assignment: dict[bytes, frozenset[int]] | None) -> Any:
     ])
 
 
-def _error_response(code: ErrorCode, message: str | None = None) -> Any:
+def _error_response(code: ErrorCode, message: str | None = None) -> HeartbeatResponse:
     return HeartbeatResponse(error_code=code, error_message=message)
 
 
@@ -148,7 +154,7 @@ class GroupCoordinator:
             return self.group_configs.get_int(group_id, "share.heartbeat.interval.ms")
         return self.config.heartbeat_interval_ms
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -203,7 +209,7 @@ class GroupCoordinator:
 
     # ---- heartbeat ---------------------------------------------------------------------------------
 
-    async def heartbeat(self, req: Any, client_id: str, client_host: str) -> Any:
+    async def heartbeat(self, req: HeartbeatRequest, client_id: str, client_host: str) -> HeartbeatResponse:
         """ShareGroupHeartbeat (KIP-932): join with epoch 0, leave with -1, otherwise keep-alive."""
         invalid = self._validate(req)
         if invalid is not None:
@@ -211,7 +217,7 @@ class GroupCoordinator:
         if not self.loaded:
             return _error_response(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
 
-        async def operation() -> Any:
+        async def operation() -> HeartbeatResponse:
             try:
                 if req.member_epoch == LEAVE_GROUP_MEMBER_EPOCH:
                     return await self._leave(req.group_id, req.member_id)
@@ -225,7 +231,7 @@ class GroupCoordinator:
         return await self._run(req.group_id, operation)
 
     @staticmethod
-    def _validate(req: Any) -> str | None:
+    def _validate(req: HeartbeatRequest) -> str | None:
         if not req.member_id:
             return "MemberId can't be empty."
         if len(req.member_id) > MAX_MEMBER_ID_LENGTH:
@@ -240,7 +246,7 @@ class GroupCoordinator:
             return f"MemberEpoch is {req.member_epoch}, but must be greater than or equal to -1."
         return None
 
-    async def _heartbeat(self, req: Any, client_id: str, client_host: str) -> Any:
+    async def _heartbeat(self, req: HeartbeatRequest, client_id: str, client_host: str) -> HeartbeatResponse:
         group = self.groups.get(req.group_id)
         if group is None:
             if req.member_epoch != JOIN_GROUP_MEMBER_EPOCH:
@@ -276,7 +282,7 @@ class GroupCoordinator:
             assignment=_response_assignment(plan.assignment),
         )
 
-    async def _leave(self, group_id: str, member_id: str) -> Any:
+    async def _leave(self, group_id: str, member_id: str) -> HeartbeatResponse:
         group = self.groups.get(group_id)
         if group is None:
             raise ShareGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Share group {group_id} not found.")
@@ -483,7 +489,7 @@ class GroupCoordinator:
 
     # ---- admin ---------------------------------------------------------------------------------------
 
-    def describe(self, group_ids: Iterable[str]) -> list[Any]:
+    def describe(self, group_ids: Iterable[str]) -> list[DescribeResponse.DescribedGroup]:
         """ShareGroupDescribe v1 bodies, one per requested group."""
         out = []
         for group_id in group_ids:

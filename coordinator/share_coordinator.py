@@ -12,15 +12,44 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import structlog
 from shoal.persister.persister import PersistedStateBatch, SharePartitionKey
-from shoal.protocol import messages
 from shoal.protocol.coordinator_records import SHARE_SNAPSHOT, CoordinatorRecord
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.messages import (
+    DeleteShareGroupStateRequest as DeleteRequest,
+)
+from shoal.protocol.messages import (
+    DeleteShareGroupStateResponse as DeleteResponse,
+)
+from shoal.protocol.messages import (
+    InitializeShareGroupStateRequest as InitializeRequest,
+)
+from shoal.protocol.messages import (
+    InitializeShareGroupStateResponse as InitializeResponse,
+)
+from shoal.protocol.messages import (
+    ReadShareGroupStateRequest as ReadRequest,
+)
+from shoal.protocol.messages import (
+    ReadShareGroupStateResponse as ReadResponse,
+)
+from shoal.protocol.messages import (
+    ReadShareGroupStateSummaryRequest as SummaryRequest,
+)
+from shoal.protocol.messages import (
+    ReadShareGroupStateSummaryResponse as SummaryResponse,
+)
+from shoal.protocol.messages import (
+    WriteShareGroupStateRequest as WriteRequest,
+)
+from shoal.protocol.messages import (
+    WriteShareGroupStateResponse as WriteResponse,
+)
 
 from .record_log import CoordinatorRecordLog
 from .runtime import CoordinatorRuntime
@@ -39,11 +68,35 @@ log = structlog.get_logger("shoal.share_coordinator")
 
 ZERO_UUID = b"\x00" * 16
 
-InitializeResponse = messages.InitializeShareGroupStateResponse
-ReadResponse = messages.ReadShareGroupStateResponse
-WriteResponse = messages.WriteShareGroupStateResponse
-DeleteResponse = messages.DeleteShareGroupStateResponse
-SummaryResponse = messages.ReadShareGroupStateSummaryResponse
+
+P = TypeVar("P", bound="_StatePartition")
+P_co = TypeVar("P_co", bound="_StatePartition", covariant=True)
+R = TypeVar("R")
+
+
+class _StatePartition(Protocol):
+    """What every state RPC says about one partition."""
+
+    @property
+    def partition(self) -> int: ...
+
+
+class _StateTopic(Protocol[P_co]):
+    @property
+    def topic_id(self) -> bytes: ...
+
+    @property
+    def partitions(self) -> Sequence[P_co]: ...
+
+
+class _StateRequest(Protocol[P_co]):
+    """The shape the five state RPCs share: a group, its topics, their partitions."""
+
+    @property
+    def group_id(self) -> str: ...
+
+    @property
+    def topics(self) -> Sequence[_StateTopic[P_co]]: ...
 
 
 def _wall_clock_ms() -> int:
@@ -190,8 +243,8 @@ class ShareCoordinator:
 
     # ---- RPC handlers ----------------------------------------------------------------------------
 
-    async def initialize_state(self, req: Any) -> Any:
-        async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
+    async def initialize_state(self, req: InitializeRequest) -> InitializeResponse:
+        async def action(key: SharePartitionKey, sp: int, p: InitializeRequest.PartitionData) -> _Outcome:
             if p.state_epoch < 0:
                 raise _Refused(ErrorCode.INVALID_REQUEST, "The state epoch is negative.")
             current = self.maps[sp].get(key)
@@ -204,10 +257,11 @@ class ShareCoordinator:
             return _Outcome()
 
         outcomes = await self._each(req, action)
-        return _error_only_response(InitializeResponse, InitializeResponse.InitializeStateResult, req, outcomes)
+        return _error_only_response(InitializeResponse, InitializeResponse.InitializeStateResult,
+                                    InitializeResponse.PartitionResult, req, outcomes)
 
-    async def read_state(self, req: Any) -> Any:
-        async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
+    async def read_state(self, req: ReadRequest) -> ReadResponse:
+        async def action(key: SharePartitionKey, sp: int, p: ReadRequest.PartitionData) -> _Outcome:
             if p.leader_epoch < 0:
                 raise _Refused(ErrorCode.INVALID_REQUEST, "The leader epoch is negative.")
             current = self.maps[sp].get(key)
@@ -249,7 +303,7 @@ class ShareCoordinator:
         active, since, total = self._active, self._busy_since, self._busy_total
         return total + (time.perf_counter() - since if active else 0.0)
 
-    async def write_state(self, req: Any) -> Any:
+    async def write_state(self, req: WriteRequest) -> WriteResponse:
         started = time.perf_counter()
         try:
             return await self._write_state(req)
@@ -257,8 +311,8 @@ class ShareCoordinator:
             if self.on_write is not None:
                 self.on_write((time.perf_counter() - started) * 1000)
 
-    async def _write_state(self, req: Any) -> Any:
-        async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
+    async def _write_state(self, req: WriteRequest) -> WriteResponse:
+        async def action(key: SharePartitionKey, sp: int, p: WriteRequest.PartitionData) -> _Outcome:
             if p.leader_epoch < 0:
                 raise _Refused(ErrorCode.INVALID_REQUEST, "The leader epoch is negative.")
             if p.state_epoch < 0:
@@ -283,19 +337,21 @@ class ShareCoordinator:
             return _Outcome()
 
         outcomes = await self._each(req, action)
-        return _error_only_response(WriteResponse, WriteResponse.WriteStateResult, req, outcomes)
+        return _error_only_response(WriteResponse, WriteResponse.WriteStateResult, WriteResponse.PartitionResult,
+                                    req, outcomes)
 
-    async def delete_state(self, req: Any) -> Any:
-        async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
+    async def delete_state(self, req: DeleteRequest) -> DeleteResponse:
+        async def action(key: SharePartitionKey, sp: int, p: DeleteRequest.PartitionData) -> _Outcome:
             if self.maps[sp].get(key) is not None:  # deleting a missing key is a successful no-op
                 await self._commit(sp, [tombstone_record(key)])
             return _Outcome()
 
         outcomes = await self._each(req, action)
-        return _error_only_response(DeleteResponse, DeleteResponse.DeleteStateResult, req, outcomes)
+        return _error_only_response(DeleteResponse, DeleteResponse.DeleteStateResult, DeleteResponse.PartitionResult,
+                                    req, outcomes)
 
-    async def read_state_summary(self, req: Any) -> Any:
-        async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
+    async def read_state_summary(self, req: SummaryRequest) -> SummaryResponse:
+        async def action(key: SharePartitionKey, sp: int, p: SummaryRequest.PartitionData) -> _Outcome:
             current = self.maps[sp].get(key)
             if current is None:  # unknown key: "not initialised", not an error
                 return _Outcome(extra={"state_epoch": 0, "leader_epoch": 0,
@@ -316,11 +372,11 @@ class ShareCoordinator:
         ])
 
     async def _each(
-        self, req: Any, action: Callable[[SharePartitionKey, int, Any], Awaitable[_Outcome]]
+        self, req: _StateRequest[P], action: Callable[[SharePartitionKey, int, P], Awaitable[_Outcome]]
     ) -> list[list[_Outcome]]:
         """Run `action` for every (topic, partition) of a request, keys in different state partitions
         concurrently; outcomes come back in request order."""
-        def bound(p: Any) -> Callable[[SharePartitionKey, int], Awaitable[_Outcome]]:
+        def bound(p: P) -> Callable[[SharePartitionKey, int], Awaitable[_Outcome]]:
             return lambda key, sp: action(key, sp, p)
 
         jobs = [
@@ -399,18 +455,24 @@ class ShareCoordinator:
         return moved
 
 
-def _error_only_response(response_cls: Any, result_cls: Any, req: Any, outcomes: list[list[_Outcome]]) -> Any:
+def _error_only_response(
+    response_cls: Callable[..., R],
+    result_cls: Callable[..., Any],
+    partition_result_cls: Callable[..., Any],
+    req: _StateRequest[_StatePartition],
+    outcomes: list[list[_Outcome]],
+) -> R:
     """Initialize/Write/Delete answer each partition with just an error code and message."""
     return response_cls(results=[
         result_cls(topic_id=t.topic_id, partitions=[
-            response_cls.PartitionResult(partition=p.partition, error_code=o.error_code, error_message=o.error_message)
+            partition_result_cls(partition=p.partition, error_code=o.error_code, error_message=o.error_message)
             for p, o in zip(t.partitions, outs, strict=True)
         ])
         for t, outs in zip(req.topics, outcomes, strict=True)
     ])
 
 
-def _read_partition_result(partition: int, o: _Outcome) -> Any:
+def _read_partition_result(partition: int, o: _Outcome) -> ReadResponse.PartitionResult:
     r = ReadResponse.PartitionResult(partition=partition, error_code=o.error_code, error_message=o.error_message)
     if o.extra is not None:
         r.state_epoch = o.extra["state_epoch"]

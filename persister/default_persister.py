@@ -8,11 +8,40 @@ the share-partition leader's job.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from shoal.protocol import messages
-from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.messages import (
+    DeleteShareGroupStateRequest as DeleteRequest,
+)
+from shoal.protocol.messages import (
+    DeleteShareGroupStateResponse as DeleteResponse,
+)
+from shoal.protocol.messages import (
+    InitializeShareGroupStateRequest as InitializeRequest,
+)
+from shoal.protocol.messages import (
+    InitializeShareGroupStateResponse as InitializeResponse,
+)
+from shoal.protocol.messages import (
+    ReadShareGroupStateRequest as ReadRequest,
+)
+from shoal.protocol.messages import (
+    ReadShareGroupStateResponse as ReadResponse,
+)
+from shoal.protocol.messages import (
+    ReadShareGroupStateSummaryRequest as SummaryRequest,
+)
+from shoal.protocol.messages import (
+    ReadShareGroupStateSummaryResponse as SummaryResponse,
+)
+from shoal.protocol.messages import (
+    WriteShareGroupStateRequest as WriteRequest,
+)
+from shoal.protocol.messages import (
+    WriteShareGroupStateResponse as WriteResponse,
+)
 
 from .persister import (
     PersistedStateBatch,
@@ -25,17 +54,44 @@ from .persister import (
 if TYPE_CHECKING:
     from shoal.coordinator.share_coordinator import ShareCoordinator
 
-InitializeRequest = messages.InitializeShareGroupStateRequest
-ReadRequest = messages.ReadShareGroupStateRequest
-WriteRequest = messages.WriteShareGroupStateRequest
-DeleteRequest = messages.DeleteShareGroupStateRequest
-SummaryRequest = messages.ReadShareGroupStateSummaryRequest
 
 
 class ShareCoordinatorClient(Protocol):
-    async def send(self, api_key: int, version: int, request: Any) -> Any:
-        """Send one state RPC to the share coordinator owning the request's key; returns the response body."""
-        ...
+    """The five state RPCs, each sent at `version` to the share coordinator owning the request's key."""
+
+    async def initialize_state(self, request: InitializeRequest, version: int) -> InitializeResponse: ...
+
+    async def read_state(self, request: ReadRequest, version: int) -> ReadResponse: ...
+
+    async def write_state(self, request: WriteRequest, version: int) -> WriteResponse: ...
+
+    async def delete_state(self, request: DeleteRequest, version: int) -> DeleteResponse: ...
+
+    async def read_state_summary(self, request: SummaryRequest, version: int) -> SummaryResponse: ...
+
+
+class _PartitionResult(Protocol):
+    @property
+    def partition(self) -> int: ...
+
+
+PR = TypeVar("PR", bound=_PartitionResult)
+PR_co = TypeVar("PR_co", bound=_PartitionResult, covariant=True)
+
+
+class _TopicResult(Protocol[PR_co]):
+    @property
+    def topic_id(self) -> bytes: ...
+
+    @property
+    def partitions(self) -> Sequence[PR_co]: ...
+
+
+class _StateResponse(Protocol[PR_co]):
+    """The shape the five state RPC responses share."""
+
+    @property
+    def results(self) -> Sequence[_TopicResult[PR_co]]: ...
 
 
 class DefaultStatePersister:
@@ -48,10 +104,11 @@ class DefaultStatePersister:
         self.write_version = write_version
         self.summary_version = summary_version
 
-    async def _send(self, api_key: int, version: int, request: Any, key: SharePartitionKey) -> Any:
+    @staticmethod
+    async def _answer(call: Awaitable[_StateResponse[PR]], key: SharePartitionKey) -> PR | int:
         """The response's entry for `key`, or an int error code if the call itself failed."""
         try:
-            response = await self.client.send(api_key, version, request)
+            response = await call
         except (ConnectionError, TimeoutError, OSError):
             return int(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         for result in response.results:
@@ -68,7 +125,7 @@ class DefaultStatePersister:
             partitions=[InitializeRequest.PartitionData(
                 partition=key.partition, state_epoch=state_epoch, start_offset=start_offset)],
         )])
-        p = await self._send(ApiKey.INITIALIZE_SHARE_GROUP_STATE, 0, req, key)
+        p = await self._answer(self.client.initialize_state(req, 0), key)
         return p if isinstance(p, int) else int(p.error_code)
 
     async def read_state(self, key: SharePartitionKey, leader_epoch: int) -> ReadStateResult:
@@ -76,7 +133,7 @@ class DefaultStatePersister:
             topic_id=key.topic_id,
             partitions=[ReadRequest.PartitionData(partition=key.partition, leader_epoch=leader_epoch)],
         )])
-        p = await self._send(ApiKey.READ_SHARE_GROUP_STATE, 0, req, key)
+        p = await self._answer(self.client.read_state(req, 0), key)
         if isinstance(p, int):
             return ReadStateResult(error_code=p)
         if p.error_code != ErrorCode.NONE:
@@ -109,14 +166,14 @@ class DefaultStatePersister:
                 ],
             )],
         )])
-        p = await self._send(ApiKey.WRITE_SHARE_GROUP_STATE, self.write_version, req, key)
+        p = await self._answer(self.client.write_state(req, self.write_version), key)
         return p if isinstance(p, int) else int(p.error_code)
 
     async def delete_state(self, key: SharePartitionKey) -> int:
         req = DeleteRequest(group_id=key.group_id, topics=[DeleteRequest.DeleteStateData(
             topic_id=key.topic_id, partitions=[DeleteRequest.PartitionData(partition=key.partition)],
         )])
-        p = await self._send(ApiKey.DELETE_SHARE_GROUP_STATE, 0, req, key)
+        p = await self._answer(self.client.delete_state(req, 0), key)
         return p if isinstance(p, int) else int(p.error_code)
 
     async def read_state_summary(self, key: SharePartitionKey, leader_epoch: int) -> StateSummary:
@@ -124,7 +181,7 @@ class DefaultStatePersister:
             topic_id=key.topic_id,
             partitions=[SummaryRequest.PartitionData(partition=key.partition, leader_epoch=leader_epoch)],
         )])
-        p = await self._send(ApiKey.READ_SHARE_GROUP_STATE_SUMMARY, self.summary_version, req, key)
+        p = await self._answer(self.client.read_state_summary(req, self.summary_version), key)
         if isinstance(p, int):
             return StateSummary(error_code=p)
         if p.error_code != ErrorCode.NONE:
@@ -141,21 +198,23 @@ class DefaultStatePersister:
 
 
 class InProcessShareCoordinatorClient:
-    """Hands requests straight to this process's share coordinator (no encoding: nothing crosses a wire)."""
+    """Hands requests straight to this process's share coordinator (no encoding: nothing crosses a wire,
+    so the version does not matter)."""
 
     def __init__(self, coordinator: ShareCoordinator):
         self.coordinator = coordinator
 
-    async def send(self, api_key: int, version: int, request: Any) -> Any:
-        c = self.coordinator
-        if api_key == ApiKey.INITIALIZE_SHARE_GROUP_STATE:
-            return await c.initialize_state(request)
-        if api_key == ApiKey.READ_SHARE_GROUP_STATE:
-            return await c.read_state(request)
-        if api_key == ApiKey.WRITE_SHARE_GROUP_STATE:
-            return await c.write_state(request)
-        if api_key == ApiKey.DELETE_SHARE_GROUP_STATE:
-            return await c.delete_state(request)
-        if api_key == ApiKey.READ_SHARE_GROUP_STATE_SUMMARY:
-            return await c.read_state_summary(request)
-        raise ValueError(f"api key {api_key} is not a share-group-state RPC")
+    async def initialize_state(self, request: InitializeRequest, version: int) -> InitializeResponse:
+        return await self.coordinator.initialize_state(request)
+
+    async def read_state(self, request: ReadRequest, version: int) -> ReadResponse:
+        return await self.coordinator.read_state(request)
+
+    async def write_state(self, request: WriteRequest, version: int) -> WriteResponse:
+        return await self.coordinator.write_state(request)
+
+    async def delete_state(self, request: DeleteRequest, version: int) -> DeleteResponse:
+        return await self.coordinator.delete_state(request)
+
+    async def read_state_summary(self, request: SummaryRequest, version: int) -> SummaryResponse:
+        return await self.coordinator.read_state_summary(request)
