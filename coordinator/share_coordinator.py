@@ -12,43 +12,27 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import structlog
 from shoal.persister.persister import PersistedStateBatch, SharePartitionKey
 from shoal.protocol.coordinator_records import SHARE_SNAPSHOT, CoordinatorRecord
 from shoal.protocol.errors import ErrorCode
-from shoal.protocol.messages import (
-    DeleteShareGroupStateRequest as DeleteRequest,
-)
-from shoal.protocol.messages import (
-    DeleteShareGroupStateResponse as DeleteResponse,
-)
-from shoal.protocol.messages import (
-    InitializeShareGroupStateRequest as InitializeRequest,
-)
-from shoal.protocol.messages import (
-    InitializeShareGroupStateResponse as InitializeResponse,
-)
-from shoal.protocol.messages import (
-    ReadShareGroupStateRequest as ReadRequest,
-)
-from shoal.protocol.messages import (
-    ReadShareGroupStateResponse as ReadResponse,
-)
-from shoal.protocol.messages import (
-    ReadShareGroupStateSummaryRequest as SummaryRequest,
-)
-from shoal.protocol.messages import (
-    ReadShareGroupStateSummaryResponse as SummaryResponse,
-)
-from shoal.protocol.messages import (
-    WriteShareGroupStateRequest as WriteRequest,
-)
-from shoal.protocol.messages import (
-    WriteShareGroupStateResponse as WriteResponse,
+from shoal.protocol.share_state_rpcs import (
+    DeleteRequest,
+    DeleteResponse,
+    InitializeRequest,
+    InitializeResponse,
+    ReadRequest,
+    ReadResponse,
+    StatePartition,
+    StateRequest,
+    SummaryRequest,
+    SummaryResponse,
+    WriteRequest,
+    WriteResponse,
 )
 
 from .record_log import CoordinatorRecordLog
@@ -69,34 +53,8 @@ log = structlog.get_logger("shoal.share_coordinator")
 ZERO_UUID = b"\x00" * 16
 
 
-P = TypeVar("P", bound="_StatePartition")
-P_co = TypeVar("P_co", bound="_StatePartition", covariant=True)
+P = TypeVar("P", bound=StatePartition)
 R = TypeVar("R")
-
-
-class _StatePartition(Protocol):
-    """What every state RPC says about one partition."""
-
-    @property
-    def partition(self) -> int: ...
-
-
-class _StateTopic(Protocol[P_co]):
-    @property
-    def topic_id(self) -> bytes: ...
-
-    @property
-    def partitions(self) -> Sequence[P_co]: ...
-
-
-class _StateRequest(Protocol[P_co]):
-    """The shape the five state RPCs share: a group, its topics, their partitions."""
-
-    @property
-    def group_id(self) -> str: ...
-
-    @property
-    def topics(self) -> Sequence[_StateTopic[P_co]]: ...
 
 
 def _wall_clock_ms() -> int:
@@ -372,7 +330,7 @@ class ShareCoordinator:
         ])
 
     async def _each(
-        self, req: _StateRequest[P], action: Callable[[SharePartitionKey, int, P], Awaitable[_Outcome]]
+        self, req: StateRequest[P], action: Callable[[SharePartitionKey, int, P], Awaitable[_Outcome]]
     ) -> list[list[_Outcome]]:
         """Run `action` for every (topic, partition) of a request, keys in different state partitions
         concurrently; outcomes come back in request order."""
@@ -459,7 +417,7 @@ def _error_only_response(
     response_cls: Callable[..., R],
     result_cls: Callable[..., Any],
     partition_result_cls: Callable[..., Any],
-    req: _StateRequest[_StatePartition],
+    req: StateRequest[StatePartition],
     outcomes: list[list[_Outcome]],
 ) -> R:
     """Initialize/Write/Delete answer each partition with just an error code and message."""

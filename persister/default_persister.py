@@ -8,39 +8,23 @@ the share-partition leader's job.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from shoal.protocol.errors import ErrorCode
-from shoal.protocol.messages import (
-    DeleteShareGroupStateRequest as DeleteRequest,
-)
-from shoal.protocol.messages import (
-    DeleteShareGroupStateResponse as DeleteResponse,
-)
-from shoal.protocol.messages import (
-    InitializeShareGroupStateRequest as InitializeRequest,
-)
-from shoal.protocol.messages import (
-    InitializeShareGroupStateResponse as InitializeResponse,
-)
-from shoal.protocol.messages import (
-    ReadShareGroupStateRequest as ReadRequest,
-)
-from shoal.protocol.messages import (
-    ReadShareGroupStateResponse as ReadResponse,
-)
-from shoal.protocol.messages import (
-    ReadShareGroupStateSummaryRequest as SummaryRequest,
-)
-from shoal.protocol.messages import (
-    ReadShareGroupStateSummaryResponse as SummaryResponse,
-)
-from shoal.protocol.messages import (
-    WriteShareGroupStateRequest as WriteRequest,
-)
-from shoal.protocol.messages import (
-    WriteShareGroupStateResponse as WriteResponse,
+from shoal.protocol.share_state_rpcs import (
+    DeleteRequest,
+    DeleteResponse,
+    InitializeRequest,
+    InitializeResponse,
+    ReadRequest,
+    ReadResponse,
+    StatePartition,
+    StateResponse,
+    SummaryRequest,
+    SummaryResponse,
+    WriteRequest,
+    WriteResponse,
 )
 
 from .persister import (
@@ -70,28 +54,7 @@ class ShareCoordinatorClient(Protocol):
     async def read_state_summary(self, request: SummaryRequest, version: int) -> SummaryResponse: ...
 
 
-class _PartitionResult(Protocol):
-    @property
-    def partition(self) -> int: ...
-
-
-PR = TypeVar("PR", bound=_PartitionResult)
-PR_co = TypeVar("PR_co", bound=_PartitionResult, covariant=True)
-
-
-class _TopicResult(Protocol[PR_co]):
-    @property
-    def topic_id(self) -> bytes: ...
-
-    @property
-    def partitions(self) -> Sequence[PR_co]: ...
-
-
-class _StateResponse(Protocol[PR_co]):
-    """The shape the five state RPC responses share."""
-
-    @property
-    def results(self) -> Sequence[_TopicResult[PR_co]]: ...
+PR = TypeVar("PR", bound=StatePartition)
 
 
 class DefaultStatePersister:
@@ -105,7 +68,7 @@ class DefaultStatePersister:
         self.summary_version = summary_version
 
     @staticmethod
-    async def _answer(call: Awaitable[_StateResponse[PR]], key: SharePartitionKey) -> PR | int:
+    async def _answer(call: Awaitable[StateResponse[PR]], key: SharePartitionKey) -> PR | int:
         """The response's entry for `key`, or an int error code if the call itself failed."""
         try:
             response = await call
