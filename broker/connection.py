@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.codec import DecodeError
 
 from .authorizer import ANONYMOUS, Operation, Principal, ResourceType
@@ -231,7 +232,7 @@ class KafkaConnection(asyncio.Protocol):
             return
         api = self.broker.apis.get(header.api_key)
         if api is None or not (api.min_version <= header.api_version <= api.max_version):
-            if header.api_key == messages.API_VERSIONS_KEY:
+            if header.api_key == ApiKey.API_VERSIONS:
                 # KIP-511: answer an unknown ApiVersions version in v0 form so the client can downgrade.
                 self._respond_now(self.broker.api_versions_fallback(header), header, 0)
                 return

@@ -28,6 +28,7 @@ from shoal.protocol.messages import (
 from shoal.protocol.messages import (
     ShareGroupHeartbeatResponse as HeartbeatResponse,
 )
+from shoal.protocol.uuids import MAX_MEMBER_ID_LENGTH
 
 from .assignor import ASSIGNOR_NAME, SimpleAssignor
 from .group_shard import GroupShard, GroupsView
@@ -37,7 +38,6 @@ from .runtime import CoordinatorRuntime
 from .share_group import (
     JOIN_GROUP_MEMBER_EPOCH,
     LEAVE_GROUP_MEMBER_EPOCH,
-    MAX_MEMBER_ID_LENGTH,
     GroupState,
     InitRequest,
     ShareGroup,

@@ -23,6 +23,7 @@ from shoal.protocol.errors import ErrorCode
 from shoal.protocol.share_state_rpcs import (
     DeleteRequest,
     DeleteResponse,
+    Error,
     InitializeRequest,
     InitializeResponse,
     ReadRequest,
@@ -33,7 +34,9 @@ from shoal.protocol.share_state_rpcs import (
     SummaryResponse,
     WriteRequest,
     WriteResponse,
+    error_response,
 )
+from shoal.protocol.uuids import ZERO_UUID
 
 from .record_log import CoordinatorRecordLog
 from .runtime import CoordinatorRuntime
@@ -50,11 +53,9 @@ from .share_state import (
 
 log = structlog.get_logger("shoal.share_coordinator")
 
-ZERO_UUID = b"\x00" * 16
 
 
 P = TypeVar("P", bound=StatePartition)
-R = TypeVar("R")
 
 
 def _wall_clock_ms() -> int:
@@ -215,8 +216,7 @@ class ShareCoordinator:
             return _Outcome()
 
         outcomes = await self._each(req, action)
-        return _error_only_response(InitializeResponse, InitializeResponse.InitializeStateResult,
-                                    InitializeResponse.PartitionResult, req, outcomes)
+        return error_response(InitializeResponse, req, _errors(outcomes))
 
     async def read_state(self, req: ReadRequest) -> ReadResponse:
         async def action(key: SharePartitionKey, sp: int, p: ReadRequest.PartitionData) -> _Outcome:
@@ -295,8 +295,7 @@ class ShareCoordinator:
             return _Outcome()
 
         outcomes = await self._each(req, action)
-        return _error_only_response(WriteResponse, WriteResponse.WriteStateResult, WriteResponse.PartitionResult,
-                                    req, outcomes)
+        return error_response(WriteResponse, req, _errors(outcomes))
 
     async def delete_state(self, req: DeleteRequest) -> DeleteResponse:
         async def action(key: SharePartitionKey, sp: int, p: DeleteRequest.PartitionData) -> _Outcome:
@@ -305,8 +304,7 @@ class ShareCoordinator:
             return _Outcome()
 
         outcomes = await self._each(req, action)
-        return _error_only_response(DeleteResponse, DeleteResponse.DeleteStateResult, DeleteResponse.PartitionResult,
-                                    req, outcomes)
+        return error_response(DeleteResponse, req, _errors(outcomes))
 
     async def read_state_summary(self, req: SummaryRequest) -> SummaryResponse:
         async def action(key: SharePartitionKey, sp: int, p: SummaryRequest.PartitionData) -> _Outcome:
@@ -413,21 +411,8 @@ class ShareCoordinator:
         return moved
 
 
-def _error_only_response(
-    response_cls: Callable[..., R],
-    result_cls: Callable[..., Any],
-    partition_result_cls: Callable[..., Any],
-    req: StateRequest[StatePartition],
-    outcomes: list[list[_Outcome]],
-) -> R:
-    """Initialize/Write/Delete answer each partition with just an error code and message."""
-    return response_cls(results=[
-        result_cls(topic_id=t.topic_id, partitions=[
-            partition_result_cls(partition=p.partition, error_code=o.error_code, error_message=o.error_message)
-            for p, o in zip(t.partitions, outs, strict=True)
-        ])
-        for t, outs in zip(req.topics, outcomes, strict=True)
-    ])
+def _errors(outcomes: list[list[_Outcome]]) -> list[list[Error]]:
+    return [[(o.error_code, o.error_message) for o in outs] for outs in outcomes]
 
 
 def _read_partition_result(partition: int, o: _Outcome) -> ReadResponse.PartitionResult:

@@ -20,7 +20,6 @@ from shoal.protocol.errors import ErrorCode
 
 from .assignor import SimpleAssignor
 
-MAX_MEMBER_ID_LENGTH = 36
 LEAVE_GROUP_MEMBER_EPOCH = -1
 JOIN_GROUP_MEMBER_EPOCH = 0
 MEMBER_STATE_STABLE = 0  # share members are always written STABLE (one-step reconciliation)

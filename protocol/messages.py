@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import message_classes
+from .api_keys import ApiKey
 from .codec import DecodeError, MessageBase, MessageCodec
 from .message_classes import *  # noqa: F403 - the generated classes are this module's message names
 from .schema import load_all
@@ -39,7 +40,6 @@ API_NAMES: dict[int, str] = {k: c.spec.name.removesuffix("Request") for k, c in 
 
 _REQUEST_HEADER = CODECS["RequestHeader"]
 _RESPONSE_HEADER = CODECS["ResponseHeader"]
-API_VERSIONS_KEY = 18
 
 
 def request_header_version(api_key: int, api_version: int) -> int:
@@ -48,7 +48,7 @@ def request_header_version(api_key: int, api_version: int) -> int:
 
 def response_header_version(api_key: int, api_version: int) -> int:
     # ApiVersions always answers with header v0 so a client can read it whatever version it tried (KIP-511).
-    if api_key == API_VERSIONS_KEY:
+    if api_key == ApiKey.API_VERSIONS:
         return 0
     return 1 if RESPONSES[api_key].is_flexible(api_version) else 0
 
