@@ -18,8 +18,12 @@ class CoordinatorRecordLog(Protocol):
     @property
     def num_partitions(self) -> int: ...
 
-    async def append(self, partition: int, records: list[CoordinatorRecord]) -> int:
-        """Append records as one batch and return once they are fsynced; returns the first offset."""
+    def append(self, partition: int, records: list[CoordinatorRecord]) -> int:
+        """Append records as one batch (not yet durable); returns the first offset."""
+        ...
+
+    async def flush(self, partition: int, end_offset: int) -> None:
+        """Return once every record below `end_offset` is fsynced (appends waiting together share one fsync)."""
         ...
 
     def replay(self, partition: int) -> Iterator[tuple[int, CoordinatorRecord]]:

@@ -126,11 +126,22 @@ class CoordinatorRuntime(Generic[S]):
     async def write(self, partition: int, key: Hashable, operation: Callable[[], Awaitable[T]]) -> T:
         """Run `operation` holding `key` in `partition`; it runs to completion even if the caller is
         cancelled. The operation plans from the shard and changes it only through `append`."""
-        return await self._own(self._holding_key(partition, key, operation))
+        return await self._outlive_caller(self.submit(partition, key, operation))
+
+    def submit(self, partition: int, key: Hashable, operation: Callable[[], Awaitable[T]]) -> asyncio.Task[T]:
+        """Start `operation` as `write` does, without waiting for it: for callers that start several
+        writes and wait for them together (shielded, so that their cancellation does not reach here)."""
+        task = asyncio.get_running_loop().create_task(self._holding_key(partition, key, operation))
+        self._operations.add(task)
+        task.add_done_callback(self._operations.discard)
+        return task
 
     async def write_exclusive(self, partition: int, operation: Callable[[], Awaitable[T]]) -> T:
         """Like `write`, holding the whole partition (for work that reads or changes every key)."""
-        return await self._own(self._holding_partition(partition, operation))
+        task = asyncio.get_running_loop().create_task(self._holding_partition(partition, operation))
+        self._operations.add(task)
+        task.add_done_callback(self._operations.discard)
+        return await self._outlive_caller(task)
 
     async def append(self, partition: int, records: list[CoordinatorRecord]) -> None:
         """Append records durably, then replay them into the partition's shard.
@@ -141,24 +152,19 @@ class CoordinatorRuntime(Generic[S]):
         """
         if not records:
             return
-        task = asyncio.get_running_loop().create_task(self._append_and_replay(partition, records))
+        first = self.record_log.append(partition, records)
         cancelled = False
         while True:
             try:
-                await asyncio.shield(task)
+                await self.record_log.flush(partition, first + len(records))
                 break
             except asyncio.CancelledError:
-                if task.done():
-                    raise
-                cancelled = True
-        if cancelled:
-            raise asyncio.CancelledError
-
-    async def _append_and_replay(self, partition: int, records: list[CoordinatorRecord]) -> None:
-        first = await self.record_log.append(partition, records)
+                cancelled = True  # the records are in the log: they must reach memory too
         shard = self.shards[partition]
         for i, record in enumerate(records):
             shard.replay(first + i, record)
+        if cancelled:
+            raise asyncio.CancelledError
 
     def delete_before(self, partition: int, offset: int) -> None:
         """Drop records no shard needs any more (call from a `write_exclusive` operation)."""
@@ -177,10 +183,8 @@ class CoordinatorRuntime(Generic[S]):
         async with self._gates[partition].whole():
             return await operation()
 
-    async def _own(self, work: Awaitable[T]) -> T:
-        task: asyncio.Task[T] = asyncio.ensure_future(work)
-        self._operations.add(task)
-        task.add_done_callback(self._operations.discard)
+    @staticmethod
+    async def _outlive_caller(task: asyncio.Task[T]) -> T:
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:

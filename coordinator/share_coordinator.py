@@ -165,14 +165,14 @@ class ShareCoordinator:
         )
         self.stats.write_latency_ms_sum += (time.perf_counter() - started) * 1000
 
-    async def _per_key(
+    def _per_key(
         self,
         group_id: str,
         topic_id: bytes,
         partition: int,
         action: Callable[[SharePartitionKey, int], Awaitable[_Outcome]],
-    ) -> _Outcome:
-        """Common checks, then `action(key, state_partition)` as a runtime write holding that key."""
+    ) -> _Outcome | asyncio.Task[_Outcome]:
+        """Common checks, then `action(key, state_partition)` started as a runtime write holding that key."""
         if topic_id == ZERO_UUID:
             return _Outcome(ErrorCode.INVALID_REQUEST, "The topic id is null.")
         if partition < 0:
@@ -198,7 +198,7 @@ class ShareCoordinator:
             finally:
                 self._leave_busy()
 
-        return await self.runtime.write(sp, key, operation)
+        return self.runtime.submit(sp, key, operation)
 
     # ---- RPC handlers ----------------------------------------------------------------------------
 
@@ -335,12 +335,16 @@ class ShareCoordinator:
         def bound(p: P) -> Callable[[SharePartitionKey, int], Awaitable[_Outcome]]:
             return lambda key, sp: action(key, sp, p)
 
-        jobs = [
+        started = [
             self._per_key(req.group_id, t.topic_id, p.partition, bound(p))
             for t in req.topics
             for p in t.partitions
         ]
-        flat = list(await asyncio.gather(*jobs))
+        writes = [job for job in started if isinstance(job, asyncio.Task)]
+        if writes:
+            # Shielded: a caller that goes away leaves the writes running (the runtime owns them).
+            await asyncio.shield(asyncio.gather(*writes))
+        flat = [job.result() if isinstance(job, asyncio.Task) else job for job in started]
         out: list[list[_Outcome]] = []
         for t in req.topics:
             out.append(flat[: len(t.partitions)])
