@@ -9,26 +9,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TypeVar
 
 from shoal.coordinator.placement import coordinator_partition
 from shoal.persister.persister import PersistedStateBatch, SharePartitionKey
-from shoal.protocol.coordinator_records import (
-    SHARE_SNAPSHOT,
-    SHARE_UPDATE,
-    CoordinatorRecord,
-    key_class,
-    value_class,
+from shoal.protocol.coordinator_records import SHARE_SNAPSHOT, SHARE_UPDATE, CoordinatorRecord
+from shoal.protocol.message_classes import (
+    ShareSnapshotKey,
+    ShareSnapshotValue,
+    ShareUpdateKey,
+    ShareUpdateValue,
 )
 from shoal.protocol.uuids import uuid_to_str
 
 UNINITIALIZED_START_OFFSET = -1
 UNINITIALIZED_DELIVERY_COMPLETE_COUNT = -1
 
-_SnapshotKey = key_class(SHARE_SNAPSHOT)
-_SnapshotValue = value_class(SHARE_SNAPSHOT)
-_UpdateKey = key_class(SHARE_UPDATE)
-_UpdateValue = value_class(SHARE_UPDATE)
+StateBatchT = TypeVar("StateBatchT", ShareSnapshotValue.StateBatch, ShareUpdateValue.StateBatch)
 
 
 # ---- partitioning --------------------------------------------------------------------------------
@@ -122,14 +119,14 @@ class ShareState:
     snapshot_offset: int = -1
 
 
-def _batches_from_record(value: Any) -> list[PersistedStateBatch]:
+def _batches_from_record(value: ShareSnapshotValue | ShareUpdateValue) -> list[PersistedStateBatch]:
     return [
         PersistedStateBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
         for b in value.state_batches
     ]
 
 
-def _to_record_batches(cls: Any, batches: Iterable[PersistedStateBatch]) -> list[Any]:
+def _to_record_batches(cls: type[StateBatchT], batches: Iterable[PersistedStateBatch]) -> list[StateBatchT]:
     return [
         cls(first_offset=b.first_offset, last_offset=b.last_offset, delivery_state=b.delivery_state,
             delivery_count=b.delivery_count)
@@ -215,7 +212,7 @@ class ShareStateMap:
 
 
 def _snapshot_record(key: SharePartitionKey, s: ShareState) -> CoordinatorRecord:
-    value = _SnapshotValue(
+    value = ShareSnapshotValue(
         snapshot_epoch=s.snapshot_epoch,
         state_epoch=s.state_epoch,
         leader_epoch=s.leader_epoch,
@@ -223,13 +220,13 @@ def _snapshot_record(key: SharePartitionKey, s: ShareState) -> CoordinatorRecord
         delivery_complete_count=s.delivery_complete_count,
         create_timestamp=s.create_timestamp,
         write_timestamp=s.write_timestamp,
-        state_batches=_to_record_batches(_SnapshotValue.StateBatch, s.state_batches),
+        state_batches=_to_record_batches(ShareSnapshotValue.StateBatch, s.state_batches),
     )
     return CoordinatorRecord(SHARE_SNAPSHOT, _snapshot_key(key), value)
 
 
-def _snapshot_key(key: SharePartitionKey) -> Any:
-    return _SnapshotKey(group_id=key.group_id, topic_id=key.topic_id, partition=key.partition)
+def _snapshot_key(key: SharePartitionKey) -> ShareSnapshotKey:
+    return ShareSnapshotKey(group_id=key.group_id, topic_id=key.topic_id, partition=key.partition)
 
 
 def initialize_record(
@@ -285,15 +282,15 @@ def write_record(
             create_timestamp=now_ms,
             write_timestamp=now_ms,
         ))
-    value = _UpdateValue(
+    value = ShareUpdateValue(
         snapshot_epoch=current.snapshot_epoch,
         leader_epoch=leader_epoch,
         start_offset=new_start,
         delivery_complete_count=dcc,
-        state_batches=_to_record_batches(_UpdateValue.StateBatch, combine_state_batches((), batches, new_start)),
+        state_batches=_to_record_batches(ShareUpdateValue.StateBatch, combine_state_batches((), batches, new_start)),
     )
     return CoordinatorRecord(
-        SHARE_UPDATE, _UpdateKey(group_id=key.group_id, topic_id=key.topic_id, partition=key.partition), value
+        SHARE_UPDATE, ShareUpdateKey(group_id=key.group_id, topic_id=key.topic_id, partition=key.partition), value
     )
 
 

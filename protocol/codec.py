@@ -30,11 +30,14 @@ _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 
 
+Buffer = bytes | bytearray | memoryview  # what messages are decoded from
+
+
 class DecodeError(ValueError):
     """Bytes that do not form a valid message of the expected API and version."""
 
 
-def _check(buf: Any, end: int) -> None:
+def _check(buf: Buffer, end: int) -> None:
     if end > len(buf):
         raise DecodeError("message truncated")
 
@@ -452,13 +455,14 @@ class MessageCodec:
             self._compiled[version] = pair
         return pair
 
-    def decode(self, buf: Any, version: int, pos: int = 0) -> tuple[Any, int]:
+    def decode(self, buf: Buffer, version: int, pos: int = 0) -> tuple[Any, int]:
+        """The message (an instance of `cls`, Any so callers can name its class) and the end position."""
         try:
             return self._get(version)[0](buf, pos)
         except (IndexError, struct.error, UnicodeDecodeError, InvalidRecordBatch) as exc:
             raise DecodeError(f"cannot decode {self.spec.name} v{version}: {exc}") from exc
 
-    def encode(self, obj: Any, version: int, out: bytearray | None = None) -> bytearray:
+    def encode(self, obj: MessageBase, version: int, out: bytearray | None = None) -> bytearray:
         if out is None:
             out = bytearray()
         self._get(version)[1](obj, out)

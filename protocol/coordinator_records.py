@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .codec import DecodeError, MessageCodec
+from .codec import DecodeError, MessageBase, MessageCodec
 from .messages import CODECS
 
 KEY_CODECS: dict[int, MessageCodec] = {}
@@ -37,6 +37,7 @@ SHARE_GROUP_STATE_PARTITION_METADATA = 15
 @dataclass(slots=True)
 class CoordinatorRecord:
     record_type: int
+    # The key and value classes of `record_type`; Any because replay reads them by record type.
     key: Any
     value: Any | None  # None = tombstone
     value_version: int = 0
@@ -50,13 +51,13 @@ def value_class(record_type: int) -> Any:
     return VALUE_CODECS[record_type].cls
 
 
-def encode_key(record_type: int, key: Any) -> bytes:
+def encode_key(record_type: int, key: MessageBase) -> bytes:
     out = bytearray(record_type.to_bytes(2, "big", signed=True))
     KEY_CODECS[record_type].encode(key, 0, out)
     return bytes(out)
 
 
-def encode_value(record_type: int, value: Any, version: int = 0) -> bytes:
+def encode_value(record_type: int, value: MessageBase, version: int = 0) -> bytes:
     out = bytearray(version.to_bytes(2, "big", signed=True))
     VALUE_CODECS[record_type].encode(value, version, out)
     return bytes(out)

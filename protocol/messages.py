@@ -12,7 +12,7 @@ from typing import Any
 
 from . import message_classes
 from .api_keys import ApiKey
-from .codec import DecodeError, MessageBase, MessageCodec
+from .codec import Buffer, DecodeError, MessageBase, MessageCodec
 from .message_classes import *  # noqa: F403 - the generated classes are this module's message names
 from .schema import load_all
 
@@ -65,7 +65,7 @@ class UnknownApi(DecodeError):
     """A request for an API key this build has no spec for."""
 
 
-def decode_request_header(buf: Any) -> tuple[RequestHeader, int]:
+def decode_request_header(buf: Buffer) -> tuple[RequestHeader, int]:
     """Parse the header far enough to route the request; returns the header and the body's position."""
     if len(buf) < 8:
         raise DecodeError("request shorter than its header")
@@ -80,13 +80,13 @@ def decode_request_header(buf: Any) -> tuple[RequestHeader, int]:
     return RequestHeader(api_key, api_version, correlation_id, hdr.client_id), pos
 
 
-def decode_request(buf: Any) -> tuple[RequestHeader, Any]:
+def decode_request(buf: Buffer) -> tuple[RequestHeader, Any]:
     header, pos = decode_request_header(buf)
     body, end = REQUESTS[header.api_key].decode(buf, header.api_version, pos)
     return header, body
 
 
-def encode_request(body: Any, api_key: int, api_version: int, correlation_id: int, client_id: str | None) -> bytearray:
+def encode_request(body: MessageBase, api_key: int, api_version: int, correlation_id: int, client_id: str | None) -> bytearray:
     hv = request_header_version(api_key, api_version)
     hdr = _REQUEST_HEADER.cls(
         request_api_key=api_key, request_api_version=api_version, correlation_id=correlation_id, client_id=client_id
@@ -95,7 +95,7 @@ def encode_request(body: Any, api_key: int, api_version: int, correlation_id: in
     return REQUESTS[api_key].encode(body, api_version, out)
 
 
-def encode_response(body: Any, api_key: int, api_version: int, correlation_id: int, *, framed: bool = True) -> bytearray:
+def encode_response(body: MessageBase, api_key: int, api_version: int, correlation_id: int, *, framed: bool = True) -> bytearray:
     """Response header + body, with the 4-byte size prefix when `framed`."""
     out = bytearray(b"\x00\x00\x00\x00") if framed else bytearray()
     out += correlation_id.to_bytes(4, "big", signed=True)
@@ -107,7 +107,7 @@ def encode_response(body: Any, api_key: int, api_version: int, correlation_id: i
     return out
 
 
-def decode_response(buf: Any, api_key: int, api_version: int) -> tuple[int, Any]:
+def decode_response(buf: Buffer, api_key: int, api_version: int) -> tuple[int, Any]:
     correlation_id = int.from_bytes(buf[0:4], "big", signed=True)
     pos = 4
     if response_header_version(api_key, api_version) >= 1:
