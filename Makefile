@@ -25,7 +25,7 @@ run: install
 
 test: install-test
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy protocol broker coordinator persister client shoal_pkg
+	$(VENV)/bin/mypy shoal
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests
 
 unit: install-test
@@ -36,7 +36,7 @@ integration: install-test
 
 lint: install-test
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy protocol broker coordinator persister client shoal_pkg
+	$(VENV)/bin/mypy shoal
 
 # Typed message classes and ApiKey from protocol/specs (a unit test fails when they are stale).
 generate: install

@@ -17,6 +17,7 @@ import time
 import uuid
 
 from peers import start_shoal
+
 from shoal.client import RESOURCE_GROUP, AsyncAdmin, AsyncProducer, AsyncShareConsumer, NewTopic
 
 

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import crc32c
-from shoal.broker.partition_log import LogConfig, PartitionLog
+
+from shoal.broker.storage.partition_log import LogConfig, PartitionLog
 from shoal.protocol.record_batch import iter_batches
 
 

@@ -51,6 +51,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 from peers import start_mock
+
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 
@@ -79,7 +80,7 @@ class Shoal:
 
     def start(self) -> Shoal:
         args = [
-            sys.executable, "-m", "shoal.broker.main",
+            sys.executable, "-m", "shoal.broker.server.main",
             "--override", f"listeners=PLAINTEXT://127.0.0.1:{self.port}",
             "--override", f"log.dirs={self.data_dir}",
             "--override", "group.share.heartbeat.interval.ms=1000",

@@ -33,7 +33,7 @@ TOPIC = "bench-spark"
 
 def bare(bootstrap: str, group: str, total: int, explicit: bool) -> tuple[float, float]:
     """(seconds from subscribe to the last record, seconds from the first record to the last)."""
-    from shoal.client.share_consumer import ShareConsumer
+    from shoal.client.consumer.share_consumer import ShareConsumer
 
     mode = "explicit" if explicit else "implicit"
     consumer = ShareConsumer(bootstrap, group, acknowledgement_mode=mode, max_poll_records=5000)
@@ -62,7 +62,8 @@ def spark_run(bootstrap: str, group: str, total: int, per_trigger: int) -> tuple
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
-    from shoal.client.spark_source import register
+
+    from shoal.client.spark.source import register
 
     spark = (
         SparkSession.builder.master("local[2]")

@@ -21,7 +21,7 @@ READY_PREFIX = "SHOAL_READY "
 def start_shoal(data_dir: str, overrides: Iterable[str] = ()) -> tuple[subprocess.Popen[str], str]:
     """Start `shoal-broker` on a free port; returns the process and its bootstrap address."""
     args = [
-        sys.executable, "-m", "shoal.broker.main",
+        sys.executable, "-m", "shoal.broker.server.main",
         "--override", "listeners=PLAINTEXT://127.0.0.1:0",
         "--override", f"log.dirs={data_dir}",
         "--override", "log.level=WARNING",

@@ -1,9 +1,9 @@
 """Shoal's bundled Kafka client: producer, share consumer and admin, each async with a sync facade."""
 
 from .admin import RESOURCE_BROKER, RESOURCE_GROUP, RESOURCE_TOPIC, Admin, AsyncAdmin, NewTopic
+from .consumer import AcknowledgeType, AsyncShareConsumer, ShareConsumer, ShareRecord
 from .errors import KafkaError
 from .producer import AsyncProducer, Producer, RecordMetadata
-from .share_consumer import AcknowledgeType, AsyncShareConsumer, ShareConsumer, ShareRecord
 
 __all__ = [
     "RESOURCE_BROKER",

@@ -133,7 +133,7 @@ class BrokerConnection:
     def pick_version(self, api_key: int, our_min: int, our_max: int) -> int:
         """The highest version both sides speak within [our_min, our_max]."""
         spec = messages.REQUESTS[api_key].spec.valid
-        lo, hi = max(our_min, spec.low), min(our_max, spec.high)
+        lo, hi = max(our_min, spec.low), our_max if spec.high is None else min(our_max, spec.high)
         rng = self.api_versions.get(api_key)
         if rng is not None:
             lo, hi = max(lo, rng[0]), min(hi, rng[1])
@@ -163,7 +163,8 @@ class BrokerConnection:
         if self._closed or self._writer is None:
             raise self._close_reason or KafkaConnectionError(None, f"connection to {self.host}:{self.port} is closed")
         if version is None:
-            lo, hi = versions if versions is not None else (0, messages.REQUESTS[api_key].spec.valid.high)
+            spec_high = messages.REQUESTS[api_key].spec.valid.high
+            lo, hi = versions if versions is not None else (0, 0x7FFF if spec_high is None else spec_high)
             version = self.pick_version(api_key, lo, hi)
         self._correlation = (self._correlation + 1) & 0x7FFFFFFF
         correlation_id = self._correlation

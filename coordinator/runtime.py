@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
+
 from shoal.protocol.coordinator_records import CoordinatorRecord
 
 from .record_log import CoordinatorRecordLog

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import structlog
+
 from shoal.persister.persister import PersistedStateBatch, SharePartitionKey
 from shoal.protocol.coordinator_records import SHARE_SNAPSHOT, CoordinatorRecord
 from shoal.protocol.errors import ErrorCode

@@ -73,7 +73,7 @@ def build_query(
     available_now: bool = False,
     max_records_per_trigger: int = 10_000,
 ) -> StreamingQuery:
-    from shoal.client.spark_source import register
+    from shoal.client.spark.source import register
 
     register(spark)
     orders = (

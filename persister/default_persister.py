@@ -9,7 +9,7 @@ the share-partition leader's job.
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.share_state_rpcs import (
@@ -34,10 +34,6 @@ from .persister import (
     StateSummary,
     WriteStateRequest,
 )
-
-if TYPE_CHECKING:
-    from shoal.coordinator.share_coordinator import ShareCoordinator
-
 
 
 class ShareCoordinatorClient(Protocol):
@@ -158,26 +154,3 @@ class DefaultStatePersister:
             # v0 has no such field; the decoder's default (-1) then means "unknown".
             delivery_complete_count=p.delivery_complete_count,
         )
-
-
-class InProcessShareCoordinatorClient:
-    """Hands requests straight to this process's share coordinator (no encoding: nothing crosses a wire,
-    so the version does not matter)."""
-
-    def __init__(self, coordinator: ShareCoordinator):
-        self.coordinator = coordinator
-
-    async def initialize_state(self, request: InitializeRequest, version: int) -> InitializeResponse:
-        return await self.coordinator.initialize_state(request)
-
-    async def read_state(self, request: ReadRequest, version: int) -> ReadResponse:
-        return await self.coordinator.read_state(request)
-
-    async def write_state(self, request: WriteRequest, version: int) -> WriteResponse:
-        return await self.coordinator.write_state(request)
-
-    async def delete_state(self, request: DeleteRequest, version: int) -> DeleteResponse:
-        return await self.coordinator.delete_state(request)
-
-    async def read_state_summary(self, request: SummaryRequest, version: int) -> SummaryResponse:
-        return await self.coordinator.read_state_summary(request)

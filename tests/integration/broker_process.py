@@ -49,7 +49,7 @@ class BrokerProcess:
         args = [
             sys.executable,
             "-m",
-            "shoal.broker.main",
+            "shoal.broker.server.main",
             "--override",
             f"listeners={listener}",
             "--override",

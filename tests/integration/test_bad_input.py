@@ -16,6 +16,7 @@ from typing import Any
 import crc32c
 import pytest
 from kafka import KafkaProducer
+
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode

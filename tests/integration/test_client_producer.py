@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka import Producer as RdProducer
+
 from shoal.client import Admin, AsyncProducer, NewTopic, Producer
 from shoal.client.cluster import Cluster
 from shoal.client.errors import UnknownTopicError

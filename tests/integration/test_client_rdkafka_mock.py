@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Producer as RdProducer
+
 from shoal.client import AcknowledgeType, Producer, ShareConsumer
 from shoal.client.connection import BrokerConnection
 from shoal.client.security import ClientConfig

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from shoal.client import (
     RESOURCE_GROUP,
     AcknowledgeType,

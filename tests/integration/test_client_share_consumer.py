@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
 from shoal.client import (
     RESOURCE_GROUP,
     AcknowledgeType,
@@ -15,8 +16,8 @@ from shoal.client import (
     ShareConsumer,
     ShareRecord,
 )
+from shoal.client.consumer.share_consumer import new_member_id
 from shoal.client.errors import ClientClosedError, IllegalStateError
-from shoal.client.share_consumer import new_member_id
 
 from .broker_process import BrokerProcess
 from .conftest import FAST_HEARTBEAT

@@ -14,6 +14,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+
 from shoal.protocol.record_batch import iter_batches
 
 from .broker_process import BrokerProcess

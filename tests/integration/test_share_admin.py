@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from confluent_kafka import AcknowledgeType, KafkaException
 from confluent_kafka.admin import AdminClient
+
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode

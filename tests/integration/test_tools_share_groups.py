@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from shoal.client import RESOURCE_GROUP, Admin, ShareConsumer
 
 from .broker_process import BrokerProcess
@@ -22,9 +23,9 @@ from .share_clients import create_topic, produce, set_group_config
 
 PLAIN_JAAS = 'org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="alice-secret";'
 TOOL_MODULES = {
-    "kafka-share-groups": "shoal.client.tools_share_groups",
-    "kafka-console-share-consumer": "shoal.client.tools_console_share_consumer",
-    "kafka-share-consumer-perf-test": "shoal.client.tools_share_perf",
+    "kafka-share-groups": "shoal.client.tools.share_groups",
+    "kafka-console-share-consumer": "shoal.client.tools.console_share_consumer",
+    "kafka-share-consumer-perf-test": "shoal.client.tools.share_perf",
 }
 
 

@@ -53,7 +53,7 @@ def spark() -> Iterator[SparkSession]:
     )
     session.sparkContext.setLogLevel("ERROR")
     # Importing the module registers "kafka-share" in the active session.
-    import shoal.client.spark_source  # noqa: F401
+    import shoal.client.spark.source  # noqa: F401
 
     yield session
     session.stop()

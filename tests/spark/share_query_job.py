@@ -22,7 +22,8 @@ def main(argv: list[str]) -> int:
     hang_at = int(argv[7]) if len(argv) > 7 else -1
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
-    from shoal.client.spark_source import register
+
+    from shoal.client.spark.source import register
 
     spark = (
         SparkSession.builder.master("local[2]")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from shoal.client.share_consumer import ShareRecord
-from shoal.client.spark_options import SparkOptionError
-from shoal.client.spark_source import KafkaShareStreamReader, SourceOptions, split_into_chunks
+
+from shoal.client.consumer.share_consumer import ShareRecord
+from shoal.client.spark.options import SparkOptionError
+from shoal.client.spark.source import KafkaShareStreamReader, SourceOptions, split_into_chunks
 
 BASE = {"kafka.bootstrap.servers": "127.0.0.1:9092", "group.id": "g", "subscribe": "a, b"}
 

@@ -13,7 +13,6 @@ from collections import Counter
 from pathlib import Path
 
 from shoal.client.admin import Admin
-
 from tests.integration.broker_process import BrokerProcess
 from tests.integration.share_clients import create_topic, produce, set_group_config
 

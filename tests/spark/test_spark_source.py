@@ -6,7 +6,6 @@ import time
 from typing import TYPE_CHECKING
 
 from shoal.client.admin import Admin
-
 from tests.integration.broker_process import BrokerProcess
 from tests.integration.share_clients import (
     Consumed,

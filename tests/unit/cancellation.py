@@ -8,7 +8,8 @@ from collections.abc import Awaitable
 from typing import Any
 
 import pytest
-from shoal.broker.partition_log import PartitionLog
+
+from shoal.broker.storage.partition_log import PartitionLog
 
 
 async def cancel_once_appended(plog: PartitionLog, work: Awaitable[Any]) -> None:

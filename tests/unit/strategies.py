@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from hypothesis import strategies as st
+
 from shoal.protocol.codec import MessageBase, MessageCodec
 from shoal.protocol.schema import FieldSpec, StructSpec
 

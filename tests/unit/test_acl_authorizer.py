@@ -6,9 +6,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from shoal.broker.acl_apis import AclFilter, InvalidAcl, binding_from_creation
-from shoal.broker.acl_store import AclStore
-from shoal.broker.authorizer import (
+
+from shoal.broker.apis.acl_apis import AclFilter, InvalidAcl, binding_from_creation
+from shoal.broker.security.acl_store import AclStore
+from shoal.broker.security.authorizer import (
     AclAuthorizer,
     AclBinding,
     Operation,

@@ -6,6 +6,7 @@ from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from shoal.coordinator.assignor import Assignment, SimpleAssignor
 
 T1 = b"\x01" * 16

@@ -8,6 +8,13 @@ import pickle
 import re
 
 import pytest
+
+from shoal.client.consumer.share_consumer import (
+    AcknowledgeType,
+    AsyncShareConsumer,
+    ack_batches,
+    new_member_id,
+)
 from shoal.client.errors import (
     KafkaConnectionError,
     KafkaError,
@@ -15,9 +22,8 @@ from shoal.client.errors import (
     UnknownTopicError,
     for_code,
 )
-from shoal.client.partitioner import StickyPartitioner, murmur2, partition_for_key
+from shoal.client.producer.partitioner import StickyPartitioner, murmur2, partition_for_key
 from shoal.client.security import ClientConfig, PlainExchange, ScramExchange
-from shoal.client.share_consumer import AcknowledgeType, AsyncShareConsumer, ack_batches, new_member_id
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.records import RecordInput, encode_batch, encode_txn_marker

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+
 from shoal.client.cluster import Cluster, parse_bootstrap
 from shoal.client.connection import BrokerConnection
 from shoal.client.errors import KafkaConnectionError, UnsupportedVersionError

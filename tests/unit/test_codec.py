@@ -37,10 +37,10 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial._introspect import EntityField, EntityTupleField, classify_field, is_optional
 from kio.serial.readers import tz_aware_from_i64
 from kio.static.constants import EntityType
+
 from shoal.protocol import messages
 from shoal.protocol.codec import DecodeError, MessageBase, MessageCodec
 from shoal.protocol.schema import FieldSpec, StructSpec, Versions
-
 from tests.unit.strategies import message_strategy
 
 CODECS = messages.CODECS

@@ -8,9 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from shoal.broker.internal_topic_log import InternalTopicLog
-from shoal.broker.partition_log import LogConfig, PartitionLog
-from shoal.broker.topic_registry import Topic
+
+from shoal.broker.storage.internal_topic_log import InternalTopicLog
+from shoal.broker.storage.partition_log import LogConfig, PartitionLog
+from shoal.broker.storage.topic_registry import Topic
 from shoal.coordinator.runtime import CoordinatorRuntime, PartitionGate
 from shoal.coordinator.share_state import tombstone_record
 from shoal.persister.persister import SharePartitionKey

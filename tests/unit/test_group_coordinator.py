@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shoal.broker.internal_topic_log import InternalTopicLog
-from shoal.broker.partition_log import LogConfig, PartitionLog
-from shoal.broker.topic_registry import Topic
+
+from shoal.broker.storage.internal_topic_log import InternalTopicLog
+from shoal.broker.storage.partition_log import LogConfig, PartitionLog
+from shoal.broker.storage.topic_registry import Topic
 from shoal.coordinator.group_coordinator import (
     GroupCoordinator,
     GroupCoordinatorConfig,
@@ -456,7 +457,7 @@ def test_group_placement_matches_kafka() -> None:
     assert partition_for_group("\u00e9t\u00e9", 7) == abs(java_string_hashcode("\u00e9t\u00e9")) % 7
 
 
-# ---- the API layer (broker/share_group_apis.py) over a real broker object ------------------------------
+# ---- the API layer (broker/apis/share_group_apis.py) over a real broker object ------------------------------
 
 
 class DenyingAuthorizer:
@@ -471,11 +472,11 @@ class DenyingAuthorizer:
 
 @pytest.fixture
 async def api_env(tmp_path: Path) -> Any:
-    from shoal.broker.authorizer import Operation, ResourceType
-    from shoal.broker.config import BrokerConfig
-    from shoal.broker.connection import KafkaConnection, RequestContext
-    from shoal.broker.server import Broker
-    from shoal.broker.share_group_apis import BrokerTopicMetadata, ShareGroupApis
+    from shoal.broker.apis.share_group_apis import BrokerTopicMetadata, ShareGroupApis
+    from shoal.broker.network.connection import KafkaConnection, RequestContext
+    from shoal.broker.security.authorizer import Operation, ResourceType
+    from shoal.broker.server.config import BrokerConfig
+    from shoal.broker.server.server import Broker
 
     config = BrokerConfig.from_strings({"log.dirs": str(tmp_path / "data"), "offsets.topic.num.partitions": "3",
                                         "share.coordinator.state.topic.num.partitions": "3"})

@@ -16,9 +16,10 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from shoal.broker import log_segment
-from shoal.broker.log_segment import LogSegment
-from shoal.broker.partition_log import LogClosed, LogConfig, OffsetOutOfRange, PartitionLog
+
+from shoal.broker.storage import log_segment
+from shoal.broker.storage.log_segment import LogSegment
+from shoal.broker.storage.partition_log import LogClosed, LogConfig, OffsetOutOfRange, PartitionLog
 from shoal.protocol.record_batch import iter_batches
 
 # -- test batch builder (a real v2 batch: header, CRC32C, varint-encoded records) ---------------------

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shoal.broker.partition_log import LogConfig, PartitionLog
-from shoal.broker.produce import rebuild_producer_state
-from shoal.broker.producer_state import PartitionProducerState, ProducerIdAllocator
+from shoal.broker.apis.produce import rebuild_producer_state
+from shoal.broker.storage.partition_log import LogConfig, PartitionLog
+from shoal.broker.storage.producer_state import PartitionProducerState, ProducerIdAllocator
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.record_batch import iter_batches
 from shoal.protocol.records import RecordInput, encode_batch

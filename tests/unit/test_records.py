@@ -13,6 +13,7 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from shoal.protocol import compression
 from shoal.protocol.compression import CompressionError, UnsupportedCompression
 from shoal.protocol.record_batch import (

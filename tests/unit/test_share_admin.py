@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shoal.broker.share_group_admin import compute_lag
-from shoal.broker.share_metrics import WindowedMax
+
+from shoal.broker.apis.share_group_admin import compute_lag
+from shoal.broker.server.share_metrics import WindowedMax
 from shoal.persister.persister import StateSummary
 from shoal.protocol.errors import ErrorCode
 

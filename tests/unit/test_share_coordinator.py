@@ -17,22 +17,24 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from shoal.broker.authorizer import AllowAllAuthorizer, Operation, Principal, ResourceType
-from shoal.broker.config import BrokerConfig, Listener
-from shoal.broker.connection import KafkaConnection, RequestContext
-from shoal.broker.internal_topic_log import InternalTopicLog
-from shoal.broker.partition_log import LogConfig, PartitionLog
-from shoal.broker.server import Broker
-from shoal.broker.share_state_apis import register
-from shoal.broker.topic_registry import Topic, topic_id_to_str
+
+from shoal.broker.apis.share_state_apis import register
+from shoal.broker.network.connection import KafkaConnection, RequestContext
+from shoal.broker.security.authorizer import AllowAllAuthorizer, Operation, Principal, ResourceType
+from shoal.broker.server.config import BrokerConfig, Listener
+from shoal.broker.server.server import Broker
+from shoal.broker.storage.internal_topic_log import InternalTopicLog
+from shoal.broker.storage.partition_log import LogConfig, PartitionLog
+from shoal.broker.storage.topic_registry import Topic, topic_id_to_str
 from shoal.coordinator.placement import java_string_hashcode
 from shoal.coordinator.share_coordinator import ShareCoordinator
+from shoal.coordinator.share_coordinator_client import InProcessShareCoordinatorClient
 from shoal.coordinator.share_state import (
     ShareState,
     combine_state_batches,
     state_partition_for,
 )
-from shoal.persister.default_persister import DefaultStatePersister, InProcessShareCoordinatorClient
+from shoal.persister.default_persister import DefaultStatePersister
 from shoal.persister.persister import PersistedStateBatch, SharePartitionKey, WriteStateRequest
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey

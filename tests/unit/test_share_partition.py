@@ -7,7 +7,8 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from shoal.broker.share_partition import (
+
+from shoal.broker.share.share_partition import (
     AckBatch,
     AckOutcome,
     AcquireMode,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from shoal.iso_duration import parse_iso_duration_ms
 from shoal.java_properties import parse_properties
 

@@ -1,0 +1,107 @@
+"""IncrementalAlterConfigs for topics (TOPIC = 2) and groups (GROUP = 32), applied live and persisted."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from shoal.broker.security.authorizer import Operation, ResourceType
+from shoal.broker.share.group_configs import InvalidGroupConfig
+from shoal.broker.storage.topic_registry import TOPIC_CONFIG_KEYS
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.errors import ErrorCode
+
+if TYPE_CHECKING:
+    from shoal.broker.apis.broker import Broker
+    from shoal.broker.network.connection import RequestContext
+
+log = structlog.get_logger("shoal.configs")
+
+RESOURCE_TOPIC = 2
+RESOURCE_GROUP = 32
+OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
+
+Response = messages.IncrementalAlterConfigsResponse
+ResourceResponse = Response.AlterConfigsResourceResponse  # type: ignore[attr-defined]
+
+
+class AlterConfigs:
+    def __init__(self, broker: Broker):
+        self.broker = broker
+
+    def incremental_alter_configs(self, ctx: RequestContext, req: Any) -> Any:
+        out = []
+        for r in req.resources:
+            res = ResourceResponse(error_code=ErrorCode.NONE, error_message=None,
+                                   resource_type=r.resource_type, resource_name=r.resource_name)
+            out.append(res)
+            changes: list[tuple[str, str | None]] = []
+            bad = None
+            for c in r.configs:
+                if c.config_operation == OP_SET:
+                    changes.append((c.name, c.value))
+                elif c.config_operation == OP_DELETE:
+                    changes.append((c.name, None))
+                else:
+                    bad = f"operation {c.config_operation} is not supported for {c.name} (not a list config)"
+            if bad is not None:
+                res.error_code, res.error_message = ErrorCode.INVALID_CONFIG, bad
+                continue
+            if r.resource_type == RESOURCE_GROUP:
+                self._alter_group(ctx, r.resource_name, changes, req.validate_only, res)
+            elif r.resource_type == RESOURCE_TOPIC:
+                self._alter_topic(ctx, r.resource_name, changes, req.validate_only, res)
+            else:
+                res.error_code = ErrorCode.INVALID_REQUEST
+                res.error_message = f"resource type {r.resource_type} cannot be altered on this broker"
+        return Response(responses=out)
+
+    def _alter_group(self, ctx: RequestContext, group: str, changes: list[tuple[str, str | None]],
+                     validate_only: bool, res: Any) -> None:
+        if not ctx.authorize(Operation.ALTER_CONFIGS, ResourceType.GROUP, group):
+            res.error_code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+            return
+        configs = self.broker.group_configs
+        try:
+            for key, value in changes:
+                configs.validate(key, value)
+        except InvalidGroupConfig as exc:
+            res.error_code, res.error_message = ErrorCode.INVALID_CONFIG, str(exc)
+            return
+        if validate_only:
+            return
+        configs.apply(group, changes)
+        log.info("group config changed", group=group, changes=dict(changes))
+        self.broker.on_group_config_changed(group)
+
+    def _alter_topic(self, ctx: RequestContext, name: str, changes: list[tuple[str, str | None]],
+                     validate_only: bool, res: Any) -> None:
+        # Authorization first, as in Kafka: existence is not revealed to a client without the right.
+        if not ctx.authorize(Operation.ALTER_CONFIGS, ResourceType.TOPIC, name):
+            res.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            return
+        topic = self.broker.topics.get(name)
+        if topic is None:
+            res.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            return
+        for key, value in changes:
+            if key not in TOPIC_CONFIG_KEYS:
+                res.error_code, res.error_message = ErrorCode.INVALID_CONFIG, f"Unknown topic config name: {key}"
+                return
+            if value is not None and key not in ("cleanup.policy", "compression.type", "message.timestamp.type"):
+                try:
+                    int(value)
+                except ValueError:
+                    res.error_code, res.error_message = ErrorCode.INVALID_CONFIG, f"Invalid value {value} for {key}"
+                    return
+        if validate_only:
+            return
+        self.broker.topics.alter_configs(topic, changes)
+
+
+def register(broker: Broker) -> AlterConfigs:
+    h = AlterConfigs(broker)
+    broker.register(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1, h.incremental_alter_configs)
+    return h

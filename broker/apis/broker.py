@@ -1,0 +1,82 @@
+"""What the handlers, connections and SASL layer see of the broker: its services, as a Protocol.
+
+`shoal.broker.server.server.Broker` implements it. Handlers depend on this view rather than on the
+server module, so the server can import the handlers without an import cycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from shoal.broker.security.authorizer import Authorizer
+    from shoal.broker.security.scram import ScramCredentialStore
+    from shoal.broker.server.config import BrokerConfig, Listener
+    from shoal.broker.server.metrics import BrokerMetrics
+    from shoal.broker.share.group_configs import GroupConfigs
+    from shoal.broker.share.share_partition_leader import SharePartitionLeaders
+    from shoal.broker.storage.purgatory import Purgatory
+    from shoal.broker.storage.topic_registry import Topic, TopicRegistry
+    from shoal.coordinator.group_coordinator import GroupCoordinator
+    from shoal.coordinator.share_coordinator import ShareCoordinator
+    from shoal.persister.persister import Persister
+
+
+@dataclass(frozen=True, slots=True)
+class Api:
+    """A handler for one API key over a version range; `handler(ctx, body)` returns the response body."""
+
+    key: int
+    name: str
+    min_version: int
+    max_version: int
+    handler: Callable[..., Any]
+    is_async: bool
+
+
+class Broker(Protocol):
+    config: BrokerConfig
+    node_id: int
+    cluster_id: str
+    metrics: BrokerMetrics
+    authorizer: Authorizer
+    scram_credentials: ScramCredentialStore
+    ssl_contexts: dict[str, ssl.SSLContext]
+    topics: TopicRegistry
+    purgatory: Purgatory
+    group_configs: GroupConfigs
+    apis: dict[int, Api]
+    # Connections are typed loosely here: the network layer imports this module.
+    connection_listeners: list[Callable[[Any], None]]
+    # Share-group parts, wired in start() once the internal topics exist (before any request is served).
+    share_coordinator: ShareCoordinator
+    group_coordinator: GroupCoordinator
+    persister: Persister
+    share_partitions: SharePartitionLeaders
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def register(self, key: int, min_version: int, max_version: int, handler: Callable[..., Any]) -> None: ...
+
+    def api_versions_fallback(self, header: Any) -> Any: ...
+
+    def api_version_entries(self) -> list[Any]: ...
+
+    def on_connection_opened(self, conn: Any) -> None: ...
+
+    def on_connection_closed(self, conn: Any) -> None: ...
+
+    def on_group_config_changed(self, group_id: str) -> None: ...
+
+    def on_topic_created(self, topic: Topic) -> None: ...
+
+    def delete_topic(self, topic: Topic) -> None: ...
+
+    def on_log_start_moved(self, topic: Topic, partition: int) -> None: ...
+
+    def advertised_listener(self, name: str) -> Listener: ...

@@ -1,0 +1,103 @@
+"""Fetch (consumer side): stored batches served as they are on disk, with MaxWaitMs/MinBytes long polling.
+
+Shoal does not create incremental fetch sessions: every response is a full one with SessionId 0,
+which Kafka's protocol allows (a broker may always decline to create a session).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from shoal.broker.security.authorizer import Operation, ResourceType
+from shoal.broker.storage.partition_log import OffsetOutOfRange
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.errors import ErrorCode
+
+if TYPE_CHECKING:
+    from shoal.broker.apis.broker import Broker
+    from shoal.broker.network.connection import RequestContext
+
+FetchResponse = messages.FetchResponse
+TopicData = FetchResponse.FetchableTopicResponse  # type: ignore[attr-defined]
+PartitionData = FetchResponse.PartitionData  # type: ignore[attr-defined]
+
+
+class FetchHandler:
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        self.broker_max_bytes = int(broker.config["fetch.max.bytes"])
+
+    async def handle(self, ctx: RequestContext, req: Any) -> Any:
+        version = ctx.api_version
+        if req.session_epoch > 0 or req.session_id != 0:
+            # We never hand out fetch sessions, so an incremental request names one we do not have.
+            return FetchResponse(error_code=ErrorCode.FETCH_SESSION_ID_NOT_FOUND, session_id=0, responses=[])
+        deadline = time.monotonic() + max(0, req.max_wait_ms) / 1000
+        while True:
+            response, total, keys = self._read_all(ctx, req, version)
+            remaining = deadline - time.monotonic()
+            if total >= req.min_bytes or remaining <= 0 or not keys:
+                return response
+            await self.broker.purgatory.wait(keys, remaining)
+
+    def _read_all(self, ctx: RequestContext, req: Any, version: int) -> tuple[Any, int, list[Any]]:
+        topics = self.broker.topics
+        budget = min(req.max_bytes if version >= 3 else 2**31 - 1, self.broker_max_bytes)
+        total = 0
+        keys: list[Any] = []
+        out = []
+        for ft in req.topics:
+            topic = topics.get_by_id(ft.topic_id) if version >= 13 else topics.get(ft.topic)
+            parts = []
+            for fp in ft.partitions:
+                pd = PartitionData(
+                    partition_index=fp.partition,
+                    high_watermark=-1,
+                    last_stable_offset=-1,
+                    log_start_offset=-1,
+                    aborted_transactions=None,
+                    preferred_read_replica=-1,
+                    records=b"",
+                )
+                parts.append(pd)
+                if topic is None:
+                    pd.error_code = ErrorCode.UNKNOWN_TOPIC_ID if version >= 13 else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                if not ctx.authorize(Operation.READ, ResourceType.TOPIC, topic.name):
+                    pd.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                    continue
+                if not 0 <= fp.partition < len(topic.partitions):
+                    pd.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                plog = topic.partitions[fp.partition]
+                pd.high_watermark = plog.high_watermark
+                pd.last_stable_offset = plog.high_watermark
+                pd.log_start_offset = plog.log_start_offset
+                keys.append(("log", topic.topic_id, fp.partition))
+                # The first partition with data always gets one whole batch, so a huge batch cannot stall a consumer.
+                limit = min(fp.partition_max_bytes, budget)
+                if limit <= 0 and total > 0:
+                    continue
+                try:
+                    data = plog.read(fp.fetch_offset, max(limit, 1) if total == 0 else limit)
+                except OffsetOutOfRange:
+                    pd.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
+                    continue
+                if total > 0 and len(data) > budget:
+                    data = b""
+                pd.records = data
+                total += len(data)
+                budget -= len(data)
+            name = topic.name if topic is not None else ft.topic
+            out.append(TopicData(topic=name, topic_id=ft.topic_id, partitions=parts))
+        return FetchResponse(error_code=ErrorCode.NONE, session_id=0, responses=out), total, keys
+
+
+def register(broker: Broker) -> FetchHandler:
+    handler = FetchHandler(broker)
+    broker.register(ApiKey.FETCH, 4, 17, handler.handle)
+    return handler
+
+

@@ -1,0 +1,184 @@
+"""ApiVersions, Metadata, FindCoordinator and DescribeCluster: how clients discover this broker."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
+from shoal.broker.storage.topic_registry import Topic, validate_topic_name
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.errors import ErrorCode
+
+if TYPE_CHECKING:
+    from shoal.broker.apis.broker import Broker
+    from shoal.broker.network.connection import RequestContext
+
+log = structlog.get_logger("shoal.metadata")
+
+AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
+ApiVersionsResponse = messages.ApiVersionsResponse
+MetadataResponse = messages.MetadataResponse
+MdBroker = MetadataResponse.MetadataResponseBroker  # type: ignore[attr-defined]
+MdTopic = MetadataResponse.MetadataResponseTopic  # type: ignore[attr-defined]
+MdPartition = MetadataResponse.MetadataResponsePartition  # type: ignore[attr-defined]
+FindCoordinatorResponse = messages.FindCoordinatorResponse
+Coordinator = FindCoordinatorResponse.Coordinator  # type: ignore[attr-defined]
+DescribeClusterResponse = messages.DescribeClusterResponse
+DcBroker = DescribeClusterResponse.DescribeClusterBroker  # type: ignore[attr-defined]
+
+KEY_TYPE_GROUP = 0
+KEY_TYPE_TRANSACTION = 1
+KEY_TYPE_SHARE = 2
+
+
+class DiscoveryHandlers:
+    def __init__(self, broker: Broker):
+        self.broker = broker
+
+    def api_versions(self, ctx: RequestContext, req: Any) -> Any:
+        feature = ApiVersionsResponse.SupportedFeatureKey  # type: ignore[attr-defined]
+        finalized = ApiVersionsResponse.FinalizedFeatureKey  # type: ignore[attr-defined]
+        share_level = 1 if self.broker.config["group.share.enable"] else 0
+        return ApiVersionsResponse(
+            error_code=ErrorCode.NONE,
+            api_keys=self.broker.api_version_entries(),
+            supported_features=[feature(name="share.version", min_version=0, max_version=1)],
+            finalized_features_epoch=0,
+            finalized_features=[finalized(name="share.version", max_version_level=share_level, min_version_level=share_level)],
+        )
+
+    def _listener(self, ctx: RequestContext) -> Any:
+        return self.broker.advertised_listener(ctx.connection.listener.name)
+
+    def metadata(self, ctx: RequestContext, req: Any) -> Any:
+        version = ctx.api_version
+        topics = self.broker.topics
+        lst = self._listener(ctx)
+        brokers = [MdBroker(node_id=self.broker.node_id, host=lst.host, port=lst.port, rack=None)]
+        out = []
+        if req.topics is None or (version == 0 and not req.topics):
+            for topic in list(topics.by_name.values()):
+                if ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, topic.name):
+                    out.append(self._topic(topic))
+        else:
+            auto_create = self.broker.config["auto.create.topics.enable"] and (version < 4 or req.allow_auto_topic_creation)
+            for rt in req.topics:
+                topic = None
+                if rt.name is None:
+                    topic = topics.get_by_id(rt.topic_id)
+                    if topic is None:
+                        out.append(MdTopic(error_code=ErrorCode.UNKNOWN_TOPIC_ID, name=None, topic_id=rt.topic_id))
+                        continue
+                else:
+                    topic = topics.get(rt.name)
+                # Kafka checks DESCRIBE before existence, so an unauthorized client cannot probe which topics exist.
+                described = topic.name if topic is not None else rt.name
+                if not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, described):
+                    out.append(MdTopic(error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, name=rt.name))
+                    continue
+                if topic is None:
+                    topic, code = self._maybe_auto_create(ctx, rt.name, auto_create)
+                    if topic is None:
+                        out.append(MdTopic(error_code=code, name=rt.name, is_internal=False))
+                        continue
+                out.append(self._topic(topic))
+        return MetadataResponse(
+            brokers=brokers,
+            cluster_id=self.broker.cluster_id,
+            controller_id=self.broker.node_id,
+            topics=out,
+            cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+            error_code=ErrorCode.NONE,
+        )
+
+    def _maybe_auto_create(self, ctx: RequestContext, name: str, enabled: bool) -> tuple[Topic | None, int]:
+        if validate_topic_name(name) is not None:
+            return None, ErrorCode.INVALID_TOPIC_EXCEPTION
+        if not enabled:
+            return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        if not ctx.authorize(Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME) and not ctx.authorize(
+            Operation.CREATE, ResourceType.TOPIC, name
+        ):
+            return None, ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        topic = self.broker.topics.create(name, int(self.broker.config["num.partitions"]))
+        self.broker.on_topic_created(topic)
+        return topic, ErrorCode.NONE
+
+    def _topic(self, topic: Topic) -> Any:
+        node = self.broker.node_id
+        return MdTopic(
+            error_code=ErrorCode.NONE,
+            name=topic.name,
+            topic_id=topic.topic_id,
+            is_internal=topic.internal,
+            partitions=[
+                MdPartition(
+                    error_code=ErrorCode.NONE,
+                    partition_index=i,
+                    leader_id=node,
+                    leader_epoch=0,
+                    replica_nodes=[node],
+                    isr_nodes=[node],
+                    offline_replicas=[],
+                )
+                for i in range(len(topic.partitions))
+            ],
+            topic_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+        )
+
+    def find_coordinator(self, ctx: RequestContext, req: Any) -> Any:
+        version = ctx.api_version
+        lst = self._listener(ctx)
+        key_type = req.key_type if version >= 1 else KEY_TYPE_GROUP
+        keys = req.coordinator_keys if version >= 4 else [req.key]
+        coordinators = []
+        for key in keys:
+            if key_type == KEY_TYPE_TRANSACTION:
+                # Transactions are not implemented; say so rather than pointing at a broker that cannot serve them.
+                coordinators.append(
+                    Coordinator(key=key, node_id=-1, host="", port=-1, error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                error_message="transactions are not supported by this broker")
+                )
+            elif key_type == KEY_TYPE_GROUP and not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, key):
+                coordinators.append(
+                    Coordinator(key=key, node_id=-1, host="", port=-1, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
+                )
+            elif key_type == KEY_TYPE_SHARE and not ctx.authorize(Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME):
+                coordinators.append(
+                    Coordinator(key=key, node_id=-1, host="", port=-1, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
+                )
+            elif key_type not in (KEY_TYPE_GROUP, KEY_TYPE_SHARE):
+                coordinators.append(Coordinator(key=key, node_id=-1, host="", port=-1, error_code=ErrorCode.INVALID_REQUEST))
+            else:
+                coordinators.append(
+                    Coordinator(key=key, node_id=self.broker.node_id, host=lst.host, port=lst.port, error_code=ErrorCode.NONE)
+                )
+        if version >= 4:
+            return FindCoordinatorResponse(coordinators=coordinators)
+        c = coordinators[0]
+        return FindCoordinatorResponse(
+            error_code=c.error_code, error_message=c.error_message, node_id=c.node_id, host=c.host, port=c.port
+        )
+
+    def describe_cluster(self, ctx: RequestContext, req: Any) -> Any:
+        lst = self._listener(ctx)
+        return DescribeClusterResponse(
+            error_code=ErrorCode.NONE,
+            endpoint_type=1,
+            cluster_id=self.broker.cluster_id,
+            controller_id=self.broker.node_id,
+            brokers=[DcBroker(broker_id=self.broker.node_id, host=lst.host, port=lst.port, rack=None, is_fenced=False)],
+            cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+        )
+
+
+def register(broker: Broker) -> DiscoveryHandlers:
+    h = DiscoveryHandlers(broker)
+    broker.register(ApiKey.API_VERSIONS, 0, 4, h.api_versions)
+    broker.register(ApiKey.METADATA, 0, 13, h.metadata)
+    broker.register(ApiKey.FIND_COORDINATOR, 0, 6, h.find_coordinator)
+    broker.register(ApiKey.DESCRIBE_CLUSTER, 0, 2, h.describe_cluster)
+    return h

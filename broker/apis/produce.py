@@ -1,0 +1,190 @@
+"""Produce: validate each partition's record batches by header and CRC, assign offsets, append, answer.
+
+Batches stay as the client's bytes: only base offsets (and LogAppendTime stamps) are patched in place.
+acks=-1 is answered after the data is fsynced; concurrent producers share fsyncs through the log's group commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from shoal.broker.security.authorizer import Operation, ResourceType
+from shoal.broker.storage.producer_state import PartitionProducerState
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.errors import ErrorCode
+from shoal.protocol.record_batch import InvalidRecordBatch, iter_batches
+from shoal.protocol.records import InvalidRecord, validate_batch_for_append
+
+if TYPE_CHECKING:
+    from shoal.broker.apis.broker import Broker
+    from shoal.broker.network.connection import RequestContext
+    from shoal.broker.storage.partition_log import PartitionLog
+
+log = structlog.get_logger("shoal.produce")
+
+ProduceResponse = messages.ProduceResponse
+TopicResponse = ProduceResponse.TopicProduceResponse  # type: ignore[attr-defined]
+PartitionResponse = ProduceResponse.PartitionProduceResponse  # type: ignore[attr-defined]
+
+
+class ProduceHandler:
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        self.producer_states: dict[tuple[bytes, int], PartitionProducerState] = {}
+        self.log_append_time = broker.config["log.message.timestamp.type"] == "LogAppendTime"
+        self.max_message_bytes = int(broker.config["message.max.bytes"])
+
+    async def handle(self, ctx: RequestContext, req: Any) -> Any:
+        version = ctx.api_version
+        acks = req.acks
+        responses = []
+        flushes: list[tuple[PartitionLog, int]] = []
+        if acks not in (-1, 0, 1):
+            for td in req.topic_data:
+                responses.append(
+                    TopicResponse(
+                        name=td.name,
+                        topic_id=td.topic_id,
+                        partition_responses=[
+                            PartitionResponse(index=p.index, error_code=ErrorCode.INVALID_REQUIRED_ACKS, base_offset=-1)
+                            for p in td.partition_data
+                        ],
+                    )
+                )
+            return ProduceResponse(responses=responses)
+        for td in req.topic_data:
+            topic = self.broker.topics.get_by_id(td.topic_id) if version >= 13 else self.broker.topics.get(td.name)
+            topic_name = topic.name if topic is not None else td.name
+            parts = []
+            for pd in td.partition_data:
+                if topic is None:
+                    code = ErrorCode.UNKNOWN_TOPIC_ID if version >= 13 else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    parts.append(PartitionResponse(index=pd.index, error_code=code, base_offset=-1))
+                    continue
+                if not ctx.authorize(Operation.WRITE, ResourceType.TOPIC, topic.name):
+                    parts.append(
+                        PartitionResponse(index=pd.index, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, base_offset=-1)
+                    )
+                    continue
+                if not 0 <= pd.index < len(topic.partitions):
+                    parts.append(
+                        PartitionResponse(index=pd.index, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, base_offset=-1)
+                    )
+                    continue
+                plog = topic.partitions[pd.index]
+                resp = self._append(topic.topic_id, topic_name, pd.index, plog, pd.records)
+                parts.append(resp)
+                if resp.error_code == ErrorCode.NONE and acks == -1:
+                    flushes.append((plog, plog.log_end_offset))
+            responses.append(TopicResponse(name=topic_name, topic_id=td.topic_id, partition_responses=parts))
+        if flushes:
+            try:
+                await asyncio.gather(*(plog.flush(offset) for plog, offset in flushes))
+                self.broker.metrics.log_fsyncs.inc(len(flushes))
+            except OSError:
+                log.exception("fsync failed")
+                for tr in responses:
+                    for pr in tr.partition_responses:
+                        if pr.error_code == ErrorCode.NONE:
+                            pr.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+        if acks == 0:
+            return None
+        return ProduceResponse(responses=responses)
+
+    def _append(self, topic_id: bytes, topic_name: str, index: int, plog: PartitionLog, records: bytes | None) -> Any:
+        if not records:
+            return PartitionResponse(index=index, error_code=ErrorCode.CORRUPT_MESSAGE, base_offset=-1,
+                                     error_message="empty record set")
+        buf = bytearray(records)
+        try:
+            headers = list(iter_batches(buf))
+            for pos, header in headers:
+                if header.size > self.max_message_bytes:
+                    return PartitionResponse(
+                        index=index,
+                        error_code=ErrorCode.MESSAGE_TOO_LARGE,
+                        base_offset=-1,
+                        error_message=f"batch of {header.size} bytes exceeds message.max.bytes",
+                    )
+                validate_batch_for_append(buf, pos, header)
+        except InvalidRecordBatch as exc:
+            # Kafka separates a batch that breaks the rules (INVALID_RECORD, not retried) from damaged bytes.
+            code = ErrorCode.INVALID_RECORD if isinstance(exc, InvalidRecord) else ErrorCode.CORRUPT_MESSAGE
+            log.warning("rejected produce", topic=topic_name, partition=index, error=str(exc), error_code=int(code))
+            return PartitionResponse(index=index, error_code=code, base_offset=-1, error_message=str(exc))
+        state = self._producer_state(topic_id, index, plog)
+        for _pos, header in headers:
+            if header.producer_id >= 0 and header.base_sequence >= 0:
+                check = state.check(header.producer_id, header.producer_epoch, header.base_sequence, header.records_count)
+                if check.error != ErrorCode.NONE:
+                    return PartitionResponse(index=index, error_code=check.error, base_offset=-1,
+                                             log_start_offset=plog.log_start_offset)
+                if check.duplicate_offset >= 0:
+                    # A retry of a batch we already appended: answer with its original offset, append nothing.
+                    return PartitionResponse(index=index, error_code=ErrorCode.NONE, base_offset=check.duplicate_offset,
+                                             log_append_time_ms=-1, log_start_offset=plog.log_start_offset)
+        append_time = int(time.time() * 1000) if self.log_append_time else -1
+        result = plog.append(buf, headers, log_append_time_ms=append_time if self.log_append_time else None)
+        offset = result.base_offset
+        for _pos, header in headers:
+            if header.producer_id >= 0 and header.base_sequence >= 0:
+                state.record(header.producer_id, header.producer_epoch, header.base_sequence, header.records_count, offset)
+            offset += header.last_offset_delta + 1
+        count = sum(h.records_count for _p, h in headers)
+        self.broker.metrics.messages_in.labels(topic=topic_name).inc(count)
+        self.broker.metrics.log_bytes_in.labels(topic=topic_name).inc(len(buf))
+        self.broker.purgatory.notify(("log", topic_id, index))
+        return PartitionResponse(
+            index=index,
+            error_code=ErrorCode.NONE,
+            base_offset=result.base_offset,
+            log_append_time_ms=append_time,
+            log_start_offset=result.log_start_offset,
+        )
+
+
+    def _producer_state(self, topic_id: bytes, index: int, plog: PartitionLog) -> PartitionProducerState:
+        state = self.producer_states.get((topic_id, index))
+        if state is None:
+            state = rebuild_producer_state(plog)
+            self.producer_states[(topic_id, index)] = state
+        return state
+
+
+# A retry after a crash is for one of a producer's last five batches, which sit near the log's end.
+_REBUILD_WINDOW_BYTES = 64 * 1024 * 1024
+_REBUILD_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+def rebuild_producer_state(plog: PartitionLog) -> PartitionProducerState:
+    """Recover idempotent-producer sequences from the tail of the log (headers only), as after a restart."""
+    state = PartitionProducerState()
+    start = plog.log_end_offset
+    covered = 0
+    for seg in reversed(plog.segments):
+        start = max(seg.base_offset, plog.log_start_offset)
+        covered += seg.size
+        if covered >= _REBUILD_WINDOW_BYTES:
+            break
+    offset = start
+    while offset < plog.log_end_offset:
+        batches = plog.read_batch_headers(offset, _REBUILD_CHUNK_BYTES)
+        if not batches:
+            break
+        for header, _view in batches:
+            if header.producer_id >= 0 and header.base_sequence >= 0:
+                state.record(header.producer_id, header.producer_epoch, header.base_sequence,
+                             header.records_count, header.base_offset)
+            offset = header.last_offset + 1
+    return state
+
+
+def register(broker: Broker) -> ProduceHandler:
+    handler = ProduceHandler(broker)
+    broker.register(ApiKey.PRODUCE, 3, 13, handler.handle)
+    return handler

@@ -1,0 +1,339 @@
+"""ShareFetch and ShareAcknowledge: share sessions, piggybacked acknowledgements, acquisition, long polls."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from shoal.broker.security.authorizer import Operation, ResourceType
+from shoal.broker.share.share_partition import AckBatch, AcquireMode
+from shoal.broker.share.share_partition_leader import SharePartitionLeader
+from shoal.broker.share.share_session import (
+    FINAL_EPOCH,
+    INITIAL_EPOCH,
+    ShareSession,
+    ShareSessionCache,
+    TopicPartitionId,
+    next_epoch,
+)
+from shoal.persister.persister import SharePartitionKey
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.errors import ErrorCode
+
+if TYPE_CHECKING:
+    from shoal.broker.apis.broker import Broker
+    from shoal.broker.network.connection import KafkaConnection, RequestContext
+
+log = structlog.get_logger("shoal.share_fetch")
+
+MAX_MEMBER_ID_LENGTH = 36
+RENEW = 4
+
+SfResponse = messages.ShareFetchResponse
+SfTopic = SfResponse.ShareFetchableTopicResponse  # type: ignore[attr-defined]
+SfPartition = SfResponse.PartitionData  # type: ignore[attr-defined]
+SfAcquired = SfResponse.AcquiredRecords  # type: ignore[attr-defined]
+SfLeader = SfResponse.LeaderIdAndEpoch  # type: ignore[attr-defined]
+SaResponse = messages.ShareAcknowledgeResponse
+SaTopic = SaResponse.ShareAcknowledgeTopicResponse  # type: ignore[attr-defined]
+SaPartition = SaResponse.PartitionData  # type: ignore[attr-defined]
+SaLeader = SaResponse.LeaderIdAndEpoch  # type: ignore[attr-defined]
+
+
+def validate_ack_batches(batches: list[Any], version: int, is_renew: bool) -> bool:
+    """Per-partition checks Kafka applies before touching state (failure => INVALID_REQUEST)."""
+    prev_last: int | None = None
+    max_type = 4 if version >= 2 else 3
+    for b in batches:
+        if b.first_offset > b.last_offset:
+            return False
+        if prev_last is not None and b.first_offset < prev_last:
+            return False
+        types = b.acknowledge_types
+        if not types or (len(types) != 1 and len(types) != b.last_offset - b.first_offset + 1):
+            return False
+        for t in types:
+            if t < 0 or t > max_type or (t == RENEW and not is_renew):
+                return False
+        prev_last = b.last_offset
+    return True
+
+
+class ShareFetchHandlers:
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        self.sessions = ShareSessionCache(int(broker.config["group.share.max.share.sessions"]))
+        self.broker_max_bytes = int(broker.config["fetch.max.bytes"])
+        self.enabled = bool(broker.config["group.share.enable"])
+        broker.connection_listeners.append(self._on_connection_closed)
+        self.ack_counts: dict[int, int] = {}
+
+    @property
+    def leaders(self) -> Any:
+        return self.broker.share_partitions
+
+    def _lock_timeout(self, group_id: str) -> int:
+        return self.broker.group_configs.get_int(group_id, "share.record.lock.duration.ms")
+
+    # ---- ShareFetch -----------------------------------------------------------------------------
+
+    async def share_fetch(self, ctx: RequestContext, req: Any) -> Any:
+        version = ctx.api_version
+        if not self.enabled:
+            return SfResponse(error_code=ErrorCode.UNSUPPORTED_VERSION, error_message="share groups are disabled")
+        error = self._validate_ids(req.group_id, req.member_id)
+        if error is not None:
+            return SfResponse(error_code=ErrorCode.INVALID_REQUEST, error_message=error)
+        if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
+            return SfResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
+        is_renew = version >= 2 and req.is_renew_ack
+        if is_renew and (req.max_bytes or req.min_bytes or req.max_records or req.max_wait_ms):
+            return SfResponse(error_code=ErrorCode.INVALID_REQUEST,
+                              error_message="a renew-only ShareFetch must not ask for records")
+        epoch = req.share_session_epoch
+        has_acks = any(p.acknowledgement_batches for t in req.topics for p in t.partitions)
+        group, member = req.group_id, req.member_id
+        new_partitions: set[TopicPartitionId] = set()
+        if epoch == INITIAL_EPOCH:
+            if has_acks:
+                return SfResponse(error_code=ErrorCode.INVALID_REQUEST,
+                                  error_message="acknowledgements are not allowed when opening a share session")
+            if self.sessions.is_full_for(group, member):
+                await self.broker.purgatory.wait([("share-session-slot",)], max(0, req.max_wait_ms) / 1000)
+                if self.sessions.is_full_for(group, member):
+                    return SfResponse(error_code=ErrorCode.SHARE_SESSION_LIMIT_REACHED)
+            session, _old = self.sessions.open(group, member, ctx.connection)
+        else:
+            code, found = self.sessions.check(group, member, epoch)
+            if code != ErrorCode.NONE or found is None:
+                return SfResponse(error_code=code)
+            session = found
+            if epoch != FINAL_EPOCH:
+                session.expected_epoch = next_epoch(epoch)
+        # Session membership changes: partitions named in Topics join, ForgottenTopicsData leave.
+        if epoch != FINAL_EPOCH:
+            for t in req.topics:
+                for p in t.partitions:
+                    if session.add((t.topic_id, p.partition_index)):
+                        new_partitions.add((t.topic_id, p.partition_index))
+            for ft in req.forgotten_topics_data:
+                for index in ft.partitions:
+                    session.forget((ft.topic_id, index))
+
+        # Acknowledgements first, so released records can be fetched again by this very request.
+        results: dict[TopicPartitionId, Any] = {}
+        for t in req.topics:
+            for p in t.partitions:
+                if not p.acknowledgement_batches:
+                    continue
+                tp = (t.topic_id, p.partition_index)
+                pd = results.setdefault(tp, self._empty_partition(p.partition_index))
+                pd.acknowledge_error_code = await self._acknowledge(
+                    ctx, group, member, t.topic_id, p.partition_index, p.acknowledgement_batches, version, is_renew
+                )
+
+        if epoch == FINAL_EPOCH:
+            await self._close_session(session)
+            return self._fetch_response(group, results)
+
+        wants_records = req.max_records > 0 and req.max_bytes > 0 and not is_renew
+        if wants_records:
+            await self._fetch_records(ctx, req, session, results)
+        if epoch == INITIAL_EPOCH:
+            for tp in session.partitions:
+                results.setdefault(tp, self._empty_partition(tp[1]))
+        else:
+            for tp in new_partitions:
+                results.setdefault(tp, self._empty_partition(tp[1]))
+        return self._fetch_response(group, results)
+
+    async def _fetch_records(self, ctx: RequestContext, req: Any, session: ShareSession,
+                             results: dict[TopicPartitionId, Any]) -> None:
+        version = ctx.api_version
+        mode = AcquireMode(req.share_acquire_mode) if version >= 2 and req.share_acquire_mode in (0, 1) \
+            else AcquireMode.BATCH_OPTIMIZED
+        deadline = time.monotonic() + max(0, req.max_wait_ms) / 1000
+        max_bytes = min(req.max_bytes, self.broker_max_bytes)
+        batch_size = req.batch_size if req.batch_size > 0 else req.max_records
+        member = req.member_id
+        # Rotate the starting partition by epoch so one busy partition cannot starve the others.
+        while True:
+            remaining_records = req.max_records
+            remaining_bytes = max_bytes
+            wake_keys: list[Any] = []
+            got_any = False
+            order = list(session.partitions)
+            if order:
+                shift = session.expected_epoch % len(order)
+                order = order[shift:] + order[:shift]
+            for tp in order:
+                if remaining_records <= 0 or remaining_bytes <= 0:
+                    break
+                topic_id, index = tp
+                leader, err = self._leader_for(ctx, session.group_id, topic_id, index)
+                if leader is None:
+                    pd = results.setdefault(tp, self._empty_partition(index))
+                    pd.error_code = err
+                    continue
+                wake_keys.append(("log", topic_id, index))
+                wake_keys.append(leader.wake_key)
+                acq = await leader.acquire(member, max_records=remaining_records, batch_size=batch_size,
+                                           max_bytes=remaining_bytes, mode=mode)
+                if acq.error_code != ErrorCode.NONE:
+                    pd = results.setdefault(tp, self._empty_partition(index))
+                    pd.error_code = acq.error_code
+                    continue
+                if not acq.acquired:
+                    continue
+                got_any = True
+                pd = results.setdefault(tp, self._empty_partition(index))
+                pd.records = acq.records
+                pd.acquired_records = [SfAcquired(first_offset=r.first_offset, last_offset=r.last_offset,
+                                                  delivery_count=r.delivery_count) for r in acq.acquired]
+                remaining_records -= sum(r.last_offset - r.first_offset + 1 for r in acq.acquired)
+                remaining_bytes -= len(acq.records)
+            left = deadline - time.monotonic()
+            if got_any or left <= 0 or not wake_keys or ctx.connection.closed:
+                return
+            await self.broker.purgatory.wait(wake_keys, left)
+
+    def _leader_for(self, ctx: RequestContext, group_id: str, topic_id: bytes,
+                    index: int) -> tuple[SharePartitionLeader | None, int]:
+        topic = self.broker.topics.get_by_id(topic_id)
+        if topic is None:
+            return None, ErrorCode.UNKNOWN_TOPIC_ID
+        if not ctx.authorize(Operation.READ, ResourceType.TOPIC, topic.name):
+            return None, ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        if not 0 <= index < len(topic.partitions):
+            return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        key = SharePartitionKey(group_id, topic_id, index)
+        return self.leaders.get_or_create(key, topic.partitions[index]), ErrorCode.NONE
+
+    async def _acknowledge(self, ctx: RequestContext, group: str, member: str, topic_id: bytes, index: int,
+                           batches: list[Any], version: int, is_renew: bool) -> int:
+        if not validate_ack_batches(batches, version, is_renew):
+            return ErrorCode.INVALID_REQUEST
+        topic = self.broker.topics.get_by_id(topic_id)
+        if topic is None:
+            return ErrorCode.UNKNOWN_TOPIC_ID
+        if not ctx.authorize(Operation.READ, ResourceType.TOPIC, topic.name):
+            return ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        leader = self.leaders.get(SharePartitionKey(group, topic_id, index))
+        if leader is None or not 0 <= index < len(topic.partitions):
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        code = await leader.acknowledge(
+            member, [AckBatch(b.first_offset, b.last_offset, list(b.acknowledge_types)) for b in batches]
+        )
+        if code == ErrorCode.NONE:
+            counted: dict[int, int] = {}
+            for b in batches:
+                span = b.last_offset - b.first_offset + 1
+                if len(b.acknowledge_types) == 1:
+                    counted[b.acknowledge_types[0]] = counted.get(b.acknowledge_types[0], 0) + span
+                else:
+                    for t in b.acknowledge_types:
+                        counted[t] = counted.get(t, 0) + 1
+            for t, n in counted.items():
+                self.ack_counts[t] = self.ack_counts.get(t, 0) + n
+            self.broker.metrics.share.record_acknowledgement(counted)
+        return code
+
+    def _empty_partition(self, index: int) -> Any:
+        return SfPartition(
+            partition_index=index,
+            error_code=ErrorCode.NONE,
+            acknowledge_error_code=ErrorCode.NONE,
+            current_leader=SfLeader(leader_id=self.broker.node_id, leader_epoch=0),
+            records=b"",
+            acquired_records=[],
+        )
+
+    def _fetch_response(self, group: str, results: dict[TopicPartitionId, Any]) -> Any:
+        by_topic: dict[bytes, list[Any]] = {}
+        for (topic_id, _index), pd in results.items():
+            by_topic.setdefault(topic_id, []).append(pd)
+        return SfResponse(
+            error_code=ErrorCode.NONE,
+            acquisition_lock_timeout_ms=self._lock_timeout(group),
+            responses=[SfTopic(topic_id=tid, partitions=parts) for tid, parts in by_topic.items()],
+            node_endpoints=[],
+        )
+
+    # ---- ShareAcknowledge -----------------------------------------------------------------------
+
+    async def share_acknowledge(self, ctx: RequestContext, req: Any) -> Any:
+        version = ctx.api_version
+        if not self.enabled:
+            return SaResponse(error_code=ErrorCode.UNSUPPORTED_VERSION, error_message="share groups are disabled")
+        error = self._validate_ids(req.group_id, req.member_id)
+        if error is not None:
+            return SaResponse(error_code=ErrorCode.INVALID_REQUEST, error_message=error)
+        if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
+            return SaResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
+        epoch = req.share_session_epoch
+        if epoch == INITIAL_EPOCH:
+            return SaResponse(error_code=ErrorCode.INVALID_SHARE_SESSION_EPOCH,
+                              error_message="ShareAcknowledge cannot open a share session")
+        code, session = self.sessions.check(req.group_id, req.member_id, epoch)
+        if code != ErrorCode.NONE or session is None:
+            return SaResponse(error_code=code)
+        if epoch != FINAL_EPOCH:
+            session.expected_epoch = next_epoch(epoch)
+        is_renew = version >= 2 and req.is_renew_ack
+        topics = []
+        for t in req.topics:
+            parts = []
+            for p in t.partitions:
+                err = await self._acknowledge(ctx, req.group_id, req.member_id, t.topic_id, p.partition_index,
+                                              p.acknowledgement_batches, version, is_renew)
+                parts.append(SaPartition(partition_index=p.partition_index, error_code=err,
+                                         current_leader=SaLeader(leader_id=self.broker.node_id, leader_epoch=0)))
+            topics.append(SaTopic(topic_id=t.topic_id, partitions=parts))
+        if epoch == FINAL_EPOCH:
+            await self._close_session(session)
+        return SaResponse(error_code=ErrorCode.NONE, acquisition_lock_timeout_ms=self._lock_timeout(req.group_id),
+                          responses=topics, node_endpoints=[])
+
+    # ---- sessions ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _validate_ids(group_id: str | None, member_id: str | None) -> str | None:
+        if not group_id:
+            return "GroupId must be set"
+        if not member_id or len(member_id) > MAX_MEMBER_ID_LENGTH:
+            return "MemberId must be 1 to 36 characters"
+        return None
+
+    async def _close_session(self, session: ShareSession) -> None:
+        if self.sessions.remove(session):
+            self.broker.purgatory.notify(("share-session-slot",))
+        await self._release(session.group_id, session.member_id, session.partitions)
+
+    async def _release(self, group: str, member: str, partitions: Iterable[TopicPartitionId]) -> None:
+        for topic_id, index in list(partitions):
+            leader = self.leaders.get(SharePartitionKey(group, topic_id, index))
+            if leader is not None:
+                await leader.release_member(member)
+
+    def _on_connection_closed(self, conn: KafkaConnection) -> None:
+        closed = self.sessions.sessions_of(conn)
+        if not closed:
+            return
+        for session in closed:
+            self.sessions.remove(session)
+            log.info("share session closed with its connection", group=session.group_id, member=session.member_id)
+        self.broker.purgatory.notify(("share-session-slot",))
+        loop = self.broker.loop
+        for session in closed:
+            loop.create_task(self._release(session.group_id, session.member_id, session.partitions))
+
+
+def register(broker: Broker) -> ShareFetchHandlers:
+    h = ShareFetchHandlers(broker)
+    broker.register(ApiKey.SHARE_FETCH, 1, 2, h.share_fetch)
+    broker.register(ApiKey.SHARE_ACKNOWLEDGE, 1, 2, h.share_acknowledge)
+    return h

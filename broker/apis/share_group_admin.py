@@ -1,0 +1,347 @@
+"""Share-group administration: Describe/Alter/DeleteShareGroupOffsets, and DeleteGroups / DescribeGroups
+answered for share groups (the only kind of group this broker hosts).
+
+Authorization happens here, as in Kafka's request layer; group changes go through
+`broker.group_coordinator`, share-partition state through `broker.persister`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from shoal.broker.security.authorizer import Operation, ResourceType
+from shoal.persister.persister import SharePartitionKey, StateSummary
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.errors import ErrorCode
+
+from .share_group_apis import GROUP_OPERATIONS, PROTOCOL_TYPE
+
+if TYPE_CHECKING:
+    from shoal.broker.apis.broker import Broker
+    from shoal.broker.network.connection import RequestContext
+    from shoal.coordinator.group_coordinator import GroupCoordinator
+
+log = structlog.get_logger("shoal.share_group_admin")
+
+ZERO_UUID = b"\x00" * 16
+UNKNOWN_START_OFFSET = -1
+UNKNOWN_LAG = -1
+DEAD = "Dead"
+
+DescribeOffsetsResponse = messages.DescribeShareGroupOffsetsResponse
+_DGroup = DescribeOffsetsResponse.DescribeShareGroupOffsetsResponseGroup  # type: ignore[attr-defined]
+_DTopic = DescribeOffsetsResponse.DescribeShareGroupOffsetsResponseTopic  # type: ignore[attr-defined]
+_DPartition = DescribeOffsetsResponse.DescribeShareGroupOffsetsResponsePartition  # type: ignore[attr-defined]
+AlterOffsetsResponse = messages.AlterShareGroupOffsetsResponse
+_ATopic = AlterOffsetsResponse.AlterShareGroupOffsetsResponseTopic  # type: ignore[attr-defined]
+_APartition = AlterOffsetsResponse.AlterShareGroupOffsetsResponsePartition  # type: ignore[attr-defined]
+DeleteOffsetsResponse = messages.DeleteShareGroupOffsetsResponse
+_DelTopic = DeleteOffsetsResponse.DeleteShareGroupOffsetsResponseTopic  # type: ignore[attr-defined]
+DeleteGroupsResponse = messages.DeleteGroupsResponse
+_DeletableGroup = DeleteGroupsResponse.DeletableGroupResult  # type: ignore[attr-defined]
+DescribeGroupsResponse = messages.DescribeGroupsResponse
+_DescribedGroup = DescribeGroupsResponse.DescribedGroup  # type: ignore[attr-defined]
+_DescribedMember = DescribeGroupsResponse.DescribedGroupMember  # type: ignore[attr-defined]
+
+
+def compute_lag(latest_offset: int, summary: StateSummary) -> int:
+    """KIP-1226 lag: records at or after the start offset not yet delivered to completion; -1 when unknown."""
+    if summary.start_offset < 0 or summary.delivery_complete_count < 0:
+        return UNKNOWN_LAG
+    return max(0, latest_offset - summary.start_offset - summary.delivery_complete_count)
+
+
+class ShareGroupAdmin:
+    def __init__(self, broker: Broker):
+        self.broker = broker
+
+    @property
+    def coordinator(self) -> GroupCoordinator | None:
+        return getattr(self.broker, "group_coordinator", None)
+
+    def _enabled(self) -> bool:
+        return bool(self.broker.config["group.share.enable"])
+
+    def _offsets_change_refused(self, ctx: RequestContext, group_id: str) -> tuple[int, str | None] | None:
+        """Checks shared by Alter- and DeleteShareGroupOffsets, in Kafka's order; None when it may go ahead."""
+        if not self._enabled():
+            return ErrorCode.UNSUPPORTED_VERSION, "Share groups are not enabled on this broker."
+        # The design page's ACL table asks for READ on the group for both.
+        if not ctx.authorize(Operation.READ, ResourceType.GROUP, group_id):
+            return ErrorCode.GROUP_AUTHORIZATION_FAILED, None
+        if not group_id:
+            return ErrorCode.INVALID_GROUP_ID, "The group id must not be empty."
+        code = self._coordinator_error()
+        if code != ErrorCode.NONE:
+            return code, None
+        return None
+
+    def _coordinator_error(self) -> int:
+        """Why the coordinator cannot serve now (NONE when it can)."""
+        coordinator = self.coordinator
+        if coordinator is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if not coordinator.loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        return ErrorCode.NONE
+
+    # ---- DescribeShareGroupOffsets ------------------------------------------------------------------
+
+    async def describe_share_group_offsets(self, ctx: RequestContext, req: Any) -> Any:
+        groups = await asyncio.gather(*(self._describe_group_offsets(ctx, g) for g in req.groups))
+        return DescribeOffsetsResponse(groups=list(groups))
+
+    async def _describe_group_offsets(self, ctx: RequestContext, g: Any) -> Any:
+        group_id = g.group_id
+
+        def failed(code: int, message: str | None = None) -> Any:
+            return _DGroup(group_id=group_id, topics=[], error_code=code, error_message=message)
+
+        if not self._enabled():
+            return failed(ErrorCode.UNSUPPORTED_VERSION, "Share groups are not enabled on this broker.")
+        if not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, group_id):
+            return failed(ErrorCode.GROUP_AUTHORIZATION_FAILED)
+        if not group_id:
+            return failed(ErrorCode.INVALID_GROUP_ID, "The group id must not be empty.")
+        code = self._coordinator_error()
+        if code != ErrorCode.NONE:
+            return failed(code)
+        coordinator = self.coordinator
+        assert coordinator is not None
+
+        # (name, topic id or None if unknown, partitions, error for all of them)
+        wanted: list[tuple[str, bytes | None, list[int], int]] = []
+        if g.topics is None:
+            initialized = coordinator.initialized_partitions(group_id)
+            if initialized is None:
+                return failed(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} not found.")
+            for tid, parts in initialized.items():
+                topic = self.broker.topics.get_by_id(tid)
+                # Topics the caller may not describe are left out, as are deleted ones.
+                if topic is not None and ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, topic.name):
+                    wanted.append((topic.name, tid, sorted(parts), ErrorCode.NONE))
+            wanted.sort()
+        else:
+            for t in g.topics:
+                topic = self.broker.topics.get(t.topic_name)
+                if not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, t.topic_name):
+                    wanted.append((t.topic_name, None, list(t.partitions), ErrorCode.TOPIC_AUTHORIZATION_FAILED))
+                elif topic is None:
+                    wanted.append((t.topic_name, None, list(t.partitions), ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+                else:
+                    wanted.append((t.topic_name, topic.topic_id, list(t.partitions), ErrorCode.NONE))
+
+        topics = []
+        for name, wanted_id, wanted_parts, error in wanted:
+            if wanted_id is None or error != ErrorCode.NONE:
+                topics.append(_DTopic(topic_name=name, topic_id=wanted_id or ZERO_UUID, partitions=[
+                    _DPartition(partition_index=p, start_offset=UNKNOWN_START_OFFSET, leader_epoch=0,
+                                lag=UNKNOWN_LAG, error_code=error)
+                    for p in wanted_parts
+                ]))
+                continue
+            topic = self.broker.topics.get_by_id(wanted_id)
+            count = 0 if topic is None else len(topic.partitions)
+            rows = await asyncio.gather(*(
+                self._describe_partition(group_id, wanted_id, p, count) for p in wanted_parts))
+            topics.append(_DTopic(topic_name=name, topic_id=wanted_id, partitions=list(rows)))
+        return _DGroup(group_id=group_id, topics=topics, error_code=ErrorCode.NONE)
+
+    async def _describe_partition(self, group_id: str, topic_id: bytes, partition: int, count: int) -> Any:
+        if not 0 <= partition < count:
+            return _DPartition(partition_index=partition, start_offset=UNKNOWN_START_OFFSET, leader_epoch=0,
+                               lag=UNKNOWN_LAG, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        summary = await self.broker.persister.read_state_summary(SharePartitionKey(group_id, topic_id, partition), 0)
+        if summary.error_code != ErrorCode.NONE or summary.start_offset < 0:
+            # Kafka reports "no state" (and persister trouble) as an unknown start offset, not an error.
+            return _DPartition(partition_index=partition, start_offset=UNKNOWN_START_OFFSET, leader_epoch=0,
+                               lag=UNKNOWN_LAG, error_code=ErrorCode.NONE)
+        topic = self.broker.topics.get_by_id(topic_id)
+        latest = topic.partitions[partition].high_watermark if topic is not None else summary.start_offset
+        return _DPartition(partition_index=partition, start_offset=summary.start_offset,
+                           leader_epoch=summary.leader_epoch, lag=compute_lag(latest, summary),
+                           error_code=ErrorCode.NONE)
+
+    # ---- AlterShareGroupOffsets ---------------------------------------------------------------------
+
+    async def alter_share_group_offsets(self, ctx: RequestContext, req: Any) -> Any:
+        group_id = req.group_id
+
+        def failed(code: int, message: str | None = None) -> Any:
+            return AlterOffsetsResponse(error_code=code, error_message=message, responses=[])
+
+        refused = self._offsets_change_refused(ctx, group_id)
+        if refused is not None:
+            return failed(*refused)
+        coordinator = self.coordinator
+        assert coordinator is not None
+
+        # Per-partition errors decided before touching state; the rest is handed to the coordinator.
+        early: dict[tuple[str, int], tuple[int, str | None]] = {}
+        offsets: dict[bytes, dict[int, int]] = {}
+        ids: dict[str, bytes] = {}
+        for t in req.topics:
+            topic = self.broker.topics.get(t.topic_name)
+            allowed = ctx.authorize(Operation.READ, ResourceType.TOPIC, t.topic_name)
+            if topic is not None:
+                ids[t.topic_name] = topic.topic_id
+            for p in t.partitions:
+                where = (t.topic_name, p.partition_index)
+                if not allowed:
+                    early[where] = (ErrorCode.TOPIC_AUTHORIZATION_FAILED, None)
+                elif topic is None or not 0 <= p.partition_index < len(topic.partitions):
+                    early[where] = (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                    "The topic-partition does not exist.")
+                elif p.start_offset < UNKNOWN_START_OFFSET:
+                    early[where] = (ErrorCode.INVALID_REQUEST, "The start offset must be -1 or more.")
+                else:
+                    offsets.setdefault(topic.topic_id, {})[p.partition_index] = p.start_offset
+
+        group_error: int = ErrorCode.NONE
+        errors: dict[tuple[bytes, int], int] = {}
+        if offsets:
+            # The new state epoch must not be below what the share coordinator holds (e.g. state left by
+            # an earlier incarnation of the group), or the re-initialisation would be fenced.
+            summaries = await asyncio.gather(*(
+                self.broker.persister.read_state_summary(SharePartitionKey(group_id, tid, p), 0)
+                for tid, parts in offsets.items() for p in parts
+            ))
+            min_epoch = max((s.state_epoch + 1 for s in summaries if s.error_code == ErrorCode.NONE
+                             and s.start_offset >= 0), default=0)
+            group_error, errors = await coordinator.alter_offsets(group_id, offsets, min_state_epoch=min_epoch)
+        elif not coordinator.is_empty(group_id):
+            group_error = ErrorCode.NON_EMPTY_GROUP
+        if group_error != ErrorCode.NONE:
+            message = "The group has active members." if group_error == ErrorCode.NON_EMPTY_GROUP else None
+            return failed(group_error, message)
+        if offsets:
+            # Leaders still holding the old state would keep serving it; the next fetch reloads instead.
+            self.broker.share_partitions.drop_group(group_id)
+
+        responses = []
+        for t in req.topics:
+            tid = ids.get(t.topic_name, ZERO_UUID)
+            parts = []
+            for p in t.partitions:
+                code_msg = early.get((t.topic_name, p.partition_index))
+                if code_msg is None:
+                    code_msg = (errors.get((tid, p.partition_index), ErrorCode.UNKNOWN_SERVER_ERROR), None)
+                parts.append(_APartition(partition_index=p.partition_index, error_code=code_msg[0],
+                                         error_message=code_msg[1]))
+            responses.append(_ATopic(topic_name=t.topic_name, topic_id=tid, partitions=parts))
+        return AlterOffsetsResponse(error_code=ErrorCode.NONE, responses=responses)
+
+    # ---- DeleteShareGroupOffsets --------------------------------------------------------------------
+
+    async def delete_share_group_offsets(self, ctx: RequestContext, req: Any) -> Any:
+        group_id = req.group_id
+
+        def failed(code: int, message: str | None = None) -> Any:
+            return DeleteOffsetsResponse(error_code=code, error_message=message, responses=[])
+
+        refused = self._offsets_change_refused(ctx, group_id)
+        if refused is not None:
+            return failed(*refused)
+        coordinator = self.coordinator
+        assert coordinator is not None
+
+        early: dict[str, int] = {}
+        ids: dict[str, bytes] = {}
+        for t in req.topics:
+            topic = self.broker.topics.get(t.topic_name)
+            if not ctx.authorize(Operation.READ, ResourceType.TOPIC, t.topic_name):
+                early[t.topic_name] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            elif topic is None:
+                early[t.topic_name] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            else:
+                ids[t.topic_name] = topic.topic_id
+        group_error, errors = await coordinator.delete_offsets(group_id, set(ids.values()))
+        if group_error != ErrorCode.NONE:
+            message = "The group has active members." if group_error == ErrorCode.NON_EMPTY_GROUP else None
+            return failed(group_error, message)
+        if ids:
+            self.broker.share_partitions.drop_group(group_id)
+        responses = []
+        for t in req.topics:
+            tid = ids.get(t.topic_name)
+            if tid is None:
+                err = early.get(t.topic_name, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                responses.append(_DelTopic(topic_name=t.topic_name, topic_id=ZERO_UUID, error_code=err))
+            else:
+                responses.append(_DelTopic(topic_name=t.topic_name, topic_id=tid,
+                                           error_code=errors.get(tid, ErrorCode.NONE)))
+        return DeleteOffsetsResponse(error_code=ErrorCode.NONE, responses=responses)
+
+    # ---- DeleteGroups / DescribeGroups --------------------------------------------------------------
+
+    async def delete_groups(self, ctx: RequestContext, req: Any) -> Any:
+        results = []
+        for group_id in req.groups_names:
+            code: int
+            if not ctx.authorize(Operation.DELETE, ResourceType.GROUP, group_id):
+                code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+            elif not group_id:
+                code = ErrorCode.INVALID_GROUP_ID
+            elif (code := self._coordinator_error()) == ErrorCode.NONE:
+                coordinator = self.coordinator
+                assert coordinator is not None
+                code = await coordinator.delete_group(group_id)
+                if code == ErrorCode.NONE:
+                    # Dynamic configs and in-memory share partitions die with the group.
+                    self.broker.group_configs.delete_group(group_id)
+                    self.broker.share_partitions.drop_group(group_id)
+            results.append(_DeletableGroup(group_id=group_id, error_code=code))
+        return DeleteGroupsResponse(results=results)
+
+    def describe_groups(self, ctx: RequestContext, req: Any) -> Any:
+        version = ctx.api_version
+        coordinator = self.coordinator
+        out = []
+        for group_id in req.groups:
+            if not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, group_id):
+                out.append(_DescribedGroup(group_id=group_id, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED))
+                continue
+            code = self._coordinator_error()
+            if code != ErrorCode.NONE:
+                out.append(_DescribedGroup(group_id=group_id, error_code=code))
+                continue
+            assert coordinator is not None
+            group = coordinator.groups.get(group_id)
+            if group is None:
+                # Kafka: an unknown group is "Dead"; v6 (KIP-1043) also says GROUP_ID_NOT_FOUND.
+                described = _DescribedGroup(group_id=group_id, group_state=DEAD, error_code=ErrorCode.NONE)
+                if version >= 6:
+                    described.error_code = ErrorCode.GROUP_ID_NOT_FOUND
+                    described.error_message = f"Group {group_id} not found."
+                out.append(described)
+                continue
+            members = [
+                # Share members have no classic protocol metadata or assignment bytes.
+                _DescribedMember(member_id=m.member_id, client_id=m.client_id, client_host=m.client_host,
+                                 member_metadata=b"", member_assignment=b"")
+                for m in sorted(group.members.values(), key=lambda x: x.member_id)
+            ]
+            described = _DescribedGroup(
+                group_id=group_id, error_code=ErrorCode.NONE, group_state=group.state.value,
+                protocol_type=PROTOCOL_TYPE, protocol_data="", members=members,
+            )
+            if version >= 3 and req.include_authorized_operations:
+                described.authorized_operations = sum(
+                    1 << op for op in GROUP_OPERATIONS if ctx.authorize(op, ResourceType.GROUP, group_id)
+                )
+            out.append(described)
+        return DescribeGroupsResponse(groups=out)
+
+
+def register(broker: Broker) -> ShareGroupAdmin:
+    h = ShareGroupAdmin(broker)
+    broker.register(ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 0, 1, h.describe_share_group_offsets)
+    broker.register(ApiKey.ALTER_SHARE_GROUP_OFFSETS, 0, 0, h.alter_share_group_offsets)
+    broker.register(ApiKey.DELETE_SHARE_GROUP_OFFSETS, 0, 0, h.delete_share_group_offsets)
+    broker.register(ApiKey.DELETE_GROUPS, 0, 2, h.delete_groups)
+    broker.register(ApiKey.DESCRIBE_GROUPS, 0, 6, h.describe_groups)
+    return h

@@ -1,0 +1,145 @@
+"""ShareGroupHeartbeat, ShareGroupDescribe and ListGroups: the client-facing side of the group coordinator.
+
+Authorization happens here (as in Kafka's request layer); membership logic lives in
+`shoal.coordinator.group_coordinator`, which the broker exposes as `broker.group_coordinator`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
+from shoal.coordinator.group_coordinator import GroupCoordinator
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.errors import ErrorCode
+
+if TYPE_CHECKING:
+    from shoal.broker.apis.broker import Broker
+    from shoal.broker.network.connection import RequestContext
+    from shoal.broker.storage.topic_registry import TopicRegistry
+
+HeartbeatResponse = messages.ShareGroupHeartbeatResponse
+DescribeResponse = messages.ShareGroupDescribeResponse
+DescribedGroup = DescribeResponse.DescribedGroup  # type: ignore[attr-defined]
+ListGroupsResponse = messages.ListGroupsResponse
+ListedGroup = ListGroupsResponse.ListedGroup  # type: ignore[attr-defined]
+
+PROTOCOL_TYPE = "share"
+GROUP_TYPE = "share"
+KNOWN_GROUP_TYPES = frozenset({"classic", "consumer", "share", "streams"})
+# Operations Kafka reports for a GROUP resource (AclEntry.supportedOperations).
+GROUP_OPERATIONS = (Operation.READ, Operation.DESCRIBE, Operation.DELETE, Operation.DESCRIBE_CONFIGS,
+                    Operation.ALTER_CONFIGS)
+
+
+class BrokerTopicMetadata:
+    """The coordinator's view of topics, read live from the broker's registry."""
+
+    def __init__(self, broker: Broker):
+        self.broker = broker
+
+    @property
+    def registry(self) -> TopicRegistry:
+        return self.broker.topics
+
+    def topic_by_name(self, name: str) -> tuple[bytes, int] | None:
+        topic = self.registry.get(name)
+        return None if topic is None else (topic.topic_id, len(topic.partitions))
+
+    def topic_by_id(self, topic_id: bytes) -> tuple[str, int] | None:
+        topic = self.registry.get_by_id(topic_id)
+        return None if topic is None else (topic.name, len(topic.partitions))
+
+
+class ShareGroupApis:
+    def __init__(self, broker: Broker):
+        self.broker = broker
+
+    @property
+    def coordinator(self) -> GroupCoordinator | None:
+        return getattr(self.broker, "group_coordinator", None)
+
+    def _enabled(self) -> bool:
+        return bool(self.broker.config["group.share.enable"])
+
+    async def share_group_heartbeat(self, ctx: RequestContext, req: Any) -> Any:
+        if not self._enabled():
+            return HeartbeatResponse(error_code=ErrorCode.UNSUPPORTED_VERSION,
+                                     error_message="Share groups are not enabled on this broker.")
+        if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
+            return HeartbeatResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
+        # Clients may not learn anything about topics they cannot describe.
+        for name in set(req.subscribed_topic_names or ()):
+            if not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, name):
+                return HeartbeatResponse(error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+        coordinator = self.coordinator
+        if coordinator is None:
+            return HeartbeatResponse(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        # Kafka reports the client address the way Java prints an InetAddress ("/127.0.0.1").
+        return await coordinator.heartbeat(req, ctx.header.client_id or "", "/" + ctx.connection.client_host)
+
+    def share_group_describe(self, ctx: RequestContext, req: Any) -> Any:
+        if not self._enabled():
+            return DescribeResponse(groups=[
+                DescribedGroup(group_id=g, error_code=ErrorCode.UNSUPPORTED_VERSION, members=[]) for g in req.group_ids
+            ])
+        coordinator = self.coordinator
+        out = []
+        for group_id in req.group_ids:
+            if not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, group_id):
+                out.append(DescribedGroup(group_id=group_id, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, members=[]))
+            elif not group_id:
+                out.append(DescribedGroup(group_id=group_id, error_code=ErrorCode.INVALID_GROUP_ID, members=[]))
+            elif coordinator is None:
+                out.append(DescribedGroup(group_id=group_id, error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, members=[]))
+            elif not coordinator.loaded:
+                out.append(DescribedGroup(group_id=group_id, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, members=[]))
+            else:
+                [described] = coordinator.describe([group_id])
+                out.append(self._restrict(ctx, described, req.include_authorized_operations))
+        return DescribeResponse(groups=out)
+
+    @staticmethod
+    def _restrict(ctx: RequestContext, group: Any, include_operations: bool) -> Any:
+        if group.error_code != ErrorCode.NONE:
+            return group
+        topics = {tp.topic_name for m in group.members for tp in m.assignment.topic_partitions}
+        if any(not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, t) for t in topics):
+            return DescribedGroup(
+                group_id=group.group_id, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, members=[],
+                error_message="The group has described topic(s) that the client is not authorized to describe.",
+            )
+        if include_operations:
+            group.authorized_operations = sum(
+                1 << op for op in GROUP_OPERATIONS if ctx.authorize(op, ResourceType.GROUP, group.group_id)
+            )
+        return group
+
+    def list_groups(self, ctx: RequestContext, req: Any) -> Any:
+        coordinator = self.coordinator
+        if coordinator is None or not self._enabled():
+            return ListGroupsResponse(error_code=ErrorCode.NONE, groups=[])
+        if not coordinator.loaded:
+            return ListGroupsResponse(error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, groups=[])
+        version = ctx.api_version
+        states = {s.strip().lower() for s in (req.states_filter or ())} if version >= 4 else set()
+        types = {t.strip().lower() for t in (req.types_filter or ())} if version >= 5 else set()
+        if types and GROUP_TYPE not in types:
+            return ListGroupsResponse(error_code=ErrorCode.NONE, groups=[])
+        see_all = ctx.authorize(Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME)
+        groups = [
+            ListedGroup(group_id=gid, protocol_type=PROTOCOL_TYPE, group_state=state, group_type=GROUP_TYPE)
+            for gid, state in coordinator.list_groups()
+            if (not states or state.lower() in states)
+            and (see_all or ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, gid))
+        ]
+        return ListGroupsResponse(error_code=ErrorCode.NONE, groups=groups)
+
+
+def register(broker: Broker) -> ShareGroupApis:
+    h = ShareGroupApis(broker)
+    broker.register(ApiKey.SHARE_GROUP_HEARTBEAT, 1, 1, h.share_group_heartbeat)
+    broker.register(ApiKey.SHARE_GROUP_DESCRIBE, 1, 1, h.share_group_describe)
+    broker.register(ApiKey.LIST_GROUPS, 0, 5, h.list_groups)
+    return h

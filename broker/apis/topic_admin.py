@@ -1,0 +1,351 @@
+"""Topic administration and offsets: CreateTopics, DeleteTopics, CreatePartitions, DeleteRecords,
+ListOffsets, DescribeConfigs and InitProducerId."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
+from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
+from shoal.broker.storage.producer_state import ProducerIdAllocator
+from shoal.broker.storage.topic_registry import INTERNAL_TOPICS, TOPIC_CONFIG_KEYS, validate_topic_name
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.errors import ErrorCode
+from shoal.protocol.record_batch import InvalidRecordBatch
+from shoal.protocol.records import decode_batch
+
+if TYPE_CHECKING:
+    from shoal.broker.apis.broker import Broker
+    from shoal.broker.network.connection import RequestContext
+
+log = structlog.get_logger("shoal.admin")
+
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+MAX_TIMESTAMP = -3
+EARLIEST_LOCAL_TIMESTAMP = -4
+LATEST_TIERED_TIMESTAMP = -5
+
+RESOURCE_TOPIC = 2
+RESOURCE_BROKER = 4
+RESOURCE_GROUP = 32
+SOURCE_GROUP = 8
+SOURCE_TOPIC = 1
+SOURCE_STATIC_BROKER = 4
+SOURCE_DEFAULT = 5
+
+CreateTopicsResponse = messages.CreateTopicsResponse
+CreatableTopicResult = CreateTopicsResponse.CreatableTopicResult  # type: ignore[attr-defined]
+CreatableTopicConfigs = CreateTopicsResponse.CreatableTopicConfigs  # type: ignore[attr-defined]
+DeleteTopicsResponse = messages.DeleteTopicsResponse
+DeletableTopicResult = DeleteTopicsResponse.DeletableTopicResult  # type: ignore[attr-defined]
+ListOffsetsResponse = messages.ListOffsetsResponse
+LoTopic = ListOffsetsResponse.ListOffsetsTopicResponse  # type: ignore[attr-defined]
+LoPartition = ListOffsetsResponse.ListOffsetsPartitionResponse  # type: ignore[attr-defined]
+DeleteRecordsResponse = messages.DeleteRecordsResponse
+DrTopic = DeleteRecordsResponse.DeleteRecordsTopicResult  # type: ignore[attr-defined]
+DrPartition = DeleteRecordsResponse.DeleteRecordsPartitionResult  # type: ignore[attr-defined]
+CreatePartitionsResponse = messages.CreatePartitionsResponse
+CpResult = CreatePartitionsResponse.CreatePartitionsTopicResult  # type: ignore[attr-defined]
+DescribeConfigsResponse = messages.DescribeConfigsResponse
+DcResult = DescribeConfigsResponse.DescribeConfigsResult  # type: ignore[attr-defined]
+DcEntry = DescribeConfigsResponse.DescribeConfigsResourceResult  # type: ignore[attr-defined]
+InitProducerIdResponse = messages.InitProducerIdResponse
+
+
+class TopicAdmin:
+    def __init__(self, broker: Broker):
+        self.broker = broker
+        self.producer_ids = ProducerIdAllocator(Path(broker.config["log.dirs"]) / "shoal-producer-ids")
+
+    # ---- CreateTopics ---------------------------------------------------------------------------
+
+    def create_topics(self, ctx: RequestContext, req: Any) -> Any:
+        results = []
+        seen: set[str] = set()
+        cluster_ok = ctx.authorize(Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME)
+        for ct in req.topics:
+            result = CreatableTopicResult(name=ct.name, error_code=ErrorCode.NONE, num_partitions=-1,
+                                          replication_factor=-1, configs=None)
+            results.append(result)
+            if ct.name in seen:
+                result.error_code, result.error_message = ErrorCode.INVALID_REQUEST, "duplicate topic in request"
+                continue
+            seen.add(ct.name)
+            if not cluster_ok and not ctx.authorize(Operation.CREATE, ResourceType.TOPIC, ct.name):
+                result.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                continue
+            problem = validate_topic_name(ct.name)
+            if problem is not None:
+                result.error_code, result.error_message = ErrorCode.INVALID_TOPIC_EXCEPTION, problem
+                continue
+            if self.broker.topics.get(ct.name) is not None:
+                result.error_code = ErrorCode.TOPIC_ALREADY_EXISTS
+                result.error_message = f"Topic '{ct.name}' already exists."
+                continue
+            if ct.assignments:
+                count = len(ct.assignments)
+                if any(a.broker_ids != [self.broker.node_id] for a in ct.assignments):
+                    result.error_code = ErrorCode.INVALID_REPLICA_ASSIGNMENT
+                    result.error_message = f"replicas must be exactly [{self.broker.node_id}] on this single-node cluster"
+                    continue
+            else:
+                count = ct.num_partitions if ct.num_partitions != -1 else int(self.broker.config["num.partitions"])
+            if count <= 0:
+                result.error_code, result.error_message = ErrorCode.INVALID_PARTITIONS, "Number of partitions must be larger than 0."
+                continue
+            if ct.replication_factor not in (-1, 1):
+                result.error_code = ErrorCode.INVALID_REPLICATION_FACTOR
+                result.error_message = f"Replication factor {ct.replication_factor} is larger than the 1 available broker."
+                continue
+            configs: dict[str, str] = {}
+            bad = None
+            for c in ct.configs:
+                if c.name not in TOPIC_CONFIG_KEYS:
+                    bad = f"Unknown topic config name: {c.name}"
+                    break
+                if c.value is not None:
+                    configs[c.name] = c.value
+            if bad is None:
+                bad = _check_topic_configs(configs)
+            if bad is not None:
+                result.error_code, result.error_message = ErrorCode.INVALID_CONFIG, bad
+                continue
+            result.num_partitions = count
+            result.replication_factor = 1
+            if req.validate_only:
+                continue
+            topic = self.broker.topics.create(ct.name, count, configs)
+            self.broker.on_topic_created(topic)
+            result.topic_id = topic.topic_id
+            result.configs = [
+                CreatableTopicConfigs(name=k, value=v, read_only=False, config_source=SOURCE_TOPIC if explicit else SOURCE_DEFAULT,
+                                      is_sensitive=False)
+                for k, (v, explicit) in self.broker.topics.effective_config(topic).items()
+            ]
+        return CreateTopicsResponse(topics=results)
+
+    # ---- DeleteTopics ---------------------------------------------------------------------------
+
+    def delete_topics(self, ctx: RequestContext, req: Any) -> Any:
+        version = ctx.api_version
+        wanted: list[tuple[str | None, bytes]] = (
+            [(t.name, t.topic_id) for t in req.topics] if version >= 6 else [(n, b"\x00" * 16) for n in req.topic_names]
+        )
+        results = []
+        for name, topic_id in wanted:
+            topic = self.broker.topics.get(name) if name is not None else self.broker.topics.get_by_id(topic_id)
+            res = DeletableTopicResult(name=name, topic_id=topic_id, error_code=ErrorCode.NONE)
+            results.append(res)
+            if topic is None:
+                res.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if name is not None else ErrorCode.UNKNOWN_TOPIC_ID
+                continue
+            res.name, res.topic_id = topic.name, topic.topic_id
+            if not ctx.authorize(Operation.DELETE, ResourceType.TOPIC, topic.name):
+                res.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                continue
+            if topic.name in INTERNAL_TOPICS or not self.broker.config["delete.topic.enable"]:
+                res.error_code = ErrorCode.INVALID_REQUEST if topic.name not in INTERNAL_TOPICS else ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                res.error_message = "internal topics cannot be deleted" if topic.name in INTERNAL_TOPICS else "topic deletion is disabled"
+                continue
+            self.broker.delete_topic(topic)
+        return DeleteTopicsResponse(responses=results)
+
+    # ---- CreatePartitions -----------------------------------------------------------------------
+
+    def create_partitions(self, ctx: RequestContext, req: Any) -> Any:
+        results = []
+        for t in req.topics:
+            res = CpResult(name=t.name, error_code=ErrorCode.NONE, error_message=None)
+            results.append(res)
+            topic = self.broker.topics.get(t.name)
+            if topic is None:
+                res.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                continue
+            if not ctx.authorize(Operation.ALTER, ResourceType.TOPIC, t.name):
+                res.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                continue
+            if t.count <= len(topic.partitions):
+                res.error_code = ErrorCode.INVALID_PARTITIONS
+                res.error_message = f"Topic currently has {len(topic.partitions)} partitions, {t.count} would not be an increase."
+                continue
+            if not req.validate_only:
+                self.broker.topics.add_partitions(topic, t.count)
+                self.broker.on_topic_created(topic)
+        return CreatePartitionsResponse(results=results)
+
+    # ---- DeleteRecords --------------------------------------------------------------------------
+
+    def delete_records(self, ctx: RequestContext, req: Any) -> Any:
+        out = []
+        for t in req.topics:
+            topic = self.broker.topics.get(t.name)
+            parts = []
+            for p in t.partitions:
+                pr = DrPartition(partition_index=p.partition_index, low_watermark=-1, error_code=ErrorCode.NONE)
+                parts.append(pr)
+                if topic is None or not 0 <= p.partition_index < len(topic.partitions):
+                    pr.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                if not ctx.authorize(Operation.DELETE, ResourceType.TOPIC, t.name):
+                    pr.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                    continue
+                plog = topic.partitions[p.partition_index]
+                target = plog.high_watermark if p.offset == -1 else p.offset
+                if target < 0 or target > plog.high_watermark:
+                    pr.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
+                    continue
+                pr.low_watermark = plog.delete_records_before(target)
+                self.broker.on_log_start_moved(topic, p.partition_index)
+            out.append(DrTopic(name=t.name, partitions=parts))
+        return DeleteRecordsResponse(topics=out)
+
+    # ---- ListOffsets ----------------------------------------------------------------------------
+
+    def list_offsets(self, ctx: RequestContext, req: Any) -> Any:
+        out = []
+        for t in req.topics:
+            topic = self.broker.topics.get(t.name)
+            parts = []
+            for p in t.partitions:
+                pr = LoPartition(partition_index=p.partition_index, error_code=ErrorCode.NONE, timestamp=-1, offset=-1,
+                                 leader_epoch=-1)
+                parts.append(pr)
+                if topic is None or not 0 <= p.partition_index < len(topic.partitions):
+                    pr.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                if not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, t.name):
+                    pr.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                    continue
+                plog = topic.partitions[p.partition_index]
+                pr.leader_epoch = 0
+                ts = p.timestamp
+                if ts in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP):
+                    pr.offset = plog.log_start_offset
+                elif ts == LATEST_TIMESTAMP or ts == LATEST_TIERED_TIMESTAMP:
+                    pr.offset = plog.high_watermark if ts == LATEST_TIMESTAMP else -1
+                elif ts == MAX_TIMESTAMP:
+                    pr.offset, pr.timestamp = plog.max_timestamp()
+                elif ts < 0:
+                    pr.error_code = ErrorCode.INVALID_REQUEST
+                else:
+                    found = _record_at_or_after(plog, ts)
+                    if found is not None:
+                        pr.offset, pr.timestamp = found
+            out.append(LoTopic(name=t.name, partitions=parts))
+        return ListOffsetsResponse(topics=out)
+
+    # ---- DescribeConfigs ------------------------------------------------------------------------
+
+    def describe_configs(self, ctx: RequestContext, req: Any) -> Any:
+        results = []
+        for r in req.resources:
+            res = DcResult(error_code=ErrorCode.NONE, error_message=None, resource_type=r.resource_type,
+                           resource_name=r.resource_name, configs=[])
+            results.append(res)
+            entries: list[tuple[str, str | None, int]] = []
+            if r.resource_type == RESOURCE_TOPIC:
+                topic = self.broker.topics.get(r.resource_name)
+                if topic is None:
+                    res.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                if not ctx.authorize(Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, r.resource_name):
+                    res.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                    continue
+                for key, (value, explicit) in self.broker.topics.effective_config(topic).items():
+                    entries.append((key, value, SOURCE_TOPIC if explicit else SOURCE_DEFAULT))
+            elif r.resource_type == RESOURCE_BROKER:
+                if r.resource_name not in ("", str(self.broker.node_id)):
+                    res.error_code, res.error_message = ErrorCode.INVALID_REQUEST, f"unknown broker {r.resource_name}"
+                    continue
+                if not ctx.authorize(Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER, CLUSTER_NAME):
+                    res.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+                    continue
+                for key, value in self.broker.config.items():
+                    text = ",".join(value) if isinstance(value, list) else str(value).lower() if isinstance(value, bool) else str(value)
+                    source = SOURCE_STATIC_BROKER if key in self.broker.config.explicit else SOURCE_DEFAULT
+                    entries.append((key, text, source))
+            elif r.resource_type == RESOURCE_GROUP:
+                if not ctx.authorize(Operation.DESCRIBE_CONFIGS, ResourceType.GROUP, r.resource_name):
+                    res.error_code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+                    continue
+                for key, (value, explicit) in self.broker.group_configs.effective(r.resource_name).items():
+                    entries.append((key, value, SOURCE_GROUP if explicit else SOURCE_DEFAULT))
+            else:
+                res.error_code = ErrorCode.INVALID_REQUEST
+                res.error_message = f"resource type {r.resource_type} is not supported"
+                continue
+            keys = set(r.configuration_keys) if r.configuration_keys else None
+            res.configs = [
+                DcEntry(name=k, value=v, read_only=r.resource_type == RESOURCE_BROKER, config_source=src,
+                        is_sensitive=False, synonyms=[], config_type=0, documentation=None)
+                for k, v, src in entries
+                if keys is None or k in keys
+            ]
+        return DescribeConfigsResponse(results=results)
+
+    # ---- InitProducerId -------------------------------------------------------------------------
+
+    def init_producer_id(self, ctx: RequestContext, req: Any) -> Any:
+        if req.transactional_id is not None:
+            return InitProducerIdResponse(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, producer_id=-1, producer_epoch=-1)
+        # Since KIP-679 WRITE on any topic also allows an idempotent producer, as in Kafka.
+        if not ctx.authorize(Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, CLUSTER_NAME) and not ctx.authorize_any(
+            Operation.WRITE, ResourceType.TOPIC
+        ):
+            return InitProducerIdResponse(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, producer_id=-1, producer_epoch=-1)
+        if ctx.api_version >= 3 and req.producer_id >= 0:
+            # An idempotent producer bumping its own epoch keeps its id.
+            return InitProducerIdResponse(error_code=ErrorCode.NONE, producer_id=req.producer_id,
+                                          producer_epoch=(req.producer_epoch + 1) & 0x7FFF)
+        return InitProducerIdResponse(error_code=ErrorCode.NONE, producer_id=self.producer_ids.allocate(), producer_epoch=0)
+
+
+def _record_at_or_after(plog: PartitionLog, timestamp_ms: int) -> tuple[int, int] | None:
+    """(offset, timestamp) of the first record at or after `timestamp_ms`, as Kafka answers ListOffsets.
+
+    The log finds the first batch whose max timestamp qualifies; the record itself is found by decoding it.
+    """
+    found = plog.offset_for_timestamp(timestamp_ms)
+    if found is None:
+        return None
+    try:
+        data = plog.read(found[0], 1)
+        _header, records = decode_batch(data, 0, check_crc=False)
+    except (OffsetOutOfRange, InvalidRecordBatch):
+        return found
+    for rec in records:
+        if rec.offset >= plog.log_start_offset and rec.timestamp >= timestamp_ms:
+            return rec.offset, rec.timestamp
+    return found
+
+
+def _check_topic_configs(configs: dict[str, str]) -> str | None:
+    for key, value in configs.items():
+        if key in ("cleanup.policy", "compression.type"):
+            continue
+        if key == "message.timestamp.type":
+            if value not in ("CreateTime", "LogAppendTime"):
+                return f"Invalid value {value} for configuration {key}"
+            continue
+        try:
+            int(value)
+        except ValueError:
+            return f"Invalid value {value} for configuration {key}: Not a number of type LONG"
+    return None
+
+
+def register(broker: Broker) -> TopicAdmin:
+    h = TopicAdmin(broker)
+    broker.register(ApiKey.CREATE_TOPICS, 2, 7, h.create_topics)
+    broker.register(ApiKey.DELETE_TOPICS, 1, 6, h.delete_topics)
+    broker.register(ApiKey.CREATE_PARTITIONS, 0, 3, h.create_partitions)
+    broker.register(ApiKey.DELETE_RECORDS, 0, 2, h.delete_records)
+    broker.register(ApiKey.LIST_OFFSETS, 1, 11, h.list_offsets)
+    broker.register(ApiKey.DESCRIBE_CONFIGS, 1, 4, h.describe_configs)
+    broker.register(ApiKey.INIT_PRODUCER_ID, 0, 5, h.init_producer_id)
+    return h

@@ -1,0 +1,292 @@
+"""The broker: wires config, storage, handlers and listeners together, and owns their lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import ssl
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from shoal.broker.apis.broker import Api
+from shoal.broker.network.connection import KafkaConnection
+from shoal.broker.security.acl_store import build_authorizer
+from shoal.broker.security.authorizer import Authorizer
+from shoal.broker.security.scram import ScramCredentialStore
+from shoal.broker.share.group_configs import GroupConfigs
+from shoal.broker.storage.purgatory import Purgatory
+from shoal.broker.storage.topic_registry import CONSUMER_OFFSETS, SHARE_GROUP_STATE, Topic, TopicRegistry
+from shoal.protocol import messages
+from shoal.protocol.errors import ErrorCode
+
+from .config import BrokerConfig, Listener
+from .metrics import BrokerMetrics
+
+log = structlog.get_logger("shoal.broker")
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig):
+        self.config = config
+        self.node_id = int(config["node.id"])
+        self.cluster_id = str(config["cluster.id"])
+        self.metrics = BrokerMetrics()
+        self.authorizer: Authorizer = build_authorizer(config, Path(config["log.dirs"]))
+        self.scram_credentials = ScramCredentialStore(Path(config["log.dirs"]))
+        # TLS server contexts of the SSL / SASL_SSL listeners, by listener name (built in start()).
+        self.ssl_contexts: dict[str, ssl.SSLContext] = {}
+        self.topics = TopicRegistry(Path(config["log.dirs"]), config)
+        self.purgatory = Purgatory()
+        self.apis: dict[int, Api] = {}
+        self.connections: set[KafkaConnection] = set()
+        self.connection_listeners: list[Callable[[KafkaConnection], None]] = []
+        self.topic_listeners: list[Callable[..., None]] = []
+        self.bound: list[Listener] = []
+        self.advertised: list[Listener] = []
+        self.metrics_port: int | None = None
+        self._servers: list[asyncio.AbstractServer] = []
+        self._background: list[asyncio.Task[Any]] = []
+        self.started_at = time.time()
+        self.group_configs = GroupConfigs(Path(config["log.dirs"]), config)
+        # Share-group parts, wired in start() once the internal topics exist.
+        self.share_coordinator: Any = None
+        self.group_coordinator: Any = None
+        self.persister: Any = None
+        self.share_partitions: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None
+        return self._loop
+
+    # ---- handlers ------------------------------------------------------------------------------
+
+    def register(self, key: int, min_version: int, max_version: int, handler: Callable[..., Any]) -> None:
+        spec_versions = messages.REQUESTS[key].spec.valid
+        assert min_version in spec_versions and max_version in spec_versions, (key, min_version, max_version)
+        self.apis[key] = Api(
+            key, messages.API_NAMES[key], min_version, max_version, handler, inspect.iscoroutinefunction(handler)
+        )
+
+    def api_versions_fallback(self, header: messages.RequestHeader) -> Any:
+        """ApiVersions v0 body with UNSUPPORTED_VERSION and our ranges, for a version we do not know."""
+        cls = messages.ApiVersionsResponse
+        return cls(error_code=ErrorCode.UNSUPPORTED_VERSION, api_keys=self.api_version_entries())
+
+    def api_version_entries(self) -> list[Any]:
+        entry = messages.ApiVersionsResponse.ApiVersion  # type: ignore[attr-defined]
+        return [
+            entry(api_key=api.key, min_version=api.min_version, max_version=api.max_version)
+            for api in sorted(self.apis.values(), key=lambda a: a.key)
+        ]
+
+    # ---- connections ---------------------------------------------------------------------------
+
+    def on_connection_opened(self, conn: KafkaConnection) -> None:
+        self.connections.add(conn)
+        self.metrics.connections.set(len(self.connections))
+
+    def on_connection_closed(self, conn: KafkaConnection) -> None:
+        self.connections.discard(conn)
+        self.metrics.connections.set(len(self.connections))
+        for callback in self.connection_listeners:
+            try:
+                callback(conn)
+            except Exception:
+                log.exception("connection-close listener failed")
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def ensure_internal_topics(self) -> None:
+        for name, key in (
+            (CONSUMER_OFFSETS, "offsets.topic.num.partitions"),
+            (SHARE_GROUP_STATE, "share.coordinator.state.topic.num.partitions"),
+        ):
+            if self.topics.get(name) is None:
+                self.topics.create(name, int(self.config[key]), {"cleanup.policy": "compact" if name == CONSUMER_OFFSETS else "delete"})
+
+    async def start(self) -> None:
+        from shoal.broker.apis.handlers import register_all
+        from shoal.broker.security.tls import server_context
+
+        self._loop = loop = asyncio.get_running_loop()
+        self.topics.data_dir.mkdir(parents=True, exist_ok=True)
+        self.topics.load()
+        self.ensure_internal_topics()
+        await self._start_share_groups()
+        register_all(self)
+        for listener in self.config.listeners():
+            if listener.security_protocol in ("SSL", "SASL_SSL"):
+                self.ssl_contexts[listener.name] = server_context(self.config, listener.name)
+        for listener in self.config.listeners():
+            server = await loop.create_server(
+                lambda lst=listener: KafkaConnection(self, lst),  # type: ignore[misc]
+                host=listener.host,
+                port=listener.port,
+                reuse_address=True,
+                backlog=1024,
+            )
+            self._servers.append(server)
+            port = server.sockets[0].getsockname()[1]
+            self.bound.append(Listener(listener.name, listener.security_protocol, listener.host, port))
+        self.advertised = self.config.advertised(self.bound)
+        if int(self.config["metrics.port"]) >= 0:
+            self.metrics_port = self.metrics.serve(str(self.config["metrics.host"]), int(self.config["metrics.port"]))
+        self._background.append(loop.create_task(self._retention_loop()))
+        for topic in self.topics.by_name.values():
+            for plog in topic.partitions:
+                plog.start_background(loop)
+
+    async def _retention_loop(self) -> None:
+        interval = int(self.config["log.retention.check.interval.ms"]) / 1000
+        while True:
+            await asyncio.sleep(interval)
+            now_ms = int(time.time() * 1000)
+            for topic in list(self.topics.by_name.values()):
+                for plog in topic.partitions:
+                    try:
+                        plog.enforce_retention(now_ms)
+                    except Exception:
+                        log.exception("retention failed", topic=topic.name)
+
+    async def stop(self) -> None:
+        for server in self._servers:
+            server.close()
+        for conn in list(self.connections):
+            conn.close()
+        for task in self._background:
+            task.cancel()
+        if self.group_coordinator is not None:
+            await self.group_coordinator.stop()
+        if self.share_coordinator is not None:
+            await self.share_coordinator.stop()
+        for server in self._servers:
+            await server.wait_closed()
+        for topic in self.topics.by_name.values():
+            for plog in topic.partitions:
+                try:
+                    await plog.flush()
+                except Exception:
+                    log.exception("final flush failed", topic=topic.name)
+                await plog.stop_background()
+        self.topics.close()
+        self.metrics.stop()
+
+    async def _start_share_groups(self) -> None:
+        from shoal.broker.apis.share_group_apis import BrokerTopicMetadata
+        from shoal.broker.share.share_partition_leader import SharePartitionLeaders
+        from shoal.broker.storage.internal_topic_log import InternalTopicLog
+        from shoal.coordinator.group_coordinator import GroupCoordinator, GroupCoordinatorConfig
+        from shoal.coordinator.share_coordinator import ShareCoordinator
+        from shoal.coordinator.share_coordinator_client import InProcessShareCoordinatorClient
+        from shoal.persister.default_persister import DefaultStatePersister
+
+        state_topic = self.topics.get(SHARE_GROUP_STATE)
+        offsets_topic = self.topics.get(CONSUMER_OFFSETS)
+        assert state_topic is not None and offsets_topic is not None
+        cfg = self.config
+        self.share_coordinator = ShareCoordinator(
+            InternalTopicLog(state_topic),
+            snapshot_update_records_per_snapshot=int(cfg["share.coordinator.snapshot.update.records.per.snapshot"]),
+            cold_snapshot_interval_ms=int(cfg["share.coordinator.cold.partition.snapshot.interval.ms"]),
+            partition_count=self._partition_count,
+        )
+        self.persister = DefaultStatePersister(InProcessShareCoordinatorClient(self.share_coordinator))
+        self.share_partitions = SharePartitionLeaders(self.persister, self.group_configs, self.purgatory)
+        self._wire_share_metrics()
+        self.group_coordinator = GroupCoordinator(
+            InternalTopicLog(offsets_topic),
+            BrokerTopicMetadata(self),
+            self.persister,
+            GroupCoordinatorConfig(
+                session_timeout_ms=int(cfg["group.share.session.timeout.ms"]),
+                heartbeat_interval_ms=int(cfg["group.share.heartbeat.interval.ms"]),
+                max_size=int(cfg["group.share.max.size"]),
+                initialize_retry_interval_ms=int(cfg["group.share.initialize.retry.interval.ms"]),
+            ),
+            group_configs=self.group_configs,
+        )
+        started = time.monotonic()
+        await self.share_coordinator.load()
+        await self.group_coordinator.load()
+        log.info("coordinators loaded", seconds=round(time.monotonic() - started, 3))
+        self.group_coordinator.start()
+        self.topic_listeners.append(self._share_groups_on_topic_event)
+        self._background.append(self.loop.create_task(self._share_coordinator_housekeeping()))
+
+    def _wire_share_metrics(self) -> None:
+        """KIP-932 metrics: event hooks into the share coordinator and leaders, plus a scrape-time collector."""
+        from .share_metrics import ShareGroupCollector
+
+        events = self.metrics.share
+        self.share_coordinator.on_partition_load = events.observe_state_partition_load
+        self.share_coordinator.on_write = events.observe_state_write
+        self.share_partitions.on_load = events.observe_partition_load
+        self.metrics.registry.register(ShareGroupCollector(self, events))
+
+    async def _share_coordinator_housekeeping(self) -> None:
+        cold_ms = int(self.config["share.coordinator.cold.partition.snapshot.interval.ms"])
+        prune_ms = int(self.config["share.coordinator.state.topic.prune.interval.ms"])
+        interval = min(cold_ms, prune_ms) / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.share_coordinator.maybe_cold_snapshot(int(time.time() * 1000))
+                await self.share_coordinator.prune()
+            except Exception:
+                log.exception("share coordinator housekeeping failed")
+
+    def _share_groups_on_topic_event(self, event: str, topic: Topic, *args: Any) -> None:
+        if topic.internal:
+            return
+        if event == "deleted":
+            self.share_partitions.drop_topic(topic.topic_id)
+            self.loop.create_task(self.share_coordinator.delete_topics({topic.topic_id}))
+        if event in ("created", "deleted"):
+            self.group_coordinator.on_topics_changed()
+        if event == "log_start_moved":
+            self.purgatory.notify(("log", topic.topic_id, args[0]))
+
+    def _partition_count(self, topic_id: bytes) -> int | None:
+        topic = self.topics.get_by_id(topic_id)
+        return None if topic is None else len(topic.partitions)
+
+    def on_group_config_changed(self, group_id: str) -> None:
+        # The group coordinator reads session timeout and heartbeat interval afresh on every heartbeat.
+        if self.share_partitions is not None:
+            self.share_partitions.group_config_changed(group_id)
+
+    # ---- topic lifecycle hooks (share groups subscribe to these) --------------------------------
+
+    def on_topic_created(self, topic: Topic) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None:
+            for plog in topic.partitions:
+                plog.start_background(loop)
+        for callback in self.topic_listeners:
+            callback("created", topic)
+
+    def delete_topic(self, topic: Topic) -> None:
+        self.topics.delete(topic)
+        for index in range(len(topic.partitions)):
+            self.purgatory.notify(("log", topic.topic_id, index))
+        for callback in self.topic_listeners:
+            callback("deleted", topic)
+
+    def on_log_start_moved(self, topic: Topic, partition: int) -> None:
+        for callback in self.topic_listeners:
+            callback("log_start_moved", topic, partition)
+
+    def advertised_listener(self, name: str) -> Listener:
+        for lst in self.advertised:
+            if lst.name == name:
+                return lst
+        return self.advertised[0]

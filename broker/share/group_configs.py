@@ -1,0 +1,145 @@
+"""Dynamic group configs (ConfigResource type GROUP = 32): validated, persisted, applied live.
+
+Values a group does not set fall back to the broker's `group.share.*` settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoal.broker.server.config import BrokerConfig
+from shoal.iso_duration import parse_iso_duration_ms
+
+FILE_NAME = "shoal-group-configs.json"
+
+
+class InvalidGroupConfig(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfigKey:
+    name: str
+    broker_default: str | None  # broker key supplying the default, or None for a fixed default
+    fixed_default: str
+    validate: Callable[[str, BrokerConfig], None]
+
+
+def _int_between(lo_key: str | int, hi_key: str | int) -> Callable[[str, BrokerConfig], None]:
+    def check(value: str, cfg: BrokerConfig) -> None:
+        try:
+            number = int(value)
+        except ValueError as exc:
+            raise InvalidGroupConfig(f"{value!r} is not an integer") from exc
+        lo = cfg[lo_key] if isinstance(lo_key, str) else lo_key
+        hi = cfg[hi_key] if isinstance(hi_key, str) else hi_key
+        if not lo <= number <= hi:
+            raise InvalidGroupConfig(f"{number} is outside [{lo}, {hi}]")
+
+    return check
+
+
+def _offset_reset(value: str, cfg: BrokerConfig) -> None:
+    if value in ("latest", "earliest"):
+        return
+    if value.startswith("by_duration:"):
+        try:
+            duration = parse_iso_duration_ms(value.split(":", 1)[1])
+        except ValueError as exc:
+            raise InvalidGroupConfig(str(exc)) from exc
+        if duration < 0:
+            raise InvalidGroupConfig("the duration must not be negative")
+        return
+    raise InvalidGroupConfig("must be latest, earliest or by_duration:<ISO-8601 duration>")
+
+
+def _isolation(value: str, cfg: BrokerConfig) -> None:
+    if value not in ("read_uncommitted", "read_committed"):
+        raise InvalidGroupConfig("must be read_uncommitted or read_committed")
+
+
+KEYS: dict[str, GroupConfigKey] = {
+    k.name: k
+    for k in (
+        GroupConfigKey("share.auto.offset.reset", None, "latest", _offset_reset),
+        GroupConfigKey("share.isolation.level", None, "read_uncommitted", _isolation),
+        GroupConfigKey(
+            "share.record.lock.duration.ms",
+            "group.share.record.lock.duration.ms",
+            "",
+            _int_between("group.share.min.record.lock.duration.ms", "group.share.max.record.lock.duration.ms"),
+        ),
+        GroupConfigKey("share.session.timeout.ms", "group.share.session.timeout.ms", "", _int_between(1000, 3_600_000)),
+        GroupConfigKey("share.heartbeat.interval.ms", "group.share.heartbeat.interval.ms", "", _int_between(100, 3_600_000)),
+        GroupConfigKey("share.delivery.count.limit", "group.share.delivery.count.limit", "", _int_between(2, 10)),
+        GroupConfigKey("share.partition.max.record.locks", "group.share.partition.max.record.locks", "", _int_between(100, 10000)),
+    )
+}
+
+
+class GroupConfigs:
+    def __init__(self, data_dir: Path, broker_config: BrokerConfig):
+        self.path = data_dir / FILE_NAME
+        self.broker_config = broker_config
+        self._groups: dict[str, dict[str, str]] = {}
+        if self.path.exists():
+            self._groups = json.loads(self.path.read_text())
+
+    def explicit(self, group_id: str) -> dict[str, str]:
+        return dict(self._groups.get(group_id, {}))
+
+    def get(self, group_id: str, key: str) -> str:
+        value = self._groups.get(group_id, {}).get(key)
+        if value is not None:
+            return value
+        spec = KEYS[key]
+        if spec.broker_default is not None:
+            return str(self.broker_config[spec.broker_default])
+        return spec.fixed_default
+
+    def get_int(self, group_id: str, key: str) -> int:
+        return int(self.get(group_id, key))
+
+    def effective(self, group_id: str) -> dict[str, tuple[str, bool]]:
+        set_here = self._groups.get(group_id, {})
+        return {k: (self.get(group_id, k), k in set_here) for k in KEYS}
+
+    def validate(self, key: str, value: str | None) -> None:
+        spec = KEYS.get(key)
+        if spec is None:
+            raise InvalidGroupConfig(f"Unknown group config name: {key}")
+        if value is not None:
+            try:
+                spec.validate(value, self.broker_config)
+            except InvalidGroupConfig as exc:
+                raise InvalidGroupConfig(f"Invalid value {value} for configuration {key}: {exc}") from exc
+
+    def apply(self, group_id: str, changes: list[tuple[str, str | None]]) -> None:
+        """Set (value) or delete (None) keys, all validated first, then persisted atomically."""
+        for key, value in changes:
+            self.validate(key, value)
+        current = self._groups.setdefault(group_id, {})
+        for key, value in changes:
+            if value is None:
+                current.pop(key, None)
+            else:
+                current[key] = value
+        if not current:
+            del self._groups[group_id]
+        self._save()
+
+    def delete_group(self, group_id: str) -> None:
+        if self._groups.pop(group_id, None) is not None:
+            self._save()
+
+    def _save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "w") as fh:
+            json.dump(self._groups, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)

@@ -1,0 +1,359 @@
+"""Share-partition leaders: the asyncio shell around each share partition's state machine.
+
+A leader loads its state through the persister on first use, reads the log for acquisitions, arms
+the acquisition-lock timer, and persists every state change before it is reported: an
+acknowledgement is answered only after WriteShareGroupState succeeded, and rolled back if it failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
+from shoal.iso_duration import parse_iso_duration_ms
+from shoal.persister.persister import PersistedStateBatch, Persister, SharePartitionKey, WriteStateRequest
+from shoal.protocol.errors import ErrorCode
+
+from .group_configs import GroupConfigs
+from .share_partition import (
+    AckBatch,
+    AcquiredRange,
+    AcquireMode,
+    FetchedBatch,
+    PersistedBatch,
+    SharePartition,
+)
+
+if TYPE_CHECKING:
+    from shoal.broker.storage.purgatory import Purgatory
+
+log = structlog.get_logger("shoal.share_partition")
+
+LEADER_EPOCH = 0
+
+# How persister (share coordinator) errors surface to clients (as Kafka maps them).
+_PERSISTER_ERRORS = {
+    ErrorCode.NOT_COORDINATOR: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.COORDINATOR_NOT_AVAILABLE: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.GROUP_ID_NOT_FOUND: ErrorCode.GROUP_ID_NOT_FOUND,
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+    ErrorCode.FENCED_LEADER_EPOCH: ErrorCode.NOT_LEADER_OR_FOLLOWER,
+    ErrorCode.FENCED_STATE_EPOCH: ErrorCode.NOT_LEADER_OR_FOLLOWER,
+}
+# After these the in-memory share partition is dropped and rebuilt from persisted state on next use.
+_FENCING = {ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.GROUP_ID_NOT_FOUND, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+
+
+def map_persister_error(code: int) -> int:
+    if code == ErrorCode.NONE:
+        return ErrorCode.NONE
+    return int(_PERSISTER_ERRORS.get(code, ErrorCode.UNKNOWN_SERVER_ERROR))  # type: ignore[call-overload]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(slots=True)
+class Acquisition:
+    records: bytes
+    acquired: list[AcquiredRange]
+    error_code: int = ErrorCode.NONE
+
+
+class SharePartitionLeader:
+    def __init__(
+        self,
+        key: SharePartitionKey,
+        plog: PartitionLog,
+        persister: Persister,
+        group_configs: GroupConfigs,
+        purgatory: Purgatory,
+        on_change: Callable[[SharePartitionLeader], None] | None = None,
+    ):
+        self.key = key
+        self.plog = plog
+        self.persister = persister
+        self.group_configs = group_configs
+        self.purgatory = purgatory
+        self.on_change = on_change
+        self.state: SharePartition | None = None
+        self.lock = asyncio.Lock()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: int | None = None
+        self.load_time_ms: float = 0.0
+        self.on_load: Callable[[float], None] | None = None  # metric hook, load time in ms
+        # Published for the metrics thread, which may only read plain attributes (see _publish).
+        self.published_delivery_complete = 0
+        self.published_oldest_lock_ms: int | None = None
+
+    @property
+    def wake_key(self) -> tuple[Any, ...]:
+        return ("share", self.key.group_id, self.key.topic_id, self.key.partition)
+
+    # ---- loading ------------------------------------------------------------------------------
+
+    async def ensure_loaded(self) -> int:
+        """Load persisted state once; returns a client-facing error code."""
+        if self.state is not None:
+            return ErrorCode.NONE
+        started = time.monotonic()
+        result = await self.persister.read_state(self.key, LEADER_EPOCH)
+        if result.error_code != ErrorCode.NONE:
+            log.warning("share partition state load failed", group=self.key.group_id,
+                        partition=self.key.partition, error_code=result.error_code, error=result.error_message)
+            return map_persister_error(result.error_code)
+        start = result.start_offset
+        if start < 0:
+            start = self._reset_offset()
+        start = max(start, self.plog.log_start_offset)
+        group = self.key.group_id
+        self.state = SharePartition(
+            group,
+            self.key.topic_id,
+            self.key.partition,
+            start_offset=start,
+            state_epoch=result.state_epoch,
+            state_batches=[PersistedBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
+                           for b in result.state_batches],
+            lock_duration_ms=self.group_configs.get_int(group, "share.record.lock.duration.ms"),
+            delivery_count_limit=self.group_configs.get_int(group, "share.delivery.count.limit"),
+            max_in_flight_records=self.group_configs.get_int(group, "share.partition.max.record.locks"),
+            leader_epoch=LEADER_EPOCH,
+        )
+        if result.start_offset < 0:
+            # Record the offset share.auto.offset.reset chose, so a restart resumes from it instead of
+            # resolving "latest" again and skipping what was produced in between.
+            write_err = await self._persist()
+            if write_err != ErrorCode.NONE:
+                self.state = None
+                return write_err
+        self.load_time_ms = (time.monotonic() - started) * 1000
+        if self.on_load is not None:
+            self.on_load(self.load_time_ms)
+        self._publish()
+        log.info("share partition loaded", group=group, partition=self.key.partition, spso=start,
+                 batches=len(result.state_batches))
+        return ErrorCode.NONE
+
+    def _reset_offset(self) -> int:
+        """Resolve an uninitialised start offset through the group's share.auto.offset.reset."""
+        policy = self.group_configs.get(self.key.group_id, "share.auto.offset.reset")
+        if policy == "earliest":
+            return self.plog.log_start_offset
+        if policy.startswith("by_duration:"):
+            target = now_ms() - parse_iso_duration_ms(policy.split(":", 1)[1])
+            found = self.plog.offset_for_timestamp(target)
+            return found[0] if found is not None else self.plog.high_watermark
+        return self.plog.high_watermark
+
+    def apply_group_config(self) -> None:
+        """Dynamic group configs change lock duration and limits for what comes next."""
+        if self.state is None:
+            return
+        group = self.key.group_id
+        self.state.lock_duration_ms = self.group_configs.get_int(group, "share.record.lock.duration.ms")
+        self.state.delivery_count_limit = self.group_configs.get_int(group, "share.delivery.count.limit")
+        self.state.max_in_flight_records = self.group_configs.get_int(group, "share.partition.max.record.locks")
+
+    def drop(self) -> None:
+        self.state = None
+        self._cancel_timer()
+
+    # ---- acquisition --------------------------------------------------------------------------
+
+    async def acquire(self, member_id: str, *, max_records: int, batch_size: int, max_bytes: int,
+                      mode: AcquireMode) -> Acquisition:
+        async with self.lock:
+            err = await self.ensure_loaded()
+            sp = self.state
+            if err != ErrorCode.NONE or sp is None:
+                return Acquisition(b"", [], err)
+            if sp.start_offset < self.plog.log_start_offset:
+                sp.on_log_start_offset_moved(self.plog.log_start_offset)
+            if not sp.can_acquire():
+                return Acquisition(b"", [])
+            fetch_offset = sp.next_fetch_offset()
+            if fetch_offset >= self.plog.high_watermark:
+                return Acquisition(b"", [])
+            try:
+                batches = self.plog.read_batch_headers(fetch_offset, max_bytes)
+            except OffsetOutOfRange:
+                # The log start moved past our SPSO: archive what is gone and start again from the log start.
+                sp.on_log_start_offset_moved(self.plog.log_start_offset)
+                return Acquisition(b"", [])
+            if not batches:
+                return Acquisition(b"", [])
+            fetched = [FetchedBatch(h.base_offset, h.last_offset) for h, _ in batches]
+            ranges = sp.acquire(member_id, fetched, max_records=max_records, batch_size=batch_size,
+                                now_ms=now_ms(), mode=mode, fetch_offset=fetch_offset)
+            if not ranges:
+                return Acquisition(b"", [])
+            self._arm_timer()
+            self._publish()
+            first, last = ranges[0].first_offset, ranges[-1].last_offset
+            # Whole stored batches from the one holding the first acquired offset to the one holding the last.
+            # The views are adjacent slices of one read, so joining them copies the bytes once.
+            chosen = [view for h, view in batches if h.last_offset >= first and h.base_offset <= last]
+            return Acquisition(b"".join(chosen), ranges)
+
+    # ---- acknowledgement and release ------------------------------------------------------------
+
+    async def acknowledge(self, member_id: str, batches: list[AckBatch]) -> int:
+        async with self.lock:
+            err = await self.ensure_loaded()
+            sp = self.state
+            if err != ErrorCode.NONE or sp is None:
+                return err
+            outcome = sp.acknowledge(member_id, batches, now_ms=now_ms())
+            if outcome.error_code != ErrorCode.NONE:
+                return outcome.error_code
+            if outcome.persist_required:
+                write_err = await self._persist()
+                if write_err != ErrorCode.NONE:
+                    # The acknowledgement was not made durable: undo it so memory matches disk.
+                    sp.rollback(outcome, now_ms=now_ms())
+                    self._after_failed_write(write_err)
+                    self._cancel_timer()
+                    self._arm_timer()
+                    return write_err
+            self._arm_timer()
+        self._changed()
+        return ErrorCode.NONE
+
+    async def release_member(self, member_id: str) -> None:
+        async with self.lock:
+            sp = self.state
+            if sp is None:
+                return
+            if sp.release_member(member_id, now_ms=now_ms()):
+                write_err = await self._persist()
+                if write_err != ErrorCode.NONE:
+                    sp.mark_write_failed()
+                    self._after_failed_write(write_err)
+        self._changed()
+
+    async def _expire_locks(self) -> None:
+        async with self.lock:
+            sp = self.state
+            if sp is None:
+                return
+            if sp.expire_locks(now_ms()):
+                # The transition stands even if the write fails (as in Kafka); the next write carries it.
+                write_err = await self._persist()
+                if write_err != ErrorCode.NONE:
+                    sp.mark_write_failed()
+            self._timer_at = None
+            self._arm_timer()
+        self._changed()
+
+    async def _persist(self) -> int:
+        sp = self.state
+        assert sp is not None
+        snap = sp.write_state()
+        request = WriteStateRequest(
+            key=self.key,
+            state_epoch=snap.state_epoch,
+            leader_epoch=LEADER_EPOCH,
+            start_offset=snap.start_offset,
+            delivery_complete_count=snap.delivery_complete_count,
+            state_batches=[PersistedStateBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
+                           for b in snap.state_batches],
+        )
+        try:
+            code = await self.persister.write_state(request)
+        except Exception:
+            log.exception("share state write failed", group=self.key.group_id, partition=self.key.partition)
+            code = ErrorCode.UNKNOWN_SERVER_ERROR
+        return map_persister_error(code)
+
+    def _after_failed_write(self, code: int) -> None:
+        if code in _FENCING:
+            log.warning("share partition fenced; dropping in-memory state", group=self.key.group_id,
+                        partition=self.key.partition, error_code=code)
+            self.drop()
+
+    def _publish(self) -> None:
+        """Compute, on the event loop, the values the metrics thread cannot safely derive itself."""
+        sp = self.state
+        if sp is None:
+            self.published_delivery_complete, self.published_oldest_lock_ms = 0, None
+            return
+        self.published_delivery_complete = sp.delivery_complete_count
+        self.published_oldest_lock_ms = sp.oldest_lock_start_ms()
+
+    def _changed(self) -> None:
+        self._publish()
+        self.purgatory.notify(self.wake_key)
+        if self.on_change is not None:
+            self.on_change(self)
+
+    # ---- acquisition-lock timer ------------------------------------------------------------------
+
+    def _arm_timer(self) -> None:
+        sp = self.state
+        if sp is None:
+            return
+        deadline = sp.next_lock_deadline()
+        if deadline is None or (self._timer_at is not None and self._timer_at <= deadline):
+            return
+        self._cancel_timer()
+        loop = asyncio.get_running_loop()
+        delay = max(0.0, (deadline - now_ms()) / 1000)
+        self._timer_at = deadline
+        self._timer = loop.call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        asyncio.get_running_loop().create_task(self._expire_locks())
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = None
+        self._timer_at = None
+
+
+class SharePartitionLeaders:
+    """Every share partition this broker leads, created on first use."""
+
+    def __init__(self, persister: Persister, group_configs: GroupConfigs, purgatory: Purgatory):
+        self.persister = persister
+        self.group_configs = group_configs
+        self.purgatory = purgatory
+        self._leaders: dict[SharePartitionKey, SharePartitionLeader] = {}
+        self.on_load: Callable[[float], None] | None = None  # metric hook for every leader's state load
+
+    def get(self, key: SharePartitionKey) -> SharePartitionLeader | None:
+        return self._leaders.get(key)
+
+    def get_or_create(self, key: SharePartitionKey, plog: PartitionLog) -> SharePartitionLeader:
+        leader = self._leaders.get(key)
+        if leader is None or leader.plog is not plog:
+            leader = SharePartitionLeader(key, plog, self.persister, self.group_configs, self.purgatory)
+            leader.on_load = self.on_load
+            self._leaders[key] = leader
+        return leader
+
+    def all(self) -> list[SharePartitionLeader]:
+        return list(self._leaders.values())
+
+    def drop_group(self, group_id: str) -> None:
+        for key in [k for k in self._leaders if k.group_id == group_id]:
+            self._leaders.pop(key).drop()
+
+    def drop_topic(self, topic_id: bytes) -> None:
+        for key in [k for k in self._leaders if k.topic_id == topic_id]:
+            self._leaders.pop(key).drop()
+
+    def group_config_changed(self, group_id: str) -> None:
+        for key, leader in self._leaders.items():
+            if key.group_id == group_id:
+                leader.apply_group_config()

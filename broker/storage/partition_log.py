@@ -1,0 +1,587 @@
+"""A partition's durable log: an ordered list of segments, offset assignment, group-committed fsync,
+retention and DeleteRecords.
+
+Appends go to the page cache only; durability comes from `flush()`, which shares one fsync between all
+concurrent callers (group commit) and runs it in a worker thread so the event loop never blocks on disk.
+
+Crash safety: a sealed segment's index files are written only after its `.log` was fsynced, so on open
+sealed segments with index files are trusted and only the active segment (plus any sealed segment whose
+index never made it to disk) is re-scanned with CRC checks; a torn tail is truncated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from shoal.broker.storage.log_segment import (
+    INDEX_SUFFIX,
+    INT32_MAX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    TMP_SUFFIX,
+    LogSegment,
+)
+from shoal.protocol.record_batch import BatchHeader, iter_batches, set_base_offset, set_log_append_time
+
+log = structlog.get_logger(__name__)
+
+LOG_START_CHECKPOINT = "log-start-offset.checkpoint"
+# Decides whether to delete a leading segment, given it and the base offset of the segment after it.
+_SegmentPredicate = Callable[[LogSegment, int], bool]
+_CHECKPOINT_VERSION = 0
+
+
+@dataclass
+class LogConfig:
+    segment_bytes: int = 1 << 30
+    retention_ms: int = 7 * 24 * 3600 * 1000  # -1 = unlimited
+    retention_bytes: int = -1  # -1 = unlimited
+    flush_interval_messages: int = 2**63 - 1  # Kafka's log.flush.interval.messages
+    flush_interval_ms: int | None = None  # Kafka's log.flush.interval.ms (None = never by time)
+    index_interval_bytes: int = 4096
+
+    def __post_init__(self) -> None:
+        # Index entries store file positions as int32.
+        if not 0 < self.segment_bytes <= INT32_MAX:
+            raise ValueError(f"segment_bytes must be in 1..{INT32_MAX}, got {self.segment_bytes}")
+        if self.index_interval_bytes < 0:
+            raise ValueError("index_interval_bytes must be >= 0")
+        if self.flush_interval_messages < 1:
+            raise ValueError("flush_interval_messages must be >= 1")
+
+
+class OffsetOutOfRange(Exception):
+    """The requested offset lies outside [log_start_offset, log_end_offset]."""
+
+    def __init__(self, offset: int, log_start_offset: int, log_end_offset: int) -> None:
+        super().__init__(f"offset {offset} outside [{log_start_offset}, {log_end_offset}]")
+        self.offset = offset
+        self.log_start_offset = log_start_offset
+        self.log_end_offset = log_end_offset
+
+
+class LogClosed(Exception):
+    """The log was closed or deleted."""
+
+
+@dataclass
+class AppendResult:
+    base_offset: int
+    last_offset: int
+    log_append_time: int  # -1 unless the batches were stamped with LogAppendTime
+    log_start_offset: int
+
+
+@dataclass
+class _FlushPlan:
+    target_offset: int
+    items: list[tuple[LogSegment, int, int]]  # segment, dup'ed fd, size covered
+    persist: list[LogSegment]  # sealed segments whose indexes become durable with this flush
+    sync_dir: bool
+
+
+class PartitionLog:
+    def __init__(self, directory: Path, config: LogConfig) -> None:
+        self.directory = directory
+        self.config = config
+        self.segments: list[LogSegment] = []
+        self._bases: list[int] = []
+        self.log_start_offset = 0
+        self.log_end_offset = 0
+        self.flushed_offset = 0
+        self.fsync_count = 0  # flush rounds performed (each may fsync several files)
+        self._dir_dirty = False
+        self._unflushed_messages = 0
+        self._flush_task: asyncio.Task[None] | None = None
+        self._background: asyncio.Task[None] | None = None
+        self._scheduled: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    # -- open / recovery ---------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, directory: Path, config: LogConfig) -> PartitionLog:
+        """Open (creating if missing) the log in `directory`, recovering the active segment."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        plog = cls(directory, config)
+        plog._load()
+        return plog
+
+    def _load(self) -> None:
+        bases: list[int] = []
+        for entry in os.scandir(self.directory):
+            name = entry.name
+            if name.endswith(TMP_SUFFIX):
+                os.unlink(entry.path)  # an atomic write that never got renamed
+            elif name.endswith(LOG_SUFFIX) and name[: -len(LOG_SUFFIX)].isdigit():
+                bases.append(int(name[: -len(LOG_SUFFIX)]))
+        bases.sort()
+        known = set(bases)
+        for entry in os.scandir(self.directory):
+            for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+                stem = entry.name[: -len(suffix)]
+                if entry.name.endswith(suffix) and stem.isdigit() and int(stem) not in known:
+                    os.unlink(entry.path)  # index of a segment deleted while its flush was running
+
+        interval = self.config.index_interval_bytes
+        for i, base in enumerate(bases):
+            last = i == len(bases) - 1
+            seg, truncated = LogSegment.open(
+                self.directory, base, sealed=not last, index_interval_bytes=interval
+            )
+            if seg.size == 0 and not last:
+                seg.delete()  # an empty sealed segment carries no offsets
+                continue
+            if truncated and not last:
+                # Later segments would leave a hole in the offsets: the log ends here.
+                log.warning("log.truncated_sealed_segment", dir=str(self.directory), base=base)
+                seg.unseal()
+                for later in bases[i + 1 :]:
+                    LogSegment.remove_files(self.directory, later)
+                self._add_segment(seg)
+                break
+            if truncated:
+                log.warning("log.truncated_tail", dir=str(self.directory), base=base, bytes=truncated)
+            self._add_segment(seg)
+
+        checkpoint = self._read_checkpoint()
+        if not self.segments:
+            self._add_segment(
+                LogSegment.create(self.directory, checkpoint or 0, index_interval_bytes=interval)
+            )
+        self.log_end_offset = self.active.next_offset
+        if checkpoint is not None and checkpoint > self.log_end_offset:
+            # The checkpoint outlived data lost in a crash: restart the log empty at the checkpoint.
+            for seg in self.segments:
+                seg.delete()
+            self.segments.clear()
+            self._bases.clear()
+            self._add_segment(LogSegment.create(self.directory, checkpoint, index_interval_bytes=interval))
+            self.log_end_offset = checkpoint
+        self.log_start_offset = max(checkpoint or 0, self.segments[0].base_offset)
+
+        # Make what survived durable so flushed_offset is honest, and persist indexes rebuilt by a scan.
+        for seg in self.segments:
+            if seg.flushed_size < seg.size:
+                seg.fsync()
+            if seg.sealed and not seg.indexes_persisted:
+                seg.persist_indexes()
+        self._fsync_dir()
+        self.flushed_offset = self.log_end_offset
+
+    def _add_segment(self, seg: LogSegment) -> None:
+        self.segments.append(seg)
+        self._bases.append(seg.base_offset)
+
+    @property
+    def active(self) -> LogSegment:
+        return self.segments[-1]
+
+    @property
+    def high_watermark(self) -> int:
+        # Single-replica broker: everything appended is committed.
+        return self.log_end_offset
+
+    # -- append ------------------------------------------------------------------------------------
+
+    def append(
+        self,
+        batches: bytearray,
+        headers: list[tuple[int, BatchHeader]],
+        *,
+        log_append_time_ms: int | None = None,
+    ) -> AppendResult:
+        """Assign offsets to validated v2 batches and write them to the active segment (page cache only).
+
+        `headers` are (position in `batches`, header) as from `iter_batches`; the headers are updated
+        in place with their assigned offsets. With `log_append_time_ms` each batch is stamped with
+        LogAppendTime (topic config message.timestamp.type=LogAppendTime).
+        """
+        self._check_open()
+        if not headers:
+            raise ValueError("append needs at least one batch")
+        base_offset = self.log_end_offset
+        next_offset = base_offset
+        records = 0
+        for pos, header in headers:
+            set_base_offset(batches, pos, next_offset)
+            header.base_offset = next_offset
+            if log_append_time_ms is not None:
+                set_log_append_time(batches, pos, header, log_append_time_ms)
+            next_offset = header.last_offset + 1
+            records += header.records_count
+        last_offset = next_offset - 1
+
+        seg = self.active
+        if seg.size > 0 and (
+            seg.size + len(batches) > self.config.segment_bytes or last_offset - seg.base_offset > INT32_MAX
+        ):
+            seg = self._roll(base_offset)
+        seg.append(batches, headers)
+        self.log_end_offset = next_offset
+
+        self._unflushed_messages += records
+        if self._unflushed_messages >= self.config.flush_interval_messages:
+            self._unflushed_messages = 0
+            self._schedule_flush(sync_fallback=True)
+        return AppendResult(
+            base_offset=base_offset,
+            last_offset=last_offset,
+            log_append_time=-1 if log_append_time_ms is None else log_append_time_ms,
+            log_start_offset=self.log_start_offset,
+        )
+
+    def _roll(self, base_offset: int) -> LogSegment:
+        self.active.seal()
+        seg = LogSegment.create(
+            self.directory, base_offset, index_interval_bytes=self.config.index_interval_bytes
+        )
+        self._add_segment(seg)
+        self._dir_dirty = True
+        # Like Kafka, flush the sealed segment soon so its indexes reach disk and reopen stays cheap.
+        self._schedule_flush(sync_fallback=False)
+        return seg
+
+    def _schedule_flush(self, *, sync_fallback: bool) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            if sync_fallback:
+                self.flush_sync()
+            return
+        task = loop.create_task(self.flush())
+        self._scheduled.add(task)
+        task.add_done_callback(self._scheduled_done)
+
+    def _scheduled_done(self, task: asyncio.Task[None]) -> None:
+        self._scheduled.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("log.flush_failed", dir=str(self.directory), error=repr(task.exception()))
+
+    # -- flush (group commit) ----------------------------------------------------------------------
+
+    async def flush(self, up_to_offset: int | None = None) -> None:
+        """Return once every offset below `up_to_offset` (default: the log end offset) is fsynced.
+
+        At most one flush round runs at a time; callers arriving meanwhile wait for it and, if it did
+        not cover them, share the next one.
+        """
+        target = self.log_end_offset if up_to_offset is None else min(up_to_offset, self.log_end_offset)
+        while self.flushed_offset < target:
+            self._check_open()
+            task = self._flush_task
+            if task is None:
+                task = asyncio.get_running_loop().create_task(self._flush_round())
+                task.add_done_callback(_consume_exception)
+                self._flush_task = task
+            # Shield: a cancelled waiter must not cancel the round others are waiting on.
+            await asyncio.shield(task)
+
+    async def _flush_round(self) -> None:
+        try:
+            plan = self._plan_flush()
+            await asyncio.get_running_loop().run_in_executor(None, self._execute_flush, self.directory, plan)
+        except BaseException:
+            self._dir_dirty = True
+            raise
+        finally:
+            self._flush_task = None
+        self._finish_flush(plan)
+
+    def flush_sync(self) -> None:
+        """Blocking flush of everything, for shutdown and callers without an event loop."""
+        plan = self._plan_flush()
+        try:
+            self._execute_flush(self.directory, plan)
+        except BaseException:
+            self._dir_dirty = True
+            raise
+        self._finish_flush(plan)
+
+    def _plan_flush(self) -> _FlushPlan:
+        items: list[tuple[LogSegment, int, int]] = []
+        persist: list[LogSegment] = []
+        try:
+            for seg in self.segments:
+                if seg.flushed_size < seg.size:
+                    # A dup'ed fd keeps the fsync safe if retention closes the segment meanwhile.
+                    items.append((seg, os.dup(seg.fd), seg.size))
+                if seg.sealed and not seg.indexes_persisted:
+                    persist.append(seg)
+        except BaseException:
+            for _, fd, _ in items:
+                os.close(fd)
+            raise
+        sync_dir = self._dir_dirty or bool(persist)
+        self._dir_dirty = False
+        self._unflushed_messages = 0
+        return _FlushPlan(self.log_end_offset, items, persist, sync_dir)
+
+    @staticmethod
+    def _execute_flush(directory: Path, plan: _FlushPlan) -> None:
+        """The blocking part of a flush; runs in a worker thread for async callers."""
+        try:
+            for _, fd, _ in plan.items:
+                os.fsync(fd)
+        finally:
+            for _, fd, _ in plan.items:
+                os.close(fd)
+        for seg in plan.persist:
+            seg.persist_indexes()
+        if plan.sync_dir:
+            _fsync_directory(directory)
+
+    def _finish_flush(self, plan: _FlushPlan) -> None:
+        for seg, _, size in plan.items:
+            seg.flushed_size = max(seg.flushed_size, size)
+        self.flushed_offset = max(self.flushed_offset, plan.target_offset)
+        self.fsync_count += 1
+
+    def _fsync_dir(self) -> None:
+        _fsync_directory(self.directory)
+        self._dir_dirty = False
+
+    def start_background(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Start the periodic flush task for `flush_interval_ms` (no-op when it is None)."""
+        if self.config.flush_interval_ms is None or self._background is not None:
+            return
+        loop = loop or asyncio.get_running_loop()
+        self._background = loop.create_task(self._flush_periodically(self.config.flush_interval_ms / 1000))
+
+    async def stop_background(self) -> None:
+        task, self._background = self._background, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _flush_periodically(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                if self.flushed_offset < self.log_end_offset:
+                    await self.flush()
+            except LogClosed:
+                return
+            except OSError as exc:
+                log.error("log.periodic_flush_failed", dir=str(self.directory), error=repr(exc))
+
+    # -- reads -------------------------------------------------------------------------------------
+
+    def _segment_index(self, offset: int) -> int:
+        return max(0, bisect_right(self._bases, offset) - 1)
+
+    def read(self, fetch_offset: int, max_bytes: int, *, max_offset: int | None = None) -> bytes:
+        """Whole batches from the one containing `fetch_offset`, within `max_bytes` but at least one batch.
+
+        `max_offset` (exclusive, e.g. a last stable offset) stops before batches starting at or above it.
+        """
+        self._check_open()
+        if fetch_offset < self.log_start_offset or fetch_offset > self.log_end_offset:
+            raise OffsetOutOfRange(fetch_offset, self.log_start_offset, self.log_end_offset)
+        limit = self.log_end_offset if max_offset is None else min(max_offset, self.log_end_offset)
+        if fetch_offset >= limit:
+            return b""
+        i = self._segment_index(fetch_offset)
+        seg = self.segments[i]
+        position = seg.position_of(fetch_offset)
+        parts: list[bytes] = []
+        remaining = max_bytes
+        while True:
+            data, stopped = seg.read_batches(position, remaining, min_one=not parts, max_offset=limit)
+            if data:
+                parts.append(data)
+                remaining -= len(data)
+            i += 1
+            if stopped or remaining <= 0 or i >= len(self.segments):
+                break
+            seg = self.segments[i]
+            position = 0
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def read_batch_headers(
+        self, fetch_offset: int, max_bytes: int, *, max_offset: int | None = None
+    ) -> list[tuple[BatchHeader, memoryview]]:
+        """Like `read`, split into (header, batch bytes) pairs."""
+        data = memoryview(self.read(fetch_offset, max_bytes, max_offset=max_offset))
+        return [(header, data[pos : pos + header.size]) for pos, header in iter_batches(data)]
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first batch whose max timestamp is >= `timestamp_ms`, else None.
+
+        Kafka answers with the first *record* at or after the timestamp; records are opaque here, so we
+        return that batch's base offset (clamped to the log start) and its max timestamp. A consumer
+        seeking there sees the wanted record, possibly after a few earlier ones from the same batch.
+        """
+        self._check_open()
+        for seg in self.segments[self._segment_index(self.log_start_offset) :]:
+            header = seg.find_timestamp(timestamp_ms, self.log_start_offset)
+            if header is not None:
+                return max(header.base_offset, self.log_start_offset), header.max_timestamp
+        return None
+
+    def max_timestamp(self) -> tuple[int, int]:
+        """(offset, timestamp) of the record with the largest timestamp; (-1, -1) if the log is empty."""
+        self._check_open()
+        if self.log_start_offset >= self.log_end_offset:
+            return -1, -1
+        best_ts, best_offset = -1, -1
+        for seg in self.segments:
+            if seg.max_timestamp > best_ts and seg.next_offset > self.log_start_offset:
+                best_ts, best_offset = seg.max_timestamp, seg.offset_of_max_timestamp
+        if best_ts < 0:
+            return -1, -1
+        return max(best_offset, self.log_start_offset), best_ts
+
+    # -- deletion ----------------------------------------------------------------------------------
+
+    def delete_records_before(self, offset: int) -> int:
+        """DeleteRecords: advance the log start offset (never past the high watermark), drop whole segments
+        below it, and persist it. Returns the new log start offset."""
+        self._check_open()
+        if offset == -1:
+            offset = self.high_watermark  # DeleteRecords' "everything up to the high watermark"
+        elif offset < 0:
+            raise OffsetOutOfRange(offset, self.log_start_offset, self.log_end_offset)
+        new_start = min(offset, self.high_watermark)
+        if new_start <= self.log_start_offset:
+            return self.log_start_offset
+        self.log_start_offset = new_start
+        self._write_checkpoint(new_start)
+        if self.active.next_offset <= new_start and self.active.size > 0:
+            # Everything is deleted: roll so the old active segment's bytes can go too.
+            self._roll(self.log_end_offset)
+        self._delete_leading(lambda seg, nxt: nxt <= new_start)
+        return self.log_start_offset
+
+    def enforce_retention(self, now_ms: int) -> int:
+        """Delete sealed segments past retention.ms or retention.bytes, oldest first. Returns the count."""
+        self._check_open()
+        deleted = self._delete_leading(lambda seg, nxt: nxt <= self.log_start_offset)
+        retention_ms = self.config.retention_ms
+        if retention_ms >= 0:
+
+            def expired(seg: LogSegment, _next_base: int) -> bool:
+                # Kafka ages a segment by its largest record timestamp, the file mtime if it has none.
+                newest = seg.max_timestamp if seg.max_timestamp >= 0 else seg.last_modified_ms()
+                return now_ms - newest > retention_ms
+
+            deleted += self._delete_leading(expired)
+        if self.config.retention_bytes >= 0:
+            excess = self.size_bytes() - self.config.retention_bytes
+
+            def over_size(seg: LogSegment, _next_base: int) -> bool:
+                nonlocal excess
+                if excess - seg.size < 0:
+                    return False
+                excess -= seg.size
+                return True
+
+            deleted += self._delete_leading(over_size)
+        return deleted
+
+    def _delete_leading(self, predicate: _SegmentPredicate) -> int:
+        """Delete sealed segments from the front while `predicate(segment, next segment base)` holds."""
+        deleted = 0
+        while len(self.segments) > 1 and predicate(self.segments[0], self.segments[1].base_offset):
+            seg = self.segments.pop(0)
+            self._bases.pop(0)
+            seg.delete()
+            deleted += 1
+        if deleted:
+            first = self.segments[0].base_offset
+            if first > self.log_start_offset:
+                self.log_start_offset = first
+                self._write_checkpoint(first)
+        return deleted
+
+    def _read_checkpoint(self) -> int | None:
+        try:
+            lines = (self.directory / LOG_START_CHECKPOINT).read_text().split()
+        except FileNotFoundError:
+            return None
+        if len(lines) != 2 or lines[0] != str(_CHECKPOINT_VERSION):
+            log.warning("log.bad_checkpoint", dir=str(self.directory))
+            return None
+        return int(lines[1])
+
+    def _write_checkpoint(self, offset: int) -> None:
+        # Small and rare (DeleteRecords, retention), so written and fsynced inline.
+        path = self.directory / LOG_START_CHECKPOINT
+        tmp = path.with_name(path.name + TMP_SUFFIX)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, f"{_CHECKPOINT_VERSION}\n{offset}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        self._fsync_dir()
+
+    # -- misc --------------------------------------------------------------------------------------
+
+    def size_bytes(self) -> int:
+        return sum(seg.size for seg in self.segments)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosed(str(self.directory))
+
+    def _cancel_tasks(self) -> None:
+        for task in [self._background, *self._scheduled]:
+            if task is not None:
+                task.cancel()
+        self._background = None
+        self._scheduled.clear()
+
+    def close(self) -> None:
+        """Flush everything (persisting sealed segments' indexes) and close the files."""
+        if self._closed:
+            return
+        self._cancel_tasks()
+        try:
+            self.flush_sync()
+        finally:
+            self._closed = True
+            for seg in self.segments:
+                seg.close()
+
+    def delete(self) -> None:
+        """Close without flushing and remove the partition's directory."""
+        self._cancel_tasks()
+        self._closed = True
+        for seg in self.segments:
+            seg.delete()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return (
+            f"PartitionLog({self.directory}, start={self.log_start_offset}, end={self.log_end_offset}, "
+            f"segments={len(self.segments)})"
+        )
+
+
+def _fsync_directory(directory: Path) -> None:
+    """fsync the directory so created, renamed and removed entries survive a crash."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _consume_exception(task: asyncio.Task[None]) -> None:
+    # Waiters see the exception through shield(); this keeps asyncio from logging it as unretrieved
+    # when every waiter was cancelled.
+    if not task.cancelled():
+        task.exception()

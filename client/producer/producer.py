@@ -1,0 +1,513 @@
+"""The bundled producer: per-partition batching (linger / batch size), compression, idempotence, retries.
+
+`AsyncProducer` is the asyncio client; `Producer` runs one on a background event-loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoal.client.cluster import Cluster
+from shoal.client.errors import ClientClosedError, KafkaError, KafkaTimeoutError, UnknownTopicError, for_code
+from shoal.client.loop_thread import LoopThread
+from shoal.client.security import ClientConfig
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.compression import codec_from_name
+from shoal.protocol.errors import ErrorCode
+from shoal.protocol.records import Header, RecordInput, encode_batch
+
+from .partitioner import StickyPartitioner, partition_for_key
+
+PRODUCE_VERSIONS = (3, 12)  # v13 addresses topics by id only; names are all this client needs
+INIT_PRODUCER_ID_VERSIONS = (0, 4)
+# Per-record bytes beyond key and value in a v2 batch (length, attributes, deltas, header count), roughly.
+_RECORD_OVERHEAD = 12
+_BATCH_OVERHEAD = 61
+_MAX_SEQUENCE = 0x7FFFFFFF
+
+HeadersArg = Sequence[tuple[str, bytes | None]] | Mapping[str, bytes | None] | None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMetadata:
+    """Where a produced record landed. `offset` is -1 when acks=0 or for a duplicate the broker dropped."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+
+
+@dataclass(slots=True)
+class _Batch:
+    topic: str
+    partition: int
+    created: float
+    records: list[RecordInput] = field(default_factory=list)
+    futures: list[asyncio.Future[RecordMetadata]] = field(default_factory=list)
+    size: int = _BATCH_OVERHEAD
+    full: bool = False
+    encoded: bytes | None = None
+    producer_id: int = -1
+    base_sequence: int = -1
+    attempts: int = 0
+    retry_at: float = 0.0
+    deadline: float = 0.0
+
+
+def _headers(headers: HeadersArg) -> list[Header]:
+    if not headers:
+        return []
+    items: Iterable[tuple[str, bytes | None]] = headers.items() if isinstance(headers, Mapping) else headers
+    return [Header(k, v) for k, v in items]
+
+
+class AsyncProducer:
+    def __init__(
+        self,
+        bootstrap_servers: str | Iterable[str],
+        *,
+        acks: int | str = -1,
+        linger_ms: int = 5,
+        batch_size: int = 16384,
+        compression: str = "none",
+        enable_idempotence: bool | None = None,
+        client_id: str | None = None,
+        request_timeout_ms: int = 30_000,
+        delivery_timeout_ms: int = 120_000,
+        retry_backoff_ms: int = 100,
+        max_request_size: int = 1_048_576,
+        buffer_memory: int = 32 * 1024 * 1024,
+        config: Mapping[str, Any] | None = None,
+    ):
+        self.acks = -1 if acks in ("all", -1, "-1") else int(acks)
+        if self.acks not in (-1, 0, 1):
+            raise ValueError(f"acks must be -1/all, 0 or 1, not {acks!r}")
+        if enable_idempotence and self.acks != -1:
+            raise ValueError("enable_idempotence requires acks=-1 (all)")
+        # As in Kafka: idempotence is on by default unless the acks setting rules it out.
+        self.idempotent = self.acks == -1 if enable_idempotence is None else enable_idempotence
+        self.linger_s = linger_ms / 1000
+        self.batch_size = batch_size
+        self.compression = codec_from_name(compression)
+        self.delivery_timeout_s = delivery_timeout_ms / 1000
+        self.retry_backoff_s = retry_backoff_ms / 1000
+        self.max_request_size = max_request_size
+        self.buffer_memory = buffer_memory
+        self.config = ClientConfig.from_dict(config, client_id=client_id, request_timeout_ms=request_timeout_ms)
+        self.cluster = Cluster(bootstrap_servers, self.config)
+        self._partitioner = StickyPartitioner()
+        self._batches: dict[tuple[str, int], deque[_Batch]] = {}
+        self._in_flight: set[tuple[str, int]] = set()
+        self._requests: set[asyncio.Task[None]] = set()
+        self._sequences: dict[tuple[str, int], int] = {}
+        self._producer_id = -1
+        self._producer_epoch = -1
+        self._buffered = 0
+        self._space = asyncio.Event()
+        self._space.set()
+        self._wakeup = asyncio.Event()
+        self._flushing = 0
+        self._sender: asyncio.Task[None] | None = None
+        self._start_lock = asyncio.Lock()
+        self._started = False
+        self._closed = False
+        self._metadata_task: asyncio.Task[None] | None = None
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        async with self._start_lock:
+            if self._started:
+                return
+            if self._closed:
+                raise ClientClosedError()
+            await self.cluster.start()
+            if self.idempotent:
+                await self._init_producer_id()
+            self._sender = asyncio.get_running_loop().create_task(self._send_loop())
+            self._started = True
+
+    async def __aenter__(self) -> AsyncProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _init_producer_id(self) -> None:
+        body = messages.InitProducerIdRequest(transactional_id=None, transaction_timeout_ms=60_000)
+        deadline = time.monotonic() + self.config.request_timeout_ms / 1000
+        while True:
+            conn = await self.cluster.any_connection()
+            response = await conn.request(ApiKey.INIT_PRODUCER_ID, body, versions=INIT_PRODUCER_ID_VERSIONS)
+            if response.error_code == 0:
+                self._producer_id = response.producer_id
+                self._producer_epoch = response.producer_epoch
+                self._sequences.clear()
+                return
+            error = for_code(response.error_code)
+            if not error.retriable or time.monotonic() > deadline:
+                raise error
+            await asyncio.sleep(self.retry_backoff_s)
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Send everything buffered now and wait until each record has succeeded or failed."""
+        if not self._started:
+            return
+        futures = [f for dq in self._batches.values() for b in dq for f in b.futures]
+        futures += [f for b in self._in_flight_batches for f in b.futures]
+        if not futures:
+            return
+        self._flushing += 1
+        self._wakeup.set()
+        try:
+            # asyncio.wait, unlike wait_for(gather), leaves the record futures alone on timeout.
+            _, not_done = await asyncio.wait(futures, timeout=timeout)
+        finally:
+            self._flushing -= 1
+        if not_done:
+            raise KafkaTimeoutError(None, f"{len(not_done)} records still unsent after flush({timeout})")
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Flush, then close connections. Records still unsent after `timeout` fail."""
+        if self._closed:
+            return
+        try:
+            if self._started:
+                with contextlib.suppress(KafkaTimeoutError):
+                    await self.flush(timeout)
+        finally:
+            self._closed = True
+            if self._sender is not None:
+                self._sender.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._sender
+            for task in list(self._requests):
+                task.cancel()
+            await asyncio.gather(*self._requests, return_exceptions=True)
+            error = ClientClosedError("the producer was closed before the record was sent")
+            for dq in self._batches.values():
+                for batch in dq:
+                    self._fail_batch(batch, error)
+            self._batches.clear()
+            await self.cluster.close()
+
+    # ---- appending -----------------------------------------------------------------------------------
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: HeadersArg = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> asyncio.Future[RecordMetadata]:
+        """Queue one record; the returned future resolves to its RecordMetadata once the broker has it."""
+        if self._closed:
+            raise ClientClosedError()
+        if not self._started:
+            await self.start()
+        info = self.cluster.topics.get(topic)
+        if info is None or not info.partitions:
+            info = await self.cluster.topic(topic, allow_auto_create=True)
+        num = len(info.partitions)
+        if partition is None:
+            partition = partition_for_key(key, num) if key is not None else self._partitioner.partition(topic, num)
+        elif partition not in info.partitions:
+            raise UnknownTopicError(None, f"{topic} has no partition {partition}")
+        size = _RECORD_OVERHEAD + (len(key) if key else 0) + (len(value) if value else 0)
+        rec_headers: list[Header] = []
+        if headers:
+            rec_headers = _headers(headers)
+            size += sum(len(h.key) + len(h.value or b"") + 4 for h in rec_headers)
+        if size + _BATCH_OVERHEAD > self.max_request_size:
+            raise KafkaError(ErrorCode.MESSAGE_TOO_LARGE, f"record of {size} bytes exceeds max_request_size")
+        while self._buffered + size > self.buffer_memory and self._buffered > 0:
+            self._space.clear()
+            await self._space.wait()
+        ts = timestamp_ms if timestamp_ms is not None else time.time_ns() // 1_000_000
+        record = RecordInput(key, value, rec_headers, ts)
+        future: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+        tp = (topic, partition)
+        dq = self._batches.get(tp)
+        if dq is None:
+            dq = self._batches[tp] = deque()
+        batch = dq[-1] if dq else None
+        if batch is None or batch.full or (batch.records and batch.size + size > self.batch_size):
+            if batch is not None and not batch.full:
+                self._close_batch(batch, num)
+            now = time.monotonic()
+            batch = _Batch(topic, partition, now, deadline=now + self.delivery_timeout_s)
+            dq.append(batch)
+            self._wakeup.set()  # the sender computes its next linger deadline from the new batch
+        batch.records.append(record)
+        batch.futures.append(future)
+        batch.size += size
+        self._buffered += size
+        if batch.size >= self.batch_size:
+            self._close_batch(batch, num)
+        return future
+
+    async def send_and_wait(self, topic: str, value: bytes | None, **kwargs: Any) -> RecordMetadata:
+        return await (await self.send(topic, value, **kwargs))
+
+    def _close_batch(self, batch: _Batch, num_partitions: int) -> None:
+        batch.full = True
+        self._partitioner.on_new_batch(batch.topic, num_partitions, batch.partition)
+        self._wakeup.set()
+
+    @property
+    def _in_flight_batches(self) -> list[_Batch]:
+        return [b for t in self._requests for b in getattr(t, "batches", ())]
+
+    # ---- sending -------------------------------------------------------------------------------------
+
+    async def _send_loop(self) -> None:
+        while True:
+            now = time.monotonic()
+            wait: float | None = None
+            ready: dict[int, list[_Batch]] = {}
+            need_metadata = False
+            for tp, dq in self._batches.items():
+                if not dq or tp in self._in_flight:
+                    continue
+                batch = dq[0]
+                if now >= batch.deadline:
+                    dq.popleft()
+                    self._fail_batch(batch, KafkaTimeoutError(None, f"{tp[0]}-{tp[1]}: not delivered within delivery_timeout_ms"))
+                    continue
+                if batch.retry_at > now:
+                    wait = min(wait if wait is not None else 1e9, batch.retry_at - now)
+                    continue
+                due = batch.created + self.linger_s
+                if not (batch.full or len(dq) > 1 or due <= now or self._flushing or self._closed):
+                    wait = min(wait if wait is not None else 1e9, due - now)
+                    continue
+                leader = self.cluster.leader(*tp)
+                if leader < 0 or leader not in self.cluster.brokers:
+                    need_metadata = True
+                    wait = min(wait if wait is not None else 1e9, self.retry_backoff_s)
+                    continue
+                ready.setdefault(leader, []).append(batch)
+            if need_metadata:
+                self._refresh_metadata_soon()
+            for node, batches in ready.items():
+                self._dispatch(node, batches)
+            self._wakeup.clear()
+            if wait is None:
+                await self._wakeup.wait()
+            else:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), max(wait, 0.0005))
+
+    def _refresh_metadata_soon(self) -> None:
+        if self._metadata_task is not None and not self._metadata_task.done():
+            return
+
+        async def refresh() -> None:
+            with contextlib.suppress(KafkaError):
+                await self.cluster.refresh_metadata([t for t, _ in self._batches])
+            self._wakeup.set()
+
+        self._metadata_task = asyncio.get_running_loop().create_task(refresh())
+
+    def _dispatch(self, node: int, batches: list[_Batch]) -> None:
+        # Split into requests of at most max_request_size; one batch per partition per request, and at
+        # most one in flight per partition, which keeps idempotent sequences in order across retries.
+        group: list[_Batch] = []
+        size = 0
+        for batch in batches:
+            if group and size + batch.size > self.max_request_size:
+                self._start_request(node, group)
+                group, size = [], 0
+            self._batches[(batch.topic, batch.partition)].popleft()
+            self._in_flight.add((batch.topic, batch.partition))
+            group.append(batch)
+            size += batch.size
+        if group:
+            self._start_request(node, group)
+
+    def _start_request(self, node: int, batches: list[_Batch]) -> None:
+        task = asyncio.get_running_loop().create_task(self._produce(node, batches))
+        task.batches = batches  # type: ignore[attr-defined]
+        self._requests.add(task)
+        task.add_done_callback(self._requests.discard)
+
+    def _encode(self, batch: _Batch) -> bytes:
+        tp = (batch.topic, batch.partition)
+        if batch.encoded is not None and batch.producer_id == self._producer_id:
+            return batch.encoded
+        if self.idempotent:
+            seq = self._sequences.get(tp, 0)
+            batch.base_sequence = seq
+            batch.producer_id = self._producer_id
+            self._sequences[tp] = (seq + len(batch.records)) & _MAX_SEQUENCE
+            batch.encoded = encode_batch(
+                batch.records,
+                compression=self.compression,
+                producer_id=self._producer_id,
+                producer_epoch=self._producer_epoch,
+                base_sequence=seq,
+            )
+        else:
+            batch.encoded = encode_batch(batch.records, compression=self.compression)
+        return batch.encoded
+
+    async def _produce(self, node: int, batches: list[_Batch]) -> None:
+        try:
+            by_topic: dict[str, list[Any]] = {}
+            for batch in batches:
+                by_topic.setdefault(batch.topic, []).append(
+                    messages.ProduceRequest.PartitionProduceData(index=batch.partition, records=self._encode(batch))  # type: ignore[attr-defined]
+                )
+            topic_data = [
+                messages.ProduceRequest.TopicProduceData(name=t, partition_data=parts)  # type: ignore[attr-defined]
+                for t, parts in by_topic.items()
+            ]
+            body = messages.ProduceRequest(
+                transactional_id=None, acks=self.acks, timeout_ms=self.config.request_timeout_ms, topic_data=topic_data
+            )
+            try:
+                response = await self.cluster.request(
+                    node, ApiKey.PRODUCE, body, PRODUCE_VERSIONS, expect_response=self.acks != 0
+                )
+            except KafkaError as exc:
+                for batch in batches:
+                    await self._on_error(batch, exc)
+                return
+            if response is None:  # acks=0: nothing comes back
+                for batch in batches:
+                    self._complete(batch, -1, -1)
+                return
+            results = {
+                (t.name, p.index): p for t in response.responses for p in t.partition_responses
+            }
+            for batch in batches:
+                p = results.get((batch.topic, batch.partition))
+                if p is None:
+                    await self._on_error(batch, KafkaError(ErrorCode.UNKNOWN_SERVER_ERROR, "partition missing from response"))
+                elif p.error_code == 0:
+                    self._complete(batch, p.base_offset, p.log_append_time_ms)
+                elif p.error_code == ErrorCode.DUPLICATE_SEQUENCE_NUMBER:
+                    self._complete(batch, -1, -1)  # an earlier attempt was written; the broker dropped this copy
+                else:
+                    await self._on_error(batch, for_code(p.error_code, p.error_message))
+        finally:
+            for batch in batches:
+                self._in_flight.discard((batch.topic, batch.partition))
+            self._wakeup.set()
+
+    def _complete(self, batch: _Batch, base_offset: int, log_append_time: int) -> None:
+        for i, (record, future) in enumerate(zip(batch.records, batch.futures, strict=True)):
+            if not future.done():
+                ts = log_append_time if log_append_time not in (None, -1) else (record.timestamp or -1)
+                offset = base_offset + i if base_offset >= 0 else -1
+                future.set_result(RecordMetadata(batch.topic, batch.partition, offset, ts))
+        self._release(batch)
+
+    def _fail_batch(self, batch: _Batch, error: BaseException) -> None:
+        for future in batch.futures:
+            if not future.done():
+                future.set_exception(error)
+        self._release(batch)
+
+    def _release(self, batch: _Batch) -> None:
+        self._buffered -= batch.size - _BATCH_OVERHEAD
+        batch.size = _BATCH_OVERHEAD
+        if self._buffered <= self.buffer_memory:
+            self._space.set()
+
+    async def _on_error(self, batch: _Batch, error: KafkaError) -> None:
+        batch.attempts += 1
+        code = error.code
+        sequence_trouble = code in (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, ErrorCode.UNKNOWN_PRODUCER_ID)
+        retriable = error.retriable or (self.idempotent and sequence_trouble)
+        if self._closed or not retriable or time.monotonic() >= batch.deadline:
+            if self.idempotent and batch.producer_id == self._producer_id:
+                # The broker now expects a sequence this batch will never fill: start a new producer id.
+                with contextlib.suppress(KafkaError):
+                    await self._init_producer_id()
+            self._fail_batch(batch, error)
+            return
+        if sequence_trouble and batch.producer_id == self._producer_id:
+            with contextlib.suppress(KafkaError):
+                await self._init_producer_id()
+        if code in (
+            ErrorCode.NOT_LEADER_OR_FOLLOWER,
+            ErrorCode.LEADER_NOT_AVAILABLE,
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            13,
+            ErrorCode.FENCED_LEADER_EPOCH,
+        ):
+            self._refresh_metadata_soon()
+        batch.retry_at = time.monotonic() + self.retry_backoff_s
+        self._batches.setdefault((batch.topic, batch.partition), deque()).appendleft(batch)
+
+
+class Producer:
+    """Synchronous facade: an AsyncProducer on a background event-loop thread."""
+
+    def __init__(self, bootstrap_servers: str | Iterable[str], **kwargs: Any):
+        self._thread = LoopThread("shoal-producer")
+        self._outstanding: set[concurrent.futures.Future[RecordMetadata]] = set()
+        self._producer = self._thread.run(self._make(bootstrap_servers, kwargs))
+        try:
+            self._thread.run(self._producer.start())
+        except BaseException:
+            self._thread.run(self._producer.close())
+            self._thread.stop()
+            raise
+
+    @staticmethod
+    async def _make(bootstrap_servers: str | Iterable[str], kwargs: dict[str, Any]) -> AsyncProducer:
+        # Built on the loop thread so its asyncio primitives belong to that loop.
+        return AsyncProducer(bootstrap_servers, **kwargs)
+
+    def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: HeadersArg = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> concurrent.futures.Future[RecordMetadata]:
+        """Queue a record; the future resolves once the broker has it (or fails)."""
+        coro = self._producer.send_and_wait(
+            topic, value, key=key, headers=headers, partition=partition, timestamp_ms=timestamp_ms
+        )
+        future = self._thread.submit(coro)
+        self._outstanding.add(future)
+        future.add_done_callback(self._outstanding.discard)
+        return future
+
+    def flush(self, timeout: float | None = None) -> None:
+        # Records whose send() has not reached the accumulator yet (e.g. waiting for metadata) are covered
+        # by waiting on their futures too.
+        pending = list(self._outstanding)
+        self._thread.run(self._producer.flush(timeout))
+        _, not_done = concurrent.futures.wait(pending, timeout)
+        if not_done:
+            raise KafkaTimeoutError(None, f"{len(not_done)} records still unsent after flush({timeout})")
+
+    def close(self, timeout: float | None = None) -> None:
+        try:
+            self._thread.run(self._producer.close(timeout))
+        finally:
+            self._thread.stop()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,65 @@
+"""Option parsing shared by the `kafka-share` Spark source and sink.
+
+Names follow Spark's own Kafka connector where the meaning is the same: `kafka.bootstrap.servers`, and
+any other `kafka.<client config>` is handed to the bundled client (security settings, client.id, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# Options read by the source/sink themselves; every other `kafka.*` option goes to the client config.
+_OWN_KAFKA_KEYS = frozenset({"kafka.bootstrap.servers", "kafka.group.id"})
+
+
+class SparkOptionError(ValueError):
+    """An option passed to `.option(...)` is missing or malformed."""
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    bootstrap_servers: str
+    client_config: dict[str, str] = field(default_factory=dict)
+
+
+def lowered(options: Mapping[str, Any]) -> dict[str, str]:
+    # Spark hands us a case-insensitive dict; a plain dict with lower-case keys pickles the same everywhere.
+    return {str(k).lower(): str(v) for k, v in options.items()}
+
+
+def client_options(options: Mapping[str, str]) -> ClientOptions:
+    bootstrap = options.get("kafka.bootstrap.servers") or options.get("bootstrap.servers")
+    if not bootstrap:
+        raise SparkOptionError("option 'kafka.bootstrap.servers' is required")
+    config = {
+        key[len("kafka.") :]: value
+        for key, value in options.items()
+        if key.startswith("kafka.") and key not in _OWN_KAFKA_KEYS
+    }
+    return ClientOptions(bootstrap, config)
+
+
+def check_connection_config(config: Mapping[str, str]) -> None:
+    """Reject unknown client settings when the query is defined, not later inside Spark's worker processes."""
+    from shoal.client.security import ClientConfig
+
+    try:
+        ClientConfig.from_dict(config)
+    except ValueError as exc:
+        raise SparkOptionError(f"kafka.* option: {exc}") from None
+
+
+def int_option(options: Mapping[str, str], name: str, default: int, *, minimum: int = 1) -> int:
+    raw = options.get(name.lower())
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SparkOptionError(f"option {name!r} must be an integer, not {raw!r}") from None
+    if value < minimum:
+        raise SparkOptionError(f"option {name!r} must be >= {minimum}, not {value}")
+    return value
+
