@@ -170,7 +170,7 @@ class Cluster:
             version = conn.pick_version(ApiKey.METADATA, *METADATA_VERSIONS)
             req_topics = None
             if names is not None:
-                req_topics = [messages.MetadataRequest.MetadataRequestTopic(name=n) for n in names]  # type: ignore[attr-defined]
+                req_topics = [messages.MetadataRequest.MetadataRequestTopic(name=n) for n in names]
             body = messages.MetadataRequest(topics=req_topics, allow_auto_topic_creation=allow_auto_create)
             response = await conn.request(ApiKey.METADATA, body, version=version)
             self._apply_metadata(response, full=names is None)

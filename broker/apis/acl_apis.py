@@ -32,13 +32,13 @@ if TYPE_CHECKING:
 log = structlog.get_logger("shoal.acls")
 
 CreateAclsResponse = messages.CreateAclsResponse
-CreationResult = CreateAclsResponse.AclCreationResult  # type: ignore[attr-defined]
+CreationResult = CreateAclsResponse.AclCreationResult
 DescribeAclsResponse = messages.DescribeAclsResponse
-DescribedResource = DescribeAclsResponse.DescribeAclsResource  # type: ignore[attr-defined]
-AclDescription = DescribeAclsResponse.AclDescription  # type: ignore[attr-defined]
+DescribedResource = DescribeAclsResponse.DescribeAclsResource
+AclDescription = DescribeAclsResponse.AclDescription
 DeleteAclsResponse = messages.DeleteAclsResponse
-FilterResult = DeleteAclsResponse.DeleteAclsFilterResult  # type: ignore[attr-defined]
-MatchingAcl = DeleteAclsResponse.DeleteAclsMatchingAcl  # type: ignore[attr-defined]
+FilterResult = DeleteAclsResponse.DeleteAclsFilterResult
+MatchingAcl = DeleteAclsResponse.DeleteAclsMatchingAcl
 
 SECURITY_DISABLED_MESSAGE = "No Authorizer is configured on the broker (authorizer.class.name is empty)."
 

@@ -24,7 +24,7 @@ RESOURCE_GROUP = 32
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 
 Response = messages.IncrementalAlterConfigsResponse
-ResourceResponse = Response.AlterConfigsResourceResponse  # type: ignore[attr-defined]
+ResourceResponse = Response.AlterConfigsResourceResponse
 
 
 class AlterConfigs:

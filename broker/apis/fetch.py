@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from shoal.broker.network.connection import RequestContext
 
 FetchResponse = messages.FetchResponse
-TopicData = FetchResponse.FetchableTopicResponse  # type: ignore[attr-defined]
-PartitionData = FetchResponse.PartitionData  # type: ignore[attr-defined]
+TopicData = FetchResponse.FetchableTopicResponse
+PartitionData = FetchResponse.PartitionData
 
 
 class FetchHandler:

@@ -21,13 +21,13 @@ log = structlog.get_logger("shoal.metadata")
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 ApiVersionsResponse = messages.ApiVersionsResponse
 MetadataResponse = messages.MetadataResponse
-MdBroker = MetadataResponse.MetadataResponseBroker  # type: ignore[attr-defined]
-MdTopic = MetadataResponse.MetadataResponseTopic  # type: ignore[attr-defined]
-MdPartition = MetadataResponse.MetadataResponsePartition  # type: ignore[attr-defined]
+MdBroker = MetadataResponse.MetadataResponseBroker
+MdTopic = MetadataResponse.MetadataResponseTopic
+MdPartition = MetadataResponse.MetadataResponsePartition
 FindCoordinatorResponse = messages.FindCoordinatorResponse
-Coordinator = FindCoordinatorResponse.Coordinator  # type: ignore[attr-defined]
+Coordinator = FindCoordinatorResponse.Coordinator
 DescribeClusterResponse = messages.DescribeClusterResponse
-DcBroker = DescribeClusterResponse.DescribeClusterBroker  # type: ignore[attr-defined]
+DcBroker = DescribeClusterResponse.DescribeClusterBroker
 
 KEY_TYPE_GROUP = 0
 KEY_TYPE_TRANSACTION = 1
@@ -39,8 +39,8 @@ class DiscoveryHandlers:
         self.broker = broker
 
     def api_versions(self, ctx: RequestContext, req: Any) -> Any:
-        feature = ApiVersionsResponse.SupportedFeatureKey  # type: ignore[attr-defined]
-        finalized = ApiVersionsResponse.FinalizedFeatureKey  # type: ignore[attr-defined]
+        feature = ApiVersionsResponse.SupportedFeatureKey
+        finalized = ApiVersionsResponse.FinalizedFeatureKey
         share_level = 1 if self.broker.config["group.share.enable"] else 0
         return ApiVersionsResponse(
             error_code=ErrorCode.NONE,

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("shoal.produce")
 
 ProduceResponse = messages.ProduceResponse
-TopicResponse = ProduceResponse.TopicProduceResponse  # type: ignore[attr-defined]
-PartitionResponse = ProduceResponse.PartitionProduceResponse  # type: ignore[attr-defined]
+TopicResponse = ProduceResponse.TopicProduceResponse
+PartitionResponse = ProduceResponse.PartitionProduceResponse
 
 
 class ProduceHandler:

@@ -29,10 +29,10 @@ if TYPE_CHECKING:
 log = structlog.get_logger("shoal.scram")
 
 DescribeResponse = messages.DescribeUserScramCredentialsResponse
-DescribeResult = DescribeResponse.DescribeUserScramCredentialsResult  # type: ignore[attr-defined]
-CredentialInfo = DescribeResponse.CredentialInfo  # type: ignore[attr-defined]
+DescribeResult = DescribeResponse.DescribeUserScramCredentialsResult
+CredentialInfo = DescribeResponse.CredentialInfo
 AlterResponse = messages.AlterUserScramCredentialsResponse
-AlterResult = AlterResponse.AlterUserScramCredentialsResult  # type: ignore[attr-defined]
+AlterResult = AlterResponse.AlterUserScramCredentialsResult
 
 # Error codes newer than the shared ErrorCode table.
 RESOURCE_NOT_FOUND = 91

@@ -34,14 +34,14 @@ MAX_MEMBER_ID_LENGTH = 36
 RENEW = 4
 
 SfResponse = messages.ShareFetchResponse
-SfTopic = SfResponse.ShareFetchableTopicResponse  # type: ignore[attr-defined]
-SfPartition = SfResponse.PartitionData  # type: ignore[attr-defined]
-SfAcquired = SfResponse.AcquiredRecords  # type: ignore[attr-defined]
-SfLeader = SfResponse.LeaderIdAndEpoch  # type: ignore[attr-defined]
+SfTopic = SfResponse.ShareFetchableTopicResponse
+SfPartition = SfResponse.PartitionData
+SfAcquired = SfResponse.AcquiredRecords
+SfLeader = SfResponse.LeaderIdAndEpoch
 SaResponse = messages.ShareAcknowledgeResponse
-SaTopic = SaResponse.ShareAcknowledgeTopicResponse  # type: ignore[attr-defined]
-SaPartition = SaResponse.PartitionData  # type: ignore[attr-defined]
-SaLeader = SaResponse.LeaderIdAndEpoch  # type: ignore[attr-defined]
+SaTopic = SaResponse.ShareAcknowledgeTopicResponse
+SaPartition = SaResponse.PartitionData
+SaLeader = SaResponse.LeaderIdAndEpoch
 
 
 def validate_ack_batches(batches: list[Any], version: int, is_renew: bool) -> bool:

@@ -33,19 +33,19 @@ UNKNOWN_LAG = -1
 DEAD = "Dead"
 
 DescribeOffsetsResponse = messages.DescribeShareGroupOffsetsResponse
-_DGroup = DescribeOffsetsResponse.DescribeShareGroupOffsetsResponseGroup  # type: ignore[attr-defined]
-_DTopic = DescribeOffsetsResponse.DescribeShareGroupOffsetsResponseTopic  # type: ignore[attr-defined]
-_DPartition = DescribeOffsetsResponse.DescribeShareGroupOffsetsResponsePartition  # type: ignore[attr-defined]
+_DGroup = DescribeOffsetsResponse.DescribeShareGroupOffsetsResponseGroup
+_DTopic = DescribeOffsetsResponse.DescribeShareGroupOffsetsResponseTopic
+_DPartition = DescribeOffsetsResponse.DescribeShareGroupOffsetsResponsePartition
 AlterOffsetsResponse = messages.AlterShareGroupOffsetsResponse
-_ATopic = AlterOffsetsResponse.AlterShareGroupOffsetsResponseTopic  # type: ignore[attr-defined]
-_APartition = AlterOffsetsResponse.AlterShareGroupOffsetsResponsePartition  # type: ignore[attr-defined]
+_ATopic = AlterOffsetsResponse.AlterShareGroupOffsetsResponseTopic
+_APartition = AlterOffsetsResponse.AlterShareGroupOffsetsResponsePartition
 DeleteOffsetsResponse = messages.DeleteShareGroupOffsetsResponse
-_DelTopic = DeleteOffsetsResponse.DeleteShareGroupOffsetsResponseTopic  # type: ignore[attr-defined]
+_DelTopic = DeleteOffsetsResponse.DeleteShareGroupOffsetsResponseTopic
 DeleteGroupsResponse = messages.DeleteGroupsResponse
-_DeletableGroup = DeleteGroupsResponse.DeletableGroupResult  # type: ignore[attr-defined]
+_DeletableGroup = DeleteGroupsResponse.DeletableGroupResult
 DescribeGroupsResponse = messages.DescribeGroupsResponse
-_DescribedGroup = DescribeGroupsResponse.DescribedGroup  # type: ignore[attr-defined]
-_DescribedMember = DescribeGroupsResponse.DescribedGroupMember  # type: ignore[attr-defined]
+_DescribedGroup = DescribeGroupsResponse.DescribedGroup
+_DescribedMember = DescribeGroupsResponse.DescribedGroupMember
 
 
 def compute_lag(latest_offset: int, summary: StateSummary) -> int:

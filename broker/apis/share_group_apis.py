@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 
 HeartbeatResponse = messages.ShareGroupHeartbeatResponse
 DescribeResponse = messages.ShareGroupDescribeResponse
-DescribedGroup = DescribeResponse.DescribedGroup  # type: ignore[attr-defined]
+DescribedGroup = DescribeResponse.DescribedGroup
 ListGroupsResponse = messages.ListGroupsResponse
-ListedGroup = ListGroupsResponse.ListedGroup  # type: ignore[attr-defined]
+ListedGroup = ListGroupsResponse.ListedGroup
 
 PROTOCOL_TYPE = "share"
 GROUP_TYPE = "share"

@@ -39,21 +39,21 @@ SOURCE_STATIC_BROKER = 4
 SOURCE_DEFAULT = 5
 
 CreateTopicsResponse = messages.CreateTopicsResponse
-CreatableTopicResult = CreateTopicsResponse.CreatableTopicResult  # type: ignore[attr-defined]
-CreatableTopicConfigs = CreateTopicsResponse.CreatableTopicConfigs  # type: ignore[attr-defined]
+CreatableTopicResult = CreateTopicsResponse.CreatableTopicResult
+CreatableTopicConfigs = CreateTopicsResponse.CreatableTopicConfigs
 DeleteTopicsResponse = messages.DeleteTopicsResponse
-DeletableTopicResult = DeleteTopicsResponse.DeletableTopicResult  # type: ignore[attr-defined]
+DeletableTopicResult = DeleteTopicsResponse.DeletableTopicResult
 ListOffsetsResponse = messages.ListOffsetsResponse
-LoTopic = ListOffsetsResponse.ListOffsetsTopicResponse  # type: ignore[attr-defined]
-LoPartition = ListOffsetsResponse.ListOffsetsPartitionResponse  # type: ignore[attr-defined]
+LoTopic = ListOffsetsResponse.ListOffsetsTopicResponse
+LoPartition = ListOffsetsResponse.ListOffsetsPartitionResponse
 DeleteRecordsResponse = messages.DeleteRecordsResponse
-DrTopic = DeleteRecordsResponse.DeleteRecordsTopicResult  # type: ignore[attr-defined]
-DrPartition = DeleteRecordsResponse.DeleteRecordsPartitionResult  # type: ignore[attr-defined]
+DrTopic = DeleteRecordsResponse.DeleteRecordsTopicResult
+DrPartition = DeleteRecordsResponse.DeleteRecordsPartitionResult
 CreatePartitionsResponse = messages.CreatePartitionsResponse
-CpResult = CreatePartitionsResponse.CreatePartitionsTopicResult  # type: ignore[attr-defined]
+CpResult = CreatePartitionsResponse.CreatePartitionsTopicResult
 DescribeConfigsResponse = messages.DescribeConfigsResponse
-DcResult = DescribeConfigsResponse.DescribeConfigsResult  # type: ignore[attr-defined]
-DcEntry = DescribeConfigsResponse.DescribeConfigsResourceResult  # type: ignore[attr-defined]
+DcResult = DescribeConfigsResponse.DescribeConfigsResult
+DcEntry = DescribeConfigsResponse.DescribeConfigsResourceResult
 InitProducerIdResponse = messages.InitProducerIdResponse
 
 

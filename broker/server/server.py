@@ -79,7 +79,7 @@ class Broker:
         return cls(error_code=ErrorCode.UNSUPPORTED_VERSION, api_keys=self.api_version_entries())
 
     def api_version_entries(self) -> list[Any]:
-        entry = messages.ApiVersionsResponse.ApiVersion  # type: ignore[attr-defined]
+        entry = messages.ApiVersionsResponse.ApiVersion
         return [
             entry(api_key=api.key, min_version=api.min_version, max_version=api.max_version)
             for api in sorted(self.apis.values(), key=lambda a: a.key)

@@ -196,12 +196,12 @@ class AsyncAdmin:
         items = [NewTopic(t) if isinstance(t, str) else t for t in topics]
         body = req(
             topics=[
-                req.CreatableTopic(  # type: ignore[attr-defined]
+                req.CreatableTopic(
                     name=t.name,
                     num_partitions=t.num_partitions,
                     replication_factor=t.replication_factor,
                     assignments=[],
-                    configs=[req.CreatableTopicConfig(name=k, value=v) for k, v in t.configs.items()],  # type: ignore[attr-defined]
+                    configs=[req.CreatableTopicConfig(name=k, value=v) for k, v in t.configs.items()],
                 )
                 for t in items
             ],
@@ -226,7 +226,7 @@ class AsyncAdmin:
         req = messages.DeleteTopicsRequest
         body = req(
             topic_names=names,
-            topics=[req.DeleteTopicState(name=n) for n in names],  # type: ignore[attr-defined]
+            topics=[req.DeleteTopicState(name=n) for n in names],
             timeout_ms=timeout_ms,
         )
         response = await self._controller(ApiKey.DELETE_TOPICS, body, (1, 6))
@@ -257,13 +257,13 @@ class AsyncAdmin:
                 out[(topic, partition)] = ListedOffset(topic, partition, -1, -1, -1, err)
                 continue
             by_leader.setdefault(leader, {}).setdefault(topic, []).append(
-                req.ListOffsetsPartition(partition_index=partition, current_leader_epoch=-1, timestamp=ts)  # type: ignore[attr-defined]
+                req.ListOffsetsPartition(partition_index=partition, current_leader_epoch=-1, timestamp=ts)
             )
         for leader, topics in by_leader.items():
             body = req(
                 replica_id=-1,
                 isolation_level=isolation_level,
-                topics=[req.ListOffsetsTopic(name=t, partitions=ps) for t, ps in topics.items()],  # type: ignore[attr-defined]
+                topics=[req.ListOffsetsTopic(name=t, partitions=ps) for t, ps in topics.items()],
             )
             response = await self.cluster.request(leader, ApiKey.LIST_OFFSETS, body, (1, 10))
             for t in response.topics:
@@ -359,10 +359,10 @@ class AsyncAdmin:
                 await self.cluster.refresh_metadata(names)
                 topics = {n: list(self.cluster.topics[n].partitions) if n in self.cluster.topics else [] for n in names}
             req_topics = [
-                req.DescribeShareGroupOffsetsRequestTopic(topic_name=t, partitions=sorted(ps))  # type: ignore[attr-defined]
+                req.DescribeShareGroupOffsetsRequestTopic(topic_name=t, partitions=sorted(ps))
                 for t, ps in topics.items()
             ]
-        body = req(groups=[req.DescribeShareGroupOffsetsRequestGroup(group_id=group_id, topics=req_topics)])  # type: ignore[attr-defined]
+        body = req(groups=[req.DescribeShareGroupOffsetsRequestGroup(group_id=group_id, topics=req_topics)])
 
         async def send(node: int) -> Any:
             return await self.cluster.request(node, ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, body, (0, 1))
@@ -389,11 +389,11 @@ class AsyncAdmin:
         by_topic: dict[str, list[Any]] = {}
         for (topic, partition), offset in sorted(offsets.items()):
             by_topic.setdefault(topic, []).append(
-                req.AlterShareGroupOffsetsRequestPartition(partition_index=partition, start_offset=offset)  # type: ignore[attr-defined]
+                req.AlterShareGroupOffsetsRequestPartition(partition_index=partition, start_offset=offset)
             )
         body = req(
             group_id=group_id,
-            topics=[req.AlterShareGroupOffsetsRequestTopic(topic_name=t, partitions=ps) for t, ps in by_topic.items()],  # type: ignore[attr-defined]
+            topics=[req.AlterShareGroupOffsetsRequestTopic(topic_name=t, partitions=ps) for t, ps in by_topic.items()],
         )
 
         async def send(node: int) -> Any:
@@ -415,7 +415,7 @@ class AsyncAdmin:
         req = messages.DeleteShareGroupOffsetsRequest
         body = req(
             group_id=group_id,
-            topics=[req.DeleteShareGroupOffsetsRequestTopic(topic_name=t) for t in topics],  # type: ignore[attr-defined]
+            topics=[req.DeleteShareGroupOffsetsRequestTopic(topic_name=t) for t in topics],
         )
 
         async def send(node: int) -> Any:
@@ -435,7 +435,7 @@ class AsyncAdmin:
         req = messages.DescribeConfigsRequest
         body = req(
             resources=[
-                req.DescribeConfigsResource(  # type: ignore[attr-defined]
+                req.DescribeConfigsResource(
                     resource_type=resource_type, resource_name=name, configuration_keys=None if keys is None else list(keys)
                 )
             ],
@@ -460,11 +460,11 @@ class AsyncAdmin:
         req = messages.IncrementalAlterConfigsRequest
         body = req(
             resources=[
-                req.AlterConfigsResource(  # type: ignore[attr-defined]
+                req.AlterConfigsResource(
                     resource_type=resource_type,
                     resource_name=name,
                     configs=[
-                        req.AlterableConfig(  # type: ignore[attr-defined]
+                        req.AlterableConfig(
                             name=k, config_operation=OP_DELETE if v is None else OP_SET, value=v
                         )
                         for k, v in configs.items()

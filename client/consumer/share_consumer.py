@@ -524,9 +524,9 @@ class AsyncShareConsumer:
             req = messages.ShareFetchRequest
             parts: dict[bytes, list[Any]] = {}
             for tp in sorted(add | set(acks)):
-                batches = ack_batches(acks[tp], req.AcknowledgementBatch) if tp in acks else []  # type: ignore[attr-defined]
+                batches = ack_batches(acks[tp], req.AcknowledgementBatch) if tp in acks else []
                 parts.setdefault(tp[0], []).append(
-                    req.FetchPartition(partition_index=tp[1], acknowledgement_batches=batches)  # type: ignore[attr-defined]
+                    req.FetchPartition(partition_index=tp[1], acknowledgement_batches=batches)
                 )
             forgotten: dict[bytes, list[int]] = {}
             for tid, p in sorted(forget):
@@ -543,9 +543,9 @@ class AsyncShareConsumer:
                 # v1 brokers only know batch-optimised acquisition, which may round MaxRecords up to whole
                 # log batches; the surplus then waits in the buffer until its lock runs out.
                 share_acquire_mode=ACQUIRE_MODE_RECORD_LIMIT if strict and version >= 2 else 0,
-                topics=[req.FetchTopic(topic_id=tid, partitions=ps) for tid, ps in parts.items()],  # type: ignore[attr-defined]
+                topics=[req.FetchTopic(topic_id=tid, partitions=ps) for tid, ps in parts.items()],
                 forgotten_topics_data=[
-                    req.ForgottenTopic(topic_id=tid, partitions=ps)  # type: ignore[attr-defined]
+                    req.ForgottenTopic(topic_id=tid, partitions=ps)
                     for tid, ps in forgotten.items()
                 ],
             )
@@ -733,8 +733,8 @@ class AsyncShareConsumer:
             parts: dict[bytes, list[Any]] = {}
             for tp in sorted(acks):
                 parts.setdefault(tp[0], []).append(
-                    req.AcknowledgePartition(  # type: ignore[attr-defined]
-                        partition_index=tp[1], acknowledgement_batches=ack_batches(acks[tp], req.AcknowledgementBatch)  # type: ignore[attr-defined]
+                    req.AcknowledgePartition(
+                        partition_index=tp[1], acknowledgement_batches=ack_batches(acks[tp], req.AcknowledgementBatch)
                     )
                 )
             epoch = CLOSE_SESSION_EPOCH if close else session.epoch
@@ -743,7 +743,7 @@ class AsyncShareConsumer:
                 member_id=self.member_id,
                 share_session_epoch=epoch,
                 is_renew_ack=renew,
-                topics=[req.AcknowledgeTopic(topic_id=tid, partitions=ps) for tid, ps in parts.items()],  # type: ignore[attr-defined]
+                topics=[req.AcknowledgeTopic(topic_id=tid, partitions=ps) for tid, ps in parts.items()],
             )
             try:
                 response = await conn.request(ApiKey.SHARE_ACKNOWLEDGE, body, version=version)

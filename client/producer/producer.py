@@ -368,10 +368,10 @@ class AsyncProducer:
             by_topic: dict[str, list[Any]] = {}
             for batch in batches:
                 by_topic.setdefault(batch.topic, []).append(
-                    messages.ProduceRequest.PartitionProduceData(index=batch.partition, records=self._encode(batch))  # type: ignore[attr-defined]
+                    messages.ProduceRequest.PartitionProduceData(index=batch.partition, records=self._encode(batch))
                 )
             topic_data = [
-                messages.ProduceRequest.TopicProduceData(name=t, partition_data=parts)  # type: ignore[attr-defined]
+                messages.ProduceRequest.TopicProduceData(name=t, partition_data=parts)
                 for t, parts in by_topic.items()
             ]
             body = messages.ProduceRequest(
