@@ -31,7 +31,7 @@ class AlterConfigs:
     def __init__(self, broker: Broker):
         self.broker = broker
 
-    def incremental_alter_configs(self, ctx: RequestContext, req: Any) -> Any:
+    def incremental_alter_configs(self, ctx: RequestContext, req: messages.IncrementalAlterConfigsRequest) -> messages.IncrementalAlterConfigsResponse:
         out = []
         for r in req.resources:
             res = ResourceResponse(error_code=ErrorCode.NONE, error_message=None,

@@ -29,7 +29,7 @@ class FetchHandler:
         self.broker = broker
         self.broker_max_bytes = int(broker.config["fetch.max.bytes"])
 
-    async def handle(self, ctx: RequestContext, req: Any) -> Any:
+    async def handle(self, ctx: RequestContext, req: messages.FetchRequest) -> messages.FetchResponse:
         version = ctx.api_version
         if req.session_epoch > 0 or req.session_id != 0:
             # We never hand out fetch sessions, so an incremental request names one we do not have.
@@ -42,7 +42,7 @@ class FetchHandler:
                 return response
             await self.broker.purgatory.wait(keys, remaining)
 
-    def _read_all(self, ctx: RequestContext, req: Any, version: int) -> tuple[Any, int, list[Any]]:
+    def _read_all(self, ctx: RequestContext, req: messages.FetchRequest, version: int) -> tuple[Any, int, list[Any]]:
         topics = self.broker.topics
         budget = min(req.max_bytes if version >= 3 else 2**31 - 1, self.broker_max_bytes)
         total = 0

@@ -38,7 +38,7 @@ class DiscoveryHandlers:
     def __init__(self, broker: Broker):
         self.broker = broker
 
-    def api_versions(self, ctx: RequestContext, req: Any) -> Any:
+    def api_versions(self, ctx: RequestContext, req: messages.ApiVersionsRequest) -> messages.ApiVersionsResponse:
         feature = ApiVersionsResponse.SupportedFeatureKey
         finalized = ApiVersionsResponse.FinalizedFeatureKey
         share_level = 1 if self.broker.config["group.share.enable"] else 0
@@ -53,7 +53,7 @@ class DiscoveryHandlers:
     def _listener(self, ctx: RequestContext) -> Any:
         return self.broker.advertised_listener(ctx.connection.listener.name)
 
-    def metadata(self, ctx: RequestContext, req: Any) -> Any:
+    def metadata(self, ctx: RequestContext, req: messages.MetadataRequest) -> messages.MetadataResponse:
         version = ctx.api_version
         topics = self.broker.topics
         lst = self._listener(ctx)
@@ -75,12 +75,12 @@ class DiscoveryHandlers:
                 else:
                     topic = topics.get(rt.name)
                 # Kafka checks DESCRIBE before existence, so an unauthorized client cannot probe which topics exist.
-                described = topic.name if topic is not None else rt.name
+                described = topic.name if topic is not None else rt.name or ""  # rt.name is set: not by id
                 if not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, described):
                     out.append(MdTopic(error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, name=rt.name))
                     continue
                 if topic is None:
-                    topic, code = self._maybe_auto_create(ctx, rt.name, auto_create)
+                    topic, code = self._maybe_auto_create(ctx, described, auto_create)
                     if topic is None:
                         out.append(MdTopic(error_code=code, name=rt.name, is_internal=False))
                         continue
@@ -129,7 +129,7 @@ class DiscoveryHandlers:
             topic_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
         )
 
-    def find_coordinator(self, ctx: RequestContext, req: Any) -> Any:
+    def find_coordinator(self, ctx: RequestContext, req: messages.FindCoordinatorRequest) -> messages.FindCoordinatorResponse:
         version = ctx.api_version
         lst = self._listener(ctx)
         key_type = req.key_type if version >= 1 else KEY_TYPE_GROUP
@@ -163,7 +163,7 @@ class DiscoveryHandlers:
             error_code=c.error_code, error_message=c.error_message, node_id=c.node_id, host=c.host, port=c.port
         )
 
-    def describe_cluster(self, ctx: RequestContext, req: Any) -> Any:
+    def describe_cluster(self, ctx: RequestContext, req: messages.DescribeClusterRequest) -> messages.DescribeClusterResponse:
         lst = self._listener(ctx)
         return DescribeClusterResponse(
             error_code=ErrorCode.NONE,

@@ -39,7 +39,8 @@ class ProduceHandler:
         self.log_append_time = broker.config["log.message.timestamp.type"] == "LogAppendTime"
         self.max_message_bytes = int(broker.config["message.max.bytes"])
 
-    async def handle(self, ctx: RequestContext, req: Any) -> Any:
+    async def handle(self, ctx: RequestContext, req: messages.ProduceRequest) -> messages.ProduceResponse | None:
+        """The response, or None for acks=0 (nothing is sent back)."""
         version = ctx.api_version
         acks = req.acks
         responses = []
@@ -96,7 +97,9 @@ class ProduceHandler:
             return None
         return ProduceResponse(responses=responses)
 
-    def _append(self, topic_id: bytes, topic_name: str, index: int, plog: PartitionLog, records: bytes | None) -> Any:
+    def _append(
+        self, topic_id: bytes, topic_name: str, index: int, plog: PartitionLog, records: bytes | bytearray | memoryview | None
+    ) -> Any:
         if not records:
             return PartitionResponse(index=index, error_code=ErrorCode.CORRUPT_MESSAGE, base_offset=-1,
                                      error_message="empty record set")

@@ -81,14 +81,15 @@ class ShareFetchHandlers:
 
     # ---- ShareFetch -----------------------------------------------------------------------------
 
-    async def share_fetch(self, ctx: RequestContext, req: Any) -> Any:
+    async def share_fetch(self, ctx: RequestContext, req: messages.ShareFetchRequest) -> messages.ShareFetchResponse:
         version = ctx.api_version
         if not self.enabled:
             return SfResponse(error_code=ErrorCode.UNSUPPORTED_VERSION, error_message="share groups are disabled")
-        error = self._validate_ids(req.group_id, req.member_id)
-        if error is not None:
-            return SfResponse(error_code=ErrorCode.INVALID_REQUEST, error_message=error)
-        if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
+        ids = self._validate_ids(req.group_id, req.member_id)
+        if isinstance(ids, str):
+            return SfResponse(error_code=ErrorCode.INVALID_REQUEST, error_message=ids)
+        group, member = ids
+        if not ctx.authorize(Operation.READ, ResourceType.GROUP, group):
             return SfResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
         is_renew = version >= 2 and req.is_renew_ack
         if is_renew and (req.max_bytes or req.min_bytes or req.max_records or req.max_wait_ms):
@@ -96,7 +97,6 @@ class ShareFetchHandlers:
                               error_message="a renew-only ShareFetch must not ask for records")
         epoch = req.share_session_epoch
         has_acks = any(p.acknowledgement_batches for t in req.topics for p in t.partitions)
-        group, member = req.group_id, req.member_id
         new_partitions: set[TopicPartitionId] = set()
         if epoch == INITIAL_EPOCH:
             if has_acks:
@@ -151,7 +151,7 @@ class ShareFetchHandlers:
                 results.setdefault(tp, self._empty_partition(tp[1]))
         return self._fetch_response(group, results)
 
-    async def _fetch_records(self, ctx: RequestContext, req: Any, session: ShareSession,
+    async def _fetch_records(self, ctx: RequestContext, req: messages.ShareFetchRequest, session: ShareSession,
                              results: dict[TopicPartitionId, Any]) -> None:
         version = ctx.api_version
         mode = AcquireMode(req.share_acquire_mode) if version >= 2 and req.share_acquire_mode in (0, 1) \
@@ -159,7 +159,7 @@ class ShareFetchHandlers:
         deadline = time.monotonic() + max(0, req.max_wait_ms) / 1000
         max_bytes = min(req.max_bytes, self.broker_max_bytes)
         batch_size = req.batch_size if req.batch_size > 0 else req.max_records
-        member = req.member_id
+        member = session.member_id  # the session is the validated request's
         # Rotate the starting partition by epoch so one busy partition cannot starve the others.
         while True:
             remaining_records = req.max_records
@@ -265,20 +265,21 @@ class ShareFetchHandlers:
 
     # ---- ShareAcknowledge -----------------------------------------------------------------------
 
-    async def share_acknowledge(self, ctx: RequestContext, req: Any) -> Any:
+    async def share_acknowledge(self, ctx: RequestContext, req: messages.ShareAcknowledgeRequest) -> messages.ShareAcknowledgeResponse:
         version = ctx.api_version
         if not self.enabled:
             return SaResponse(error_code=ErrorCode.UNSUPPORTED_VERSION, error_message="share groups are disabled")
-        error = self._validate_ids(req.group_id, req.member_id)
-        if error is not None:
-            return SaResponse(error_code=ErrorCode.INVALID_REQUEST, error_message=error)
-        if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
+        ids = self._validate_ids(req.group_id, req.member_id)
+        if isinstance(ids, str):
+            return SaResponse(error_code=ErrorCode.INVALID_REQUEST, error_message=ids)
+        group, member = ids
+        if not ctx.authorize(Operation.READ, ResourceType.GROUP, group):
             return SaResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
         epoch = req.share_session_epoch
         if epoch == INITIAL_EPOCH:
             return SaResponse(error_code=ErrorCode.INVALID_SHARE_SESSION_EPOCH,
                               error_message="ShareAcknowledge cannot open a share session")
-        code, session = self.sessions.check(req.group_id, req.member_id, epoch)
+        code, session = self.sessions.check(group, member, epoch)
         if code != ErrorCode.NONE or session is None:
             return SaResponse(error_code=code)
         if epoch != FINAL_EPOCH:
@@ -288,25 +289,26 @@ class ShareFetchHandlers:
         for t in req.topics:
             parts = []
             for p in t.partitions:
-                err = await self._acknowledge(ctx, req.group_id, req.member_id, t.topic_id, p.partition_index,
+                err = await self._acknowledge(ctx, group, member, t.topic_id, p.partition_index,
                                               p.acknowledgement_batches, version, is_renew)
                 parts.append(SaPartition(partition_index=p.partition_index, error_code=err,
                                          current_leader=SaLeader(leader_id=self.broker.node_id, leader_epoch=0)))
             topics.append(SaTopic(topic_id=t.topic_id, partitions=parts))
         if epoch == FINAL_EPOCH:
             await self._close_session(session)
-        return SaResponse(error_code=ErrorCode.NONE, acquisition_lock_timeout_ms=self._lock_timeout(req.group_id),
+        return SaResponse(error_code=ErrorCode.NONE, acquisition_lock_timeout_ms=self._lock_timeout(group),
                           responses=topics, node_endpoints=[])
 
     # ---- sessions ---------------------------------------------------------------------------------
 
     @staticmethod
-    def _validate_ids(group_id: str | None, member_id: str | None) -> str | None:
+    def _validate_ids(group_id: str | None, member_id: str | None) -> tuple[str, str] | str:
+        """(group id, member id), or the reason they are not acceptable."""
         if not group_id:
             return "GroupId must be set"
         if not member_id or len(member_id) > MAX_MEMBER_ID_LENGTH:
             return "MemberId must be 1 to 36 characters"
-        return None
+        return group_id, member_id
 
     async def _close_session(self, session: ShareSession) -> None:
         if self.sessions.remove(session):

@@ -91,11 +91,13 @@ class ShareGroupAdmin:
 
     # ---- DescribeShareGroupOffsets ------------------------------------------------------------------
 
-    async def describe_share_group_offsets(self, ctx: RequestContext, req: Any) -> Any:
+    async def describe_share_group_offsets(self, ctx: RequestContext, req: messages.DescribeShareGroupOffsetsRequest) -> messages.DescribeShareGroupOffsetsResponse:
         groups = await asyncio.gather(*(self._describe_group_offsets(ctx, g) for g in req.groups))
         return DescribeOffsetsResponse(groups=list(groups))
 
-    async def _describe_group_offsets(self, ctx: RequestContext, g: Any) -> Any:
+    async def _describe_group_offsets(
+        self, ctx: RequestContext, g: messages.DescribeShareGroupOffsetsRequest.DescribeShareGroupOffsetsRequestGroup
+    ) -> messages.DescribeShareGroupOffsetsResponse.DescribeShareGroupOffsetsResponseGroup:
         group_id = g.group_id
 
         def failed(code: int, message: str | None = None) -> Any:
@@ -168,7 +170,7 @@ class ShareGroupAdmin:
 
     # ---- AlterShareGroupOffsets ---------------------------------------------------------------------
 
-    async def alter_share_group_offsets(self, ctx: RequestContext, req: Any) -> Any:
+    async def alter_share_group_offsets(self, ctx: RequestContext, req: messages.AlterShareGroupOffsetsRequest) -> messages.AlterShareGroupOffsetsResponse:
         group_id = req.group_id
 
         def failed(code: int, message: str | None = None) -> Any:
@@ -237,7 +239,7 @@ class ShareGroupAdmin:
 
     # ---- DeleteShareGroupOffsets --------------------------------------------------------------------
 
-    async def delete_share_group_offsets(self, ctx: RequestContext, req: Any) -> Any:
+    async def delete_share_group_offsets(self, ctx: RequestContext, req: messages.DeleteShareGroupOffsetsRequest) -> messages.DeleteShareGroupOffsetsResponse:
         group_id = req.group_id
 
         def failed(code: int, message: str | None = None) -> Any:
@@ -278,7 +280,7 @@ class ShareGroupAdmin:
 
     # ---- DeleteGroups / DescribeGroups --------------------------------------------------------------
 
-    async def delete_groups(self, ctx: RequestContext, req: Any) -> Any:
+    async def delete_groups(self, ctx: RequestContext, req: messages.DeleteGroupsRequest) -> messages.DeleteGroupsResponse:
         results = []
         for group_id in req.groups_names:
             code: int
@@ -297,7 +299,7 @@ class ShareGroupAdmin:
             results.append(_DeletableGroup(group_id=group_id, error_code=code))
         return DeleteGroupsResponse(results=results)
 
-    def describe_groups(self, ctx: RequestContext, req: Any) -> Any:
+    def describe_groups(self, ctx: RequestContext, req: messages.DescribeGroupsRequest) -> messages.DescribeGroupsResponse:
         version = ctx.api_version
         coordinator = self.coordinator
         out = []

@@ -16,6 +16,8 @@ from shoal.protocol.share_state_rpcs import (
     DeleteResponse,
     InitializeResponse,
     ReadResponse,
+    StatePartition,
+    StateRequest,
     StateResponseT,
     SummaryResponse,
     WriteResponse,
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 def _handler(
     broker: Broker, response_cls: type[StateResponseT], method: str
 ) -> Callable[[RequestContext, Any], Awaitable[StateResponseT]]:
-    async def handle(ctx: RequestContext, req: Any) -> StateResponseT:
+    async def handle(ctx: RequestContext, req: StateRequest[StatePartition]) -> StateResponseT:
         if not ctx.authorize(Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME):
             return error_response(response_cls, req, same_error(req, ErrorCode.CLUSTER_AUTHORIZATION_FAILED))
         coordinator = getattr(broker, "share_coordinator", None)

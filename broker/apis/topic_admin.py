@@ -4,7 +4,7 @@ ListOffsets, DescribeConfigs and InitProducerId."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -64,7 +64,7 @@ class TopicAdmin:
 
     # ---- CreateTopics ---------------------------------------------------------------------------
 
-    def create_topics(self, ctx: RequestContext, req: Any) -> Any:
+    def create_topics(self, ctx: RequestContext, req: messages.CreateTopicsRequest) -> messages.CreateTopicsResponse:
         results = []
         seen: set[str] = set()
         cluster_ok = ctx.authorize(Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME)
@@ -131,7 +131,7 @@ class TopicAdmin:
 
     # ---- DeleteTopics ---------------------------------------------------------------------------
 
-    def delete_topics(self, ctx: RequestContext, req: Any) -> Any:
+    def delete_topics(self, ctx: RequestContext, req: messages.DeleteTopicsRequest) -> messages.DeleteTopicsResponse:
         version = ctx.api_version
         wanted: list[tuple[str | None, bytes]] = (
             [(t.name, t.topic_id) for t in req.topics] if version >= 6 else [(n, b"\x00" * 16) for n in req.topic_names]
@@ -157,7 +157,7 @@ class TopicAdmin:
 
     # ---- CreatePartitions -----------------------------------------------------------------------
 
-    def create_partitions(self, ctx: RequestContext, req: Any) -> Any:
+    def create_partitions(self, ctx: RequestContext, req: messages.CreatePartitionsRequest) -> messages.CreatePartitionsResponse:
         results = []
         for t in req.topics:
             res = CpResult(name=t.name, error_code=ErrorCode.NONE, error_message=None)
@@ -180,7 +180,7 @@ class TopicAdmin:
 
     # ---- DeleteRecords --------------------------------------------------------------------------
 
-    def delete_records(self, ctx: RequestContext, req: Any) -> Any:
+    def delete_records(self, ctx: RequestContext, req: messages.DeleteRecordsRequest) -> messages.DeleteRecordsResponse:
         out = []
         for t in req.topics:
             topic = self.broker.topics.get(t.name)
@@ -206,7 +206,7 @@ class TopicAdmin:
 
     # ---- ListOffsets ----------------------------------------------------------------------------
 
-    def list_offsets(self, ctx: RequestContext, req: Any) -> Any:
+    def list_offsets(self, ctx: RequestContext, req: messages.ListOffsetsRequest) -> messages.ListOffsetsResponse:
         out = []
         for t in req.topics:
             topic = self.broker.topics.get(t.name)
@@ -241,7 +241,7 @@ class TopicAdmin:
 
     # ---- DescribeConfigs ------------------------------------------------------------------------
 
-    def describe_configs(self, ctx: RequestContext, req: Any) -> Any:
+    def describe_configs(self, ctx: RequestContext, req: messages.DescribeConfigsRequest) -> messages.DescribeConfigsResponse:
         results = []
         for r in req.resources:
             res = DcResult(error_code=ErrorCode.NONE, error_message=None, resource_type=r.resource_type,
@@ -290,7 +290,7 @@ class TopicAdmin:
 
     # ---- InitProducerId -------------------------------------------------------------------------
 
-    def init_producer_id(self, ctx: RequestContext, req: Any) -> Any:
+    def init_producer_id(self, ctx: RequestContext, req: messages.InitProducerIdRequest) -> messages.InitProducerIdResponse:
         if req.transactional_id is not None:
             return InitProducerIdResponse(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, producer_id=-1, producer_epoch=-1)
         # Since KIP-679 WRITE on any topic also allows an idempotent producer, as in Kafka.
