@@ -14,6 +14,7 @@ import structlog
 
 from shoal.broker.security.authorizer import Operation, ResourceType
 from shoal.broker.storage.producer_state import PartitionProducerState
+from shoal.broker.storage.purgatory import LogKey
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -141,7 +142,7 @@ class ProduceHandler:
         count = sum(h.records_count for _p, h in headers)
         self.broker.metrics.messages_in.labels(topic=topic_name).inc(count)
         self.broker.metrics.log_bytes_in.labels(topic=topic_name).inc(len(buf))
-        self.broker.purgatory.notify(("log", topic_id, index))
+        self.broker.purgatory.notify(LogKey(topic_id, index))
         return PartitionResponse(
             index=index,
             error_code=ErrorCode.NONE,

@@ -16,13 +16,16 @@ from shoal.broker.share.share_session import (
     INITIAL_EPOCH,
     ShareSession,
     ShareSessionCache,
-    TopicPartitionId,
     next_epoch,
 )
+from shoal.broker.storage.purgatory import SHARE_SESSION_SLOT, LogKey, WakeKey
 from shoal.persister.persister import SharePartitionKey
 from shoal.protocol import messages
+from shoal.protocol.acknowledge_type import AcknowledgeType
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.topic_id_partition import TopicIdPartition
+from shoal.protocol.uuids import MAX_MEMBER_ID_LENGTH
 
 if TYPE_CHECKING:
     from shoal.broker.apis.broker import Broker
@@ -30,8 +33,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("shoal.share_fetch")
 
-MAX_MEMBER_ID_LENGTH = 36
-RENEW = 4
 
 SfResponse = messages.ShareFetchResponse
 SfTopic = SfResponse.ShareFetchableTopicResponse
@@ -57,7 +58,7 @@ def validate_ack_batches(batches: list[Any], version: int, is_renew: bool) -> bo
         if not types or (len(types) != 1 and len(types) != b.last_offset - b.first_offset + 1):
             return False
         for t in types:
-            if t < 0 or t > max_type or (t == RENEW and not is_renew):
+            if t < 0 or t > max_type or (t == AcknowledgeType.RENEW and not is_renew):
                 return False
         prev_last = b.last_offset
     return True
@@ -97,13 +98,13 @@ class ShareFetchHandlers:
                               error_message="a renew-only ShareFetch must not ask for records")
         epoch = req.share_session_epoch
         has_acks = any(p.acknowledgement_batches for t in req.topics for p in t.partitions)
-        new_partitions: set[TopicPartitionId] = set()
+        new_partitions: set[TopicIdPartition] = set()
         if epoch == INITIAL_EPOCH:
             if has_acks:
                 return SfResponse(error_code=ErrorCode.INVALID_REQUEST,
                                   error_message="acknowledgements are not allowed when opening a share session")
             if self.sessions.is_full_for(group, member):
-                await self.broker.purgatory.wait([("share-session-slot",)], max(0, req.max_wait_ms) / 1000)
+                await self.broker.purgatory.wait([SHARE_SESSION_SLOT], max(0, req.max_wait_ms) / 1000)
                 if self.sessions.is_full_for(group, member):
                     return SfResponse(error_code=ErrorCode.SHARE_SESSION_LIMIT_REACHED)
             session, _old = self.sessions.open(group, member, ctx.connection)
@@ -118,19 +119,20 @@ class ShareFetchHandlers:
         if epoch != FINAL_EPOCH:
             for t in req.topics:
                 for p in t.partitions:
-                    if session.add((t.topic_id, p.partition_index)):
-                        new_partitions.add((t.topic_id, p.partition_index))
+                    tp = TopicIdPartition(t.topic_id, p.partition_index)
+                    if session.add(tp):
+                        new_partitions.add(tp)
             for ft in req.forgotten_topics_data:
                 for index in ft.partitions:
-                    session.forget((ft.topic_id, index))
+                    session.forget(TopicIdPartition(ft.topic_id, index))
 
         # Acknowledgements first, so released records can be fetched again by this very request.
-        results: dict[TopicPartitionId, Any] = {}
+        results: dict[TopicIdPartition, Any] = {}
         for t in req.topics:
             for p in t.partitions:
                 if not p.acknowledgement_batches:
                     continue
-                tp = (t.topic_id, p.partition_index)
+                tp = TopicIdPartition(t.topic_id, p.partition_index)
                 pd = results.setdefault(tp, self._empty_partition(p.partition_index))
                 pd.acknowledge_error_code = await self._acknowledge(
                     ctx, group, member, t.topic_id, p.partition_index, p.acknowledgement_batches, version, is_renew
@@ -152,7 +154,7 @@ class ShareFetchHandlers:
         return self._fetch_response(group, results)
 
     async def _fetch_records(self, ctx: RequestContext, req: messages.ShareFetchRequest, session: ShareSession,
-                             results: dict[TopicPartitionId, Any]) -> None:
+                             results: dict[TopicIdPartition, Any]) -> None:
         version = ctx.api_version
         mode = AcquireMode(req.share_acquire_mode) if version >= 2 and req.share_acquire_mode in (0, 1) \
             else AcquireMode.BATCH_OPTIMIZED
@@ -164,7 +166,7 @@ class ShareFetchHandlers:
         while True:
             remaining_records = req.max_records
             remaining_bytes = max_bytes
-            wake_keys: list[Any] = []
+            wake_keys: list[WakeKey] = []
             got_any = False
             order = list(session.partitions)
             if order:
@@ -179,7 +181,7 @@ class ShareFetchHandlers:
                     pd = results.setdefault(tp, self._empty_partition(index))
                     pd.error_code = err
                     continue
-                wake_keys.append(("log", topic_id, index))
+                wake_keys.append(LogKey(topic_id, index))
                 wake_keys.append(leader.wake_key)
                 acq = await leader.acquire(member, max_records=remaining_records, batch_size=batch_size,
                                            max_bytes=remaining_bytes, mode=mode)
@@ -252,7 +254,7 @@ class ShareFetchHandlers:
             acquired_records=[],
         )
 
-    def _fetch_response(self, group: str, results: dict[TopicPartitionId, Any]) -> Any:
+    def _fetch_response(self, group: str, results: dict[TopicIdPartition, Any]) -> Any:
         by_topic: dict[bytes, list[Any]] = {}
         for (topic_id, _index), pd in results.items():
             by_topic.setdefault(topic_id, []).append(pd)
@@ -312,10 +314,10 @@ class ShareFetchHandlers:
 
     async def _close_session(self, session: ShareSession) -> None:
         if self.sessions.remove(session):
-            self.broker.purgatory.notify(("share-session-slot",))
+            self.broker.purgatory.notify(SHARE_SESSION_SLOT)
         await self._release(session.group_id, session.member_id, session.partitions)
 
-    async def _release(self, group: str, member: str, partitions: Iterable[TopicPartitionId]) -> None:
+    async def _release(self, group: str, member: str, partitions: Iterable[TopicIdPartition]) -> None:
         for topic_id, index in list(partitions):
             leader = self.leaders.get(SharePartitionKey(group, topic_id, index))
             if leader is not None:
@@ -328,7 +330,7 @@ class ShareFetchHandlers:
         for session in closed:
             self.sessions.remove(session)
             log.info("share session closed with its connection", group=session.group_id, member=session.member_id)
-        self.broker.purgatory.notify(("share-session-slot",))
+        self.broker.purgatory.notify(SHARE_SESSION_SLOT)
         loop = self.broker.loop
         for session in closed:
             loop.create_task(self._release(session.group_id, session.member_id, session.partitions))

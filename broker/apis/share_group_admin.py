@@ -17,6 +17,7 @@ from shoal.persister.persister import SharePartitionKey, StateSummary
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.uuids import ZERO_UUID
 
 from .share_group_apis import GROUP_OPERATIONS, PROTOCOL_TYPE
 
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("shoal.share_group_admin")
 
-ZERO_UUID = b"\x00" * 16
 UNKNOWN_START_OFFSET = -1
 UNKNOWN_LAG = -1
 DEAD = "Dead"

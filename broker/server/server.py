@@ -18,7 +18,7 @@ from shoal.broker.security.acl_store import build_authorizer
 from shoal.broker.security.authorizer import Authorizer
 from shoal.broker.security.scram import ScramCredentialStore
 from shoal.broker.share.group_configs import GroupConfigs
-from shoal.broker.storage.purgatory import Purgatory
+from shoal.broker.storage.purgatory import LogKey, Purgatory
 from shoal.broker.storage.topic_registry import CONSUMER_OFFSETS, SHARE_GROUP_STATE, Topic, TopicRegistry
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
@@ -250,7 +250,7 @@ class Broker:
         if event in ("created", "deleted"):
             self.group_coordinator.on_topics_changed()
         if event == "log_start_moved":
-            self.purgatory.notify(("log", topic.topic_id, args[0]))
+            self.purgatory.notify(LogKey(topic.topic_id, args[0]))
 
     def _partition_count(self, topic_id: bytes) -> int | None:
         topic = self.topics.get_by_id(topic_id)
@@ -277,7 +277,7 @@ class Broker:
     def delete_topic(self, topic: Topic) -> None:
         self.topics.delete(topic)
         for index in range(len(topic.partitions)):
-            self.purgatory.notify(("log", topic.topic_id, index))
+            self.purgatory.notify(LogKey(topic.topic_id, index))
         for callback in self.topic_listeners:
             callback("deleted", topic)
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import NamedTuple
 
+from shoal.persister.persister import PersistedStateBatch
+from shoal.protocol.acknowledge_type import AcknowledgeType
 from shoal.protocol.errors import ErrorCode
 
 
@@ -40,24 +42,9 @@ class RecordState(IntEnum):
     ARCHIVED = 4
 
 
-class AckType(IntEnum):
-    GAP = 0
-    ACCEPT = 1
-    RELEASE = 2
-    REJECT = 3
-    RENEW = 4
-
-
 class AcquireMode(IntEnum):
     BATCH_OPTIMIZED = 0
     RECORD_LIMIT = 1
-
-
-class PersistedBatch(NamedTuple):
-    first_offset: int
-    last_offset: int
-    delivery_state: int
-    delivery_count: int
 
 
 class FetchedBatch(NamedTuple):
@@ -84,7 +71,7 @@ class StateSnapshot:
     start_offset: int
     state_epoch: int
     delivery_complete_count: int
-    state_batches: list[PersistedBatch]
+    state_batches: list[PersistedStateBatch]
 
 
 _AVAILABLE = 0
@@ -226,7 +213,7 @@ class SharePartition:
         *,
         start_offset: int,
         state_epoch: int,
-        state_batches: Sequence[PersistedBatch],
+        state_batches: Sequence[PersistedStateBatch],
         lock_duration_ms: int = 30000,
         delivery_count_limit: int = 5,
         max_in_flight_records: int = 2000,
@@ -261,7 +248,7 @@ class SharePartition:
 
     # ------------------------------------------------------------------ loading
 
-    def _load(self, state_batches: Sequence[PersistedBatch]) -> None:
+    def _load(self, state_batches: Sequence[PersistedStateBatch]) -> None:
         prev_last = self._spso - 1
         for pb in sorted(state_batches, key=lambda b: b.first_offset):
             first = max(pb.first_offset, prev_last + 1)
@@ -783,12 +770,12 @@ class SharePartition:
     def _ack_range(self, b: _Batch, lo: int, hi: int, ack_type: int, now_ms: int,
                    changes: list[_Change]) -> None:
         for rl, rh, s, m, c, d in b.runs(lo, hi):
-            renew = ack_type == AckType.RENEW
+            renew = ack_type == AcknowledgeType.RENEW
             if renew:
                 new_state, new_member, new_deadline = _ACQUIRED, m, now_ms + self.lock_duration_ms
-            elif ack_type == AckType.ACCEPT:
+            elif ack_type == AcknowledgeType.ACCEPT:
                 new_state, new_member, new_deadline = _ACKNOWLEDGED, None, 0
-            elif ack_type == AckType.RELEASE:
+            elif ack_type == AcknowledgeType.RELEASE:
                 new_state = _ARCHIVED if c >= self.delivery_count_limit else _AVAILABLE
                 new_member, new_deadline = None, 0
             else:  # GAP and REJECT
@@ -926,7 +913,7 @@ class SharePartition:
             ranges = [(spso, end)]
         self._dirty.clear()
         self._full_write = False
-        out: list[PersistedBatch] = []
+        out: list[PersistedStateBatch] = []
         for rlo, rhi in ranges:
             lo, hi = max(rlo, spso), min(rhi, end)
             if lo > hi:
@@ -939,9 +926,9 @@ class SharePartition:
                     state = _AVAILABLE if s == _ACQUIRED else s
                     if out and out[-1].last_offset + 1 == first and out[-1].delivery_state == state \
                             and out[-1].delivery_count == c:
-                        out[-1] = PersistedBatch(out[-1].first_offset, last, state, c)
+                        out[-1] = PersistedStateBatch(out[-1].first_offset, last, state, c)
                     else:
-                        out.append(PersistedBatch(first, last, state, c))
+                        out.append(PersistedStateBatch(first, last, state, c))
         return StateSnapshot(spso, self._state_epoch, self.delivery_complete_count, out)
 
 

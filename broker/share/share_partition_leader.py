@@ -11,13 +11,14 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
 from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
+from shoal.broker.storage.purgatory import ShareFetchKey
 from shoal.iso_duration import parse_iso_duration_ms
-from shoal.persister.persister import PersistedStateBatch, Persister, SharePartitionKey, WriteStateRequest
+from shoal.persister.persister import Persister, SharePartitionKey, WriteStateRequest
 from shoal.protocol.errors import ErrorCode
 
 from .group_configs import GroupConfigs
@@ -26,7 +27,6 @@ from .share_partition import (
     AcquiredRange,
     AcquireMode,
     FetchedBatch,
-    PersistedBatch,
     SharePartition,
 )
 
@@ -95,8 +95,8 @@ class SharePartitionLeader:
         self.published_oldest_lock_ms: int | None = None
 
     @property
-    def wake_key(self) -> tuple[Any, ...]:
-        return ("share", self.key.group_id, self.key.topic_id, self.key.partition)
+    def wake_key(self) -> ShareFetchKey:
+        return ShareFetchKey(self.key.group_id, self.key.topic_id, self.key.partition)
 
     # ---- loading ------------------------------------------------------------------------------
 
@@ -121,8 +121,7 @@ class SharePartitionLeader:
             self.key.partition,
             start_offset=start,
             state_epoch=result.state_epoch,
-            state_batches=[PersistedBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
-                           for b in result.state_batches],
+            state_batches=result.state_batches,
             lock_duration_ms=self.group_configs.get_int(group, "share.record.lock.duration.ms"),
             delivery_count_limit=self.group_configs.get_int(group, "share.delivery.count.limit"),
             max_in_flight_records=self.group_configs.get_int(group, "share.partition.max.record.locks"),
@@ -264,8 +263,7 @@ class SharePartitionLeader:
             leader_epoch=LEADER_EPOCH,
             start_offset=snap.start_offset,
             delivery_complete_count=snap.delivery_complete_count,
-            state_batches=[PersistedStateBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
-                           for b in snap.state_batches],
+            state_batches=list(snap.state_batches),
         )
         try:
             code = await self.persister.write_state(request)

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.topic_id_partition import TopicIdPartition
 
 INITIAL_EPOCH = 0
 FINAL_EPOCH = -1
 MAX_EPOCH = 2**31 - 1
 
-TopicPartitionId = tuple[bytes, int]  # (topic id, partition)
 
 
 def next_epoch(epoch: int) -> int:
@@ -31,19 +31,19 @@ class ShareSession:
     connection: Any
     expected_epoch: int = 1
     # Insertion-ordered set of the session's partitions (dict keys keep order).
-    partitions: dict[TopicPartitionId, None] = field(default_factory=dict)
+    partitions: dict[TopicIdPartition, None] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.group_id, self.member_id)
 
-    def add(self, tp: TopicPartitionId) -> bool:
+    def add(self, tp: TopicIdPartition) -> bool:
         if tp in self.partitions:
             return False
         self.partitions[tp] = None
         return True
 
-    def forget(self, tp: TopicPartitionId) -> None:
+    def forget(self, tp: TopicIdPartition) -> None:
         self.partitions.pop(tp, None)
 
 

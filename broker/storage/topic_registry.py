@@ -27,7 +27,6 @@ REGISTRY_FILE = "shoal-topics.json"
 CONSUMER_OFFSETS = "__consumer_offsets"
 SHARE_GROUP_STATE = "__share_group_state"
 INTERNAL_TOPICS = frozenset({CONSUMER_OFFSETS, SHARE_GROUP_STATE})
-ZERO_UUID = b"\x00" * 16
 _LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_NAME_LENGTH = 249
 
