@@ -4,6 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
+# protocol/, coordinator/ and persister/ are also checked with --strict.
+STRICT_PACKAGES := -p shoal.protocol -p shoal.coordinator -p shoal.persister
+
 .PHONY: run test install install-test lint typecheck unit integration bench clean generate
 
 $(VENV)/.installed: pyproject.toml
@@ -26,6 +29,7 @@ run: install
 test: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy shoal
+	$(VENV)/bin/mypy --strict $(STRICT_PACKAGES)
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests
 
 unit: install-test
@@ -37,6 +41,7 @@ integration: install-test
 lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy shoal
+	$(VENV)/bin/mypy --strict $(STRICT_PACKAGES)
 
 # Typed message classes and ApiKey from protocol/specs (a unit test fails when they are stale).
 generate: install
