@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import ssl
 import time
@@ -125,7 +126,7 @@ class Broker:
                 self.ssl_contexts[listener.name] = server_context(self.config, listener.name)
         for listener in self.config.listeners():
             server = await loop.create_server(
-                lambda lst=listener: KafkaConnection(self, lst),  # type: ignore[misc]
+                functools.partial(KafkaConnection, self, listener),
                 host=listener.host,
                 port=listener.port,
                 reuse_address=True,

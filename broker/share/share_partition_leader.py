@@ -38,7 +38,7 @@ log = structlog.get_logger("shoal.share_partition")
 LEADER_EPOCH = 0
 
 # How persister (share coordinator) errors surface to clients (as Kafka maps them).
-_PERSISTER_ERRORS = {
+_PERSISTER_ERRORS: dict[int, ErrorCode] = {
     ErrorCode.NOT_COORDINATOR: ErrorCode.COORDINATOR_NOT_AVAILABLE,
     ErrorCode.COORDINATOR_NOT_AVAILABLE: ErrorCode.COORDINATOR_NOT_AVAILABLE,
     ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
@@ -54,7 +54,7 @@ _FENCING = {ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.GROUP_ID_NOT_FOUND, Erro
 def map_persister_error(code: int) -> int:
     if code == ErrorCode.NONE:
         return ErrorCode.NONE
-    return int(_PERSISTER_ERRORS.get(code, ErrorCode.UNKNOWN_SERVER_ERROR))  # type: ignore[call-overload]
+    return int(_PERSISTER_ERRORS.get(code, ErrorCode.UNKNOWN_SERVER_ERROR))
 
 
 def now_ms() -> int:
