@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from shoal.broker.security.authorizer import Operation, ResourceType
+from shoal.broker.server.config import valid_cleanup_policy
 from shoal.broker.share.group_configs import InvalidGroupConfig
 from shoal.broker.storage.topic_registry import TOPIC_CONFIG_KEYS
 from shoal.protocol import messages
@@ -89,6 +90,9 @@ class AlterConfigs:
         for key, value in changes:
             if key not in TOPIC_CONFIG_KEYS:
                 res.error_code, res.error_message = ErrorCode.INVALID_CONFIG, f"Unknown topic config name: {key}"
+                return
+            if key == "cleanup.policy" and value is not None and not valid_cleanup_policy(value):
+                res.error_code, res.error_message = ErrorCode.INVALID_CONFIG, f"Invalid value {value} for {key}"
                 return
             if value is not None and key not in ("cleanup.policy", "compression.type", "message.timestamp.type"):
                 try:

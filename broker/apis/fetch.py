@@ -39,9 +39,9 @@ class FetchHandler:
         while True:
             response, total, keys = self._read_all(ctx, req, version)
             remaining = deadline - time.monotonic()
-            if total >= req.min_bytes or remaining <= 0 or not keys:
+            if total >= req.min_bytes or remaining <= 0 or not keys or ctx.connection.closed:
                 return response
-            await self.broker.purgatory.wait(keys, remaining)
+            await self.broker.purgatory.wait([*keys, ctx.connection.wake_key], remaining)
 
     def _read_all(
         self, ctx: RequestContext, req: messages.FetchRequest, version: int

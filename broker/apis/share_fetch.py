@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -104,7 +104,8 @@ class ShareFetchHandlers:
                 return SfResponse(error_code=ErrorCode.INVALID_REQUEST,
                                   error_message="acknowledgements are not allowed when opening a share session")
             if self.sessions.is_full_for(group, member):
-                await self.broker.purgatory.wait([SHARE_SESSION_SLOT], max(0, req.max_wait_ms) / 1000)
+                await self.broker.purgatory.wait([SHARE_SESSION_SLOT, ctx.connection.wake_key],
+                                                 max(0, req.max_wait_ms) / 1000)
                 if self.sessions.is_full_for(group, member):
                     return SfResponse(error_code=ErrorCode.SHARE_SESSION_LIMIT_REACHED)
             session, _old = self.sessions.open(group, member, ctx.connection)
@@ -173,7 +174,7 @@ class ShareFetchHandlers:
                 shift = session.expected_epoch % len(order)
                 order = order[shift:] + order[:shift]
             for tp in order:
-                if remaining_records <= 0 or remaining_bytes <= 0:
+                if remaining_records <= 0 or remaining_bytes <= 0 or ctx.connection.closed:
                     break
                 topic_id, index = tp
                 leader, err = self._leader_for(ctx, session.group_id, topic_id, index)
@@ -199,9 +200,11 @@ class ShareFetchHandlers:
                 remaining_records -= sum(r.last_offset - r.first_offset + 1 for r in acq.acquired)
                 remaining_bytes -= len(acq.records)
             left = deadline - time.monotonic()
+            # A closed connection stops the poll. An acquisition already waiting for its partition when the
+            # connection closed is undone by the close's release, queued behind it on the partition's lock.
             if got_any or left <= 0 or not wake_keys or ctx.connection.closed:
                 return
-            await self.broker.purgatory.wait(wake_keys, left)
+            await self.broker.purgatory.wait([*wake_keys, ctx.connection.wake_key], left)
 
     def _leader_for(self, ctx: RequestContext, group_id: str, topic_id: bytes,
                     index: int) -> tuple[SharePartitionLeader | None, int]:
@@ -315,13 +318,12 @@ class ShareFetchHandlers:
     async def _close_session(self, session: ShareSession) -> None:
         if self.sessions.remove(session):
             self.broker.purgatory.notify(SHARE_SESSION_SLOT)
-        await self._release(session.group_id, session.member_id, session.partitions)
+        await self._release_member(session.group_id, session.member_id)
 
-    async def _release(self, group: str, member: str, partitions: Iterable[TopicIdPartition]) -> None:
-        for topic_id, index in list(partitions):
-            leader = self.leaders.get(SharePartitionKey(group, topic_id, index))
-            if leader is not None:
-                await leader.release_member(member)
+    def _release_member(self, group: str, member: str) -> asyncio.Future[Any]:
+        """Release by member id: the member's records on every share partition of the group, all at once.
+        Every release starts before this returns and runs to completion even if no one awaits it."""
+        return asyncio.gather(*(leader.release_member(member) for leader in self.leaders.of_group(group)))
 
     def _on_connection_closed(self, conn: KafkaConnection) -> None:
         closed = self.sessions.sessions_of(conn)
@@ -331,9 +333,8 @@ class ShareFetchHandlers:
             self.sessions.remove(session)
             log.info("share session closed with its connection", group=session.group_id, member=session.member_id)
         self.broker.purgatory.notify(SHARE_SESSION_SLOT)
-        loop = self.broker.loop
         for session in closed:
-            loop.create_task(self._release(session.group_id, session.member_id, session.partitions))
+            self._release_member(session.group_id, session.member_id)
 
 
 def register(broker: Broker) -> ShareFetchHandlers:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
+from shoal.broker.server.config import valid_cleanup_policy
 from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
 from shoal.broker.storage.producer_state import ProducerIdAllocator
 from shoal.broker.storage.topic_registry import INTERNAL_TOPICS, TOPIC_CONFIG_KEYS, validate_topic_name
@@ -326,7 +327,11 @@ def _record_at_or_after(plog: PartitionLog, timestamp_ms: int) -> tuple[int, int
 
 def _check_topic_configs(configs: dict[str, str]) -> str | None:
     for key, value in configs.items():
-        if key in ("cleanup.policy", "compression.type"):
+        if key == "cleanup.policy":
+            if not valid_cleanup_policy(value):
+                return f"Invalid value {value} for configuration {key}: String must be one of: compact, delete"
+            continue
+        if key == "compression.type":
             continue
         if key == "message.timestamp.type":
             if value not in ("CreateTime", "LogAppendTime"):

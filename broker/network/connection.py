@@ -1,4 +1,9 @@
-"""One client connection: Kafka framing, many requests in flight, responses strictly in request order."""
+"""One client connection: Kafka framing, many requests in flight, responses strictly in request order.
+
+A request whose handler has started runs to completion even if the client goes away, as in Kafka: an
+acknowledgement half way through its state write must finish (or roll back), never stop in between.
+Only the response is dropped. Handlers parked in a long poll are woken through `wake_key` instead.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from shoal.broker.security.sasl import (
 )
 from shoal.broker.security.scram import AuthenticationFailed
 from shoal.broker.security.tls import TlsSession, principal_from_certificate
+from shoal.broker.storage.purgatory import ConnectionClosedKey
 from shoal.protocol import messages
 
 from .framing import FrameSizeError, Rejected, decode_body, decode_header, next_frame
@@ -89,7 +95,6 @@ class KafkaConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         self._pending: collections.deque[_Slot] = collections.deque()
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._reading_paused = False
         self._closed = False
         self._last_activity = time.monotonic()
@@ -205,10 +210,15 @@ class KafkaConnection(asyncio.Protocol):
         self._closed = True
         if self._idle_handle is not None:
             self._idle_handle.cancel()
-        for task in list(self._tasks):
-            task.cancel()
+        # Handlers still running are not cancelled: they finish and their responses are dropped.
         self._pending.clear()
+        self.broker.purgatory.notify(self.wake_key)
         self.broker.on_connection_closed(self)
+
+    @property
+    def wake_key(self) -> ConnectionClosedKey:
+        """Purgatory key notified when this connection closes, so its long polls end early."""
+        return ConnectionClosedKey(self)
 
     def pause_writing(self) -> None:
         # The client reads slower than we answer: stop reading its requests until the buffer drains.
@@ -247,9 +257,7 @@ class KafkaConnection(asyncio.Protocol):
             self.transport.pause_reading()
             self._reading_paused = True
         if api.is_async:
-            task = asyncio.get_running_loop().create_task(self._run_async(api, ctx, body, slot))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self.broker.track_request(asyncio.get_running_loop().create_task(self._run_async(api, ctx, body, slot)))
         else:
             try:
                 response = api.handler(ctx, body)

@@ -18,6 +18,19 @@ class ConfigError(ValueError):
     """A configuration key or value that the broker cannot start with."""
 
 
+CLEANUP_POLICIES = frozenset({"delete", "compact"})
+
+
+def cleanup_policies(text: str) -> frozenset[str]:
+    """The parts of a cleanup.policy value ("delete", "compact", "compact,delete")."""
+    return frozenset(part.strip() for part in text.split(",") if part.strip())
+
+
+def valid_cleanup_policy(text: str) -> bool:
+    parts = cleanup_policies(text)
+    return bool(parts) and parts <= CLEANUP_POLICIES
+
+
 def _bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("true", "1", "yes"):
@@ -66,6 +79,8 @@ _KEYS: list[ConfigKey] = [
     ConfigKey("log.retention.hours", int, 168, "Retention by time in hours."),
     ConfigKey("log.retention.bytes", int, -1, "Retention by size per partition; -1 unlimited."),
     ConfigKey("log.retention.check.interval.ms", int, 300000, "How often retention runs.", 1),
+    ConfigKey("log.cleanup.policy", str, "delete",
+              "Default cleanup.policy of topics: delete, compact or compact,delete; compact alone never deletes by age or size."),
     ConfigKey("log.flush.interval.messages", int, 2**63 - 1, "Fsync after this many messages.", 1),
     ConfigKey("log.flush.interval.ms", int, -1, "Fsync at least this often; -1 never by time."),
     ConfigKey("log.index.interval.bytes", int, 4096, "Bytes between sparse offset index entries.", 1),
@@ -74,9 +89,11 @@ _KEYS: list[ConfigKey] = [
     ConfigKey("fetch.max.bytes", int, 57671680, "Most bytes one Fetch answers with.", 1024),
     ConfigKey("offsets.topic.num.partitions", int, 50, "Partitions of __consumer_offsets.", 1),
     ConfigKey("offsets.topic.replication.factor", int, 1, "Accepted for compatibility."),
+    ConfigKey("offsets.topic.segment.bytes", int, 104857600, "Segment size of __consumer_offsets.", 1),
     ConfigKey("share.coordinator.state.topic.num.partitions", int, 50, "Partitions of __share_group_state.", 1),
     ConfigKey("share.coordinator.state.topic.replication.factor", int, 1, "Accepted for compatibility."),
     ConfigKey("share.coordinator.state.topic.min.isr", int, 1, "Accepted for compatibility."),
+    ConfigKey("share.coordinator.state.topic.segment.bytes", int, 104857600, "Segment size of __share_group_state.", 1),
     ConfigKey("transaction.state.log.replication.factor", int, 1, "Accepted for compatibility."),
     ConfigKey("transaction.state.log.min.isr", int, 1, "Accepted for compatibility."),
     # Share groups (used by the share-group layers)
@@ -179,6 +196,8 @@ class BrokerConfig:
             values["node.id"] = values["broker.id"]
         if values["log.message.timestamp.type"] not in ("CreateTime", "LogAppendTime"):
             raise ConfigError("log.message.timestamp.type must be CreateTime or LogAppendTime")
+        if not valid_cleanup_policy(values["log.cleanup.policy"]):
+            raise ConfigError("log.cleanup.policy must be delete, compact or compact,delete")
         if values["log.format"] not in ("console", "json"):
             raise ConfigError("log.format must be console or json")
         config = cls(values, set(raw), per_listener)

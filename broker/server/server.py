@@ -29,6 +29,8 @@ from .metrics import BrokerMetrics
 
 log = structlog.get_logger("shoal.broker")
 
+_REQUEST_DRAIN_S = 10.0  # how long stop() waits for running requests
+
 
 class Broker:
     def __init__(self, config: BrokerConfig):
@@ -51,6 +53,8 @@ class Broker:
         self.metrics_port: int | None = None
         self._servers: list[asyncio.AbstractServer] = []
         self._background: list[asyncio.Task[Any]] = []
+        # Request handlers running on any connection, including closed ones: stop() lets them finish.
+        self._requests: set[asyncio.Task[Any]] = set()
         self.started_at = time.time()
         self.group_configs = GroupConfigs(Path(config["log.dirs"]), config)
         # Share-group parts, wired in start() once the internal topics exist.
@@ -92,6 +96,10 @@ class Broker:
         self.connections.add(conn)
         self.metrics.connections.set(len(self.connections))
 
+    def track_request(self, task: asyncio.Task[Any]) -> None:
+        self._requests.add(task)
+        task.add_done_callback(self._requests.discard)
+
     def on_connection_closed(self, conn: KafkaConnection) -> None:
         self.connections.discard(conn)
         self.metrics.connections.set(len(self.connections))
@@ -103,13 +111,31 @@ class Broker:
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
+    def internal_topic_configs(self, name: str) -> dict[str, str]:
+        """The topic configs Kafka gives its internal topics. Group state is never aged out:
+        `__consumer_offsets` is compacted, and `__share_group_state` keeps everything until the share
+        coordinator prunes it past every key's latest snapshot."""
+        if name == CONSUMER_OFFSETS:
+            return {"cleanup.policy": "compact", "compression.type": "producer",
+                    "segment.bytes": str(self.config["offsets.topic.segment.bytes"])}
+        return {"cleanup.policy": "delete", "compression.type": "producer", "retention.ms": "-1",
+                "retention.bytes": "-1",
+                "segment.bytes": str(self.config["share.coordinator.state.topic.segment.bytes"])}
+
     def ensure_internal_topics(self) -> None:
         for name, key in (
             (CONSUMER_OFFSETS, "offsets.topic.num.partitions"),
             (SHARE_GROUP_STATE, "share.coordinator.state.topic.num.partitions"),
         ):
-            if self.topics.get(name) is None:
-                self.topics.create(name, int(self.config[key]), {"cleanup.policy": "compact" if name == CONSUMER_OFFSETS else "delete"})
+            wanted = self.internal_topic_configs(name)
+            topic = self.topics.get(name)
+            if topic is None:
+                self.topics.create(name, int(self.config[key]), wanted)
+                continue
+            # A data directory from an older version may lack these: add what is missing, keep what is set.
+            missing: list[tuple[str, str | None]] = [(k, v) for k, v in wanted.items() if k not in topic.configs]
+            if missing:
+                self.topics.alter_configs(topic, missing)
 
     async def start(self) -> None:
         from shoal.broker.apis.handlers import register_all
@@ -162,6 +188,18 @@ class Broker:
             conn.close()
         for task in self._background:
             task.cancel()
+        await asyncio.sleep(0)  # let the closed connections' callbacks run (they wake long polls, release)
+        running = set(self._requests)
+        if self.share_partitions is not None:
+            running |= self.share_partitions.changes_in_progress()
+        if running:
+            # Work that started (a state write, an fsync) finishes before the logs close. Closing the
+            # connections woke their long polls; a handler stuck longer than this is cut off.
+            _done, stuck = await asyncio.wait(running, timeout=_REQUEST_DRAIN_S)
+            for task in stuck:
+                task.cancel()
+            if stuck:
+                log.warning("requests still running at shutdown were cancelled", count=len(stuck))
         if self.group_coordinator is not None:
             await self.group_coordinator.stop()
         if self.share_coordinator is not None:

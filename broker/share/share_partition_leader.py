@@ -3,15 +3,19 @@
 A leader loads its state through the persister on first use, reads the log for acquisitions, arms
 the acquisition-lock timer, and persists every state change before it is reported: an
 acknowledgement is answered only after WriteShareGroupState succeeded, and rolled back if it failed.
+
+A change that started persisting finishes whatever happens to its caller: acknowledgements and
+releases run in a task of their own (`finish`), so a caller cancelled mid-write (a shutdown) cannot
+leave memory ahead of the persisted state; if that task itself is cancelled, memory is rolled back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
@@ -59,6 +63,24 @@ def map_persister_error(code: int) -> int:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+_T = TypeVar("_T")
+_finishing: set[asyncio.Task[Any]] = set()  # strong references: the loop keeps only weak ones
+
+
+def finish(work: Coroutine[Any, Any, _T]) -> asyncio.Future[_T]:
+    """Start `work` now in a task of its own; cancelling whoever awaits the result does not cancel it."""
+    task = asyncio.get_running_loop().create_task(work)
+    _finishing.add(task)
+    task.add_done_callback(_finished)
+    return asyncio.shield(task)
+
+
+def _finished(task: asyncio.Task[Any]) -> None:
+    _finishing.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.error("share partition change failed", error=repr(task.exception()))
 
 
 @dataclass(slots=True)
@@ -130,9 +152,13 @@ class SharePartitionLeader:
         if result.start_offset < 0:
             # Record the offset share.auto.offset.reset chose, so a restart resumes from it instead of
             # resolving "latest" again and skipping what was produced in between.
-            write_err = await self._persist()
+            write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
+            try:
+                write_err = await self._persist()
+            finally:
+                if write_err != ErrorCode.NONE:
+                    self.state = None  # not recorded (or cancelled): load afresh next time
             if write_err != ErrorCode.NONE:
-                self.state = None
                 return write_err
         self.load_time_ms = (time.monotonic() - started) * 1000
         if self.on_load is not None:
@@ -205,7 +231,10 @@ class SharePartitionLeader:
 
     # ---- acknowledgement and release ------------------------------------------------------------
 
-    async def acknowledge(self, member_id: str, batches: list[AckBatch]) -> int:
+    def acknowledge(self, member_id: str, batches: list[AckBatch]) -> asyncio.Future[int]:
+        return finish(self._acknowledge(member_id, batches))
+
+    async def _acknowledge(self, member_id: str, batches: list[AckBatch]) -> int:
         async with self.lock:
             err = await self.ensure_loaded()
             sp = self.state
@@ -215,28 +244,40 @@ class SharePartitionLeader:
             if outcome.error_code != ErrorCode.NONE:
                 return outcome.error_code
             if outcome.persist_required:
-                write_err = await self._persist()
+                write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
+                try:
+                    write_err = await self._persist()
+                finally:
+                    if write_err != ErrorCode.NONE:
+                        # Not made durable (failed, or cancelled mid-write): undo it so memory matches disk.
+                        sp.rollback(outcome, now_ms=now_ms())
+                        self._after_failed_write(write_err)
+                        self._cancel_timer()
+                        self._arm_timer()
                 if write_err != ErrorCode.NONE:
-                    # The acknowledgement was not made durable: undo it so memory matches disk.
-                    sp.rollback(outcome, now_ms=now_ms())
-                    self._after_failed_write(write_err)
-                    self._cancel_timer()
-                    self._arm_timer()
                     return write_err
             self._arm_timer()
         self._changed()
         return ErrorCode.NONE
 
-    async def release_member(self, member_id: str) -> None:
+    def release_member(self, member_id: str) -> asyncio.Future[None]:
+        """Release the member's acquired records; started at once, so it runs even if never awaited."""
+        return finish(self._release_member(member_id))
+
+    async def _release_member(self, member_id: str) -> None:
         async with self.lock:
             sp = self.state
             if sp is None:
                 return
             if sp.release_member(member_id, now_ms=now_ms()):
-                write_err = await self._persist()
-                if write_err != ErrorCode.NONE:
-                    sp.mark_write_failed()
-                    self._after_failed_write(write_err)
+                # The release stands even if its write fails (as a lock expiry does): the next write carries it.
+                write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
+                try:
+                    write_err = await self._persist()
+                finally:
+                    if write_err != ErrorCode.NONE:
+                        sp.mark_write_failed()
+                        self._after_failed_write(write_err)
         self._changed()
 
     async def _expire_locks(self) -> None:
@@ -246,9 +287,12 @@ class SharePartitionLeader:
                 return
             if sp.expire_locks(now_ms()):
                 # The transition stands even if the write fails (as in Kafka); the next write carries it.
-                write_err = await self._persist()
-                if write_err != ErrorCode.NONE:
-                    sp.mark_write_failed()
+                write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
+                try:
+                    write_err = await self._persist()
+                finally:
+                    if write_err != ErrorCode.NONE:
+                        sp.mark_write_failed()
             self._timer_at = None
             self._arm_timer()
         self._changed()
@@ -342,6 +386,14 @@ class SharePartitionLeaders:
 
     def all(self) -> list[SharePartitionLeader]:
         return list(self._leaders.values())
+
+    @staticmethod
+    def changes_in_progress() -> set[asyncio.Task[Any]]:
+        """Acknowledgements and releases still running (the broker lets them finish before it stops)."""
+        return set(_finishing)
+
+    def of_group(self, group_id: str) -> list[SharePartitionLeader]:
+        return [leader for key, leader in self._leaders.items() if key.group_id == group_id]
 
     def drop_group(self, group_id: str) -> None:
         for key in [k for k in self._leaders if k.group_id == group_id]:

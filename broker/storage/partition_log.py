@@ -45,6 +45,9 @@ class LogConfig:
     segment_bytes: int = 1 << 30
     retention_ms: int = 7 * 24 * 3600 * 1000  # -1 = unlimited
     retention_bytes: int = -1  # -1 = unlimited
+    # cleanup.policy contains "delete": only then do retention.ms and retention.bytes remove segments.
+    # A "compact"-only log is never shortened by age or size (Kafka's LogConfig.delete).
+    cleanup_delete: bool = True
     flush_interval_messages: int = 2**63 - 1  # Kafka's log.flush.interval.messages
     flush_interval_ms: int | None = None  # Kafka's log.flush.interval.ms (None = never by time)
     index_interval_bytes: int = 4096
@@ -465,9 +468,12 @@ class PartitionLog:
         return self.log_start_offset
 
     def enforce_retention(self, now_ms: int) -> int:
-        """Delete sealed segments past retention.ms or retention.bytes, oldest first. Returns the count."""
+        """Delete sealed segments below the log start offset and, when cleanup.policy includes delete, past
+        retention.ms or retention.bytes, oldest first. Returns the count."""
         self._check_open()
         deleted = self._delete_leading(lambda seg, nxt: nxt <= self.log_start_offset)
+        if not self.config.cleanup_delete:
+            return deleted
         retention_ms = self.config.retention_ms
         if retention_ms >= 0:
 

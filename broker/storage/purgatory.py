@@ -35,7 +35,15 @@ class ShareSessionSlotKey:
 
 SHARE_SESSION_SLOT = ShareSessionSlotKey()
 
-WakeKey = LogKey | ShareFetchKey | ShareSessionSlotKey
+
+@dataclass(frozen=True, slots=True)
+class ConnectionClosedKey:
+    """A client connection closed: the long polls it started end early."""
+
+    connection: object
+
+
+WakeKey = LogKey | ShareFetchKey | ShareSessionSlotKey | ConnectionClosedKey
 
 
 class Purgatory:

@@ -17,6 +17,7 @@ from typing import Any
 
 import structlog
 
+from shoal.broker.server.config import cleanup_policies
 from shoal.protocol.uuids import uuid_to_str as topic_id_to_str
 
 from .partition_log import LogConfig, PartitionLog
@@ -39,12 +40,12 @@ TOPIC_CONFIG_KEYS: dict[str, str | None] = {
     "flush.ms": "log.flush.interval.ms",
     "max.message.bytes": "message.max.bytes",
     "message.timestamp.type": "log.message.timestamp.type",
-    "cleanup.policy": None,
+    "cleanup.policy": "log.cleanup.policy",
     "compression.type": None,
     "min.insync.replicas": None,
     "index.interval.bytes": "log.index.interval.bytes",
 }
-TOPIC_CONFIG_DEFAULTS: dict[str, str] = {"cleanup.policy": "delete", "compression.type": "producer", "min.insync.replicas": "1"}
+TOPIC_CONFIG_DEFAULTS: dict[str, str] = {"compression.type": "producer", "min.insync.replicas": "1"}
 
 
 def validate_topic_name(name: str) -> str | None:
@@ -144,7 +145,9 @@ class TopicRegistry:
             return int(overrides[topic_key]) if topic_key in overrides else broker_value
 
         flush_ms = pick("flush.ms", int(bc["log.flush.interval.ms"]))
+        policy = overrides.get("cleanup.policy", str(bc["log.cleanup.policy"]))
         return LogConfig(
+            cleanup_delete="delete" in cleanup_policies(policy),
             segment_bytes=pick("segment.bytes", int(bc["log.segment.bytes"])),
             retention_ms=pick("retention.ms", bc.retention_ms()),
             retention_bytes=pick("retention.bytes", int(bc["log.retention.bytes"])),

@@ -629,3 +629,24 @@ test_log_machine = LogMachine.TestCase
 
 def test_segment_file_names() -> None:
     assert log_segment.segment_file_name(42, ".log") == "00000000000000000042.log"
+
+
+@pytest.mark.parametrize("policy_deletes", [False, True])
+def test_retention_honours_cleanup_policy(tmp_path: Path, policy_deletes: bool) -> None:
+    # cleanup.policy=compact never loses a segment to age or size; compact,delete does (Kafka's LogConfig.delete).
+    plog = PartitionLog.open(
+        tmp_path / "t-0", cfg(segment_bytes=200, retention_ms=1000, retention_bytes=0, cleanup_delete=policy_deletes)
+    )
+    for i in range(12):
+        append(plog, make_batch([b"c" * 40], base_ts=10_000 * (i + 1)))
+    segments = len(plog.segments)
+    assert segments > 3
+    deleted = plog.enforce_retention(now_ms=10**12)
+    if policy_deletes:
+        assert deleted == segments - 1 and plog.log_start_offset > 0
+    else:
+        assert deleted == 0 and plog.log_start_offset == 0 and len(plog.segments) == segments
+        # DeleteRecords still moves the start of a compacted log and drops the segments below it.
+        plog.delete_records_before(plog.segments[2].base_offset)
+        assert plog.segments[0].base_offset == plog.log_start_offset
+    plog.close()
