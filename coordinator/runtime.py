@@ -167,6 +167,10 @@ class CoordinatorRuntime(Generic[S]):
         if cancelled:
             raise asyncio.CancelledError
 
+    def hold(self, partition: int, key: Hashable) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold `key` as a write does, without writing: writes of that key wait until it is released."""
+        return self._gates[partition].key(key)
+
     def delete_before(self, partition: int, offset: int) -> None:
         """Drop records no shard needs any more (call from a `write_exclusive` operation)."""
         self.record_log.delete_before(partition, offset)

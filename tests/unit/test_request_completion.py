@@ -128,7 +128,7 @@ async def member_holding(broker: Broker, name: str, partitions: int, records: in
 async def write_held(broker: Broker, key: SharePartitionKey) -> AsyncIterator[None]:
     """Hold `key` in the share coordinator: a state write for it waits until the block ends."""
     coordinator = broker.share_coordinator
-    async with coordinator._gates[coordinator.partition_for(key)].key(key):
+    async with coordinator.runtime.hold(coordinator.partition_for(key), key):
         yield
 
 
