@@ -14,6 +14,7 @@ from typing import Any
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.uuids import ZERO_UUID
 
 from .connection import BrokerConnection
 from .errors import (
@@ -27,7 +28,6 @@ from .security import ClientConfig
 METADATA_VERSIONS = (1, 12)
 BOOTSTRAP_NODE = -1
 COORDINATOR_GROUP = 0
-NULL_UUID = bytes(16)
 
 
 def parse_bootstrap(servers: str | Iterable[str]) -> list[tuple[str, int]]:
@@ -188,13 +188,13 @@ class Cluster:
                 if old is not None:
                     self.topic_names.pop(old.topic_id, None)
                 continue
-            tid = t.topic_id or NULL_UUID
+            tid = t.topic_id or ZERO_UUID
             info = TopicInfo(t.name, tid, is_internal=bool(t.is_internal))
             for p in t.partitions:
                 epoch = p.leader_epoch if p.leader_epoch is not None else -1
                 info.partitions[p.partition_index] = PartitionInfo(p.partition_index, p.leader_id, epoch, p.error_code)
             self.topics[t.name] = info
-            if tid != NULL_UUID:
+            if tid != ZERO_UUID:
                 self.topic_names[tid] = t.name
         self._metadata_at = time.monotonic()
 

@@ -18,6 +18,7 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.record_batch import InvalidRecordBatch
 from shoal.protocol.records import decode_batch
+from shoal.protocol.uuids import ZERO_UUID
 
 if TYPE_CHECKING:
     from shoal.broker.apis.broker import Broker
@@ -135,7 +136,7 @@ class TopicAdmin:
     def delete_topics(self, ctx: RequestContext, req: messages.DeleteTopicsRequest) -> messages.DeleteTopicsResponse:
         version = ctx.api_version
         wanted: list[tuple[str | None, bytes]] = (
-            [(t.name, t.topic_id) for t in req.topics] if version >= 6 else [(n, b"\x00" * 16) for n in req.topic_names]
+            [(t.name, t.topic_id) for t in req.topics] if version >= 6 else [(n, ZERO_UUID) for n in req.topic_names]
         )
         results = []
         for name, topic_id in wanted:

@@ -20,6 +20,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shoal.protocol.acknowledge_type import AcknowledgeType
+
 if TYPE_CHECKING:
     from shoal.broker.storage.topic_registry import TopicRegistry
 
@@ -33,8 +35,7 @@ class Broker(Protocol):
     share_partitions: Any
 
 PROTOCOL = "share"
-# AcknowledgeType values on the wire (KIP-932; 4 = RENEW from KIP-1222).
-ACK_TYPE_NAMES = {0: "gap", 1: "accept", 2: "release", 3: "reject", 4: "renew"}
+ACK_TYPE_NAMES = {t.value: t.name.lower() for t in AcknowledgeType}  # metric label per wire value
 GROUP_STATES = ("Empty", "Stable", "Dead")
 MS_BUCKETS = (0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 
