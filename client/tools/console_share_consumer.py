@@ -205,7 +205,7 @@ async def consume(bootstrap: str, plan: Plan, out: BinaryIO, progress: Progress)
         client_id=plan.client_id,
         request_timeout_ms=plan.request_timeout_ms,
         config=plan.connection,
-        **plan.consumer_kwargs,  # type: ignore[arg-type]
+        **plan.consumer_kwargs,  # type: ignore[arg-type]  # split_settings gave each value its parameter's type (CONSUMER_KEYS)
     )
     try:
         await consumer.subscribe([plan.topic])
