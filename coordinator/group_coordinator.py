@@ -17,8 +17,9 @@ from typing import Any, Protocol, TypeVar
 
 import structlog
 
+from shoal.backoff import Backoff
 from shoal.persister.persister import Persister, SharePartitionKey
-from shoal.protocol.coordinator_records import CoordinatorRecord
+from shoal.protocol.coordinator_records import CoordinatorRecord, fits_key_string
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.messages import (
     ShareGroupDescribeResponse as DescribeResponse,
@@ -125,6 +126,8 @@ class GroupCoordinator:
         self._init_inflight: set[tuple[str, bytes, int]] = set()
         # Partitions of deleted topics whose persisted state still has to be deleted, per group.
         self._pending_state_deletes: dict[str, dict[bytes, set[int]]] = {}
+        # Background retries (state deletions, the maintenance loop itself) back off and log sparingly.
+        self._retries = Backoff()
 
     # ---- placement, operations, writing -----------------------------------------------------------
 
@@ -203,10 +206,13 @@ class GroupCoordinator:
             try:
                 await self.expire_members()
                 await self.retry_pending()
+                self._retries.succeeded("maintenance")
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("share group maintenance failed")
+                suppressed = self._retries.failed("maintenance", self.clock())
+                if suppressed is not None:
+                    log.exception("share group maintenance failed", failures_not_logged=suppressed)
 
     # ---- heartbeat ---------------------------------------------------------------------------------
 
@@ -239,6 +245,8 @@ class GroupCoordinator:
             return f"MemberId can't be longer than {MAX_MEMBER_ID_LENGTH} characters."
         if not req.group_id:
             return "GroupId can't be empty."
+        if not fits_key_string(req.group_id):
+            return "GroupId can't be longer than 32767 bytes."
         if req.rack_id is not None and req.rack_id == "":
             return "RackId can't be empty."
         if req.member_epoch == JOIN_GROUP_MEMBER_EPOCH and not req.subscribed_topic_names:
@@ -338,13 +346,21 @@ class GroupCoordinator:
             )
             done: dict[bytes, set[int]] = {}
             failed = 0
+            first_error: object = None
             for (tid, p), result in zip(keys, results, strict=True):
                 if isinstance(result, BaseException) or result != ErrorCode.NONE:
                     failed += 1
-                    log.warning("share partition state initialisation failed", group_id=req.group_id,
-                                partition=p, error=repr(result))
+                    first_error = result if first_error is None else first_error
                 else:
                     done.setdefault(tid, set()).add(p)
+            if failed:
+                # One line per group, and repeated failures back off and are logged sparingly.
+                suppressed = self._retries.failed(("initialize", req.group_id), self.clock())
+                if suppressed is not None:
+                    log.warning("share partition state initialisation failed", group_id=req.group_id,
+                                partitions=failed, error=repr(first_error), failures_not_logged=suppressed)
+            else:
+                self._retries.succeeded(("initialize", req.group_id))
 
             async def record_outcome() -> None:
                 group = self.groups.get(req.group_id)
@@ -377,7 +393,7 @@ class GroupCoordinator:
         interval = self.config.initialize_retry_interval_ms / 1000
         for group_id in list(self.groups):
             group = self.groups.get(group_id)
-            if group is None or group.deleting_group:
+            if group is None or group.deleting_group or not self._retries.ready(("initialize", group_id), now):
                 continue
             topics: dict[bytes, set[int]] = {}
             for tid, info in group.initializing.items():
@@ -391,7 +407,8 @@ class GroupCoordinator:
                 self._mark_initializing(group, req, now)
                 self._spawn(self._initialize(req))
         for group_id in list(self._pending_state_deletes):
-            await self._delete_topic_state(group_id)
+            if self._retries.ready(("delete-state", group_id), now):
+                await self._delete_topic_state(group_id)
 
     # ---- topic changes -------------------------------------------------------------------------------
 
@@ -437,31 +454,36 @@ class GroupCoordinator:
                 await self._delete_topic_state(group_id)
 
     async def _move_deleted_topics(self, group: ShareGroup) -> None:
-        """Phase one of deleting a topic's share state: record it as "deleting" (caller holds the lock)."""
-        gone: dict[bytes, set[int]] = {}
-        names: dict[bytes, str] = {}
-        for phase in (group.initializing, group.initialized):
-            for tid, info in phase.items():
-                if self.topics.topic_by_id(tid) is None:
-                    gone.setdefault(tid, set()).update(info.partitions)
-                    names[tid] = info.name
-        if not gone:
+        """Forget deleted topics (caller holds the lock), as Kafka does: they leave every state map of the
+        group, and their persisted state is tombstoned by the share coordinator when the topic goes, so
+        there is nothing left to delete and nothing to retry."""
+        def alive(tid: bytes) -> bool:
+            return self.topics.topic_by_id(tid) is not None
+
+        phases = (group.initializing, group.initialized, group.deleting)
+        if all(alive(tid) for phase in phases for tid in phase):
             return
-        initializing = {tid: ti for tid, ti in group.initializing.items() if tid not in gone}
-        initialized = {tid: ti for tid, ti in group.initialized.items() if tid not in gone}
-        deleting = dict(group.deleting) | names
+        initializing = {tid: ti for tid, ti in group.initializing.items() if alive(tid)}
+        initialized = {tid: ti for tid, ti in group.initialized.items() if alive(tid)}
+        deleting = {tid: name for tid, name in group.deleting.items() if alive(tid)}
         await self._write(group.group_id, [state_partition_metadata_record(group.group_id, initializing, initialized, deleting)])
-        pending = self._pending_state_deletes.setdefault(group.group_id, {})
-        for tid, parts in gone.items():
-            pending.setdefault(tid, set()).update(parts)
+        pending = self._pending_state_deletes.get(group.group_id)
+        if pending is not None:
+            for tid in [tid for tid in pending if not alive(tid)]:
+                del pending[tid]
+            if not pending:
+                self._pending_state_deletes.pop(group.group_id, None)
+                self._retries.forget(("delete-state", group.group_id))
 
     async def _delete_topic_state(self, group_id: str) -> None:
         """Phase two: delete the persisted state, then drop the topics from "deleting"."""
         pending = self._pending_state_deletes.get(group_id, {})
         finished: set[bytes] = set()
         for tid, parts in list(pending.items()):
-            if await self._delete_state(group_id, {tid: parts}) == ErrorCode.NONE:
+            if await self._delete_state(group_id, {tid: parts}, retrying=True) == ErrorCode.NONE:
                 finished.add(tid)
+        if finished == set(pending):
+            self._retries.succeeded(("delete-state", group_id))
         if not finished:
             return
         for tid in finished:
@@ -478,14 +500,21 @@ class GroupCoordinator:
 
         await self._run(group_id, forget_deleted)
 
-    async def _delete_state(self, group_id: str, topics: dict[bytes, set[int]]) -> int:
+    async def _delete_state(self, group_id: str, topics: dict[bytes, set[int]], *, retrying: bool = False) -> int:
+        """Delete the persisted state of the partitions; a topic deleted meanwhile counts as done (its state
+        was tombstoned with it). Failures of background retries back off and are logged sparingly."""
         keys = [SharePartitionKey(group_id, tid, p) for tid, parts in sorted(topics.items()) for p in sorted(parts)]
         results = await asyncio.gather(*(self.persister.delete_state(k) for k in keys), return_exceptions=True)
         for key, result in zip(keys, results, strict=True):
             if isinstance(result, BaseException) or result != ErrorCode.NONE:
-                log.warning("share partition state deletion failed", group_id=group_id,
-                            partition=key.partition, error=repr(result))
-                return result if isinstance(result, int) and not isinstance(result, bool) else ErrorCode.UNKNOWN_SERVER_ERROR
+                if result == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and self.topics.topic_by_id(key.topic_id) is None:
+                    continue
+                code = result if isinstance(result, int) and not isinstance(result, bool) else ErrorCode.UNKNOWN_SERVER_ERROR
+                suppressed = self._retries.failed(("delete-state", group_id), self.clock()) if retrying else 0
+                if suppressed is not None:
+                    log.warning("share partition state deletion failed", group_id=group_id, partition=key.partition,
+                                error=repr(result), failures_not_logged=suppressed)
+                return code
         return ErrorCode.NONE
 
     # ---- admin ---------------------------------------------------------------------------------------

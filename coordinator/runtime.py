@@ -114,7 +114,10 @@ class CoordinatorRuntime(Generic[S]):
         shard = self._new_shard(partition)
         n = 0
         for offset, record in self.record_log.replay(partition):
-            shard.replay(offset, record)
+            try:
+                shard.replay(offset, record)
+            except Exception:  # one unusable record must not keep the broker from starting
+                log.exception("skipping coordinator record that cannot be replayed", partition=partition, offset=offset)
             n += 1
             if n % _REPLAY_YIELD_EVERY == 0:
                 await asyncio.sleep(0)

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import structlog
 
 from shoal.persister.persister import PersistedStateBatch, SharePartitionKey
-from shoal.protocol.coordinator_records import SHARE_SNAPSHOT, CoordinatorRecord
+from shoal.protocol.coordinator_records import SHARE_SNAPSHOT, CoordinatorRecord, fits_key_string
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.share_state_rpcs import (
     DeleteRequest,
@@ -47,6 +47,7 @@ from .share_state import (
     ShareStateMap,
     cold_snapshot_record,
     initialize_record,
+    state_batches_problem,
     state_partition_for,
     tombstone_record,
     write_record,
@@ -174,6 +175,8 @@ class ShareCoordinator:
         action: Callable[[SharePartitionKey, int], Awaitable[_Outcome]],
     ) -> _Outcome | asyncio.Task[_Outcome]:
         """Common checks, then `action(key, state_partition)` started as a runtime write holding that key."""
+        if not group_id or not fits_key_string(group_id):
+            return _Outcome(ErrorCode.INVALID_REQUEST, "The group id must be non-empty and fit a record key.")
         if topic_id == ZERO_UUID:
             return _Outcome(ErrorCode.INVALID_REQUEST, "The topic id is null.")
         if partition < 0:
@@ -287,6 +290,9 @@ class ShareCoordinator:
                 PersistedStateBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
                 for b in p.state_batches
             ]
+            problem = state_batches_problem(batches)
+            if problem is not None:
+                raise _Refused(ErrorCode.INVALID_REQUEST, problem)
             # As in Kafka, only reads move the recorded leader epoch; writes keep the stored one.
             await self._commit(sp, [write_record(
                 key, current, leader_epoch=current.leader_epoch, start_offset=p.start_offset,
@@ -396,6 +402,17 @@ class ShareCoordinator:
         deleted = 0
         for sp in sorted(self.loaded):
             deleted += await self.runtime.write_exclusive(sp, functools.partial(tombstone, sp))
+        return deleted
+
+    async def delete_orphaned_state(self) -> int:
+        """Tombstone the state of topics that no longer exist (deleted while the broker was going down)."""
+        if self.partition_count is None:
+            return 0
+        gone = {key.topic_id for sp in self.loaded for key, _ in self.maps[sp] if self.partition_count(key.topic_id) is None}
+        if not gone:
+            return 0
+        deleted = await self.delete_topics(gone)
+        log.info("share state of deleted topics removed", topics=len(gone), keys=deleted)
         return deleted
 
     async def prune(self) -> dict[int, int]:

@@ -38,6 +38,25 @@ def state_partition_for(key: SharePartitionKey, num_partitions: int) -> int:
 
 # ---- the batch combiner --------------------------------------------------------------------------
 
+# Delivery states a persisted batch may carry (Kafka's RecordState: AVAILABLE, ACQUIRED, ACKNOWLEDGED, ARCHIVED).
+_DELIVERY_STATES = frozenset({0, 1, 2, 4})
+
+
+def state_batches_problem(batches: Iterable[PersistedStateBatch]) -> str | None:
+    """Why a write's state batches cannot be combined (the reason for INVALID_REQUEST), or None if they can.
+
+    Overlapping batches are fine (the combiner resolves them); inverted or negative ranges are not.
+    """
+    for b in batches:
+        if b.first_offset < 0 or b.last_offset < b.first_offset:
+            return f"State batch [{b.first_offset}, {b.last_offset}] is not a valid offset range."
+        if b.delivery_state not in _DELIVERY_STATES:
+            return f"State batch [{b.first_offset}, {b.last_offset}] has unknown delivery state {b.delivery_state}."
+        if b.delivery_count < 0:
+            return f"State batch [{b.first_offset}, {b.last_offset}] has negative delivery count {b.delivery_count}."
+    return None
+
+
 
 def combine_state_batches(
     so_far: Iterable[PersistedStateBatch], new: Iterable[PersistedStateBatch], start_offset: int

@@ -34,6 +34,15 @@ SHARE_GROUP_CURRENT_MEMBER_ASSIGNMENT = 14
 SHARE_GROUP_STATE_PARTITION_METADATA = 15
 
 
+# Record keys use the classic encoding: their strings (group ids, member ids) carry an int16 length.
+MAX_KEY_STRING_BYTES = 0x7FFF
+
+
+def fits_key_string(text: str) -> bool:
+    """Whether `text` can be written in a coordinator record key."""
+    return len(text) <= MAX_KEY_STRING_BYTES // 3 or len(text.encode("utf-8")) <= MAX_KEY_STRING_BYTES
+
+
 @dataclass(slots=True)
 class CoordinatorRecord:
     record_type: int

@@ -75,3 +75,13 @@ class ErrorCode(IntEnum):
     INVALID_SHARE_SESSION_EPOCH = 123
     FENCED_STATE_EPOCH = 124
     SHARE_SESSION_LIMIT_REACHED = 133
+
+
+# Longest client-supplied name or value echoed back in an error message: older versions carry
+# int16-length strings, so a hostile 32,767-byte name quoted in full would not fit.
+ECHO_LIMIT = 200
+
+
+def shorten(text: str, limit: int = ECHO_LIMIT) -> str:
+    """`text` cut to `limit` characters for an error message or a log line."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

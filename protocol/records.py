@@ -57,12 +57,20 @@ _NULL_LENGTH = b"\x01"  # zigzag(-1)
 _ZERO = b"\x00"
 
 
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+
+
 class InvalidRecord(CorruptRecordBatch):
     """A CRC-valid batch that Kafka's log validator refuses with INVALID_RECORD (87).
 
     It subclasses CorruptRecordBatch so callers that only know CORRUPT_MESSAGE still reject it, but
     INVALID_RECORD is the better answer: producers treat CORRUPT_MESSAGE as retriable.
     """
+
+
+class InvalidTimestamp(InvalidRecord):
+    """A CreateTime record outside the broker's accepted timestamp window (INVALID_TIMESTAMP, 32)."""
 
 
 @dataclass(slots=True)
@@ -547,12 +555,21 @@ def decode_batches(
 
 
 def validate_batch_for_append(
-    buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, *, check_records: bool = False
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    header: BatchHeader,
+    *,
+    check_records: bool = True,
+    timestamp_bounds: TimestampBounds | None = None,
 ) -> None:
-    """The per-batch checks Kafka makes on a client's produce before appending it to the log.
+    """The per-batch checks Kafka's log validator makes on a client's produce before appending it.
 
-    Raises CorruptRecordBatch (CORRUPT_MESSAGE) for a bad CRC or an unknown codec, and its
-    subclass InvalidRecord (INVALID_RECORD) for the log validator's refusals.
+    Raises CorruptRecordBatch (CORRUPT_MESSAGE) for a bad CRC, an unknown codec or a payload that
+    does not decompress; its subclass InvalidRecord (INVALID_RECORD) for the validator's refusals
+    (counts, offsets, record framing: lengths, header counts); InvalidTimestamp (INVALID_TIMESTAMP)
+    for a CreateTime record outside `timestamp_bounds`. Every record is walked, as Kafka does: a
+    batch whose CRC is right but whose records cannot be read must never reach the log, where
+    consumers and coordinators replaying it would fail on it.
     """
     verify_crc(buf, pos, header)
     if header.compression > ZSTD:
@@ -569,10 +586,102 @@ def validate_batch_for_append(
         raise InvalidRecord("clients may not write control batches")
     if header.producer_id >= 0 and header.base_sequence < 0:
         raise InvalidRecord(f"invalid base sequence {header.base_sequence} for producer {header.producer_id}")
-    # Kafka also walks every record (decompressing if needed); by default we trust the CRC-covered
-    # framing and leave decoding to consumers, which keeps produce O(header) per batch.
-    if check_records:
+    if not check_records:
+        return
+    if header.compression != NONE:
         try:
-            decode_records(buf, pos, header)
-        except InvalidRecordBatch as exc:
-            raise InvalidRecord(str(exc)) from exc
+            data = decompress(header.compression, memoryview(buf)[pos + HEADER_SIZE : pos + header.size])
+        except CompressionError as exc:
+            raise CorruptRecordBatch(f"batch at byte {pos} does not decompress: {exc}") from exc
+    else:
+        data = bytes(memoryview(buf)[pos + HEADER_SIZE : pos + header.size])
+    try:
+        min_delta, max_delta = _walk_records(data, header.records_count)
+    except InvalidRecordBatch as exc:
+        raise InvalidRecord(str(exc)) from exc
+    if timestamp_bounds is not None and not header.attributes & TIMESTAMP_TYPE_MASK:
+        # Every record's timestamp lies between these two, so checking them checks all.
+        timestamp_bounds.check(header.base_timestamp + min_delta)
+        timestamp_bounds.check(header.base_timestamp + max_delta)
+
+
+def _read_zz(data: bytes, pos: int) -> tuple[int, int]:
+    """Zigzag varlong with the one- and two-byte cases (nearly every record field) first."""
+    b = data[pos]
+    if b < 0x80:
+        return (b >> 1) ^ -(b & 1), pos + 1
+    c = data[pos + 1]
+    if c < 0x80:
+        u = (b & 0x7F) | (c << 7)
+        return (u >> 1) ^ -(u & 1), pos + 2
+    return _read_zz_slow(data, pos)
+
+
+def _walk_records(data: bytes, count: int) -> tuple[int, int]:
+    """Check that `count` records exactly fill `data` (lengths, key/value/header framing, offset deltas
+    0..count-1) without building them; returns the smallest and largest timestamp delta."""
+    read = _read_zz
+    end = len(data)
+    pos = 0
+    min_delta = max_delta = 0
+    try:
+        for index in range(count):
+            length, pos = read(data, pos)
+            record_end = pos + length
+            if length <= 0 or record_end > end:
+                raise InvalidRecordBatch(f"record {index} length {length} does not fit the batch")
+            delta, pos = read(data, pos + 1)  # after the attributes byte
+            if index == 0:
+                min_delta = max_delta = delta
+            elif delta < min_delta:
+                min_delta = delta
+            elif delta > max_delta:
+                max_delta = delta
+            offset_delta, pos = read(data, pos)
+            if offset_delta != index:
+                # Offsets are assigned by patching the batch's base offset only, so deltas must be 0..n-1.
+                raise InvalidRecordBatch(f"record {index} has offset delta {offset_delta}")
+            # Key and value, then each header's key and value: a length (-1 = null) and that many bytes.
+            key_size, pos = read(data, pos)
+            value_size, pos = read(data, pos + key_size if key_size > 0 else pos)
+            header_count, pos = read(data, pos + value_size if value_size > 0 else pos)
+            if key_size < -1 or value_size < -1:
+                raise InvalidRecordBatch(f"record {index} has invalid key or value length")
+            # Each header takes at least two bytes (two length varints).
+            if header_count < 0 or 2 * header_count > record_end - pos:
+                raise InvalidRecordBatch(f"record {index} has invalid header count {header_count}")
+            for _ in range(header_count):
+                key_size, pos = read(data, pos)
+                value_size, pos = read(data, pos + key_size if key_size > 0 else pos)
+                if key_size < 0 or value_size < -1:
+                    raise InvalidRecordBatch(f"record {index} has an invalid header length")
+                if value_size > 0:
+                    pos += value_size
+            if pos != record_end:
+                raise InvalidRecordBatch(f"record {index} ends at {pos}, its length says {record_end}")
+    except IndexError:
+        raise InvalidRecordBatch("truncated record") from None
+    if pos != end:
+        raise InvalidRecordBatch(f"{end - pos} bytes left after the last of {count} records")
+    return min_delta, max_delta
+
+
+@dataclass(frozen=True, slots=True)
+class TimestampBounds:
+    """Kafka's message.timestamp.before/after.max.ms window around the broker's clock for CreateTime records."""
+
+    now_ms: int
+    before_max_ms: int
+    after_max_ms: int
+
+    def check(self, timestamp: int) -> None:
+        if not _INT64_MIN <= timestamp <= _INT64_MAX:
+            raise InvalidTimestamp(f"a record's timestamp {timestamp} is outside the int64 range")
+        if self.now_ms - timestamp > self.before_max_ms:
+            raise InvalidTimestamp(
+                f"timestamp {timestamp} is more than {self.before_max_ms} ms before the broker's time"
+            )
+        if timestamp - self.now_ms > self.after_max_ms:
+            raise InvalidTimestamp(
+                f"timestamp {timestamp} is more than {self.after_max_ms} ms after the broker's time"
+            )

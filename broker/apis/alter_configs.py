@@ -7,12 +7,11 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from shoal.broker.security.authorizer import Operation, ResourceType
-from shoal.broker.server.config import valid_cleanup_policy
 from shoal.broker.share.group_configs import InvalidGroupConfig
-from shoal.broker.storage.topic_registry import TOPIC_CONFIG_KEYS
+from shoal.broker.storage.topic_registry import validate_topic_config
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
-from shoal.protocol.errors import ErrorCode
+from shoal.protocol.errors import ErrorCode, shorten
 
 if TYPE_CHECKING:
     from shoal.broker.apis.broker import Broker
@@ -46,7 +45,7 @@ class AlterConfigs:
                 elif c.config_operation == OP_DELETE:
                     changes.append((c.name, None))
                 else:
-                    bad = f"operation {c.config_operation} is not supported for {c.name} (not a list config)"
+                    bad = f"operation {c.config_operation} is not supported for {shorten(c.name)} (not a list config)"
             if bad is not None:
                 res.error_code, res.error_message = ErrorCode.INVALID_CONFIG, bad
                 continue
@@ -88,18 +87,10 @@ class AlterConfigs:
             res.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             return
         for key, value in changes:
-            if key not in TOPIC_CONFIG_KEYS:
-                res.error_code, res.error_message = ErrorCode.INVALID_CONFIG, f"Unknown topic config name: {key}"
+            bad = validate_topic_config(key, value)
+            if bad is not None:
+                res.error_code, res.error_message = ErrorCode.INVALID_CONFIG, bad
                 return
-            if key == "cleanup.policy" and value is not None and not valid_cleanup_policy(value):
-                res.error_code, res.error_message = ErrorCode.INVALID_CONFIG, f"Invalid value {value} for {key}"
-                return
-            if value is not None and key not in ("cleanup.policy", "compression.type", "message.timestamp.type"):
-                try:
-                    int(value)
-                except ValueError:
-                    res.error_code, res.error_message = ErrorCode.INVALID_CONFIG, f"Invalid value {value} for {key}"
-                    return
         if validate_only:
             return
         self.broker.topics.alter_configs(topic, changes)

@@ -6,11 +6,13 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from shoal.broker.apis.topic_admin import partition_budget_problem
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.broker.storage.topic_registry import Topic, validate_topic_name
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.uuids import ZERO_UUID
 
 if TYPE_CHECKING:
     from shoal.broker.apis.broker import Broker
@@ -63,6 +65,15 @@ class DiscoveryHandlers:
             for topic in list(topics.by_name.values()):
                 if ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, topic.name):
                     out.append(self._topic(topic))
+        elif version < 12 and any(rt.name is None or rt.topic_id != ZERO_UUID for rt in req.topics):
+            # As Kafka: v10 and v11 carry topic ids but cannot look them up, and their response cannot hold a
+            # null name; the whole request is refused, each topic answered INVALID_REQUEST with "" for null.
+            log.debug("metadata request refused: topic ids need v12", api_version=version, client=ctx.connection.client_host)
+            return MetadataResponse(brokers=[], cluster_id=None, controller_id=-1, topics=[
+                MdTopic(error_code=ErrorCode.INVALID_REQUEST, name=rt.name or "", topic_id=rt.topic_id,
+                        is_internal=False, partitions=[])
+                for rt in req.topics
+            ], cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED, error_code=ErrorCode.NONE)
         else:
             auto_create = self.broker.config["auto.create.topics.enable"] and (version < 4 or req.allow_auto_topic_creation)
             for rt in req.topics:
@@ -103,7 +114,12 @@ class DiscoveryHandlers:
             Operation.CREATE, ResourceType.TOPIC, name
         ):
             return None, ErrorCode.TOPIC_AUTHORIZATION_FAILED
-        topic = self.broker.topics.create(name, int(self.broker.config["num.partitions"]))
+        count = int(self.broker.config["num.partitions"])
+        too_many = partition_budget_problem(self.broker, count)
+        if too_many is not None:
+            log.warning("refused topic auto-creation", topic=name, reason=too_many)
+            return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        topic = self.broker.topics.create(name, count)
         self.broker.on_topic_created(topic)
         return topic, ErrorCode.NONE
 

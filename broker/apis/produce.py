@@ -19,7 +19,7 @@ from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.record_batch import InvalidRecordBatch, iter_batches
-from shoal.protocol.records import InvalidRecord, validate_batch_for_append
+from shoal.protocol.records import InvalidRecord, InvalidTimestamp, TimestampBounds, validate_batch_for_append
 
 if TYPE_CHECKING:
     from shoal.broker.apis.broker import Broker
@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from shoal.broker.storage.partition_log import PartitionLog
 
 log = structlog.get_logger("shoal.produce")
+
+# Kafka lets only its own admin tooling (this client id) append to internal topics.
+ADMIN_CLIENT_ID = "__admin_client"
 
 ProduceResponse = messages.ProduceResponse
 TopicResponse = ProduceResponse.TopicProduceResponse
@@ -39,6 +42,8 @@ class ProduceHandler:
         self.producer_states: dict[tuple[bytes, int], PartitionProducerState] = {}
         self.log_append_time = broker.config["log.message.timestamp.type"] == "LogAppendTime"
         self.max_message_bytes = int(broker.config["message.max.bytes"])
+        self.timestamp_before_max_ms = int(broker.config["log.message.timestamp.before.max.ms"])
+        self.timestamp_after_max_ms = int(broker.config["log.message.timestamp.after.max.ms"])
 
     async def handle(self, ctx: RequestContext, req: messages.ProduceRequest) -> messages.ProduceResponse | None:
         """The response, or None for acks=0 (nothing is sent back)."""
@@ -78,6 +83,13 @@ class ProduceHandler:
                         PartitionResponse(index=pd.index, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, base_offset=-1)
                     )
                     continue
+                if topic.internal and ctx.header.client_id != ADMIN_CLIENT_ID:
+                    log.warning("rejected produce to an internal topic", topic=topic.name, partition=pd.index,
+                                client=ctx.connection.client_host)
+                    parts.append(PartitionResponse(index=pd.index, error_code=ErrorCode.INVALID_TOPIC_EXCEPTION,
+                                                   base_offset=-1,
+                                                   error_message=f"Cannot append to internal topic {topic.name}"))
+                    continue
                 plog = topic.partitions[pd.index]
                 resp = self._append(topic.topic_id, topic_name, pd.index, plog, pd.records)
                 parts.append(resp)
@@ -105,6 +117,9 @@ class ProduceHandler:
             return PartitionResponse(index=index, error_code=ErrorCode.CORRUPT_MESSAGE, base_offset=-1,
                                      error_message="empty record set")
         buf = bytearray(records)
+        bounds = None if self.log_append_time else TimestampBounds(
+            int(time.time() * 1000), self.timestamp_before_max_ms, self.timestamp_after_max_ms
+        )
         try:
             headers = list(iter_batches(buf))
             for pos, header in headers:
@@ -115,10 +130,11 @@ class ProduceHandler:
                         base_offset=-1,
                         error_message=f"batch of {header.size} bytes exceeds message.max.bytes",
                     )
-                validate_batch_for_append(buf, pos, header)
+                validate_batch_for_append(buf, pos, header, timestamp_bounds=bounds)
         except InvalidRecordBatch as exc:
             # Kafka separates a batch that breaks the rules (INVALID_RECORD, not retried) from damaged bytes.
-            code = ErrorCode.INVALID_RECORD if isinstance(exc, InvalidRecord) else ErrorCode.CORRUPT_MESSAGE
+            code = (ErrorCode.INVALID_TIMESTAMP if isinstance(exc, InvalidTimestamp)
+                    else ErrorCode.INVALID_RECORD if isinstance(exc, InvalidRecord) else ErrorCode.CORRUPT_MESSAGE)
             log.warning("rejected produce", topic=topic_name, partition=index, error=str(exc), error_code=int(code))
             return PartitionResponse(index=index, error_code=code, base_offset=-1, error_message=str(exc))
         state = self._producer_state(topic_id, index, plog)

@@ -16,6 +16,7 @@ from shoal.broker.security.authorizer import Operation, ResourceType
 from shoal.persister.persister import SharePartitionKey, StateSummary
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.coordinator_records import fits_key_string
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.uuids import ZERO_UUID
 
@@ -73,8 +74,8 @@ class ShareGroupAdmin:
         # The design page's ACL table asks for READ on the group for both.
         if not ctx.authorize(Operation.READ, ResourceType.GROUP, group_id):
             return ErrorCode.GROUP_AUTHORIZATION_FAILED, None
-        if not group_id:
-            return ErrorCode.INVALID_GROUP_ID, "The group id must not be empty."
+        if not group_id or not fits_key_string(group_id):
+            return ErrorCode.INVALID_GROUP_ID, "The group id must be non-empty and at most 32767 bytes."
         code = self._coordinator_error()
         if code != ErrorCode.NONE:
             return code, None

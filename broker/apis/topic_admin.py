@@ -3,19 +3,19 @@ ListOffsets, DescribeConfigs and InitProducerId."""
 
 from __future__ import annotations
 
+import resource
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
 
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
-from shoal.broker.server.config import valid_cleanup_policy
 from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
 from shoal.broker.storage.producer_state import ProducerIdAllocator
-from shoal.broker.storage.topic_registry import INTERNAL_TOPICS, TOPIC_CONFIG_KEYS, validate_topic_name
+from shoal.broker.storage.topic_registry import INTERNAL_TOPICS, validate_topic_config, validate_topic_name
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
-from shoal.protocol.errors import ErrorCode
+from shoal.protocol.errors import ErrorCode, shorten
 from shoal.protocol.record_batch import InvalidRecordBatch
 from shoal.protocol.records import decode_batch
 from shoal.protocol.uuids import ZERO_UUID
@@ -69,6 +69,7 @@ class TopicAdmin:
     def create_topics(self, ctx: RequestContext, req: messages.CreateTopicsRequest) -> messages.CreateTopicsResponse:
         results = []
         seen: set[str] = set()
+        added = 0  # partitions this request creates (or would, with validate_only)
         cluster_ok = ctx.authorize(Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME)
         for ct in req.topics:
             result = CreatableTopicResult(name=ct.name, error_code=ErrorCode.NONE, num_partitions=-1,
@@ -100,6 +101,11 @@ class TopicAdmin:
             if count <= 0:
                 result.error_code, result.error_message = ErrorCode.INVALID_PARTITIONS, "Number of partitions must be larger than 0."
                 continue
+            too_many = partition_budget_problem(self.broker, count, added)
+            if too_many is not None:
+                log.warning("refused topic creation", topic=shorten(ct.name), partitions=count, reason=too_many)
+                result.error_code, result.error_message = ErrorCode.POLICY_VIOLATION, too_many
+                continue
             if ct.replication_factor not in (-1, 1):
                 result.error_code = ErrorCode.INVALID_REPLICATION_FACTOR
                 result.error_message = f"Replication factor {ct.replication_factor} is larger than the 1 available broker."
@@ -107,18 +113,17 @@ class TopicAdmin:
             configs: dict[str, str] = {}
             bad = None
             for c in ct.configs:
-                if c.name not in TOPIC_CONFIG_KEYS:
-                    bad = f"Unknown topic config name: {c.name}"
+                bad = validate_topic_config(c.name, c.value)
+                if bad is not None:
                     break
                 if c.value is not None:
                     configs[c.name] = c.value
-            if bad is None:
-                bad = _check_topic_configs(configs)
             if bad is not None:
                 result.error_code, result.error_message = ErrorCode.INVALID_CONFIG, bad
                 continue
             result.num_partitions = count
             result.replication_factor = 1
+            added += count
             if req.validate_only:
                 continue
             topic = self.broker.topics.create(ct.name, count, configs)
@@ -161,6 +166,7 @@ class TopicAdmin:
 
     def create_partitions(self, ctx: RequestContext, req: messages.CreatePartitionsRequest) -> messages.CreatePartitionsResponse:
         results = []
+        added = 0
         for t in req.topics:
             res = CpResult(name=t.name, error_code=ErrorCode.NONE, error_message=None)
             results.append(res)
@@ -175,6 +181,12 @@ class TopicAdmin:
                 res.error_code = ErrorCode.INVALID_PARTITIONS
                 res.error_message = f"Topic currently has {len(topic.partitions)} partitions, {t.count} would not be an increase."
                 continue
+            too_many = partition_budget_problem(self.broker, t.count - len(topic.partitions), added)
+            if too_many is not None:
+                log.warning("refused partition creation", topic=t.name, count=t.count, reason=too_many)
+                res.error_code, res.error_message = ErrorCode.POLICY_VIOLATION, too_many
+                continue
+            added += t.count - len(topic.partitions)
             if not req.validate_only:
                 self.broker.topics.add_partitions(topic, t.count)
                 self.broker.on_topic_created(topic)
@@ -262,7 +274,7 @@ class TopicAdmin:
                     entries.append((key, value, SOURCE_TOPIC if explicit else SOURCE_DEFAULT))
             elif r.resource_type == RESOURCE_BROKER:
                 if r.resource_name not in ("", str(self.broker.node_id)):
-                    res.error_code, res.error_message = ErrorCode.INVALID_REQUEST, f"unknown broker {r.resource_name}"
+                    res.error_code, res.error_message = ErrorCode.INVALID_REQUEST, f"unknown broker {shorten(r.resource_name)}"
                     continue
                 if not ctx.authorize(Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER, CLUSTER_NAME):
                     res.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
@@ -321,28 +333,35 @@ def _record_at_or_after(plog: PartitionLog, timestamp_ms: int) -> tuple[int, int
     except (OffsetOutOfRange, InvalidRecordBatch):
         return found
     for rec in records:
-        if rec.offset >= plog.log_start_offset and rec.timestamp >= timestamp_ms:
+        # A record whose timestamp overflows int64 (accepted before produce checked timestamps) is skipped.
+        if rec.offset >= plog.log_start_offset and timestamp_ms <= rec.timestamp < 1 << 63:
             return rec.offset, rec.timestamp
     return found
 
 
-def _check_topic_configs(configs: dict[str, str]) -> str | None:
-    for key, value in configs.items():
-        if key == "cleanup.policy":
-            if not valid_cleanup_policy(value):
-                return f"Invalid value {value} for configuration {key}: String must be one of: compact, delete"
-            continue
-        if key == "compression.type":
-            continue
-        if key == "message.timestamp.type":
-            if value not in ("CreateTime", "LogAppendTime"):
-                return f"Invalid value {value} for configuration {key}"
-            continue
-        try:
-            int(value)
-        except ValueError:
-            return f"Invalid value {value} for configuration {key}: Not a number of type LONG"
+def partition_budget_problem(broker: Broker, adding: int, added_so_far: int = 0) -> str | None:
+    """Why `adding` more partitions cannot be created, or None: Kafka's per-request bound and our file budget."""
+    per_request = int(broker.config["max.partitions.per.request"])
+    if added_so_far + adding > per_request:
+        return (f"Unable to perform excessively large batch operation: {added_so_far + adding} partitions "
+                f"in one request exceed max.partitions.per.request={per_request}.")
+    limit = broker_partition_limit(int(broker.config["max.partitions"]))
+    held = broker.topics.partition_count
+    if held + added_so_far + adding > limit:
+        return (f"Unable to create {adding} partitions: the broker holds {held} and its limit is {limit} "
+                f"(max.partitions, bounded by the open-file limit).")
     return None
+
+
+def broker_partition_limit(configured: int) -> int:
+    """max.partitions, or with -1 what the open-file limit allows: every partition keeps its segment open."""
+    if configured >= 0:
+        return configured
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 20
+    # Leave a quarter (at least 256) for connections, index files and the internal topics' extra segments.
+    return max(0, soft - max(256, soft // 4))
 
 
 def register(broker: Broker) -> TopicAdmin:

@@ -302,9 +302,17 @@ class KafkaConnection(asyncio.Protocol):
     def _complete(self, slot: _Slot, api: Any, ctx: RequestContext, response: Any) -> None:
         self.broker.metrics.observe_request(api.name, time.monotonic() - ctx.received_at)
         if response is not None:
-            slot.payload = messages.encode_response(
-                response, ctx.header.api_key, ctx.header.api_version, ctx.header.correlation_id
-            )
+            try:
+                slot.payload = messages.encode_response(
+                    response, ctx.header.api_key, ctx.header.api_version, ctx.header.correlation_id
+                )
+            except Exception:
+                # A response this version cannot carry is a bug in its handler; the client gets a close, not a hang.
+                log.exception("response encoding failed, closing connection", api=api.name,
+                              api_version=ctx.api_version)
+                self.broker.metrics.request_errors.labels(api=api.name).inc()
+                self.close()
+                return
         slot.close_after = ctx.close_after
         slot.ready = True
         self._flush_ready()

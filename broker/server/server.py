@@ -252,6 +252,7 @@ class Broker:
         )
         started = time.monotonic()
         await self.share_coordinator.load()
+        await self.share_coordinator.delete_orphaned_state()
         await self.group_coordinator.load()
         log.info("coordinators loaded", seconds=round(time.monotonic() - started, 3))
         self.group_coordinator.start()
@@ -285,11 +286,19 @@ class Broker:
             return
         if event == "deleted":
             self.share_partitions.drop_topic(topic.topic_id)
-            self.loop.create_task(self.share_coordinator.delete_topics({topic.topic_id}))
+            task = self.loop.create_task(self._delete_share_state(topic))
+            self._background.append(task)
+            task.add_done_callback(self._background.remove)
         if event in ("created", "deleted"):
             self.group_coordinator.on_topics_changed()
         if event == "log_start_moved":
             self.purgatory.notify(LogKey(topic.topic_id, args[0]))
+
+    async def _delete_share_state(self, topic: Topic) -> None:
+        try:
+            await self.share_coordinator.delete_topics({topic.topic_id})
+        except Exception:  # what is left is tombstoned by the orphan sweep at the next start-up
+            log.exception("deleting the share state of a deleted topic failed", topic=topic.name)
 
     def _partition_count(self, topic_id: bytes) -> int | None:
         topic = self.topics.get_by_id(topic_id)

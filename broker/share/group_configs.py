@@ -13,6 +13,7 @@ from pathlib import Path
 
 from shoal.broker.server.config import BrokerConfig
 from shoal.iso_duration import parse_iso_duration_ms
+from shoal.protocol.errors import shorten
 
 FILE_NAME = "shoal-group-configs.json"
 
@@ -34,7 +35,7 @@ def _int_between(lo_key: str | int, hi_key: str | int) -> Callable[[str, BrokerC
         try:
             number = int(value)
         except ValueError as exc:
-            raise InvalidGroupConfig(f"{value!r} is not an integer") from exc
+            raise InvalidGroupConfig("not an integer") from exc
         lo = cfg[lo_key] if isinstance(lo_key, str) else lo_key
         hi = cfg[hi_key] if isinstance(hi_key, str) else hi_key
         if not lo <= number <= hi:
@@ -111,12 +112,12 @@ class GroupConfigs:
     def validate(self, key: str, value: str | None) -> None:
         spec = KEYS.get(key)
         if spec is None:
-            raise InvalidGroupConfig(f"Unknown group config name: {key}")
+            raise InvalidGroupConfig(f"Unknown group config name: {shorten(key)}")
         if value is not None:
             try:
                 spec.validate(value, self.broker_config)
             except InvalidGroupConfig as exc:
-                raise InvalidGroupConfig(f"Invalid value {value} for configuration {key}: {exc}") from exc
+                raise InvalidGroupConfig(f"Invalid value {shorten(value)} for configuration {key}: {exc}") from exc
 
     def apply(self, group_id: str, changes: list[tuple[str, str | None]]) -> None:
         """Set (value) or delete (None) keys, all validated first, then persisted atomically."""

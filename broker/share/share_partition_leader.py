@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
+from shoal.backoff import Backoff
 from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
 from shoal.broker.storage.purgatory import ShareFetchKey
 from shoal.iso_duration import parse_iso_duration_ms
@@ -111,6 +112,7 @@ class SharePartitionLeader:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
         self.load_time_ms: float = 0.0
+        self._load_failures = Backoff()
         self.on_load: Callable[[float], None] | None = None  # metric hook, load time in ms
         # Published for the metrics thread, which may only read plain attributes (see _publish).
         self.published_delivery_complete = 0
@@ -129,9 +131,14 @@ class SharePartitionLeader:
         started = time.monotonic()
         result = await self.persister.read_state(self.key, LEADER_EPOCH)
         if result.error_code != ErrorCode.NONE:
-            log.warning("share partition state load failed", group=self.key.group_id,
-                        partition=self.key.partition, error_code=result.error_code, error=result.error_message)
+            # Consumers retry at their poll rate: the failure is logged once, then at most once a minute.
+            suppressed = self._load_failures.failed("load", time.monotonic())
+            if suppressed is not None:
+                log.warning("share partition state load failed", group=self.key.group_id,
+                            partition=self.key.partition, error_code=result.error_code, error=result.error_message,
+                            failures_not_logged=suppressed)
             return map_persister_error(result.error_code)
+        self._load_failures.succeeded("load")
         start = result.start_offset
         if start < 0:
             start = self._reset_offset()

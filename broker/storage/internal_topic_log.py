@@ -6,10 +6,9 @@ from collections.abc import Iterator
 
 import structlog
 
-from shoal.protocol.codec import DecodeError
 from shoal.protocol.coordinator_records import CoordinatorRecord, decode_record, encode_record
-from shoal.protocol.record_batch import iter_batches
-from shoal.protocol.records import RecordInput, decode_batches, encode_batch
+from shoal.protocol.record_batch import InvalidRecordBatch, iter_batches
+from shoal.protocol.records import RecordInput, decode_records, encode_batch
 
 from .topic_registry import Topic
 
@@ -35,23 +34,37 @@ class InternalTopicLog:
         await self.topic.partitions[partition].flush(end_offset)
 
     def replay(self, partition: int) -> Iterator[tuple[int, CoordinatorRecord]]:
+        """Every readable record, oldest first. A batch or record that cannot be read is skipped with an
+        error line, never fatal: one bad batch must not keep the broker from starting (log recovery
+        has already cut torn or CRC-damaged tails; what is left here is framed but unreadable)."""
         plog = self.topic.partitions[partition]
         offset = plog.log_start_offset
         while offset < plog.log_end_offset:
             data = plog.read(offset, _READ_CHUNK)
             if not data:
                 break
-            for record in decode_batches(data):
-                if record.offset < offset or record.key is None:
+            last = None
+            for pos, header in iter_batches(data):
+                last = header.last_offset
+                if header.is_control or header.last_offset < offset:
                     continue
                 try:
-                    yield record.offset, decode_record(record.key, record.value)
-                except DecodeError as exc:
-                    log.warning("skipping undecodable coordinator record", topic=self.topic.name,
-                                partition=partition, offset=record.offset, error=str(exc))
-            last = None
-            for _pos, header in iter_batches(data):
-                last = header.last_offset
+                    records = decode_records(data, pos, header)
+                except InvalidRecordBatch as exc:
+                    log.error("skipping unreadable batch in internal topic", topic=self.topic.name,
+                              partition=partition, base_offset=header.base_offset,
+                              last_offset=header.last_offset, error=str(exc))
+                    continue
+                for record in records:
+                    if record.offset < offset or record.key is None:
+                        continue
+                    try:
+                        decoded = decode_record(record.key, record.value)
+                    except ValueError as exc:  # DecodeError, or a value version no spec knows
+                        log.warning("skipping undecodable coordinator record", topic=self.topic.name,
+                                    partition=partition, offset=record.offset, error=str(exc))
+                        continue
+                    yield record.offset, decoded
             if last is None:
                 break
             offset = last + 1

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import time
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import structlog
 
+from shoal.backoff import Backoff
 from shoal.broker.storage.log_segment import (
     INDEX_SUFFIX,
     INT32_MAX,
@@ -369,15 +371,23 @@ class PartitionLog:
                 await task
 
     async def _flush_periodically(self, interval_s: float) -> None:
+        failures = Backoff(initial=interval_s, maximum=max(interval_s, 60.0))
         while True:
             await asyncio.sleep(interval_s)
+            now = time.monotonic()
+            if not failures.ready("flush", now):
+                continue  # a failing disk is retried less and less often
             try:
                 if self.flushed_offset < self.log_end_offset:
                     await self.flush()
+                failures.succeeded("flush")
             except LogClosed:
                 return
             except OSError as exc:
-                log.error("log.periodic_flush_failed", dir=str(self.directory), error=repr(exc))
+                suppressed = failures.failed("flush", now)
+                if suppressed is not None:
+                    log.error("log.periodic_flush_failed", dir=str(self.directory), error=repr(exc),
+                              failures_not_logged=suppressed)
 
     # -- reads -------------------------------------------------------------------------------------
 

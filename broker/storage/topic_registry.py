@@ -17,7 +17,8 @@ from typing import Any
 
 import structlog
 
-from shoal.broker.server.config import cleanup_policies
+from shoal.broker.server.config import cleanup_policies, valid_cleanup_policy
+from shoal.protocol.errors import shorten
 from shoal.protocol.uuids import uuid_to_str as topic_id_to_str
 
 from .partition_log import LogConfig, PartitionLog
@@ -47,6 +48,48 @@ TOPIC_CONFIG_KEYS: dict[str, str | None] = {
 }
 TOPIC_CONFIG_DEFAULTS: dict[str, str] = {"compression.type": "producer", "min.insync.replicas": "1"}
 
+_INT = (-(1 << 31), (1 << 31) - 1)
+_LONG = (-(1 << 63), (1 << 63) - 1)
+# Numeric topic configs: (type range, minimum), as Kafka's LogConfig defines them.
+_NUMERIC_TOPIC_CONFIGS: dict[str, tuple[tuple[int, int], int | None]] = {
+    "retention.ms": (_LONG, -1),
+    "retention.bytes": (_LONG, None),
+    "segment.bytes": (_INT, 14),
+    "flush.messages": (_LONG, 1),
+    "flush.ms": (_LONG, 0),
+    "max.message.bytes": (_INT, 0),
+    "min.insync.replicas": (_INT, 1),
+    "index.interval.bytes": (_INT, 0),
+}
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "message.timestamp.type": ("CreateTime", "LogAppendTime"),
+    "compression.type": ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
+}
+def validate_topic_config(key: str, value: str | None) -> str | None:
+    """None if `key=value` is a legal topic config (value None = reset to default), else Kafka's reason."""
+    if key not in TOPIC_CONFIG_KEYS:
+        return f"Unknown topic config name: {shorten(key)}"
+    if value is None:
+        return None
+    if key in _CHOICES:
+        if value not in _CHOICES[key]:
+            return f"Invalid value {shorten(value)} for configuration {key}: String must be one of: {', '.join(_CHOICES[key])}"
+        return None
+    if key == "cleanup.policy":
+        if not valid_cleanup_policy(value):
+            return f"Invalid value {shorten(value)} for configuration {key}: String must be one of: compact, delete"
+        return None
+    (low, high), minimum = _NUMERIC_TOPIC_CONFIGS[key]
+    try:
+        number = int(value.strip())
+    except ValueError:
+        return f"Invalid value {shorten(value)} for configuration {key}: Not a number of type {'INT' if low == _INT[0] else 'LONG'}"
+    if not low <= number <= high:
+        return f"Invalid value {shorten(value)} for configuration {key}: out of range"
+    if minimum is not None and number < minimum:
+        return f"Invalid value {number} for configuration {key}: Value must be at least {minimum}"
+    return None
+
 
 def validate_topic_name(name: str) -> str | None:
     """None if legal, else the reason (as Kafka words it)."""
@@ -55,7 +98,7 @@ def validate_topic_name(name: str) -> str | None:
     if len(name) > MAX_NAME_LENGTH:
         return f"Topic name is illegal, it can't be longer than {MAX_NAME_LENGTH} characters"
     if not _LEGAL_NAME.match(name):
-        return f"Topic name {name!r} is illegal, it contains a character other than ASCII alphanumerics, '.', '_' and '-'"
+        return f"Topic name {shorten(name)!r} is illegal, it contains a character other than ASCII alphanumerics, '.', '_' and '-'"
     return None
 
 
@@ -131,6 +174,10 @@ class TopicRegistry:
 
     def get_by_id(self, topic_id: bytes) -> Topic | None:
         return self.by_id.get(topic_id)
+
+    @property
+    def partition_count(self) -> int:
+        return sum(len(t.partitions) for t in self.by_name.values())
 
     def partition(self, name: str, index: int) -> PartitionLog | None:
         topic = self.by_name.get(name)

@@ -54,9 +54,12 @@ class RecordingPersister:
         self.deleted: list[SharePartitionKey] = []
         self.fail_initialize = False
         self.fail_delete = False
+        self.delete_calls = 0
+        self.initialize_calls = 0
 
     async def initialize_state(self, key: SharePartitionKey, state_epoch: int, start_offset: int) -> int:
         await asyncio.sleep(0)
+        self.initialize_calls += 1
         if self.fail_initialize:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         self.initialized.append((key, state_epoch, start_offset))
@@ -69,6 +72,7 @@ class RecordingPersister:
         raise AssertionError("the group coordinator never writes share state")
 
     async def delete_state(self, key: SharePartitionKey) -> int:
+        self.delete_calls += 1
         if self.fail_delete:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         self.deleted.append(key)
@@ -426,17 +430,80 @@ async def test_added_partitions_are_initialised_and_assigned(env: Env) -> None:
     assert parts(resp) == {T_ORDERS: set(range(6))}
 
 
-async def test_deleted_topic_state_is_removed(env: Env) -> None:
+async def test_deleted_topic_is_forgotten(env: Env) -> None:
+    """As in Kafka: the topic leaves the group's maps; its state was tombstoned with the topic, so the group
+    asks for no deletion that could fail forever (UNKNOWN_TOPIC_OR_PARTITION) and retries nothing."""
     a = await env.join_initialised("a", ["orders", "other"])
     del env.topics.by_name["other"]
     await env.coord.refresh_topic_metadata()
     await env.coord.wait_for_background()
-    assert sorted((k.topic_id, k.partition) for k in env.persister.deleted) == [(T_OTHER, 0), (T_OTHER, 1)]
     group = env.coord.groups[GROUP]
-    assert T_OTHER not in group.initialized and group.deleting == {}
+    assert T_OTHER not in group.initialized and T_OTHER not in group.initializing and group.deleting == {}
+    for _ in range(5):
+        env.clock.now += 60
+        await env.coord.retry_pending()
+    assert env.persister.delete_calls == 0
     resp = await env.hb("a", a.member_epoch)
     assert resp.member_epoch > a.member_epoch
     assert parts(resp) == {T_ORDERS: {0, 1, 2, 3}}
+    # The group can be deleted, and a restart sees the same maps.
+    await env.hb("a", -1)
+    assert await env.coord.delete_group(GROUP) == ErrorCode.NONE
+    assert {k.topic_id for k in env.persister.deleted} == {T_ORDERS}
+
+
+async def test_stuck_deletion_of_a_deleted_topic_is_dropped(env: Env) -> None:
+    """A "deleting" entry left for a topic that is gone (older data) is dropped, not retried."""
+    await env.join_initialised("a", ["orders", "other"])
+    await env.hb("a", -1)
+    env.persister.fail_delete = True
+    code, errors = await env.coord.delete_offsets(GROUP, [T_OTHER])
+    assert errors[T_OTHER] != ErrorCode.NONE and GROUP in env.coord._pending_state_deletes
+    del env.topics.by_name["other"]
+    await env.coord.refresh_topic_metadata()
+    assert env.coord.groups[GROUP].deleting == {} and GROUP not in env.coord._pending_state_deletes
+    calls = env.persister.delete_calls
+    env.clock.now += 3600
+    await env.coord.retry_pending()
+    assert env.persister.delete_calls == calls
+    env.persister.fail_delete = False
+    assert await env.coord.delete_group(GROUP) == ErrorCode.NONE
+
+
+async def test_failing_initialisation_backs_off(env: Env) -> None:
+    env.persister.fail_initialize = True
+    await env.hb("a", 0, ["orders"])
+    await env.coord.wait_for_background()
+    first = env.persister.initialize_calls
+    for _ in range(3600):  # an hour of one-second maintenance ticks
+        env.clock.now += 1
+        await env.coord.retry_pending()
+        await env.coord.wait_for_background()
+    attempts = (env.persister.initialize_calls - first) // 4  # four partitions per attempt
+    assert 0 < attempts <= 3600 // 30  # never more often than the retry interval, and less as failures go on
+    env.persister.fail_initialize = False
+    env.clock.now += 61
+    await env.coord.retry_pending()
+    await env.coord.wait_for_background()
+    assert len(env.persister.initialized) == 4
+
+
+async def test_failing_state_deletion_backs_off(env: Env) -> None:
+    await env.join_initialised("a", ["orders"])
+    await env.hb("a", -1)
+    env.persister.fail_delete = True
+    await env.coord.delete_offsets(GROUP, [T_ORDERS])
+    first = env.persister.delete_calls
+    # Ten simulated minutes of one-second maintenance ticks: exponential backoff, not 600 retries.
+    for _ in range(600):
+        env.clock.now += 1
+        await env.coord.retry_pending()
+    retries = env.persister.delete_calls - first
+    assert 0 < retries <= 4 * 20  # each attempt sends at most the 4 partitions; about 15 attempts
+    env.persister.fail_delete = False
+    env.clock.now += 61
+    await env.coord.retry_pending()
+    assert GROUP not in env.coord._pending_state_deletes
 
 
 async def test_load_in_progress(tmp_path: Path) -> None:

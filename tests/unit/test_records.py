@@ -31,10 +31,13 @@ from shoal.protocol.record_batch import (
 from shoal.protocol.records import (
     CONTROL_ABORT,
     CONTROL_COMMIT,
+    LOG_APPEND_TIME,
     Header,
     InvalidRecord,
+    InvalidTimestamp,
     Record,
     RecordInput,
+    TimestampBounds,
     control_record_type,
     decode_batch,
     decode_batches,
@@ -394,9 +397,9 @@ def test_validate_refusals() -> None:
     garbled = bytearray(good)
     garbled[HEADER_SIZE] = 0x7E
     _recrc(garbled)
-    _validate(garbled)  # framing inside the batch is only checked on request
+    _validate(garbled, check_records=False)  # only the header checks
     with pytest.raises(InvalidRecord):
-        _validate(garbled, check_records=True)
+        _validate(garbled)  # produce walks every record, as Kafka's log validator does
 
 
 # --------------------------------------------------------------------------------------------- payloads
@@ -569,3 +572,39 @@ def test_golden_produce_batches(name: str) -> None:
     # Our encoder writes the very same bytes for the records section of an uncompressed batch.
     again = encode_batch(records, base_timestamp=header.base_timestamp)
     assert again[HEADER_SIZE:] == frame[pos + HEADER_SIZE : pos + header.size]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_record_st, min_size=1, max_size=6), st.data())
+def test_produce_validation_agrees_with_the_decoder(records: list[RecordInput], data: st.DataObject) -> None:
+    """Damage the records of a CRC-valid batch: produce must refuse exactly what a consumer could not decode."""
+    buf = bytearray(encode_batch(records))
+    for _ in range(data.draw(st.integers(1, 3))):
+        pos = data.draw(st.integers(HEADER_SIZE, len(buf) - 1))
+        buf[pos] = data.draw(st.integers(0, 255))
+    _recrc(buf)
+    header = parse_batch_header(buf)
+    try:
+        _h, decoded = decode_batch(buf)
+        decodable = all(r.offset == i for i, r in enumerate(decoded))  # produce also insists on deltas 0..n-1
+    except InvalidRecordBatch:
+        decodable = False
+    if decodable:
+        validate_batch_for_append(buf, 0, header)
+    else:
+        with pytest.raises(InvalidRecord):
+            validate_batch_for_append(buf, 0, header)
+
+
+def test_timestamp_bounds() -> None:
+    now = 1_700_000_000_000
+    bounds = TimestampBounds(now, 1000, 3_600_000)
+    ok = bytearray(encode_batch([RecordInput(b"k", b"v", (), now - 500), RecordInput(b"k", b"v", (), now + 3_600_000)]))
+    validate_batch_for_append(ok, 0, parse_batch_header(ok), timestamp_bounds=bounds)
+    for ts in (now - 1001, now + 3_600_001):
+        bad = bytearray(encode_batch([RecordInput(b"k", b"v", (), now), RecordInput(b"k", b"v", (), ts)]))
+        with pytest.raises(InvalidTimestamp):
+            validate_batch_for_append(bad, 0, parse_batch_header(bad), timestamp_bounds=bounds)
+    # A LogAppendTime batch carries the broker's time; its record timestamps are not checked.
+    stamped = bytearray(encode_batch([RecordInput(b"k", b"v", (), 0)], timestamp_type=LOG_APPEND_TIME))
+    validate_batch_for_append(stamped, 0, parse_batch_header(stamped), timestamp_bounds=bounds)

@@ -442,6 +442,34 @@ async def test_delete_topics_tombstones_every_key_of_the_topic(state_topic: Topi
     assert set(all_states(c)) == {key(0, topic=other)}
 
 
+async def test_state_of_topics_deleted_while_down_is_swept_at_start(state_topic: Topic) -> None:
+    other = b"\x09" * 16
+    c = await make_coordinator(state_topic)
+    await c.initialize_state(init_req(key(0), start_offset=0))
+    await c.initialize_state(init_req(key(1, topic=other), start_offset=0))
+    # Restart knowing only TOPIC: the other topic was deleted before its state was.
+    c = await make_coordinator(state_topic, partition_count=lambda tid: 2 if tid == TOPIC else None)
+    assert await c.delete_orphaned_state() == 1
+    assert set(all_states(c)) == {key(0)}
+    assert await c.delete_orphaned_state() == 0
+
+
+async def test_write_with_unusable_batches_is_refused_and_changes_nothing(state_topic: Topic) -> None:
+    c = await make_coordinator(state_topic)
+    await c.initialize_state(init_req(key(), start_offset=0))
+    before = all_states(c)
+    for batches in ([PersistedStateBatch(0, 9, 0, 1), PersistedStateBatch(5, 3, 2, 1)],  # inverted
+                    [PersistedStateBatch(-3, 2, 0, 1)],  # negative
+                    [PersistedStateBatch(0, 2, 3, 1)],  # no such delivery state
+                    [PersistedStateBatch(0, 2, 0, -1)]):  # negative delivery count
+        p = only(await c.write_state(write_req(key(), batches, start_offset=0)))
+        assert p.error_code == ErrorCode.INVALID_REQUEST, batches
+    assert all_states(c) == before
+    # Overlapping batches are the combiner's job, not an error.
+    ok = [PersistedStateBatch(0, 9, 0, 1), PersistedStateBatch(5, 7, 2, 1)]
+    assert only(await c.write_state(write_req(key(), ok, start_offset=0))).error_code == ErrorCode.NONE
+
+
 async def test_load_in_progress_until_loaded(state_topic: Topic) -> None:
     c = ShareCoordinator(InternalTopicLog(state_topic))
     k = key(7)
