@@ -19,17 +19,9 @@ import structlog
 
 from shoal.backoff import Backoff
 from shoal.persister.persister import Persister, SharePartitionKey
+from shoal.protocol import messages
 from shoal.protocol.coordinator_records import CoordinatorRecord, fits_key_string
 from shoal.protocol.errors import ErrorCode
-from shoal.protocol.messages import (
-    ShareGroupDescribeResponse as DescribeResponse,
-)
-from shoal.protocol.messages import (
-    ShareGroupHeartbeatRequest as HeartbeatRequest,
-)
-from shoal.protocol.messages import (
-    ShareGroupHeartbeatResponse as HeartbeatResponse,
-)
 from shoal.protocol.uuids import MAX_MEMBER_ID_LENGTH
 
 from .assignor import ASSIGNOR_NAME, SimpleAssignor
@@ -60,6 +52,9 @@ __all__ = [
 
 log = structlog.get_logger("shoal.group_coordinator")
 
+HeartbeatRequest = messages.ShareGroupHeartbeatRequest
+HeartbeatResponse = messages.ShareGroupHeartbeatResponse
+DescribeResponse = messages.ShareGroupDescribeResponse
 _HbAssignment = HeartbeatResponse.Assignment
 _HbTopicPartitions = HeartbeatResponse.TopicPartitions
 DescribedGroup = DescribeResponse.DescribedGroup
