@@ -13,6 +13,7 @@ from typing import Any
 
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.codec import MessageBase
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.uuids import ZERO_UUID
 
@@ -153,7 +154,9 @@ class Cluster:
                 return await self.connection(node_id)
         return await self.connection(BOOTSTRAP_NODE)
 
-    async def request(self, node_id: int, api_key: int, body: Any, versions: tuple[int, int], **kw: Any) -> Any:
+    async def request(
+        self, node_id: int, api_key: int, body: MessageBase, versions: tuple[int, int], **kw: Any
+    ) -> Any:
         conn = await self.connection(node_id)
         return await conn.request(api_key, body, versions=versions, **kw)
 

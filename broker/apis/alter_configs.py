@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -59,7 +59,7 @@ class AlterConfigs:
         return Response(responses=out)
 
     def _alter_group(self, ctx: RequestContext, group: str, changes: list[tuple[str, str | None]],
-                     validate_only: bool, res: Any) -> None:
+                     validate_only: bool, res: ResourceResponse) -> None:
         if not ctx.authorize(Operation.ALTER_CONFIGS, ResourceType.GROUP, group):
             res.error_code = ErrorCode.GROUP_AUTHORIZATION_FAILED
             return
@@ -77,7 +77,7 @@ class AlterConfigs:
         self.broker.on_group_config_changed(group)
 
     def _alter_topic(self, ctx: RequestContext, name: str, changes: list[tuple[str, str | None]],
-                     validate_only: bool, res: Any) -> None:
+                     validate_only: bool, res: ResourceResponse) -> None:
         # Authorization first, as in Kafka: existence is not revealed to a client without the right.
         if not ctx.authorize(Operation.ALTER_CONFIGS, ResourceType.TOPIC, name):
             res.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED

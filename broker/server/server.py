@@ -78,12 +78,12 @@ class Broker:
             key, messages.API_NAMES[key], min_version, max_version, handler, inspect.iscoroutinefunction(handler)
         )
 
-    def api_versions_fallback(self, header: messages.RequestHeader) -> Any:
+    def api_versions_fallback(self, header: messages.RequestHeader) -> messages.ApiVersionsResponse:
         """ApiVersions v0 body with UNSUPPORTED_VERSION and our ranges, for a version we do not know."""
         cls = messages.ApiVersionsResponse
         return cls(error_code=ErrorCode.UNSUPPORTED_VERSION, api_keys=self.api_version_entries())
 
-    def api_version_entries(self) -> list[Any]:
+    def api_version_entries(self) -> list[messages.ApiVersionsResponse.ApiVersion]:
         entry = messages.ApiVersionsResponse.ApiVersion
         return [
             entry(api_key=api.key, min_version=api.min_version, max_version=api.max_version)

@@ -13,11 +13,10 @@ import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import structlog
 
-from shoal.broker.server.config import cleanup_policies, valid_cleanup_policy
+from shoal.broker.server.config import BrokerConfig, cleanup_policies, valid_cleanup_policy
 from shoal.protocol.errors import shorten
 from shoal.protocol.uuids import uuid_to_str as topic_id_to_str
 
@@ -115,7 +114,7 @@ class Topic:
 
 
 class TopicRegistry:
-    def __init__(self, data_dir: Path, broker_config: Any):
+    def __init__(self, data_dir: Path, broker_config: BrokerConfig):
         self.data_dir = data_dir
         self.broker_config = broker_config
         self.by_name: dict[str, Topic] = {}

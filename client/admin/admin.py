@@ -18,6 +18,7 @@ from shoal.client.loop_thread import LoopThread
 from shoal.client.security import ClientConfig
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.codec import MessageBase
 from shoal.protocol.errors import ErrorCode
 
 T = TypeVar("T")
@@ -156,12 +157,12 @@ class AsyncAdmin:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _any(self, api_key: int, body: Any, versions: tuple[int, int]) -> Any:
+    async def _any(self, api_key: int, body: MessageBase, versions: tuple[int, int]) -> Any:
         await self.start()
         conn = await self.cluster.any_connection()
         return await conn.request(api_key, body, versions=versions)
 
-    async def _controller(self, api_key: int, body: Any, versions: tuple[int, int]) -> Any:
+    async def _controller(self, api_key: int, body: MessageBase, versions: tuple[int, int]) -> Any:
         await self.start()
         node = self.cluster.controller_id
         if node in self.cluster.brokers:
@@ -302,7 +303,7 @@ class AsyncAdmin:
         for group_id in group_ids:
             body = messages.ShareGroupDescribeRequest(group_ids=[group_id], include_authorized_operations=True)
 
-            async def send(node: int, body: Any = body) -> Any:
+            async def send(node: int, body: MessageBase = body) -> Any:
                 return await self.cluster.request(node, ApiKey.SHARE_GROUP_DESCRIBE, body, (1, 1))
 
             response = await self._coordinated(group_id, send, lambda r: r.groups[0].error_code if r.groups else 0)
@@ -336,7 +337,7 @@ class AsyncAdmin:
         for group_id in group_ids:
             body = messages.DeleteGroupsRequest(groups_names=[group_id])
 
-            async def send(node: int, body: Any = body) -> Any:
+            async def send(node: int, body: MessageBase = body) -> Any:
                 return await self.cluster.request(node, ApiKey.DELETE_GROUPS, body, (0, 2))
 
             response = await self._coordinated(group_id, send, lambda r: r.results[0].error_code if r.results else 0)
