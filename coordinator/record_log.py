@@ -18,8 +18,12 @@ class CoordinatorRecordLog(Protocol):
     @property
     def num_partitions(self) -> int: ...
 
-    def append(self, partition: int, records: list[CoordinatorRecord]) -> int:
-        """Append records as one batch (not yet durable); returns the first offset."""
+    async def append(self, partition: int, records: list[CoordinatorRecord]) -> int:
+        """Append records as one batch and return once they are fsynced; returns the first offset."""
+        ...
+
+    def append_nowait(self, partition: int, records: list[CoordinatorRecord]) -> int:
+        """Append records as one batch, not yet durable (`flush` waits for that); returns the first offset."""
         ...
 
     async def flush(self, partition: int, end_offset: int) -> None:

@@ -156,7 +156,7 @@ class CoordinatorRuntime(Generic[S]):
         """
         if not records:
             return
-        first = self.record_log.append(partition, records)
+        first = self.record_log.append_nowait(partition, records)
         cancelled = False
         while True:
             try:

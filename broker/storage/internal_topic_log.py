@@ -25,7 +25,12 @@ class InternalTopicLog:
     def num_partitions(self) -> int:
         return len(self.topic.partitions)
 
-    def append(self, partition: int, records: list[CoordinatorRecord]) -> int:
+    async def append(self, partition: int, records: list[CoordinatorRecord]) -> int:
+        first = self.append_nowait(partition, records)
+        await self.flush(partition, first + len(records))
+        return first
+
+    def append_nowait(self, partition: int, records: list[CoordinatorRecord]) -> int:
         plog = self.topic.partitions[partition]
         batch = bytearray(encode_batch([RecordInput(key=k, value=v) for k, v in map(encode_record, records)]))
         return plog.append(batch, list(iter_batches(batch))).base_offset
