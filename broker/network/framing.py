@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
-from shoal.protocol.codec import DecodeError
+from shoal.protocol.codec import DecodeError, MessageBase
 
 if TYPE_CHECKING:
     from shoal.broker.apis.broker import Api
@@ -57,15 +57,15 @@ class Rejected:
 
 @dataclass(frozen=True, slots=True)
 class RequestHead:
-    header: Any
+    header: messages.RequestHeader
     body_pos: int
 
 
 @dataclass(frozen=True, slots=True)
 class Decoded:
-    header: Any
+    header: messages.RequestHeader
     api: Api
-    body: Any
+    body: MessageBase
 
 
 def decode_header(frame: bytes) -> RequestHead | Rejected:
