@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable
 from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
@@ -135,17 +135,11 @@ class CoordinatorRuntime(Generic[S]):
     def submit(self, partition: int, key: Hashable, operation: Callable[[], Awaitable[T]]) -> asyncio.Task[T]:
         """Start `operation` as `write` does, without waiting for it: for callers that start several
         writes and wait for them together (shielded, so that their cancellation does not reach here)."""
-        task = asyncio.get_running_loop().create_task(self._holding_key(partition, key, operation))
-        self._operations.add(task)
-        task.add_done_callback(self._operations.discard)
-        return task
+        return self._start(self._holding_key(partition, key, operation))
 
     async def write_exclusive(self, partition: int, operation: Callable[[], Awaitable[T]]) -> T:
         """Like `write`, holding the whole partition (for work that reads or changes every key)."""
-        task = asyncio.get_running_loop().create_task(self._holding_partition(partition, operation))
-        self._operations.add(task)
-        task.add_done_callback(self._operations.discard)
-        return await self._outlive_caller(task)
+        return await self._outlive_caller(self._start(self._holding_partition(partition, operation)))
 
     async def append(self, partition: int, records: list[CoordinatorRecord]) -> None:
         """Append records durably, then replay them into the partition's shard.
@@ -182,6 +176,12 @@ class CoordinatorRuntime(Generic[S]):
         """Wait until every operation in progress has finished (shutdown)."""
         while self._operations:
             await asyncio.gather(*list(self._operations), return_exceptions=True)
+
+    def _start(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        task = asyncio.get_running_loop().create_task(work)
+        self._operations.add(task)
+        task.add_done_callback(self._operations.discard)
+        return task
 
     async def _holding_key(self, partition: int, key: Hashable, operation: Callable[[], Awaitable[T]]) -> T:
         async with self._gates[partition].key(key):
