@@ -60,7 +60,8 @@ async def main() -> None:
 
     proc = None
     if args.bootstrap is None:
-        proc, bootstrap = start_shoal(tempfile.mkdtemp(prefix="shoal-bench-client-"), ["group.share.heartbeat.interval.ms=500"])
+        fast_heartbeat = ["group.share.min.heartbeat.interval.ms=500", "group.share.heartbeat.interval.ms=500"]
+        proc, bootstrap = start_shoal(tempfile.mkdtemp(prefix="shoal-bench-client-"), fast_heartbeat)
     else:
         bootstrap = args.bootstrap
     try:

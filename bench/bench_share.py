@@ -83,6 +83,7 @@ class Shoal:
             sys.executable, "-m", "shoal.broker.server.main",
             "--override", f"listeners=PLAINTEXT://127.0.0.1:{self.port}",
             "--override", f"log.dirs={self.data_dir}",
+            "--override", "group.share.min.heartbeat.interval.ms=1000",
             "--override", "group.share.heartbeat.interval.ms=1000",
         ]
         log_file = open(self.log_path, "a")

@@ -1,16 +1,20 @@
-"""Records/s through the kafka-share Spark source versus the bare bundled share consumer, same topic, same run.
+"""The kafka-share Spark source and sink against bare clients, one broker, one topic, one run.
 
-One Shoal broker; N records (100-byte values) produced once to a 3-partition topic. Then each reader drains
-the whole topic in its own share group:
-  * bare client, implicit acknowledgement (each poll accepts the previous one);
-  * bare client, explicit acknowledgement (accept every record, commit_sync per poll);
-  * Spark (local[2]) reading with format("kafka-share") into the `noop` sink, availableNow trigger.
-For Spark we print the wall time (includes the first micro-batch's start-up) and the steady rate over the
-batches after the first. A micro-batch can hold no more records than the group may have in flight
-(group.share.partition.max.record.locks per partition, 2000 by default), so that setting bounds the Spark
-rate through the fixed cost per micro-batch; --max-record-locks sets it on the broker.
+N records (100-byte values) are produced once to a 3-partition topic. Then, each in its own share group:
+  * a bare confluent-kafka ShareConsumer drains the topic (the reference reader);
+  * Spark (local[2]) drains it with format("kafka-share") into the noop sink and into the parquet sink
+    (availableNow; the steady rate counts the micro-batches after the first, which pays for start-up);
+  * the bundled producer sends the same rows (key, value) from one process (the reference writer), and the
+    kafka-share sink writes them from Spark (rate over the sink's addBatch time);
+  * the driver-side source process's peak RSS is sampled while the source drains N and then 10 x N records
+    (its own topics, same maxOffsetsPerTrigger): acquisition holds offsets, never payloads, so it should
+    not grow with N.
 
-Usage: python bench/bench_spark.py [--records 200000] [--per-trigger 50000] [--max-record-locks 2000]
+The group's in-flight limit caps a checkpoint-mode micro-batch too (records stay acquired from the fetch
+until the batch is in the offset log); --max-record-locks raises group.share.partition.max.record.locks.
+
+Usage: python bench/bench_spark.py [--records 300000] [--per-trigger 100000] [--max-record-locks 100000]
+                                   [--rss-records 100000]
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ import argparse
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the broker launcher and producer helper live with the integration tests
@@ -29,36 +35,63 @@ from tests.integration.broker_process import BrokerProcess  # noqa: E402
 from tests.integration.share_clients import create_topic, produce, set_group_config  # noqa: E402
 
 TOPIC = "bench-spark"
+# librdkafka queues 100k messages by default; a busy broker falls that far behind a bulk produce.
+BIG_QUEUE = {"queue.buffering.max.messages": 10_000_000}
 
 
-def bare(bootstrap: str, group: str, total: int, explicit: bool) -> tuple[float, float]:
-    """(seconds from subscribe to the last record, seconds from the first record to the last)."""
-    from shoal.client.consumer.share_consumer import ShareConsumer
+def bare_confluent(bootstrap: str, group: str, total: int) -> float:
+    """Records/s of a bare confluent ShareConsumer, from its first record to its last."""
+    from confluent_kafka import ShareConsumer
 
-    mode = "explicit" if explicit else "implicit"
-    consumer = ShareConsumer(bootstrap, group, acknowledgement_mode=mode, max_poll_records=5000)
-    start = time.perf_counter()
-    first: float | None = None
+    consumer = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group})
+    consumer.subscribe([TOPIC])
     seen = 0
+    first: float | None = None
     try:
-        consumer.subscribe([TOPIC])
         while seen < total:
-            records = consumer.poll(1.0)
-            if records and first is None:
+            got = [m for m in consumer.poll(1.0) if not m.error()]
+            if got and first is None:
                 first = time.perf_counter()
-            seen += len(records)
-            if explicit and records:
-                for record in records:
-                    consumer.acknowledge(record, "accept")
-                consumer.commit_sync()
-        end = time.perf_counter()
+            seen += len(got)
+        return total / (time.perf_counter() - (first or time.perf_counter()))
     finally:
         consumer.close()
-    return end - start, end - (first or start)
 
 
-def spark_run(bootstrap: str, group: str, total: int, per_trigger: int) -> tuple[float, float, int]:
-    """(wall seconds of the query, seconds of the batches after the first, records in those batches)."""
+class RssSampler:
+    """Peak resident set of the driver-side Python process that runs the source (the streaming source
+    runner the JVM starts for it), sampled from /proc while a query runs."""
+
+    def __init__(self) -> None:
+        self.peak_kb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            for entry in Path("/proc").iterdir():
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    if b"python_streaming_source_runner" not in (entry / "cmdline").read_bytes():
+                        continue
+                    status = (entry / "status").read_text()
+                except OSError:
+                    continue
+                for line in status.splitlines():
+                    if line.startswith("VmHWM:"):
+                        self.peak_kb = max(self.peak_kb, int(line.split()[1]))
+
+
+def spark_session() -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
@@ -71,69 +104,134 @@ def spark_run(bootstrap: str, group: str, total: int, per_trigger: int) -> tuple
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "2g")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    try:
-        with tempfile.TemporaryDirectory() as ckpt:
-            df = (
-                spark.readStream.format("kafka-share")
-                .option("kafka.bootstrap.servers", bootstrap)
-                .option("group.id", group)
-                .option("subscribe", TOPIC)
-                .option("maxRecordsPerTrigger", per_trigger)
-                .load()
-            )
-            start = time.perf_counter()
-            query = (
-                df.writeStream.format("noop").option("checkpointLocation", ckpt).trigger(availableNow=True).start()
-            )
-            query.awaitTermination()
-            wall = time.perf_counter() - start
-            progress = [p for p in query.recentProgress if p["numInputRows"]]
-            rows = sum(p["numInputRows"] for p in progress)
-            if rows != total:
-                raise RuntimeError(f"Spark read {rows} records, expected {total}")
-            later = progress[1:]
-            steady_s = sum(p["durationMs"]["triggerExecution"] for p in later) / 1000
-            return wall, steady_s, sum(p["numInputRows"] for p in later)
-    finally:
-        spark.stop()
+    return spark
+
+
+def spark_source(spark: Any, bootstrap: str, topic: str, group: str, total: int, sink: str, tmp: str,
+                 per_trigger: int) -> tuple[float, float]:
+    """(steady records/s after the first micro-batch, wall seconds incl. start-up)."""
+    df = (
+        spark.readStream.format("kafka-share")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("group.id", group)
+        .option("subscribe", topic)
+        .option("maxOffsetsPerTrigger", per_trigger)
+        .load()
+    )
+    writer = df.writeStream.format(sink).option("checkpointLocation", f"{tmp}/ckpt-{group}")
+    if sink == "parquet":
+        writer = writer.option("path", f"{tmp}/out-{group}")
+    start = time.perf_counter()
+    query = writer.trigger(availableNow=True).start()
+    query.awaitTermination()
+    wall = time.perf_counter() - start
+    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    rows = sum(p["numInputRows"] for p in progress)
+    if rows != total:
+        raise RuntimeError(f"Spark read {rows} records, expected {total}")
+    later = progress[1:] or progress
+    steady_s = sum(p["durationMs"]["triggerExecution"] for p in later) / 1000
+    return sum(p["numInputRows"] for p in later) / steady_s, wall
+
+
+def bundled_producer(bootstrap: str, topic: str, rows: list[tuple[bytes, bytes]]) -> float:
+    from shoal.client.producer import Producer
+
+    with Producer(bootstrap) as producer:
+        start = time.perf_counter()
+        futures = [
+            producer.send_many((topic, v, k, None, None) for k, v in rows[i : i + 10_000])
+            for i in range(0, len(rows), 10_000)
+        ]
+        producer.flush()
+        sent = sum(f.result() for f in futures)
+        elapsed = time.perf_counter() - start
+    assert sent == len(rows)
+    return len(rows) / elapsed
+
+
+def spark_sink(spark: Any, bootstrap: str, topic: str, parquet_dir: str, tmp: str, total: int) -> float:
+    """Records/s through the kafka-share sink, over the time Spark spends in the sink (addBatch)."""
+    schema = spark.read.parquet(parquet_dir).select("key", "value").schema
+    # The parquet files are small (the values compress well): without this Spark packs them all into one
+    # task, and the sink would write from one core of local[2].
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(4 * 1024 * 1024))
+    query = (
+        spark.readStream.schema(schema).parquet(parquet_dir).select("key", "value")
+        .writeStream.format("kafka-share")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", topic)
+        .option("checkpointLocation", f"{tmp}/ckpt-sink")
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    rows = sum(p["numInputRows"] for p in progress)
+    if rows != total:
+        raise RuntimeError(f"the sink wrote {rows} records, expected {total}")
+    return rows / (sum(p["durationMs"]["addBatch"] for p in progress) / 1000)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--value-bytes", type=int, default=100)
-    parser.add_argument("--per-trigger", type=int, default=50_000)
-    parser.add_argument("--max-record-locks", type=int, default=2000)
+    parser.add_argument("--max-record-locks", type=int, default=100_000)
+    parser.add_argument("--per-trigger", type=int, default=100_000, help="maxOffsetsPerTrigger")
+    parser.add_argument("--rss-records", type=int, default=100_000, help="N for the RSS check (also 10 x N)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [
+            "group.share.min.heartbeat.interval.ms=1000",
             "group.share.heartbeat.interval.ms=1000",
+            f"group.share.max.partition.max.record.locks={max(4000, args.max_record_locks)}",
             f"group.share.partition.max.record.locks={args.max_record_locks}",
         ]
         broker = BrokerProcess(Path(tmp) / "data", overrides=overrides).start()
         try:
-            create_topic(broker.bootstrap, TOPIC, 3)
+            bootstrap, n = broker.bootstrap, args.records
             pad = "x" * max(0, args.value_bytes - 8)
-            produce(broker.bootstrap, TOPIC, args.records, partitions=3, prefix=pad)
-            groups = {"bare-implicit": "bench-bare-i", "bare-explicit": "bench-bare-e", "spark": "bench-spark"}
-            for group in groups.values():
-                set_group_config(broker.bootstrap, group, share_auto_offset_reset="earliest")
-            n = args.records
-            print(f"{n} records, {args.value_bytes}-byte values, 3 partitions, one broker on loopback, "
+            for topic in (TOPIC, TOPIC + "-out", "rss-1", "rss-10"):
+                create_topic(bootstrap, topic, 3)
+            produce(bootstrap, TOPIC, n, partitions=3, prefix=pad, extra=BIG_QUEUE)
+            for group in ("bare", "noop", "parquet", "rss-1", "rss-10"):
+                set_group_config(bootstrap, group, share_auto_offset_reset="earliest")
+            print(f"{n} records, {args.value_bytes}-byte values, 3 partitions, one broker on loopback, local[2], "
                   f"max.record.locks {args.max_record_locks} per partition")
-            for label, explicit in (("bare-implicit", False), ("bare-explicit", True)):
-                total_s, steady_s = bare(broker.bootstrap, groups[label], n, explicit)
-                print(f"  {label:14s} {n / total_s:>10,.0f} rec/s incl. join ({total_s:.2f} s); "
-                      f"{n / steady_s:>10,.0f} rec/s first-to-last record ({steady_s:.2f} s)")
-            wall, steady_s, steady_rows = spark_run(broker.bootstrap, groups["spark"], n, args.per_trigger)
-            steady = f"{steady_rows / steady_s:>10,.0f} rec/s after the first batch" if steady_s else "one batch only"
-            print(f"  {'spark':14s} {n / wall:>10,.0f} rec/s incl. start-up ({wall:.2f} s); {steady} "
-                  f"(maxRecordsPerTrigger {args.per_trigger})")
+
+            bare = bare_confluent(bootstrap, "bare", n)
+            print(f"  bare confluent ShareConsumer   {bare:>10,.0f} rec/s")
+            spark = spark_session()
+            try:
+                for sink in ("noop", "parquet"):
+                    steady, wall = spark_source(spark, bootstrap, TOPIC, sink, n, sink, tmp, args.per_trigger)
+                    print(f"  spark source -> {sink:8s}      {steady:>10,.0f} rec/s steady ({n / wall:,.0f} incl. "
+                          f"start-up, {wall:.1f} s)   ratio to bare: {steady / bare:.2f}")
+                rows = [(bytes(r.key), bytes(r.value)) for r in spark.read.parquet(f"{tmp}/out-parquet").collect()]
+                producer_rate = bundled_producer(bootstrap, TOPIC + "-out", rows)
+                print(f"  bundled producer (send_many)   {producer_rate:>10,.0f} rec/s")
+                # Twice: the first run also pays for the Python workers' first producer connections.
+                for run in ("first", "warm"):
+                    sink_rate = spark_sink(spark, bootstrap, TOPIC + "-out", f"{tmp}/out-parquet", f"{tmp}/{run}", n)
+                    print(f"  spark kafka-share sink ({run:5s})  {sink_rate:>10,.0f} rec/s   ratio to producer: "
+                          f"{sink_rate / producer_rate:.2f}")
+                peaks = []
+                for topic, count in (("rss-1", args.rss_records), ("rss-10", 10 * args.rss_records)):
+                    produce(bootstrap, topic, count, partitions=3, prefix=pad, extra=BIG_QUEUE)
+                    with RssSampler() as sampler:
+                        spark_source(spark, bootstrap, topic, topic, count, "noop", tmp, args.per_trigger)
+                    peaks.append(sampler.peak_kb / 1024)
+                    print(f"  driver source process peak RSS at {count:>9,} records: {peaks[-1]:7.1f} MiB")
+                print(f"  peak RSS 10xN / N: {peaks[1] / peaks[0]:.2f}")
+            finally:
+                spark.stop()
         finally:
             broker.stop()
 

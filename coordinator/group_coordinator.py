@@ -624,26 +624,29 @@ class GroupCoordinator:
     ) -> tuple[int, dict[tuple[bytes, int], int]]:
         """AlterShareGroupOffsets: re-initialise each partition's state at the given start offset.
 
-        As the KIP describes, the group epoch is bumped first and used as the new state epoch, so any
-        leader still holding the old state is fenced on its next write. The group is created (empty)
-        when it does not exist yet, so the offsets are what its first consumers start from. Returns the
-        group-level error and a per-partition error map.
+        As in Kafka the group epoch stays as it is and is the state epoch of the re-initialisation
+        (raised to `min_state_epoch`, the highest state epoch the share coordinator holds, so the
+        re-initialisation is not fenced). The group is created (empty) when it does not exist yet, so
+        the offsets are what its first consumers start from. Returns the group-level error and a
+        per-partition error map.
         """
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, {}
 
         async def operation() -> tuple[int, dict[tuple[bytes, int], int]]:
-            group = self.groups.get(group_id) or ShareGroup(group_id)
+            existing = self.groups.get(group_id)
+            group = existing or ShareGroup(group_id)
             if group.members:
                 return ErrorCode.NON_EMPTY_GROUP, {}
             if group.deleting_group:
                 return ErrorCode.COORDINATOR_NOT_AVAILABLE, {}
-            epoch = max(group.group_epoch + 1, min_state_epoch)
-            # An empty group's (empty) target assignment is current at the new epoch.
-            await self._write(group_id, [
-                group_epoch_record(group_id, epoch, group.metadata_hash),
-                target_metadata_record(group_id, epoch),
-            ])
+            epoch = max(group.group_epoch, min_state_epoch)
+            if existing is None:
+                # A new, empty group, whose (empty) target assignment is current at its epoch.
+                await self._write(group_id, [
+                    group_epoch_record(group_id, epoch, group.metadata_hash),
+                    target_metadata_record(group_id, epoch),
+                ])
             keys = [(tid, p, offset) for tid, parts in sorted(offsets.items()) for p, offset in sorted(parts.items())]
             results = await asyncio.gather(
                 *(self.persister.initialize_state(SharePartitionKey(group_id, tid, p), epoch, offset)
@@ -697,30 +700,31 @@ class GroupCoordinator:
                 return ErrorCode.NON_EMPTY_GROUP, {}
             if group.deleting_group:
                 return ErrorCode.COORDINATOR_NOT_AVAILABLE, {}
+            # As Kafka: an initialised topic has its initialised partitions deleted, a topic still being
+            # deleted is deleted again (every partition), and any other topic has no state to delete.
             targets: dict[bytes, set[int]] = {}
             names: dict[bytes, str] = {}
+            errors: dict[bytes, int] = {}
             for tid in topic_ids:
-                parts: set[int] = set()
-                for phase in (group.initialized, group.initializing):
-                    if tid in phase:
-                        parts |= phase[tid].partitions
-                        names[tid] = phase[tid].name
                 meta = self.topics.topic_by_id(tid)
-                if meta is not None:
-                    parts |= set(range(meta[1]))
-                    names.setdefault(tid, meta[0])
-                targets[tid] = parts
-                names.setdefault(tid, group.deleting.get(tid, ""))
+                if tid in group.initialized:
+                    targets[tid] = set(group.initialized[tid].partitions)
+                    names[tid] = group.initialized[tid].name
+                elif tid in group.deleting:
+                    targets[tid] = set(range(meta[1])) if meta is not None else set()
+                    names[tid] = group.deleting[tid]
+                else:
+                    errors[tid] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             if not targets:
-                return ErrorCode.NONE, {}
-            initializing = {t: ti for t, ti in group.initializing.items() if t not in targets}
+                return ErrorCode.NONE, errors
             initialized = {t: ti for t, ti in group.initialized.items() if t not in targets}
             deleting = dict(group.deleting) | names
-            await self._write(group_id, [state_partition_metadata_record(group_id, initializing, initialized, deleting)])
-            errors: dict[bytes, int] = {}
+            await self._write(group_id, [
+                state_partition_metadata_record(group_id, group.initializing, initialized, deleting)
+            ])
             for tid, parts in sorted(targets.items()):
                 errors[tid] = await self._delete_state(group_id, {tid: parts}) if parts else ErrorCode.NONE
-            finished = {tid for tid, code in errors.items() if code == ErrorCode.NONE}
+            finished = {tid for tid in targets if errors[tid] == ErrorCode.NONE}
             pending = self._pending_state_deletes.setdefault(group_id, {})
             for tid in set(targets) - finished:
                 pending.setdefault(tid, set()).update(targets[tid])

@@ -105,9 +105,9 @@ class ShareCoordinator:
     ):
         """`partition_count(topic_id)` gives a topic's partition count or None if it does not exist; when
         given, state RPCs for unknown topics/partitions answer UNKNOWN_TOPIC_OR_PARTITION."""
-        self.runtime = CoordinatorRuntime(record_log, lambda _partition: ShareStateMap())
         self.num_partitions = record_log.num_partitions
         self.updates_per_snapshot = snapshot_update_records_per_snapshot
+        self.runtime = CoordinatorRuntime(record_log, lambda _partition: self._new_map())
         self.cold_snapshot_interval_ms = cold_snapshot_interval_ms
         self.clock_ms = clock_ms
         self.partition_count = partition_count
@@ -145,6 +145,9 @@ class ShareCoordinator:
     async def stop(self) -> None:
         """Let writes in progress finish (they were started, so they are completed, not dropped)."""
         await self.runtime.drain()
+
+    def _new_map(self) -> ShareStateMap:
+        return ShareStateMap(updates_per_snapshot=self.updates_per_snapshot)
 
     def partition_for(self, key: SharePartitionKey) -> int:
         return state_partition_for(key, self.num_partitions)
@@ -275,16 +278,17 @@ class ShareCoordinator:
 
     async def _write_state(self, req: WriteRequest) -> WriteResponse:
         async def action(key: SharePartitionKey, sp: int, p: WriteRequest.PartitionData) -> _Outcome:
-            if p.leader_epoch < 0:
+            if p.leader_epoch < -1:
                 raise _Refused(ErrorCode.INVALID_REQUEST, "The leader epoch is negative.")
-            if p.state_epoch < 0:
+            if p.state_epoch < -1:
                 raise _Refused(ErrorCode.INVALID_REQUEST, "The state epoch is negative.")
             current = self.maps[sp].get(key)
             if current is None:
                 raise _Refused(ErrorCode.INVALID_REQUEST, "Write on an uninitialized share partition.")
-            if current.leader_epoch > p.leader_epoch:
+            # As Kafka: an epoch of -1 is "not known" and skips its fencing check.
+            if p.leader_epoch != -1 and current.leader_epoch > p.leader_epoch:
                 raise _Refused(ErrorCode.FENCED_LEADER_EPOCH, "The leader epoch is fenced.")
-            if current.state_epoch > p.state_epoch:
+            if p.state_epoch != -1 and current.state_epoch > p.state_epoch:
                 raise _Refused(ErrorCode.FENCED_STATE_EPOCH, "The state epoch is fenced.")
             batches = [
                 PersistedStateBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)

@@ -164,6 +164,10 @@ class ShareStateMap:
     states: dict[SharePartitionKey, ShareState] = field(default_factory=dict)
     # Offset just past the last record replayed: the partition's end as far as this map knows.
     next_offset: int = 0
+    # share.coordinator.snapshot.update.records.per.snapshot: a snapshot resets a key's update count
+    # only once that many updates piled up (the snapshot they triggered), as in Kafka; cold and
+    # initialising snapshots leave the count alone.
+    updates_per_snapshot: int = 500
 
     def get(self, key: SharePartitionKey) -> ShareState | None:
         return self.states.get(key)
@@ -180,6 +184,10 @@ class ShareStateMap:
                 self.states.pop(key, None)
                 return
             v = record.value
+            previous = self.states.get(key)
+            updates = 0
+            if previous is not None and previous.updates_since_snapshot < self.updates_per_snapshot:
+                updates = previous.updates_since_snapshot
             self.states[key] = ShareState(
                 snapshot_epoch=v.snapshot_epoch,
                 state_epoch=v.state_epoch,
@@ -189,7 +197,7 @@ class ShareStateMap:
                 state_batches=_batches_from_record(v),
                 create_timestamp=v.create_timestamp,
                 write_timestamp=v.write_timestamp,
-                updates_since_snapshot=0,
+                updates_since_snapshot=updates,
                 snapshot_offset=offset,
             )
         elif record.record_type == SHARE_UPDATE:

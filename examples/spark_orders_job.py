@@ -3,10 +3,22 @@
 Reads the share group `orders-spark` on topic `orders` with the kafka-share source, turns each order
 (a UTF-8 text value such as "widget,3") into a line item with a computed total, and writes it to the
 topic `orders-priced` with the kafka-share sink. Run several copies with the same group id and they split
-the queue between them; kill one and its unfinished records go to the others (or to it when it restarts
-from its checkpoint), so every order is priced at least once.
+the queue between them.
 
-    python examples/spark_orders_job.py --bootstrap localhost:9092 --checkpoint /tmp/orders-ckpt
+    python examples/spark_orders_job.py --bootstrap localhost:9092 --checkpoint /tmp/orders-ckpt \
+        [--acknowledge-mode checkpoint|commit]
+
+What happens to a copy's unfinished micro-batch when it dies depends on `acknowledgeMode`:
+  * checkpoint (default): the batch's orders were accepted as soon as Spark logged the batch in this
+    copy's checkpoint. Only this copy, restarted from that checkpoint, prices them: it replays the batch by
+    offset. A copy that never comes back leaves its last batch unpriced. In exchange the locks are free while
+    a batch runs, batches can be large, and with an idempotent sink (files, a MERGE) the output is
+    exactly-once. The Kafka sink used here is not idempotent: a replayed batch is produced again, so the
+    priced topic gets it at least once.
+  * commit: orders are accepted only after the sink has the batch. If a copy dies, its unfinished orders
+    go back to the queue and any copy prices them, with or without a restart (at least once). Each batch
+    holds its records' locks while it runs, so it is capped by the group's in-flight limit
+    (share.partition.max.record.locks per partition).
 
 Needs pyspark 4.x with pyarrow, a Java 17+ runtime, and Shoal installed (`pip install -e .`).
 """
@@ -71,7 +83,8 @@ def build_query(
     group: str,
     checkpoint: str,
     available_now: bool = False,
-    max_records_per_trigger: int = 10_000,
+    max_offsets_per_trigger: int = 10_000,
+    acknowledge_mode: str = "checkpoint",
 ) -> StreamingQuery:
     from shoal.client.spark.source import register
 
@@ -81,7 +94,8 @@ def build_query(
         .option("kafka.bootstrap.servers", bootstrap)
         .option("group.id", group)
         .option("subscribe", source)
-        .option("maxRecordsPerTrigger", max_records_per_trigger)
+        .option("maxOffsetsPerTrigger", max_offsets_per_trigger)
+        .option("acknowledgeMode", acknowledge_mode)
         .load()
     )
     writer = (
@@ -105,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=3, help="for topics the job creates")
     parser.add_argument("--checkpoint", default=os.environ.get("CHECKPOINT_DIR", "/tmp/orders-spark-checkpoint"))
     parser.add_argument("--available-now", action="store_true", help="drain the queue, then exit")
+    parser.add_argument("--acknowledge-mode", choices=("checkpoint", "commit"), default="checkpoint")
     parser.add_argument("--master", default=os.environ.get("SPARK_MASTER", "local[2]"))
     args = parser.parse_args(argv)
 
@@ -130,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         group=args.group,
         checkpoint=args.checkpoint,
         available_now=args.available_now,
+        acknowledge_mode=args.acknowledge_mode,
     )
     try:
         query.awaitTermination()

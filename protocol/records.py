@@ -401,6 +401,10 @@ def _parse_records(
             if b < 0x80:
                 offset_delta = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif data[pos + 1] < 0x80:  # batches of more than 64 records
+                b = (b & 0x7F) | (data[pos + 1] << 7)
+                offset_delta = (b >> 1) ^ -(b & 1)
+                pos += 2
             else:
                 offset_delta, pos = slow(data, pos)
 

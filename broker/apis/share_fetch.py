@@ -18,7 +18,7 @@ from shoal.broker.share.share_session import (
     ShareSessionCache,
     next_epoch,
 )
-from shoal.broker.storage.purgatory import SHARE_SESSION_SLOT, LogKey, WakeKey
+from shoal.broker.storage.purgatory import SHARE_SESSION_SLOT, LogKey, ShareFetchKey, WakeKey
 from shoal.persister.persister import SharePartitionKey
 from shoal.protocol import messages
 from shoal.protocol.acknowledge_type import AcknowledgeType
@@ -97,7 +97,8 @@ class ShareFetchHandlers:
             return SfResponse(error_code=ErrorCode.INVALID_REQUEST,
                               error_message="a renew-only ShareFetch must not ask for records")
         epoch = req.share_session_epoch
-        has_acks = any(p.acknowledgement_batches for t in req.topics for p in t.partitions)
+        entries = _last_entries(req.topics)
+        has_acks = any(p.acknowledgement_batches for p in entries.values())
         new_partitions: set[TopicIdPartition] = set()
         if epoch == INITIAL_EPOCH:
             if has_acks:
@@ -116,95 +117,142 @@ class ShareFetchHandlers:
             session = found
             if epoch != FINAL_EPOCH:
                 session.expected_epoch = next_epoch(epoch)
-        # Session membership changes: partitions named in Topics join, ForgottenTopicsData leave.
+        # Session membership changes: partitions named in Topics join, ForgottenTopicsData leave. A new
+        # session is exactly the partitions named, so ForgottenTopicsData means nothing at epoch 0.
         if epoch != FINAL_EPOCH:
-            for t in req.topics:
-                for p in t.partitions:
-                    tp = TopicIdPartition(t.topic_id, p.partition_index)
-                    if session.add(tp):
-                        new_partitions.add(tp)
-            for ft in req.forgotten_topics_data:
-                for index in ft.partitions:
-                    session.forget(TopicIdPartition(ft.topic_id, index))
+            for tp in entries:
+                if session.add(tp):
+                    new_partitions.add(tp)
+            if epoch != INITIAL_EPOCH:
+                for ft in req.forgotten_topics_data:
+                    for index in ft.partitions:
+                        session.forget(TopicIdPartition(ft.topic_id, index))
 
-        # Acknowledgements first, so released records can be fetched again by this very request.
+        # Acknowledgements start first, every partition at once, and the fetch runs alongside their
+        # writes (as Kafka): a record released here is in a state transition until its write completes,
+        # so this very fetch does not hand it straight back.
         results: dict[TopicIdPartition, Any] = {}
-        for t in req.topics:
-            for p in t.partitions:
-                if not p.acknowledgement_batches:
-                    continue
-                tp = TopicIdPartition(t.topic_id, p.partition_index)
-                pd = results.setdefault(tp, self._empty_partition(p.partition_index))
-                pd.acknowledge_error_code = await self._acknowledge(
-                    ctx, group, member, t.topic_id, p.partition_index, p.acknowledgement_batches, version, is_renew
-                )
+        acks = self._start_acknowledgements(ctx, group, member, entries, version, is_renew, results)
 
         if epoch == FINAL_EPOCH:
+            await asyncio.gather(*acks)
             await self._close_session(session)
             return self._fetch_response(group, results)
 
         wants_records = req.max_records > 0 and req.max_bytes > 0 and not is_renew
         if wants_records:
-            await self._fetch_records(ctx, req, session, results)
-        if epoch == INITIAL_EPOCH:
-            for tp in session.partitions:
-                results.setdefault(tp, self._empty_partition(tp[1]))
+            await asyncio.gather(*acks, self._fetch_records(ctx, req, session, results))
         else:
-            for tp in new_partitions:
+            await asyncio.gather(*acks)
+        extra = session.partitions.keys() if epoch == INITIAL_EPOCH else new_partitions
+        for tp in [*extra, *session.take_resend()]:
+            if tp in session.partitions:
                 results.setdefault(tp, self._empty_partition(tp[1]))
+        session.resend.update(tp for tp, pd in results.items()
+                              if pd.error_code != ErrorCode.NONE and tp in session.partitions)
         return self._fetch_response(group, results)
+
+    def _start_acknowledgements(self, ctx: RequestContext, group: str, member: str,
+                                entries: dict[TopicIdPartition, Any], version: int, is_renew: bool,
+                                results: dict[TopicIdPartition, Any]) -> list[asyncio.Future[None]]:
+        """One task per partition with acknowledgements; each records its code in `results`. Tasks run in
+        creation order, so each applies its acknowledgement before a fetch started after them acquires."""
+        async def one(tp: TopicIdPartition, batches: list[Any]) -> None:
+            code = await self._acknowledge(ctx, group, member, tp[0], tp[1], batches, version, is_renew)
+            results[tp].acknowledge_error_code = code
+
+        tasks: list[asyncio.Future[None]] = []
+        for tp, p in entries.items():
+            if p.acknowledgement_batches:
+                results.setdefault(tp, self._empty_partition(tp[1]))
+                tasks.append(asyncio.ensure_future(one(tp, p.acknowledgement_batches)))
+        return tasks
 
     async def _fetch_records(self, ctx: RequestContext, req: messages.ShareFetchRequest, session: ShareSession,
                              results: dict[TopicIdPartition, Any]) -> None:
-        version = ctx.api_version
-        mode = AcquireMode(req.share_acquire_mode) if version >= 2 and req.share_acquire_mode in (0, 1) \
-            else AcquireMode.BATCH_OPTIMIZED
+        """Long poll: acquire once MinBytes are there (or the wait is over), until something is acquired.
+
+        Interest in every partition is registered before each look at them, so a produce or release
+        that lands during the look wakes the wait instead of being missed.
+        """
         deadline = time.monotonic() + max(0, req.max_wait_ms) / 1000
-        max_bytes = min(req.max_bytes, self.broker_max_bytes)
-        batch_size = req.batch_size if req.batch_size > 0 else req.max_records
-        member = session.member_id  # the session is the validated request's
-        # Rotate the starting partition by epoch so one busy partition cannot starve the others.
         while True:
-            remaining_records = req.max_records
-            remaining_bytes = max_bytes
-            wake_keys: list[WakeKey] = []
-            got_any = False
+            # Rotate the starting partition by epoch so one busy partition cannot starve the others.
             order = list(session.partitions)
             if order:
                 shift = session.expected_epoch % len(order)
                 order = order[shift:] + order[:shift]
-            for tp in order:
-                if remaining_records <= 0 or remaining_bytes <= 0 or ctx.connection.closed:
-                    break
-                topic_id, index = tp
-                leader, err = self._leader_for(ctx, session.group_id, topic_id, index)
-                if leader is None:
-                    pd = results.setdefault(tp, self._empty_partition(index))
-                    pd.error_code = err
-                    continue
-                wake_keys.append(LogKey(topic_id, index))
-                wake_keys.append(leader.wake_key)
-                acq = await leader.acquire(member, max_records=remaining_records, batch_size=batch_size,
-                                           max_bytes=remaining_bytes, mode=mode)
-                if acq.error_code != ErrorCode.NONE:
-                    pd = results.setdefault(tp, self._empty_partition(index))
-                    pd.error_code = acq.error_code
-                    continue
-                if not acq.acquired:
-                    continue
-                got_any = True
-                pd = results.setdefault(tp, self._empty_partition(index))
-                pd.records = acq.records
-                pd.acquired_records = [SfAcquired(first_offset=r.first_offset, last_offset=r.last_offset,
-                                                  delivery_count=r.delivery_count) for r in acq.acquired]
-                remaining_records -= sum(r.last_offset - r.first_offset + 1 for r in acq.acquired)
-                remaining_bytes -= len(acq.records)
-            left = deadline - time.monotonic()
             # A closed connection stops the poll. An acquisition already waiting for its partition when the
             # connection closed is undone by the close's release, queued behind it on the partition's lock.
-            if got_any or left <= 0 or not wake_keys or ctx.connection.closed:
-                return
-            await self.broker.purgatory.wait([*wake_keys, ctx.connection.wake_key], left)
+            keys = [key for tp in order for key in _wake_keys(session.group_id, tp)]
+            with self.broker.purgatory.watch([*keys, ctx.connection.wake_key]) as watch:
+                left = deadline - time.monotonic()
+                if left > 0 and not await self._min_bytes_ready(ctx, session.group_id, order, req.min_bytes):
+                    if ctx.connection.closed:
+                        return
+                    await watch.wait(left)
+                    continue
+                got_any, fetchable = await self._acquire_pass(ctx, req, session, order, results)
+                left = deadline - time.monotonic()
+                if got_any or left <= 0 or not fetchable or ctx.connection.closed:
+                    return
+                await watch.wait(left)
+
+    async def _min_bytes_ready(self, ctx: RequestContext, group_id: str, order: list[TopicIdPartition],
+                               min_bytes: int) -> bool:
+        """Whether the partitions hold at least MinBytes past their next fetch offsets (or an error to
+        report). MinBytes of 1 or less is left to the acquisition itself."""
+        if min_bytes <= 1:
+            return True
+        total = 0
+        for topic_id, index in order:
+            leader, _err = self._leader_for(ctx, group_id, topic_id, index)
+            if leader is None:
+                return True
+            total += await leader.fetchable_bytes(min_bytes - total)
+            if total >= min_bytes:
+                return True
+        return False
+
+    async def _acquire_pass(self, ctx: RequestContext, req: messages.ShareFetchRequest, session: ShareSession,
+                            order: list[TopicIdPartition], results: dict[TopicIdPartition, Any]) -> tuple[bool, bool]:
+        """Acquire from each partition in turn, the byte budget split evenly between them (Kafka's uniform
+        strategy); returns (anything acquired, any partition fetchable at all)."""
+        version = ctx.api_version
+        mode = AcquireMode(req.share_acquire_mode) if version >= 2 and req.share_acquire_mode in (0, 1) \
+            else AcquireMode.BATCH_OPTIMIZED
+        batch_size = req.batch_size if req.batch_size > 0 else req.max_records
+        leaders: list[tuple[TopicIdPartition, SharePartitionLeader]] = []
+        for tp in order:
+            leader, err = self._leader_for(ctx, session.group_id, *tp)
+            if leader is None:
+                results.setdefault(tp, self._empty_partition(tp[1])).error_code = err
+            else:
+                leaders.append((tp, leader))
+        if not leaders:
+            return False, False
+        per_partition_bytes = max(1, min(req.max_bytes, self.broker_max_bytes) // len(leaders))
+        remaining_records = req.max_records
+        got_any = False
+        for tp, leader in leaders:
+            if remaining_records <= 0 or ctx.connection.closed:
+                break
+            acq = await leader.acquire(session.member_id, max_records=remaining_records, batch_size=batch_size,
+                                       max_bytes=per_partition_bytes, mode=mode)
+            if acq.error_code != ErrorCode.NONE:
+                results.setdefault(tp, self._empty_partition(tp[1])).error_code = acq.error_code
+                continue
+            if tp in results:
+                results[tp].error_code = ErrorCode.NONE  # an error of an earlier pass has cleared
+            if not acq.acquired:
+                continue
+            got_any = True
+            pd = results.setdefault(tp, self._empty_partition(tp[1]))
+            pd.records = acq.records
+            pd.acquired_records = [SfAcquired(first_offset=r.first_offset, last_offset=r.last_offset,
+                                              delivery_count=r.delivery_count) for r in acq.acquired]
+            remaining_records -= sum(r.last_offset - r.first_offset + 1 for r in acq.acquired)
+        return got_any, True
 
     def _leader_for(self, ctx: RequestContext, group_id: str, topic_id: bytes,
                     index: int) -> tuple[SharePartitionLeader | None, int]:
@@ -227,8 +275,12 @@ class ShareFetchHandlers:
             return ErrorCode.UNKNOWN_TOPIC_ID
         if not ctx.authorize(Operation.READ, ResourceType.TOPIC, topic.name):
             return ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        if not 0 <= index < len(topic.partitions):
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        if not batches:
+            return ErrorCode.NONE  # nothing to apply, whether or not the share partition is loaded
         leader = self.leaders.get(SharePartitionKey(group, topic_id, index))
-        if leader is None or not 0 <= index < len(topic.partitions):
+        if leader is None:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         code = await leader.acknowledge(
             member, [AckBatch(b.first_offset, b.last_offset, list(b.acknowledge_types)) for b in batches]
@@ -270,7 +322,9 @@ class ShareFetchHandlers:
 
     # ---- ShareAcknowledge -----------------------------------------------------------------------
 
-    async def share_acknowledge(self, ctx: RequestContext, req: messages.ShareAcknowledgeRequest) -> messages.ShareAcknowledgeResponse:
+    async def share_acknowledge(
+        self, ctx: RequestContext, req: messages.ShareAcknowledgeRequest
+    ) -> messages.ShareAcknowledgeResponse:
         version = ctx.api_version
         if not self.enabled:
             return SaResponse(error_code=ErrorCode.UNSUPPORTED_VERSION, error_message="share groups are disabled")
@@ -290,15 +344,18 @@ class ShareFetchHandlers:
         if epoch != FINAL_EPOCH:
             session.expected_epoch = next_epoch(epoch)
         is_renew = version >= 2 and req.is_renew_ack
-        topics = []
-        for t in req.topics:
-            parts = []
-            for p in t.partitions:
-                err = await self._acknowledge(ctx, group, member, t.topic_id, p.partition_index,
-                                              p.acknowledgement_batches, version, is_renew)
-                parts.append(SaPartition(partition_index=p.partition_index, error_code=err,
-                                         current_leader=SaLeader(leader_id=self.broker.node_id, leader_epoch=0)))
-            topics.append(SaTopic(topic_id=t.topic_id, partitions=parts))
+        entries = _last_entries(req.topics)
+        codes = await asyncio.gather(*(
+            self._acknowledge(ctx, group, member, tid, index, p.acknowledgement_batches, version,
+                              is_renew)
+            for (tid, index), p in entries.items()
+        ))
+        by_topic: dict[bytes, list[Any]] = {}
+        for (tid, index), err in zip(entries, codes, strict=True):
+            by_topic.setdefault(tid, []).append(SaPartition(
+                partition_index=index, error_code=err,
+                current_leader=SaLeader(leader_id=self.broker.node_id, leader_epoch=0)))
+        topics = [SaTopic(topic_id=tid, partitions=parts) for tid, parts in by_topic.items()]
         if epoch == FINAL_EPOCH:
             await self._close_session(session)
         return SaResponse(error_code=ErrorCode.NONE, acquisition_lock_timeout_ms=self._lock_timeout(group),
@@ -323,7 +380,15 @@ class ShareFetchHandlers:
     def _release_member(self, group: str, member: str) -> asyncio.Future[Any]:
         """Release by member id: the member's records on every share partition of the group, all at once.
         Every release starts before this returns and runs to completion even if no one awaits it."""
-        return asyncio.gather(*(leader.release_member(member) for leader in self.leaders.of_group(group)))
+        releases = asyncio.gather(*(leader.release_member(member) for leader in self.leaders.of_group(group)))
+        releases.add_done_callback(lambda _done: self._forget_idle_group(group))
+        return releases
+
+    def _forget_idle_group(self, group: str) -> None:
+        """Once no session of the group is left on this broker, forget its share partitions: their state
+        is durable and is loaded again on next use, so memory does not grow with idle groups."""
+        if not self.sessions.has_group(group):
+            self.leaders.drop_idle_group(group)
 
     def _on_connection_closed(self, conn: KafkaConnection) -> None:
         closed = self.sessions.sessions_of(conn)
@@ -335,6 +400,16 @@ class ShareFetchHandlers:
         self.broker.purgatory.notify(SHARE_SESSION_SLOT)
         for session in closed:
             self._release_member(session.group_id, session.member_id)
+
+
+def _last_entries(topics: list[Any]) -> dict[TopicIdPartition, Any]:
+    """The request's partitions; one named twice counts once, with its last entry (as Kafka's maps)."""
+    return {TopicIdPartition(t.topic_id, p.partition_index): p for t in topics for p in t.partitions}
+
+
+def _wake_keys(group_id: str, tp: TopicIdPartition) -> tuple[WakeKey, ...]:
+    """Purgatory keys of a share partition: its log (produce) and its share state (release, expiry)."""
+    return LogKey(tp.topic_id, tp.partition), ShareFetchKey(group_id, tp.topic_id, tp.partition)
 
 
 def register(broker: Broker) -> ShareFetchHandlers:

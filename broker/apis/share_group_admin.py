@@ -20,8 +20,6 @@ from shoal.protocol.coordinator_records import fits_key_string
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.uuids import ZERO_UUID
 
-from .share_group_apis import GROUP_OPERATIONS, PROTOCOL_TYPE
-
 if TYPE_CHECKING:
     from shoal.broker.apis.broker import Broker
     from shoal.broker.network.connection import RequestContext
@@ -32,6 +30,7 @@ log = structlog.get_logger("shoal.share_group_admin")
 UNKNOWN_START_OFFSET = -1
 UNKNOWN_LAG = -1
 DEAD = "Dead"
+NO_OFFSETS_TO_DELETE = "There is no offset information to delete."
 
 DescribeOffsetsResponse = messages.DescribeShareGroupOffsetsResponse
 _DGroup = DescribeOffsetsResponse.DescribeShareGroupOffsetsResponseGroup
@@ -46,7 +45,6 @@ DeleteGroupsResponse = messages.DeleteGroupsResponse
 _DeletableGroup = DeleteGroupsResponse.DeletableGroupResult
 DescribeGroupsResponse = messages.DescribeGroupsResponse
 _DescribedGroup = DescribeGroupsResponse.DescribedGroup
-_DescribedMember = DescribeGroupsResponse.DescribedGroupMember
 
 
 def compute_lag(latest_offset: int, summary: StateSummary) -> int:
@@ -207,13 +205,13 @@ class ShareGroupAdmin:
         group_error: int = ErrorCode.NONE
         errors: dict[tuple[bytes, int], int] = {}
         if offsets:
-            # The new state epoch must not be below what the share coordinator holds (e.g. state left by
-            # an earlier incarnation of the group), or the re-initialisation would be fenced.
+            # The state epoch must not be below what the share coordinator holds (e.g. state left by an
+            # earlier incarnation of the group), or the re-initialisation would be fenced.
             summaries = await asyncio.gather(*(
                 self.broker.persister.read_state_summary(SharePartitionKey(group_id, tid, p), 0)
                 for tid, parts in offsets.items() for p in parts
             ))
-            min_epoch = max((s.state_epoch + 1 for s in summaries if s.error_code == ErrorCode.NONE
+            min_epoch = max((s.state_epoch for s in summaries if s.error_code == ErrorCode.NONE
                              and s.start_offset >= 0), default=0)
             group_error, errors = await coordinator.alter_offsets(group_id, offsets, min_state_epoch=min_epoch)
         elif not coordinator.is_empty(group_id):
@@ -275,8 +273,12 @@ class ShareGroupAdmin:
                 err = early.get(t.topic_name, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
                 responses.append(_DelTopic(topic_name=t.topic_name, topic_id=ZERO_UUID, error_code=err))
             else:
-                responses.append(_DelTopic(topic_name=t.topic_name, topic_id=tid,
-                                           error_code=errors.get(tid, ErrorCode.NONE)))
+                err = errors.get(tid, ErrorCode.NONE)
+                if err == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:  # a topic without share state (named only)
+                    responses.append(_DelTopic(topic_name=t.topic_name, topic_id=ZERO_UUID, error_code=err,
+                                               error_message=NO_OFFSETS_TO_DELETE))
+                else:
+                    responses.append(_DelTopic(topic_name=t.topic_name, topic_id=tid, error_code=err))
         return DeleteOffsetsResponse(error_code=ErrorCode.NONE, responses=responses)
 
     # ---- DeleteGroups / DescribeGroups --------------------------------------------------------------
@@ -302,7 +304,6 @@ class ShareGroupAdmin:
 
     def describe_groups(self, ctx: RequestContext, req: messages.DescribeGroupsRequest) -> messages.DescribeGroupsResponse:
         version = ctx.api_version
-        coordinator = self.coordinator
         out = []
         for group_id in req.groups:
             if not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, group_id):
@@ -312,30 +313,12 @@ class ShareGroupAdmin:
             if code != ErrorCode.NONE:
                 out.append(_DescribedGroup(group_id=group_id, error_code=code))
                 continue
-            assert coordinator is not None
-            group = coordinator.groups.get(group_id)
-            if group is None:
-                # Kafka: an unknown group is "Dead"; v6 (KIP-1043) also says GROUP_ID_NOT_FOUND.
-                described = _DescribedGroup(group_id=group_id, group_state=DEAD, error_code=ErrorCode.NONE)
-                if version >= 6:
-                    described.error_code = ErrorCode.GROUP_ID_NOT_FOUND
-                    described.error_message = f"Group {group_id} not found."
-                out.append(described)
-                continue
-            members = [
-                # Share members have no classic protocol metadata or assignment bytes.
-                _DescribedMember(member_id=m.member_id, client_id=m.client_id, client_host=m.client_host,
-                                 member_metadata=b"", member_assignment=b"")
-                for m in sorted(group.members.values(), key=lambda x: x.member_id)
-            ]
-            described = _DescribedGroup(
-                group_id=group_id, error_code=ErrorCode.NONE, group_state=group.state.value,
-                protocol_type=PROTOCOL_TYPE, protocol_data="", members=members,
-            )
-            if version >= 3 and req.include_authorized_operations:
-                described.authorized_operations = sum(
-                    1 << op for op in GROUP_OPERATIONS if ctx.authorize(op, ResourceType.GROUP, group_id)
-                )
+            # Kafka's DescribeGroups describes classic groups only: a share group (every group this broker
+            # hosts) is answered like an unknown one, "Dead", and from v6 on (KIP-1043) GROUP_ID_NOT_FOUND.
+            described = _DescribedGroup(group_id=group_id, group_state=DEAD, error_code=ErrorCode.NONE)
+            if version >= 6:
+                described.error_code = ErrorCode.GROUP_ID_NOT_FOUND
+                described.error_message = f"Group {group_id} is not a classic group."
             out.append(described)
         return DescribeGroupsResponse(groups=out)
 

@@ -107,14 +107,22 @@ _KEYS: list[ConfigKey] = [
     # Share groups (used by the share-group layers)
     ConfigKey("group.share.enable", _bool, True, "Serve share groups (share.version=1)."),
     ConfigKey("group.share.session.timeout.ms", int, 45000, "Share member session timeout.", 1),
+    ConfigKey("group.share.min.session.timeout.ms", int, 45000, "Lower bound for the session timeouts.", 1),
+    ConfigKey("group.share.max.session.timeout.ms", int, 60000, "Upper bound for the session timeouts.", 1),
     ConfigKey("group.share.heartbeat.interval.ms", int, 5000, "Share member heartbeat interval.", 1),
+    ConfigKey("group.share.min.heartbeat.interval.ms", int, 5000, "Lower bound for the heartbeat intervals.", 1),
+    ConfigKey("group.share.max.heartbeat.interval.ms", int, 15000, "Upper bound for the heartbeat intervals.", 1),
     ConfigKey("group.share.max.size", int, 200, "Members per share group.", 1),
     ConfigKey("group.share.assignors", str, "simple", "Server-side assignor."),
     ConfigKey("group.share.delivery.count.limit", int, 5, "Deliveries before a record is archived.", 2),
+    ConfigKey("group.share.min.delivery.count.limit", int, 2, "Lower bound for the delivery count limits.", 2),
+    ConfigKey("group.share.max.delivery.count.limit", int, 10, "Upper bound for the delivery count limits.", 2),
     ConfigKey("group.share.record.lock.duration.ms", int, 30000, "Acquisition lock duration.", 1000),
     ConfigKey("group.share.min.record.lock.duration.ms", int, 15000, "Lower bound for the group config.", 1000),
     ConfigKey("group.share.max.record.lock.duration.ms", int, 60000, "Upper bound for the group config.", 1000),
     ConfigKey("group.share.partition.max.record.locks", int, 2000, "In-flight records per share partition.", 100),
+    ConfigKey("group.share.min.partition.max.record.locks", int, 100, "Lower bound for the record-lock limits.", 100),
+    ConfigKey("group.share.max.partition.max.record.locks", int, 4000, "Upper bound for the record-lock limits.", 100),
     ConfigKey("group.share.max.share.sessions", int, 2000, "Share sessions per broker.", 1),
     ConfigKey("group.share.initialize.retry.interval.ms", int, 30000, "Retry interval for state initialisation.", 1),
     ConfigKey("share.coordinator.snapshot.update.records.per.snapshot", int, 500, "Updates between snapshots.", 0),
@@ -211,6 +219,7 @@ class BrokerConfig:
         config = cls(values, set(raw), per_listener)
         config.listeners()  # validate early
         config._validate_security()
+        config._validate_share_bounds()
         return config
 
     def for_listener(self, listener_name: str, key: str) -> Any:
@@ -227,6 +236,17 @@ class BrokerConfig:
         if specific is not None:
             return str(specific)
         return str(self.for_listener(listener_name, "sasl.jaas.config"))
+
+    def _validate_share_bounds(self) -> None:
+        """Each share-group default lies within its min/max keys, which also bound the group configs."""
+        for value_key, (lo_key, hi_key) in SHARE_BOUNDS.items():
+            lo, hi, value = self[lo_key], self[hi_key], self[value_key]
+            if lo > hi:
+                raise ConfigError(f"{lo_key} ({lo}) must not exceed {hi_key} ({hi})")
+            if not lo <= value <= hi:
+                raise ConfigError(f"{value_key} must be between {lo_key} ({lo}) and {hi_key} ({hi}), got {value}")
+        if self["group.share.heartbeat.interval.ms"] >= self["group.share.session.timeout.ms"]:
+            raise ConfigError("group.share.heartbeat.interval.ms must be less than group.share.session.timeout.ms")
 
     def _validate_security(self) -> None:
         names = {lst.name for lst in self.listeners()} | set(self.per_listener)
@@ -285,6 +305,19 @@ class BrokerConfig:
             port = lst.port or by_name[lst.name].port if lst.name in by_name else lst.port
             out.append(Listener(lst.name, lst.security_protocol, lst.host, port))
         return out
+
+
+# Share-group settings bounded by broker min/max keys (Kafka 4.3's ShareGroupConfig): the broker's own
+# default and every group's dynamic value must lie within them.
+SHARE_BOUNDS: dict[str, tuple[str, str]] = {
+    "group.share.session.timeout.ms": ("group.share.min.session.timeout.ms", "group.share.max.session.timeout.ms"),
+    "group.share.heartbeat.interval.ms": (
+        "group.share.min.heartbeat.interval.ms", "group.share.max.heartbeat.interval.ms"),
+    "group.share.delivery.count.limit": (
+        "group.share.min.delivery.count.limit", "group.share.max.delivery.count.limit"),
+    "group.share.partition.max.record.locks": (
+        "group.share.min.partition.max.record.locks", "group.share.max.partition.max.record.locks"),
+}
 
 
 def _parse_value(spec: ConfigKey, key: str, text: str) -> Any:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from shoal.broker.server.config import BrokerConfig
+from shoal.broker.server.config import SHARE_BOUNDS, BrokerConfig
 from shoal.iso_duration import parse_iso_duration_ms
 from shoal.protocol.errors import shorten
 
@@ -63,6 +63,12 @@ def _isolation(value: str, cfg: BrokerConfig) -> None:
         raise InvalidGroupConfig("must be read_uncommitted or read_committed")
 
 
+def _bounded(name: str, broker_key: str) -> GroupConfigKey:
+    """A group config defaulting to `broker_key` and bounded by that key's broker min/max keys."""
+    lo_key, hi_key = SHARE_BOUNDS[broker_key]
+    return GroupConfigKey(name, broker_key, "", _int_between(lo_key, hi_key))
+
+
 KEYS: dict[str, GroupConfigKey] = {
     k.name: k
     for k in (
@@ -74,10 +80,10 @@ KEYS: dict[str, GroupConfigKey] = {
             "",
             _int_between("group.share.min.record.lock.duration.ms", "group.share.max.record.lock.duration.ms"),
         ),
-        GroupConfigKey("share.session.timeout.ms", "group.share.session.timeout.ms", "", _int_between(1000, 3_600_000)),
-        GroupConfigKey("share.heartbeat.interval.ms", "group.share.heartbeat.interval.ms", "", _int_between(100, 3_600_000)),
-        GroupConfigKey("share.delivery.count.limit", "group.share.delivery.count.limit", "", _int_between(2, 10)),
-        GroupConfigKey("share.partition.max.record.locks", "group.share.partition.max.record.locks", "", _int_between(100, 10000)),
+        _bounded("share.session.timeout.ms", "group.share.session.timeout.ms"),
+        _bounded("share.heartbeat.interval.ms", "group.share.heartbeat.interval.ms"),
+        _bounded("share.delivery.count.limit", "group.share.delivery.count.limit"),
+        _bounded("share.partition.max.record.locks", "group.share.partition.max.record.locks"),
     )
 }
 

@@ -14,6 +14,9 @@ Model
   last cached offset, or SPSO - 1 when nothing is cached. Offsets in [SPSO, SPEO] with no batch are a
   gap window (persisted state had a hole there) and are fetched and acquired like new records.
 * Acknowledgements are applied at once and can be undone with ``rollback()`` when the write fails.
+  With ``until_written=True`` (acknowledgements and member releases) the records they make AVAILABLE
+  are in a state transition until ``written()``: not acquirable, so a RELEASE is not handed straight
+  back by a fetch running alongside its write (as Kafka's ongoing state transitions).
 * ``write_state()`` returns only what changed since the previous call (the KIP's delta writes) unless
   a write was reported lost (``rollback`` / ``mark_write_failed``) or ``changed_only=False``: then it
   returns the whole cache. ACQUIRED is never persisted: it is written as AVAILABLE with its count.
@@ -77,6 +80,7 @@ class StateSnapshot:
 _AVAILABLE = 0
 _ACQUIRED = 1
 _ACKNOWLEDGED = 2
+_RELEASING = 3  # internal: AVAILABLE once its write is done; persisted as AVAILABLE, never loaded
 _ARCHIVED = 4
 _TERMINAL = (_ACKNOWLEDGED, _ARCHIVED)
 
@@ -294,7 +298,12 @@ class SharePartition:
 
     @property
     def available_count(self) -> int:
-        return self._state_counts[_AVAILABLE]
+        return self._state_counts[_AVAILABLE] + self._state_counts[_RELEASING]
+
+    @property
+    def transitioning_count(self) -> int:
+        """Records released whose write has not completed yet (not acquirable until ``written``)."""
+        return self._state_counts[_RELEASING]
 
     @property
     def acknowledged_count(self) -> int:
@@ -331,7 +340,7 @@ class SharePartition:
         if b is None:
             return None
         (_lo, _hi, s, m, c, _d), = b.runs(offset, offset)
-        return RecordState(s), m, c
+        return RecordState(_AVAILABLE if s == _RELEASING else s), m, c
 
     def lock_deadline(self, offset: int) -> int | None:
         b = self._batch_at(offset)
@@ -380,7 +389,7 @@ class SharePartition:
             self._lock_counts.pop(deadline, None)
 
     def _set(self, b: _Batch, lo: int, hi: int, state: int, member: str | None, count: int,
-             deadline: int) -> None:
+             deadline: int, *, dirty: bool = True) -> None:
         """The single place record states change, so counters, lock index and dirty ranges agree."""
         for rl, rh, s, _m, _c, d in b.runs(lo, hi):
             n = rh - rl + 1
@@ -391,7 +400,7 @@ class SharePartition:
         self._state_counts[state] += n
         if state == _ACQUIRED:
             self._lock_add(deadline, n)
-        else:
+        elif dirty:
             # Acquisitions are not persisted on their own; every other transition is.
             self._mark_dirty(lo, hi)
         b.assign(lo, hi, state, member, count, deadline)
@@ -448,15 +457,15 @@ class SharePartition:
         self._nfo = None
         return dropped
 
-    def _release_run(self, b: _Batch, lo: int, hi: int, count: int) -> None:
-        """ACQUIRED -> AVAILABLE, or ARCHIVED below SPSO or at the delivery count limit."""
+    def _release_run(self, b: _Batch, lo: int, hi: int, count: int, available: int = _AVAILABLE) -> None:
+        """ACQUIRED -> AVAILABLE (or ``available``), or ARCHIVED below SPSO or at the delivery count limit."""
         if lo < self._spso:
             cut = min(hi, self._spso - 1)
             self._set(b, lo, cut, _ARCHIVED, None, count, 0)
             lo = cut + 1
             if lo > hi:
                 return
-        state = _ARCHIVED if count >= self.delivery_count_limit else _AVAILABLE
+        state = _ARCHIVED if count >= self.delivery_count_limit else available
         self._set(b, lo, hi, state, None, count, 0)
 
     # ------------------------------------------------------------------ fetch side
@@ -694,11 +703,13 @@ class SharePartition:
 
     # ------------------------------------------------------------------ acknowledgements
 
-    def acknowledge(self, member_id: str, batches: Sequence[AckBatch], *, now_ms: int) -> AckOutcome:
+    def acknowledge(self, member_id: str, batches: Sequence[AckBatch], *, now_ms: int,
+                    until_written: bool = False) -> AckOutcome:
         """Apply one request's acknowledgements for this partition atomically.
 
         INVALID_REQUEST for malformed batches or ranges past the cache, INVALID_RECORD_STATE for
-        offsets not cached or not ACQUIRED by ``member_id``; on any error nothing changes.
+        offsets not cached or not ACQUIRED by ``member_id``; on any error nothing changes. With
+        ``until_written`` released records are not acquirable until ``written(outcome)``.
         """
         prev_last: int | None = None
         for ab in batches:
@@ -716,7 +727,7 @@ class SharePartition:
         for ab in batches:
             if ab.last_offset < spso_before:
                 continue  # already behind SPSO
-            err = self._ack_one(member_id, ab, now_ms, changes, touched)
+            err = self._ack_one(member_id, ab, now_ms, changes, touched, until_written)
             if err:
                 for ch in reversed(changes):
                     self._restore(ch, match_renew=True)
@@ -731,7 +742,7 @@ class SharePartition:
         return AckOutcome(0, _Undo(changes, spso_before, self._spso, dropped))
 
     def _ack_one(self, member: str, ab: AckBatch, now_ms: int, changes: list[_Change],
-                 touched: list[_Batch]) -> int:
+                 touched: list[_Batch], until_written: bool) -> int:
         first = max(ab.first_offset, self._spso)
         last = ab.last_offset
         batches = self._batches
@@ -754,7 +765,7 @@ class SharePartition:
             if not touched or touched[-1] is not b:
                 touched.append(b)
             if len(types) == 1:
-                self._ack_range(b, lo, hi, types[0], now_ms, changes)
+                self._ack_range(b, lo, hi, types[0], now_ms, changes, until_written)
                 continue
             base = ab.first_offset
             o = lo
@@ -763,12 +774,12 @@ class SharePartition:
                 e = o
                 while e < hi and types[e + 1 - base] == t:
                     e += 1
-                self._ack_range(b, o, e, t, now_ms, changes)
+                self._ack_range(b, o, e, t, now_ms, changes, until_written)
                 o = e + 1
         return 0
 
     def _ack_range(self, b: _Batch, lo: int, hi: int, ack_type: int, now_ms: int,
-                   changes: list[_Change]) -> None:
+                   changes: list[_Change], until_written: bool) -> None:
         for rl, rh, s, m, c, d in b.runs(lo, hi):
             renew = ack_type == AcknowledgeType.RENEW
             if renew:
@@ -776,18 +787,22 @@ class SharePartition:
             elif ack_type == AcknowledgeType.ACCEPT:
                 new_state, new_member, new_deadline = _ACKNOWLEDGED, None, 0
             elif ack_type == AcknowledgeType.RELEASE:
-                new_state = _ARCHIVED if c >= self.delivery_count_limit else _AVAILABLE
+                if c >= self.delivery_count_limit:
+                    new_state = _ARCHIVED
+                else:
+                    new_state = _RELEASING if until_written else _AVAILABLE
                 new_member, new_deadline = None, 0
             else:  # GAP and REJECT
                 new_state, new_member, new_deadline = _ARCHIVED, None, 0
             changes.append(_Change(rl, rh, s, m, c, d, new_state, new_member, new_deadline, renew))
             self._set(b, rl, rh, new_state, new_member, c, new_deadline)
 
-    def _restore(self, ch: _Change, *, match_renew: bool) -> None:
-        """Put a changed run back where it still holds exactly what the acknowledgement wrote."""
+    def _restore(self, ch: _Change, *, match_renew: bool, below_spso: bool = False) -> None:
+        """Put a changed run back where it still holds exactly what the acknowledgement wrote (below SPSO
+        too with ``below_spso``: a release archives ACQUIRED records the log start overtook)."""
         if ch.renew and not match_renew:
             return
-        lo = max(ch.first, self._spso)
+        lo = ch.first if below_spso else max(ch.first, self._spso)
         hi = ch.last
         if lo > hi:
             return
@@ -814,7 +829,9 @@ class SharePartition:
         if undo is None or undo.used:
             return False
         undo.used = True
-        if self._spso == undo.spso_after and undo.spso_before < undo.spso_after:
+        # Nothing moved SPSO since: the outcome is undone exactly, batches it dropped included.
+        unmoved = self._spso == undo.spso_after
+        if unmoved:
             if undo.dropped:
                 self._batches[0:0] = undo.dropped
                 self._firsts[0:0] = [b.first for b in undo.dropped]
@@ -822,7 +839,7 @@ class SharePartition:
                     self._account(b, 1)
             self._spso = undo.spso_before
         for ch in reversed(undo.changes):
-            self._restore(ch, match_renew=False)
+            self._restore(ch, match_renew=False, below_spso=unmoved)
         self._full_write = True
         self._dirty.clear()
         self._nfo = None
@@ -833,24 +850,51 @@ class SharePartition:
 
     # ------------------------------------------------------------------ releases and expiry
 
-    def release_member(self, member_id: str, *, now_ms: int) -> bool:
+    def release_member(self, member_id: str, *, now_ms: int, until_written: bool = False) -> AckOutcome | None:
         """Session close / disconnect: the member's ACQUIRED records go back, delivery count kept.
 
-        ``now_ms`` is not needed for the transition itself (locks of other members are left to
-        ``expire_locks``); it is accepted so every mutating call has the same shape.
+        Returns None when the member held nothing, else an outcome that ``rollback`` can undo (the
+        records go back to ACQUIRED, to lapse with their lock) and ``written`` completes. ``now_ms``
+        is not needed for the transition itself (locks of other members are left to ``expire_locks``).
         """
         del now_ms
-        changed = False
+        available = _RELEASING if until_written else _AVAILABLE
+        changes: list[_Change] = []
+        spso_before = self._spso
         for b in list(self._batches):
             runs = [r for r in b.runs(b.first, b.last) if r[2] == _ACQUIRED and r[3] == member_id]
-            for rl, rh, _s, _m, c, _d in runs:
-                self._release_run(b, rl, rh, c)
-                changed = True
+            for rl, rh, _s, m, c, d in runs:
+                self._release_run(b, rl, rh, c, available)
+                for ql, qh, qs, _qm, _qc, _qd in b.runs(rl, rh):
+                    changes.append(_Change(ql, qh, _ACQUIRED, m, c, d, qs, None, 0, False))
             if runs:
                 b.maybe_collapse()
-        if changed:
-            self._advance()
-        return changed
+        if not changes:
+            return None
+        dropped = self._advance()
+        return AckOutcome(0, _Undo(changes, spso_before, self._spso, dropped))
+
+    def written(self, outcome: AckOutcome) -> None:
+        """The write carrying ``outcome`` succeeded: its released records become acquirable."""
+        undo = outcome.undo
+        if undo is None or undo.used:
+            return
+        undo.used = True
+        for ch in undo.changes:
+            if ch.new_state != _RELEASING:
+                continue
+            lo, hi = ch.first, ch.last
+            for k in range(self._batch_index(lo), len(self._batches)):
+                b = self._batches[k]
+                if b.first > hi:
+                    break
+                for rl, rh, s, m, c, _d in b.runs(lo, hi):
+                    if s == _RELEASING and m is None and c == ch.count:
+                        if rl < self._spso:  # passed by SPSO meanwhile: gone for good
+                            self._release_run(b, rl, rh, c)
+                        else:
+                            self._set(b, rl, rh, _AVAILABLE, None, c, 0, dirty=False)
+                b.maybe_collapse()
 
     def next_lock_deadline(self) -> int | None:
         heap = self._lock_heap
@@ -923,7 +967,7 @@ class SharePartition:
                 if b.first > hi:
                     break
                 for first, last, s, _m, c, _d in b.runs(lo, hi):
-                    state = _AVAILABLE if s == _ACQUIRED else s
+                    state = _AVAILABLE if s in (_ACQUIRED, _RELEASING) else s
                     if out and out[-1].last_offset + 1 == first and out[-1].delivery_state == state \
                             and out[-1].delivery_count == c:
                         out[-1] = PersistedStateBatch(out[-1].first_offset, last, state, c)

@@ -7,6 +7,10 @@ acknowledgement is answered only after WriteShareGroupState succeeded, and rolle
 A change that started persisting finishes whatever happens to its caller: acknowledgements and
 releases run in a task of their own (`finish`), so a caller cancelled mid-write (a shutdown) cannot
 leave memory ahead of the persisted state; if that task itself is cancelled, memory is rolled back.
+
+`lock` guards the in-memory state only while it changes; writes are ordered by `write_lock`, so a
+fetch can acquire while an acknowledgement's write is under way (records that write releases are
+not acquirable until it completes, as in Kafka).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from shoal.protocol.errors import ErrorCode
 from .group_configs import GroupConfigs
 from .share_partition import (
     AckBatch,
+    AckOutcome,
     AcquiredRange,
     AcquireMode,
     FetchedBatch,
@@ -109,6 +114,8 @@ class SharePartitionLeader:
         self.on_change = on_change
         self.state: SharePartition | None = None
         self.lock = asyncio.Lock()
+        self.write_lock = asyncio.Lock()
+        self.writes_in_flight = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
         self.load_time_ms: float = 0.0
@@ -199,6 +206,11 @@ class SharePartitionLeader:
         self.state = None
         self._cancel_timer()
 
+    @property
+    def idle(self) -> bool:
+        """Nothing is loading, acquiring, acknowledging or writing."""
+        return not self.lock.locked() and self.writes_in_flight == 0
+
     # ---- acquisition --------------------------------------------------------------------------
 
     async def acquire(self, member_id: str, *, max_records: int, batch_size: int, max_bytes: int,
@@ -208,8 +220,6 @@ class SharePartitionLeader:
             sp = self.state
             if err != ErrorCode.NONE or sp is None:
                 return Acquisition(b"", [], err)
-            if sp.start_offset < self.plog.log_start_offset:
-                sp.on_log_start_offset_moved(self.plog.log_start_offset)
             if not sp.can_acquire():
                 return Acquisition(b"", [])
             fetch_offset = sp.next_fetch_offset()
@@ -218,7 +228,8 @@ class SharePartitionLeader:
             try:
                 batches = self.plog.read_batch_headers(fetch_offset, max_bytes)
             except OffsetOutOfRange:
-                # The log start moved past our SPSO: archive what is gone and start again from the log start.
+                # The log start moved past the fetch offset: archive what is gone and start again from the log
+                # start. Only then, as in Kafka; records still acquired below it can be acknowledged until then.
                 sp.on_log_start_offset_moved(self.plog.log_start_offset)
                 return Acquisition(b"", [])
             if not batches:
@@ -236,6 +247,17 @@ class SharePartitionLeader:
             chosen = [view for h, view in batches if h.last_offset >= first and h.base_offset <= last]
             return Acquisition(b"".join(chosen), ranges)
 
+    async def fetchable_bytes(self, enough: int) -> int:
+        """Log bytes from the next fetch offset on, counted up to `enough`: what a long poll weighs
+        against MinBytes before acquiring anything (`enough` when loading failed: a fetch reports why)."""
+        async with self.lock:
+            if await self.ensure_loaded() != ErrorCode.NONE or self.state is None:
+                return enough
+            sp = self.state
+            if not sp.can_acquire():
+                return 0
+            return self.plog.bytes_from(sp.next_fetch_offset(), enough)
+
     # ---- acknowledgement and release ------------------------------------------------------------
 
     def acknowledge(self, member_id: str, batches: list[AckBatch]) -> asyncio.Future[int]:
@@ -247,25 +269,14 @@ class SharePartitionLeader:
             sp = self.state
             if err != ErrorCode.NONE or sp is None:
                 return err
-            outcome = sp.acknowledge(member_id, batches, now_ms=now_ms())
+            outcome = sp.acknowledge(member_id, batches, now_ms=now_ms(), until_written=True)
             if outcome.error_code != ErrorCode.NONE:
                 return outcome.error_code
-            if outcome.persist_required:
-                write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
-                try:
-                    write_err = await self._persist()
-                finally:
-                    if write_err != ErrorCode.NONE:
-                        # Not made durable (failed, or cancelled mid-write): undo it so memory matches disk.
-                        sp.rollback(outcome, now_ms=now_ms())
-                        self._after_failed_write(write_err)
-                        self._cancel_timer()
-                        self._arm_timer()
-                if write_err != ErrorCode.NONE:
-                    return write_err
-            self._arm_timer()
+            if not outcome.persist_required:
+                self._arm_timer()
+        code = await self._write_outcome(sp, outcome) if outcome.persist_required else ErrorCode.NONE
         self._changed()
-        return ErrorCode.NONE
+        return code
 
     def release_member(self, member_id: str) -> asyncio.Future[None]:
         """Release the member's acquired records; started at once, so it runs even if never awaited."""
@@ -276,37 +287,60 @@ class SharePartitionLeader:
             sp = self.state
             if sp is None:
                 return
-            if sp.release_member(member_id, now_ms=now_ms()):
-                # The release stands even if its write fails (as a lock expiry does): the next write carries it.
-                write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
-                try:
-                    write_err = await self._persist()
-                finally:
-                    if write_err != ErrorCode.NONE:
-                        sp.mark_write_failed()
-                        self._after_failed_write(write_err)
+            outcome = sp.release_member(member_id, now_ms=now_ms(), until_written=True)
+        if outcome is not None:
+            await self._write_outcome(sp, outcome)
         self._changed()
+
+    async def _write_outcome(self, sp: SharePartition, outcome: AckOutcome) -> int:
+        """Persist an applied transition; complete it when written, roll it back (records back to
+        ACQUIRED) when not, so memory matches what is durable."""
+        write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
+        try:
+            write_err = await self._persist()
+        finally:
+            # Also when cancelled mid-write: not known to be durable, so rolled back.
+            if self.state is sp:
+                if write_err != ErrorCode.NONE:
+                    sp.rollback(outcome, now_ms=now_ms())
+                    self._after_failed_write(write_err)
+                    self._cancel_timer()
+                else:
+                    sp.written(outcome)
+                self._arm_timer()
+        return write_err
 
     async def _expire_locks(self) -> None:
         async with self.lock:
             sp = self.state
             if sp is None:
                 return
-            if sp.expire_locks(now_ms()):
-                # The transition stands even if the write fails (as in Kafka); the next write carries it.
-                write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
-                try:
-                    write_err = await self._persist()
-                finally:
-                    if write_err != ErrorCode.NONE:
-                        sp.mark_write_failed()
+            expired = sp.expire_locks(now_ms())
             self._timer_at = None
             self._arm_timer()
+        if expired and self.state is sp:
+            # The transition stands even if the write fails (as in Kafka); the next write carries it.
+            write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
+            try:
+                write_err = await self._persist()
+            finally:
+                if write_err != ErrorCode.NONE and self.state is sp:
+                    sp.mark_write_failed()
         self._changed()
 
     async def _persist(self) -> int:
+        """Write what changed, in order with every other write of this share partition."""
+        self.writes_in_flight += 1
+        try:
+            async with self.write_lock:
+                return await self._write()
+        finally:
+            self.writes_in_flight -= 1
+
+    async def _write(self) -> int:
         sp = self.state
-        assert sp is not None
+        if sp is None:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER  # dropped while the write waited its turn
         snap = sp.write_state()
         request = WriteStateRequest(
             key=self.key,
@@ -405,6 +439,14 @@ class SharePartitionLeaders:
     def drop_group(self, group_id: str) -> None:
         for key in [k for k in self._leaders if k.group_id == group_id]:
             self._leaders.pop(key).drop()
+
+    def drop_idle_group(self, group_id: str) -> int:
+        """Forget the group's share partitions that nothing is using (their state is durable and is
+        loaded again on next use); returns how many went."""
+        keys = [k for k, leader in self._leaders.items() if k.group_id == group_id and leader.idle]
+        for key in keys:
+            self._leaders.pop(key).drop()
+        return len(keys)
 
     def drop_topic(self, topic_id: bytes) -> None:
         for key in [k for k in self._leaders if k.topic_id == topic_id]:

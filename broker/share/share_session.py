@@ -32,6 +32,9 @@ class ShareSession:
     expected_epoch: int = 1
     # Insertion-ordered set of the session's partitions (dict keys keep order).
     partitions: dict[TopicIdPartition, None] = field(default_factory=dict)
+    # Partitions answered with an error: the next response names them again, so a client learns the
+    # error cleared (as Kafka's CachedSharePartition.requiresUpdateInResponse).
+    resend: set[TopicIdPartition] = field(default_factory=set)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -45,12 +48,18 @@ class ShareSession:
 
     def forget(self, tp: TopicIdPartition) -> None:
         self.partitions.pop(tp, None)
+        self.resend.discard(tp)
+
+    def take_resend(self) -> set[TopicIdPartition]:
+        out, self.resend = self.resend, set()
+        return out
 
 
 class ShareSessionCache:
     def __init__(self, max_sessions: int):
         self.max_sessions = max_sessions
         self._sessions: dict[tuple[str, str], ShareSession] = {}
+        self._per_group: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -75,16 +84,27 @@ class ShareSessionCache:
         old = self._sessions.get((group_id, member_id))
         session = ShareSession(group_id, member_id, connection)
         self._sessions[session.key] = session
+        if old is None:
+            self._per_group[group_id] = self._per_group.get(group_id, 0) + 1
         return session, old
 
     def remove(self, session: ShareSession) -> bool:
         if self._sessions.get(session.key) is session:
             del self._sessions[session.key]
+            left = self._per_group[session.group_id] - 1
+            if left:
+                self._per_group[session.group_id] = left
+            else:
+                del self._per_group[session.group_id]
             return True
         return False
+
+    def has_group(self, group_id: str) -> bool:
+        """Whether any session of the group is open on this broker."""
+        return group_id in self._per_group
 
     def sessions_of(self, connection: Any) -> list[ShareSession]:
         return [s for s in self._sessions.values() if s.connection is connection]
 
     def groups(self) -> set[str]:
-        return {s.group_id for s in self._sessions.values()}
+        return set(self._per_group)

@@ -33,6 +33,7 @@ from shoal.broker.storage.log_segment import (
     LogSegment,
 )
 from shoal.protocol.record_batch import BatchHeader, iter_batches, set_base_offset, set_log_append_time
+from shoal.protocol.records import decode_records
 
 log = structlog.get_logger(__name__)
 
@@ -429,18 +430,37 @@ class PartitionLog:
         data = memoryview(self.read(fetch_offset, max_bytes, max_offset=max_offset))
         return [(header, data[pos : pos + header.size]) for pos, header in iter_batches(data)]
 
-    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first batch whose max timestamp is >= `timestamp_ms`, else None.
+    def bytes_from(self, offset: int, enough: int) -> int:
+        """Bytes of the log from the batch holding `offset` to the log end, counted up to at least
+        `enough` (a long poll's MinBytes); 0 at or past the end."""
+        self._check_open()
+        if offset >= self.log_end_offset:
+            return 0
+        offset = max(offset, self.log_start_offset)
+        i = self._segment_index(offset)
+        total = self.segments[i].size - self.segments[i].position_of(offset)
+        for seg in self.segments[i + 1 :]:
+            if total >= enough:
+                break
+            total += seg.size
+        return total
 
-        Kafka answers with the first *record* at or after the timestamp; records are opaque here, so we
-        return that batch's base offset (clamped to the log start) and its max timestamp. A consumer
-        seeking there sees the wanted record, possibly after a few earlier ones from the same batch.
-        """
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record at or after the log start whose timestamp is >=
+        `timestamp_ms`, else None. As in Kafka: the first batch whose max timestamp reaches it is found
+        through the time index, then its records are read to pick the record itself."""
         self._check_open()
         for seg in self.segments[self._segment_index(self.log_start_offset) :]:
             header = seg.find_timestamp(timestamp_ms, self.log_start_offset)
             if header is not None:
-                return max(header.base_offset, self.log_start_offset), header.max_timestamp
+                start = max(header.base_offset, self.log_start_offset)
+                for h, view in self.read_batch_headers(start, header.size):
+                    if h.base_offset != header.base_offset:
+                        continue
+                    for record in decode_records(view, 0, h):
+                        if record.offset >= start and record.timestamp >= timestamp_ms:
+                            return record.offset, record.timestamp
+                return start, header.max_timestamp
         return None
 
     def max_timestamp(self) -> tuple[int, int]:

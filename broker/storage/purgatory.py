@@ -1,7 +1,8 @@
 """The request purgatory: parked long-poll requests woken when the thing they wait on changes.
 
 A key names the state a request waits on (`WakeKey`); a waiter wakes on the first notify of any of
-its keys or at its deadline.
+its keys or at its deadline. A `watch` registers before the caller looks at the state, so a notify
+that arrives while it looks is not lost.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
+from types import TracebackType
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,30 +48,63 @@ class ConnectionClosedKey:
 WakeKey = LogKey | ShareFetchKey | ShareSessionSlotKey | ConnectionClosedKey
 
 
+class Watch:
+    """Interest in some keys, registered from creation until `close`; `wait` returns at once when one
+    of them was notified since."""
+
+    def __init__(self, purgatory: Purgatory, keys: Iterable[WakeKey]):
+        self._purgatory = purgatory
+        self._keys = list(keys)
+        self._fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        for key in self._keys:
+            purgatory._watchers.setdefault(key, set()).add(self._fut)
+
+    @property
+    def notified(self) -> bool:
+        return self._fut.done() and self._fut.result()
+
+    async def wait(self, timeout_s: float) -> bool:
+        """Park until a notify (possibly one that already happened) or `timeout_s`; True if notified."""
+        if self._fut.done():
+            return self._fut.result()
+        if timeout_s <= 0:
+            return False
+        handle = asyncio.get_running_loop().call_later(timeout_s, _expire, self._fut)
+        try:
+            return await asyncio.shield(self._fut)
+        finally:
+            handle.cancel()
+
+    def close(self) -> None:
+        watchers_by_key = self._purgatory._watchers
+        for key in self._keys:
+            watchers = watchers_by_key.get(key)
+            if watchers is not None:
+                watchers.discard(self._fut)
+                if not watchers:
+                    del watchers_by_key[key]
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
 class Purgatory:
     def __init__(self) -> None:
         self._watchers: dict[WakeKey, set[asyncio.Future[bool]]] = {}
+
+    def watch(self, keys: Iterable[WakeKey]) -> Watch:
+        return Watch(self, keys)
 
     async def wait(self, keys: Iterable[WakeKey], timeout_s: float) -> bool:
         """Park until one of `keys` is notified or `timeout_s` passes; True if woken by a notify."""
         if timeout_s <= 0:
             return False
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[bool] = loop.create_future()
-        keys = list(keys)
-        for key in keys:
-            self._watchers.setdefault(key, set()).add(fut)
-        handle = loop.call_later(timeout_s, _expire, fut)
-        try:
-            return await fut
-        finally:
-            handle.cancel()
-            for key in keys:
-                watchers = self._watchers.get(key)
-                if watchers is not None:
-                    watchers.discard(fut)
-                    if not watchers:
-                        del self._watchers[key]
+        with self.watch(keys) as watch:
+            return await watch.wait(timeout_s)
 
     def notify(self, key: WakeKey) -> None:
         watchers = self._watchers.get(key)

@@ -36,7 +36,13 @@ from shoal.protocol import messages
 from shoal.protocol.acknowledge_type import AcknowledgeType
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
-from shoal.protocol.record_batch import InvalidRecordBatch
+from shoal.protocol.record_batch import (
+    HEADER_SIZE,
+    LENGTH_POS,
+    LOG_OVERHEAD,
+    InvalidRecordBatch,
+    parse_batch_header,
+)
 from shoal.protocol.records import iter_decoded_batches
 from shoal.protocol.topic_id_partition import TopicIdPartition
 from shoal.protocol.uuids import MAX_MEMBER_ID_LENGTH, uuid_to_str
@@ -79,6 +85,26 @@ class ShareRecord:
     value: bytes | None
     headers: list[tuple[str, bytes | None]]
     delivery_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class AcquiredRange:
+    """Offsets first..last of one partition, acquired for this member with one delivery count, as a
+    header-only consumer hands them out: the records are not decoded (they may be read later by offset).
+    `size` estimates their bytes in the log from the batches they lie in. Offsets of control batches are
+    never part of a range (the consumer acknowledges them as GAP itself); offsets a compacted batch lacks
+    may be."""
+
+    topic: str
+    partition: int
+    first_offset: int
+    last_offset: int
+    delivery_count: int
+    size: int
+
+    @property
+    def count(self) -> int:
+        return self.last_offset - self.first_offset + 1
 
 
 def new_member_id() -> str:
@@ -140,14 +166,20 @@ class AsyncShareConsumer:
         request_timeout_ms: int = 30_000,
         config: Mapping[str, Any] | None = None,
         member_id: str | None = None,
+        header_only: bool = False,
     ):
         """`member_id`: reuse the id of an earlier incarnation of this member (e.g. a restarted job) so
         that rejoining takes over its assignment at once instead of waiting for its session to expire.
-        Two live consumers must never share one. Default: a fresh random id."""
+        Two live consumers must never share one. Default: a fresh random id.
+
+        `header_only`: acquire without decoding records; read the acquisitions with poll_ranges() and
+        settle them with acknowledge_range() (explicit mode only)."""
         if acknowledgement_mode not in ("implicit", "explicit"):
             raise ValueError("acknowledgement_mode must be 'implicit' or 'explicit'")
         if not group_id:
             raise ValueError("group_id is required")
+        if header_only and acknowledgement_mode != "explicit":
+            raise ValueError("header_only needs acknowledgement_mode='explicit'")
         if member_id is not None and not 0 < len(member_id) <= MAX_MEMBER_ID_LENGTH:
             raise ValueError(f"member_id must be 1 to {MAX_MEMBER_ID_LENGTH} characters")
         self.group_id = group_id
@@ -180,6 +212,11 @@ class AsyncShareConsumer:
         self._buffer: deque[tuple[ShareRecord, int, float]] = deque()
         self._budget_rotation = 0
         self._delivered: dict[tuple[str, int, int], int] = {}  # record key -> node
+        self.header_only = header_only
+        # Header-only mode: acquired ranges not handed out yet, and handed-out ones by (topic, partition,
+        # first offset) -> (last offset, node).
+        self._ranges: deque[tuple[AcquiredRange, int, float]] = deque()
+        self._delivered_ranges: dict[tuple[str, int, int], tuple[int, int]] = {}
         self._renewed: dict[tuple[str, int, int], int] = {}
         self._ack_callback: AckCallback | None = None
         self._fatal: KafkaError | None = None
@@ -364,10 +401,53 @@ class AsyncShareConsumer:
         Implicit mode accepts the records of the previous poll now. In explicit mode records stay acquired
         (until their lock expires) until acknowledge() settles them, which may happen after later polls.
         """
+        if self.header_only:
+            raise IllegalStateError("a header-only consumer hands out acquisitions with poll_ranges()")
+        limit = self._poll_limit(max_records)
+        started = await self._fill(timeout, max_records)
+        out: list[ShareRecord] = []
+        self._drop_expired()
+        while self._buffer and len(out) < limit:
+            record, node, _ = self._buffer.popleft()
+            out.append(record)
+            self._delivered[(record.topic, record.partition, record.offset)] = node
+        self._poll_done(started)
+        return out
+
+    async def poll_ranges(self, timeout: float = 1.0, max_records: int | None = None) -> list[AcquiredRange]:
+        """Header-only mode: the offset ranges acquired for this member (at most `max_records` offsets,
+        acquired strictly so where the broker allows it), without their records."""
+        if not self.header_only:
+            raise IllegalStateError("poll_ranges() needs header_only=True")
+        limit = self._poll_limit(max_records)
+        started = await self._fill(timeout, max_records)
+        out: list[AcquiredRange] = []
+        self._drop_expired()
+        taken = 0
+        while self._ranges and taken < limit:
+            rng, node, expires = self._ranges.popleft()
+            if taken + rng.count > limit:
+                # Hand out what fits; the rest stays buffered (acquired, like any buffered record).
+                cut = rng.first_offset + (limit - taken) - 1
+                share = rng.size * (cut - rng.first_offset + 1) // rng.count
+                rest = AcquiredRange(rng.topic, rng.partition, cut + 1, rng.last_offset, rng.delivery_count,
+                                     rng.size - share)
+                self._ranges.appendleft((rest, node, expires))
+                rng = AcquiredRange(rng.topic, rng.partition, rng.first_offset, cut, rng.delivery_count, share)
+            out.append(rng)
+            taken += rng.count
+            self._delivered_ranges[(rng.topic, rng.partition, rng.first_offset)] = (rng.last_offset, node)
+        self._poll_done(started)
+        return out
+
+    def _poll_limit(self, max_records: int | None) -> int:
         self._check_usable()
         if max_records is not None and max_records < 1:
             raise ValueError("max_records must be at least 1")
-        limit = self.max_poll_records if max_records is None else max_records
+        return self.max_poll_records if max_records is None else max_records
+
+    async def _fill(self, timeout: float, max_records: int | None) -> float:
+        """Fetch until something is buffered or `timeout` runs out; returns when the poll started."""
         started = time.monotonic()
         if self._last_poll_start is not None:
             between = started - self._last_poll_start
@@ -384,7 +464,7 @@ class AsyncShareConsumer:
                 strict = max_records is not None
                 await asyncio.gather(*(self._fetch_from(node, wait_ms, budgets[node], strict=strict) for node in nodes))
                 self._check_usable()
-                if self._buffer or time.monotonic() >= deadline:
+                if self._buffer or self._ranges or time.monotonic() >= deadline:
                     break
                 if time.monotonic() - round_start < 0.005:
                     # The brokers answered at once with nothing (errors, no leader): do not spin.
@@ -397,12 +477,9 @@ class AsyncShareConsumer:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._assignment_changed.wait(), min(remaining, 0.5))
             self._check_usable()
-        out: list[ShareRecord] = []
-        self._drop_expired()
-        while self._buffer and len(out) < limit:
-            record, node, _ = self._buffer.popleft()
-            out.append(record)
-            self._delivered[(record.topic, record.partition, record.offset)] = node
+        return started
+
+    def _poll_done(self, started: float) -> None:
         end = time.monotonic()
         if self._last_poll_end is not None and self._last_poll_start is not None:
             cycle = end - self._last_poll_start
@@ -410,12 +487,13 @@ class AsyncShareConsumer:
                 self._sensors["poll-idle-ratio"].record((end - started) / cycle)
         self._last_poll_start = started
         self._last_poll_end = end
-        return out
 
     def buffered(self) -> int:
         """Records fetched (acquired) but not handed out yet whose acquisition lock has not run out."""
         now = time.monotonic()
-        return sum(1 for _, _, expires in self._buffer if expires > now)
+        return sum(1 for _, _, expires in self._buffer if expires > now) + sum(
+            r.count for r, _, expires in self._ranges if expires > now
+        )
 
     def _drop_expired(self) -> int:
         """Forget buffered records whose lock has run out; returns how many are left.
@@ -423,6 +501,8 @@ class AsyncShareConsumer:
         They are not acknowledged: the broker already took them back, and a RELEASE could hit a later
         acquisition of the same offsets by this very member."""
         now = time.monotonic()
+        if any(expires <= now for _, _, expires in self._ranges):
+            self._ranges = deque(entry for entry in self._ranges if entry[2] > now)
         if any(expires <= now for _, _, expires in self._buffer):
             kept = deque(entry for entry in self._buffer if entry[2] > now)
             log.info(
@@ -431,7 +511,7 @@ class AsyncShareConsumer:
                 len(self._buffer) - len(kept),
             )
             self._buffer = kept
-        return len(self._buffer)
+        return len(self._buffer) + len(self._ranges)
 
     def _budgets(self, nodes: list[int], max_records: int | None) -> dict[int, int]:
         """MaxRecords for each broker's fetch. With a caller's limit the brokers share it, so that all of
@@ -585,6 +665,11 @@ class AsyncShareConsumer:
                         continue
                     self._topic_ids[name] = topic.topic_id
                     fetched_bytes += len(p.records or b"")
+                    if self.header_only:
+                        ranges = self._acquired_ranges(name, tp, node, p.records or b"", p.acquired_records)
+                        fetched_records += sum(r.count for r in ranges)
+                        self._ranges.extend((r, node, expires) for r in ranges)
+                        continue
                     records = self._acquired(name, tp, node, p.records or b"", p.acquired_records)
                     fetched_records += len(records)
                     self._buffer.extend((r, node, expires) for r in records)
@@ -642,7 +727,77 @@ class AsyncShareConsumer:
                     self._queue_ack(node, tp, off, AcknowledgeType.GAP)
         return out
 
+    def _acquired_ranges(
+        self, topic: str, tp: TopicIdPartition, node: int, data: bytes, acquired: list[Any]
+    ) -> list[AcquiredRange]:
+        """The AcquiredRecords ranges cut down to the offsets of data batches, from batch headers alone.
+        Offsets in control batches or in no batch at all are acknowledged as GAP."""
+        spans: list[tuple[int, int, int]] = []  # (base offset, last offset, bytes) of each data batch
+        gaps: list[tuple[int, int]] = []
+        pos, end = 0, len(data)
+        try:
+            while end - pos >= HEADER_SIZE:
+                length = int.from_bytes(data[pos + LENGTH_POS : pos + LENGTH_POS + 4], "big", signed=True)
+                if pos + LOG_OVERHEAD + length > end:
+                    break  # a fetch cut at its byte limit
+                header = parse_batch_header(data, pos)
+                if header.is_control:
+                    gaps.append((header.base_offset, header.last_offset))
+                else:
+                    spans.append((header.base_offset, header.last_offset, header.size))
+                pos += header.size
+        except InvalidRecordBatch as exc:
+            log.warning("share fetch %s-%s: unreadable batch header: %s", topic, tp[1], exc)
+        out: list[AcquiredRange] = []
+        covered: list[tuple[int, int]] = []
+        for a in sorted(acquired, key=lambda a: a.first_offset):
+            for base, last, size in spans:
+                lo, hi = max(base, a.first_offset), min(last, a.last_offset)
+                if lo > hi:
+                    continue
+                share = size * (hi - lo + 1) // (last - base + 1)
+                prev = out[-1] if out else None
+                if (prev is not None and prev.last_offset + 1 == lo and prev.delivery_count == a.delivery_count
+                        and prev.partition == tp[1]):
+                    out[-1] = AcquiredRange(topic, tp[1], prev.first_offset, hi, a.delivery_count, prev.size + share)
+                else:
+                    out.append(AcquiredRange(topic, tp[1], lo, hi, a.delivery_count, share))
+                covered.append((lo, hi))
+            # Offsets of this acquired range outside every data batch.
+            cursor = a.first_offset
+            for lo, hi in sorted(c for c in covered if a.first_offset <= c[0] <= a.last_offset):
+                if cursor < lo:
+                    self._queue_ack_range(node, tp, cursor, lo - 1, AcknowledgeType.GAP)
+                cursor = hi + 1
+            if cursor <= a.last_offset:
+                self._queue_ack_range(node, tp, cursor, a.last_offset, AcknowledgeType.GAP)
+        return out
+
     # ---- acknowledgements ---------------------------------------------------------------------------
+
+    def _queue_ack_range(self, node: int, tp: TopicIdPartition, first: int, last: int, kind: int) -> None:
+        target = self._pending_renews if kind == AcknowledgeType.RENEW else self._pending_acks
+        with self._ack_lock:
+            target.setdefault(node, {}).setdefault(tp, {}).update(dict.fromkeys(range(first, last + 1), kind))
+
+    def acknowledge_range(self, rng: AcquiredRange, type: AckTypeArg = AcknowledgeType.ACCEPT) -> None:
+        """Header-only mode: settle (or RENEW) a range exactly as poll_ranges() handed it out."""
+        self._check_usable()
+        kind = AcknowledgeType[type.upper()] if isinstance(type, str) else AcknowledgeType(type)
+        if kind == AcknowledgeType.GAP:
+            raise ValueError("GAP is not a user acknowledgement")
+        key = (rng.topic, rng.partition, rng.first_offset)
+        held = self._delivered_ranges.get(key)
+        if held is None or held[0] != rng.last_offset:
+            raise IllegalStateError(
+                f"{rng.topic}-{rng.partition}@{rng.first_offset}..{rng.last_offset} is not a delivered, "
+                "unacknowledged range"
+            )
+        if kind != AcknowledgeType.RENEW:
+            del self._delivered_ranges[key]
+        self._queue_ack_range(held[1], TopicIdPartition(self._topic_ids[rng.topic], rng.partition), rng.first_offset,
+                              rng.last_offset, kind)
+
 
     def _queue_ack(self, node: int, tp: TopicIdPartition, offset: int, kind: int) -> None:
         target = self._pending_renews if kind == AcknowledgeType.RENEW else self._pending_acks
@@ -787,6 +942,7 @@ class AsyncShareConsumer:
                 if not self.explicit and self._fatal is None:
                     self._settle_previous_poll()
                 self._buffer.clear()
+                self._ranges.clear()
                 for node in list(self._pending_renews):
                     self._pending_renews.pop(node, None)
                 nodes = set(self._pending_acks) | {n for n, s in self._sessions.items() if s.epoch > 0}
@@ -879,6 +1035,12 @@ class ShareConsumer:
 
     def poll(self, timeout: float = 1.0, max_records: int | None = None) -> list[ShareRecord]:
         return self._thread.run(self._consumer.poll(timeout, max_records), timeout + self._margin)
+
+    def poll_ranges(self, timeout: float = 1.0, max_records: int | None = None) -> list[AcquiredRange]:
+        return self._thread.run(self._consumer.poll_ranges(timeout, max_records), timeout + self._margin)
+
+    def acknowledge_range(self, rng: AcquiredRange, type: AckTypeArg = AcknowledgeType.ACCEPT) -> None:
+        self._consumer.acknowledge_range(rng, type)
 
     def buffered(self) -> int:
         # On the loop: the buffer is changed there and must not be iterated from this thread meanwhile.

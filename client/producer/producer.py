@@ -34,6 +34,8 @@ _BATCH_OVERHEAD = 61
 _MAX_SEQUENCE = 0x7FFFFFFF
 
 HeadersArg = Sequence[tuple[str, bytes | None]] | Mapping[str, bytes | None] | None
+# (topic, value, key, headers, partition) for send_many; partition None = chosen by key or sticky.
+OutgoingRecord = tuple[str, bytes | None, bytes | None, HeadersArg, int | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +260,17 @@ class AsyncProducer:
             self._close_batch(batch, num)
         return future
 
+    async def send_many(self, records: Iterable[OutgoingRecord]) -> int:
+        """Queue many records at once and wait until the broker has them all; raises the first failure.
+        Returns how many were sent."""
+        futures = [
+            await self.send(topic, value, key=key, headers=headers, partition=partition)
+            for topic, value, key, headers, partition in records
+        ]
+        for future in futures:
+            await future
+        return len(futures)
+
     async def send_and_wait(self, topic: str, value: bytes | None, **kwargs: Any) -> RecordMetadata:
         return await (await self.send(topic, value, **kwargs))
 
@@ -461,7 +474,7 @@ class Producer:
 
     def __init__(self, bootstrap_servers: str | Iterable[str], **kwargs: Any):
         self._thread = LoopThread("shoal-producer")
-        self._outstanding: set[concurrent.futures.Future[RecordMetadata]] = set()
+        self._outstanding: set[concurrent.futures.Future[Any]] = set()
         self._producer = self._thread.run(self._make(bootstrap_servers, kwargs))
         try:
             self._thread.run(self._producer.start())
@@ -489,6 +502,14 @@ class Producer:
             topic, value, key=key, headers=headers, partition=partition, timestamp_ms=timestamp_ms
         )
         future = self._thread.submit(coro)
+        self._outstanding.add(future)
+        future.add_done_callback(self._outstanding.discard)
+        return future
+
+    def send_many(self, records: Iterable[OutgoingRecord]) -> concurrent.futures.Future[int]:
+        """Queue many records in one step (much cheaper than a send() each); the future resolves to their
+        number once the broker has them all, or fails with the first error."""
+        future = self._thread.submit(self._producer.send_many(list(records)))
         self._outstanding.add(future)
         future.add_done_callback(self._outstanding.discard)
         return future

@@ -6,7 +6,8 @@ any other `kafka.<client config>` is handed to the bundled client (security sett
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,38 @@ def client_options(options: Mapping[str, str]) -> ClientOptions:
         if key.startswith("kafka.") and key not in _OWN_KAFKA_KEYS
     }
     return ClientOptions(bootstrap, config)
+
+
+def check_known(options: Mapping[str, str], known: Iterable[str], what: str) -> None:
+    """Fail on an option nobody reads (a typo would otherwise be ignored silently), naming it and the
+    closest known name. `kafka.*` options are checked as client settings instead."""
+    names = {name.lower(): name for name in known}
+    for key in options:
+        if key.startswith("kafka.") or key in names:
+            continue
+        close = difflib.get_close_matches(key, list(names), n=1, cutoff=0.75)
+        hint = f"; did you mean {names[close[0]]!r}?" if close else ""
+        raise SparkOptionError(f"unknown option {key!r} for the {what}{hint}")
+
+
+def bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = options.get(name.lower())
+    if raw is None or raw == "":
+        return default
+    if raw.strip().lower() in ("true", "false"):
+        return raw.strip().lower() == "true"
+    raise SparkOptionError(f"option {name!r} must be true or false, not {raw!r}")
+
+
+def choice_option(options: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """One of `choices` (the first is the default), matched case-insensitively."""
+    raw = options.get(name.lower())
+    if raw is None or raw == "":
+        return choices[0]
+    for choice in choices:
+        if raw.strip().lower() == choice.lower():
+            return choice
+    raise SparkOptionError(f"option {name!r} must be one of {', '.join(choices)}, not {raw!r}")
 
 
 def check_connection_config(config: Mapping[str, str]) -> None:

@@ -14,6 +14,7 @@ success, so a failed or retried task can only produce a record twice, never drop
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,10 +22,12 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from shoal.client.spark.options import SparkOptionError, check_connection_config, client_options
+from shoal.client.spark.options import SparkOptionError, check_connection_config, check_known, client_options
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from shoal.client.producer import Producer
 
 # `kafka.<name>` options that are producer settings rather than connection settings.
 _PRODUCER_KWARGS: dict[str, tuple[str, type]] = {
@@ -35,6 +38,10 @@ _PRODUCER_KWARGS: dict[str, tuple[str, type]] = {
     "delivery.timeout.ms": ("delivery_timeout_ms", int),
     "max.request.size": ("max_request_size", int),
 }
+# Spark hands a sink all writer options, its own (checkpointLocation, queryName, path) among them.
+SINK_OPTIONS = ("topic", "checkpointLocation", "queryName", "path")
+_PRODUCERS: dict[tuple[Any, ...], Producer] = {}
+_PRODUCERS_LOCK = threading.Lock()
 _ALLOWED_COLUMNS = {"key", "value", "topic", "partition", "headers"}
 
 
@@ -53,6 +60,7 @@ class KafkaShareStreamWriter(DataSourceStreamArrowWriter):
     """Created on the driver, pickled to executors; the producer is made inside `write` on the executor."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType):
+        check_known(options, SINK_OPTIONS, "kafka-share sink")
         conn = client_options(options)
         self.bootstrap = conn.bootstrap_servers
         self.client_config: dict[str, str] = {}
@@ -77,41 +85,50 @@ class KafkaShareStreamWriter(DataSourceStreamArrowWriter):
         if unknown:
             raise SparkOptionError(f"the kafka-share sink does not know columns {sorted(unknown)}")
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> ProducedCommitMessage:
-        from shoal.client.producer import Producer
+    def _producer(self) -> Producer:
+        # One producer per Python worker and settings: Spark reuses workers across tasks, and connecting
+        # (metadata, producer id) costs more than a small task's rows.
+        key = (self.bootstrap, tuple(sorted(self.client_config.items())), tuple(sorted(self.producer_kwargs.items())))
+        with _PRODUCERS_LOCK:
+            producer = _PRODUCERS.get(key)
+            if producer is None:
+                from shoal.client.producer import Producer
 
-        producer = Producer(self.bootstrap, config=self.client_config, **self.producer_kwargs)
+                producer = _PRODUCERS[key] = Producer(self.bootstrap, config=self.client_config, **self.producer_kwargs)
+            return producer
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> ProducedCommitMessage:
+        producer = self._producer()
         futures = []
         try:
             for batch in iterator:
                 cols = batch.to_pydict()
                 rows = batch.num_rows
-                values = cols["value"]
-                keys = cols.get("key") or [None] * rows
+                values = [_as_bytes(v) for v in cols["value"]]
+                keys = [_as_bytes(k) for k in cols["key"]] if "key" in cols else [None] * rows
                 topics = [self.topic] * rows if self.topic is not None else cols["topic"]
+                if None in topics:
+                    raise SparkOptionError("a row has a null topic and no 'topic' option is set")
                 partitions = cols.get("partition") or [None] * rows
-                headers = cols.get("headers") or [None] * rows
-                for i in range(rows):
-                    topic = topics[i]
-                    if topic is None:
-                        raise SparkOptionError("a row has a null topic and no 'topic' option is set")
-                    hdrs = [(h["key"], _as_bytes(h["value"])) for h in headers[i]] if headers[i] else None
-                    futures.append(
-                        producer.send(
-                            topic,
-                            _as_bytes(values[i]),
-                            key=_as_bytes(keys[i]),
-                            headers=hdrs,
-                            partition=partitions[i],
-                        )
-                    )
+                headers = (
+                    [[(h["key"], _as_bytes(h["value"])) for h in hs] if hs else None for hs in cols["headers"]]
+                    if "headers" in cols
+                    else [None] * rows
+                )
+                # One hand-over to the producer's loop per Arrow batch, not one per row.
+                futures.append(producer.send_many(zip(topics, values, keys, headers, partitions, strict=True)))
             producer.flush()
             # Raise the first send failure so the task fails and Spark retries it (at-least-once).
-            for future in futures:
-                future.result()
-        finally:
+            sent = sum(future.result() for future in futures)
+        except BaseException:
+            # A producer that failed a task is not trusted with the next one.
+            with _PRODUCERS_LOCK:
+                for key, cached in list(_PRODUCERS.items()):
+                    if cached is producer:
+                        del _PRODUCERS[key]
             producer.close()
-        return ProducedCommitMessage(records=len(futures))
+            raise
+        return ProducedCommitMessage(records=sent)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         # Every record is already acknowledged by the broker when its task succeeds.

@@ -1,6 +1,6 @@
 """`kafka-share`: a PySpark (4.x Python Data Source API) streaming source that reads a Shoal share group.
 
-    import shoal.client.spark                           # registers "kafka-share" in the active session
+    import shoal.client.spark.source                    # registers "kafka-share" in the active session
     # or: spark.dataSource.register(KafkaShareDataSource)
     df = (spark.readStream.format("kafka-share")
           .option("kafka.bootstrap.servers", "broker:9092")
@@ -8,32 +8,44 @@
           .option("subscribe", "orders")
           .load())
 
-Rows have Spark's Kafka schema (key, value, topic, partition, offset, timestamp, timestampType, headers)
-plus `deliveryCount`. The topic is consumed as a queue: several queries in one share group split it.
+Rows have Spark's Kafka schema (key, value, topic, partition, offset, timestamp, timestampType, and
+`headers` when includeHeaders is true) plus `deliveryCount`. The topic is consumed as a queue: several
+queries in one share group split it.
 
-Delivery is at-least-once. One share consumer lives in the driver-side process that Spark keeps for the
-source. `latestOffset` fetches a batch of records (acquiring them), `partitions` ships them to the
-executors inside the tasks, and `read` only turns them into Arrow. A record is ACCEPTed only once Spark has
-written the commit-log entry of its micro-batch: Spark calls `latestOffset(start)` for the next batch only
-after the batch ending at `start` is committed, so that is where we accept. (`commit(end)` arrives one batch
-late and never for the last batch, so it only backs this up.) If the query dies, nothing of the running
-batch was accepted; the broker hands those records out again once the consumer's connection drops or their
-acquisition lock runs out, and the replayed micro-batch (same offsets, new process) comes out empty, so it
-accepts nothing twice. Stopping the query releases what the consumer holds.
+How a micro-batch is made. One share consumer lives in the driver-side process Spark keeps for the
+source. `latestOffset` acquires records with ShareFetch, reading only batch headers, never payloads, and
+returns an end offset that lists exactly what it acquired: per topic-partition, the offset ranges and
+their delivery counts. `partitions` cuts those ranges into tasks (by maxBytesPerPartition and
+minPartitions; a task holds ranges of one partition in offset order, never records), and each task reads
+its ranges from the partition leader with a plain Fetch, keeping only those offsets (other consumers of the
+group own the rest of the partition), and decodes them on the executor.
 
-Each fetch asks the broker to acquire no more records than the batch still has room for (`poll(max_records=)`
-with record-limit acquisition), so nothing sits acquired in the client's buffer where its lock could not be
-renewed. The share-group member id is part of every offset (`{"seq": n, "member": id}`): Spark writes the
-offset of a batch to the checkpoint before running it, and a query restarted from that checkpoint (even
-after its driver was killed) rejoins under the same id before it fetches anything. The coordinator then
-hands it the killed incarnation's partitions at once instead of keeping them for the old member until its
-session times out. Two queries must therefore never run from one checkpoint (or copies of it) at once.
+When records are accepted (`acknowledgeMode`):
+  * `checkpoint` (default): as soon as the batch's end offset is in Spark's offset log. Spark writes it
+    before it plans the batch, so `partitions(start, end)` is the first call that proves it, and accepts.
+    The locks are free again while the batch runs. A batch Spark replays after a crash (in the offset log,
+    not in the commit log) is read again by offset and gives the same rows, so with an idempotent sink (the
+    file sink, for one) the query is exactly-once across driver crashes. If the driver dies between the
+    offset log and the ACCEPT, the records return to the group; those that come back to this query are
+    checked against the ranges its offset log holds, accepted and dropped. (Any that go to another member
+    of the group are processed there too.) A range that retention or DeleteRecords removed before a
+    replay could read it fails the query (failOnDataLoss=true, the default) or is skipped with a warning.
+  * `commit`: after the batch is in Spark's commit log, i.e. after the sink has it: Spark asks for the next
+    batch's end (`latestOffset`) only then, so that is where the accept goes. Records of a batch that never
+    commits (crash, failure, stop) go back to the group for any consumer; a replayed batch is empty.
+    At-least-once, and the batch's locks are held (and renewed) while it runs.
 
-Options: kafka.bootstrap.servers, group.id (or kafka.group.id), subscribe (comma-separated topics),
-maxRecordsPerTrigger (default 50000), maxBytesPerPartition (default 786432: records per Spark task are
-capped so the task stays below Spark's 1000 KiB large-task warning), pollTimeoutMs (default 500: how long
-a trigger waits for the first record), lockRenewIntervalMs (default 5000; 0 = never renew the locks of
-records whose batch is still running), kafka.<client config> (security settings and the like).
+The share-group member id is part of every offset: a query restarted from its checkpoint rejoins under
+the same id and at once gets the partitions its killed incarnation had. Never run two queries from one
+checkpoint (or copies of it) at once.
+
+Options (Spark's Kafka names where they mean the same): kafka.bootstrap.servers; group.id (or
+kafka.group.id); subscribe (comma-separated topics); acknowledgeMode (checkpoint | commit);
+maxOffsetsPerTrigger (records per micro-batch; default: what the group lets one consumer hold in flight);
+maxBytesPerPartition (bytes per task, default 8 MiB); minPartitions (tasks per batch, at least);
+kafkaConsumer.pollTimeoutMs (how long a trigger waits for the first record, default 500); failOnDataLoss
+(default true); includeHeaders (default false); lockRenewIntervalMs (commit mode, default 5000; 0 = never
+renew); kafka.<client config> (security settings and the like). Any other option is an error.
 """
 
 from __future__ import annotations
@@ -52,43 +64,88 @@ from pyspark.sql.datasource import (
     DataSourceStreamWriter,
     InputPartition,
 )
-from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
 from shoal.client.spark.options import (
     SparkOptionError,
+    bool_option,
     check_connection_config,
+    check_known,
+    choice_option,
     client_options,
     int_option,
     lowered,
+)
+from shoal.client.spark.ranges import (
+    BatchRanges,
+    OffsetRange,
+    OffsetSet,
+    plan_tasks,
+    ranges_from_json,
+    ranges_to_json,
 )
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
-    from shoal.client.consumer.share_consumer import ShareRecord
+    from shoal.client.admin import Admin
+    from shoal.client.consumer.offset_reader import OffsetReader
+    from shoal.client.consumer.share_consumer import AcquiredRange
 
 log = logging.getLogger("shoal.client.spark.source")
 
 FORMAT_NAME = "kafka-share"
-SCHEMA = (
-    "key BINARY, value BINARY, topic STRING, partition INT, offset LONG, timestamp TIMESTAMP, "
-    "timestampType INT, headers ARRAY<STRUCT<key: STRING, value: BINARY>>, deliveryCount INT"
+CHECKPOINT, COMMIT = "checkpoint", "commit"
+_COLUMNS = (
+    "key BINARY, value BINARY, topic STRING, partition INT, offset LONG, timestamp TIMESTAMP, timestampType INT"
 )
-DEFAULT_MAX_RECORDS_PER_TRIGGER = 50_000
-DEFAULT_MAX_BYTES_PER_PARTITION = 768 * 1024
+_HEADERS_COLUMN = "headers ARRAY<STRUCT<key: STRING, value: BINARY>>"
+DEFAULT_MAX_BYTES_PER_PARTITION = 8 * 1024 * 1024
 DEFAULT_POLL_TIMEOUT_MS = 500
 # A third of the shortest acquisition lock a group may set by default (15 s; Kafka's default lock is 30 s).
 DEFAULT_LOCK_RENEW_INTERVAL_MS = 5000
+# Without maxOffsetsPerTrigger a trigger takes what the group lets it hold, up to this many records.
+_UNLIMITED_TRIGGER_CAP = 1_000_000
 # Once records are flowing, further polls in the same trigger only pick up what is already there.
 _TOP_UP_POLL_S = 0.05
-# Records per ShareFetch; the broker also caps in-flight records per share partition (2000 by default).
-_MAX_POLL_RECORDS = 5000
 # How long a new consumer's first fetch (or an availableNow query's) waits for an assignment.
 _ASSIGNMENT_WAIT_S = 15.0
-# Rough per-record cost in a pickled task beyond key/value/headers (ints, list slots).
-_RECORD_OVERHEAD_BYTES = 48
+# How often the driver asks the group which logged-but-unconfirmed offsets it has settled for good.
+_PRUNE_INTERVAL_S = 10.0
+
+SOURCE_OPTIONS = (
+    "subscribe",
+    "group.id",
+    "acknowledgeMode",
+    "maxOffsetsPerTrigger",
+    "maxRecordsPerTrigger",  # this source's earlier name for maxOffsetsPerTrigger
+    "maxBytesPerPartition",
+    "minPartitions",
+    "kafkaConsumer.pollTimeoutMs",
+    "pollTimeoutMs",  # earlier name for kafkaConsumer.pollTimeoutMs
+    "failOnDataLoss",
+    "includeHeaders",
+    "lockRenewIntervalMs",
+    # Spark Kafka options that a share group cannot honour; each gets its own explanation.
+    "assign",
+    "subscribePattern",
+    "startingOffsets",
+    "endingOffsets",
+)
+
+
+def _first_int(options: Mapping[str, str], names: tuple[str, ...], default: int, *, minimum: int = 1) -> int:
+    for name in names:
+        if options.get(name.lower()) not in (None, ""):
+            return int_option(options, name, default, minimum=minimum)
+    return default
 
 
 @dataclass(frozen=True)
@@ -97,14 +154,19 @@ class SourceOptions:
     group_id: str
     topics: tuple[str, ...]
     client_config: dict[str, str] = field(default_factory=dict)
-    max_records_per_trigger: int = DEFAULT_MAX_RECORDS_PER_TRIGGER
+    acknowledge_mode: str = CHECKPOINT
+    max_offsets_per_trigger: int | None = None
     max_bytes_per_partition: int = DEFAULT_MAX_BYTES_PER_PARTITION
+    min_partitions: int = 1
     poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
+    fail_on_data_loss: bool = True
+    include_headers: bool = False
     lock_renew_interval_ms: int = DEFAULT_LOCK_RENEW_INTERVAL_MS
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> SourceOptions:
         options = lowered(raw)
+        check_known(options, SOURCE_OPTIONS, "kafka-share source")
         conn = client_options(options)
         group = options.get("group.id") or options.get("kafka.group.id")
         if not group:
@@ -120,120 +182,123 @@ class SourceOptions:
         topics = tuple(t.strip() for t in options.get("subscribe", "").split(",") if t.strip())
         if not topics:
             raise SparkOptionError("option 'subscribe' is required (comma-separated topic names)")
+        per_trigger = _first_int(options, ("maxOffsetsPerTrigger", "maxRecordsPerTrigger"), 0)
         return cls(
             bootstrap_servers=conn.bootstrap_servers,
             group_id=group,
             topics=topics,
             client_config=conn.client_config,
-            max_records_per_trigger=int_option(
-                options, "maxRecordsPerTrigger", DEFAULT_MAX_RECORDS_PER_TRIGGER
+            acknowledge_mode=choice_option(options, "acknowledgeMode", (CHECKPOINT, COMMIT)),
+            max_offsets_per_trigger=per_trigger or None,
+            max_bytes_per_partition=int_option(options, "maxBytesPerPartition", DEFAULT_MAX_BYTES_PER_PARTITION),
+            min_partitions=int_option(options, "minPartitions", 1),
+            poll_timeout_ms=_first_int(
+                options, ("kafkaConsumer.pollTimeoutMs", "pollTimeoutMs"), DEFAULT_POLL_TIMEOUT_MS, minimum=0
             ),
-            max_bytes_per_partition=int_option(
-                options, "maxBytesPerPartition", DEFAULT_MAX_BYTES_PER_PARTITION
-            ),
-            poll_timeout_ms=int_option(options, "pollTimeoutMs", DEFAULT_POLL_TIMEOUT_MS, minimum=0),
+            fail_on_data_loss=bool_option(options, "failOnDataLoss", True),
+            include_headers=bool_option(options, "includeHeaders", False),
             lock_renew_interval_ms=int_option(
                 options, "lockRenewIntervalMs", DEFAULT_LOCK_RENEW_INTERVAL_MS, minimum=0
             ),
         )
 
+    def schema(self) -> str:
+        columns = [_COLUMNS]
+        if self.include_headers:
+            columns.append(_HEADERS_COLUMN)
+        columns.append("deliveryCount INT")
+        return ", ".join(columns)
 
-class RecordChunk(InputPartition):
-    """Records of one share partition for one Spark task, in columns (cheap to pickle, quick to Arrow)."""
 
-    def __init__(self, topic: str, partition: int) -> None:
+class DataLossError(RuntimeError):
+    """Offsets a micro-batch must read are gone from the log (retention or DeleteRecords)."""
+
+
+def report_lost(topic: str, partition: int, first: int, last: int, *, fail: bool) -> None:
+    what = f"{topic}-{partition} offsets {first}..{last}"
+    if fail:
+        raise DataLossError(
+            f"{what} of this micro-batch were removed from the log (retention or DeleteRecords) before they "
+            "could be read; set failOnDataLoss=false to skip them"
+        )
+    log.warning("skipping %s: removed from the log before this micro-batch could read them", what)
+
+
+class RangeTask(InputPartition):
+    """One Spark task: offset ranges of one topic-partition, in order, as (first, last, delivery count)."""
+
+    def __init__(self, topic: str, partition: int, ranges: Sequence[tuple[int, int, int]]) -> None:
         super().__init__(None)
         self.topic = topic
         self.partition = partition
-        self.offsets: list[int] = []
-        self.timestamps: list[int] = []
-        self.timestamp_types: list[int] = []
-        self.keys: list[bytes | None] = []
-        self.values: list[bytes | None] = []
-        self.headers: list[list[tuple[str, bytes | None]] | None] = []
-        self.delivery_counts: list[int] = []
-
-    def add(self, record: ShareRecord) -> None:
-        self.offsets.append(record.offset)
-        self.timestamps.append(record.timestamp)
-        self.timestamp_types.append(record.timestamp_type)
-        self.keys.append(record.key)
-        self.values.append(record.value)
-        self.headers.append(list(record.headers) if record.headers else None)
-        self.delivery_counts.append(record.delivery_count)
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def to_arrow(self) -> pa.RecordBatch:
-        import pyarrow as pa
-
-        n = len(self.offsets)
-        headers = [None if h is None else [{"key": k, "value": v} for k, v in h] for h in self.headers]
-        # Kafka uses -1 for "no timestamp"; Spark shows that as null rather than 1969-12-31.
-        micros = [ts * 1000 if ts >= 0 else None for ts in self.timestamps]
-        return pa.RecordBatch.from_arrays(
-            [
-                pa.array(self.keys, pa.binary()),
-                pa.array(self.values, pa.binary()),
-                pa.array([self.topic] * n, pa.string()),
-                pa.array([self.partition] * n, pa.int32()),
-                pa.array(self.offsets, pa.int64()),
-                pa.array(micros, pa.timestamp("us", tz="UTC")),
-                pa.array(self.timestamp_types, pa.int32()),
-                pa.array(headers, pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
-                pa.array(self.delivery_counts, pa.int32()),
-            ],
-            names=[
-                "key",
-                "value",
-                "topic",
-                "partition",
-                "offset",
-                "timestamp",
-                "timestampType",
-                "headers",
-                "deliveryCount",
-            ],
-        )
+        self.ranges = list(ranges)
 
 
-def _record_size(record: ShareRecord) -> int:
-    size = _RECORD_OVERHEAD_BYTES + len(record.key or b"") + len(record.value or b"")
-    for key, value in record.headers or ():
-        size += len(key) + len(value or b"") + 16
-    return size
+# Offset readers of this Python worker, by connection settings: Spark reuses workers across tasks.
+_READERS: dict[tuple[str, tuple[tuple[str, str], ...]], OffsetReader] = {}
+_READERS_LOCK = threading.Lock()
 
 
-def split_into_chunks(records: Sequence[ShareRecord], max_bytes: int) -> list[RecordChunk]:
-    """One or more chunks per share partition, each under `max_bytes` unless a single record is larger."""
-    by_partition: dict[tuple[str, int], list[ShareRecord]] = {}
-    for record in records:
-        by_partition.setdefault((record.topic, record.partition), []).append(record)
-    chunks: list[RecordChunk] = []
-    for (topic, partition), recs in sorted(by_partition.items()):
-        recs.sort(key=lambda r: r.offset)
-        chunk, size = RecordChunk(topic, partition), 0
-        for record in recs:
-            rsize = _record_size(record)
-            if len(chunk) and size + rsize > max_bytes:
-                chunks.append(chunk)
-                chunk, size = RecordChunk(topic, partition), 0
-            chunk.add(record)
-            size += rsize
-        chunks.append(chunk)
-    return chunks
+def _offset_reader(bootstrap: str, config: Mapping[str, str]) -> OffsetReader:
+    from shoal.client.consumer.offset_reader import OffsetReader
+
+    key = (bootstrap, tuple(sorted(config.items())))
+    with _READERS_LOCK:
+        reader = _READERS.get(key)
+        if reader is None:
+            reader = _READERS[key] = OffsetReader(bootstrap, config=config)
+        return reader
 
 
-@dataclass
-class _AcquiredBatch:
-    records: list[ShareRecord]
-    chunks: list[RecordChunk]
+def read_task(task: RangeTask, options: SourceOptions) -> pa.RecordBatch:
+    """The rows of a task's ranges, read by offset (executor side)."""
+    import pyarrow as pa
+
+    reader = _offset_reader(options.bootstrap_servers, options.client_config)
+    keys: list[bytes | None] = []
+    values: list[bytes | None] = []
+    offsets: list[int] = []
+    micros: list[int | None] = []
+    ts_types: list[int] = []
+    headers: list[list[dict[str, Any]] | None] = []
+    counts: list[int] = []
+    for first, last, delivery_count in task.ranges:
+        got = reader.read(task.topic, task.partition, first, last)
+        for lo, hi in got.lost:
+            report_lost(task.topic, task.partition, lo, hi, fail=options.fail_on_data_loss)
+        for header, records in got.batches:
+            n = len(records)
+            keys.extend([r.key for r in records])
+            values.extend([r.value for r in records])
+            offsets.extend([r.offset for r in records])
+            # Kafka uses -1 for "no timestamp"; Spark shows that as null rather than 1969-12-31.
+            micros.extend([r.timestamp * 1000 if r.timestamp >= 0 else None for r in records])
+            ts_types.extend([header.timestamp_type] * n)
+            counts.extend([delivery_count] * n)
+            if options.include_headers:
+                headers.extend([[{"key": h.key, "value": h.value} for h in r.headers] or None for r in records])
+    n = len(offsets)
+    arrays = [
+        pa.array(keys, pa.binary()),
+        pa.array(values, pa.binary()),
+        pa.array([task.topic] * n, pa.string()),
+        pa.array([task.partition] * n, pa.int32()),
+        pa.array(offsets, pa.int64()),
+        pa.array(micros, pa.timestamp("us", tz="UTC")),
+        pa.array(ts_types, pa.int32()),
+    ]
+    names = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
+    if options.include_headers:
+        arrays.append(pa.array(headers, pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))))
+        names.append("headers")
+    arrays.append(pa.array(counts, pa.int32()))
+    names.append("deliveryCount")
+    return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
 def _exit_on_sigterm() -> None:
     """Spark stops the source process with SIGTERM; by default Python dies at once and the runner's
-    `finally: reader.stop()` never runs. As SystemExit it unwinds, so stop() releases what we hold."""
+    `finally: reader.stop()` never runs. As SystemExit it unwinds, so stop() can settle what we hold."""
     if threading.current_thread() is not threading.main_thread():
         return
 
@@ -243,92 +308,161 @@ def _exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _raise_exit)
 
 
-class _Acquisitions:
-    """Driver-side state of one query's source: the share consumer, the batches it acquired and has not
-    settled yet (by batch seq), and a thread renewing their acquisition locks while Spark works on them."""
+@dataclass
+class _Batch:
+    offset: dict[str, Any]  # the end offset handed to Spark
+    acquired: list[AcquiredRange]  # to acknowledge (includes redeliveries of logged offsets)
+    ranges: BatchRanges  # to read
+    redelivered: list[tuple[tuple[str, int], int, int]]  # logged offsets that came back, dropped
 
-    def __init__(self, options: SourceOptions, member_id: str) -> None:
+
+class _Acquisitions:
+    """Driver-side state of one query's source: the header-only share consumer, the batches it acquired
+    and has not settled yet (by seq), and, in commit mode, a thread renewing their locks."""
+
+    def __init__(self, options: SourceOptions, member_id: str, logged: OffsetSet) -> None:
         from shoal.client.consumer.share_consumer import ShareConsumer
 
         self.options = options
-        self.member_id = member_id
-        self.consumer_max_poll_records = min(options.max_records_per_trigger, _MAX_POLL_RECORDS)
+        self.logged = logged
+        self.checkpoint = options.acknowledge_mode == CHECKPOINT
         self.consumer = ShareConsumer(
             options.bootstrap_servers,
             options.group_id,
-            # Explicit: records stay acquired across polls until we settle them after their batch commits.
             acknowledgement_mode="explicit",
-            max_poll_records=self.consumer_max_poll_records,
+            header_only=True,
+            max_poll_records=options.max_offsets_per_trigger or _UNLIMITED_TRIGGER_CAP,
             fetch_max_wait_ms=options.poll_timeout_ms,
             config=options.client_config,
             member_id=member_id,
         )
-        self.pending: dict[int, _AcquiredBatch] = {}
+        self.pending: dict[int, _Batch] = {}
         self.first_fetch = True
+        self._admin: Admin | None = None
+        self._pruned_at = 0.0
         # Spark calls us on one thread; the lock is for the renewal thread.
         self._lock = threading.Lock()
         self._closing = threading.Event()
-        self._renewer: threading.Thread | None = None
         try:
             self.consumer.subscribe(list(options.topics))
         except BaseException:
             self.consumer.close()
             raise
-        if options.lock_renew_interval_ms > 0:
-            self._renewer = threading.Thread(target=self._renew_loop, name="kafka-share-renew", daemon=True)
-            self._renewer.start()
+        if not self.checkpoint and options.lock_renew_interval_ms > 0:
+            threading.Thread(target=self._renew_loop, name="kafka-share-renew", daemon=True).start()
 
-    def fetch(self, max_rows: int, *, wait_for_assignment: bool) -> list[ShareRecord]:
-        """Acquire up to `max_rows` records. Each poll asks the broker for no more than still fit, so no
-        record is acquired beyond the batch: one left in the consumer's buffer could not have its lock
-        renewed, and handing surplus back would count as a delivery (towards the delivery-count limit)."""
-        records: list[ShareRecord] = []
-        per_poll = self.consumer_max_poll_records
+    def fetch(self, max_rows: int, *, wait_for_assignment: bool) -> list[AcquiredRange]:
         timeout = self.options.poll_timeout_ms / 1000
-        max_rows = max(1, max_rows)
-        # A member still waiting for its first assignment keeps polling (bounded) rather than report "no data".
+        # Right after joining, the first fetch may come before the assignment: wait for it rather than
+        # report "no data".
         assign_by = time.monotonic() + _ASSIGNMENT_WAIT_S if wait_for_assignment else 0.0
         self.first_fetch = False
+        got: list[AcquiredRange] = []
+        count = 0
         with self._lock:
-            while len(records) < max_rows:
-                got = self.consumer.poll(timeout, max_records=min(per_poll, max_rows - len(records)))
-                if not got:
-                    if not records and not self.consumer.assignment() and time.monotonic() < assign_by:
+            while count < max_rows:
+                ranges = self.consumer.poll_ranges(timeout, max_records=max_rows - count)
+                if not ranges:
+                    if not got and not self.consumer.assignment() and time.monotonic() < assign_by:
                         continue
                     break
-                records.extend(got)
+                got.extend(ranges)
+                count += sum(r.count for r in ranges)
                 timeout = _TOP_UP_POLL_S
-        return records
+        return got
 
-    def add(self, seq: int, records: list[ShareRecord]) -> None:
-        chunks = split_into_chunks(records, self.options.max_bytes_per_partition)
+    def add(self, seq: int, offset_of: Any, acquired: list[AcquiredRange]) -> _Batch | None:
+        """Make batch `seq` of what was acquired, minus offsets already in the offset log (redelivered
+        after a crash: they are accepted and dropped). None if nothing new is left."""
+        ranges: BatchRanges = {}
+        kept: list[AcquiredRange] = []
+        redelivered: list[tuple[tuple[str, int], int, int]] = []
+        accept_now: list[AcquiredRange] = []
+        accept_now_pieces: list[tuple[tuple[str, int], int, int]] = []
+        for rng in acquired:
+            tp = (rng.topic, rng.partition)
+            inside, outside = self.logged.split(tp, rng.first_offset, rng.last_offset)
+            pieces = [(tp, lo, hi) for lo, hi in inside]
+            if not outside:
+                accept_now.append(rng)
+                accept_now_pieces.extend(pieces)
+                continue
+            kept.append(rng)
+            redelivered.extend(pieces)
+            for lo, hi in outside:
+                size = rng.size * (hi - lo + 1) // rng.count
+                ranges.setdefault(tp, []).append(OffsetRange(lo, hi, rng.delivery_count, size))
+        if redelivered or accept_now_pieces:
+            log.info("dropping redelivered offsets already in the offset log: %s", (redelivered + accept_now_pieces)[:5])
+        if accept_now:
+            self._settle_ranges(accept_now, "accept", {}, accept_now_pieces)
+        if not ranges:
+            return None
+        batch = _Batch(offset_of(ranges), kept, ranges, redelivered)
         with self._lock:
-            self.pending[seq] = _AcquiredBatch(records, chunks)
+            self.pending[seq] = batch
+        return batch
 
-    def has(self, seq: int) -> bool:
+    def get(self, seq: int) -> _Batch | None:
         with self._lock:
-            return seq in self.pending
-
-    def chunks(self, first_seq: int, last_seq: int) -> list[RecordChunk]:
-        with self._lock:
-            return [c for s in range(first_seq, last_seq + 1) if s in self.pending for c in self.pending[s].chunks]
+            return self.pending.get(seq)
 
     def settle(self, through_seq: int, kind: str) -> None:
         """ACCEPT or RELEASE every pending batch up to `through_seq`; repeating it is harmless."""
         with self._lock:
             done = sorted(s for s in self.pending if s <= through_seq)
-            if not done:
-                return
-            count = 0
-            for s in done:
-                for record in self.pending.pop(s).records:
-                    self.consumer.acknowledge(record, kind)
-                    count += 1
+            batches = [self.pending.pop(s) for s in done]
+        if not batches:
+            return
+        acquired = [r for b in batches for r in b.acquired]
+        ranges: BatchRanges = {}
+        for b in batches:
+            for tp, rs in b.ranges.items():
+                ranges.setdefault(tp, []).extend(rs)
+        self._settle_ranges(acquired, kind, ranges, [r for b in batches for r in b.redelivered])
+
+    def _settle_ranges(
+        self,
+        acquired: list[AcquiredRange],
+        kind: str,
+        logged_ranges: BatchRanges,
+        redelivered: list[tuple[tuple[str, int], int, int]],
+    ) -> None:
+        with self._lock:
+            for rng in acquired:
+                self.consumer.acknowledge_range(rng, kind)
             failed = {tp: err for tp, err in self.consumer.commit_sync().items() if err is not None}
         if failed:
-            # The broker gave the records to someone else (lock expired, member fenced): they will be
-            # delivered again, which is a duplicate, not a loss. Nothing here can do better than report it.
-            log.warning("could not %s %d records of batch(es) %s: %s", kind, count, done, failed)
+            # The broker gave them to someone else (lock expired, member fenced) or the session is gone.
+            log.warning("could not %s the records of %d ranges: %s", kind, len(acquired), failed)
+        if not self.checkpoint or kind != "accept":
+            return
+        # Offsets whose ACCEPT is confirmed can never come back; the others may, and are in the offset log.
+        for tp, lo, hi in redelivered:
+            if tp not in failed:
+                self.logged.remove(tp, lo, hi)
+        for tp, rs in logged_ranges.items():
+            if tp in failed:
+                for r in rs:
+                    self.logged.add(tp, r.first, r.last)
+
+    def prune_logged(self) -> None:
+        """Forget logged offsets below each share partition's start offset: the group settled them."""
+        if not self.logged or time.monotonic() - self._pruned_at < _PRUNE_INTERVAL_S:
+            return
+        self._pruned_at = time.monotonic()
+        from shoal.client.admin import Admin
+
+        try:
+            if self._admin is None:
+                self._admin = Admin(self.options.bootstrap_servers, config=self.options.client_config)
+            offsets = self._admin.list_share_group_offsets(self.options.group_id, list(self.options.topics))
+        except Exception as exc:
+            log.info("could not read the share group's start offsets: %s", exc)
+            return
+        for tp, o in offsets.items():
+            if o.error is None and o.start_offset >= 0:
+                self.logged.remove_below(tp, o.start_offset)
 
     def _renew_loop(self) -> None:
         from shoal.client.errors import UnsupportedVersionError
@@ -341,8 +475,8 @@ class _Acquisitions:
                     if not self.pending:
                         continue
                     for batch in self.pending.values():
-                        for record in batch.records:
-                            self.consumer.acknowledge(record, "renew")
+                        for rng in batch.acquired:
+                            self.consumer.acknowledge_range(rng, "renew")
                     failed = {tp: e for tp, e in self.consumer.commit_sync().items() if e is not None}
                 if any(isinstance(e, UnsupportedVersionError) for e in failed.values()):
                     log.warning("the broker cannot RENEW acquisition locks; long batches may be redelivered")
@@ -358,19 +492,22 @@ class _Acquisitions:
         self._closing.set()
         try:
             if self.pending:
-                # Whether the newest batch reached the commit log is unknown here (Spark stops us without
-                # saying): releasing risks a duplicate, accepting would risk a loss.
+                # Commit mode: whether the newest batch reached the commit log is unknown here (Spark stops
+                # us without saying); releasing risks a duplicate, accepting would risk a loss. Checkpoint
+                # mode: these batches were never planned, so never read.
                 self.settle(max(self.pending), "release")
         finally:
             with self._lock:
                 self.consumer.close()  # closes the share sessions (releasing anything left) and leaves
+            if self._admin is not None:
+                self._admin.close()
 
 
 class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Offsets are `{"seq": n, "member": id}`: the n-th batch this query acquired, and the share-group member
-    id the query consumes under. They are not replayable Kafka offsets: a share group cannot re-read a batch,
-    which is why a replayed batch is empty (see module doc). Checkpoints written before the member id was
-    recorded hold only "seq"; such a query starts under a new id and records it from its next batch on."""
+    """Offsets are `{"seq": n, "member": id, "acknowledgeMode": mode, "ranges": {...}, "logged": {...}}`:
+    the n-th batch this query acquired, the share-group member id the query consumes under, the ranges the
+    batch acquired (topic -> partition -> [[first, last, delivery count, bytes]]) and, in checkpoint mode,
+    offsets of earlier batches in the offset log whose ACCEPT was not confirmed (same layout, [first, last])."""
 
     def __init__(self, options: SourceOptions) -> None:
         # Runs in the driver (twice) and the instance is pickled to executors: no I/O, threads or locks here.
@@ -378,10 +515,13 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._acq: _Acquisitions | None = None
         self._available_now = False
         self._member_id: str | None = None
+        self._logged = OffsetSet()
+        self._seeded = False
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_acq"] = None
+        state["_logged"] = OffsetSet()
         return state
 
     # ---- driver side ------------------------------------------------------------------------------
@@ -393,11 +533,24 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             self._member_id = new_member_id()
         return self._member_id
 
+    def _seed(self, logged_offset: Mapping[str, Any]) -> None:
+        """The first offset this process sees from Spark's log tells what the log holds that may not
+        have been accepted: that batch's ranges (checkpoint mode) and the offsets it carried forward."""
+        if self._seeded:
+            return
+        self._seeded = True
+        if logged_offset.get("acknowledgeMode") == CHECKPOINT:
+            self._logged.add_ranges(ranges_from_json(logged_offset.get("ranges")))
+            for tp, spans in OffsetSet.from_json(logged_offset.get("logged")).intervals.items():
+                for lo, hi in spans:
+                    self._logged.add(tp, lo, hi)
+
     def _acquisitions(self, start: Mapping[str, Any]) -> _Acquisitions:
         if self._acq is None:
             _exit_on_sigterm()
             self._adopt_member(start)
-            self._acq = _Acquisitions(self.options, self._member())
+            self._seed(start)
+            self._acq = _Acquisitions(self.options, self._member(), self._logged)
         return self._acq
 
     def _adopt_member(self, start: Mapping[str, Any]) -> None:
@@ -407,14 +560,25 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if recorded:
             self._member_id = str(recorded)
 
-    def _offset(self, seq: int) -> dict[str, Any]:
-        return {"seq": seq, "member": self._member()}
+    def _offset(self, seq: int, ranges: BatchRanges | None = None) -> dict[str, Any]:
+        offset: dict[str, Any] = {
+            "seq": seq,
+            "member": self._member(),
+            "acknowledgeMode": self.options.acknowledge_mode,
+        }
+        if ranges is not None:
+            offset["ranges"] = ranges_to_json(ranges)
+            if self.options.acknowledge_mode == CHECKPOINT and self._logged:
+                offset["logged"] = self._logged.to_json()
+        return offset
 
     def initialOffset(self) -> dict[str, Any]:
         return self._offset(0)
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadMaxRows(self.options.max_records_per_trigger)
+        if self.options.max_offsets_per_trigger is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.options.max_offsets_per_trigger)
 
     def prepareForTriggerAvailableNow(self) -> None:
         # A queue has no fixed end; "available now" means: stop once a fetch comes back empty.
@@ -423,29 +587,49 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         acq = self._acquisitions(start)
         seq = int(start["seq"])
-        # Spark asks for batch seq+1 only after the batch ending at `seq` is in its commit log.
+        # Batch `seq` is in the offset log (checkpoint mode: accepted already when it was planned) and, as
+        # Spark asks for the batch after it only then, in the commit log (commit mode).
         acq.settle(seq, "accept")
-        if acq.has(seq + 1):
+        again = acq.get(seq + 1)
+        if again is not None:
             # Asked again for the same start: the batch we planned then is still the answer.
-            return self._offset(seq + 1)
-        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.options.max_records_per_trigger
-        # A new consumer's first fetch waits for its assignment: otherwise the query's first trigger is
-        # empty (and under availableNow, an empty trigger ends the query).
-        records = acq.fetch(max_rows, wait_for_assignment=self._available_now or acq.first_fetch)
-        if not records:
-            return start
-        acq.add(seq + 1, records)
-        return self._offset(seq + 1)
+            return again.offset
+        acq.prune_logged()
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else _UNLIMITED_TRIGGER_CAP
+        while True:
+            # A new consumer's first fetch waits for its assignment: otherwise the query's first trigger is
+            # empty (and under availableNow, an empty trigger ends the query).
+            acquired = acq.fetch(max_rows, wait_for_assignment=self._available_now or acq.first_fetch)
+            if not acquired:
+                return start
+            batch = acq.add(seq + 1, lambda ranges: self._offset(seq + 1, ranges), acquired)
+            if batch is not None:
+                return batch.offset
+            # Everything that came was already in the offset log (and is now accepted): fetch again.
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        # May be called more than once per batch: read the buffer, never pop from it. A batch that is not
-        # buffered is a replay after a restart; its records were never accepted and come back by themselves.
-        if self._acq is None:
+        first, last = int(start["seq"]) + 1, int(end["seq"])
+        if last < first:
             return []
-        return self._acq.chunks(int(start["seq"]) + 1, int(end["seq"]))
+        self._seed(end)
+        pending = self._acq.get(last) if self._acq is not None else None
+        checkpoint = end.get("acknowledgeMode") == CHECKPOINT
+        if pending is None and not checkpoint:
+            # Commit mode replay after a restart: nothing of it was accepted, so the broker hands its
+            # records out again by itself; reading them here as well would only duplicate them.
+            return []
+        if pending is not None and checkpoint and self._acq is not None:
+            # Spark wrote `end` to its offset log before asking for the batch's partitions: the batch can be
+            # replayed from there, so its records are ours to accept.
+            self._acq.settle(last, "accept")
+        ranges = ranges_from_json(end.get("ranges"))
+        tasks = plan_tasks(ranges, self.options.max_bytes_per_partition, self.options.min_partitions)
+        return [
+            RangeTask(t.topic, t.partition, [(r.first, r.last, r.delivery_count) for r in t.ranges]) for t in tasks
+        ]
 
     def commit(self, end: dict[str, Any]) -> None:
-        # Normally a no-op: latestOffset accepted this batch already.
+        # Normally a no-op: partitions (checkpoint mode) or latestOffset (commit mode) accepted it already.
         if self._acq is not None:
             self._acq.settle(int(end["seq"]), "accept")
 
@@ -457,9 +641,10 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     # ---- executor side ----------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RecordChunk)
-        if len(partition):
-            yield partition.to_arrow()
+        assert isinstance(partition, RangeTask)
+        batch = read_task(partition, self.options)
+        if batch.num_rows:
+            yield batch
 
 
 class KafkaShareDataSource(DataSource):
@@ -470,7 +655,8 @@ class KafkaShareDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> str:
-        return SCHEMA
+        # Spark asks for the schema when the query is defined (load()): bad options fail there.
+        return SourceOptions.parse(self.options).schema()
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return KafkaShareStreamReader(SourceOptions.parse(self.options))

@@ -7,7 +7,8 @@ import pytest
 
 from .broker_process import BrokerProcess
 
-FAST_HEARTBEAT = ["group.share.heartbeat.interval.ms=1000"]
+# The heartbeat interval is bounded by group.share.min.heartbeat.interval.ms (5000 by default), as in Kafka.
+FAST_HEARTBEAT = ["group.share.min.heartbeat.interval.ms=1000", "group.share.heartbeat.interval.ms=1000"]
 
 
 @pytest.fixture(scope="module")

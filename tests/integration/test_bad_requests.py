@@ -24,6 +24,7 @@ from shoal.protocol.record_batch import iter_batches
 from shoal.protocol.records import RecordInput, encode_batch, write_varint, write_varlong
 
 from .broker_process import BrokerProcess
+from .conftest import FAST_HEARTBEAT
 from .kafka_wire import WireClient
 
 STATE_TOPIC = "__share_group_state"
@@ -39,7 +40,7 @@ ZERO_UUID = b"\x00" * 16
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     base = tmp_path_factory.mktemp("bad-requests")
     # A small broker-wide partition budget makes the file-descriptor bound testable without 15,000 files.
-    proc = BrokerProcess(base / "data", overrides=["max.partitions=160", "group.share.heartbeat.interval.ms=1000"])
+    proc = BrokerProcess(base / "data", overrides=["max.partitions=160", *FAST_HEARTBEAT])
     proc.start()
     yield proc
     proc.stop()

@@ -89,6 +89,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def secure_broker(tmp_path_factory: pytest.TempPathFactory, pki: dict[str, Path]) -> Iterator[BrokerProcess]:
     base = tmp_path_factory.mktemp("secure")
     overrides = [
+        "group.share.min.heartbeat.interval.ms=1000",
         "group.share.heartbeat.interval.ms=1000",
         "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,"
         "SASL_SSL:SASL_SSL,REAUTH:SASL_PLAINTEXT",

@@ -58,6 +58,7 @@ def acl_broker(tmp_path_factory: pytest.TempPathFactory, pki: dict[str, Path]) -
     proc = BrokerProcess(
         base / "data",
         overrides=[
+            "group.share.min.heartbeat.interval.ms=1000",
             "group.share.heartbeat.interval.ms=1000",
             "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
             "super.users=User:ANONYMOUS;User:root",

@@ -61,7 +61,8 @@ def acquired_records(broker: BrokerProcess) -> float:
 
 def test_acked_records_survive_broker_and_consumer_kills(tmp_path: Path) -> None:
     broker = BrokerProcess(tmp_path / "data", overrides=[
-        f"num.partitions={PARTITIONS}", "group.share.session.timeout.ms=3000",
+        f"num.partitions={PARTITIONS}", "group.share.min.session.timeout.ms=3000",
+        "group.share.session.timeout.ms=3000", "group.share.min.heartbeat.interval.ms=500",
         "group.share.heartbeat.interval.ms=500", "group.share.min.record.lock.duration.ms=1000",
         "offsets.topic.num.partitions=3", "share.coordinator.state.topic.num.partitions=3",
     ]).start()

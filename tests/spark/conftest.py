@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 # The lock bounds are widened so tests can set very long locks (records must come back without waiting
 # for one) and very short ones (a batch must outlive its lock).
 BROKER_OVERRIDES = [
+    "group.share.min.heartbeat.interval.ms=1000",
     "group.share.heartbeat.interval.ms=1000",
     "group.share.min.record.lock.duration.ms=1000",
     "group.share.max.record.lock.duration.ms=3600000",
@@ -43,7 +44,8 @@ def spark() -> Iterator[SparkSession]:
     from pyspark.sql import SparkSession
 
     session = (
-        SparkSession.builder.master("local[2]")
+        # Two tries per task (local[N, maxFailures]): a task that fails once is retried, as on a cluster.
+        SparkSession.builder.master("local[2,2]")
         .appName("shoal-spark-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

@@ -1,25 +1,25 @@
-"""A Spark driver the crash test runs as its own process: kafka-share source -> one JSON file per batch.
+"""A Spark driver the crash tests run as their own process: kafka-share source -> parquet file sink.
 
-    python share_query_job.py BOOTSTRAP TOPIC GROUP CHECKPOINT OUT_DIR RUN_NAME MAX_PER_TRIGGER [HANG_AT]
+    python share_query_job.py BOOTSTRAP TOPIC GROUP CHECKPOINT OUT_DIR MODE MAX_PER_TRIGGER CONTROL_DIR [once]
 
-Each micro-batch's rows, as [partition, offset, deliveryCount], go to OUT_DIR/RUN_NAME-batch-<id>.json,
-written whole and then renamed, so a reader never sees half a file. With HANG_AT, the sink stops inside
-batch HANG_AT (after writing its rows, before Spark can commit it) and leaves RUN_NAME-hanging.json, so
-the test can kill the driver while that batch is in flight.
+MODE is the source's acknowledgeMode. Rows keep partition, offset and deliveryCount. Tasks pass their rows
+through mapInArrow, which, when CONTROL_DIR/hang exists and a batch has committed, stops inside the running
+micro-batch (after the batch is in Spark's offset log, before it can commit), leaving CONTROL_DIR/hanging
+so the test can kill the driver then. With `once`, the query drains what is available (trigger availableNow) and the job exits.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 
 def main(argv: list[str]) -> int:
-    bootstrap, topic, group, checkpoint, out_dir, run_name, per_trigger = argv[:7]
-    hang_at = int(argv[7]) if len(argv) > 7 else -1
+    bootstrap, topic, group, checkpoint, out_dir, mode, per_trigger, control = argv[:8]
+    once = len(argv) > 8 and argv[8] == "once"
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
 
     spark = (
         SparkSession.builder.master("local[2]")
-        .appName(f"share-query-{run_name}")
+        .appName(f"share-query-{mode}")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
@@ -40,22 +40,33 @@ def main(argv: list[str]) -> int:
         .option("kafka.bootstrap.servers", bootstrap)
         .option("group.id", group)
         .option("subscribe", topic)
-        .option("maxRecordsPerTrigger", per_trigger)
+        .option("acknowledgeMode", mode)
+        .option("maxOffsetsPerTrigger", per_trigger)
         .load()
+        .select("partition", "offset", "deliveryCount")
     )
 
-    def write_batch(batch: Any, batch_id: int) -> None:
-        rows = [[r.partition, r.offset, r.deliveryCount] for r in batch.select("partition", "offset", "deliveryCount").collect()]
-        final = os.path.join(out_dir, f"{run_name}-batch-{batch_id}.json")
-        with open(final + ".tmp", "w") as f:
-            json.dump(rows, f)
-        os.replace(final + ".tmp", final)
-        if batch_id == hang_at:
-            with open(os.path.join(out_dir, f"{run_name}-hanging.json"), "w") as f:
-                json.dump({"batch": batch_id, "rows": len(rows)}, f)
-            time.sleep(3600)
+    def committed_once() -> bool:
+        commits = os.path.join(checkpoint, "commits")
+        return os.path.isdir(commits) and any(name.isdigit() for name in os.listdir(commits))
 
-    query = df.writeStream.foreachBatch(write_batch).option("checkpointLocation", checkpoint).start()
+    def maybe_hang(batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
+            if batch.num_rows and os.path.exists(os.path.join(control, "hang")) and committed_once():
+                with open(os.path.join(control, "hanging"), "w") as f:
+                    f.write(str(batch.num_rows))
+                time.sleep(3600)
+            yield batch
+
+    writer = (
+        df.mapInArrow(maybe_hang, df.schema)
+        .writeStream.format("parquet")
+        .option("path", out_dir)
+        .option("checkpointLocation", checkpoint)
+    )
+    if once:
+        writer = writer.trigger(availableNow=True)
+    query = writer.start()
     query.awaitTermination()
     spark.stop()
     return 0

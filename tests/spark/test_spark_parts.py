@@ -1,27 +1,61 @@
-"""The source's pieces that need no broker: options, how records are cut into tasks, pickling, Arrow rows."""
+"""The source's pieces that need no broker: options, offsets in the log, task planning, pickling."""
 
 from __future__ import annotations
 
+import logging
 import pickle
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from shoal.client.consumer.share_consumer import ShareRecord
 from shoal.client.spark.options import SparkOptionError
-from shoal.client.spark.source import KafkaShareStreamReader, SourceOptions, split_into_chunks
+from shoal.client.spark.ranges import (
+    OffsetRange,
+    OffsetSet,
+    plan_tasks,
+    ranges_from_json,
+    ranges_to_json,
+)
+from shoal.client.spark.source import (
+    CHECKPOINT,
+    COMMIT,
+    DataLossError,
+    KafkaShareStreamReader,
+    SourceOptions,
+    report_lost,
+)
 
 BASE = {"kafka.bootstrap.servers": "127.0.0.1:9092", "group.id": "g", "subscribe": "a, b"}
 
 
-def _record(partition: int, offset: int, size: int = 10, topic: str = "a") -> ShareRecord:
-    return ShareRecord(topic, partition, offset, 1_700_000_000_000, 0, b"k", b"v" * size, [("h", b"x")], 1)
-
-
-def test_options_follow_spark_kafka_names_case_insensitively() -> None:
-    opts = SourceOptions.parse({**BASE, "MaxRecordsPerTrigger": "123", "kafka.client.id": "me"})
+def test_options_take_spark_kafka_names_case_insensitively() -> None:
+    opts = SourceOptions.parse(
+        {
+            **BASE,
+            "MaxOffsetsPerTrigger": "123",
+            "kafkaConsumer.pollTimeoutMs": "250",
+            "minPartitions": "6",
+            "failOnDataLoss": "False",
+            "kafka.client.id": "me",
+        }
+    )
     assert opts.topics == ("a", "b")
-    assert opts.max_records_per_trigger == 123
+    assert (opts.max_offsets_per_trigger, opts.poll_timeout_ms, opts.min_partitions) == (123, 250, 6)
+    assert opts.fail_on_data_loss is False
     assert opts.client_config == {"client.id": "me"}
+    assert opts.acknowledge_mode == CHECKPOINT  # the default
+    assert SourceOptions.parse({**BASE, "acknowledgeMode": "Commit"}).acknowledge_mode == COMMIT
+    # This source's earlier names still work.
+    assert SourceOptions.parse({**BASE, "maxRecordsPerTrigger": "9"}).max_offsets_per_trigger == 9
+
+
+def test_headers_column_only_when_asked_and_delivery_count_always() -> None:
+    plain = SourceOptions.parse(BASE).schema()
+    with_headers = SourceOptions.parse({**BASE, "includeHeaders": "true"}).schema()
+    assert "headers" not in plain and plain.endswith("deliveryCount INT")
+    assert "headers ARRAY<STRUCT<key: STRING, value: BINARY>>" in with_headers
+    assert with_headers.endswith("deliveryCount INT")
 
 
 @pytest.mark.parametrize(
@@ -31,58 +65,128 @@ def test_options_follow_spark_kafka_names_case_insensitively() -> None:
         ({"subscribe": " , "}, "subscribe"),
         ({"subscribePattern": "a.*"}, "subscribe"),
         ({"startingOffsets": "earliest"}, "share.auto.offset.reset"),
-        ({"maxRecordsPerTrigger": "0"}, "maxRecordsPerTrigger"),
+        ({"maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger"),
+        ({"minPartitions": "x"}, "minPartitions"),
+        ({"acknowledgeMode": "sometimes"}, "acknowledgeMode.*checkpoint, commit"),
+        ({"failOnDataLoss": "yes"}, "failOnDataLoss"),
         ({"kafka.no.such.setting": "1"}, "no.such.setting"),
+        ({"maxOffsetPerTrigger": "5"}, "unknown option 'maxoffsetpertrigger'.*did you mean 'maxOffsetsPerTrigger'"),
+        ({"includeHeader": "true"}, "unknown option 'includeheader'.*'includeHeaders'"),
+        ({"colour": "blue"}, "unknown option 'colour' for the kafka-share source$"),
     ],
 )
-def test_bad_options_fail_when_the_query_is_defined(extra: dict[str, str], message: str) -> None:
+def test_bad_options_fail_naming_the_option(extra: dict[str, str], message: str) -> None:
     with pytest.raises(SparkOptionError, match=message):
         SourceOptions.parse({**BASE, **extra})
 
 
-def test_chunks_stay_under_the_byte_cap_and_keep_partition_order() -> None:
-    records = [_record(p, o, size=1000) for o in range(50) for p in (2, 0)]
-    chunks = split_into_chunks(records, max_bytes=10_000)
-    assert sum(len(c) for c in chunks) == len(records)
-    assert all(sum(len(v or b"") for v in c.values) <= 10_000 for c in chunks)
-    assert len(chunks) > 2
-    for partition in (0, 2):
-        offsets = [o for c in chunks if c.partition == partition for o in c.offsets]
-        assert offsets == list(range(50))
-    # A record larger than the cap still travels, alone.
-    (big,) = split_into_chunks([_record(0, 7, size=50_000)], max_bytes=10_000)
-    assert big.offsets == [7]
+def test_lost_offsets_fail_or_warn_naming_the_range(caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(DataLossError, match="orders-2 offsets 10..19 .*failOnDataLoss=false"):
+        report_lost("orders", 2, 10, 19, fail=True)
+    with caplog.at_level(logging.WARNING, logger="shoal.client.spark.source"):
+        report_lost("orders", 2, 10, 19, fail=False)
+    assert "skipping orders-2 offsets 10..19" in caplog.text
 
 
-def test_chunk_rows_match_the_schema() -> None:
-    (chunk,) = split_into_chunks([_record(1, 5), ShareRecord("a", 1, 6, -1, -1, None, None, [], 3)], 1 << 20)
-    batch = chunk.to_arrow()
-    rows = batch.to_pylist()
-    assert batch.schema.names == [
-        "key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers", "deliveryCount"
-    ]
-    assert rows[0]["headers"] == [{"key": "h", "value": b"x"}]
-    assert rows[0]["timestamp"].timestamp() == 1_700_000_000
-    assert (rows[1]["key"], rows[1]["value"], rows[1]["timestamp"], rows[1]["deliveryCount"]) == (None, None, None, 3)
+ranges_strategy = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(1, 400), st.integers(1, 5), st.integers(0, 50_000)),
+    min_size=0,
+    max_size=12,
+)
+
+
+def _batch(spec: list[tuple[int, int, int, int]]) -> dict[tuple[str, int], list[OffsetRange]]:
+    """Disjoint ranges per partition from (partition, length, delivery count, bytes) tuples."""
+    out: dict[tuple[str, int], list[OffsetRange]] = {}
+    next_offset: dict[int, int] = {}
+    for partition, length, count, size in spec:
+        first = next_offset.get(partition, 0) + 3  # leave a gap: other consumers own those offsets
+        out.setdefault(("t", partition), []).append(OffsetRange(first, first + length - 1, count, size))
+        next_offset[partition] = first + length
+    return out
+
+
+@given(ranges_strategy, st.integers(1, 60_000), st.integers(1, 40))
+def test_planning_covers_each_offset_once_in_order_within_the_byte_cap(
+    spec: list[tuple[int, int, int, int]], max_bytes: int, min_partitions: int
+) -> None:
+    batch = _batch(spec)
+    tasks = plan_tasks(batch, max_bytes, min_partitions)
+    for tp, ranges in batch.items():
+        want = [(o, r.delivery_count) for r in ranges for o in range(r.first, r.last + 1)]
+        got = [(o, r.delivery_count) for t in tasks if (t.topic, t.partition) == tp for r in t.ranges
+               for o in range(r.first, r.last + 1)]
+        assert got == want  # every offset once, in offset order, with its delivery count
+    for task in tasks:
+        assert task.size <= max_bytes or task.count == 1
+    offsets = sum(r.count for rs in batch.values() for r in rs)
+    assert len(tasks) >= min(min_partitions, offsets)
+
+
+@given(ranges_strategy)
+def test_ranges_survive_the_offset_log(spec: list[tuple[int, int, int, int]]) -> None:
+    batch = _batch(spec)
+    assert ranges_from_json(ranges_to_json(batch)) == {tp: rs for tp, rs in batch.items() if rs}
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 60), st.integers(0, 60))), st.integers(0, 60), st.integers(0, 60))
+def test_offset_set_matches_a_plain_set(ops: list[tuple[bool, int, int]], lo: int, hi: int) -> None:
+    tp = ("t", 0)
+    s, model = OffsetSet(), set()
+    for add, a, b in ops:
+        a, b = min(a, b), max(a, b)
+        if add:
+            s.add(tp, a, b)
+            model |= set(range(a, b + 1))
+        else:
+            s.remove(tp, a, b)
+            model -= set(range(a, b + 1))
+    spans = s.intervals.get(tp, [])
+    assert {o for a, b in spans for o in range(a, b + 1)} == model
+    assert all(b1 + 1 < a2 for (_, b1), (a2, _) in zip(spans, spans[1:], strict=False))  # merged, sorted
+    assert OffsetSet.from_json(s.to_json()).intervals.get(tp, []) == spans
+    lo, hi = min(lo, hi), max(lo, hi)
+    inside, outside = s.split(tp, lo, hi)
+    assert {o for a, b in inside for o in range(a, b + 1)} == model & set(range(lo, hi + 1))
+    assert {o for a, b in outside for o in range(a, b + 1)} == set(range(lo, hi + 1)) - model
 
 
 def test_reader_pickles_without_its_driver_state() -> None:
     reader = KafkaShareStreamReader(SourceOptions.parse(BASE))
     reader._acq = object()  # type: ignore[assignment]  # stands in for the live consumer and its thread
+    reader._logged.add(("a", 0), 1, 5)
     copy = pickle.loads(pickle.dumps(reader))
-    assert copy._acq is None and copy.options == reader.options
+    assert copy._acq is None and not copy._logged and copy.options == reader.options
 
 
 def test_offsets_carry_one_member_id_and_a_checkpointed_one_wins() -> None:
     reader = KafkaShareStreamReader(SourceOptions.parse(BASE))
     first = reader.initialOffset()
-    assert first["seq"] == 0 and first["member"]
+    assert first["seq"] == 0 and first["member"] and first["acknowledgeMode"] == CHECKPOINT
     assert reader.initialOffset() == first  # one member id for the life of the reader
     restarted = KafkaShareStreamReader(SourceOptions.parse(BASE))
     assert restarted.initialOffset()["member"] != first["member"]
     # Before its consumer exists, a restarted reader adopts the id recorded in the checkpoint's offset.
     restarted._adopt_member({"seq": 7, "member": first["member"]})
-    assert restarted._offset(8) == {"seq": 8, "member": first["member"]}
-    # Offsets from checkpoints written before the id was recorded keep the reader's own.
+    assert restarted._offset(8)["member"] == first["member"]
     restarted._adopt_member({"seq": 7})
     assert restarted._offset(8)["member"] == first["member"]
+
+
+def test_a_replayed_batch_plans_the_same_tasks_without_a_consumer() -> None:
+    """partitions() of a batch from the offset log needs nothing but the offset: no broker, no payloads."""
+    reader = KafkaShareStreamReader(SourceOptions.parse({**BASE, "maxBytesPerPartition": "1000"}))
+    ranges = {("a", 0): [OffsetRange(10, 29, 2, 2000)], ("b", 1): [OffsetRange(5, 5, 1, 100)]}
+    end = {"seq": 3, "member": "m", "acknowledgeMode": CHECKPOINT, "ranges": ranges_to_json(ranges)}
+    tasks = reader.partitions({"seq": 2, "member": "m", "acknowledgeMode": CHECKPOINT}, end)
+    assert [(t.topic, t.partition, t.ranges) for t in tasks] == [
+        ("a", 0, [(10, 19, 2)]),
+        ("a", 0, [(20, 29, 2)]),
+        ("b", 1, [(5, 5, 1)]),
+    ]
+    assert reader.partitions(end, end) == []
+    # The replayed ranges are now known to be in the offset log: if they come back, they are dropped.
+    assert reader._logged.split(("a", 0), 0, 40)[0] == [(10, 29)]
+    # Commit mode replays nothing: the batch's records were never accepted and come back by themselves.
+    commit_reader = KafkaShareStreamReader(SourceOptions.parse({**BASE, "acknowledgeMode": "commit"}))
+    assert commit_reader.partitions({"seq": 2}, {**end, "acknowledgeMode": COMMIT}) == []

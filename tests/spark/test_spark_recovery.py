@@ -1,5 +1,5 @@
-"""At-least-once across a killed Spark driver: kill the query's whole process tree mid-stream, restart it
-from the same checkpoint, and check that nothing is lost and nothing already accepted comes back."""
+"""A Spark driver killed with SIGKILL in the middle of a micro-batch and restarted from its checkpoint,
+writing to the parquet file sink: exactly once in checkpoint mode, at least once in commit mode."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from shoal.client.admin import Admin
 from tests.integration.broker_process import BrokerProcess
@@ -18,15 +19,19 @@ from tests.integration.share_clients import create_topic, produce, set_group_con
 
 from .conftest import spark_env
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 JOB = Path(__file__).with_name("share_query_job.py")
 REPO = Path(__file__).resolve().parents[2]
+RECORDS = 3000
 
 
-def _start_job(broker: BrokerProcess, topic: str, group: str, ckpt: Path, out: Path, run: str, log: Path,
-               *extra: str) -> subprocess.Popen[bytes]:
-    args = [sys.executable, str(JOB), broker.bootstrap, topic, group, str(ckpt), str(out), run, "300", *extra]
+def _start_job(broker: BrokerProcess, topic: str, group: str, base: Path, mode: str, *extra: str) -> subprocess.Popen[bytes]:
+    args = [sys.executable, str(JOB), broker.bootstrap, topic, group, str(base / "ckpt"), str(base / "out"), mode,
+            "1000", str(base / "control"), *extra]
     env = {**os.environ, **spark_env(), "PYTHONPATH": str(REPO)}
-    with open(log, "ab") as log_file:
+    with open(base / "jobs.log", "ab") as log_file:
         # Own session: the driver, its JVM and every Python worker can be killed together.
         return subprocess.Popen(args, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -52,92 +57,106 @@ def _kill_session(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(30)
 
 
-def _batches(out: Path, run: str) -> dict[int, list[tuple[int, int, int]]]:
-    found = {}
-    for path in out.glob(f"{run}-batch-*.json"):
-        found[int(path.stem.rsplit("-", 1)[1])] = [tuple(r) for r in json.loads(path.read_text())]
-    return found
+def _batch_ids(ckpt: Path, log: str) -> set[int]:
+    return {int(p.name) for p in (ckpt / log).iterdir() if p.name.isdigit()}
 
 
-def _source_offset(ckpt: Path, batch: int) -> dict[str, object]:
-    """The source's end offset for `batch` from Spark's offset log (version line, metadata line, then one
-    line per source)."""
-    lines = (ckpt / "offsets" / str(batch)).read_text().splitlines()
-    return json.loads(lines[-1])
+def _source_offset(ckpt: Path, batch: int) -> dict[str, Any]:
+    """The source's end offset for `batch` in Spark's offset log (version, metadata, then one line per source)."""
+    return json.loads((ckpt / "offsets" / str(batch)).read_text().splitlines()[-1])
 
 
-def test_killed_driver_restarts_from_checkpoint_without_loss(broker: BrokerProcess, tmp_path: Path) -> None:
-    topic, group = "spark-crash", "spark-crash-group"
-    create_topic(broker.bootstrap, topic, 3)
-    set_group_config(broker.bootstrap, group, share_auto_offset_reset="earliest")
-    produced = {(p, o) for p, o, _ in produce(broker.bootstrap, topic, 6000, partitions=3)}
-    ckpt, out, log = tmp_path / "ckpt", tmp_path / "out", tmp_path / "jobs.log"
-    out.mkdir()
+class CrashRun:
+    """One mode's scenario: a streaming job that is SIGKILLed inside a micro-batch, then a restart from its
+    checkpoint that drains the topic. Both modes run side by side to share the JVMs' start-up time."""
 
-    # The first run hangs inside its 4th data batch (batch ids start at 0, which comes out empty), after
-    # the sink has seen its rows but before Spark commits it; then its whole process tree is SIGKILLed.
-    first = _start_job(broker, topic, group, ckpt, out, "run1", log, "4")
-    hanging = out / "run1-hanging.json"
+    def __init__(self, broker: BrokerProcess, base: Path, mode: str) -> None:
+        self.broker, self.base, self.mode = broker, base, mode
+        self.topic, self.group = f"spark-crash-{mode}", f"spark-crash-{mode}-group"
+        self.ckpt, self.control, self.log = base / "ckpt", base / "control", base / "jobs.log"
+        self.control.mkdir(parents=True)
+        create_topic(broker.bootstrap, self.topic, 3)
+        set_group_config(broker.bootstrap, self.group, share_auto_offset_reset="earliest")
+        self.produced = {(p, o) for p, o, _ in produce(broker.bootstrap, self.topic, RECORDS, partitions=3)}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, *extra: str) -> None:
+        self.proc = _start_job(self.broker, self.topic, self.group, self.base, self.mode, *extra)
+
+    def _alive(self) -> None:
+        assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-3000:]
+
+    def hanging(self, deadline: float) -> bool:
+        """True once a task hangs inside a batch (the job hangs only after one batch has committed)."""
+        self._alive()
+        assert time.monotonic() < deadline, f"{self.mode}: no batch to kill in: " + self.log.read_text()[-3000:]
+        return (self.control / "hanging").exists()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        _kill_session(self.proc)
+        (self.control / "hang").unlink()
+        self.in_flight = _batch_ids(self.ckpt, "offsets") - _batch_ids(self.ckpt, "commits")
+        assert self.in_flight, "the kill did not land inside a micro-batch"
+        offset = _source_offset(self.ckpt, max(self.in_flight))
+        self.member, self.in_flight_ranges = offset["member"], offset["ranges"]
+        assert self.in_flight_ranges  # the offset log says exactly what the batch holds
+
+    def wait_drained(self) -> None:
+        assert self.proc is not None
+        try:
+            assert self.proc.wait(180) == 0, self.log.read_text()[-3000:]
+        finally:
+            if self.proc.poll() is None:
+                _kill_session(self.proc)
+        assert _source_offset(self.ckpt, max(_batch_ids(self.ckpt, "offsets")))["member"] == self.member
+
+    def check(self, spark: SparkSession) -> None:
+        # The file sink's log decides which files are part of the output.
+        rows = spark.read.parquet(str(self.base / "out")).select("partition", "offset", "deliveryCount").collect()
+        seen = Counter((r.partition, r.offset) for r in rows)
+        assert set(seen) == self.produced  # none missing
+        if self.mode == "checkpoint":
+            # The killed batch was replayed by offset, with the rows it had: nothing twice.
+            assert all(n == 1 for n in seen.values()), [r for r, n in seen.items() if n > 1][:10]
+        else:
+            # Commit mode: the killed batch's records came back to the group and were read again, later.
+            redelivered = {(r.partition, r.offset) for r in rows if r.deliveryCount > 1}
+            in_flight_offsets = {
+                (int(p), o) for parts in self.in_flight_ranges.values() for p, rs in parts.items()
+                for first, last, _, _ in rs for o in range(first, last + 1)
+            }
+            assert in_flight_offsets <= redelivered
+        with Admin(self.broker.bootstrap) as admin:
+            offsets = admin.list_share_group_offsets(self.group, [self.topic])
+        assert {o.lag for o in offsets.values()} == {0}
+
+
+def test_killed_driver_restarts_exactly_once_in_checkpoint_mode_at_least_once_in_commit_mode(
+    spark: SparkSession, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    runs = [CrashRun(broker, tmp_path / mode, mode) for mode in ("checkpoint", "commit")]
     try:
-        deadline = time.monotonic() + 180
-        while not hanging.exists():
-            assert first.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "the first run never got going: " + log.read_text()[-3000:]
+        # Run 1 streams until a batch has committed; a task of the next batch stops mid-batch, and the job's
+        # whole process tree is SIGKILLed.
+        for run in runs:
+            (run.control / "hang").touch()
+            run.start()
+        deadline = time.monotonic() + 240
+        waiting = list(runs)
+        while waiting:
+            waiting = [run for run in waiting if not run.hanging(deadline)]
             time.sleep(0.2)
+        for run in runs:
+            run.kill()
+        # Run 2 from the same checkpoint drains the topic and ends by itself.
+        for run in runs:
+            run.start("once")
+        for run in runs:
+            run.wait_drained()
     finally:
-        _kill_session(first)
-    in_flight = json.loads(hanging.read_text())
-    assert in_flight["rows"] > 0
-
-    # What the checkpoint says at the moment of the crash. latestOffset accepts batch N before Spark can
-    # write offsets/N+1, so every batch followed by another planned batch had been accepted.
-    planned = {int(p.name) for p in (ckpt / "offsets").iterdir() if p.name.isdigit()}
-    committed = {int(p.name) for p in (ckpt / "commits").iterdir() if p.name.isdigit()}
-    assert in_flight["batch"] in planned - committed
-    run1 = _batches(out, "run1")
-    accepted_batches = {n for n in run1 if n + 1 in planned}
-    assert accepted_batches, "nothing was accepted before the kill; the test proves nothing"
-    accepted = [(p, o) for n in accepted_batches for p, o, _ in run1[n]]
-    # The share-group member id is checkpointed with every offset.
-    member = _source_offset(ckpt, max(planned))["member"]
-    assert member and all(_source_offset(ckpt, n)["member"] == member for n in planned)
-
-    # The restarted query rejoins as the killed query's member, so it holds every partition from its first
-    # batch on: it must not wait for the killed member's session (45 s) to time out.
-    second = _start_job(broker, topic, group, ckpt, out, "run2", log)
-    checked_members = False
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if not checked_members and any(_batches(out, "run2").values()):
-                with Admin(broker.bootstrap) as admin:
-                    members = admin.describe_share_groups([group])[group].members
-                assert [m.member_id for m in members] == [member]
-                assert members[0].assignment == [(topic, p) for p in range(3)]
-                checked_members = True
-            seen_now = {(p, o) for rows in [*run1.values(), *_batches(out, "run2").values()] for p, o, _ in rows}
-            if seen_now >= produced:
-                break
-            assert second.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, f"{len(produced - seen_now)} records never arrived"
-            time.sleep(0.5)
-    finally:
-        _kill_session(second)
-    run2 = _batches(out, "run2")
-    assert checked_members
-    later = {int(p.name) for p in (ckpt / "offsets").iterdir() if p.name.isdigit()} - planned
-    assert later and all(_source_offset(ckpt, n)["member"] == member for n in later)
-
-    seen = Counter((p, o) for rows in [*run1.values(), *run2.values()] for p, o, _ in rows)
-    assert set(seen) == produced
-    assert all(seen[r] == 1 for r in accepted), "a record accepted before the kill was delivered again"
-    assert sum(len(rows) for rows in run2.values()) > 0
-    # A batch planned but not committed at the crash is replayed with the same offsets: it comes out empty,
-    # since its records were never accepted and the broker hands them out again in later batches.
-    for n in planned - committed:
-        assert run2.get(n) == [], f"replayed batch {n} was not empty"
-    # The in-flight batch's records came back, with a higher delivery count.
-    first_count = {(p, o): d for rows in run1.values() for p, o, d in rows}
-    again = {(p, o): d for rows in run2.values() for p, o, d in rows if (p, o) in first_count}
-    assert {(p, o) for p, o, _ in run1[in_flight["batch"]]} <= set(again)
-    assert all(d > first_count[r] for r, d in again.items())
+        for run in runs:
+            if run.proc is not None and run.proc.poll() is None:
+                _kill_session(run.proc)
+    for run in runs:
+        run.check(spark)

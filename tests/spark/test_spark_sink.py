@@ -43,7 +43,7 @@ def test_example_job_prices_every_order_into_the_sink_topic(
 
     query = job.build_query(
         spark, bootstrap=broker.bootstrap, source=source, sink=sink, group=group,
-        checkpoint=str(tmp_path / "ckpt"), available_now=True, max_records_per_trigger=150,
+        checkpoint=str(tmp_path / "ckpt"), available_now=True, max_offsets_per_trigger=150,
     )
     query.awaitTermination(120)
     assert query.exception() is None

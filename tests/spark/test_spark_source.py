@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from typing import TYPE_CHECKING
+
+import pytest
 
 from shoal.client.admin import Admin
 from tests.integration.broker_process import BrokerProcess
@@ -31,18 +34,29 @@ def _rows(spark: SparkSession, table: str) -> list[tuple[int, int]]:
     return [(r.partition, r.offset) for r in spark.sql(f"SELECT partition, offset FROM {table}").collect()]
 
 
-def test_stream_reads_every_record_and_accepts_them(spark: SparkSession, broker: BrokerProcess, tmp_path: Path) -> None:
-    topic, group = "spark-orders", "spark-all"
-    _prepare(broker, topic, group, 3)
-    produced = produce(broker.bootstrap, topic, 20_000, partitions=3)
-    df = (
+def _source(spark: SparkSession, broker: BrokerProcess, topic: str, group: str, **options: object) -> DataFrame:
+    reader = (
         spark.readStream.format("kafka-share")
         .option("kafka.bootstrap.servers", broker.bootstrap)
         .option("group.id", group)
         .option("subscribe", topic)
-        .option("maxRecordsPerTrigger", 4000)
-        .load()
     )
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def test_stream_reads_every_record_by_offset_and_accepts_them(
+    spark: SparkSession, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    from shoal.client.producer import Producer
+
+    topic, group = "spark-orders", "spark-all"
+    _prepare(broker, topic, group, 3)
+    with Producer(broker.bootstrap) as producer:
+        rows = [(topic, f"v{i}".encode(), str(i).encode(), [("n", str(i).encode())], i % 3) for i in range(6000)]
+        assert producer.send_many(rows).result(60) == 6000
+    df = _source(spark, broker, topic, group, maxOffsetsPerTrigger=2000, minPartitions=4, includeHeaders="true")
     assert [(f.name, f.dataType.simpleString()) for f in df.schema.fields] == [
         ("key", "binary"),
         ("value", "binary"),
@@ -63,23 +77,125 @@ def test_stream_reads_every_record_and_accepts_them(spark: SparkSession, broker:
     )
     query.awaitTermination(180)
     assert query.exception() is None
-    rows = spark.sql("SELECT partition, offset, value, topic, deliveryCount, timestamp FROM all_orders").collect()
+    got = spark.sql("SELECT key, value, topic, partition, offset, headers, deliveryCount, timestamp FROM all_orders").collect()
 
-    got = sorted((r.partition, r.offset, bytes(r.value)) for r in rows)
-    assert got == sorted(produced)  # every record, once
-    assert {r.topic for r in rows} == {topic}
-    assert {r.deliveryCount for r in rows} == {1}
-    assert all(r.timestamp is not None for r in rows)
-    # maxRecordsPerTrigger caps each micro-batch.
+    assert len(got) == 6000
+    assert sorted(int(r.key) for r in got) == list(range(6000))  # every record, once
+    for r in got:
+        i = int(r.key)
+        assert (bytes(r.value), r.partition, r.topic) == (f"v{i}".encode(), i % 3, topic)
+        assert [(h.key, bytes(h.value)) for h in r.headers] == [("n", str(i).encode())]
+    assert {r.offset for r in got if r.partition == 0} == set(range(2000))
+    assert {r.deliveryCount for r in got} == {1}
+    assert all(r.timestamp is not None for r in got)
+    # maxOffsetsPerTrigger caps each micro-batch.
     sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
-    assert sum(sizes) == 20_000 and max(sizes) <= 4000
+    assert sum(sizes) == 6000 and max(sizes) <= 2000
 
-    # Every record was ACCEPTed: the share-partition start offset has reached the end of each partition.
-    ends = {p: 1 + max(o for pp, o, _ in produced if pp == p) for p in range(3)}
+    # After the drain the group has accepted everything: lag 0 through DescribeShareGroupOffsets.
     with Admin(broker.bootstrap) as admin:
         offsets = admin.list_share_group_offsets(group, [topic])
-    assert {tp[1]: o.start_offset for tp, o in offsets.items()} == ends
+    assert {tp[1]: o.start_offset for tp, o in offsets.items()} == {0: 2000, 1: 2000, 2: 2000}
     assert {o.lag for o in offsets.values()} == {0}
+
+
+def test_a_task_failing_once_is_retried_and_the_output_is_exactly_once(
+    spark: SparkSession, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    from pyspark.sql.functions import col, udf
+
+    topic, group = "spark-retry", "spark-retry-group"
+    _prepare(broker, topic, group, 2)
+    produced = produce(broker.bootstrap, topic, 2000, partitions=2)
+
+    def fail_first_attempt(offset):  # type: ignore[no-untyped-def]  # (hints would make it a pandas UDF)
+        from pyspark import TaskContext
+
+        # Each task's first attempt fails: Spark retries it, and the retry reads the same ranges again.
+        if TaskContext.get().attemptNumber() == 0:
+            raise RuntimeError("first attempt fails")
+        return offset
+
+    flaky = udf(fail_first_attempt, "long")
+
+    out = tmp_path / "out"
+    query = (
+        _source(spark, broker, topic, group, maxOffsetsPerTrigger=700)
+        .select("partition", flaky(col("offset")).alias("offset"))
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(180)
+    assert query.exception() is None
+    rows = spark.read.parquet(str(out)).collect()
+    assert sorted((r.partition, r.offset) for r in rows) == sorted((p, o) for p, o, _ in produced)
+
+
+def test_replay_after_delete_records_fails_or_skips_by_fail_on_data_loss(
+    spark: SparkSession, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    topic, group = "spark-loss", "spark-loss-group"
+    _prepare(broker, topic, group, 1)
+    produce(broker.bootstrap, topic, 300)
+
+    def fail(batch: DataFrame, batch_id: int) -> None:
+        if batch.count():
+            raise RuntimeError("sink down")
+
+    # The first batch (offsets 0..99) reaches the offset log, then the sink fails: it is left to replay.
+    query = (
+        _source(spark, broker, topic, group, maxOffsetsPerTrigger=100)
+        .writeStream.foreachBatch(fail)
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .start()
+    )
+    with pytest.raises(Exception, match="sink down"):
+        query.awaitTermination(120)
+    shutil.copytree(tmp_path / "ckpt", tmp_path / "ckpt-skip")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 0, 40)]).values():
+        future.result(30)
+
+    kept: list[int] = []
+
+    def keep(batch: DataFrame, batch_id: int) -> None:
+        kept.extend(r.offset for r in batch.select("offset").collect())
+
+    strict = (
+        _source(spark, broker, topic, group)
+        .writeStream.foreachBatch(keep)
+        .option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception, match=f"{topic}-0 offsets 0..39 of this micro-batch were removed"):
+        strict.awaitTermination(120)
+    assert kept == []
+
+    lenient = (
+        _source(spark, broker, topic, group, failOnDataLoss="false")
+        .writeStream.foreachBatch(keep)
+        .option("checkpointLocation", str(tmp_path / "ckpt-skip"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    lenient.awaitTermination(120)
+    assert lenient.exception() is None
+    # The replayed batch keeps what is left of it (40..99); the rest of the topic follows.
+    assert sorted(kept) == list(range(40, 300))
+
+
+def test_bad_options_fail_when_the_query_is_defined(spark: SparkSession, broker: BrokerProcess) -> None:
+    with pytest.raises(Exception, match="unknown option 'maxoffsetpertrigger'.*did you mean 'maxOffsetsPerTrigger'"):
+        _source(spark, broker, "t", "g", maxOffsetPerTrigger=10)
+    with pytest.raises(Exception, match="acknowledgeMode"):
+        _source(spark, broker, "t", "g", acknowledgeMode="later")
 
 
 def test_two_queries_in_one_share_group_split_the_queue(
@@ -94,7 +210,7 @@ def test_two_queries_in_one_share_group_split_the_queue(
             .option("kafka.bootstrap.servers", broker.bootstrap)
             .option("group.id", group)
             .option("subscribe", topic)
-            .option("maxRecordsPerTrigger", 200)
+            .option("maxOffsetsPerTrigger", 200)
             .load()
         )
         queries.append(
@@ -130,7 +246,7 @@ def test_two_queries_in_one_share_group_split_the_queue(
     assert sorted(a + b) == sorted((p, o) for p, o, _ in produced)  # together: each record exactly once
 
 
-def test_stopping_a_query_releases_what_it_holds(spark: SparkSession, broker: BrokerProcess, tmp_path: Path) -> None:
+def test_commit_mode_stopping_a_query_releases_what_it_holds(spark: SparkSession, broker: BrokerProcess, tmp_path: Path) -> None:
     topic, group = "spark-stop", "spark-stop-group"
     _prepare(broker, topic, group, 1)
     # A lock far longer than the test: records come back only if the stopped query hands them back.
@@ -141,7 +257,8 @@ def test_stopping_a_query_releases_what_it_holds(spark: SparkSession, broker: Br
         .option("kafka.bootstrap.servers", broker.bootstrap)
         .option("group.id", group)
         .option("subscribe", topic)
-        .option("maxRecordsPerTrigger", 100)
+        .option("maxOffsetsPerTrigger", 100)
+        .option("acknowledgeMode", "commit")
         .load()
     )
     # One batch, then an hour's wait: its records stay acquired (settled only when the next batch is planned).
@@ -175,7 +292,7 @@ def test_stopping_a_query_releases_what_it_holds(spark: SparkSession, broker: Br
     assert all(counts[r] == 2 for r in first_batch)
 
 
-def test_a_batch_that_outlives_the_acquisition_lock_keeps_its_records(
+def test_commit_mode_a_batch_that_outlives_the_acquisition_lock_keeps_its_records(
     spark: SparkSession, broker: BrokerProcess, tmp_path: Path
 ) -> None:
     topic, group = "spark-slow", "spark-slow-group"
@@ -189,7 +306,8 @@ def test_a_batch_that_outlives_the_acquisition_lock_keeps_its_records(
         .option("subscribe", topic)
         # Two batches from one 200-record log batch: the second half must not be acquired (and left to expire
         # unrenewed in the client's buffer) while the first batch is still running.
-        .option("maxRecordsPerTrigger", 100)
+        .option("maxOffsetsPerTrigger", 100)
+        .option("acknowledgeMode", "commit")
         .option("lockRenewIntervalMs", 400)
         .load()
     )
@@ -215,3 +333,36 @@ def test_a_batch_that_outlives_the_acquisition_lock_keeps_its_records(
     with Admin(broker.bootstrap) as admin:
         offsets = admin.list_share_group_offsets(group, [topic])
     assert offsets[(topic, 0)].start_offset == len(produced)
+
+
+def test_records_back_from_the_offset_log_are_accepted_and_dropped(broker: BrokerProcess) -> None:
+    """The crash window of checkpoint mode, driven through the reader itself (no Spark needed): a batch is
+    in the offset log but its ACCEPT never reached the broker, so its records return to the group. The
+    restarted query replays the batch by offset and must not emit those records a second time."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from shoal.client.spark.source import KafkaShareStreamReader, SourceOptions
+
+    topic, group = "spark-dedup", "spark-dedup-group"
+    _prepare(broker, topic, group, 1)
+    produce(broker.bootstrap, topic, 100)
+    options = SourceOptions.parse({"kafka.bootstrap.servers": broker.bootstrap, "group.id": group, "subscribe": topic})
+
+    first = KafkaShareStreamReader(options)
+    start = first.initialOffset()
+    logged = first.latestOffset(start, ReadMaxRows(60))  # Spark would now write this to its offset log...
+    assert logged["ranges"] == {topic: {"0": [[0, 59, 1, logged["ranges"][topic]["0"][0][3]]]}}
+    first.stop()  # ...and the driver dies before partitions() accepts: the records go back to the group
+
+    restarted = KafkaShareStreamReader(options)
+    replay = restarted.partitions(start, logged)  # Spark replays the logged batch by its ranges
+    assert [(t.topic, t.partition, t.ranges) for t in replay] == [(topic, 0, [(0, 59, 1)])]
+    following = restarted.latestOffset(logged, ReadMaxRows(100))
+    # 0..59 came back (delivery count 2): accepted and dropped. Only the records never logged make the batch.
+    assert following["ranges"] == {topic: {"0": [[60, 99, 1, following["ranges"][topic]["0"][0][3]]]}}
+    assert "logged" not in following  # the dropped records' ACCEPT is confirmed: nothing left to watch for
+    restarted.partitions(logged, following)  # in the offset log now: accepted
+    restarted.stop()
+    with Admin(broker.bootstrap) as admin:
+        offsets = admin.list_share_group_offsets(group, [topic])
+    assert offsets[(topic, 0)].start_offset == 100 and offsets[(topic, 0)].lag == 0

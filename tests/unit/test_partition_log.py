@@ -288,11 +288,14 @@ def test_offset_for_timestamp_and_max_timestamp(tmp_path: Path) -> None:
     assert len(plog.segments) > 3
 
     def check(p: PartitionLog) -> None:
-        assert p.offset_for_timestamp(0) == (0, 1005)
-        assert p.offset_for_timestamp(1005) == (0, 1005)
-        assert p.offset_for_timestamp(1006) == (2, 1015)
-        assert p.offset_for_timestamp(1150) == (30, 1155)
-        assert p.offset_for_timestamp(1295) == (58, 1295)
+        # The first record at or after the timestamp, not the first record of its batch (as Kafka).
+        assert p.offset_for_timestamp(0) == (0, 1000)
+        assert p.offset_for_timestamp(1001) == (1, 1005)
+        assert p.offset_for_timestamp(1005) == (1, 1005)
+        assert p.offset_for_timestamp(1006) == (2, 1010)
+        assert p.offset_for_timestamp(1150) == (30, 1150)
+        assert p.offset_for_timestamp(1151) == (31, 1155)
+        assert p.offset_for_timestamp(1295) == (59, 1295)
         assert p.offset_for_timestamp(1296) is None
         assert p.max_timestamp() == (59, 1295)
 

@@ -142,6 +142,14 @@ def states(broker: Broker, key: SharePartitionKey, count: int) -> list[RecordSta
     return out
 
 
+def durable_batches(broker: Broker, key: SharePartitionKey) -> list[tuple[int, int, int, int]]:
+    """The share coordinator's durable state batches of a share partition."""
+    coordinator = broker.share_coordinator
+    durable = coordinator.maps[coordinator.partition_for(key)].get(key)
+    assert durable is not None
+    return [(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count) for b in durable.state_batches]
+
+
 def start_offsets(broker: Broker, key: SharePartitionKey) -> tuple[int, int]:
     """(SPSO in the leader's memory, SPSO the share coordinator holds durably)."""
     coordinator = broker.share_coordinator
@@ -158,12 +166,12 @@ async def test_acknowledgement_finishes_after_its_client_disconnects(broker: Bro
     assert leader is not None
     async with write_held(broker, key):
         await asyncio.to_thread(client.send, ApiKey.SHARE_ACKNOWLEDGE, 1, ack_body(topic.topic_id, 0, 0, 4, 2))
-        await until(leader.lock.locked)  # the acknowledgement is applied and its state write is waiting
+        await until(lambda: leader.writes_in_flight > 0)  # the acknowledgement is applied, its write waits
         await asyncio.to_thread(client.close)
         await until(lambda: not broker.connections)
         assert start_offsets(broker, key) == (5, 0)  # applied in memory, not yet written
     # The write goes ahead once the key is free, and memory and the state topic agree.
-    await until(lambda: not leader.lock.locked())
+    await until(lambda: leader.writes_in_flight == 0)
     assert start_offsets(broker, key) == (5, 5)
 
 
@@ -175,17 +183,17 @@ async def test_session_close_releases_every_partition_when_its_client_disconnect
     async with write_held(broker, keys[0]):
         # Close the session (epoch -1) and go away while the first partition's release is being written.
         await asyncio.to_thread(client.send, ApiKey.SHARE_FETCH, 1, fetch_body(topic.topic_id, [], -1))
-        await until(first.lock.locked)
+        await until(lambda: first.writes_in_flight > 0)
         await asyncio.to_thread(client.close)
         await until(lambda: not broker.connections)
         # The other partitions were released at the same time, not one after another.
         for key in keys[1:]:
             await until(lambda key=key: states(broker, key, 4) == [RecordState.AVAILABLE] * 4)  # type: ignore[misc]
-    await until(lambda: not first.lock.locked())
+    # Every release written, the group has no session left on this broker: its share partitions are
+    # forgotten, and what is durable has the records back, AVAILABLE.
+    await until(lambda: all(broker.share_partitions.get(key) is None for key in keys))
     for key in keys:
-        assert states(broker, key, 4) == [RecordState.AVAILABLE] * 4
-        leader = broker.share_partitions.get(key)
-        assert leader is not None and leader.state is not None and leader.state.acquired_count == 0
+        assert durable_batches(broker, key) == [(0, 3, RecordState.AVAILABLE, 1)]
 
 
 async def test_long_polls_end_with_their_connection(broker: Broker) -> None:
@@ -221,7 +229,7 @@ async def test_records_acquired_for_a_vanished_connection_are_released(broker: B
         await asyncio.to_thread(client.close)
         await until(lambda: not broker.connections)
     await until(lambda: not broker._requests)
-    # Its acquisition cannot be delivered, so it was handed back rather than locked for a lock duration.
-    await until(lambda: not leader.lock.locked())
-    assert leader.state.acquired_count == 0
-    assert leader.state.available_count == 3
+    # Its acquisition cannot be delivered, so it was handed back rather than locked for a lock duration
+    # (durably; the group has no session left here, so its share partition is then forgotten).
+    await until(lambda: broker.share_partitions.get(key) is None)
+    assert durable_batches(broker, key) == [(2, 4, RecordState.AVAILABLE, 1)]

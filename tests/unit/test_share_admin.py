@@ -32,9 +32,9 @@ async def test_alter_offsets_needs_an_empty_group(env: Env) -> None:
     epoch_before = env.coord.groups[GROUP].group_epoch
     code, errors = await env.coord.alter_offsets(GROUP, {T_ORDERS: {0: 5, 2: 7}})
     assert (code, errors) == (ErrorCode.NONE, {(T_ORDERS, 0): ErrorCode.NONE, (T_ORDERS, 2): ErrorCode.NONE})
-    # The bumped group epoch is the new state epoch, so leaders holding the old state are fenced.
+    # As in Kafka the group epoch stays as it is and is the state epoch of the re-initialisation.
     group = env.coord.groups[GROUP]
-    assert group.group_epoch == epoch_before + 1 and group.assignment_epoch == group.group_epoch
+    assert group.group_epoch == epoch_before and group.assignment_epoch == group.group_epoch
     altered = [(k.partition, epoch, offset) for k, epoch, offset in env.persister.initialized[-2:]]
     assert altered == [(0, group.group_epoch, 5), (2, group.group_epoch, 7)]
 
@@ -87,6 +87,29 @@ async def test_delete_offsets_two_phases_and_retry(env: Env) -> None:
     await env.hb("b", 0, ["orders"])
     await env.coord.wait_for_background()
     assert sorted((k.partition, o) for k, _e, o in env.persister.initialized[before:]) == [(p, -1) for p in range(4)]
+
+
+async def test_delete_offsets_touches_only_initialised_state(env: Env) -> None:
+    """As Kafka: a topic with initialised partitions has exactly those deleted; a topic whose state is
+    only being initialised has nothing to delete (UNKNOWN_TOPIC_OR_PARTITION) and stays as it is."""
+    await env.join_initialised("a", ["orders"])
+    env.persister.fail_initialize = True
+    await env.hb("b", 0, ["other"])
+    await env.coord.wait_for_background()
+    await env.hb("a", -1)
+    await env.hb("b", -1)
+    group = env.coord.groups[GROUP]
+    assert set(group.initialized) == {T_ORDERS} and set(group.initializing) == {T_OTHER}
+    code, errors = await env.coord.delete_offsets(GROUP, {T_ORDERS, T_OTHER})
+    assert (code, errors) == (ErrorCode.NONE, {T_ORDERS: ErrorCode.NONE, T_OTHER: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION})
+    assert sorted((k.topic_id, k.partition) for k in env.persister.deleted) == [(T_ORDERS, p) for p in range(4)]
+    group = env.coord.groups[GROUP]
+    assert group.initialized == {} and set(group.initializing) == {T_OTHER} and group.deleting == {}
+    # Nothing initialised any more: the same request deletes nothing.
+    before = len(env.persister.deleted)
+    code, errors = await env.coord.delete_offsets(GROUP, {T_ORDERS})
+    assert (code, errors, len(env.persister.deleted)) == (
+        ErrorCode.NONE, {T_ORDERS: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}, before)
 
 
 def test_compute_lag() -> None:

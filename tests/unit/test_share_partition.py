@@ -719,6 +719,24 @@ class SharePartitionMachine(RuleBasedStateMachine):
             if rec[0] == ACQUIRED and rec[1] == member:
                 self._release(o, spso)
 
+    @rule(member=st.sampled_from(MEMBERS), then_rollback=st.booleans())
+    def close_session_written_or_failed(self, member: str, then_rollback: bool) -> None:
+        """A release held until written: completed, or rolled back to ACQUIRED when its write fails."""
+        spso = self.sp.start_offset
+        before = self._observed()
+        out = self.sp.release_member(member, now_ms=self.now, until_written=True)
+        if out is None:
+            assert self._observed() == before
+            return
+        if then_rollback:
+            assert self.sp.rollback(out)
+            assert self._observed() == before
+            return
+        self.sp.written(out)
+        for o, rec in self.model.items():
+            if rec[0] == ACQUIRED and rec[1] == member:
+                self._release(o, spso)
+
     @rule(dt=st.integers(1, 150))
     def time_passes(self, dt: int) -> None:
         self.now += dt
@@ -804,3 +822,53 @@ TestSharePartitionStateful = SharePartitionMachine.TestCase
 @pytest.mark.parametrize("limit,expected", [(2, 2), (3, 2), (5, 3), (6, 3), (10, 5)])
 def test_throttle_threshold(limit: int, expected: int) -> None:
     assert make(delivery_count_limit=limit).throttle_threshold == expected
+
+
+# ---------------------------------------------------------------- transitions held until written
+
+
+def test_release_until_written_is_not_acquirable_until_written() -> None:
+    """A RELEASE whose write is under way is in a state transition: a fetch running alongside does not
+    hand the records straight back (Kafka's ongoing state transition)."""
+    sp = make()
+    assert acq(sp, "m1", (0, 4), (5, 9), max_records=1) == [(0, 4, 1)]
+    out = sp.acknowledge("m1", [AckBatch(0, 4, [RELEASE])], now_ms=0, until_written=True)
+    assert out.error_code == 0 and out.persist_required
+    assert sp.transitioning_count == 5 and sp.available_count == 5
+    assert sp.offset_state(2) == (AVAILABLE, None, 1)
+    # Persisted as AVAILABLE, and the fetch reads past the records in transition.
+    assert persisted(sp) == (0, [(0, 4, 0, 1)])
+    assert sp.next_fetch_offset() == 5
+    assert acq(sp, "m2", (5, 9)) == [(5, 9, 1)]
+    sp.written(out)
+    assert sp.transitioning_count == 0 and sp.next_fetch_offset() == 0
+    assert persisted(sp) == (0, [])  # completing the transition writes nothing new
+    assert acq(sp, "m2", (0, 4)) == [(0, 4, 2)]
+
+
+def test_failed_release_write_rolls_back_to_acquired() -> None:
+    sp = make()
+    assert acq(sp, "m1", (0, 9), now=100) == [(0, 9, 1)]
+    out = sp.release_member("m1", now_ms=200, until_written=True)
+    assert out is not None and sp.transitioning_count == 10
+    assert sp.rollback(out)
+    # Back to ACQUIRED by the member with its lock, which then lapses as usual.
+    assert states(sp, 0, 9) == [(ACQUIRED, "m1", 1)] * 10
+    assert sp.lock_deadline(3) == 100 + LOCK
+    sp.written(out)  # a rolled-back outcome is spent: nothing to complete
+    assert sp.acquired_count == 10
+    assert sp.expire_locks(100 + LOCK)
+    assert states(sp, 0, 9) == [(AVAILABLE, None, 1)] * 10
+    assert sp.release_member("m1", now_ms=0, until_written=True) is None
+
+
+def test_written_release_below_a_moved_spso_is_archived() -> None:
+    sp = make()
+    assert acq(sp, "m1", (0, 9)) == [(0, 9, 1)]
+    out = sp.release_member("m1", now_ms=0, until_written=True)
+    assert out is not None
+    sp.on_log_start_offset_moved(5)
+    sp.written(out)
+    assert states(sp, 5, 9) == [(AVAILABLE, None, 1)] * 5
+    assert sp.start_offset == 5 and sp.transitioning_count == 0
+    assert states(sp, 0, 4) == [(ARCHIVED, None, 1)] * 5

@@ -1,0 +1,191 @@
+"""Reading a partition by offset with plain Fetch requests: no group, no offsets of its own.
+
+Used where the offsets to read are already known, e.g. a Spark task reading the ranges its micro-batch
+acquired through a share group. Offsets below the log start offset (removed by retention or DeleteRecords)
+are reported as lost rather than read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoal.client.admin import AsyncAdmin
+from shoal.client.errors import KafkaError, for_code
+from shoal.client.loop_thread import LoopThread
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.errors import ErrorCode
+from shoal.protocol.record_batch import BatchHeader
+from shoal.protocol.records import Record, iter_decoded_batches
+
+FETCH_VERSIONS = (4, 12)  # v13+ names topics by id only
+READ_UNCOMMITTED = 0
+_LEADER_ERRORS = (
+    ErrorCode.NOT_LEADER_OR_FOLLOWER,
+    ErrorCode.LEADER_NOT_AVAILABLE,
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+    ErrorCode.FENCED_LEADER_EPOCH,
+    ErrorCode.UNKNOWN_LEADER_EPOCH,
+)
+_MAX_LEADER_RETRIES = 5
+
+
+@dataclass
+class RangeRead:
+    """What a read of first..last found: the batches' records inside the range (in offset order, with
+    their batch headers) and the sub-ranges that no longer exist in the log."""
+
+    batches: list[tuple[BatchHeader, list[Record]]] = field(default_factory=list)
+    lost: list[tuple[int, int]] = field(default_factory=list)
+
+
+class AsyncOffsetReader(AsyncAdmin):
+    """An admin client (for ListOffsets) that also reads partitions by offset."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str | Iterable[str],
+        *,
+        config: Mapping[str, Any] | None = None,
+        partition_max_bytes: int = 8 * 1024 * 1024,
+        isolation_level: int = READ_UNCOMMITTED,
+    ):
+        super().__init__(bootstrap_servers, config=config)
+        self.partition_max_bytes = partition_max_bytes
+        self.isolation_level = isolation_level
+
+    async def log_start_offset(self, topic: str, partition: int) -> int:
+        listed = (await self.list_offsets({(topic, partition): "earliest"}))[(topic, partition)]
+        if listed.error is not None:
+            raise listed.error
+        return listed.offset
+
+    async def _leader(self, topic: str, partition: int, *, refresh: bool = False) -> int:
+        if refresh or self.cluster.leader(topic, partition) < 0:
+            await self.cluster.refresh_metadata([topic])
+        leader = self.cluster.leader(topic, partition)
+        if leader < 0:
+            raise KafkaError(ErrorCode.LEADER_NOT_AVAILABLE, f"no leader for {topic}-{partition}")
+        return leader
+
+    async def read(self, topic: str, partition: int, first: int, last: int) -> RangeRead:
+        """Every record of `topic`-`partition` with an offset in first..last (inclusive)."""
+        await self.start()
+        out = RangeRead()
+        pos = first
+        max_bytes = self.partition_max_bytes
+        retries = 0
+        while pos <= last:
+            p = await self._fetch(topic, partition, pos, max_bytes, refresh=retries > 0)
+            if p.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
+                start = await self.log_start_offset(topic, partition)
+                if pos >= start:
+                    raise for_code(p.error_code, f"{topic}-{partition} has no offset {pos} (log start {start})")
+                out.lost.append((pos, min(last, start - 1)))
+                pos = start
+                continue
+            if p.error_code in _LEADER_ERRORS and retries < _MAX_LEADER_RETRIES:
+                retries += 1
+                await asyncio.sleep(0.1 * retries)
+                continue
+            if p.error_code:
+                raise for_code(p.error_code, f"fetch {topic}-{partition} at {pos}")
+            retries = 0
+            data = p.records or b""
+            moved = False
+            for header, records in iter_decoded_batches(data, allow_partial=True):
+                if header.last_offset < pos:
+                    continue
+                if not header.is_control:
+                    kept = [r for r in records if pos <= r.offset <= last]
+                    if kept:
+                        out.batches.append((header, kept))
+                pos = header.last_offset + 1
+                moved = True
+                if pos > last:
+                    break
+            if moved:
+                continue
+            if data and max_bytes < 1 << 30:
+                max_bytes *= 4  # one batch is larger than the fetch may return
+                continue
+            if pos >= p.high_watermark >= 0:
+                raise KafkaError(
+                    ErrorCode.OFFSET_OUT_OF_RANGE,
+                    f"{topic}-{partition}: offsets {pos}..{last} are beyond the high watermark {p.high_watermark}",
+                )
+            raise KafkaError(ErrorCode.UNKNOWN_SERVER_ERROR, f"fetch {topic}-{partition} at {pos} returned nothing")
+        return out
+
+    async def _fetch(self, topic: str, partition: int, offset: int, max_bytes: int, *, refresh: bool) -> Any:
+        leader = await self._leader(topic, partition, refresh=refresh)
+        req = messages.FetchRequest
+        body = req(
+            replica_id=-1,
+            max_wait_ms=0,
+            min_bytes=0,
+            max_bytes=max_bytes,
+            isolation_level=self.isolation_level,
+            session_id=0,
+            session_epoch=-1,
+            topics=[
+                req.FetchTopic(
+                    topic=topic,
+                    partitions=[
+                        req.FetchPartition(
+                            partition=partition,
+                            current_leader_epoch=-1,
+                            fetch_offset=offset,
+                            last_fetched_epoch=-1,
+                            log_start_offset=-1,
+                            partition_max_bytes=max_bytes,
+                        )
+                    ],
+                )
+            ],
+            forgotten_topics_data=[],
+            rack_id="",
+        )
+        response = await self.cluster.request(leader, ApiKey.FETCH, body, FETCH_VERSIONS)
+        if response.error_code:
+            raise for_code(response.error_code, f"fetch {topic}-{partition}")
+        return response.responses[0].partitions[0]
+
+
+class OffsetReader:
+    """Synchronous facade: an AsyncOffsetReader on its own event-loop thread."""
+
+    def __init__(self, bootstrap_servers: str | Iterable[str], **kwargs: Any):
+        self._thread = LoopThread("shoal-offset-reader")
+        try:
+            self._reader: AsyncOffsetReader = self._thread.run(self._make(bootstrap_servers, kwargs))
+        except BaseException:
+            self._thread.stop()
+            raise
+
+    @staticmethod
+    async def _make(bootstrap_servers: str | Iterable[str], kwargs: dict[str, Any]) -> AsyncOffsetReader:
+        reader = AsyncOffsetReader(bootstrap_servers, **kwargs)
+        await reader.start()
+        return reader
+
+    def read(self, topic: str, partition: int, first: int, last: int) -> RangeRead:
+        return self._thread.run(self._reader.read(topic, partition, first, last))
+
+    def log_start_offset(self, topic: str, partition: int) -> int:
+        return self._thread.run(self._reader.log_start_offset(topic, partition))
+
+    def close(self) -> None:
+        try:
+            self._thread.run(self._reader.close(), 30)
+        finally:
+            self._thread.stop()
+
+    def __enter__(self) -> OffsetReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,101 @@
+"""Share-partition leaders over real parts: a partition log on disk, the share coordinator on a state
+topic on disk, the default persister between them. What the leader adds to the state machine: writes
+that run while fetches acquire, roll-back when a write fails, and when SPSO follows the log start."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from shoal.broker.server.config import BrokerConfig
+from shoal.broker.share.group_configs import GroupConfigs
+from shoal.broker.share.share_partition import AckBatch, AcquireMode, RecordState
+from shoal.broker.share.share_partition_leader import Acquisition, SharePartitionLeader
+from shoal.broker.storage.partition_log import PartitionLog
+from shoal.broker.storage.purgatory import Purgatory
+from shoal.broker.storage.topic_registry import Topic
+from shoal.coordinator.share_coordinator_client import InProcessShareCoordinatorClient
+from shoal.persister.default_persister import DefaultStatePersister
+from shoal.persister.persister import SharePartitionKey
+from shoal.protocol.errors import ErrorCode
+
+from .test_partition_log import append, cfg, make_batch
+from .test_share_coordinator import close_topic, make_coordinator, open_state_topic
+
+RELEASE, ACCEPT = 2, 1
+KEY = SharePartitionKey("g1", bytes(range(16)), 0)
+
+
+@dataclass
+class Parts:
+    leader: SharePartitionLeader
+    plog: PartitionLog
+    state_topic: Topic
+
+
+@pytest.fixture
+async def parts(tmp_path: Path) -> AsyncIterator[Parts]:
+    state_topic = open_state_topic(tmp_path / "state")
+    coordinator = await make_coordinator(state_topic)
+    persister = DefaultStatePersister(InProcessShareCoordinatorClient(coordinator))
+    assert await persister.initialize_state(KEY, 0, 0) == ErrorCode.NONE
+    plog = PartitionLog.open(tmp_path / "orders-0", cfg())
+    for first in (0, 5):  # two log batches: offsets 0-4 and 5-9
+        append(plog, make_batch([f"v{first + i}".encode() for i in range(5)]))
+    group_configs = GroupConfigs(tmp_path, BrokerConfig.from_strings({"log.dirs": str(tmp_path)}))
+    leader = SharePartitionLeader(KEY, plog, persister, group_configs, Purgatory())
+    yield Parts(leader, plog, state_topic)
+    leader.drop()
+    plog.close()
+    close_topic(state_topic)  # closing twice is fine
+
+
+async def acquire(leader: SharePartitionLeader, member: str, max_records: int = 500) -> list[tuple[int, int, int]]:
+    got: Acquisition = await leader.acquire(member, max_records=max_records, batch_size=500, max_bytes=1 << 20,
+                                            mode=AcquireMode.BATCH_OPTIMIZED)
+    assert got.error_code == ErrorCode.NONE
+    return [tuple(r) for r in got.acquired]  # type: ignore[misc]
+
+
+async def test_a_release_is_not_acquirable_while_its_write_runs(parts: Parts) -> None:
+    leader = parts.leader
+    assert await acquire(leader, "m1", max_records=1) == [(0, 4, 1)]
+    release = asyncio.ensure_future(leader.acknowledge("m1", [AckBatch(0, 4, [RELEASE])]))
+    await asyncio.sleep(0)  # the acknowledgement is applied and its write (an fsync) is under way
+    assert leader.writes_in_flight == 1
+    # A fetch alongside gets the other records, not the ones being released.
+    assert await acquire(leader, "m1") == [(5, 9, 1)]
+    assert await release == ErrorCode.NONE
+    assert await acquire(leader, "m2") == [(0, 4, 2)]
+
+
+async def test_a_failed_release_write_rolls_back_to_acquired(parts: Parts) -> None:
+    leader = parts.leader
+    assert await acquire(leader, "m1") == [(0, 9, 1)]
+    close_topic(parts.state_topic)  # the state topic goes away: the release cannot be made durable
+    await leader.release_member("m1")
+    sp = leader.state
+    assert sp is not None
+    assert [sp.offset_state(o) for o in (0, 9)] == [(RecordState.ACQUIRED, "m1", 1)] * 2
+    assert await acquire(leader, "m2") == []
+
+
+async def test_spso_moves_to_the_log_start_only_when_the_fetch_offset_is_out_of_range(parts: Parts) -> None:
+    leader, plog = parts.leader, parts.plog
+    assert await acquire(leader, "m1", max_records=1) == [(0, 4, 1)]
+    plog.delete_records_before(3)
+    assert await acquire(leader, "m2") == [(5, 9, 1)]
+    sp = leader.state
+    assert sp is not None and sp.start_offset == 0  # the fetch offset (5) is in range: SPSO stays
+    # So every acknowledgement of the records below the new log start still counts.
+    assert await leader.acknowledge("m1", [AckBatch(0, 4, [ACCEPT])]) == ErrorCode.NONE
+    assert sp.start_offset == 5
+    assert await leader.acknowledge("m2", [AckBatch(5, 9, [RELEASE])]) == ErrorCode.NONE
+    plog.delete_records_before(8)
+    assert await acquire(leader, "m2") == []  # fetch offset 5 is gone: now SPSO follows the log start
+    assert sp.start_offset == 8
+    assert await acquire(leader, "m2") == [(8, 9, 2)]
