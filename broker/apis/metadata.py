@@ -42,11 +42,12 @@ class DiscoveryHandlers:
     def api_versions(self, ctx: RequestContext, req: Any) -> Any:
         feature = ApiVersionsResponse.SupportedFeatureKey  # type: ignore[attr-defined]
         finalized = ApiVersionsResponse.FinalizedFeatureKey  # type: ignore[attr-defined]
-        share_level = 1 if self.broker.config["group.share.enable"] else 0
+        # share.version 2 (Kafka 4.4) adds dead-letter topics for share groups (KIP-1191).
+        share_level = 2 if self.broker.config["group.share.enable"] else 0
         return ApiVersionsResponse(
             error_code=ErrorCode.NONE,
             api_keys=self.broker.api_version_entries(),
-            supported_features=[feature(name="share.version", min_version=0, max_version=1)],
+            supported_features=[feature(name="share.version", min_version=0, max_version=2)],
             finalized_features_epoch=0,
             finalized_features=[finalized(name="share.version", max_version_level=share_level, min_version_level=share_level)],
         )

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from confluent_kafka.admin import AdminClient, NewPartitions
+
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
