@@ -14,6 +14,8 @@ from shoal.protocol.errors import ErrorCode
 
 from .broker_process import BrokerProcess
 from .share_clients import create_topic, produce, set_group_config, share_consumer
+from .test_metrics import scrape
+from .test_share_admin_metrics import delta
 
 DEADLINE_S = 60
 
@@ -74,6 +76,7 @@ def test_rejected_record_is_dead_lettered_once_with_headers(broker: BrokerProces
     set_group_config(bs, group, share_auto_offset_reset="earliest", errors_deadletterqueue_topic_name=dlq,
                      errors_deadletterqueue_copy_record_enable=str(copy).lower())
     produce(bs, topic, 2)
+    before, _types = scrape(broker)
     consumer = share_consumer(bs, group, [topic], share_acknowledgement_mode="explicit")
     try:
         got: list[Any] = []
@@ -101,6 +104,18 @@ def test_rejected_record_is_dead_lettered_once_with_headers(broker: BrokerProces
         assert (records[0].key(), records[0].value()) == (b"0", b"v-0")
     else:
         assert (records[0].key(), records[0].value()) == (None, None)
+    # KIP-1103 and KIP-1191 meters moved with this workload (the dead-letter meter moves after the fsync).
+    deadline = time.monotonic() + DEADLINE_S
+    after, _types = scrape(broker)
+    while delta(before, after, "shoal_share_group_dead_letter_queue_records_total", group=group) < 1 \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+        after, _types = scrape(broker)
+    assert delta(before, after, "shoal_share_group_dead_letter_queue_records_total", group=group) == 1
+    assert delta(before, after, "shoal_share_group_dead_letter_queue_produce_requests_total", group=group) == 1
+    assert delta(before, after, "shoal_broker_topic_total_share_fetch_requests_total", topic=topic) >= 1
+    assert delta(before, after, "shoal_broker_topic_total_share_acknowledgement_requests_total", topic=topic) >= 1
+    assert delta(before, after, "shoal_broker_topic_failed_share_acknowledgement_requests_total", topic=topic) == 0
 
 
 def test_released_to_the_delivery_limit_is_dead_lettered(broker: BrokerProcess) -> None:
@@ -169,6 +184,7 @@ def test_renew_refused_when_the_group_disables_it(broker: BrokerProcess) -> None
     create_topic(bs, topic, 1)
     set_group_config(bs, group, share_auto_offset_reset="earliest", share_renew_acknowledge_enable="false")
     produce(bs, topic, 1)
+    before, _types = scrape(broker)
     with BundledShareConsumer(bs, group, acknowledgement_mode="explicit") as consumer:
         consumer.subscribe([topic])
         got: list[Any] = []
@@ -182,6 +198,8 @@ def test_renew_refused_when_the_group_disables_it(broker: BrokerProcess) -> None
         # The record is unchanged: still ours, with its first delivery, and can be accepted.
         consumer.acknowledge(got[0], "accept")
         assert consumer.commit_sync(30) == {(topic, 0): None}
+    after, _types = scrape(broker)
+    assert delta(before, after, "shoal_broker_topic_failed_share_acknowledgement_requests_total", topic=topic) == 1
 
 
 def test_kill_while_dead_lettering_loses_none_and_writes_none_twice(fresh_broker: BrokerProcess) -> None:
