@@ -233,9 +233,11 @@ class Broker:
             partition_count=self._partition_count,
         )
         self.persister = DefaultStatePersister(InProcessShareCoordinatorClient(self.share_coordinator))
+        from shoal.broker.apis.topic_admin import partition_budget_problem
         from shoal.broker.share.dead_letter import DeadLetterWriter
 
-        dead_letters = DeadLetterWriter(self.topics, self.config, self.group_configs, self.on_topic_created)
+        dead_letters = DeadLetterWriter(self.topics, self.config, self.group_configs, self.on_topic_created,
+                                        partition_budget=lambda n: partition_budget_problem(self, n))
         self.share_partitions = SharePartitionLeaders(self.persister, self.group_configs, self.purgatory,
                                                       dead_letters=dead_letters)
         self._wire_share_metrics()

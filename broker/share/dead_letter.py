@@ -78,12 +78,14 @@ class DeadLetterWriter:
         broker_config: BrokerConfig,
         group_configs: GroupConfigs,
         on_topic_created: Callable[[Topic], None],
+        partition_budget: Callable[[int], str | None] = lambda _n: None,
     ) -> None:
         self.topics = topics
         self.broker_config = broker_config
         self.group_configs = group_configs
         self.on_topic_created = on_topic_created
-        # Metric hook: (group, records written, produce requests) per successful write.
+        self.partition_budget = partition_budget  # why n more partitions cannot be created, or None
+        # Metric hook: (group, records written), called once per append.
         self.on_written: Callable[[str, int], None] | None = None
 
     def enabled(self, group_id: str) -> bool:
@@ -111,8 +113,12 @@ class DeadLetterWriter:
                 "Configured DLQ topic name does not comply with the DLQ topic prefix in share group: "
                 f"{group_id}, topic: {name}, prefix: {prefix}.")
         if topic is None:
+            partitions = int(self.broker_config["num.partitions"])
+            problem = self.partition_budget(partitions)
+            if problem is not None:
+                raise NotDeadLettered(problem)
             # The record timestamps are the dead-letter time, so pin CreateTime as Kafka does.
-            topic = self.topics.create(name, int(self.broker_config["num.partitions"]),
+            topic = self.topics.create(name, partitions,
                                        {TOPIC_ENABLE: "true", "message.timestamp.type": "CreateTime"})
             self.on_topic_created(topic)
             log.info("dead-letter topic created", topic=name, group=group_id)
