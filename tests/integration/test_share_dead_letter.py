@@ -87,7 +87,8 @@ def test_rejected_record_is_dead_lettered_once_with_headers(broker: BrokerProces
                     consumer.acknowledge(m, AcknowledgeType.REJECT if m.offset() == 0 else AcknowledgeType.ACCEPT)
                     got.append(m)
             if got:
-                assert all(v is None for v in consumer.commit_sync(30).values())
+                res = consumer.commit_sync(30)
+                assert all(v is None for v in res.values()), res
     finally:
         consumer.close()
     records = _dead_letters(bs, dlq, 1)
