@@ -12,6 +12,7 @@ from shoal.broker.share.dead_letter import DeadLetterWriter, NotDeadLettered, So
 from shoal.broker.share.group_configs import GroupConfigs, InvalidGroupConfig
 from shoal.broker.share.share_partition import (
     AckBatch,
+    AcquireMode,
     FetchedBatch,
     PersistedBatch,
     RecordState,
@@ -120,3 +121,58 @@ def test_group_config_validation(tmp_path: Path) -> None:
     assert groups.get("g", "share.assignment.interval.ms") == "1000"
     with pytest.raises(InvalidGroupConfig):
         groups.validate("share.assignment.interval.ms", "15001")
+
+
+async def test_a_restart_between_the_steps_writes_each_dead_letter_once(tmp_path: Path) -> None:
+    """A broker that stopped after ARCHIVING was durable: one record already dead-lettered, one not.
+
+    The first broker's dead-letter task is kept from running (as if it died right after the state
+    write), one dead-letter record is appended by hand with the real writer (as if it died right after
+    that append), and a second broker on the same data directory must finish the job: each record once.
+    """
+    from shoal.broker.server.server import Broker
+    from shoal.persister.persister import SharePartitionKey
+
+    config = BrokerConfig.from_strings({
+        "log.dirs": str(tmp_path / "data"), "listeners": "PLAINTEXT://127.0.0.1:0", "metrics.port": "-1",
+        "offsets.topic.num.partitions": "1", "share.coordinator.state.topic.num.partitions": "1",
+    })
+    first = Broker(config)
+    await first.start()
+    topic = first.topics.create("src", 1)
+    first.on_topic_created(topic)
+    first.topics.create("dlq.src", 1, {"errors.deadletterqueue.group.enable": "true"})
+    first.group_configs.apply("g", [("share.auto.offset.reset", "earliest"),
+                                    ("errors.deadletterqueue.topic.name", "dlq.src")])
+    buf = bytearray(encode_batch([RecordInput(value=b"v%d" % i) for i in range(3)]))
+    topic.partitions[0].append(buf, list(iter_batches(buf)))
+    key = SharePartitionKey("g", topic.topic_id, 0)
+    assert await first.persister.initialize_state(key, 0, -1) == 0  # as the group coordinator does
+    leaders = first.share_partitions
+    assert leaders is not None and leaders.dead_letters is not None
+    leader = leaders.get_or_create(key, topic.partitions[0])
+    acquired = await leader.acquire("m", max_records=10, batch_size=10, max_bytes=1 << 20, mode=AcquireMode.BATCH_OPTIMIZED)
+    assert [(r.first_offset, r.last_offset) for r in acquired.acquired] == [(0, 2)]
+    leader._dead_letter_task = asyncio.get_running_loop().create_future()  # the crash: it never runs
+    assert await leader.acknowledge("m", [AckBatch(0, 2, [REJECT, REJECT, ACCEPT])]) == 0
+    source = Source("g", "src", 0, topic.partitions[0], delivery_count_limit=5)
+    assert await leaders.dead_letters.write(source, [(0, 0, 1)], skip_existing=False) == 1
+    await first.stop()
+
+    second = Broker(config)
+    await second.start()
+    try:
+        dlq_log = second.topics.get("dlq.src").partitions[0]  # type: ignore[union-attr]
+        src = second.topics.get("src")
+        assert src is not None and second.share_partitions is not None
+        again = second.share_partitions.get_or_create(key, src.partitions[0])
+        assert await again.ensure_loaded() == 0
+        for _ in range(2000):
+            if again.state is not None and again.state.archiving_count == 0:
+                break
+            await asyncio.sleep(0.005)
+        assert again.state is not None and again.state.start_offset == 3
+        records = decode_batches(dlq_log.read(0, 1 << 20))
+        assert sorted(int({h.key: h.value for h in r.headers}["__dlq.errors.offset"] or b"") for r in records) == [0, 1]
+    finally:
+        await second.stop()
