@@ -193,7 +193,7 @@ class SharePartitionLeader:
         self._publish()
         self._maybe_dead_letter()
         log.info("share partition loaded", group=group, partition=self.key.partition, spso=start,
-                 batches=len(result.state_batches), archiving=self._dead_letter_recovering)
+                 batches=len(result.state_batches), dead_letters_pending=self._dead_letter_recovering)
         return ErrorCode.NONE
 
     def _reset_offset(self) -> int:
