@@ -52,6 +52,8 @@ GROUP_COPY_RECORD = "errors.deadletterqueue.copy.record.enable"
 
 _READ_BYTES = 1024 * 1024  # source records are read in slices of this size when copying
 _SCAN_BYTES = 4 * 1024 * 1024
+_BATCH_OVERHEAD = 61  # v2 batch header
+_RECORD_OVERHEAD = 24  # upper bound of a record's varint fields without its key, value and headers
 
 
 class NotDeadLettered(Exception):
@@ -152,7 +154,8 @@ class DeadLetterWriter:
                 Header(HEADER_MESSAGE, reason.encode()),
             ]
             records.append(RecordInput(key=key, value=value, headers=headers, timestamp=now))
-        buf = bytearray(encode_batch(records))
+        limit = int(self.topics.effective_config(topic)["max.message.bytes"][0])
+        buf = bytearray(b"".join(encode_batch(chunk) for chunk in _chunks(records, limit)))
         dlq_log.append(buf, list(iter_batches(buf)))
         await dlq_log.flush(dlq_log.log_end_offset)
         if self.on_written is not None:
@@ -180,6 +183,21 @@ class DeadLetterWriter:
                     out[rec.offset] = (rec.key, rec.value)
             cursor = records[-1].offset + 1
         return out
+
+
+def _chunks(records: list[RecordInput], max_batch_bytes: int) -> list[list[RecordInput]]:
+    """Records split into batches within the topic's max.message.bytes (a record too big goes alone)."""
+    out: list[list[RecordInput]] = [[]]
+    size = _BATCH_OVERHEAD
+    for rec in records:
+        n = _RECORD_OVERHEAD + len(rec.key or b"") + len(rec.value or b"") + sum(
+            len(h.key) + len(h.value or b"") + 4 for h in rec.headers if isinstance(h, Header))
+        if out[-1] and size + n > max_batch_bytes:
+            out.append([])
+            size = _BATCH_OVERHEAD
+        out[-1].append(rec)
+        size += n
+    return out
 
 
 def already_dead_lettered(dlq_log: PartitionLog, source: Source) -> set[int]:

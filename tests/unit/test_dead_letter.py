@@ -176,3 +176,21 @@ async def test_a_restart_between_the_steps_writes_each_dead_letter_once(tmp_path
         assert sorted(int({h.key: h.value for h in r.headers}["__dlq.errors.offset"] or b"") for r in records) == [0, 1]
     finally:
         await second.stop()
+
+
+def test_many_dead_letters_are_split_within_max_message_bytes(tmp_path: Path) -> None:
+    topics, groups, writer, _cfg = _setup(tmp_path)
+    source_topic = topics.create("src", 1)
+    buf = bytearray(encode_batch([RecordInput(value=bytes(300)) for _ in range(40)]))
+    source_topic.partitions[0].append(buf, list(iter_batches(buf)))
+    topics.create("dlq.src", 1, {"errors.deadletterqueue.group.enable": "true", "max.message.bytes": "4000"})
+    groups.apply("g", [("errors.deadletterqueue.topic.name", "dlq.src"),
+                       ("errors.deadletterqueue.copy.record.enable", "true")])
+    source = Source("g", "src", 0, source_topic.partitions[0], delivery_count_limit=3)
+    assert asyncio.run(writer.write(source, [(0, 39, 1)], skip_existing=False)) == 40
+    dlq_log = topics.get("dlq.src").partitions[0]  # type: ignore[union-attr]
+    data = dlq_log.read(0, 1 << 20)
+    sizes = [h.size for _pos, h in iter_batches(data)]
+    assert len(sizes) > 1 and max(sizes) <= 4000
+    assert len(decode_batches(data)) == 40
+    topics.close()
