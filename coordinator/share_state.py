@@ -38,8 +38,9 @@ def state_partition_for(key: SharePartitionKey, num_partitions: int) -> int:
 
 # ---- the batch combiner --------------------------------------------------------------------------
 
-# Delivery states a persisted batch may carry (Kafka's RecordState: AVAILABLE, ACQUIRED, ACKNOWLEDGED, ARCHIVED).
-_DELIVERY_STATES = frozenset({0, 1, 2, 4})
+# Delivery states a persisted batch may carry (Kafka's RecordState: AVAILABLE, ACQUIRED, ACKNOWLEDGED,
+# ARCHIVING of KIP-1191, ARCHIVED).
+_DELIVERY_STATES = frozenset({0, 1, 2, 3, 4})
 
 
 def state_batches_problem(batches: Iterable[PersistedStateBatch]) -> str | None:

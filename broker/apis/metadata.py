@@ -43,11 +43,12 @@ class DiscoveryHandlers:
     def api_versions(self, ctx: RequestContext, req: messages.ApiVersionsRequest) -> messages.ApiVersionsResponse:
         feature = ApiVersionsResponse.SupportedFeatureKey
         finalized = ApiVersionsResponse.FinalizedFeatureKey
-        share_level = 1 if self.broker.config["group.share.enable"] else 0
+        # share.version 2 (Kafka 4.4) adds dead-letter topics for share groups (KIP-1191).
+        share_level = 2 if self.broker.config["group.share.enable"] else 0
         return ApiVersionsResponse(
             error_code=ErrorCode.NONE,
             api_keys=self.broker.api_version_entries(),
-            supported_features=[feature(name="share.version", min_version=0, max_version=1)],
+            supported_features=[feature(name="share.version", min_version=0, max_version=2)],
             finalized_features_epoch=0,
             finalized_features=[finalized(name="share.version", max_version_level=share_level, min_version_level=share_level)],
         )

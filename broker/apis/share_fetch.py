@@ -170,6 +170,16 @@ class ShareFetchHandlers:
 
     async def _fetch_records(self, ctx: RequestContext, req: messages.ShareFetchRequest, session: ShareSession,
                              results: dict[TopicIdPartition, Any]) -> None:
+        try:
+            await self._long_poll(ctx, req, session, results)
+        finally:
+            # KIP-1103 meters: once per fetched topic-partition of the request, failed if it got an error.
+            for tp in session.partitions:
+                pd = results.get(tp)
+                self._count_fetch(tp.topic_id, failed=pd is not None and pd.error_code != ErrorCode.NONE)
+
+    async def _long_poll(self, ctx: RequestContext, req: messages.ShareFetchRequest, session: ShareSession,
+                         results: dict[TopicIdPartition, Any]) -> None:
         """Long poll: acquire once MinBytes are there (or the wait is over), until something is acquired.
 
         Interest in every partition is registered before each look at them, so a produce or release
@@ -285,6 +295,7 @@ class ShareFetchHandlers:
         code = await leader.acknowledge(
             member, [AckBatch(b.first_offset, b.last_offset, list(b.acknowledge_types)) for b in batches]
         )
+        self.broker.metrics.share.record_share_acknowledgement(topic.name, failed=code != ErrorCode.NONE)
         if code == ErrorCode.NONE:
             counted: dict[int, int] = {}
             for b in batches:
@@ -298,6 +309,14 @@ class ShareFetchHandlers:
                 self.ack_counts[t] = self.ack_counts.get(t, 0) + n
             self.broker.metrics.share.record_acknowledgement(counted)
         return code
+
+    def _count_fetch(self, topic_id: bytes, *, failed: bool) -> None:
+        topic = self.broker.topics.get_by_id(topic_id)
+        name = topic.name if topic is not None else "unknown"
+        share = self.broker.metrics.share
+        share.share_fetch_requests.labels(topic=name).inc()
+        if failed:
+            share.failed_share_fetch_requests.labels(topic=name).inc()
 
     def _empty_partition(self, index: int) -> Any:
         return SfPartition(

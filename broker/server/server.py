@@ -236,7 +236,13 @@ class Broker:
             partition_count=self._partition_count,
         )
         self.persister = DefaultStatePersister(InProcessShareCoordinatorClient(self.share_coordinator))
-        self.share_partitions = SharePartitionLeaders(self.persister, self.group_configs, self.purgatory)
+        from shoal.broker.apis.topic_admin import partition_budget_problem
+        from shoal.broker.share.dead_letter import DeadLetterWriter
+
+        dead_letters = DeadLetterWriter(self.topics, self.config, self.group_configs, self.on_topic_created,
+                                        partition_budget=lambda n: partition_budget_problem(self, n))
+        self.share_partitions = SharePartitionLeaders(self.persister, self.group_configs, self.purgatory,
+                                                      dead_letters=dead_letters)
         self._wire_share_metrics()
         self.group_coordinator = GroupCoordinator(
             InternalTopicLog(offsets_topic),
@@ -267,6 +273,8 @@ class Broker:
         self.share_coordinator.on_partition_load = events.observe_state_partition_load
         self.share_coordinator.on_write = events.observe_state_write
         self.share_partitions.on_load = events.observe_partition_load
+        if self.share_partitions.dead_letters is not None:
+            self.share_partitions.dead_letters.on_written = events.record_dead_letters
         self.metrics.registry.register(ShareGroupCollector(self, events))
 
     async def _share_coordinator_housekeeping(self) -> None:

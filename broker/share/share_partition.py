@@ -42,6 +42,7 @@ class RecordState(IntEnum):
     AVAILABLE = 0
     ACQUIRED = 1
     ACKNOWLEDGED = 2
+    ARCHIVING = 3  # KIP-1191: on its way to the group's dead-letter topic
     ARCHIVED = 4
 
 
@@ -80,7 +81,8 @@ class StateSnapshot:
 _AVAILABLE = 0
 _ACQUIRED = 1
 _ACKNOWLEDGED = 2
-_RELEASING = 3  # internal: AVAILABLE once its write is done; persisted as AVAILABLE, never loaded
+_ARCHIVING = 3
+_RELEASING = 5  # internal: AVAILABLE once its write is done; persisted as AVAILABLE, never loaded
 _ARCHIVED = 4
 _TERMINAL = (_ACKNOWLEDGED, _ARCHIVED)
 
@@ -234,6 +236,9 @@ class SharePartition:
         self.lock_duration_ms = lock_duration_ms
         self.delivery_count_limit = delivery_count_limit
         self.max_in_flight_records = max_in_flight_records
+        # KIP-1191: the group has a dead-letter topic, so rejected records and those at the delivery
+        # count limit pass through ARCHIVING (persisted) until the leader has written them there.
+        self.dead_letter = False
         # Redelivery throttling kicks in from this delivery count on.
         self.throttle_threshold = max(2, -(-delivery_count_limit // 2))
         self._state_epoch = state_epoch
@@ -241,7 +246,7 @@ class SharePartition:
         self._end = start_offset - 1
         self._batches: list[_Batch] = []
         self._firsts: list[int] = []
-        self._state_counts = [0, 0, 0, 0, 0]
+        self._state_counts = [0, 0, 0, 0, 0, 0]  # indexed by state, _RELEASING (5) included
         # Deadline -> number of ACQUIRED offsets holding it, plus a lazy min-heap over the keys.
         self._lock_counts: dict[int, int] = {}
         self._lock_heap: list[int] = []
@@ -262,7 +267,7 @@ class SharePartition:
             state = pb.delivery_state
             if state == _ACQUIRED:
                 state = _AVAILABLE
-            elif state not in (_AVAILABLE, _ACKNOWLEDGED, _ARCHIVED):
+            elif state not in (_AVAILABLE, _ACKNOWLEDGED, _ARCHIVING, _ARCHIVED):
                 raise ValueError(f"unknown persisted delivery state {state}")
             count = pb.delivery_count
             if state == _AVAILABLE and count >= self.delivery_count_limit:
@@ -308,6 +313,10 @@ class SharePartition:
     @property
     def acknowledged_count(self) -> int:
         return self._state_counts[_ACKNOWLEDGED]
+
+    @property
+    def archiving_count(self) -> int:
+        return self._state_counts[_ARCHIVING]
 
     @property
     def archived_count(self) -> int:
@@ -465,8 +474,12 @@ class SharePartition:
             lo = cut + 1
             if lo > hi:
                 return
-        state = _ARCHIVED if count >= self.delivery_count_limit else available
+        state = self._failed_state() if count >= self.delivery_count_limit else available
         self._set(b, lo, hi, state, None, count, 0)
+
+    def _failed_state(self) -> int:
+        """Where a rejected record or one at the delivery count limit goes."""
+        return _ARCHIVING if self.dead_letter else _ARCHIVED
 
     # ------------------------------------------------------------------ fetch side
 
@@ -788,11 +801,13 @@ class SharePartition:
                 new_state, new_member, new_deadline = _ACKNOWLEDGED, None, 0
             elif ack_type == AcknowledgeType.RELEASE:
                 if c >= self.delivery_count_limit:
-                    new_state = _ARCHIVED
+                    new_state = self._failed_state()
                 else:
                     new_state = _RELEASING if until_written else _AVAILABLE
                 new_member, new_deadline = None, 0
-            else:  # GAP and REJECT
+            elif ack_type == AcknowledgeType.REJECT:
+                new_state, new_member, new_deadline = self._failed_state(), None, 0
+            else:  # GAP: no record there, nothing to dead-letter
                 new_state, new_member, new_deadline = _ARCHIVED, None, 0
             changes.append(_Change(rl, rh, s, m, c, d, new_state, new_member, new_deadline, renew))
             self._set(b, rl, rh, new_state, new_member, c, new_deadline)
@@ -935,6 +950,36 @@ class SharePartition:
         self._nfo = None
         self._advance()
         return True
+
+    # ------------------------------------------------------------------ dead-lettering (KIP-1191)
+
+    def archiving_runs(self) -> list[tuple[int, int, int]]:
+        """(first, last, delivery count) of every run in ARCHIVING, in offset order."""
+        out: list[tuple[int, int, int]] = []
+        for b in self._batches:
+            if b.states is None and b.state != _ARCHIVING:
+                continue
+            for rl, rh, s, _m, c, _d in b.runs(b.first, b.last):
+                if s == _ARCHIVING:
+                    out.append((rl, rh, c))
+        return out
+
+    def complete_archiving(self, runs: Sequence[tuple[int, int, int]]) -> bool:
+        """ARCHIVING -> ARCHIVED for ``runs`` once their dead-letter records are durable."""
+        changed = False
+        for first, last, count in runs:
+            for k in range(self._batch_index(first), len(self._batches)):
+                b = self._batches[k]
+                if b.first > last:
+                    break
+                for rl, rh, s, _m, c, _d in b.runs(max(first, b.first), min(last, b.last)):
+                    if s == _ARCHIVING and c == count:
+                        self._set(b, rl, rh, _ARCHIVED, None, c, 0)
+                        changed = True
+                b.maybe_collapse()
+        if changed:
+            self._advance()
+        return changed
 
     # ------------------------------------------------------------------ persistence
 

@@ -44,8 +44,16 @@ TOPIC_CONFIG_KEYS: dict[str, str | None] = {
     "compression.type": None,
     "min.insync.replicas": None,
     "index.interval.bytes": "log.index.interval.bytes",
+    "errors.deadletterqueue.group.enable": None,
 }
-TOPIC_CONFIG_DEFAULTS: dict[str, str] = {"compression.type": "producer", "min.insync.replicas": "1"}
+TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
+    "compression.type": "producer",
+    "min.insync.replicas": "1",
+    # KIP-1191: a topic takes dead-lettered records of share groups only when its owner opts in.
+    "errors.deadletterqueue.group.enable": "false",
+}
+
+_BOOLEAN_TOPIC_CONFIGS = frozenset({"errors.deadletterqueue.group.enable"})
 
 _INT = (-(1 << 31), (1 << 31) - 1)
 _LONG = (-(1 << 63), (1 << 63) - 1)
@@ -73,6 +81,10 @@ def validate_topic_config(key: str, value: str | None) -> str | None:
     if key in _CHOICES:
         if value not in _CHOICES[key]:
             return f"Invalid value {shorten(value)} for configuration {key}: String must be one of: {', '.join(_CHOICES[key])}"
+        return None
+    if key in _BOOLEAN_TOPIC_CONFIGS:
+        if value.strip().lower() not in ("true", "false"):
+            return f"Invalid value {shorten(value)} for configuration {key}: Expected value to be either true or false"
         return None
     if key == "cleanup.policy":
         if not valid_cleanup_policy(value):

@@ -13,7 +13,13 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 
-from shoal.client.admin import AsyncAdmin, ShareGroupDescription, SharePartitionOffset, TopicPartition
+from shoal.client.admin import (
+    RESOURCE_GROUP,
+    AsyncAdmin,
+    ShareGroupDescription,
+    SharePartitionOffset,
+    TopicPartition,
+)
 from shoal.client.errors import KafkaError
 from shoal.client.tools.cli import (
     ToolParser,
@@ -31,7 +37,9 @@ DEFAULT_TIMEOUT_MS = 30_000
 SHARE_GROUP_STATES = ("Empty", "Stable", "Dead")
 MISSING = "-"  # what Kafka's tool prints for an unknown value
 ACTIONS = ("list", "describe", "delete", "reset_offsets", "delete_offsets")
-RESET_SCENARIOS = ("to_earliest", "to_latest", "to_datetime", "by_duration", "to_offset")
+RESET_SCENARIOS = ("to_earliest", "to_latest", "to_current", "to_datetime", "by_duration", "to_offset", "shift_by",
+                   "from_file")
+DLQ_TOPIC_CONFIG = "errors.deadletterqueue.topic.name"
 
 
 class ToolError(Exception):
@@ -59,8 +67,8 @@ def build_parser() -> ToolParser:
     p.add_argument("--delete", action="store_true", help="Delete share groups (they must have no members).")
     p.add_argument("--reset-offsets", action="store_true",
                    help="Reset the start offsets of one share group, which must have no active members. Needs "
-                        "--dry-run or --execute and one of --to-earliest, --to-latest, --to-datetime, "
-                        "--by-duration, --to-offset.")
+                        "--dry-run or --execute and one of --to-earliest, --to-latest, --to-current, "
+                        "--to-datetime, --by-duration, --to-offset, --shift-by, --from-file.")
     p.add_argument("--delete-offsets", action="store_true",
                    help="Delete the offsets of one share group for the topics given with --topic.")
     p.add_argument("--offsets", action="store_true",
@@ -81,6 +89,15 @@ def build_parser() -> ToolParser:
                    help="Reset to the first offset at or after now minus a duration: 'PnDTnHnMnS'.")
     p.add_argument("--to-offset", type=int, metavar="<offset>",
                    help="Reset to this offset (kept within the partition's earliest and latest offsets).")
+    # Kafka 4.4 (KAFKA-20524): the consumer-groups tool's remaining scenarios and its CSV plan.
+    p.add_argument("--to-current", action="store_true", help="Reset to the current start offset.")
+    p.add_argument("--shift-by", type=int, metavar="<number-of-offsets>",
+                   help="Move the start offset by this many offsets (negative moves back), kept within the "
+                        "partition's earliest and latest offsets.")
+    p.add_argument("--from-file", metavar="<path to CSV file>",
+                   help="Reset to the offsets in a CSV file of topic,partition,offset lines (as --export writes).")
+    p.add_argument("--export", action="store_true",
+                   help="With --reset-offsets: print the plan as CSV (topic,partition,offset) instead of a table.")
     p.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_MS, metavar="<timeout (ms)>",
                    help=f"How long to wait for the cluster, in ms (default {DEFAULT_TIMEOUT_MS}).")
     add_version(p)
@@ -109,7 +126,7 @@ def check_args(ns: argparse.Namespace) -> None:
     if ns.state is not None and not (ns.describe or ns.list):
         raise UsageError("Option --state can only be used with --describe or --list.")
     if not ns.reset_offsets:
-        for flag in ("dry_run", "execute", "all_topics", *RESET_SCENARIOS):
+        for flag in ("dry_run", "execute", "all_topics", "export", *RESET_SCENARIOS):
             if getattr(ns, flag) not in (None, False):
                 raise UsageError(f"Option {_opt(flag)} can only be used with --reset-offsets.")
     if ns.all_groups and (ns.reset_offsets or ns.delete_offsets):
@@ -140,7 +157,10 @@ def check_args(ns: argparse.Namespace) -> None:
             raise UsageError("Option --reset-offsets supports one share group at a time.")
         if len(scenarios) != 1:
             raise UsageError("Option --reset-offsets takes exactly one of these options: --to-earliest, "
-                             "--to-latest, --to-datetime, --by-duration, --to-offset")
+                             "--to-latest, --to-current, --to-datetime, --by-duration, --to-offset, --shift-by, "
+                             "--from-file")
+        if ns.from_file is not None and (ns.topic or ns.all_topics):
+            raise UsageError("Option --from-file cannot be used with --topic or --all-topics.")
         if ns.topic and ns.all_topics:
             raise UsageError("Option --reset-offsets takes either --topic or --all-topics, not both.")
         # Check the time formats now, before anything is sent.
@@ -293,8 +313,21 @@ class ShareGroupService:
         else:
             rows = [("GROUP", "COORDINATOR (ID)", "STATE", "#MEMBERS"), (d.group_id, coordinator, d.state, len(d.members))]
             widths = [_width(15, [d.group_id]), _width(25, [coordinator]), 15]
+        dlq = await self._dead_letter_topic(d.group_id)
+        if dlq:
+            # KIP-1191: the group's dead-letter topic, shown only when one is configured.
+            widths.append(_width(len(str(rows[0][-1])), [rows[1][-1]]))  # the column before is padded now
+            rows = [(*rows[0], "DLQ-TOPIC"), (*rows[1], dlq)]
         print()
         print("\n".join(_table(rows, widths)))
+
+    async def _dead_letter_topic(self, group_id: str) -> str:
+        try:
+            described = await self.admin.describe_configs(RESOURCE_GROUP, group_id, [DLQ_TOPIC_CONFIG])
+        except KafkaError:
+            return ""
+        entry = described.entries.get(DLQ_TOPIC_CONFIG)
+        return entry.value or "" if entry is not None and described.error is None else ""
 
     # ---- --delete -------------------------------------------------------------------------------------
 
@@ -367,12 +400,13 @@ class ShareGroupService:
         if description is not None and error is None and description.state not in ("Empty", "Dead"):
             # Offsets may only move while no consumer holds records of the group.
             raise ToolError(f"Share group '{group_id}' is not empty.")
-        partitions = await self._partitions_to_reset(group_id)
+        plan = read_reset_plan(self.ns.from_file) if self.ns.from_file is not None else None
+        partitions = sorted(plan) if plan is not None else await self._partitions_to_reset(group_id)
         if not partitions:
             print(f"\nShare group '{group_id}' has no offset information to reset; name topics with --topic.",
                   file=sys.stderr)
             return
-        offsets = await self._target_offsets(partitions)
+        offsets = plan if plan is not None else await self._target_offsets(group_id, partitions)
         if self.ns.execute:
             try:
                 results = await self.admin.alter_share_group_offsets(group_id, offsets)
@@ -382,6 +416,9 @@ class ShareGroupService:
                 if err is not None:
                     self.error(f"Resetting {topic}-{partition} failed: {err}")
                     offsets.pop((topic, partition), None)
+        if self.ns.export:
+            print("\n".join(f"{t},{p},{o}" for (t, p), o in sorted(offsets.items())))
+            return
         width_group = _width(30, [group_id])
         width_topic = _width(30, (t for t, _ in offsets))
         rows: list[Sequence[object]] = [("GROUP", "TOPIC", "PARTITION", "NEW-OFFSET")]
@@ -419,8 +456,13 @@ class ShareGroupService:
             raise ToolError(f"The partitions or topics do not exist: {', '.join(missing)}")
         return sorted(set(wanted))
 
-    async def _target_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+    async def _target_offsets(self, group_id: str, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
         ns = self.ns
+        if ns.to_current or ns.shift_by is not None:
+            current = await self._current_offsets(group_id, partitions)
+            if ns.to_current:
+                return current
+            return await self._clamped(partitions, {tp: o + ns.shift_by for tp, o in current.items()})
         if ns.to_earliest or ns.to_latest:
             return await self._list_offsets(partitions, "earliest" if ns.to_earliest else "latest")
         if ns.to_datetime is not None or ns.by_duration is not None:
@@ -434,11 +476,29 @@ class ShareGroupService:
             if beyond:
                 found.update(await self._list_offsets(beyond, "latest"))
             return found
+        return await self._clamped(partitions, dict.fromkeys(partitions, ns.to_offset))
+
+    async def _current_offsets(self, group_id: str, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """The group's start offsets; a partition without one starts where the log starts, as Kafka's tool."""
+        try:
+            listed = await self.admin.list_share_group_offsets(group_id)
+        except KafkaError as exc:
+            if exc.code != ErrorCode.GROUP_ID_NOT_FOUND:
+                raise
+            listed = {}
+        out = {tp: listed[tp].start_offset for tp in partitions if tp in listed and listed[tp].start_offset >= 0}
+        missing = [tp for tp in partitions if tp not in out]
+        if missing:
+            out.update(await self._list_offsets(missing, "earliest"))
+        return out
+
+    async def _clamped(self, partitions: list[TopicPartition], wanted: dict[TopicPartition, int]
+                       ) -> dict[TopicPartition, int]:
         earliest = await self._list_offsets(partitions, "earliest")
         latest = await self._list_offsets(partitions, "latest")
         out = {}
         for tp in partitions:
-            target = ns.to_offset
+            target = wanted[tp]
             if target > latest[tp]:
                 print(f"New offset ({target}) is higher than latest offset for topic partition {tp[0]}-{tp[1]}. "
                       f"Value will be set to {latest[tp]}", file=sys.stderr)
@@ -460,6 +520,26 @@ class ShareGroupService:
                 raise ToolError(f"Listing offsets of {tp[0]}-{tp[1]} failed: {reason}")
             out[tp] = entry.offset
         return out
+
+
+def read_reset_plan(path: str) -> dict[TopicPartition, int]:
+    """A --from-file plan: one topic,partition,offset line per partition (Kafka's --export format)."""
+    plan: dict[TopicPartition, int] = {}
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as exc:
+        raise ToolError(f"Cannot read {path}: {exc.strerror}") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 3:
+            raise ToolError(f"{path}:{number}: expected topic,partition,offset but got {line!r}")
+        try:
+            plan[(fields[0], int(fields[1]))] = int(fields[2])
+        except ValueError:
+            raise ToolError(f"{path}:{number}: partition and offset must be numbers: {line!r}") from None
+    return plan
 
 
 def assignment_string(assignment: Iterable[TopicPartition]) -> str:

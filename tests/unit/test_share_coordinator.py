@@ -491,7 +491,7 @@ async def test_write_with_unusable_batches_is_refused_and_changes_nothing(state_
     before = all_states(c)
     for batches in ([PersistedStateBatch(0, 9, 0, 1), PersistedStateBatch(5, 3, 2, 1)],  # inverted
                     [PersistedStateBatch(-3, 2, 0, 1)],  # negative
-                    [PersistedStateBatch(0, 2, 3, 1)],  # no such delivery state
+                    [PersistedStateBatch(0, 2, 5, 1)],  # no such delivery state (3 is ARCHIVING)
                     [PersistedStateBatch(0, 2, 0, -1)]):  # negative delivery count
         p = only(await c.write_state(write_req(key(), batches, start_offset=0)))
         assert p.error_code == ErrorCode.INVALID_REQUEST, batches
