@@ -47,12 +47,13 @@ def format_versions(api_versions: dict[int, tuple[int, int]]) -> list[str]:
             lines.append(f"UNKNOWN({api_key}): {served}")
             continue
         ours = codec.spec.valid
+        our_high = high if ours.high is None else ours.high  # None: open-ended
         if high < ours.low:
             usable = "unusable: node too old"
-        elif low > ours.high:
+        elif low > our_high:
             usable = "unusable: node too new"
         else:
-            usable = f"usable: {min(high, ours.high)}"
+            usable = f"usable: {min(high, our_high)}"
         lines.append(f"{messages.API_NAMES[api_key]}({api_key}): {served} [{usable}]")
     return lines
 

@@ -304,7 +304,7 @@ def test_wheel_holds_every_module_the_broker_imports_at_start_up(
     started_like_compose: BrokerProcess, tmp_path: Path
 ) -> None:
     imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(shoal(?:\.\w+)*)$", started_like_compose.log_text(), re.M))
-    assert {"shoal.broker.main", "shoal.protocol.codec"} <= imported
+    assert {"shoal.broker.server.main", "shoal.protocol.codec"} <= imported
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
                    check=True, capture_output=True, timeout=300)
     [wheel] = tmp_path.glob("shoal-*.whl")

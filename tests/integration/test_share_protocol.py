@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+
 from shoal.coordinator.share_state import state_partition_for
 from shoal.persister.persister import SharePartitionKey
 from shoal.protocol import messages

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shoal.client.producer import Producer
 
+from shoal.client.producer import Producer
 from tests.integration.external import ExternalBroker
 from tests.integration.names import unique_name
 from tests.integration.share_clients import Consumed, create_topic, poll_until, share_consumer

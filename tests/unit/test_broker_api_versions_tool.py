@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shoal.client.tools_broker_api_versions import format_versions, main
+from shoal.client.tools.broker_api_versions import format_versions, main
 from shoal.protocol import messages
 
 
