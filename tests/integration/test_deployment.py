@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from .broker_process import BrokerProcess
+from .conftest import FAST_HEARTBEAT
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
@@ -256,6 +257,12 @@ def compose_broker_command(data_dir: Path) -> list[str]:
             assert path.is_file()
             out.append(str(path))
     return out + ["--override", "metrics.port=0"]
+
+
+def test_compose_broker_is_configured_like_the_suites_own_brokers() -> None:
+    """The external tests pass against the suite's module brokers; the compose broker gets their overrides."""
+    command = compose_broker_command(Path("/unused"))
+    assert all(f"{item}" in command for item in FAST_HEARTBEAT), (FAST_HEARTBEAT, command)
 
 
 def compose_broker(base: Path, *python_flags: str) -> BrokerProcess:
