@@ -119,6 +119,7 @@ def test_rejected_record_is_dead_lettered_once_with_headers(broker: BrokerProces
     assert delta(before, after, "shoal_broker_topic_failed_share_acknowledgement_requests_total", topic=topic) == 0
 
 
+@pytest.mark.external
 def test_released_to_the_delivery_limit_is_dead_lettered(broker: BrokerProcess) -> None:
     bs = broker.bootstrap
     topic, group = _name("dr"), _name("dg")
