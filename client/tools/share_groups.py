@@ -8,7 +8,6 @@ every failure ends with a non-zero exit code and error text goes to stderr.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -26,16 +25,16 @@ from shoal.client.tools.cli import (
     UsageError,
     parse_datetime_ms,
     parse_duration_ms,
-    usage_failure,
 )
-from shoal.client.tools.config import ToolConfigError, load_properties, split_settings, warn_ignored
 from shoal.client.tools.group_offsets import (
     ToolError,
     assignment_string,
     check_group_args,
     group_parser,
+    named_partitions,
     parse_states,
     table,
+    tool_main,
     width,
 )
 from shoal.protocol.errors import ErrorCode
@@ -322,26 +321,7 @@ class ShareGroupService:
                     return []
                 raise
             return sorted(current)
-        counts = await self.admin.list_topics()
-        wanted: list[TopicPartition] = []
-        missing: list[str] = []
-        for spec in dict.fromkeys(self.ns.topic):
-            topic, sep, listed = spec.partition(":")
-            if topic not in counts:
-                missing.append(topic)
-                continue
-            if not sep:
-                wanted += [(topic, p) for p in range(counts[topic])]
-                continue
-            try:
-                chosen = [int(p) for p in listed.split(",") if p.strip()]
-            except ValueError:
-                raise UsageError(f"--topic {spec!r}: partitions must be numbers, as in 'topic:0,1,2'") from None
-            missing += [f"{topic}-{p}" for p in chosen if not 0 <= p < counts[topic]]
-            wanted += [(topic, p) for p in chosen if 0 <= p < counts[topic]]
-        if missing:
-            raise ToolError(f"The partitions or topics do not exist: {', '.join(missing)}")
-        return sorted(set(wanted))
+        return await named_partitions(self.admin, self.ns.topic)
 
     async def _target_offsets(self, group_id: str, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
         ns = self.ns
@@ -437,54 +417,8 @@ def _group_error(group_id: str, exc: KafkaError) -> str:
     return f"{exc.message or exc.name} ({exc.name})"
 
 
-async def run(ns: argparse.Namespace) -> int:
-    props = load_properties(ns.command_config) if ns.command_config else {}
-    settings = split_settings(props)
-    warn_ignored(settings)
-    admin = AsyncAdmin(
-        ns.bootstrap_server,
-        client_id=settings.client_id or PROG,
-        request_timeout_ms=ns.timeout,
-        config=settings.connection,
-    )
-    service = ShareGroupService(admin, ns)
-    try:
-        await admin.start()
-        if ns.list:
-            await service.list_groups()
-        elif ns.describe:
-            await service.describe()
-        elif ns.delete:
-            await service.delete_groups()
-        elif ns.reset_offsets:
-            await service.reset_offsets()
-        else:
-            await service.delete_offsets()
-    finally:
-        await admin.close()
-    return 1 if service.failed else 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        ns = parser.parse_args(argv)
-        check_args(ns)
-    except UsageError as exc:
-        return usage_failure(parser, str(exc))
-    try:
-        return asyncio.run(run(ns))
-    except UsageError as exc:
-        return usage_failure(parser, str(exc))
-    except (ToolError, ToolConfigError) as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-    except ValueError as exc:  # client settings the bundled client refuses
-        print(f"Error: invalid client configuration: {exc}", file=sys.stderr)
-    except KafkaError as exc:
-        print(f"Error: Executing share group command failed due to {exc}", file=sys.stderr)
-    except KeyboardInterrupt:
-        return 130
-    return 1
+    return tool_main(argv, build_parser(), check_args, PROG, ShareGroupService, "share group")
 
 
 if __name__ == "__main__":
