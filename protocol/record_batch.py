@@ -34,6 +34,8 @@ COMPRESSION_MASK = 0x07
 TIMESTAMP_TYPE_MASK = 0x08
 TRANSACTIONAL_FLAG = 0x10
 CONTROL_FLAG = 0x20
+# Set by log compaction: base_timestamp holds the time after which tombstones may be removed (KIP-534).
+DELETE_HORIZON_FLAG = 0x40
 
 NO_PRODUCER_ID = -1
 NO_SEQUENCE = -1
@@ -85,6 +87,10 @@ class BatchHeader:
     @property
     def is_control(self) -> bool:
         return bool(self.attributes & CONTROL_FLAG)
+
+    @property
+    def delete_horizon_ms(self) -> int | None:
+        return self.base_timestamp if self.attributes & DELETE_HORIZON_FLAG else None
 
     @property
     def timestamp_type(self) -> int:

@@ -19,6 +19,7 @@ from shoal.broker.security.acl_store import build_authorizer
 from shoal.broker.security.authorizer import Authorizer
 from shoal.broker.security.scram import ScramCredentialStore
 from shoal.broker.share.group_configs import GroupConfigs
+from shoal.broker.storage.log_cleaner_manager import CleanerConfig, LogCleanerManager
 from shoal.broker.storage.purgatory import LogKey, Purgatory
 from shoal.broker.storage.topic_registry import CONSUMER_OFFSETS, SHARE_GROUP_STATE, Topic, TopicRegistry
 from shoal.protocol import messages
@@ -43,6 +44,16 @@ class Broker:
         # TLS server contexts of the SSL / SASL_SSL listeners, by listener name (built in start()).
         self.ssl_contexts: dict[str, ssl.SSLContext] = {}
         self.topics = TopicRegistry(Path(config["log.dirs"]), config)
+        self.log_cleaner = LogCleanerManager(
+            CleanerConfig(
+                enable=bool(config["log.cleaner.enable"]),
+                threads=int(config["log.cleaner.threads"]),
+                backoff_ms=int(config["log.cleaner.backoff.ms"]),
+                dedupe_buffer_size=int(config["log.cleaner.dedupe.buffer.size"]),
+                io_buffer_load_factor=float(config["log.cleaner.io.buffer.load.factor"]),
+            ),
+            lambda: [plog for topic in list(self.topics.by_name.values()) for plog in topic.partitions],
+        )
         self.purgatory = Purgatory()
         self.apis: dict[int, Api] = {}
         self.connections: set[KafkaConnection] = set()
@@ -165,6 +176,7 @@ class Broker:
         if int(self.config["metrics.port"]) >= 0:
             self.metrics_port = self.metrics.serve(str(self.config["metrics.host"]), int(self.config["metrics.port"]))
         self._background.append(loop.create_task(self._retention_loop()))
+        self.log_cleaner.start()
         for topic in self.topics.by_name.values():
             for plog in topic.partitions:
                 plog.start_background(loop)
@@ -206,6 +218,7 @@ class Broker:
             await self.share_coordinator.stop()
         for server in self._servers:
             await server.wait_closed()
+        await self.log_cleaner.stop()
         for topic in self.topics.by_name.values():
             for plog in topic.partitions:
                 try:
