@@ -143,6 +143,8 @@ class LogCleanerManager:
         if plan is None:
             return False
         self._busy.add(id(plog))
+        log.info("log.cleaning", dir=str(plog.directory), first_dirty_offset=plan.first_dirty_offset,
+                 segments=len(plan.sources))
         self._plans.append(plan)
         loop = asyncio.get_running_loop()
         try:

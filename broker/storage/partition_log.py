@@ -295,14 +295,14 @@ class PartitionLog:
         self._schedule_flush(sync_fallback=False)
         return seg
 
-    def _schedule_flush(self, *, sync_fallback: bool) -> None:
+    def _schedule_flush(self, *, sync_fallback: bool, metadata: bool = False) -> None:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             if sync_fallback:
                 self.flush_sync()
             return
-        task = loop.create_task(self.flush())
+        task = loop.create_task(self.flush_metadata() if metadata else self.flush())
         self._scheduled.add(task)
         task.add_done_callback(self._scheduled_done)
 
@@ -329,6 +329,17 @@ class PartitionLog:
                 self._flush_task = task
             # Shield: a cancelled waiter must not cancel the round others are waiting on.
             await asyncio.shield(task)
+
+    async def flush_metadata(self) -> None:
+        """One flush round even when no offset awaits an fsync: it persists sealed segments' indexes and
+        the directory (after the log cleaner swapped segments in)."""
+        while self._flush_task is not None:
+            await asyncio.shield(self._flush_task)
+        self._check_open()
+        task = asyncio.get_running_loop().create_task(self._flush_round())
+        task.add_done_callback(_consume_exception)
+        self._flush_task = task
+        await asyncio.shield(task)
 
     async def _flush_round(self) -> None:
         try:
@@ -604,9 +615,9 @@ class PartitionLog:
         new.flushed_size = new.size
         self.segments[at : at + len(old)] = [new]
         self._bases[at : at + len(old)] = [new.base_offset]
-        # The next flush persists the new indexes and makes the renames durable.
+        # A flush round persists the new indexes and makes the renames durable.
         self._dir_dirty = True
-        self._schedule_flush(sync_fallback=False)
+        self._schedule_flush(sync_fallback=False, metadata=True)
         return True
 
     def write_cleaner_checkpoint(self, offset: int) -> None:
