@@ -13,6 +13,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from .broker_process import BrokerProcess
+from .conftest import FAST_HEARTBEAT
 from .share_clients import Consumed, poll_until, share_consumer
 
 KEYS = 1000
@@ -177,7 +178,7 @@ def _share_consume_one(bootstrap: str, topic: str) -> bool:
 
 def test_consumer_offsets_is_compacted(tmp_path: Path) -> None:
     overrides = [*CLEANER, "offsets.topic.num.partitions=1", "offsets.topic.segment.bytes=1024",
-                 "log.cleaner.min.cleanable.ratio=0.1", "group.share.heartbeat.interval.ms=500"]
+                 "log.cleaner.min.cleanable.ratio=0.1", *FAST_HEARTBEAT]
     proc = BrokerProcess(tmp_path / "data", overrides=overrides).start()
     try:
         topic = "shared"
