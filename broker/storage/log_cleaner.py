@@ -91,6 +91,7 @@ class CleanPlan:
     segment_bytes: int
     index_interval_bytes: int
     max_map_entries: int
+    directory_inode: int
     abort: threading.Event = field(default_factory=threading.Event)
     slicer: _Slicer = field(default_factory=_Slicer)
 
@@ -135,7 +136,7 @@ def plan_clean(plog: PartitionLog, now_ms: int, max_map_entries: int) -> CleanPl
     cfg = plog.config
     return CleanPlan(
         plog, plog.directory, first_dirty_offset(plog), sources, later, now_ms, cfg.delete_retention_ms,
-        cfg.segment_bytes, cfg.index_interval_bytes, max_map_entries,
+        cfg.segment_bytes, cfg.index_interval_bytes, max_map_entries, os.stat(plog.directory).st_ino,
     )
 
 
@@ -332,6 +333,9 @@ def _clean_group(plan: CleanPlan, group: list[SegmentSource], filt: _Filter, res
         new.seal()
         new.fsync()
         result.bytes_written += new.size
+        if plan.plog.closed or os.stat(plan.directory).st_ino != plan.directory_inode:
+            # The partition was deleted (perhaps re-created under the same name): never commit here.
+            raise CleanAborted()
         swap_path = plan.directory / swap_file_name(base, end)
         os.replace(cleaned_path, swap_path)
         fsync_directory(plan.directory)

@@ -152,11 +152,13 @@ class LogCleanerManager:
                 result = await loop.run_in_executor(self._executor, clean, plan)
             except CleanAborted:
                 return False
-            except OSError as exc:
-                # Kafka marks the partition uncleanable; here it is retried later and later.
-                if failures is not None:
-                    failures.failed(str(plog.directory), time.monotonic())
-                log.error("log.clean_failed", dir=str(plog.directory), error=repr(exc))
+            except Exception as exc:
+                # A disk error or a batch that cannot be read. Kafka marks the partition uncleanable;
+                # here it is retried later and later, and logged at most once per backoff ceiling.
+                suppressed = None if failures is None else failures.failed(str(plog.directory), time.monotonic())
+                if failures is None or suppressed is not None:
+                    log.error("log.clean_failed", dir=str(plog.directory), error=repr(exc),
+                              failures_not_logged=suppressed or 0)
                 return False
             await self._swap(plog, result)
             if failures is not None:

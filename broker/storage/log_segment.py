@@ -103,6 +103,9 @@ class LogSegment:
         self.next_offset = base_offset
         self.max_timestamp = NO_TIMESTAMP
         self.offset_of_max_timestamp = -1
+        # Max timestamp of the first batch, once one was appended or recovered here (Kafka's
+        # rollingBasedTimestamp); None when unknown (a sealed segment opened from its indexes).
+        self.first_timestamp: int | None = None
         self.sealed = False
         # Bytes known to be on stable storage; the partition log's flush advances it.
         self.flushed_size = 0
@@ -201,6 +204,8 @@ class LogSegment:
 
     def _track(self, position: int, header: BatchHeader) -> None:
         """Index bookkeeping for one batch at `position`; shared by append and recovery."""
+        if self.first_timestamp is None:
+            self.first_timestamp = header.max_timestamp
         if header.max_timestamp > self.max_timestamp:
             self.max_timestamp = header.max_timestamp
             self.offset_of_max_timestamp = offset_of_max_timestamp(header)
@@ -337,6 +342,7 @@ class LogSegment:
     # -- recovery and truncation -------------------------------------------------------------------
 
     def _reset_indexes(self) -> None:
+        self.first_timestamp = None
         self.next_offset = self.base_offset
         self.max_timestamp = NO_TIMESTAMP
         self.offset_of_max_timestamp = -1
@@ -475,6 +481,8 @@ class LogSegment:
 
     def first_batch_timestamp(self) -> int:
         """Max timestamp of the first batch (Kafka's getFirstBatchTimestamp), -1 if empty or unknown."""
+        if self.first_timestamp is not None:
+            return self.first_timestamp
         if self.size < HEADER_SIZE:
             return NO_TIMESTAMP
         head = os.pread(self.fd, HEADER_SIZE, 0)

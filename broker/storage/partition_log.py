@@ -267,7 +267,9 @@ class PartitionLog:
 
         seg = self.active
         if seg.size > 0 and (
-            seg.size + len(batches) > self.config.segment_bytes or last_offset - seg.base_offset > INT32_MAX
+            seg.size + len(batches) > self.config.segment_bytes
+            or last_offset - seg.base_offset > INT32_MAX
+            or self._compaction_roll_due(seg, headers)
         ):
             seg = self._roll(base_offset)
         seg.append(batches, headers)
@@ -283,6 +285,14 @@ class PartitionLog:
             log_append_time=-1 if log_append_time_ms is None else log_append_time_ms,
             log_start_offset=self.log_start_offset,
         )
+
+    def _compaction_roll_due(self, seg: LogSegment, headers: list[tuple[int, BatchHeader]]) -> bool:
+        """Kafka rolls a compacted log's active segment once it spans max.compaction.lag.ms (its
+        maxSegmentMs), so the cleaner, which never touches the active segment, can meet that bound."""
+        lag = self.config.max_compaction_lag_ms
+        if not self.config.compact or lag >= 2**63 - 1 or seg.first_timestamp is None or seg.first_timestamp < 0:
+            return False
+        return max(h.max_timestamp for _, h in headers) - seg.first_timestamp > lag
 
     def _roll(self, base_offset: int) -> LogSegment:
         self.active.seal()

@@ -10,7 +10,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shoal.broker.storage.log_cleaner import CleanResult, clean, dirty_ratio, plan_clean, swap_in
+from shoal.broker.storage.log_cleaner import (
+    CleanAborted,
+    CleanResult,
+    clean,
+    dirty_ratio,
+    plan_clean,
+    swap_in,
+)
 from shoal.broker.storage.log_cleaner_manager import grab_filthiest
 from shoal.broker.storage.log_segment import CLEANED_SUFFIX, SWAP_SUFFIX
 from shoal.broker.storage.partition_log import LogConfig, PartitionLog
@@ -207,3 +214,30 @@ def test_a_producers_last_batch_stays_even_when_emptied(tmp_path: Path, codec: i
     assert (last.base_offset, last.last_offset_delta, last.producer_epoch, last.base_sequence,
             last.records_count) == (4, 1, 2, 4, 0)
     plog.close()
+
+
+def test_max_compaction_lag_rolls_the_active_segment(tmp_path: Path) -> None:
+    plog = PartitionLog.open(tmp_path, _config(segment_bytes=1 << 20, max_compaction_lag_ms=1000))
+    for ts in (NOW, NOW + 500, NOW + 1500):
+        buf = bytearray(encode_batch([RecordInput(b"k", b"v", (), ts)]))
+        plog.append(buf, list(iter_batches(buf)))
+    # The third batch is more than the lag after the segment's first: a new active segment, and the
+    # first one becomes cleanable.
+    assert [seg.base_offset for seg in plog.segments] == [0, 2]
+    plog.config = _config(segment_bytes=1 << 20)  # no max lag: size alone rolls
+    buf = bytearray(encode_batch([RecordInput(b"k", b"v", (), NOW + 99_999)]))
+    plog.append(buf, list(iter_batches(buf)))
+    assert len(plog.segments) == 2
+    plog.close()
+
+
+def test_a_clean_never_commits_into_a_recreated_partition(tmp_path: Path) -> None:
+    directory = tmp_path / "topic-0"
+    plog = _filled_log(directory)
+    plan = plan_clean(plog, NOW, 1 << 20)
+    assert plan is not None
+    plog.delete()
+    directory.mkdir()  # the topic is created again under the same name while the cleaner runs
+    with pytest.raises(CleanAborted):
+        clean(plan)
+    assert list(directory.iterdir()) == []
