@@ -89,7 +89,7 @@ _KEYS: list[ConfigKey] = [
     ConfigKey("log.cleaner.io.buffer.load.factor", float, 0.9, "Fill factor of the cleaner's offset map."),
     ConfigKey("log.cleaner.io.buffer.size", int, 524288, "Accepted for compatibility; the cleaner reads 1 MiB chunks.", 0),
     ConfigKey("log.cleaner.io.max.bytes.per.second", float, 1.7976931348623157e308,
-              "Accepted for compatibility; the cleaner is not throttled (it yields to the event loop instead)."),
+              "Bytes a second the log cleaner threads may read and write together; the default is unthrottled."),
     ConfigKey("log.cleaner.min.cleanable.ratio", float, 0.5,
               "Default min.cleanable.dirty.ratio: the dirty share of a log that makes it worth cleaning."),
     ConfigKey("log.cleaner.min.compaction.lag.ms", int, 0, "Default min.compaction.lag.ms.", 0),

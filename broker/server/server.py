@@ -51,6 +51,7 @@ class Broker:
                 backoff_ms=int(config["log.cleaner.backoff.ms"]),
                 dedupe_buffer_size=int(config["log.cleaner.dedupe.buffer.size"]),
                 io_buffer_load_factor=float(config["log.cleaner.io.buffer.load.factor"]),
+                io_max_bytes_per_second=float(config["log.cleaner.io.max.bytes.per.second"]),
             ),
             lambda: [plog for topic in list(self.topics.by_name.values()) for plog in topic.partitions],
         )

@@ -25,7 +25,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +62,35 @@ class _Slicer:
             self._since = time.perf_counter()
 
 
+class Throttler:
+    """Kafka's log.cleaner.io.max.bytes.per.second: bytes read and written by all cleaner threads are
+    held to the rate by sleeping the thread that went over it."""
+
+    def __init__(self, bytes_per_second: float, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.rate = bytes_per_second
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._start = clock()
+        self._bytes = 0.0
+
+    def throttle(self, nbytes: int) -> None:
+        if self.rate >= 1e300:  # Kafka's default, Double.MAX_VALUE: unthrottled
+            return
+        with self._lock:
+            now = self._clock()
+            if now - self._start > 1.0:  # a fresh window, so an idle spell earns no burst
+                self._start, self._bytes = now, 0.0
+            self._bytes += nbytes
+            ahead = self._bytes / self.rate - (now - self._start)
+        if ahead > 0:
+            self._sleep(ahead)
+
+
+UNTHROTTLED = Throttler(float("inf"))
+
+
 class CleanAborted(Exception):
     """The broker is shutting down; the clean's files are left for start-up to drop or finish."""
 
@@ -94,6 +123,7 @@ class CleanPlan:
     directory_inode: int
     abort: threading.Event = field(default_factory=threading.Event)
     slicer: _Slicer = field(default_factory=_Slicer)
+    throttler: Throttler = UNTHROTTLED
 
     def close(self) -> None:
         for src in (*self.sources, *self.later):
@@ -118,7 +148,9 @@ class CleanResult:
     records_removed: int = 0
 
 
-def plan_clean(plog: PartitionLog, now_ms: int, max_map_entries: int) -> CleanPlan | None:
+def plan_clean(
+    plog: PartitionLog, now_ms: int, max_map_entries: int, throttler: Throttler = UNTHROTTLED
+) -> CleanPlan | None:
     """Snapshot what a clean of `plog` may touch; None if nothing is cleanable. Event loop only."""
     sources: list[SegmentSource] = []
     later: list[SegmentSource] = []
@@ -137,6 +169,7 @@ def plan_clean(plog: PartitionLog, now_ms: int, max_map_entries: int) -> CleanPl
     return CleanPlan(
         plog, plog.directory, first_dirty_offset(plog), sources, later, now_ms, cfg.delete_retention_ms,
         cfg.segment_bytes, cfg.index_interval_bytes, max_map_entries, os.stat(plog.directory).st_ino,
+        throttler=throttler,
     )
 
 
@@ -196,6 +229,7 @@ def _batches(src: SegmentSource, plan: CleanPlan) -> Iterator[tuple[BatchHeader,
         if used == 0:
             raise ValueError(f"unreadable batch at byte {pos} of segment {src.base_offset}")
         pos += used
+        plan.throttler.throttle(used)
 
 
 def _whole_batches(chunk: memoryview) -> Iterator[tuple[int, BatchHeader]]:
@@ -327,6 +361,7 @@ def _clean_group(plan: CleanPlan, group: list[SegmentSource], filt: _Filter, res
                 out += kept
                 if len(out) >= _READ_CHUNK:
                     new.append(out, headers)
+                    plan.throttler.throttle(len(out))
                     out, headers = bytearray(), []
         if out:
             new.append(out, headers)

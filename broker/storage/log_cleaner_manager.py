@@ -25,6 +25,7 @@ from shoal.broker.storage.log_cleaner import (
     CleanAborted,
     CleanPlan,
     CleanResult,
+    Throttler,
     clean,
     dirty_ratio,
     first_dirty_offset,
@@ -45,6 +46,7 @@ class CleanerConfig:
     backoff_ms: int = 15000
     dedupe_buffer_size: int = 128 * 1024 * 1024
     io_buffer_load_factor: float = 0.9
+    io_max_bytes_per_second: float = 1.7976931348623157e308
 
     @property
     def max_map_entries(self) -> int:
@@ -98,6 +100,7 @@ class LogCleanerManager:
         self._tasks: list[asyncio.Task[None]] = []
         self._busy: set[int] = set()
         self._plans: list[CleanPlan] = []
+        self._throttler = Throttler(config.io_max_bytes_per_second)
         self.cleans = 0  # finished cleans, for tests and metrics
 
     def start(self) -> None:
@@ -139,7 +142,7 @@ class LogCleanerManager:
         plog = grab_filthiest(candidates, now_ms, self._busy)
         if plog is None:
             return False
-        plan = plan_clean(plog, now_ms, self.config.max_map_entries)
+        plan = plan_clean(plog, now_ms, self.config.max_map_entries, self._throttler)
         if plan is None:
             return False
         self._busy.add(id(plog))

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from shoal.broker.storage.log_cleaner import (
     CleanAborted,
     CleanResult,
+    Throttler,
     clean,
     dirty_ratio,
     plan_clean,
@@ -241,3 +242,19 @@ def test_a_clean_never_commits_into_a_recreated_partition(tmp_path: Path) -> Non
     with pytest.raises(CleanAborted):
         clean(plan)
     assert list(directory.iterdir()) == []
+
+
+def test_the_throttler_holds_cleaner_io_to_its_rate() -> None:
+    now = [100.0]
+    slept: list[float] = []
+    throttler = Throttler(1000.0, clock=lambda: now[0], sleep=slept.append)
+    throttler.throttle(500)  # half a second's worth, at once
+    assert slept == [0.5]
+    now[0] += 0.75
+    throttler.throttle(250)  # 750 bytes in 0.75 s: on the rate
+    assert slept == [0.5]
+    now[0] += 5.0  # a new window after an idle spell: no burst allowance, no debt
+    throttler.throttle(2000)
+    assert slept == [0.5, 2.0]
+    Throttler(float("inf"), sleep=slept.append).throttle(10**9)
+    assert slept == [0.5, 2.0]
