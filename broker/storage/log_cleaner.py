@@ -385,7 +385,9 @@ def _clean_group(plan: CleanPlan, group: list[SegmentSource], filt: _Filter, res
 def swap_in(plog: PartitionLog, result: CleanResult) -> bool:
     """Swap every cleaned group into `plog` (event loop). True if all went in, so the checkpoint may move
     to `result.end_offset`; a group whose segments changed meanwhile is dropped and cleaned next time."""
-    swapped = [plog.replace_segments(g.old, g.new, g.swap_path) for g in result.groups]
+    swapped = [plog.replace_segments(g.old, g.new, g.swap_path, flush=False) for g in result.groups]
+    if any(swapped):
+        plog.schedule_metadata_flush()  # one flush round for all groups
     if all(swapped) and not plog.closed:
         plog.tombstone_horizon_ms = result.tombstone_horizon_ms
         return True

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,8 @@ from shoal.broker.storage.log_cleaner import (
 from shoal.broker.storage.partition_log import LogClosed, PartitionLog
 
 log = structlog.get_logger(__name__)
+
+_SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,9 @@ class LogCleanerManager:
     def start(self) -> None:
         if not self.config.enable or self._tasks:
             return
+        # A cleaner thread runs Python code; the event loop, at each wake-up, would wait up to the default
+        # 5 ms switch interval for the GIL. A shorter interval keeps produce and fetch latency flat.
+        sys.setswitchinterval(min(sys.getswitchinterval(), _SWITCH_INTERVAL_S))
         self._executor = ThreadPoolExecutor(max_workers=self.config.threads, thread_name_prefix="log-cleaner")
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._run()) for _ in range(self.config.threads)]

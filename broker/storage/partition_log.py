@@ -601,7 +601,7 @@ class PartitionLog:
 
     # -- log compaction ----------------------------------------------------------------------------
 
-    def replace_segments(self, old: list[LogSegment], new: LogSegment, swap_path: Path) -> bool:
+    def replace_segments(self, old: list[LogSegment], new: LogSegment, swap_path: Path, *, flush: bool = True) -> bool:
         """Swap the log cleaner's output (`new`, fsynced and committed as `swap_path`) in for the
         consecutive sealed segments `old`. Runs on the event loop, where reads run, so no read sees half
         a swap. False (and the swap file removed) if retention, DeleteRecords or a close changed those
@@ -625,10 +625,14 @@ class PartitionLog:
         new.flushed_size = new.size
         self.segments[at : at + len(old)] = [new]
         self._bases[at : at + len(old)] = [new.base_offset]
-        # A flush round persists the new indexes and makes the renames durable.
         self._dir_dirty = True
-        self._schedule_flush(sync_fallback=False, metadata=True)
+        if flush:
+            self.schedule_metadata_flush()
         return True
+
+    def schedule_metadata_flush(self) -> None:
+        """A flush round soon, which persists the new segments' indexes and makes the renames durable."""
+        self._schedule_flush(sync_fallback=False, metadata=True)
 
     def write_cleaner_checkpoint(self, offset: int) -> None:
         self.cleaner_checkpoint = offset
