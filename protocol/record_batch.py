@@ -97,8 +97,9 @@ class BatchHeader:
         return 1 if self.attributes & TIMESTAMP_TYPE_MASK else 0
 
 
-def parse_batch_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
-    """Parse the header of the batch starting at `pos`; raise InvalidRecordBatch if it cannot be framed."""
+def parse_batch_header(buf: bytes | bytearray | memoryview, pos: int = 0, *, whole: bool = True) -> BatchHeader:
+    """Parse the header of the batch starting at `pos`; raise InvalidRecordBatch if it cannot be framed.
+    With `whole=False` only the header need be in `buf` (a walk that reads headers alone)."""
     if len(buf) - pos < HEADER_SIZE:
         raise InvalidRecordBatch(f"truncated batch header: {len(buf) - pos} bytes")
     fields = _HEADER.unpack_from(buf, pos)
@@ -107,7 +108,7 @@ def parse_batch_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> Bat
         raise InvalidRecordBatch(f"unsupported record batch magic {header.magic}")
     if header.batch_length < HEADER_SIZE - LOG_OVERHEAD:
         raise InvalidRecordBatch(f"batch length {header.batch_length} below the header size")
-    if len(buf) - pos < header.size:
+    if whole and len(buf) - pos < header.size:
         raise InvalidRecordBatch(f"truncated batch: need {header.size} bytes, have {len(buf) - pos}")
     return header
 

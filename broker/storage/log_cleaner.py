@@ -37,7 +37,7 @@ from shoal.broker.storage.log_segment import (
     swap_file_name,
 )
 from shoal.broker.storage.partition_log import PartitionLog, fsync_directory
-from shoal.protocol.record_batch import LOG_OVERHEAD, BatchHeader, parse_batch_header
+from shoal.protocol.record_batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, parse_batch_header
 from shoal.protocol.records import Record, decode_records, encode_retained_batch
 
 # Kafka's SkimpyOffsetMap spends 24 bytes per entry (a 16-byte MD5 and an 8-byte offset).
@@ -249,29 +249,38 @@ def build_offset_map(plan: CleanPlan) -> tuple[dict[bytes, int], int, dict[int, 
     offset_map: dict[bytes, int] = {}
     end = plan.first_dirty_offset
     last_batches: dict[int, int] = {}
-    mapped_all = True
     for src in plan.sources:
-        dirty = src.base_offset >= plan.first_dirty_offset
+        if src.base_offset < plan.first_dirty_offset or end < src.base_offset:
+            continue  # already clean, or past a segment that did not fit the map
         seg_map: dict[bytes, int] = {}
         for header, view in _batches(src, plan):
-            if header.producer_id >= 0:
-                last_batches[header.producer_id] = header.base_offset
-            if not dirty or not mapped_all or header.is_control:
+            if header.is_control:
                 continue
             for record in decode_records(view, 0, header):
                 if record.key is not None:
                     seg_map[record.key] = record.offset
-        if dirty and mapped_all:
-            if offset_map and len(offset_map) + len(seg_map) > plan.max_map_entries:
-                mapped_all = False
-                continue
-            offset_map.update(seg_map)
-            end = src.segment.next_offset
-    for src in plan.later:
-        for header, _view in _batches(src, plan):
+        if offset_map and len(offset_map) + len(seg_map) > plan.max_map_entries:
+            break
+        offset_map.update(seg_map)
+        end = src.segment.next_offset
+    # Producers' last batches, over the whole log: batch headers only.
+    for src in (*plan.sources, *plan.later):
+        for header in _headers(src, plan):
             if header.producer_id >= 0:
                 last_batches[header.producer_id] = header.base_offset
     return offset_map, end, last_batches
+
+
+def _headers(src: SegmentSource, plan: CleanPlan) -> Iterator[BatchHeader]:
+    """Each batch's header, reading only its first bytes (no record data)."""
+    pos = 0
+    while pos + HEADER_SIZE <= src.size:
+        if plan.abort.is_set():
+            raise CleanAborted()
+        header = parse_batch_header(os.pread(src.fd, HEADER_SIZE, pos), whole=False)
+        yield header
+        pos += header.size
+        plan.slicer.tick()
 
 
 def group_by_size(sources: list[SegmentSource], max_bytes: int) -> list[list[SegmentSource]]:
