@@ -253,6 +253,7 @@ class Broker:
                 heartbeat_interval_ms=int(cfg["group.share.heartbeat.interval.ms"]),
                 max_size=int(cfg["group.share.max.size"]),
                 initialize_retry_interval_ms=int(cfg["group.share.initialize.retry.interval.ms"]),
+                assignment_interval_ms=int(cfg["group.share.assignment.interval.ms"]),
             ),
             group_configs=self.group_configs,
         )
