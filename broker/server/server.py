@@ -24,7 +24,7 @@ from shoal.broker.storage.topic_registry import CONSUMER_OFFSETS, SHARE_GROUP_ST
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 
-from .config import BrokerConfig, Listener
+from .config import DYNAMIC_CONFIG_FILE, BrokerConfig, Listener
 from .metrics import BrokerMetrics
 
 log = structlog.get_logger("shoal.broker")
@@ -56,6 +56,7 @@ class Broker:
         # Request handlers running on any connection, including closed ones: stop() lets them finish.
         self._requests: set[asyncio.Task[Any]] = set()
         self.started_at = time.time()
+        config.load_dynamic(Path(config["log.dirs"]) / DYNAMIC_CONFIG_FILE)
         self.group_configs = GroupConfigs(Path(config["log.dirs"]), config)
         # Share-group parts, wired in start() once the internal topics exist.
         self.share_coordinator: Any = None
