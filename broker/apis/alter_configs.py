@@ -108,11 +108,13 @@ class AlterConfigs:
             res.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
             return
         # Kafka answers INVALID_REQUEST for all of these (KAFKA-13609 keeps it so for compatibility).
-        if name and not name.lstrip("-").isdigit():
+        try:
+            node_id = int(name) if name else None
+        except ValueError:
             res.error_code = ErrorCode.INVALID_REQUEST
             res.error_message = f"Node id must be an integer, but it is: {shorten(name)}"
             return
-        if name and int(name) != self.broker.node_id:
+        if node_id is not None and node_id != self.broker.node_id:
             res.error_code = ErrorCode.INVALID_REQUEST
             res.error_message = f"Unexpected broker id, expected {self.broker.node_id}, but received {shorten(name)}"
             return

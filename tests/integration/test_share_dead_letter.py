@@ -307,6 +307,7 @@ def test_dead_letter_broker_keys_change_at_runtime(fresh_broker: BrokerProcess) 
     # Keys Kafka does not change at runtime, and another broker's id, are refused as Kafka refuses them.
     for name, key, message in (("", "log.retention.ms", "Cannot update these configs dynamically"),
                                ("7", "errors.deadletterqueue.topic.name.prefix", "Unexpected broker id"),
+                               ("--7", "errors.deadletterqueue.topic.name.prefix", "Node id must be an integer"),
                                ("", "errors.deadletterqueue.auto.create.topics.enable", "either true or false")):
         error = _alter_broker_bundled(bs, name, **{key.replace(".", "_"): "maybe"})
         assert error is not None and error.code == ErrorCode.INVALID_REQUEST, (key, error)
