@@ -100,9 +100,8 @@ class AlterConfigs:
             return
         self.broker.topics.alter_configs(topic, changes)
 
-
     def _alter_broker(self, ctx: RequestContext, name: str, changes: list[tuple[str, str | None]],
-                      validate_only: bool, res: Any) -> None:
+                      validate_only: bool, res: ResourceResponse) -> None:
         """Kafka's dynamic broker configs: "" is the cluster-wide default, the broker's id its own value."""
         if not ctx.authorize(Operation.ALTER_CONFIGS, ResourceType.CLUSTER, CLUSTER_NAME):
             res.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED

@@ -339,7 +339,7 @@ class TopicAdmin:
         return InitProducerIdResponse(error_code=ErrorCode.NONE, producer_id=self.producer_ids.allocate(), producer_epoch=0)
 
 
-def _config_text(value: Any) -> str:
+def _config_text(value: object) -> str:
     if isinstance(value, list):
         return ",".join(value)
     return str(value).lower() if isinstance(value, bool) else str(value)
