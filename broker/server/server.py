@@ -25,7 +25,7 @@ from shoal.broker.storage.topic_registry import CONSUMER_OFFSETS, SHARE_GROUP_ST
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 
-from .config import BrokerConfig, Listener
+from .config import DYNAMIC_CONFIG_FILE, BrokerConfig, Listener
 from .metrics import BrokerMetrics
 
 log = structlog.get_logger("shoal.broker")
@@ -68,6 +68,7 @@ class Broker:
         # Request handlers running on any connection, including closed ones: stop() lets them finish.
         self._requests: set[asyncio.Task[Any]] = set()
         self.started_at = time.time()
+        config.load_dynamic(Path(config["log.dirs"]) / DYNAMIC_CONFIG_FILE)
         self.group_configs = GroupConfigs(Path(config["log.dirs"]), config)
         # Share-group parts, wired in start() once the internal topics exist.
         self.share_coordinator: Any = None
@@ -267,6 +268,7 @@ class Broker:
                 heartbeat_interval_ms=int(cfg["group.share.heartbeat.interval.ms"]),
                 max_size=int(cfg["group.share.max.size"]),
                 initialize_retry_interval_ms=int(cfg["group.share.initialize.retry.interval.ms"]),
+                assignment_interval_ms=int(cfg["group.share.assignment.interval.ms"]),
             ),
             group_configs=self.group_configs,
         )
