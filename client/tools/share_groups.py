@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterable, Sequence
 
 from shoal.client.admin import (
-    RESOURCE_GROUP,
     AsyncAdmin,
     ShareGroupDescription,
     SharePartitionOffset,
@@ -45,7 +44,6 @@ SHARE_GROUP_STATES = ("Empty", "Stable", "Dead")
 MISSING = "-"  # what Kafka's tool prints for an unknown value
 RESET_SCENARIOS = ("to_earliest", "to_latest", "to_current", "to_datetime", "by_duration", "to_offset", "shift_by",
                    "from_file")
-DLQ_TOPIC_CONFIG = "errors.deadletterqueue.topic.name"
 
 
 def build_parser() -> ToolParser:
@@ -199,21 +197,8 @@ class ShareGroupService:
         else:
             rows = [("GROUP", "COORDINATOR (ID)", "STATE", "#MEMBERS"), (d.group_id, coordinator, d.state, len(d.members))]
             widths = [width(15, [d.group_id]), width(25, [coordinator]), 15]
-        dlq = await self._dead_letter_topic(d.group_id)
-        if dlq:
-            # KIP-1191: the group's dead-letter topic, shown only when one is configured.
-            widths.append(width(len(str(rows[0][-1])), [rows[1][-1]]))  # the column before is padded now
-            rows = [(*rows[0], "DLQ-TOPIC"), (*rows[1], dlq)]
         print()
         print("\n".join(table(rows, widths)))
-
-    async def _dead_letter_topic(self, group_id: str) -> str:
-        try:
-            described = await self.admin.describe_configs(RESOURCE_GROUP, group_id, [DLQ_TOPIC_CONFIG])
-        except KafkaError:
-            return ""
-        entry = described.entries.get(DLQ_TOPIC_CONFIG)
-        return entry.value or "" if entry is not None and described.error is None else ""
 
     # ---- --delete -------------------------------------------------------------------------------------
 
