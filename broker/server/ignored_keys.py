@@ -12,7 +12,6 @@ _REPLICATION = "Shoal is a single broker that holds the only replica of every pa
 _ZOOKEEPER = "ZooKeeper mode was removed in Kafka 4.0 and Shoal never used ZooKeeper"
 _LEADERSHIP = "the one broker leads every partition; there is no leadership to balance"
 _SOCKET_BUFFERS = "socket buffer sizes are left to the operating system"
-_COMPACTION = "log compaction is not implemented; the cleaner's settings have nothing to tune"
 _TRANSACTIONS = "transactions are not supported"
 _QUOTAS = "client quotas are not enforced"
 
@@ -49,8 +48,6 @@ IGNORED_PREFIXES: tuple[tuple[str, str], ...] = (
     ("replica.", _REPLICATION),
     ("zookeeper.", _ZOOKEEPER),
     ("leader.imbalance.", _LEADERSHIP),
-    ("log.cleaner.", _COMPACTION),
-    ("log.cleanup.", _COMPACTION),
     ("transaction.", _TRANSACTIONS),
     ("quota.", _QUOTAS),
     ("client.quota.", _QUOTAS),

@@ -13,9 +13,9 @@ from shoal.broker.server.main import main
 
 def test_kafka_keys_that_do_not_apply_are_noted_with_a_reason() -> None:
     cfg = BrokerConfig.from_strings({"process.roles": "broker,controller", "replica.lag.time.max.ms": "30000",
-                                     "num.io.threads": "8", "log.cleaner.threads": "1"})
+                                     "num.io.threads": "8", "background.threads": "10"})
     notes = {n.key: n for n in cfg.notes}
-    assert set(notes) == {"process.roles", "replica.lag.time.max.ms", "num.io.threads", "log.cleaner.threads"}
+    assert set(notes) == {"process.roles", "replica.lag.time.max.ms", "num.io.threads", "background.threads"}
     assert all(n.known and n.reason for n in notes.values())
     assert "controller" in notes["process.roles"].reason
 
