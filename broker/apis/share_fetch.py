@@ -14,9 +14,9 @@ from shoal.broker.share.share_partition_leader import SharePartitionLeader
 from shoal.broker.share.share_session import (
     FINAL_EPOCH,
     INITIAL_EPOCH,
+    EpochAction,
     ShareSession,
     ShareSessionCache,
-    next_epoch,
 )
 from shoal.broker.storage.purgatory import SHARE_SESSION_SLOT, LogKey, ShareFetchKey, WakeKey
 from shoal.persister.persister import SharePartitionKey
@@ -100,10 +100,10 @@ class ShareFetchHandlers:
         entries = _last_entries(req.topics)
         has_acks = any(p.acknowledgement_batches for p in entries.values())
         new_partitions: set[TopicIdPartition] = set()
-        if epoch == INITIAL_EPOCH:
-            if has_acks:
-                return SfResponse(error_code=ErrorCode.INVALID_REQUEST,
-                                  error_message="acknowledgements are not allowed when opening a share session")
+        decision, found = self.sessions.enter(group, member, epoch, may_open=True, has_acks=has_acks)
+        if decision.action is EpochAction.REJECT:
+            return SfResponse(error_code=decision.error_code, error_message=decision.error_message)
+        if decision.action is EpochAction.OPEN:
             if self.sessions.is_full_for(group, member):
                 await self.services.purgatory.wait([SHARE_SESSION_SLOT, ctx.connection.wake_key],
                                                  max(0, req.max_wait_ms) / 1000)
@@ -111,12 +111,8 @@ class ShareFetchHandlers:
                     return SfResponse(error_code=ErrorCode.SHARE_SESSION_LIMIT_REACHED)
             session, _old = self.sessions.open(group, member, ctx.connection)
         else:
-            code, found = self.sessions.check(group, member, epoch)
-            if code != ErrorCode.NONE or found is None:
-                return SfResponse(error_code=code)
+            assert found is not None
             session = found
-            if epoch != FINAL_EPOCH:
-                session.expected_epoch = next_epoch(epoch)
         # Session membership changes: partitions named in Topics join, ForgottenTopicsData leave. A new
         # session is exactly the partitions named, so ForgottenTopicsData means nothing at epoch 0.
         if epoch != FINAL_EPOCH:
@@ -354,14 +350,9 @@ class ShareFetchHandlers:
         if not ctx.authorize(Operation.READ, ResourceType.GROUP, group):
             return SaResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
         epoch = req.share_session_epoch
-        if epoch == INITIAL_EPOCH:
-            return SaResponse(error_code=ErrorCode.INVALID_SHARE_SESSION_EPOCH,
-                              error_message="ShareAcknowledge cannot open a share session")
-        code, session = self.sessions.check(group, member, epoch)
-        if code != ErrorCode.NONE or session is None:
-            return SaResponse(error_code=code)
-        if epoch != FINAL_EPOCH:
-            session.expected_epoch = next_epoch(epoch)
+        decision, session = self.sessions.enter(group, member, epoch, may_open=False)
+        if decision.action is EpochAction.REJECT or session is None:
+            return SaResponse(error_code=decision.error_code, error_message=decision.error_message)
         is_renew = version >= 2 and req.is_renew_ack
         entries = _last_entries(req.topics)
         codes = await asyncio.gather(*(
