@@ -108,11 +108,9 @@ class ShareGroupServices:
 
 
 @dataclass(frozen=True, slots=True)
-class ShareGroupAdminServices:
-    config: BrokerConfig
+class ShareGroupAdminServices(ShareGroupServices):
     topics: TopicRegistry
     group_configs: GroupConfigs
-    group_coordinator: GroupCoordinator | None
     persister: Persister
     share_partitions: SharePartitionLeaders
 

@@ -86,12 +86,10 @@ class ShareFetchHandlers:
         version = ctx.api_version
         if not self.enabled:
             return SfResponse(error_code=ErrorCode.UNSUPPORTED_VERSION, error_message="share groups are disabled")
-        ids = self._validate_ids(req.group_id, req.member_id)
-        if isinstance(ids, str):
-            return SfResponse(error_code=ErrorCode.INVALID_REQUEST, error_message=ids)
+        code, message, ids = self._admit(ctx, req.group_id, req.member_id)
+        if ids is None:
+            return SfResponse(error_code=code, error_message=message)
         group, member = ids
-        if not ctx.authorize(Operation.READ, ResourceType.GROUP, group):
-            return SfResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
         is_renew = version >= 2 and req.is_renew_ack
         if is_renew and (req.max_bytes or req.min_bytes or req.max_records or req.max_wait_ms):
             return SfResponse(error_code=ErrorCode.INVALID_REQUEST,
@@ -343,12 +341,10 @@ class ShareFetchHandlers:
         version = ctx.api_version
         if not self.enabled:
             return SaResponse(error_code=ErrorCode.UNSUPPORTED_VERSION, error_message="share groups are disabled")
-        ids = self._validate_ids(req.group_id, req.member_id)
-        if isinstance(ids, str):
-            return SaResponse(error_code=ErrorCode.INVALID_REQUEST, error_message=ids)
+        code, message, ids = self._admit(ctx, req.group_id, req.member_id)
+        if ids is None:
+            return SaResponse(error_code=code, error_message=message)
         group, member = ids
-        if not ctx.authorize(Operation.READ, ResourceType.GROUP, group):
-            return SaResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
         epoch = req.share_session_epoch
         decision, session = self.sessions.enter(group, member, epoch, may_open=False)
         if decision.action is EpochAction.REJECT or session is None:
@@ -374,13 +370,17 @@ class ShareFetchHandlers:
     # ---- sessions ---------------------------------------------------------------------------------
 
     @staticmethod
-    def _validate_ids(group_id: str | None, member_id: str | None) -> tuple[str, str] | str:
-        """(group id, member id), or the reason they are not acceptable."""
+    def _admit(ctx: RequestContext, group_id: str | None,
+               member_id: str | None) -> tuple[int, str | None, tuple[str, str] | None]:
+        """(NONE, None, (group id, member id)) for a well-formed, authorized request, else the error
+        code and message to answer with."""
         if not group_id:
-            return "GroupId must be set"
+            return ErrorCode.INVALID_REQUEST, "GroupId must be set", None
         if not member_id or len(member_id) > MAX_MEMBER_ID_LENGTH:
-            return "MemberId must be 1 to 36 characters"
-        return group_id, member_id
+            return ErrorCode.INVALID_REQUEST, "MemberId must be 1 to 36 characters", None
+        if not ctx.authorize(Operation.READ, ResourceType.GROUP, group_id):
+            return ErrorCode.GROUP_AUTHORIZATION_FAILED, None, None
+        return ErrorCode.NONE, None, (group_id, member_id)
 
     async def _close_session(self, session: ShareSession) -> None:
         if self.sessions.remove(session):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from shoal.broker.apis.share_group_apis import ShareGroupHandlers
 from shoal.broker.security.authorizer import Operation, ResourceType
 from shoal.persister.persister import SharePartitionKey, StateSummary
 from shoal.protocol import messages
@@ -23,7 +24,6 @@ from shoal.protocol.uuids import ZERO_UUID
 if TYPE_CHECKING:
     from shoal.broker.apis.services import ApiTable, ShareGroupAdminServices
     from shoal.broker.network.connection import RequestContext
-    from shoal.coordinator.group_coordinator import GroupCoordinator
 
 log = structlog.get_logger("shoal.share_group_admin")
 
@@ -54,16 +54,11 @@ def compute_lag(latest_offset: int, summary: StateSummary) -> int:
     return max(0, latest_offset - summary.start_offset - summary.delivery_complete_count)
 
 
-class ShareGroupAdmin:
+class ShareGroupAdmin(ShareGroupHandlers):
+    services: ShareGroupAdminServices
+
     def __init__(self, services: ShareGroupAdminServices):
-        self.services = services
-
-    @property
-    def coordinator(self) -> GroupCoordinator | None:
-        return self.services.group_coordinator
-
-    def _enabled(self) -> bool:
-        return bool(self.services.config["group.share.enable"])
+        super().__init__(services)
 
     def _offsets_change_refused(self, ctx: RequestContext, group_id: str) -> tuple[int, str | None] | None:
         """Checks shared by Alter- and DeleteShareGroupOffsets, in Kafka's order; None when it may go ahead."""

@@ -48,7 +48,10 @@ class BrokerTopicMetadata:
         return None if topic is None else (topic.name, len(topic.partitions))
 
 
-class ShareGroupApis:
+class ShareGroupHandlers:
+    """What the share-group APIs (here and in share_group_admin) have in common: the coordinator and
+    the group.share.enable switch."""
+
     def __init__(self, services: ShareGroupServices):
         self.services = services
 
@@ -58,6 +61,9 @@ class ShareGroupApis:
 
     def _enabled(self) -> bool:
         return bool(self.services.config["group.share.enable"])
+
+
+class ShareGroupApis(ShareGroupHandlers):
 
     async def share_group_heartbeat(self, ctx: RequestContext, req: messages.ShareGroupHeartbeatRequest) -> messages.ShareGroupHeartbeatResponse:
         if not self._enabled():

@@ -35,7 +35,7 @@ from shoal.broker.apis.services import (
 )
 
 if TYPE_CHECKING:
-    from .server import Broker
+    from shoal.broker.apis.broker import Broker  # the server's Broker (importing it here would be a cycle)
 
 
 def register_all(b: Broker) -> None:
@@ -51,8 +51,8 @@ def register_all(b: Broker) -> None:
     share_fetch.register(b, ShareFetchServices(b.config, b.node_id, b.topics, b.purgatory, b.group_configs,
                                                b.metrics, b.share_partitions, b.connection_listeners))
     share_group_apis.register(b, ShareGroupServices(b.config, b.group_coordinator))
-    share_group_admin.register(b, ShareGroupAdminServices(b.config, b.topics, b.group_configs,
-                                                          b.group_coordinator, b.persister, b.share_partitions))
+    share_group_admin.register(b, ShareGroupAdminServices(b.config, b.group_coordinator, b.topics,
+                                                          b.group_configs, b.persister, b.share_partitions))
     share_state_apis.register(b, ShareStateServices(b.share_coordinator))
     sasl_apis.register(b, SaslServices(b.config, b.scram_credentials))
     scram_apis.register(b, ScramServices(b.scram_credentials))
