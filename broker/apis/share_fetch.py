@@ -84,8 +84,6 @@ class ShareFetchHandlers:
 
     async def share_fetch(self, ctx: RequestContext, req: messages.ShareFetchRequest) -> messages.ShareFetchResponse:
         version = ctx.api_version
-        if not self.enabled:
-            return SfResponse(error_code=ErrorCode.UNSUPPORTED_VERSION, error_message="share groups are disabled")
         code, message, ids = self._admit(ctx, req.group_id, req.member_id)
         if ids is None:
             return SfResponse(error_code=code, error_message=message)
@@ -339,8 +337,6 @@ class ShareFetchHandlers:
         self, ctx: RequestContext, req: messages.ShareAcknowledgeRequest
     ) -> messages.ShareAcknowledgeResponse:
         version = ctx.api_version
-        if not self.enabled:
-            return SaResponse(error_code=ErrorCode.UNSUPPORTED_VERSION, error_message="share groups are disabled")
         code, message, ids = self._admit(ctx, req.group_id, req.member_id)
         if ids is None:
             return SaResponse(error_code=code, error_message=message)
@@ -369,11 +365,12 @@ class ShareFetchHandlers:
 
     # ---- sessions ---------------------------------------------------------------------------------
 
-    @staticmethod
-    def _admit(ctx: RequestContext, group_id: str | None,
+    def _admit(self, ctx: RequestContext, group_id: str | None,
                member_id: str | None) -> tuple[int, str | None, tuple[str, str] | None]:
-        """(NONE, None, (group id, member id)) for a well-formed, authorized request, else the error
-        code and message to answer with."""
+        """(NONE, None, (group id, member id)) for a well-formed, authorized request while share groups
+        are enabled, else the error code and message to answer with."""
+        if not self.enabled:
+            return ErrorCode.UNSUPPORTED_VERSION, "share groups are disabled", None
         if not group_id:
             return ErrorCode.INVALID_REQUEST, "GroupId must be set", None
         if not member_id or len(member_id) > MAX_MEMBER_ID_LENGTH:
