@@ -1,1 +1,1 @@
-"""Request handlers, grouped by API family; `handlers.register_all` puts them in the dispatch table."""
+"""Request handlers, grouped by API family; each is given its services (`services.py`), wired by the server."""

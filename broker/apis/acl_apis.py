@@ -27,7 +27,7 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Broker
+    from shoal.broker.apis.services import AclServices, ApiTable
     from shoal.broker.network.connection import RequestContext
 
 log = structlog.get_logger("shoal.acls")
@@ -128,11 +128,11 @@ class AclFilter:
 
 
 class AclApis:
-    def __init__(self, broker: Broker):
-        self.broker = broker
+    def __init__(self, services: AclServices):
+        self.services = services
 
     def _authorizer(self) -> AclAuthorizer | None:
-        authorizer = self.broker.authorizer
+        authorizer = self.services.authorizer
         return authorizer if isinstance(authorizer, AclAuthorizer) else None
 
     def create_acls(self, ctx: RequestContext, req: messages.CreateAclsRequest) -> messages.CreateAclsResponse:
@@ -229,9 +229,9 @@ def _render(acl: AclBinding) -> str:
     )
 
 
-def register(broker: Broker) -> AclApis:
-    h = AclApis(broker)
-    broker.register(ApiKey.DESCRIBE_ACLS, 1, 3, h.describe_acls)
-    broker.register(ApiKey.CREATE_ACLS, 1, 3, h.create_acls)
-    broker.register(ApiKey.DELETE_ACLS, 1, 3, h.delete_acls)
+def register(table: ApiTable, services: AclServices) -> AclApis:
+    h = AclApis(services)
+    table.register(ApiKey.DESCRIBE_ACLS, 1, 3, h.describe_acls)
+    table.register(ApiKey.CREATE_ACLS, 1, 3, h.create_acls)
+    table.register(ApiKey.DELETE_ACLS, 1, 3, h.delete_acls)
     return h

@@ -16,7 +16,7 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode, shorten
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Broker
+    from shoal.broker.apis.services import AlterConfigsServices, ApiTable
     from shoal.broker.network.connection import RequestContext
 
 log = structlog.get_logger("shoal.configs")
@@ -31,8 +31,8 @@ ResourceResponse = Response.AlterConfigsResourceResponse
 
 
 class AlterConfigs:
-    def __init__(self, broker: Broker):
-        self.broker = broker
+    def __init__(self, services: AlterConfigsServices):
+        self.services = services
 
     def incremental_alter_configs(self, ctx: RequestContext, req: messages.IncrementalAlterConfigsRequest) -> messages.IncrementalAlterConfigsResponse:
         out = []
@@ -68,7 +68,7 @@ class AlterConfigs:
         if not ctx.authorize(Operation.ALTER_CONFIGS, ResourceType.GROUP, group):
             res.error_code = ErrorCode.GROUP_AUTHORIZATION_FAILED
             return
-        configs = self.broker.group_configs
+        configs = self.services.group_configs
         try:
             for key, value in changes:
                 configs.validate(key, value)
@@ -79,7 +79,7 @@ class AlterConfigs:
             return
         configs.apply(group, changes)
         log.info("group config changed", group=group, changes=dict(changes))
-        self.broker.on_group_config_changed(group)
+        self.services.on_group_config_changed(group)
 
     def _alter_topic(self, ctx: RequestContext, name: str, changes: list[tuple[str, str | None]],
                      validate_only: bool, res: ResourceResponse) -> None:
@@ -87,7 +87,7 @@ class AlterConfigs:
         if not ctx.authorize(Operation.ALTER_CONFIGS, ResourceType.TOPIC, name):
             res.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
             return
-        topic = self.broker.topics.get(name)
+        topic = self.services.topics.get(name)
         if topic is None:
             res.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             return
@@ -98,7 +98,7 @@ class AlterConfigs:
                 return
         if validate_only:
             return
-        self.broker.topics.alter_configs(topic, changes)
+        self.services.topics.alter_configs(topic, changes)
 
     def _alter_broker(self, ctx: RequestContext, name: str, changes: list[tuple[str, str | None]],
                       validate_only: bool, res: ResourceResponse) -> None:
@@ -113,9 +113,9 @@ class AlterConfigs:
             res.error_code = ErrorCode.INVALID_REQUEST
             res.error_message = f"Node id must be an integer, but it is: {shorten(name)}"
             return
-        if node_id is not None and node_id != self.broker.node_id:
+        if node_id is not None and node_id != self.services.node_id:
             res.error_code = ErrorCode.INVALID_REQUEST
-            res.error_message = f"Unexpected broker id, expected {self.broker.node_id}, but received {shorten(name)}"
+            res.error_message = f"Unexpected broker id, expected {self.services.node_id}, but received {shorten(name)}"
             return
         try:
             BrokerConfig.validate_dynamic(changes)
@@ -124,11 +124,11 @@ class AlterConfigs:
             return
         if validate_only:
             return
-        self.broker.config.apply_dynamic(THIS_BROKER if name else CLUSTER_DEFAULT, changes)
+        self.services.config.apply_dynamic(THIS_BROKER if name else CLUSTER_DEFAULT, changes)
         log.info("dynamic broker config changed", resource=name or "<cluster default>", changes=dict(changes))
 
 
-def register(broker: Broker) -> AlterConfigs:
-    h = AlterConfigs(broker)
-    broker.register(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1, h.incremental_alter_configs)
+def register(table: ApiTable, services: AlterConfigsServices) -> AlterConfigs:
+    h = AlterConfigs(services)
+    table.register(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1, h.incremental_alter_configs)
     return h

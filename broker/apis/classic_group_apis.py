@@ -1,5 +1,5 @@
 """JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch and OffsetDelete: the
-client-facing side of the classic-group coordinator (`broker.classic_groups`).
+client-facing side of the classic-group coordinator (its services' `classic_groups`).
 
 Authorization and topic existence are checked here, as in Kafka's request layer; group logic lives
 in `shoal.coordinator.classic_coordinator`.
@@ -16,7 +16,7 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Broker
+    from shoal.broker.apis.services import ApiTable, ClassicGroupServices
     from shoal.broker.network.connection import RequestContext
 
 JoinResponse = messages.JoinGroupResponse
@@ -41,14 +41,9 @@ ZERO_UUID = b"\x00" * 16
 
 
 class ClassicGroupApis:
-    def __init__(self, broker: Broker):
-        self.broker = broker
-
-    @property
-    def coordinator(self) -> ClassicGroupCoordinator:
-        coordinator = self.broker.classic_groups
-        assert coordinator is not None  # registered only by a broker that has one
-        return coordinator
+    def __init__(self, services: ClassicGroupServices):
+        self.services = services
+        self.coordinator: ClassicGroupCoordinator = services.classic_groups
 
     # ---- membership ----------------------------------------------------------------------------------
 
@@ -104,9 +99,9 @@ class ClassicGroupApis:
     def _topic_name(self, version: int, t: Any) -> tuple[str | None, int]:
         """The request topic's name (v10 names topics by id) and the error when it cannot be used."""
         if version >= 10:
-            topic = self.broker.topics.get_by_id(t.topic_id)
+            topic = self.services.topics.get_by_id(t.topic_id)
             return (None, ErrorCode.UNKNOWN_TOPIC_ID) if topic is None else (topic.name, ErrorCode.NONE)
-        topic = self.broker.topics.get(t.name)
+        topic = self.services.topics.get(t.name)
         return t.name, ErrorCode.NONE if topic is not None else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
     async def offset_commit(self, ctx: RequestContext, req: Any) -> Any:
@@ -173,7 +168,7 @@ class ClassicGroupApis:
             for t in topics:
                 name = t.name
                 if by_id:
-                    topic = self.broker.topics.get_by_id(t.topic_id)
+                    topic = self.services.topics.get_by_id(t.topic_id)
                     if topic is None:
                         refused[uuid_key(t.topic_id)] = ErrorCode.UNKNOWN_TOPIC_ID
                         ids[uuid_key(t.topic_id)] = t.topic_id
@@ -203,7 +198,7 @@ class ClassicGroupApis:
         for name, parts in grouped.items():
             topic_id = ZERO_UUID
             if by_id:
-                topic = self.broker.topics.get(name)
+                topic = self.services.topics.get(name)
                 topic_id = ids.get(name) or (topic.topic_id if topic is not None else ZERO_UUID)
             out.append(_FetchTopicV8(name=name, topic_id=topic_id, partitions=parts))
         return _FetchGroup(group_id=group_id, topics=out, error_code=ErrorCode.NONE)
@@ -218,7 +213,7 @@ class ClassicGroupApis:
         for t in req.topics or ():
             if not ctx.authorize(Operation.READ, ResourceType.TOPIC, t.name):
                 code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
-            elif self.broker.topics.get(t.name) is None:
+            elif self.services.topics.get(t.name) is None:
                 code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             else:
                 code = ErrorCode.NONE
@@ -242,13 +237,13 @@ def uuid_key(topic_id: bytes) -> str:
     return topic_id.hex()
 
 
-def register(broker: Broker) -> ClassicGroupApis:
-    h = ClassicGroupApis(broker)
-    broker.register(ApiKey.JOIN_GROUP, 0, 9, h.join_group)
-    broker.register(ApiKey.SYNC_GROUP, 0, 5, h.sync_group)
-    broker.register(ApiKey.HEARTBEAT, 0, 4, h.heartbeat)
-    broker.register(ApiKey.LEAVE_GROUP, 0, 5, h.leave_group)
-    broker.register(ApiKey.OFFSET_COMMIT, 2, 10, h.offset_commit)
-    broker.register(ApiKey.OFFSET_FETCH, 1, 10, h.offset_fetch)
-    broker.register(ApiKey.OFFSET_DELETE, 0, 0, h.offset_delete)
+def register(table: ApiTable, services: ClassicGroupServices) -> ClassicGroupApis:
+    h = ClassicGroupApis(services)
+    table.register(ApiKey.JOIN_GROUP, 0, 9, h.join_group)
+    table.register(ApiKey.SYNC_GROUP, 0, 5, h.sync_group)
+    table.register(ApiKey.HEARTBEAT, 0, 4, h.heartbeat)
+    table.register(ApiKey.LEAVE_GROUP, 0, 5, h.leave_group)
+    table.register(ApiKey.OFFSET_COMMIT, 2, 10, h.offset_commit)
+    table.register(ApiKey.OFFSET_FETCH, 1, 10, h.offset_fetch)
+    table.register(ApiKey.OFFSET_DELETE, 0, 0, h.offset_delete)
     return h

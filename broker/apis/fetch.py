@@ -17,7 +17,7 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Broker
+    from shoal.broker.apis.services import ApiTable, FetchServices
     from shoal.broker.network.connection import RequestContext
 
 FetchResponse = messages.FetchResponse
@@ -26,9 +26,9 @@ PartitionData = FetchResponse.PartitionData
 
 
 class FetchHandler:
-    def __init__(self, broker: Broker):
-        self.broker = broker
-        self.broker_max_bytes = int(broker.config["fetch.max.bytes"])
+    def __init__(self, services: FetchServices):
+        self.services = services
+        self.broker_max_bytes = int(services.config["fetch.max.bytes"])
 
     async def handle(self, ctx: RequestContext, req: messages.FetchRequest) -> messages.FetchResponse:
         version = ctx.api_version
@@ -41,12 +41,12 @@ class FetchHandler:
             remaining = deadline - time.monotonic()
             if total >= req.min_bytes or remaining <= 0 or not keys or ctx.connection.closed:
                 return response
-            await self.broker.purgatory.wait([*keys, ctx.connection.wake_key], remaining)
+            await self.services.purgatory.wait([*keys, ctx.connection.wake_key], remaining)
 
     def _read_all(
         self, ctx: RequestContext, req: messages.FetchRequest, version: int
     ) -> tuple[messages.FetchResponse, int, list[LogKey]]:
-        topics = self.broker.topics
+        topics = self.services.topics
         budget = min(req.max_bytes if version >= 3 else 2**31 - 1, self.broker_max_bytes)
         total = 0
         keys: list[LogKey] = []
@@ -98,9 +98,9 @@ class FetchHandler:
         return FetchResponse(error_code=ErrorCode.NONE, session_id=0, responses=out), total, keys
 
 
-def register(broker: Broker) -> FetchHandler:
-    handler = FetchHandler(broker)
-    broker.register(ApiKey.FETCH, 4, 17, handler.handle)
+def register(table: ApiTable, services: FetchServices) -> FetchHandler:
+    handler = FetchHandler(services)
+    table.register(ApiKey.FETCH, 4, 17, handler.handle)
     return handler
 
 

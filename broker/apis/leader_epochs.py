@@ -14,7 +14,7 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Broker
+    from shoal.broker.apis.services import ApiTable, LeaderEpochServices
     from shoal.broker.network.connection import RequestContext
 
 LEADER_EPOCH = 0
@@ -27,13 +27,13 @@ _Partition = Response.EpochEndOffset  # type: ignore[attr-defined]
 
 
 class LeaderEpochHandlers:
-    def __init__(self, broker: Broker):
-        self.broker = broker
+    def __init__(self, services: LeaderEpochServices):
+        self.services = services
 
     def offset_for_leader_epoch(self, ctx: RequestContext, req: Any) -> Any:
         topics = []
         for t in req.topics or ():
-            topic = self.broker.topics.get(t.topic)
+            topic = self.services.topics.get(t.topic)
             allowed = ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, t.topic)
             parts = []
             for p in t.partitions or ():
@@ -60,7 +60,7 @@ class LeaderEpochHandlers:
         return Response(topics=topics)
 
 
-def register(broker: Broker) -> LeaderEpochHandlers:
-    h = LeaderEpochHandlers(broker)
-    broker.register(ApiKey.OFFSET_FOR_LEADER_EPOCH, 2, 4, h.offset_for_leader_epoch)
+def register(table: ApiTable, services: LeaderEpochServices) -> LeaderEpochHandlers:
+    h = LeaderEpochHandlers(services)
+    table.register(ApiKey.OFFSET_FOR_LEADER_EPOCH, 2, 4, h.offset_for_leader_epoch)
     return h

@@ -15,7 +15,7 @@ from shoal.protocol.errors import ErrorCode
 from shoal.protocol.uuids import ZERO_UUID
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Broker
+    from shoal.broker.apis.services import ApiTable, DiscoveryServices
     from shoal.broker.network.connection import RequestContext
 
 log = structlog.get_logger("shoal.metadata")
@@ -46,30 +46,30 @@ KEY_TYPE_SHARE = 2
 
 
 class DiscoveryHandlers:
-    def __init__(self, broker: Broker):
-        self.broker = broker
+    def __init__(self, services: DiscoveryServices):
+        self.services = services
 
     def api_versions(self, ctx: RequestContext, req: messages.ApiVersionsRequest) -> messages.ApiVersionsResponse:
         feature = ApiVersionsResponse.SupportedFeatureKey
         finalized = ApiVersionsResponse.FinalizedFeatureKey
         # share.version 2 (Kafka 4.4) adds dead-letter topics for share groups (KIP-1191).
-        share_level = 2 if self.broker.config["group.share.enable"] else 0
+        share_level = 2 if self.services.config["group.share.enable"] else 0
         return ApiVersionsResponse(
             error_code=ErrorCode.NONE,
-            api_keys=self.broker.api_version_entries(),
+            api_keys=self.services.api_version_entries(),
             supported_features=[feature(name="share.version", min_version=0, max_version=2)],
             finalized_features_epoch=0,
             finalized_features=[finalized(name="share.version", max_version_level=share_level, min_version_level=share_level)],
         )
 
     def _listener(self, ctx: RequestContext) -> Any:
-        return self.broker.advertised_listener(ctx.connection.listener.name)
+        return self.services.advertised_listener(ctx.connection.listener.name)
 
     def metadata(self, ctx: RequestContext, req: messages.MetadataRequest) -> messages.MetadataResponse:
         version = ctx.api_version
-        topics = self.broker.topics
+        topics = self.services.topics
         lst = self._listener(ctx)
-        brokers = [MdBroker(node_id=self.broker.node_id, host=lst.host, port=lst.port, rack=None)]
+        brokers = [MdBroker(node_id=self.services.node_id, host=lst.host, port=lst.port, rack=None)]
         out = []
         if req.topics is None or (version == 0 and not req.topics):
             for topic in list(topics.by_name.values()):
@@ -85,7 +85,7 @@ class DiscoveryHandlers:
                 for rt in req.topics
             ], cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED, error_code=ErrorCode.NONE)
         else:
-            auto_create = self.broker.config["auto.create.topics.enable"] and (version < 4 or req.allow_auto_topic_creation)
+            auto_create = self.services.config["auto.create.topics.enable"] and (version < 4 or req.allow_auto_topic_creation)
             for rt in req.topics:
                 topic = None
                 if rt.name is None:
@@ -108,8 +108,8 @@ class DiscoveryHandlers:
                 out.append(self._topic(topic))
         return MetadataResponse(
             brokers=brokers,
-            cluster_id=self.broker.cluster_id,
-            controller_id=self.broker.node_id,
+            cluster_id=self.services.cluster_id,
+            controller_id=self.services.node_id,
             topics=out,
             cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
             error_code=ErrorCode.NONE,
@@ -124,17 +124,17 @@ class DiscoveryHandlers:
             Operation.CREATE, ResourceType.TOPIC, name
         ):
             return None, ErrorCode.TOPIC_AUTHORIZATION_FAILED
-        count = int(self.broker.config["num.partitions"])
-        too_many = partition_budget_problem(self.broker, count)
+        count = int(self.services.config["num.partitions"])
+        too_many = partition_budget_problem(self.services.budget, count)
         if too_many is not None:
             log.warning("refused topic auto-creation", topic=name, reason=too_many)
             return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        topic = self.broker.topics.create(name, count)
-        self.broker.on_topic_created(topic)
+        topic = self.services.topics.create(name, count)
+        self.services.on_topic_created(topic)
         return topic, ErrorCode.NONE
 
     def _topic(self, topic: Topic) -> Any:
-        node = self.broker.node_id
+        node = self.services.node_id
         return MdTopic(
             error_code=ErrorCode.NONE,
             name=topic.name,
@@ -180,7 +180,7 @@ class DiscoveryHandlers:
                 coordinators.append(Coordinator(key=key, node_id=-1, host="", port=-1, error_code=ErrorCode.INVALID_REQUEST))
             else:
                 coordinators.append(
-                    Coordinator(key=key, node_id=self.broker.node_id, host=lst.host, port=lst.port, error_code=ErrorCode.NONE)
+                    Coordinator(key=key, node_id=self.services.node_id, host=lst.host, port=lst.port, error_code=ErrorCode.NONE)
                 )
         if version >= 4:
             return FindCoordinatorResponse(coordinators=coordinators)
@@ -194,16 +194,16 @@ class DiscoveryHandlers:
         return DescribeClusterResponse(
             error_code=ErrorCode.NONE,
             endpoint_type=1,
-            cluster_id=self.broker.cluster_id,
-            controller_id=self.broker.node_id,
-            brokers=[DcBroker(broker_id=self.broker.node_id, host=lst.host, port=lst.port, rack=None, is_fenced=False)],
+            cluster_id=self.services.cluster_id,
+            controller_id=self.services.node_id,
+            brokers=[DcBroker(broker_id=self.services.node_id, host=lst.host, port=lst.port, rack=None, is_fenced=False)],
             cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
         )
 
 
     def describe_topic_partitions(self, ctx: RequestContext, req: Any) -> Any:
         """KIP-966's paginated topic description: topics by name, at most ResponsePartitionLimit partitions."""
-        topics = self.broker.topics
+        topics = self.services.topics
         limit = max(1, min(req.response_partition_limit, MAX_DESCRIBED_PARTITIONS))
         if req.topics:
             names = sorted({t.name for t in req.topics})
@@ -234,9 +234,9 @@ class DiscoveryHandlers:
             budget -= len(shown)
             out.append(_DtpTopic(
                 error_code=ErrorCode.NONE, name=name, topic_id=topic.topic_id, is_internal=topic.internal,
-                partitions=[_DtpPartition(error_code=ErrorCode.NONE, partition_index=i, leader_id=self.broker.node_id,
-                                          leader_epoch=0, replica_nodes=[self.broker.node_id],
-                                          isr_nodes=[self.broker.node_id], eligible_leader_replicas=[],
+                partitions=[_DtpPartition(error_code=ErrorCode.NONE, partition_index=i, leader_id=self.services.node_id,
+                                          leader_epoch=0, replica_nodes=[self.services.node_id],
+                                          isr_nodes=[self.services.node_id], eligible_leader_replicas=[],
                                           last_known_elr=[], offline_replicas=[]) for i in shown],
                 topic_authorized_operations=sum(
                     1 << op for op in TOPIC_OPERATIONS if ctx.authorize(op, ResourceType.TOPIC, name)),
@@ -247,11 +247,11 @@ class DiscoveryHandlers:
         return DescribeTopicPartitionsResponse(topics=out, next_cursor=next_cursor)
 
 
-def register(broker: Broker) -> DiscoveryHandlers:
-    h = DiscoveryHandlers(broker)
-    broker.register(ApiKey.API_VERSIONS, 0, 4, h.api_versions)
-    broker.register(ApiKey.METADATA, 0, 13, h.metadata)
-    broker.register(ApiKey.FIND_COORDINATOR, 0, 6, h.find_coordinator)
-    broker.register(ApiKey.DESCRIBE_CLUSTER, 0, 2, h.describe_cluster)
-    broker.register(ApiKey.DESCRIBE_TOPIC_PARTITIONS, 0, 0, h.describe_topic_partitions)
+def register(table: ApiTable, services: DiscoveryServices) -> DiscoveryHandlers:
+    h = DiscoveryHandlers(services)
+    table.register(ApiKey.API_VERSIONS, 0, 4, h.api_versions)
+    table.register(ApiKey.METADATA, 0, 13, h.metadata)
+    table.register(ApiKey.FIND_COORDINATOR, 0, 6, h.find_coordinator)
+    table.register(ApiKey.DESCRIBE_CLUSTER, 0, 2, h.describe_cluster)
+    table.register(ApiKey.DESCRIBE_TOPIC_PARTITIONS, 0, 0, h.describe_topic_partitions)
     return h

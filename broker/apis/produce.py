@@ -22,7 +22,7 @@ from shoal.protocol.record_batch import InvalidRecordBatch, iter_batches
 from shoal.protocol.records import InvalidRecord, InvalidTimestamp, TimestampBounds, validate_batch_for_append
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Broker
+    from shoal.broker.apis.services import ApiTable, ProduceServices
     from shoal.broker.network.connection import RequestContext
     from shoal.broker.storage.partition_log import PartitionLog
 
@@ -41,13 +41,13 @@ _DpProducer = DescribeProducersResponse.ProducerState
 
 
 class ProduceHandler:
-    def __init__(self, broker: Broker):
-        self.broker = broker
+    def __init__(self, services: ProduceServices):
+        self.services = services
         self.producer_states: dict[tuple[bytes, int], PartitionProducerState] = {}
-        self.log_append_time = broker.config["log.message.timestamp.type"] == "LogAppendTime"
-        self.max_message_bytes = int(broker.config["message.max.bytes"])
-        self.timestamp_before_max_ms = int(broker.config["log.message.timestamp.before.max.ms"])
-        self.timestamp_after_max_ms = int(broker.config["log.message.timestamp.after.max.ms"])
+        self.log_append_time = services.config["log.message.timestamp.type"] == "LogAppendTime"
+        self.max_message_bytes = int(services.config["message.max.bytes"])
+        self.timestamp_before_max_ms = int(services.config["log.message.timestamp.before.max.ms"])
+        self.timestamp_after_max_ms = int(services.config["log.message.timestamp.after.max.ms"])
 
     async def handle(self, ctx: RequestContext, req: messages.ProduceRequest) -> messages.ProduceResponse | None:
         """The response, or None for acks=0 (nothing is sent back)."""
@@ -69,7 +69,7 @@ class ProduceHandler:
                 )
             return ProduceResponse(responses=responses)
         for td in req.topic_data:
-            topic = self.broker.topics.get_by_id(td.topic_id) if version >= 13 else self.broker.topics.get(td.name)
+            topic = self.services.topics.get_by_id(td.topic_id) if version >= 13 else self.services.topics.get(td.name)
             topic_name = topic.name if topic is not None else td.name
             parts = []
             for pd in td.partition_data:
@@ -103,7 +103,7 @@ class ProduceHandler:
         if flushes:
             try:
                 await asyncio.gather(*(plog.flush(offset) for plog, offset in flushes))
-                self.broker.metrics.log_fsyncs.inc(len(flushes))
+                self.services.metrics.log_fsyncs.inc(len(flushes))
             except OSError:
                 log.exception("fsync failed")
                 for tr in responses:
@@ -162,9 +162,9 @@ class ProduceHandler:
                              append_time if self.log_append_time else header.max_timestamp)
             offset += header.last_offset_delta + 1
         count = sum(h.records_count for _p, h in headers)
-        self.broker.metrics.messages_in.labels(topic=topic_name).inc(count)
-        self.broker.metrics.log_bytes_in.labels(topic=topic_name).inc(len(buf))
-        self.broker.purgatory.notify(LogKey(topic_id, index))
+        self.services.metrics.messages_in.labels(topic=topic_name).inc(count)
+        self.services.metrics.log_bytes_in.labels(topic=topic_name).inc(len(buf))
+        self.services.purgatory.notify(LogKey(topic_id, index))
         return PartitionResponse(
             index=index,
             error_code=ErrorCode.NONE,
@@ -185,7 +185,7 @@ class ProduceHandler:
         """DescribeProducers: the idempotent producers each partition knows (READ on the topic, as in Kafka)."""
         topics = []
         for t in req.topics or ():
-            topic = self.broker.topics.get(t.name)
+            topic = self.services.topics.get(t.name)
             allowed = ctx.authorize(Operation.READ, ResourceType.TOPIC, t.name)
             parts = []
             for index in t.partition_indexes or ():
@@ -237,8 +237,8 @@ def rebuild_producer_state(plog: PartitionLog) -> PartitionProducerState:
     return state
 
 
-def register(broker: Broker) -> ProduceHandler:
-    handler = ProduceHandler(broker)
-    broker.register(ApiKey.PRODUCE, 3, 13, handler.handle)
-    broker.register(ApiKey.DESCRIBE_PRODUCERS, 0, 0, handler.describe_producers)
+def register(table: ApiTable, services: ProduceServices) -> ProduceHandler:
+    handler = ProduceHandler(services)
+    table.register(ApiKey.PRODUCE, 3, 13, handler.handle)
+    table.register(ApiKey.DESCRIBE_PRODUCERS, 0, 0, handler.describe_producers)
     return handler

@@ -24,7 +24,7 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Broker
+    from shoal.broker.apis.services import ApiTable, SaslServices
     from shoal.broker.network.connection import RequestContext
 
 log = structlog.get_logger("shoal.sasl")
@@ -34,22 +34,22 @@ SaslAuthenticateResponse = messages.SaslAuthenticateResponse
 
 
 class SaslApis:
-    def __init__(self, broker: Broker):
-        self.broker = broker
+    def __init__(self, services: SaslServices):
+        self.services = services
         self._plain_users: dict[str, dict[str, str]] = {}
-        for lst in broker.config.listeners():
+        for lst in services.config.listeners():
             if lst.security_protocol in SASL_PROTOCOLS:
                 # Parsed once at start-up so a bad JAAS line fails the start, not the first login.
-                self._plain_users[lst.name] = plain_users(broker.config, lst.name)
+                self._plain_users[lst.name] = plain_users(services.config, lst.name)
 
     def _enabled(self, listener_name: str) -> list[str]:
-        return list(self.broker.config.for_listener(listener_name, "sasl.enabled.mechanisms"))
+        return list(self.services.config.for_listener(listener_name, "sasl.enabled.mechanisms"))
 
     def _server_for(self, listener_name: str, mechanism: str) -> MechanismServer:
         if mechanism == "PLAIN":
             return PlainServer(self._plain_users.get(listener_name, {}))
         assert mechanism in SCRAM_MECHANISMS
-        return ScramServer(mechanism, self.broker.scram_credentials)
+        return ScramServer(mechanism, self.services.scram_credentials)
 
     def sasl_handshake(self, ctx: RequestContext, req: messages.SaslHandshakeRequest) -> messages.SaslHandshakeResponse:
         conn = ctx.connection
@@ -102,8 +102,8 @@ class SaslApis:
 
 
 
-def register(broker: Broker) -> SaslApis:
-    h = SaslApis(broker)
-    broker.register(ApiKey.SASL_HANDSHAKE, 0, 1, h.sasl_handshake)
-    broker.register(ApiKey.SASL_AUTHENTICATE, 0, 2, h.sasl_authenticate)
+def register(table: ApiTable, services: SaslServices) -> SaslApis:
+    h = SaslApis(services)
+    table.register(ApiKey.SASL_HANDSHAKE, 0, 1, h.sasl_handshake)
+    table.register(ApiKey.SASL_AUTHENTICATE, 0, 2, h.sasl_authenticate)
     return h

@@ -23,7 +23,7 @@ from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Broker
+    from shoal.broker.apis.services import ApiTable, ScramServices
     from shoal.broker.network.connection import RequestContext
 
 log = structlog.get_logger("shoal.scram")
@@ -43,11 +43,11 @@ UNACCEPTABLE_CREDENTIAL = 93
 
 
 class ScramApis:
-    def __init__(self, broker: Broker):
-        self.broker = broker
+    def __init__(self, services: ScramServices):
+        self.services = services
 
     def describe(self, ctx: RequestContext, req: messages.DescribeUserScramCredentialsRequest) -> messages.DescribeUserScramCredentialsResponse:
-        store = self.broker.scram_credentials
+        store = self.services.scram_credentials
         if not ctx.authorize(Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME):
             return DescribeResponse(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message=None, results=[])
         names = [u.name for u in req.users] if req.users else store.users()
@@ -72,7 +72,7 @@ class ScramApis:
         return DescribeResponse(error_code=ErrorCode.NONE, error_message=None, results=results)
 
     def alter(self, ctx: RequestContext, req: messages.AlterUserScramCredentialsRequest) -> messages.AlterUserScramCredentialsResponse:
-        store = self.broker.scram_credentials
+        store = self.services.scram_credentials
         order = list(dict.fromkeys([d.name for d in req.deletions] + [u.name for u in req.upsertions]))
         if not ctx.authorize(Operation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME):
             return AlterResponse(results=[
@@ -130,8 +130,8 @@ def _check(item: _Alteration) -> tuple[int, str] | None:
     return None
 
 
-def register(broker: Broker) -> ScramApis:
-    h = ScramApis(broker)
-    broker.register(50, 0, 0, h.describe)  # DescribeUserScramCredentials
-    broker.register(51, 0, 0, h.alter)  # AlterUserScramCredentials
+def register(table: ApiTable, services: ScramServices) -> ScramApis:
+    h = ScramApis(services)
+    table.register(50, 0, 0, h.describe)  # DescribeUserScramCredentials
+    table.register(51, 0, 0, h.alter)  # AlterUserScramCredentials
     return h

@@ -14,9 +14,9 @@ from shoal.broker.share.share_partition_leader import SharePartitionLeader
 from shoal.broker.share.share_session import (
     FINAL_EPOCH,
     INITIAL_EPOCH,
+    EpochAction,
     ShareSession,
     ShareSessionCache,
-    next_epoch,
 )
 from shoal.broker.storage.purgatory import SHARE_SESSION_SLOT, LogKey, ShareFetchKey, WakeKey
 from shoal.persister.persister import SharePartitionKey
@@ -28,7 +28,7 @@ from shoal.protocol.topic_id_partition import TopicIdPartition
 from shoal.protocol.uuids import MAX_MEMBER_ID_LENGTH
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Broker
+    from shoal.broker.apis.services import ApiTable, ShareFetchServices
     from shoal.broker.network.connection import KafkaConnection, RequestContext
 
 log = structlog.get_logger("shoal.share_fetch")
@@ -65,33 +65,29 @@ def validate_ack_batches(batches: list[Any], version: int, is_renew: bool) -> bo
 
 
 class ShareFetchHandlers:
-    def __init__(self, broker: Broker):
-        self.broker = broker
-        self.sessions = ShareSessionCache(int(broker.config["group.share.max.share.sessions"]))
-        self.broker_max_bytes = int(broker.config["fetch.max.bytes"])
-        self.enabled = bool(broker.config["group.share.enable"])
-        broker.connection_listeners.append(self._on_connection_closed)
+    def __init__(self, services: ShareFetchServices):
+        self.services = services
+        self.sessions = ShareSessionCache(int(services.config["group.share.max.share.sessions"]))
+        self.broker_max_bytes = int(services.config["fetch.max.bytes"])
+        self.enabled = bool(services.config["group.share.enable"])
+        services.connection_listeners.append(self._on_connection_closed)
         self.ack_counts: dict[int, int] = {}
 
     @property
     def leaders(self) -> Any:
-        return self.broker.share_partitions
+        return self.services.share_partitions
 
     def _lock_timeout(self, group_id: str) -> int:
-        return self.broker.group_configs.get_int(group_id, "share.record.lock.duration.ms")
+        return self.services.group_configs.get_int(group_id, "share.record.lock.duration.ms")
 
     # ---- ShareFetch -----------------------------------------------------------------------------
 
     async def share_fetch(self, ctx: RequestContext, req: messages.ShareFetchRequest) -> messages.ShareFetchResponse:
         version = ctx.api_version
-        if not self.enabled:
-            return SfResponse(error_code=ErrorCode.UNSUPPORTED_VERSION, error_message="share groups are disabled")
-        ids = self._validate_ids(req.group_id, req.member_id)
-        if isinstance(ids, str):
-            return SfResponse(error_code=ErrorCode.INVALID_REQUEST, error_message=ids)
+        code, message, ids = self._admit(ctx, req.group_id, req.member_id)
+        if ids is None:
+            return SfResponse(error_code=code, error_message=message)
         group, member = ids
-        if not ctx.authorize(Operation.READ, ResourceType.GROUP, group):
-            return SfResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
         is_renew = version >= 2 and req.is_renew_ack
         if is_renew and (req.max_bytes or req.min_bytes or req.max_records or req.max_wait_ms):
             return SfResponse(error_code=ErrorCode.INVALID_REQUEST,
@@ -100,23 +96,19 @@ class ShareFetchHandlers:
         entries = _last_entries(req.topics)
         has_acks = any(p.acknowledgement_batches for p in entries.values())
         new_partitions: set[TopicIdPartition] = set()
-        if epoch == INITIAL_EPOCH:
-            if has_acks:
-                return SfResponse(error_code=ErrorCode.INVALID_REQUEST,
-                                  error_message="acknowledgements are not allowed when opening a share session")
+        decision, found = self.sessions.enter(group, member, epoch, may_open=True, has_acks=has_acks)
+        if decision.action is EpochAction.REJECT:
+            return SfResponse(error_code=decision.error_code, error_message=decision.error_message)
+        if decision.action is EpochAction.OPEN:
             if self.sessions.is_full_for(group, member):
-                await self.broker.purgatory.wait([SHARE_SESSION_SLOT, ctx.connection.wake_key],
+                await self.services.purgatory.wait([SHARE_SESSION_SLOT, ctx.connection.wake_key],
                                                  max(0, req.max_wait_ms) / 1000)
                 if self.sessions.is_full_for(group, member):
                     return SfResponse(error_code=ErrorCode.SHARE_SESSION_LIMIT_REACHED)
             session, _old = self.sessions.open(group, member, ctx.connection)
         else:
-            code, found = self.sessions.check(group, member, epoch)
-            if code != ErrorCode.NONE or found is None:
-                return SfResponse(error_code=code)
+            assert found is not None
             session = found
-            if epoch != FINAL_EPOCH:
-                session.expected_epoch = next_epoch(epoch)
         # Session membership changes: partitions named in Topics join, ForgottenTopicsData leave. A new
         # session is exactly the partitions named, so ForgottenTopicsData means nothing at epoch 0.
         if epoch != FINAL_EPOCH:
@@ -195,7 +187,7 @@ class ShareFetchHandlers:
             # A closed connection stops the poll. An acquisition already waiting for its partition when the
             # connection closed is undone by the close's release, queued behind it on the partition's lock.
             keys = [key for tp in order for key in _wake_keys(session.group_id, tp)]
-            with self.broker.purgatory.watch([*keys, ctx.connection.wake_key]) as watch:
+            with self.services.purgatory.watch([*keys, ctx.connection.wake_key]) as watch:
                 left = deadline - time.monotonic()
                 if left > 0 and not await self._min_bytes_ready(ctx, session.group_id, order, req.min_bytes):
                     if ctx.connection.closed:
@@ -266,7 +258,7 @@ class ShareFetchHandlers:
 
     def _leader_for(self, ctx: RequestContext, group_id: str, topic_id: bytes,
                     index: int) -> tuple[SharePartitionLeader | None, int]:
-        topic = self.broker.topics.get_by_id(topic_id)
+        topic = self.services.topics.get_by_id(topic_id)
         if topic is None:
             return None, ErrorCode.UNKNOWN_TOPIC_ID
         if not ctx.authorize(Operation.READ, ResourceType.TOPIC, topic.name):
@@ -280,7 +272,7 @@ class ShareFetchHandlers:
                            batches: list[Any], version: int, is_renew: bool) -> int:
         if not validate_ack_batches(batches, version, is_renew):
             return ErrorCode.INVALID_REQUEST
-        topic = self.broker.topics.get_by_id(topic_id)
+        topic = self.services.topics.get_by_id(topic_id)
         if topic is None:
             return ErrorCode.UNKNOWN_TOPIC_ID
         if not ctx.authorize(Operation.READ, ResourceType.TOPIC, topic.name):
@@ -295,7 +287,7 @@ class ShareFetchHandlers:
         code = await leader.acknowledge(
             member, [AckBatch(b.first_offset, b.last_offset, list(b.acknowledge_types)) for b in batches]
         )
-        self.broker.metrics.share.record_share_acknowledgement(topic.name, failed=code != ErrorCode.NONE)
+        self.services.metrics.share.record_share_acknowledgement(topic.name, failed=code != ErrorCode.NONE)
         if code == ErrorCode.NONE:
             counted: dict[int, int] = {}
             for b in batches:
@@ -307,13 +299,13 @@ class ShareFetchHandlers:
                         counted[t] = counted.get(t, 0) + 1
             for t, n in counted.items():
                 self.ack_counts[t] = self.ack_counts.get(t, 0) + n
-            self.broker.metrics.share.record_acknowledgement(counted)
+            self.services.metrics.share.record_acknowledgement(counted)
         return code
 
     def _count_fetch(self, topic_id: bytes, *, failed: bool) -> None:
-        topic = self.broker.topics.get_by_id(topic_id)
+        topic = self.services.topics.get_by_id(topic_id)
         name = topic.name if topic is not None else "unknown"
-        share = self.broker.metrics.share
+        share = self.services.metrics.share
         share.share_fetch_requests.labels(topic=name).inc()
         if failed:
             share.failed_share_fetch_requests.labels(topic=name).inc()
@@ -323,7 +315,7 @@ class ShareFetchHandlers:
             partition_index=index,
             error_code=ErrorCode.NONE,
             acknowledge_error_code=ErrorCode.NONE,
-            current_leader=SfLeader(leader_id=self.broker.node_id, leader_epoch=0),
+            current_leader=SfLeader(leader_id=self.services.node_id, leader_epoch=0),
             records=b"",
             acquired_records=[],
         )
@@ -345,23 +337,14 @@ class ShareFetchHandlers:
         self, ctx: RequestContext, req: messages.ShareAcknowledgeRequest
     ) -> messages.ShareAcknowledgeResponse:
         version = ctx.api_version
-        if not self.enabled:
-            return SaResponse(error_code=ErrorCode.UNSUPPORTED_VERSION, error_message="share groups are disabled")
-        ids = self._validate_ids(req.group_id, req.member_id)
-        if isinstance(ids, str):
-            return SaResponse(error_code=ErrorCode.INVALID_REQUEST, error_message=ids)
+        code, message, ids = self._admit(ctx, req.group_id, req.member_id)
+        if ids is None:
+            return SaResponse(error_code=code, error_message=message)
         group, member = ids
-        if not ctx.authorize(Operation.READ, ResourceType.GROUP, group):
-            return SaResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
         epoch = req.share_session_epoch
-        if epoch == INITIAL_EPOCH:
-            return SaResponse(error_code=ErrorCode.INVALID_SHARE_SESSION_EPOCH,
-                              error_message="ShareAcknowledge cannot open a share session")
-        code, session = self.sessions.check(group, member, epoch)
-        if code != ErrorCode.NONE or session is None:
-            return SaResponse(error_code=code)
-        if epoch != FINAL_EPOCH:
-            session.expected_epoch = next_epoch(epoch)
+        decision, session = self.sessions.enter(group, member, epoch, may_open=False)
+        if decision.action is EpochAction.REJECT or session is None:
+            return SaResponse(error_code=decision.error_code, error_message=decision.error_message)
         is_renew = version >= 2 and req.is_renew_ack
         entries = _last_entries(req.topics)
         codes = await asyncio.gather(*(
@@ -373,7 +356,7 @@ class ShareFetchHandlers:
         for (tid, index), err in zip(entries, codes, strict=True):
             by_topic.setdefault(tid, []).append(SaPartition(
                 partition_index=index, error_code=err,
-                current_leader=SaLeader(leader_id=self.broker.node_id, leader_epoch=0)))
+                current_leader=SaLeader(leader_id=self.services.node_id, leader_epoch=0)))
         topics = [SaTopic(topic_id=tid, partitions=parts) for tid, parts in by_topic.items()]
         if epoch == FINAL_EPOCH:
             await self._close_session(session)
@@ -382,18 +365,23 @@ class ShareFetchHandlers:
 
     # ---- sessions ---------------------------------------------------------------------------------
 
-    @staticmethod
-    def _validate_ids(group_id: str | None, member_id: str | None) -> tuple[str, str] | str:
-        """(group id, member id), or the reason they are not acceptable."""
+    def _admit(self, ctx: RequestContext, group_id: str | None,
+               member_id: str | None) -> tuple[int, str | None, tuple[str, str] | None]:
+        """(NONE, None, (group id, member id)) for a well-formed, authorized request while share groups
+        are enabled, else the error code and message to answer with."""
+        if not self.enabled:
+            return ErrorCode.UNSUPPORTED_VERSION, "share groups are disabled", None
         if not group_id:
-            return "GroupId must be set"
+            return ErrorCode.INVALID_REQUEST, "GroupId must be set", None
         if not member_id or len(member_id) > MAX_MEMBER_ID_LENGTH:
-            return "MemberId must be 1 to 36 characters"
-        return group_id, member_id
+            return ErrorCode.INVALID_REQUEST, "MemberId must be 1 to 36 characters", None
+        if not ctx.authorize(Operation.READ, ResourceType.GROUP, group_id):
+            return ErrorCode.GROUP_AUTHORIZATION_FAILED, None, None
+        return ErrorCode.NONE, None, (group_id, member_id)
 
     async def _close_session(self, session: ShareSession) -> None:
         if self.sessions.remove(session):
-            self.broker.purgatory.notify(SHARE_SESSION_SLOT)
+            self.services.purgatory.notify(SHARE_SESSION_SLOT)
         await self._release_member(session.group_id, session.member_id)
 
     def _release_member(self, group: str, member: str) -> asyncio.Future[Any]:
@@ -416,7 +404,7 @@ class ShareFetchHandlers:
         for session in closed:
             self.sessions.remove(session)
             log.info("share session closed with its connection", group=session.group_id, member=session.member_id)
-        self.broker.purgatory.notify(SHARE_SESSION_SLOT)
+        self.services.purgatory.notify(SHARE_SESSION_SLOT)
         for session in closed:
             self._release_member(session.group_id, session.member_id)
 
@@ -431,8 +419,8 @@ def _wake_keys(group_id: str, tp: TopicIdPartition) -> tuple[WakeKey, ...]:
     return LogKey(tp.topic_id, tp.partition), ShareFetchKey(group_id, tp.topic_id, tp.partition)
 
 
-def register(broker: Broker) -> ShareFetchHandlers:
-    h = ShareFetchHandlers(broker)
-    broker.register(ApiKey.SHARE_FETCH, 1, 2, h.share_fetch)
-    broker.register(ApiKey.SHARE_ACKNOWLEDGE, 1, 2, h.share_acknowledge)
+def register(table: ApiTable, services: ShareFetchServices) -> ShareFetchHandlers:
+    h = ShareFetchHandlers(services)
+    table.register(ApiKey.SHARE_FETCH, 1, 2, h.share_fetch)
+    table.register(ApiKey.SHARE_ACKNOWLEDGE, 1, 2, h.share_acknowledge)
     return h

@@ -2,7 +2,7 @@
 answered for share groups (the only kind of group this broker hosts).
 
 Authorization happens here, as in Kafka's request layer; group changes go through
-`broker.group_coordinator`, share-partition state through `broker.persister`.
+`ShareGroupAdminServices.group_coordinator`, share-partition state through its `persister`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from shoal.broker.apis.share_group_apis import GROUP_OPERATIONS
+from shoal.broker.apis.share_group_apis import GROUP_OPERATIONS, ShareGroupHandlers
 from shoal.broker.security.authorizer import Operation, ResourceType
 from shoal.coordinator.classic_group import ClassicGroup, ClassicGroupState
 from shoal.persister.persister import SharePartitionKey, StateSummary
@@ -23,9 +23,8 @@ from shoal.protocol.errors import ErrorCode
 from shoal.protocol.uuids import ZERO_UUID
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Broker
+    from shoal.broker.apis.services import ApiTable, ShareGroupAdminServices
     from shoal.broker.network.connection import RequestContext
-    from shoal.coordinator.group_coordinator import GroupCoordinator
 
 log = structlog.get_logger("shoal.share_group_admin")
 
@@ -57,16 +56,11 @@ def compute_lag(latest_offset: int, summary: StateSummary) -> int:
     return max(0, latest_offset - summary.start_offset - summary.delivery_complete_count)
 
 
-class ShareGroupAdmin:
-    def __init__(self, broker: Broker):
-        self.broker = broker
+class ShareGroupAdmin(ShareGroupHandlers):
+    services: ShareGroupAdminServices
 
-    @property
-    def coordinator(self) -> GroupCoordinator | None:
-        return getattr(self.broker, "group_coordinator", None)
-
-    def _enabled(self) -> bool:
-        return bool(self.broker.config["group.share.enable"])
+    def __init__(self, services: ShareGroupAdminServices):
+        super().__init__(services)
 
     def _offsets_change_refused(self, ctx: RequestContext, group_id: str) -> tuple[int, str | None] | None:
         """Checks shared by Alter- and DeleteShareGroupOffsets, in Kafka's order; None when it may go ahead."""
@@ -84,7 +78,7 @@ class ShareGroupAdmin:
 
     def _classic(self, group_id: str) -> ClassicGroup | None:
         """The classic group with this id, if the broker hosts one."""
-        classic = self.broker.classic_groups
+        classic = self.services.classic_groups
         return None if classic is None else classic.groups.get(group_id)
 
     def _coordinator_error(self) -> int:
@@ -129,14 +123,14 @@ class ShareGroupAdmin:
             if initialized is None:
                 return failed(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} not found.")
             for tid, parts in initialized.items():
-                topic = self.broker.topics.get_by_id(tid)
+                topic = self.services.topics.get_by_id(tid)
                 # Topics the caller may not describe are left out, as are deleted ones.
                 if topic is not None and ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, topic.name):
                     wanted.append((topic.name, tid, sorted(parts), ErrorCode.NONE))
             wanted.sort()
         else:
             for t in g.topics:
-                topic = self.broker.topics.get(t.topic_name)
+                topic = self.services.topics.get(t.topic_name)
                 if not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, t.topic_name):
                     wanted.append((t.topic_name, None, list(t.partitions), ErrorCode.TOPIC_AUTHORIZATION_FAILED))
                 elif topic is None:
@@ -153,7 +147,7 @@ class ShareGroupAdmin:
                     for p in wanted_parts
                 ]))
                 continue
-            topic = self.broker.topics.get_by_id(wanted_id)
+            topic = self.services.topics.get_by_id(wanted_id)
             count = 0 if topic is None else len(topic.partitions)
             rows = await asyncio.gather(*(
                 self._describe_partition(group_id, wanted_id, p, count) for p in wanted_parts))
@@ -164,12 +158,12 @@ class ShareGroupAdmin:
         if not 0 <= partition < count:
             return _DPartition(partition_index=partition, start_offset=UNKNOWN_START_OFFSET, leader_epoch=0,
                                lag=UNKNOWN_LAG, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-        summary = await self.broker.persister.read_state_summary(SharePartitionKey(group_id, topic_id, partition), 0)
+        summary = await self.services.persister.read_state_summary(SharePartitionKey(group_id, topic_id, partition), 0)
         if summary.error_code != ErrorCode.NONE or summary.start_offset < 0:
             # Kafka reports "no state" (and persister trouble) as an unknown start offset, not an error.
             return _DPartition(partition_index=partition, start_offset=UNKNOWN_START_OFFSET, leader_epoch=0,
                                lag=UNKNOWN_LAG, error_code=ErrorCode.NONE)
-        topic = self.broker.topics.get_by_id(topic_id)
+        topic = self.services.topics.get_by_id(topic_id)
         latest = topic.partitions[partition].high_watermark if topic is not None else summary.start_offset
         return _DPartition(partition_index=partition, start_offset=summary.start_offset,
                            leader_epoch=summary.leader_epoch, lag=compute_lag(latest, summary),
@@ -194,7 +188,7 @@ class ShareGroupAdmin:
         offsets: dict[bytes, dict[int, int]] = {}
         ids: dict[str, bytes] = {}
         for t in req.topics:
-            topic = self.broker.topics.get(t.topic_name)
+            topic = self.services.topics.get(t.topic_name)
             allowed = ctx.authorize(Operation.READ, ResourceType.TOPIC, t.topic_name)
             if topic is not None:
                 ids[t.topic_name] = topic.topic_id
@@ -216,7 +210,7 @@ class ShareGroupAdmin:
             # The state epoch must not be below what the share coordinator holds (e.g. state left by an
             # earlier incarnation of the group), or the re-initialisation would be fenced.
             summaries = await asyncio.gather(*(
-                self.broker.persister.read_state_summary(SharePartitionKey(group_id, tid, p), 0)
+                self.services.persister.read_state_summary(SharePartitionKey(group_id, tid, p), 0)
                 for tid, parts in offsets.items() for p in parts
             ))
             min_epoch = max((s.state_epoch for s in summaries if s.error_code == ErrorCode.NONE
@@ -229,7 +223,7 @@ class ShareGroupAdmin:
             return failed(group_error, message)
         if offsets:
             # Leaders still holding the old state would keep serving it; the next fetch reloads instead.
-            self.broker.share_partitions.drop_group(group_id)
+            self.services.share_partitions.drop_group(group_id)
 
         responses = []
         for t in req.topics:
@@ -261,7 +255,7 @@ class ShareGroupAdmin:
         early: dict[str, int] = {}
         ids: dict[str, bytes] = {}
         for t in req.topics:
-            topic = self.broker.topics.get(t.topic_name)
+            topic = self.services.topics.get(t.topic_name)
             if not ctx.authorize(Operation.READ, ResourceType.TOPIC, t.topic_name):
                 early[t.topic_name] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
             elif topic is None:
@@ -273,7 +267,7 @@ class ShareGroupAdmin:
             message = "The group has active members." if group_error == ErrorCode.NON_EMPTY_GROUP else None
             return failed(group_error, message)
         if ids:
-            self.broker.share_partitions.drop_group(group_id)
+            self.services.share_partitions.drop_group(group_id)
         responses = []
         for t in req.topics:
             tid = ids.get(t.topic_name)
@@ -300,7 +294,7 @@ class ShareGroupAdmin:
             elif not group_id:
                 code = ErrorCode.INVALID_GROUP_ID
             elif (code := self._coordinator_error()) == ErrorCode.NONE and (
-                    (classic := self.broker.classic_groups) is not None and group_id in classic.groups):
+                    (classic := self.services.classic_groups) is not None and group_id in classic.groups):
                 code = await classic.delete_group(group_id)
             elif code == ErrorCode.NONE:
                 coordinator = self.coordinator
@@ -308,8 +302,8 @@ class ShareGroupAdmin:
                 code = await coordinator.delete_group(group_id)
                 if code == ErrorCode.NONE:
                     # Dynamic configs and in-memory share partitions die with the group.
-                    self.broker.group_configs.delete_group(group_id)
-                    self.broker.share_partitions.drop_group(group_id)
+                    self.services.group_configs.delete_group(group_id)
+                    self.services.share_partitions.drop_group(group_id)
             results.append(_DeletableGroup(group_id=group_id, error_code=code))
         return DeleteGroupsResponse(results=results)
 
@@ -362,11 +356,11 @@ def describe_classic_group(group: ClassicGroup) -> Any:
     )
 
 
-def register(broker: Broker) -> ShareGroupAdmin:
-    h = ShareGroupAdmin(broker)
-    broker.register(ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 0, 1, h.describe_share_group_offsets)
-    broker.register(ApiKey.ALTER_SHARE_GROUP_OFFSETS, 0, 0, h.alter_share_group_offsets)
-    broker.register(ApiKey.DELETE_SHARE_GROUP_OFFSETS, 0, 0, h.delete_share_group_offsets)
-    broker.register(ApiKey.DELETE_GROUPS, 0, 2, h.delete_groups)
-    broker.register(ApiKey.DESCRIBE_GROUPS, 0, 6, h.describe_groups)
+def register(table: ApiTable, services: ShareGroupAdminServices) -> ShareGroupAdmin:
+    h = ShareGroupAdmin(services)
+    table.register(ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 0, 1, h.describe_share_group_offsets)
+    table.register(ApiKey.ALTER_SHARE_GROUP_OFFSETS, 0, 0, h.alter_share_group_offsets)
+    table.register(ApiKey.DELETE_SHARE_GROUP_OFFSETS, 0, 0, h.delete_share_group_offsets)
+    table.register(ApiKey.DELETE_GROUPS, 0, 2, h.delete_groups)
+    table.register(ApiKey.DESCRIBE_GROUPS, 0, 6, h.describe_groups)
     return h

@@ -1,7 +1,7 @@
 """ShareGroupHeartbeat, ShareGroupDescribe and ListGroups: the client-facing side of the group coordinator.
 
 Authorization happens here (as in Kafka's request layer); membership logic lives in
-`shoal.coordinator.group_coordinator`, which the broker exposes as `broker.group_coordinator`.
+`shoal.coordinator.group_coordinator`, given to the handlers as `ShareGroupServices.group_coordinator`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Broker
+    from shoal.broker.apis.services import ApiTable, ShareGroupServices
     from shoal.broker.network.connection import RequestContext
     from shoal.broker.storage.topic_registry import TopicRegistry
 
@@ -37,12 +37,8 @@ GROUP_OPERATIONS = (Operation.READ, Operation.DESCRIBE, Operation.DELETE, Operat
 class BrokerTopicMetadata:
     """The coordinator's view of topics, read live from the broker's registry."""
 
-    def __init__(self, broker: Broker):
-        self.broker = broker
-
-    @property
-    def registry(self) -> TopicRegistry:
-        return self.broker.topics
+    def __init__(self, registry: TopicRegistry):
+        self.registry = registry
 
     def topic_by_name(self, name: str) -> tuple[bytes, int] | None:
         topic = self.registry.get(name)
@@ -53,16 +49,22 @@ class BrokerTopicMetadata:
         return None if topic is None else (topic.name, len(topic.partitions))
 
 
-class ShareGroupApis:
-    def __init__(self, broker: Broker):
-        self.broker = broker
+class ShareGroupHandlers:
+    """What the share-group APIs (here and in share_group_admin) have in common: the coordinator and
+    the group.share.enable switch."""
+
+    def __init__(self, services: ShareGroupServices):
+        self.services = services
 
     @property
     def coordinator(self) -> GroupCoordinator | None:
-        return getattr(self.broker, "group_coordinator", None)
+        return self.services.group_coordinator
 
     def _enabled(self) -> bool:
-        return bool(self.broker.config["group.share.enable"])
+        return bool(self.services.config["group.share.enable"])
+
+
+class ShareGroupApis(ShareGroupHandlers):
 
     async def share_group_heartbeat(self, ctx: RequestContext, req: messages.ShareGroupHeartbeatRequest) -> messages.ShareGroupHeartbeatResponse:
         if not self._enabled():
@@ -122,7 +124,7 @@ class ShareGroupApis:
     def list_groups(self, ctx: RequestContext, req: messages.ListGroupsRequest) -> messages.ListGroupsResponse:
         """Share groups (when enabled) and classic groups."""
         coordinator = self.coordinator
-        classic = self.broker.classic_groups
+        classic = self.services.classic_groups
         if coordinator is None:
             return ListGroupsResponse(error_code=ErrorCode.NONE, groups=[])
         if not coordinator.loaded or (classic is not None and not classic.loaded):
@@ -145,9 +147,9 @@ class ShareGroupApis:
         return ListGroupsResponse(error_code=ErrorCode.NONE, groups=groups)
 
 
-def register(broker: Broker) -> ShareGroupApis:
-    h = ShareGroupApis(broker)
-    broker.register(ApiKey.SHARE_GROUP_HEARTBEAT, 1, 1, h.share_group_heartbeat)
-    broker.register(ApiKey.SHARE_GROUP_DESCRIBE, 1, 1, h.share_group_describe)
-    broker.register(ApiKey.LIST_GROUPS, 0, 5, h.list_groups)
+def register(table: ApiTable, services: ShareGroupServices) -> ShareGroupApis:
+    h = ShareGroupApis(services)
+    table.register(ApiKey.SHARE_GROUP_HEARTBEAT, 1, 1, h.share_group_heartbeat)
+    table.register(ApiKey.SHARE_GROUP_DESCRIBE, 1, 1, h.share_group_describe)
+    table.register(ApiKey.LIST_GROUPS, 0, 5, h.list_groups)
     return h

@@ -22,7 +22,7 @@ from shoal.protocol.records import decode_batch
 from shoal.protocol.uuids import ZERO_UUID
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Broker
+    from shoal.broker.apis.services import ApiTable, PartitionBudget, TopicAdminServices
     from shoal.broker.network.connection import RequestContext
 
 log = structlog.get_logger("shoal.admin")
@@ -63,9 +63,9 @@ InitProducerIdResponse = messages.InitProducerIdResponse
 
 
 class TopicAdmin:
-    def __init__(self, broker: Broker):
-        self.broker = broker
-        self.producer_ids = ProducerIdAllocator(Path(broker.config["log.dirs"]) / "shoal-producer-ids")
+    def __init__(self, services: TopicAdminServices):
+        self.services = services
+        self.producer_ids = ProducerIdAllocator(Path(services.config["log.dirs"]) / "shoal-producer-ids")
 
     # ---- CreateTopics ---------------------------------------------------------------------------
 
@@ -89,22 +89,22 @@ class TopicAdmin:
             if problem is not None:
                 result.error_code, result.error_message = ErrorCode.INVALID_TOPIC_EXCEPTION, problem
                 continue
-            if self.broker.topics.get(ct.name) is not None:
+            if self.services.topics.get(ct.name) is not None:
                 result.error_code = ErrorCode.TOPIC_ALREADY_EXISTS
                 result.error_message = f"Topic '{ct.name}' already exists."
                 continue
             if ct.assignments:
                 count = len(ct.assignments)
-                if any(a.broker_ids != [self.broker.node_id] for a in ct.assignments):
+                if any(a.broker_ids != [self.services.node_id] for a in ct.assignments):
                     result.error_code = ErrorCode.INVALID_REPLICA_ASSIGNMENT
-                    result.error_message = f"replicas must be exactly [{self.broker.node_id}] on this single-node cluster"
+                    result.error_message = f"replicas must be exactly [{self.services.node_id}] on this single-node cluster"
                     continue
             else:
-                count = ct.num_partitions if ct.num_partitions != -1 else int(self.broker.config["num.partitions"])
+                count = ct.num_partitions if ct.num_partitions != -1 else int(self.services.config["num.partitions"])
             if count <= 0:
                 result.error_code, result.error_message = ErrorCode.INVALID_PARTITIONS, "Number of partitions must be larger than 0."
                 continue
-            too_many = partition_budget_problem(self.broker, count, added)
+            too_many = partition_budget_problem(self.services.budget, count, added)
             if too_many is not None:
                 log.warning("refused topic creation", topic=shorten(ct.name), partitions=count, reason=too_many)
                 result.error_code, result.error_message = ErrorCode.POLICY_VIOLATION, too_many
@@ -129,13 +129,13 @@ class TopicAdmin:
             added += count
             if req.validate_only:
                 continue
-            topic = self.broker.topics.create(ct.name, count, configs)
-            self.broker.on_topic_created(topic)
+            topic = self.services.topics.create(ct.name, count, configs)
+            self.services.on_topic_created(topic)
             result.topic_id = topic.topic_id
             result.configs = [
                 CreatableTopicConfigs(name=k, value=v, read_only=False, config_source=SOURCE_TOPIC if explicit else SOURCE_DEFAULT,
                                       is_sensitive=False)
-                for k, (v, explicit) in self.broker.topics.effective_config(topic).items()
+                for k, (v, explicit) in self.services.topics.effective_config(topic).items()
             ]
         return CreateTopicsResponse(topics=results)
 
@@ -148,7 +148,7 @@ class TopicAdmin:
         )
         results = []
         for name, topic_id in wanted:
-            topic = self.broker.topics.get(name) if name is not None else self.broker.topics.get_by_id(topic_id)
+            topic = self.services.topics.get(name) if name is not None else self.services.topics.get_by_id(topic_id)
             res = DeletableTopicResult(name=name, topic_id=topic_id, error_code=ErrorCode.NONE)
             results.append(res)
             if topic is None:
@@ -158,11 +158,11 @@ class TopicAdmin:
             if not ctx.authorize(Operation.DELETE, ResourceType.TOPIC, topic.name):
                 res.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 continue
-            if topic.name in INTERNAL_TOPICS or not self.broker.config["delete.topic.enable"]:
+            if topic.name in INTERNAL_TOPICS or not self.services.config["delete.topic.enable"]:
                 res.error_code = ErrorCode.INVALID_REQUEST if topic.name not in INTERNAL_TOPICS else ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 res.error_message = "internal topics cannot be deleted" if topic.name in INTERNAL_TOPICS else "topic deletion is disabled"
                 continue
-            self.broker.delete_topic(topic)
+            self.services.delete_topic(topic)
         return DeleteTopicsResponse(responses=results)
 
     # ---- CreatePartitions -----------------------------------------------------------------------
@@ -173,7 +173,7 @@ class TopicAdmin:
         for t in req.topics:
             res = CpResult(name=t.name, error_code=ErrorCode.NONE, error_message=None)
             results.append(res)
-            topic = self.broker.topics.get(t.name)
+            topic = self.services.topics.get(t.name)
             if topic is None:
                 res.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 continue
@@ -184,15 +184,15 @@ class TopicAdmin:
                 res.error_code = ErrorCode.INVALID_PARTITIONS
                 res.error_message = f"Topic currently has {len(topic.partitions)} partitions, {t.count} would not be an increase."
                 continue
-            too_many = partition_budget_problem(self.broker, t.count - len(topic.partitions), added)
+            too_many = partition_budget_problem(self.services.budget, t.count - len(topic.partitions), added)
             if too_many is not None:
                 log.warning("refused partition creation", topic=t.name, count=t.count, reason=too_many)
                 res.error_code, res.error_message = ErrorCode.POLICY_VIOLATION, too_many
                 continue
             added += t.count - len(topic.partitions)
             if not req.validate_only:
-                self.broker.topics.add_partitions(topic, t.count)
-                self.broker.on_topic_created(topic)
+                self.services.topics.add_partitions(topic, t.count)
+                self.services.on_topic_created(topic)
         return CreatePartitionsResponse(results=results)
 
     # ---- DeleteRecords --------------------------------------------------------------------------
@@ -200,7 +200,7 @@ class TopicAdmin:
     def delete_records(self, ctx: RequestContext, req: messages.DeleteRecordsRequest) -> messages.DeleteRecordsResponse:
         out = []
         for t in req.topics:
-            topic = self.broker.topics.get(t.name)
+            topic = self.services.topics.get(t.name)
             parts = []
             for p in t.partitions:
                 pr = DrPartition(partition_index=p.partition_index, low_watermark=-1, error_code=ErrorCode.NONE)
@@ -217,7 +217,7 @@ class TopicAdmin:
                     pr.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
                     continue
                 pr.low_watermark = plog.delete_records_before(target)
-                self.broker.on_log_start_moved(topic, p.partition_index)
+                self.services.on_log_start_moved(topic, p.partition_index)
             out.append(DrTopic(name=t.name, partitions=parts))
         return DeleteRecordsResponse(topics=out)
 
@@ -226,7 +226,7 @@ class TopicAdmin:
     def list_offsets(self, ctx: RequestContext, req: messages.ListOffsetsRequest) -> messages.ListOffsetsResponse:
         out = []
         for t in req.topics:
-            topic = self.broker.topics.get(t.name)
+            topic = self.services.topics.get(t.name)
             parts = []
             for p in t.partitions:
                 pr = LoPartition(partition_index=p.partition_index, error_code=ErrorCode.NONE, timestamp=-1, offset=-1,
@@ -266,17 +266,17 @@ class TopicAdmin:
             results.append(res)
             entries: list[tuple[str, str | None, int]] = []
             if r.resource_type == RESOURCE_TOPIC:
-                topic = self.broker.topics.get(r.resource_name)
+                topic = self.services.topics.get(r.resource_name)
                 if topic is None:
                     res.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
                 if not ctx.authorize(Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, r.resource_name):
                     res.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                     continue
-                for key, (value, explicit) in self.broker.topics.effective_config(topic).items():
+                for key, (value, explicit) in self.services.topics.effective_config(topic).items():
                     entries.append((key, value, SOURCE_TOPIC if explicit else SOURCE_DEFAULT))
             elif r.resource_type == RESOURCE_BROKER:
-                if r.resource_name not in ("", str(self.broker.node_id)):
+                if r.resource_name not in ("", str(self.services.node_id)):
                     res.error_code, res.error_message = ErrorCode.INVALID_REQUEST, f"unknown broker {shorten(r.resource_name)}"
                     continue
                 if not ctx.authorize(Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER, CLUSTER_NAME):
@@ -287,7 +287,7 @@ class TopicAdmin:
                 if not ctx.authorize(Operation.DESCRIBE_CONFIGS, ResourceType.GROUP, r.resource_name):
                     res.error_code = ErrorCode.GROUP_AUTHORIZATION_FAILED
                     continue
-                for key, (value, explicit) in self.broker.group_configs.effective(r.resource_name).items():
+                for key, (value, explicit) in self.services.group_configs.effective(r.resource_name).items():
                     entries.append((key, value, SOURCE_GROUP if explicit else SOURCE_DEFAULT))
             else:
                 res.error_code = ErrorCode.INVALID_REQUEST
@@ -306,7 +306,7 @@ class TopicAdmin:
     def _broker_config_entries(self, this_broker: bool) -> list[tuple[str, str | None, int]]:
         """This broker's configs with their sources; the cluster-wide resource ("") holds only the
         dynamic cluster defaults, as in Kafka."""
-        cfg = self.broker.config
+        cfg = self.services.config
         if not this_broker:
             return [(key, text, SOURCE_DYNAMIC_DEFAULT_BROKER)
                     for key, text in sorted(cfg.dynamic_values(CLUSTER_DEFAULT).items())]
@@ -365,14 +365,14 @@ def _record_at_or_after(plog: PartitionLog, timestamp_ms: int) -> tuple[int, int
     return found
 
 
-def partition_budget_problem(broker: Broker, adding: int, added_so_far: int = 0) -> str | None:
+def partition_budget_problem(budget: PartitionBudget, adding: int, added_so_far: int = 0) -> str | None:
     """Why `adding` more partitions cannot be created, or None: Kafka's per-request bound and our file budget."""
-    per_request = int(broker.config["max.partitions.per.request"])
+    per_request = int(budget.config["max.partitions.per.request"])
     if added_so_far + adding > per_request:
         return (f"Unable to perform excessively large batch operation: {added_so_far + adding} partitions "
                 f"in one request exceed max.partitions.per.request={per_request}.")
-    limit = broker_partition_limit(int(broker.config["max.partitions"]))
-    held = broker.topics.partition_count
+    limit = broker_partition_limit(int(budget.config["max.partitions"]))
+    held = budget.topics.partition_count
     if held + added_so_far + adding > limit:
         return (f"Unable to create {adding} partitions: the broker holds {held} and its limit is {limit} "
                 f"(max.partitions, bounded by the open-file limit).")
@@ -390,13 +390,13 @@ def broker_partition_limit(configured: int) -> int:
     return max(0, soft - max(256, soft // 4))
 
 
-def register(broker: Broker) -> TopicAdmin:
-    h = TopicAdmin(broker)
-    broker.register(ApiKey.CREATE_TOPICS, 2, 7, h.create_topics)
-    broker.register(ApiKey.DELETE_TOPICS, 1, 6, h.delete_topics)
-    broker.register(ApiKey.CREATE_PARTITIONS, 0, 3, h.create_partitions)
-    broker.register(ApiKey.DELETE_RECORDS, 0, 2, h.delete_records)
-    broker.register(ApiKey.LIST_OFFSETS, 1, 11, h.list_offsets)
-    broker.register(ApiKey.DESCRIBE_CONFIGS, 1, 4, h.describe_configs)
-    broker.register(ApiKey.INIT_PRODUCER_ID, 0, 5, h.init_producer_id)
+def register(table: ApiTable, services: TopicAdminServices) -> TopicAdmin:
+    h = TopicAdmin(services)
+    table.register(ApiKey.CREATE_TOPICS, 2, 7, h.create_topics)
+    table.register(ApiKey.DELETE_TOPICS, 1, 6, h.delete_topics)
+    table.register(ApiKey.CREATE_PARTITIONS, 0, 3, h.create_partitions)
+    table.register(ApiKey.DELETE_RECORDS, 0, 2, h.delete_records)
+    table.register(ApiKey.LIST_OFFSETS, 1, 11, h.list_offsets)
+    table.register(ApiKey.DESCRIBE_CONFIGS, 1, 4, h.describe_configs)
+    table.register(ApiKey.INIT_PRODUCER_ID, 0, 5, h.init_producer_id)
     return h

@@ -152,8 +152,9 @@ class Broker:
                 self.topics.alter_configs(topic, missing)
 
     async def start(self) -> None:
-        from shoal.broker.apis.handlers import register_all
         from shoal.broker.security.tls import server_context
+
+        from .wiring import register_all
 
         self._loop = loop = asyncio.get_running_loop()
         self.topics.data_dir.mkdir(parents=True, exist_ok=True)
@@ -257,17 +258,18 @@ class Broker:
             partition_count=self._partition_count,
         )
         self.persister = DefaultStatePersister(InProcessShareCoordinatorClient(self.share_coordinator))
+        from shoal.broker.apis.services import PartitionBudget
         from shoal.broker.apis.topic_admin import partition_budget_problem
         from shoal.broker.share.dead_letter import DeadLetterWriter
 
         dead_letters = DeadLetterWriter(self.topics, self.config, self.group_configs, self.on_topic_created,
-                                        partition_budget=lambda n: partition_budget_problem(self, n))
+                                        partition_budget=lambda n: partition_budget_problem(PartitionBudget(self.config, self.topics), n))
         self.share_partitions = SharePartitionLeaders(self.persister, self.group_configs, self.purgatory,
                                                       dead_letters=dead_letters)
         self._wire_share_metrics()
         self.group_coordinator = GroupCoordinator(
             InternalTopicLog(offsets_topic),
-            BrokerTopicMetadata(self),
+            BrokerTopicMetadata(self.topics),
             self.persister,
             GroupCoordinatorConfig(
                 session_timeout_ms=int(cfg["group.share.session.timeout.ms"]),

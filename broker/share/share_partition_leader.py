@@ -338,13 +338,18 @@ class SharePartitionLeader:
             self._arm_timer()
         if expired and self.state is sp:
             # The transition stands even if the write fails (as in Kafka); the next write carries it.
-            write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
-            try:
-                write_err = await self._persist()
-            finally:
-                if write_err != ErrorCode.NONE and self.state is sp:
-                    sp.mark_write_failed()
+            await self._persist_standing(sp)
         self._changed()
+
+    async def _persist_standing(self, sp: SharePartition) -> None:
+        """Persist a transition that stands in memory whether or not the write succeeds: a failed (or
+        cancelled) write marks the state so the next write carries it."""
+        write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
+        try:
+            write_err = await self._persist()
+        finally:
+            if write_err != ErrorCode.NONE and self.state is sp:
+                sp.mark_write_failed()
 
     async def _persist(self) -> int:
         """Write what changed, in order with every other write of this share partition."""
@@ -413,14 +418,9 @@ class SharePartitionLeader:
                         return
                     self._dead_letter_recovering = False
                     sp.complete_archiving(runs)
-                write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
-                try:
-                    write_err = await self._persist()
-                finally:
-                    if write_err != ErrorCode.NONE and self.state is sp:
-                        # Memory says ARCHIVED; a crash before the next write leaves ARCHIVING on disk,
-                        # and the load then skips the records already in the dead-letter topic.
-                        sp.mark_write_failed()
+                # Memory says ARCHIVED; a crash before the next write leaves ARCHIVING on disk,
+                # and the load then skips the records already in the dead-letter topic.
+                await self._persist_standing(sp)
                 self._changed()
         except BaseException:
             self._dead_letter_task = None

@@ -542,6 +542,7 @@ class DenyingAuthorizer:
 
 @pytest.fixture
 async def api_env(tmp_path: Path) -> Any:
+    from shoal.broker.apis.services import ShareGroupServices
     from shoal.broker.apis.share_group_apis import BrokerTopicMetadata, ShareGroupApis
     from shoal.broker.network.connection import KafkaConnection, RequestContext
     from shoal.broker.security.authorizer import Operation, ResourceType
@@ -561,7 +562,7 @@ async def api_env(tmp_path: Path) -> Any:
     offsets = broker.topics.get("__consumer_offsets")
     assert offsets is not None
     broker.group_coordinator = GroupCoordinator(
-        InternalTopicLog(offsets), BrokerTopicMetadata(broker), persister, group_configs=broker.group_configs
+        InternalTopicLog(offsets), BrokerTopicMetadata(broker.topics), persister, group_configs=broker.group_configs
     )
     await broker.group_coordinator.load()
     conn = KafkaConnection(broker, config.listeners()[0])
@@ -570,7 +571,7 @@ async def api_env(tmp_path: Path) -> Any:
     def ctx(api_key: int, version: int) -> RequestContext:
         return RequestContext(messages.RequestHeader(api_key, version, 1, "cli"), conn)
 
-    apis = ShareGroupApis(broker)
+    apis = ShareGroupApis(ShareGroupServices(config, broker.group_coordinator, None))
     yield broker, apis, ctx, auth, (Operation, ResourceType)
     await broker.group_coordinator.stop()
     broker.topics.close()

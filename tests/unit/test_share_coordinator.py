@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shoal.broker.apis.services import ShareStateServices
 from shoal.broker.apis.share_state_apis import register
 from shoal.broker.network.connection import KafkaConnection, RequestContext
 from shoal.broker.security.authorizer import AllowAllAuthorizer, Operation, Principal, ResourceType
@@ -707,7 +708,7 @@ class DenyClusterAction:
 
 async def test_state_apis_authorize_forward_and_encode(tmp_path: Path, state_topic: Topic) -> None:
     broker = Broker(BrokerConfig.from_strings({"log.dirs": str(tmp_path / "broker")}))
-    register(broker)
+    register(broker, ShareStateServices(share_coordinator=None))
     for api_key, (lo, hi) in {83: (0, 0), 84: (0, 0), 85: (0, 1), 86: (0, 0), 87: (0, 1)}.items():
         assert (broker.apis[api_key].min_version, broker.apis[api_key].max_version) == (lo, hi)
         assert broker.apis[api_key].is_async
@@ -728,6 +729,7 @@ async def test_state_apis_authorize_forward_and_encode(tmp_path: Path, state_top
     assert p.error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE  # no coordinator on this broker yet
 
     broker.share_coordinator = await make_coordinator(state_topic)
+    register(broker, ShareStateServices(broker.share_coordinator))
     broker.authorizer = DenyClusterAction()
     resp = await call(ApiKey.WRITE_SHARE_GROUP_STATE, 1, write_req(k, []))
     assert only(resp).error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED

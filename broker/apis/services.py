@@ -1,0 +1,151 @@
+"""What each API family is given: the services its handlers use, listed explicitly.
+
+A handler module declares one frozen dataclass here naming the registry, config, coordinators, persister,
+share-partition manager and metrics it reads; the server builds it (`shoal.broker.server.wiring`) and
+passes it to the module's `register(table, services)`. Handlers never see the whole broker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from shoal.broker.security.authorizer import Authorizer
+    from shoal.broker.security.scram import ScramCredentialStore
+    from shoal.broker.server.config import BrokerConfig, Listener
+    from shoal.broker.server.metrics import BrokerMetrics
+    from shoal.broker.share.group_configs import GroupConfigs
+    from shoal.broker.share.share_partition_leader import SharePartitionLeaders
+    from shoal.broker.storage.purgatory import Purgatory
+    from shoal.broker.storage.topic_registry import Topic, TopicRegistry
+    from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
+    from shoal.coordinator.group_coordinator import GroupCoordinator
+    from shoal.coordinator.share_coordinator import ShareCoordinator
+    from shoal.persister.persister import Persister
+    from shoal.protocol.messages import ApiVersionsResponse
+
+
+class ApiTable(Protocol):
+    """The dispatch table handlers are registered in (the server's `Broker.register`)."""
+
+    def register(self, key: int, min_version: int, max_version: int, handler: Callable[..., Any]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionBudget:
+    """What `topic_admin.partition_budget_problem` reads: the per-request bound and the partitions held."""
+
+    config: BrokerConfig
+    topics: TopicRegistry
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryServices:
+    config: BrokerConfig
+    node_id: int
+    cluster_id: str
+    topics: TopicRegistry
+    budget: PartitionBudget
+    api_version_entries: Callable[[], list[ApiVersionsResponse.ApiVersion]]
+    advertised_listener: Callable[[str], Listener]
+    on_topic_created: Callable[[Topic], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceServices:
+    config: BrokerConfig
+    topics: TopicRegistry
+    purgatory: Purgatory
+    metrics: BrokerMetrics
+
+
+@dataclass(frozen=True, slots=True)
+class FetchServices:
+    config: BrokerConfig
+    topics: TopicRegistry
+    purgatory: Purgatory
+
+
+@dataclass(frozen=True, slots=True)
+class TopicAdminServices:
+    config: BrokerConfig
+    node_id: int
+    topics: TopicRegistry
+    group_configs: GroupConfigs
+    budget: PartitionBudget
+    on_topic_created: Callable[[Topic], None]
+    delete_topic: Callable[[Topic], None]
+    on_log_start_moved: Callable[[Topic, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigsServices:
+    config: BrokerConfig
+    node_id: int
+    topics: TopicRegistry
+    group_configs: GroupConfigs
+    on_group_config_changed: Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ShareFetchServices:
+    config: BrokerConfig
+    node_id: int
+    topics: TopicRegistry
+    purgatory: Purgatory
+    group_configs: GroupConfigs
+    metrics: BrokerMetrics
+    share_partitions: SharePartitionLeaders
+    # Called with each connection that closes (its share sessions end with it).
+    connection_listeners: list[Callable[[Any], None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ShareGroupServices:
+    config: BrokerConfig
+    group_coordinator: GroupCoordinator | None
+    # Classic groups share the group-id space, ListGroups, DescribeGroups and DeleteGroups.
+    classic_groups: ClassicGroupCoordinator | None
+
+
+@dataclass(frozen=True, slots=True)
+class ShareGroupAdminServices(ShareGroupServices):
+    topics: TopicRegistry
+    group_configs: GroupConfigs
+    persister: Persister
+    share_partitions: SharePartitionLeaders
+
+
+@dataclass(frozen=True, slots=True)
+class ShareStateServices:
+    # None until the share coordinator runs: the RPCs answer COORDINATOR_NOT_AVAILABLE.
+    share_coordinator: ShareCoordinator | None
+
+
+@dataclass(frozen=True, slots=True)
+class SaslServices:
+    config: BrokerConfig
+    scram_credentials: ScramCredentialStore
+
+
+@dataclass(frozen=True, slots=True)
+class ScramServices:
+    scram_credentials: ScramCredentialStore
+
+
+@dataclass(frozen=True, slots=True)
+class AclServices:
+    authorizer: Authorizer
+
+
+@dataclass(frozen=True, slots=True)
+class ClassicGroupServices:
+    topics: TopicRegistry
+    classic_groups: ClassicGroupCoordinator
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderEpochServices:
+    topics: TopicRegistry

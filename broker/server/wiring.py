@@ -1,0 +1,66 @@
+"""Builds each API family's services from the broker's parts and registers its handlers."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shoal.broker.apis import (
+    acl_apis,
+    alter_configs,
+    classic_group_apis,
+    fetch,
+    leader_epochs,
+    metadata,
+    produce,
+    sasl_apis,
+    scram_apis,
+    share_fetch,
+    share_group_admin,
+    share_group_apis,
+    share_state_apis,
+    topic_admin,
+)
+from shoal.broker.apis.services import (
+    AclServices,
+    AlterConfigsServices,
+    ClassicGroupServices,
+    DiscoveryServices,
+    FetchServices,
+    LeaderEpochServices,
+    PartitionBudget,
+    ProduceServices,
+    SaslServices,
+    ScramServices,
+    ShareFetchServices,
+    ShareGroupAdminServices,
+    ShareGroupServices,
+    ShareStateServices,
+    TopicAdminServices,
+)
+
+if TYPE_CHECKING:
+    from shoal.broker.apis.broker import Broker  # the server's Broker (importing it here would be a cycle)
+
+
+def register_all(b: Broker) -> None:
+    """Runs once the share-group parts exist (start() wires them first)."""
+    budget = PartitionBudget(b.config, b.topics)
+    metadata.register(b, DiscoveryServices(b.config, b.node_id, b.cluster_id, b.topics, budget,
+                                           b.api_version_entries, b.advertised_listener, b.on_topic_created))
+    produce.register(b, ProduceServices(b.config, b.topics, b.purgatory, b.metrics))
+    fetch.register(b, FetchServices(b.config, b.topics, b.purgatory))
+    topic_admin.register(b, TopicAdminServices(b.config, b.node_id, b.topics, b.group_configs, budget,
+                                               b.on_topic_created, b.delete_topic, b.on_log_start_moved))
+    alter_configs.register(b, AlterConfigsServices(b.config, b.node_id, b.topics, b.group_configs, b.on_group_config_changed))
+    share_fetch.register(b, ShareFetchServices(b.config, b.node_id, b.topics, b.purgatory, b.group_configs,
+                                               b.metrics, b.share_partitions, b.connection_listeners))
+    share_group_apis.register(b, ShareGroupServices(b.config, b.group_coordinator, b.classic_groups))
+    if b.classic_groups is not None:
+        classic_group_apis.register(b, ClassicGroupServices(b.topics, b.classic_groups))
+    leader_epochs.register(b, LeaderEpochServices(b.topics))
+    share_group_admin.register(b, ShareGroupAdminServices(b.config, b.group_coordinator, b.classic_groups, b.topics,
+                                                          b.group_configs, b.persister, b.share_partitions))
+    share_state_apis.register(b, ShareStateServices(b.share_coordinator))
+    sasl_apis.register(b, SaslServices(b.config, b.scram_credentials))
+    scram_apis.register(b, ScramServices(b.scram_credentials))
+    acl_apis.register(b, AclServices(b.authorizer))
