@@ -8,6 +8,7 @@ from . import (
     acl_apis,
     alter_configs,
     classic_group_apis,
+    consumer_group_apis,
     fetch,
     leader_epochs,
     metadata,
@@ -35,6 +36,7 @@ def register_all(broker: Broker) -> None:
     share_fetch.register(broker)
     share_group_apis.register(broker)
     classic_group_apis.register(broker)
+    consumer_group_apis.register(broker)
     share_group_admin.register(broker)
     share_state_apis.register(broker)
     sasl_apis.register(broker)
