@@ -62,21 +62,23 @@ class UniformAssignor:
             owner[(tid, p)] = m
             owned[m].setdefault(tid, set()).add(p)
             count[m] += 1
-        # Balance: move a partition from a member to an eligible one with two or more fewer, until none can.
-        moved = True
-        while moved:
-            moved = False
+        # Balance: the most loaded member that can give a partition to an eligible member with two or more
+        # fewer gives one, until none can. Taking from the most loaded first keeps members that were
+        # balanced among themselves from trading partitions (only newcomers receive).
+        while True:
             for m in sorted(members, key=lambda x: (-count[x], x)):
-                for tid in sorted(owned[m]):
-                    target = min(eligible[tid], key=lambda x: (count[x], x))
-                    if count[m] - count[target] < 2 or not owned[m][tid]:
-                        continue
+                moves = [(count[r], r, tid) for tid, ps in owned[m].items() if ps
+                         for r in eligible[tid] if count[m] - count[r] >= 2]
+                if moves:
+                    _, target, tid = min(moves)
                     p = max(owned[m][tid])
                     owned[m][tid].discard(p)
                     owned[target].setdefault(tid, set()).add(p)
                     count[m] -= 1
                     count[target] += 1
-                    moved = True
+                    break
+            else:
+                break
         return _freeze(owned)
 
 
