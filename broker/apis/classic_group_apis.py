@@ -58,7 +58,7 @@ class ClassicGroupApis:
             return JoinResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, generation_id=-1,
                                 member_id=req.member_id, leader="", members=[])
         version = ctx.api_version
-        return await self.coordinator.join_group(JoinRequest(
+        resp = await self.coordinator.join_group(JoinRequest(
             group_id=req.group_id, member_id=req.member_id,
             group_instance_id=req.group_instance_id if version >= 5 else None,
             session_timeout_ms=req.session_timeout_ms,
@@ -66,6 +66,9 @@ class ClassicGroupApis:
             protocol_type=req.protocol_type, protocols=[(p.name, bytes(p.metadata)) for p in req.protocols or ()],
             client_id=ctx.header.client_id or "", client_host="/" + ctx.connection.client_host, version=version,
         ))
+        if version < 7 and resp.protocol_name is None:
+            resp.protocol_name = ""  # nullable from v7 on; older versions carry an empty name (as Kafka does)
+        return resp
 
     async def sync_group(self, ctx: RequestContext, req: Any) -> Any:
         if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
