@@ -19,6 +19,7 @@ from shoal.protocol.errors import ErrorCode
 
 from .broker_process import BrokerProcess
 from .kafka_wire import WireClient
+from .test_tools_consumer_groups import consumer_groups
 
 PARTITIONS = 6
 BATCH = 10  # records per partition per produced batch
@@ -187,6 +188,13 @@ def test_group_types_are_exclusive_and_reported(cg_broker: BrokerProcess) -> Non
                 topics=[_TopicC(name=topic, partitions=[_PartC(partition_index=0, committed_offset=1,
                                                                committed_leader_epoch=-1, committed_metadata="")])]))
             assert commit.topics[0].partitions[0].error_code == ErrorCode.STALE_MEMBER_EPOCH
+        # Shoal's admin and kafka-consumer-groups see the group through ConsumerGroupDescribe.
+        code, rows, _ = consumer_groups(cg_broker, "--list")
+        assert code == 0 and [group] in rows
+        code, rows, _ = consumer_groups(cg_broker, "--describe", "--group", group, "--state")
+        assert code == 0 and rows[1][-3:] == ["uniform", "Stable", "1"]
+        code, rows, _ = consumer_groups(cg_broker, "--describe", "--group", group, "--members", "--verbose")
+        assert code == 0 and rows[1][4:] == [str(PARTITIONS), f"{topic}:" + ",".join(map(str, range(PARTITIONS)))]
         # A classic consumer with that group id does not get in either.
         classic = Consumer({"bootstrap.servers": cg_broker.bootstrap, "group.id": group,
                             "auto.offset.reset": "earliest"})
