@@ -34,6 +34,7 @@ from .consumer_group import (
     ConsumerGroup,
     ConsumerMember,
     MemberState,
+    Reconciled,
     SubscribedTopic,
     compile_regex,
     reconcile,
@@ -274,7 +275,17 @@ class ConsumerGroupCoordinator:
         old = group.members.get(member_id)
         records: list[CoordinatorRecord] = []
         bump = False
-        if req.member_epoch == JOIN_GROUP_MEMBER_EPOCH:
+        # A static member (group.instance.id) that left with epoch -2 is replaced by its successor, which
+        # takes over its assignment without a rebalance.
+        replaced = self._static_predecessor(group, req, member_id)
+        if replaced is not None:
+            records += group.member_tombstones(replaced.member_id)
+            member = _copy(replaced)
+            member.member_id = member_id
+            member.member_epoch, member.session_deadline, member.revocation_deadline = 0, 0.0, None
+            records.append(group.target_member_record(member_id, group.target.get(replaced.member_id, {})))
+            old = replaced
+        elif req.member_epoch == JOIN_GROUP_MEMBER_EPOCH:
             if old is None and len(group.members) >= self.config.max_size:
                 raise ConsumerGroupError(ErrorCode.GROUP_MAX_SIZE_REACHED,
                                          f"The consumer group has reached its maximum capacity of "
@@ -303,11 +314,12 @@ class ConsumerGroupCoordinator:
             member.subscribed_topic_regex = req.subscribed_topic_regex or None
         if req.server_assignor is not None or req.member_epoch == JOIN_GROUP_MEMBER_EPOCH:
             member.server_assignor = req.server_assignor
-        if old is None or _metadata(old) != _metadata(member):
+        if old is None or replaced is not None or _metadata(old) != _metadata(member):
             records.append(group.member_record(member))
             bump = bump or old is None or _subscription(old) != _subscription(member)
         # The subscribed topics as they are now: new topics (a regex match) or partitions bump the epoch too.
-        members_after = dict(group.members) | {member_id: member}
+        members_after = {mid: m for mid, m in group.members.items() if replaced is None or mid != replaced.member_id}
+        members_after[member_id] = member
         topics = self._subscribed_topics(members_after.values())
         if topics != group.subscribed_topics:
             records.append(group.partition_metadata_record(topics))
@@ -318,22 +330,24 @@ class ConsumerGroupCoordinator:
             records.append(group.group_epoch_record(group_epoch))
         # A new target assignment when the group epoch moved past the assignment epoch.
         target = dict(group.target)
+        if replaced is not None:
+            target[member_id] = target.pop(replaced.member_id, {})
         assignment_epoch = group.assignment_epoch
         if group_epoch > assignment_epoch:
             new_target = self._compute_target(members_after, topics, target, member_id)
             for mid in sorted(members_after):
-                if new_target.get(mid, {}) != target.get(mid) or mid not in group.target:
+                if new_target.get(mid, {}) != target.get(mid) or mid not in target:
                     records.append(group.target_member_record(mid, new_target.get(mid, {})))
             records.append(group.target_epoch_record(group_epoch))
             target, assignment_epoch = new_target, group_epoch
         # Reconcile the member towards its target.
         owned = _owned(req)
         result = reconcile(member, target.get(member_id, {}), assignment_epoch, owned,
-                           group.held_by_others(member_id))
+                           group.held_by_others(member_id, *(() if replaced is None else (replaced.member_id,))))
         changed = (result.state, result.member_epoch, result.previous_member_epoch, result.assigned,
                    result.pending_revocation) != (member.state, member.member_epoch, member.previous_member_epoch,
                                                   member.assigned, member.pending_revocation)
-        if changed or old is None or req.member_epoch == JOIN_GROUP_MEMBER_EPOCH:
+        if changed or old is None or replaced is not None or req.member_epoch == JOIN_GROUP_MEMBER_EPOCH:
             records.append(group.current_assignment_record(member_id, result))
         await self._write(group_id, records)
         live = self.groups[group_id].members[member_id]
@@ -345,6 +359,9 @@ class ConsumerGroupCoordinator:
                 live.revocation_deadline = now + timeout / 1000
         else:
             live.revocation_deadline = None
+        if replaced is not None:
+            log.info("static member replaced", group_id=group_id, instance_id=req.instance_id,
+                     old_member_id=replaced.member_id, member_id=member_id)
         if bump:
             log.info("consumer group epoch bumped", group_id=group_id, epoch=group_epoch, members=len(members_after))
         send_assignment = (req.member_epoch == JOIN_GROUP_MEMBER_EPOCH or owned is not None
@@ -354,6 +371,28 @@ class ConsumerGroupCoordinator:
             heartbeat_interval_ms=self.config.heartbeat_interval_ms,
             assignment=_hb_assignment(live.assigned) if send_assignment else None,
         )
+
+    @staticmethod
+    def _static_predecessor(group: ConsumerGroup, req: Any, member_id: str) -> ConsumerMember | None:
+        """The member a static member's join replaces; Kafka's errors when the instance id is in use."""
+        if req.instance_id is None:
+            return None
+        prior = group.static_member(req.instance_id)
+        if prior is None or prior.member_id == member_id:
+            if prior is None and req.member_epoch != JOIN_GROUP_MEMBER_EPOCH and member_id in group.members:
+                raise ConsumerGroupError(ErrorCode.FENCED_INSTANCE_ID,
+                                         f"Static member {member_id} with instance id {req.instance_id} is not "
+                                         "the member the group knows for it.")
+            return None
+        if req.member_epoch != JOIN_GROUP_MEMBER_EPOCH:
+            raise ConsumerGroupError(ErrorCode.FENCED_INSTANCE_ID,
+                                     f"Static member {member_id} with instance id {req.instance_id} was replaced "
+                                     f"by {prior.member_id}.")
+        if prior.member_epoch != LEAVE_GROUP_STATIC_MEMBER_EPOCH:
+            raise ConsumerGroupError(ErrorCode.UNRELEASED_INSTANCE_ID,
+                                     f"Static member {member_id} with instance id {req.instance_id} cannot join "
+                                     f"the group because the instance id is owned by member {prior.member_id}.")
+        return prior
 
     @staticmethod
     def _check_epoch(member: ConsumerMember, received: int, owned: Assignment | None) -> None:
@@ -413,6 +452,16 @@ class ConsumerGroupCoordinator:
         if member_id not in group.members:
             raise ConsumerGroupError(ErrorCode.UNKNOWN_MEMBER_ID,
                                      f"Member {member_id} is not a member of group {group_id}.")
+        member = group.members[member_id]
+        if epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH and member.instance_id is not None:
+            # A static member leaving temporarily keeps its partitions until its session ends or its
+            # successor (same instance id) joins.
+            await self._write(group_id, [group.current_assignment_record(member_id, Reconciled(
+                member.state, LEAVE_GROUP_STATIC_MEMBER_EPOCH, member.member_epoch, member.assigned,
+                member.pending_revocation))])
+            log.info("static member left consumer group temporarily", group_id=group_id, member_id=member_id)
+            return HeartbeatResponse(error_code=ErrorCode.NONE, member_id=member_id, member_epoch=epoch,
+                                     heartbeat_interval_ms=0)
         await self._remove_member(group, member_id)
         log.info("member left consumer group", group_id=group_id, member_id=member_id)
         return HeartbeatResponse(error_code=ErrorCode.NONE, member_id=member_id, member_epoch=epoch,

@@ -178,10 +178,13 @@ class ConsumerGroup:
             return ConsumerGroupState.RECONCILING
         return ConsumerGroupState.STABLE
 
-    def held_by_others(self, member_id: str) -> set[tuple[bytes, int]]:
+    def static_member(self, instance_id: str) -> ConsumerMember | None:
+        return next((m for m in self.members.values() if m.instance_id == instance_id), None)
+
+    def held_by_others(self, *member_ids: str) -> set[tuple[bytes, int]]:
         held: set[tuple[bytes, int]] = set()
         for mid, m in self.members.items():
-            if mid == member_id:
+            if mid in member_ids:
                 continue
             for assignment in (m.assigned, m.pending_revocation):
                 held.update((tid, p) for tid, ps in assignment.items() for p in ps)

@@ -200,3 +200,29 @@ async def test_regex_subscription_and_bad_input(env: Env) -> None:
     foreign = Request(group_id="classic", member_id="d", member_epoch=0, rebalance_timeout_ms=1,
                       subscribed_topic_names=["orders"], topic_partitions=[])
     assert (await env.coord.heartbeat(foreign, 1, "c", "h")).error_code == ErrorCode.GROUP_ID_NOT_FOUND
+
+
+async def test_static_member_comes_back_without_a_rebalance(env: Env) -> None:
+    async def beat(member_id: str, epoch: int, instance: str, owned: dict[bytes, set[int]] | None = None) -> Any:
+        req = Request(group_id=GROUP, member_id=member_id, member_epoch=epoch, instance_id=instance,
+                      rebalance_timeout_ms=30000, subscribed_topic_names=["orders"] if epoch == 0 else None,
+                      topic_partitions=None if owned is None else [_TP(topic_id=t, partitions=sorted(ps))
+                                                                   for t, ps in owned.items()])
+        return await env.coord.heartbeat(req, 1, "cli", "/127.0.0.1")
+
+    a = await beat("a1", 0, "A", owned={})
+    b = await beat("b1", 0, "B", owned={})
+    a = await beat("a1", 1, "A", owned={T1: {0, 1, 2, 3}})
+    a = await beat("a1", 1, "A", owned={T1: parts(a)})
+    b = await beat("b1", 2, "B", owned={})
+    kept_b = parts(b)
+    epoch = env.coord.groups[GROUP].group_epoch
+    # Instance B is still owned by b1: another member cannot take it.
+    assert (await beat("b2", 0, "B", owned={})).error_code == ErrorCode.UNRELEASED_INSTANCE_ID
+    left = await beat("b1", -2, "B")
+    assert (left.error_code, left.member_epoch) == (ErrorCode.NONE, -2)
+    back = await beat("b2", 0, "B", owned={})
+    assert (back.error_code, parts(back), back.member_epoch) == (ErrorCode.NONE, kept_b, epoch)
+    assert env.coord.groups[GROUP].group_epoch == epoch  # no rebalance
+    assert sorted(env.coord.groups[GROUP].members) == ["a1", "b2"]
+    assert (await beat("b1", 2, "B", owned={})).error_code == ErrorCode.FENCED_INSTANCE_ID
