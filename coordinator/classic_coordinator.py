@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 
 from shoal.protocol import messages
-from shoal.protocol.coordinator_records import CoordinatorRecord
+from shoal.protocol.coordinator_records import CoordinatorRecord, fits_key_string
 from shoal.protocol.errors import ErrorCode
 
 from .classic_group import (
@@ -40,7 +40,7 @@ from .record_log import CoordinatorRecordLog
 log = structlog.get_logger("shoal.classic_groups")
 
 JoinResponse = messages.JoinGroupResponse
-_JoinMember = JoinResponse.JoinGroupResponseMember  # type: ignore[attr-defined]
+_JoinMember = JoinResponse.JoinGroupResponseMember
 SyncResponse = messages.SyncGroupResponse
 
 Empty, Preparing, Completing, Stable, Dead = (
@@ -84,6 +84,11 @@ class OffsetToCommit:
     offset: int
     leader_epoch: int
     metadata: str | None
+
+
+def valid_group_id(group_id: str) -> bool:
+    """Not empty, and short enough to be a key of `__consumer_offsets`."""
+    return bool(group_id) and fits_key_string(group_id)
 
 
 def _join_error(code: int, member_id: str = "") -> Any:
@@ -194,10 +199,21 @@ class ClassicGroupCoordinator:
             for member in group.members.values():
                 self._arm_heartbeat(group, member)
 
-    async def stop(self) -> None:
+    def unload(self) -> None:
+        """Shutdown: no more timers, and requests waiting for a rebalance are told NOT_COORDINATOR (as Kafka
+        answers when it unloads a group), so the broker does not wait for phases that will not end."""
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
+        for (_group_id, member_id), waiter in list(self._join_waiters.items()):
+            _resolve(waiter, _join_error(ErrorCode.NOT_COORDINATOR, member_id))
+        for waiter in self._sync_waiters.values():
+            _resolve(waiter, _sync_error(ErrorCode.NOT_COORDINATOR))
+        self._join_waiters.clear()
+        self._sync_waiters.clear()
+
+    async def stop(self) -> None:
+        self.unload()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -246,8 +262,14 @@ class ClassicGroupCoordinator:
     # ---- JoinGroup ---------------------------------------------------------------------------------
 
     async def join_group(self, req: JoinRequest) -> Any:
-        if not req.group_id:
+        if not valid_group_id(req.group_id):
             return _join_error(ErrorCode.INVALID_GROUP_ID, req.member_id)
+        # Everything the group's metadata record will carry must fit its string fields.
+        if not all(fits_key_string(text) for text in (
+            f"{req.group_instance_id or req.client_id}-{uuid.UUID(int=0)}", req.member_id, req.client_host,
+            req.protocol_type, *(name for name, _ in req.protocols),
+        )):
+            return _join_error(ErrorCode.INVALID_REQUEST, req.member_id)
         cfg = self.config
         if not cfg.min_session_timeout_ms <= req.session_timeout_ms <= cfg.max_session_timeout_ms:
             return _join_error(ErrorCode.INVALID_SESSION_TIMEOUT, req.member_id)
@@ -579,7 +601,7 @@ class ClassicGroupCoordinator:
     # ---- SyncGroup ---------------------------------------------------------------------------------
 
     async def sync_group(self, req: Any, version: int) -> Any:
-        if not req.group_id:
+        if not valid_group_id(req.group_id):
             return _sync_error(ErrorCode.INVALID_GROUP_ID)
         if not self.loaded:
             return _sync_error(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
@@ -661,7 +683,7 @@ class ClassicGroupCoordinator:
     # ---- Heartbeat / LeaveGroup ----------------------------------------------------------------------
 
     async def heartbeat(self, group_id: str, member_id: str, generation_id: int, instance_id: str | None) -> int:
-        if not group_id:
+        if not valid_group_id(group_id):
             return ErrorCode.INVALID_GROUP_ID
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
@@ -682,6 +704,8 @@ class ClassicGroupCoordinator:
 
     async def leave_group(self, group_id: str, leaving: list[tuple[str, str | None]]) -> tuple[int, list[int]]:
         """LeaveGroup for (member id, group instance id) pairs: the group error and one code per member."""
+        if not valid_group_id(group_id):
+            return ErrorCode.INVALID_GROUP_ID, []
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
         if group_id not in self.groups:
@@ -748,6 +772,8 @@ class ClassicGroupCoordinator:
         offsets: list[OffsetToCommit], version: int,
     ) -> tuple[int, list[int]]:
         """OffsetCommit: a group-level error (applied to every partition) or one code per offset."""
+        if not valid_group_id(group_id):
+            return ErrorCode.INVALID_GROUP_ID, []
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
         if self.foreign_group(group_id):
@@ -790,6 +816,8 @@ class ClassicGroupCoordinator:
         self, group_id: str, wanted: list[tuple[str, list[int]]] | None
     ) -> tuple[int, list[tuple[str, int, CommittedOffset | None]]]:
         """OffsetFetch: (topic, partition, committed or None) for `wanted`, or every committed offset."""
+        if not valid_group_id(group_id):
+            return ErrorCode.INVALID_GROUP_ID, []
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
         if self.foreign_group(group_id):
@@ -802,6 +830,8 @@ class ClassicGroupCoordinator:
 
     async def delete_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> tuple[int, list[int]]:
         """OffsetDelete: refused per partition while the group's members subscribe to the topic."""
+        if not valid_group_id(group_id):
+            return ErrorCode.INVALID_GROUP_ID, []
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
         async with self._lock(group_id):

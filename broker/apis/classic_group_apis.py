@@ -58,7 +58,7 @@ class ClassicGroupApis:
             return JoinResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, generation_id=-1,
                                 member_id=req.member_id, leader="", members=[])
         version = ctx.api_version
-        resp = await self.coordinator.join_group(JoinRequest(
+        response = await self.coordinator.join_group(JoinRequest(
             group_id=req.group_id, member_id=req.member_id,
             group_instance_id=req.group_instance_id if version >= 5 else None,
             session_timeout_ms=req.session_timeout_ms,
@@ -66,9 +66,9 @@ class ClassicGroupApis:
             protocol_type=req.protocol_type, protocols=[(p.name, bytes(p.metadata)) for p in req.protocols or ()],
             client_id=ctx.header.client_id or "", client_host="/" + ctx.connection.client_host, version=version,
         ))
-        if version < 7 and resp.protocol_name is None:
-            resp.protocol_name = ""  # nullable from v7 on; older versions carry an empty name (as Kafka does)
-        return resp
+        if version < 7 and response.protocol_name is None:
+            response.protocol_name = ""  # nullable from v7 on; older versions carry an empty name
+        return response
 
     async def sync_group(self, ctx: RequestContext, req: Any) -> Any:
         if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
@@ -90,12 +90,12 @@ class ClassicGroupApis:
             leaving = [(req.member_id, None)]
         if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
             return LeaveResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, members=[])
-        if not req.group_id:
-            return LeaveResponse(error_code=ErrorCode.INVALID_GROUP_ID, members=[])
         code, codes = await self.coordinator.leave_group(req.group_id, leaving)
         if version < 3:
             # One member, no per-member list: its error is the response's.
             return LeaveResponse(error_code=code if code != ErrorCode.NONE else (codes[0] if codes else code))
+        if code != ErrorCode.NONE:
+            return LeaveResponse(error_code=code, members=[])
         members = [_LeaveMember(member_id=mid, group_instance_id=iid, error_code=c)
                    for (mid, iid), c in zip(leaving, codes, strict=True)]
         return LeaveResponse(error_code=code, members=members)

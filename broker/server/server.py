@@ -189,6 +189,8 @@ class Broker:
             conn.close()
         for task in self._background:
             task.cancel()
+        if self.classic_groups is not None:
+            self.classic_groups.unload()
         await asyncio.sleep(0)  # let the closed connections' callbacks run (they wake long polls, release)
         running = set(self._requests)
         if self.share_partitions is not None:

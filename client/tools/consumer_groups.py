@@ -18,12 +18,12 @@ from shoal.client.errors import KafkaError
 from shoal.client.tools.cli import (
     ToolParser,
     UsageError,
-    add_version,
 )
 from shoal.client.tools.group_offsets import (
     ToolError,
     assignment_string,
     check_group_args,
+    group_parser,
     listed_offsets,
     named_partitions,
     parse_states,
@@ -45,47 +45,13 @@ INACTIVE = ("Empty", "Dead")
 
 
 def build_parser() -> ToolParser:
-    p = ToolParser(prog=PROG, description="This tool helps to list all consumer groups, describe a consumer group, "
-                                          "delete consumer group info, or reset consumer group offsets.")
-    p.add_argument("--bootstrap-server", metavar="<server to connect to>", help="REQUIRED: The server(s) to connect to.")
-    p.add_argument("--command-config", metavar="<command config property file>",
-                   help="Property file with client settings (security.protocol, sasl.*, ssl.*) for the admin client.")
-    p.add_argument("--group", action="append", metavar="<consumer group>", help="The consumer group to act on.")
-    p.add_argument("--all-groups", action="store_true", help="Apply to all consumer groups.")
-    p.add_argument("--topic", action="append", metavar="<topic>",
-                   help="A topic whose offsets are reset or deleted; 'topic:0,1,2' limits it to those partitions.")
-    p.add_argument("--all-topics", action="store_true",
-                   help="With --reset-offsets: every topic the group has committed offsets for.")
-    p.add_argument("--list", action="store_true", help="List all consumer groups.")
-    p.add_argument("--describe", action="store_true", help="Describe consumer groups: offsets and lag, members, state.")
-    p.add_argument("--delete", action="store_true", help="Delete consumer groups (they must have no members).")
-    p.add_argument("--reset-offsets", action="store_true",
-                   help="Reset the offsets of an inactive consumer group. Needs --dry-run or --execute, the "
-                        "partitions (--topic or --all-topics) and one reset scenario.")
-    p.add_argument("--delete-offsets", action="store_true",
-                   help="Delete the committed offsets of one group for the topics given with --topic.")
-    p.add_argument("--offsets", action="store_true", help="With --describe: offsets and lag (the default).")
-    p.add_argument("--members", action="store_true", help="With --describe: the group's members.")
-    p.add_argument("--state", nargs="?", const="", metavar="<states>",
-                   help="With --describe: the group's state. With --list: show states, optionally only groups in the "
-                        "comma-separated states given.")
-    p.add_argument("--verbose", action="store_true", help="With --describe --members: add each member's assignment.")
-    p.add_argument("--dry-run", action="store_true", help="Only show the offsets --reset-offsets would set.")
-    p.add_argument("--execute", action="store_true", help="Reset the offsets.")
-    p.add_argument("--export", action="store_true", help="With --dry-run: print the result as CSV.")
-    p.add_argument("--to-earliest", action="store_true", help="Reset to the earliest offset.")
-    p.add_argument("--to-latest", action="store_true", help="Reset to the latest offset.")
+    p = group_parser(PROG, "This tool helps to list, describe, reset and delete consumer groups.", "consumer",
+                     DEFAULT_TIMEOUT_MS)
+    p.add_argument("--export", action="store_true", help="With --reset-offsets: print the result as CSV.")
     p.add_argument("--to-current", action="store_true", help="Reset to the current committed offset.")
-    p.add_argument("--to-datetime", metavar="<datetime>",
-                   help="Reset to the first offset at or after 'YYYY-MM-DDTHH:mm:SS.sss' (local time unless a zone follows).")
-    p.add_argument("--by-duration", metavar="<duration>", help="Reset to the first offset at or after now minus 'PnDTnHnMnS'.")
-    p.add_argument("--to-offset", type=int, metavar="<offset>", help="Reset to this offset.")
     p.add_argument("--shift-by", type=int, metavar="<number-of-offsets>",
                    help="Move the committed offsets by this many (negative moves back).")
     p.add_argument("--from-file", metavar="<path to CSV file>", help="Reset to the offsets in a CSV: topic,partition,offset.")
-    p.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_MS, metavar="<timeout (ms)>",
-                   help=f"How long to wait for the cluster, in ms (default {DEFAULT_TIMEOUT_MS}).")
-    add_version(p)
     return p
 
 

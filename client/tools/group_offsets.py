@@ -13,7 +13,14 @@ from typing import Protocol
 
 from shoal.client.admin import AsyncAdmin, TopicPartition
 from shoal.client.errors import KafkaError
-from shoal.client.tools.cli import ToolParser, UsageError, parse_datetime_ms, parse_duration_ms, usage_failure
+from shoal.client.tools.cli import (
+    ToolParser,
+    UsageError,
+    add_version,
+    parse_datetime_ms,
+    parse_duration_ms,
+    usage_failure,
+)
 from shoal.client.tools.config import ToolConfigError, load_properties, split_settings, warn_ignored
 
 
@@ -23,6 +30,50 @@ class ToolError(Exception):
 
 def option(dest: str) -> str:
     return "--" + dest.replace("_", "-")
+
+
+def group_parser(prog: str, description: str, kind: str, default_timeout_ms: int) -> ToolParser:
+    """The options `kafka-share-groups` and `kafka-consumer-groups` have in common, as Kafka names them."""
+    p = ToolParser(prog=prog, description=description)
+    p.add_argument("--bootstrap-server", metavar="<server to connect to>", help="REQUIRED: The server(s) to connect to.")
+    p.add_argument("--command-config", metavar="<command config property file>",
+                   help="Property file with client settings (security.protocol, sasl.*, ssl.*) for the admin client.")
+    p.add_argument("--group", action="append", metavar=f"<{kind} group>", help=f"The {kind} group to act on.")
+    p.add_argument("--all-groups", action="store_true", help=f"Apply to all {kind} groups.")
+    p.add_argument("--topic", action="append", metavar="<topic>",
+                   help="A topic whose offsets are deleted or reset. For --reset-offsets, 'topic:0,1,2' limits the "
+                        "reset to those partitions.")
+    p.add_argument("--all-topics", action="store_true",
+                   help=f"With --reset-offsets: every topic the {kind} group has offsets for.")
+    p.add_argument("--list", action="store_true", help=f"List all {kind} groups.")
+    p.add_argument("--describe", action="store_true", help=f"Describe {kind} groups: offsets, members or state.")
+    p.add_argument("--delete", action="store_true", help=f"Delete {kind} groups (they must have no members).")
+    p.add_argument("--reset-offsets", action="store_true",
+                   help=f"Reset the offsets of a {kind} group, which must have no active members. Needs --dry-run "
+                        "or --execute and one reset scenario.")
+    p.add_argument("--delete-offsets", action="store_true",
+                   help=f"Delete the offsets of one {kind} group for the topics given with --topic.")
+    p.add_argument("--offsets", action="store_true", help="With --describe: each partition's offset and lag (the default).")
+    p.add_argument("--members", action="store_true", help="With --describe: the group's members.")
+    p.add_argument("--state", nargs="?", const="", metavar="<states>",
+                   help="With --describe: the group's state. With --list: show states, optionally only groups "
+                        "in the comma-separated states given.")
+    p.add_argument("--verbose", action="store_true", help="With --describe: more columns.")
+    p.add_argument("--dry-run", action="store_true", help="Only show the offsets --reset-offsets would set.")
+    p.add_argument("--execute", action="store_true", help="Reset the offsets.")
+    p.add_argument("--to-earliest", action="store_true", help="Reset to the earliest offset.")
+    p.add_argument("--to-latest", action="store_true", help="Reset to the latest offset.")
+    p.add_argument("--to-datetime", metavar="<datetime>",
+                   help="Reset to the first offset at or after a time: 'YYYY-MM-DDTHH:mm:SS.sss', local time "
+                        "unless a 'Z' or '+hh:mm' zone follows.")
+    p.add_argument("--by-duration", metavar="<duration>",
+                   help="Reset to the first offset at or after now minus a duration: 'PnDTnHnMnS'.")
+    p.add_argument("--to-offset", type=int, metavar="<offset>",
+                   help="Reset to this offset (kept within the partition's earliest and latest offsets).")
+    p.add_argument("--timeout", type=int, default=default_timeout_ms, metavar="<timeout (ms)>",
+                   help=f"How long to wait for the cluster, in ms (default {default_timeout_ms}).")
+    add_version(p)
+    return p
 
 
 def check_group_args(ns: argparse.Namespace, scenarios: Sequence[str], reset_only: Sequence[str], what: str) -> None:

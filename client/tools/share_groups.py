@@ -16,12 +16,12 @@ from shoal.client.errors import KafkaError
 from shoal.client.tools.cli import (
     ToolParser,
     UsageError,
-    add_version,
 )
 from shoal.client.tools.group_offsets import (
     ToolError,
     assignment_string,
     check_group_args,
+    group_parser,
     named_partitions,
     parse_states,
     report_deletions,
@@ -40,48 +40,8 @@ RESET_SCENARIOS = ("to_earliest", "to_latest", "to_datetime", "by_duration", "to
 
 
 def build_parser() -> ToolParser:
-    p = ToolParser(prog=PROG, description="This tool helps to list, describe, reset and delete share groups.")
-    p.add_argument("--bootstrap-server", metavar="<server to connect to>", help="REQUIRED: The server(s) to connect to.")
-    p.add_argument("--command-config", metavar="<command config property file>",
-                   help="Property file with client settings (security.protocol, sasl.*, ssl.*) for the admin client.")
-    p.add_argument("--group", action="append", metavar="<share group>", help="The share group to act on.")
-    p.add_argument("--all-groups", action="store_true", help="Apply to all share groups.")
-    p.add_argument("--topic", action="append", metavar="<topic>",
-                   help="A topic whose offsets are deleted or reset. For --reset-offsets, 'topic:0,1,2' limits the "
-                        "reset to those partitions.")
-    p.add_argument("--all-topics", action="store_true",
-                   help="Reset every topic the share group has offsets for (the default for --reset-offsets).")
-    p.add_argument("--list", action="store_true", help="List all share groups.")
-    p.add_argument("--describe", action="store_true", help="Describe share groups: offsets, members or state.")
-    p.add_argument("--delete", action="store_true", help="Delete share groups (they must have no members).")
-    p.add_argument("--reset-offsets", action="store_true",
-                   help="Reset the start offsets of one share group, which must have no active members. Needs "
-                        "--dry-run or --execute and one of --to-earliest, --to-latest, --to-datetime, "
-                        "--by-duration, --to-offset.")
-    p.add_argument("--delete-offsets", action="store_true",
-                   help="Delete the offsets of one share group for the topics given with --topic.")
-    p.add_argument("--offsets", action="store_true",
-                   help="With --describe: each partition's start offset and lag (the default).")
-    p.add_argument("--members", action="store_true", help="With --describe: the group's members.")
-    p.add_argument("--state", nargs="?", const="", metavar="<states>",
-                   help="With --describe: the group's state. With --list: show states, optionally only groups "
-                        "in the comma-separated states given (Empty, Stable, Dead).")
-    p.add_argument("--verbose", action="store_true", help="With --describe: add epochs.")
-    p.add_argument("--dry-run", action="store_true", help="Only show the offsets --reset-offsets would set.")
-    p.add_argument("--execute", action="store_true", help="Reset the offsets.")
-    p.add_argument("--to-earliest", action="store_true", help="Reset to the earliest offset.")
-    p.add_argument("--to-latest", action="store_true", help="Reset to the latest offset.")
-    p.add_argument("--to-datetime", metavar="<datetime>",
-                   help="Reset to the first offset at or after a time: 'YYYY-MM-DDTHH:mm:SS.sss', local time "
-                        "unless a 'Z' or '+hh:mm' zone follows.")
-    p.add_argument("--by-duration", metavar="<duration>",
-                   help="Reset to the first offset at or after now minus a duration: 'PnDTnHnMnS'.")
-    p.add_argument("--to-offset", type=int, metavar="<offset>",
-                   help="Reset to this offset (kept within the partition's earliest and latest offsets).")
-    p.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_MS, metavar="<timeout (ms)>",
-                   help=f"How long to wait for the cluster, in ms (default {DEFAULT_TIMEOUT_MS}).")
-    add_version(p)
-    return p
+    return group_parser(PROG, "This tool helps to list, describe, reset and delete share groups.", "share",
+                        DEFAULT_TIMEOUT_MS)
 
 
 def check_args(ns: argparse.Namespace) -> None:

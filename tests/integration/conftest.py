@@ -9,6 +9,8 @@ from .broker_process import BrokerProcess
 
 # The heartbeat interval is bounded by group.share.min.heartbeat.interval.ms (5000 by default), as in Kafka.
 FAST_HEARTBEAT = ["group.share.min.heartbeat.interval.ms=1000", "group.share.heartbeat.interval.ms=1000"]
+# A new classic group completes its first rebalance at once instead of waiting 3 s for more members.
+NO_JOIN_DELAY = ["group.initial.rebalance.delay.ms=0"]
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +18,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     """One broker per test module (starting one takes a moment); tests use distinct topic names."""
     base = tmp_path_factory.mktemp("broker")
     # A short heartbeat interval lets share consumers get their first assignment sooner.
-    proc = BrokerProcess(base / "data", overrides=FAST_HEARTBEAT).start()
+    proc = BrokerProcess(base / "data", overrides=[*FAST_HEARTBEAT, *NO_JOIN_DELAY]).start()
     yield proc
     proc.stop()
 

@@ -17,19 +17,19 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
 from .broker_process import BrokerProcess
+from .conftest import NO_JOIN_DELAY
 from .group_clients import CLIENTS, ConfluentGroupConsumer, GroupConsumer
 from .kafka_wire import WireClient
 
 PARTITIONS = 6
 BATCH = 20  # records per partition per produced batch
 ALL = set(range(PARTITIONS))
-GROUP_OVERRIDES = ["group.initial.rebalance.delay.ms=0"]
 MAX_ROUNDS = 400  # poll rounds before a test gives up (a hang guard, not a timing assertion)
 
 
-@pytest.fixture
-def group_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path / "data", overrides=GROUP_OVERRIDES).start()
+@pytest.fixture(scope="module")
+def group_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    proc = BrokerProcess(tmp_path_factory.mktemp("groups") / "data", overrides=NO_JOIN_DELAY).start()
     yield proc
     proc.stop()
 
@@ -70,7 +70,7 @@ def contiguous(offsets: list[int], start: int, end: int) -> bool:
 
 @pytest.mark.parametrize("client", list(CLIENTS))
 def test_split_takeover_and_resume_after_kill(tmp_path: Path, client: str) -> None:
-    broker = BrokerProcess(tmp_path / "data", overrides=GROUP_OVERRIDES).start()
+    broker = BrokerProcess(tmp_path / "data", overrides=NO_JOIN_DELAY).start()
     try:
         make = CLIENTS[client]
         topic, group = f"cg-{client}-{uuid.uuid4().hex[:6]}", f"g-{uuid.uuid4().hex[:6]}"
@@ -247,3 +247,45 @@ def test_group_ids_are_not_shared_between_group_types(group_broker: BrokerProces
             group_id=share_group, generation_id=1, member_id=joined.member_id, group_instance_id=None))
         assert hb.error_code == ErrorCode.UNKNOWN_MEMBER_ID
         assert commit(wire, share_group, "", -1, topic, 1) == ErrorCode.GROUP_ID_NOT_FOUND
+
+
+def test_topic_ids_and_old_versions(group_broker: BrokerProcess) -> None:
+    """OffsetCommit/OffsetFetch v10 name topics by id; LeaveGroup v0-2 and Heartbeat v0 have no batch form."""
+    topic, group = f"ids-{uuid.uuid4().hex[:6]}", f"g-{uuid.uuid4().hex[:6]}"
+    create_topic(group_broker.bootstrap, topic)
+    with WireClient.connect(group_broker.bootstrap) as wire:
+        meta = wire.request(ApiKey.METADATA, 12, messages.MetadataRequest(
+            topics=[messages.MetadataRequest.MetadataRequestTopic(name=topic, topic_id=b"\x00" * 16)],
+            allow_auto_topic_creation=False, include_topic_authorized_operations=False))
+        topic_id = meta.topics[0].topic_id
+        oc = messages.OffsetCommitRequest
+        commit = wire.request(ApiKey.OFFSET_COMMIT, 10, oc(
+            group_id=group, generation_id_or_member_epoch=-1, member_id="", group_instance_id=None,
+            topics=[oc.OffsetCommitRequestTopic(topic_id=topic_id, partitions=[oc.OffsetCommitRequestPartition(
+                partition_index=2, committed_offset=7, committed_leader_epoch=-1, committed_metadata=None)]),
+                    oc.OffsetCommitRequestTopic(topic_id=b"\x01" * 16, partitions=[oc.OffsetCommitRequestPartition(
+                        partition_index=0, committed_offset=1, committed_leader_epoch=-1, committed_metadata=None)])]))
+        assert [(t.topic_id, t.partitions[0].error_code) for t in commit.topics] == [
+            (topic_id, ErrorCode.NONE), (b"\x01" * 16, ErrorCode.UNKNOWN_TOPIC_ID)]
+        of = messages.OffsetFetchRequest
+        fetched = wire.request(ApiKey.OFFSET_FETCH, 10, of(groups=[of.OffsetFetchRequestGroup(
+            group_id=group, member_id=None, member_epoch=-1,
+            topics=[of.OffsetFetchRequestTopics(topic_id=topic_id, partition_indexes=[2])])], require_stable=False))
+        [t] = fetched.groups[0].topics
+        assert (t.topic_id, t.partitions[0].committed_offset) == (topic_id, 7)
+        # v1 names its topics; v2 may ask for all of them (null).
+        v1 = wire.request(ApiKey.OFFSET_FETCH, 1, of(group_id=group, topics=[
+            of.OffsetFetchRequestTopic(name=topic, partition_indexes=[2, 0])]))
+        assert [(p.partition_index, p.committed_offset) for x in v1.topics for p in x.partitions] == [(2, 7), (0, -1)]
+        v2 = wire.request(ApiKey.OFFSET_FETCH, 2, of(group_id=group, topics=None))
+        assert [(x.name, p.committed_offset) for x in v2.topics for p in x.partitions] == [(topic, 7)]
+
+        member_id, generation = stable_single_member_group(wire, group)
+        hb = wire.request(ApiKey.HEARTBEAT, 0, messages.HeartbeatRequest(
+            group_id=group, generation_id=generation, member_id=member_id))
+        assert hb.error_code == ErrorCode.NONE
+        left = wire.request(ApiKey.LEAVE_GROUP, 2, messages.LeaveGroupRequest(group_id=group, member_id="ghost"))
+        assert left.error_code == ErrorCode.UNKNOWN_MEMBER_ID
+        left = wire.request(ApiKey.LEAVE_GROUP, 2, messages.LeaveGroupRequest(group_id=group, member_id=member_id))
+        assert left.error_code == ErrorCode.NONE
+        assert describe(wire, group)[0] == "Empty"

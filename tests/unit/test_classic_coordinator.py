@@ -209,3 +209,26 @@ async def test_members_that_do_not_sync_in_time_are_removed(env: Env) -> None:
     await env.coord._on_sync_deadline(GROUP, generation)
     assert group.members == {} and group.state == ClassicGroupState.EMPTY and group.generation_id == generation + 1
     assert gen < generation
+
+
+async def test_unload_answers_requests_waiting_for_a_rebalance(env: Env) -> None:
+    a, _gen = await one_member(env)
+    b_id = (await env.join()).member_id
+    waiting = asyncio.ensure_future(env.join(member_id=b_id))
+    await asyncio.sleep(0)
+    assert not waiting.done()  # a has not rejoined yet
+    env.coord.unload()
+    assert (await waiting).error_code == ErrorCode.NOT_COORDINATOR
+    assert a in env.coord.groups[GROUP].members
+
+
+async def test_ids_too_long_for_a_record_key_are_refused(env: Env) -> None:
+    huge = "g" * 40_000
+    req = env.join_req()
+    req.group_id = huge
+    assert (await env.coord.join_group(req)).error_code == ErrorCode.INVALID_GROUP_ID
+    assert (await env.coord.commit_offsets(huge, "", None, -1, [OffsetToCommit("t", 0, 1, -1, "")], 9))[0] == (
+        ErrorCode.INVALID_GROUP_ID)
+    req = env.join_req(instance="i" * 40_000)
+    assert (await env.coord.join_group(req)).error_code == ErrorCode.INVALID_REQUEST
+    assert env.coord.groups == {}
