@@ -226,3 +226,19 @@ async def test_static_member_comes_back_without_a_rebalance(env: Env) -> None:
     assert env.coord.groups[GROUP].group_epoch == epoch  # no rebalance
     assert sorted(env.coord.groups[GROUP].members) == ["a1", "b2"]
     assert (await beat("b1", 2, "B", owned={})).error_code == ErrorCode.FENCED_INSTANCE_ID
+
+
+async def test_a_member_that_does_not_revoke_within_its_rebalance_timeout_is_removed(env: Env) -> None:
+    await env.beat("a", 0, owned={})
+    await env.beat("b", 0, owned={})
+    a = await env.beat("a", 1, owned={T1: {0, 1, 2, 3}})
+    assert env.coord.groups[GROUP].members["a"].state == 1  # UNREVOKED_PARTITIONS
+    for _ in range(7):  # 35 s of heartbeats: both sessions stay alive, a never lets go
+        env.clock.now += 5
+        await env.beat("b", 2)
+        await env.beat("a", 1, owned={T1: {0, 1, 2, 3}})
+        assert await env.coord.expire_members() == ([(GROUP, "a")] if env.clock.now >= 1030 else [])
+        if env.clock.now >= 1030:
+            break
+    b = await env.beat("b", env.coord.groups[GROUP].members["b"].member_epoch, owned={})
+    assert parts(b) == {0, 1, 2, 3} and len(parts(a)) == 2
