@@ -156,6 +156,9 @@ async def test_join_split_revoke_and_replay(env: Env) -> None:
     assert (code, per) == (ErrorCode.NONE, [ErrorCode.NONE])
     assert (await env.coord.commit_offsets(GROUP, "zz", 2, [("orders", 0, 5, 0, None)], 9))[0] == \
         ErrorCode.UNKNOWN_MEMBER_ID
+    # OffsetDelete refuses topics the members subscribe to.
+    assert await env.coord.delete_offsets(GROUP, [("orders", 0), ("elsewhere", 0)]) == (
+        ErrorCode.NONE, [ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC, ErrorCode.NONE])
     # Everything comes back from the log.
     before = env.coord.describe(GROUP)
     again = env.new()
