@@ -4,7 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: run test install install-test lint typecheck unit integration bench clean
+# protocol/, coordinator/ and persister/ are also checked with --strict.
+STRICT_PACKAGES := -p shoal.protocol -p shoal.coordinator -p shoal.persister
+
+.PHONY: run test install install-test lint typecheck unit integration bench clean generate
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +29,7 @@ run: install
 test: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy shoal
+	$(VENV)/bin/mypy --strict $(STRICT_PACKAGES)
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests
 
 unit: install-test
@@ -37,6 +41,11 @@ integration: install-test
 lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy shoal
+	$(VENV)/bin/mypy --strict $(STRICT_PACKAGES)
+
+# Typed message classes and ApiKey from protocol/specs (a unit test fails when they are stale).
+generate: install
+	$(PY) -m shoal.protocol.generate
 
 bench: install-test
 	$(PY) bench/bench_produce_fetch.py

@@ -13,7 +13,9 @@ from typing import Any
 
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.codec import MessageBase
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.uuids import ZERO_UUID
 
 from .connection import BrokerConnection
 from .errors import (
@@ -27,7 +29,6 @@ from .security import ClientConfig
 METADATA_VERSIONS = (1, 12)
 BOOTSTRAP_NODE = -1
 COORDINATOR_GROUP = 0
-NULL_UUID = bytes(16)
 
 
 def parse_bootstrap(servers: str | Iterable[str]) -> list[tuple[str, int]]:
@@ -153,7 +154,9 @@ class Cluster:
                 return await self.connection(node_id)
         return await self.connection(BOOTSTRAP_NODE)
 
-    async def request(self, node_id: int, api_key: int, body: Any, versions: tuple[int, int], **kw: Any) -> Any:
+    async def request(
+        self, node_id: int, api_key: int, body: MessageBase, versions: tuple[int, int], **kw: Any
+    ) -> Any:
         conn = await self.connection(node_id)
         return await conn.request(api_key, body, versions=versions, **kw)
 
@@ -170,7 +173,7 @@ class Cluster:
             version = conn.pick_version(ApiKey.METADATA, *METADATA_VERSIONS)
             req_topics = None
             if names is not None:
-                req_topics = [messages.MetadataRequest.MetadataRequestTopic(name=n) for n in names]  # type: ignore[attr-defined]
+                req_topics = [messages.MetadataRequest.MetadataRequestTopic(name=n) for n in names]
             body = messages.MetadataRequest(topics=req_topics, allow_auto_topic_creation=allow_auto_create)
             response = await conn.request(ApiKey.METADATA, body, version=version)
             self._apply_metadata(response, full=names is None)
@@ -188,13 +191,13 @@ class Cluster:
                 if old is not None:
                     self.topic_names.pop(old.topic_id, None)
                 continue
-            tid = t.topic_id or NULL_UUID
+            tid = t.topic_id or ZERO_UUID
             info = TopicInfo(t.name, tid, is_internal=bool(t.is_internal))
             for p in t.partitions:
                 epoch = p.leader_epoch if p.leader_epoch is not None else -1
                 info.partitions[p.partition_index] = PartitionInfo(p.partition_index, p.leader_id, epoch, p.error_code)
             self.topics[t.name] = info
-            if tid != NULL_UUID:
+            if tid != ZERO_UUID:
                 self.topic_names[tid] = t.name
         self._metadata_at = time.monotonic()
 

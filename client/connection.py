@@ -12,7 +12,7 @@ from typing import Any
 
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
-from shoal.protocol.codec import DecodeError
+from shoal.protocol.codec import DecodeError, MessageBase
 from shoal.protocol.errors import ErrorCode
 
 from .errors import (
@@ -149,7 +149,7 @@ class BrokerConnection:
     async def request(
         self,
         api_key: int,
-        body: Any,
+        body: MessageBase,
         *,
         version: int | None = None,
         versions: tuple[int, int] | None = None,

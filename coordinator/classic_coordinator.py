@@ -374,7 +374,7 @@ class ClassicGroupCoordinator:
                      instance_id=req.group_instance_id, member_id=new_id)
             _resolve(waiter, JoinResponse(
                 error_code=ErrorCode.NONE, generation_id=group.generation_id, protocol_type=group.protocol_type,
-                protocol_name=group.protocol_name, leader=group.leader_id if skip else old_leader,
+                protocol_name=group.protocol_name, leader=(group.leader_id if skip else old_leader) or "",
                 skip_assignment=skip, member_id=new_id, members=self._leader_view(group) if skip else [],
             ))
             return

@@ -1,18 +1,19 @@
 """The share-group coordinator: membership, assignment and share-partition state initialisation.
 
 Share-group records live in `__consumer_offsets` on the group's partition (placed like Kafka places
-groups). Each change is planned by the pure model in `share_group`, appended durably, replayed into
-memory and only then answered, one request at a time per group.
+groups). Each change is planned by the pure model in `share_group` and run through the coordinator
+runtime: appended durably, replayed into the partition's `GroupShard` and only then answered, one
+operation at a time per group.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -21,16 +22,16 @@ from shoal.persister.persister import Persister, SharePartitionKey
 from shoal.protocol import messages
 from shoal.protocol.coordinator_records import CoordinatorRecord, fits_key_string
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.uuids import MAX_MEMBER_ID_LENGTH
 
 from .assignor import ASSIGNOR_NAME, SimpleAssignor
-from .keyed_locks import KeyedLocks
+from .group_shard import GroupShard, GroupsView
 from .placement import coordinator_partition
 from .record_log import CoordinatorRecordLog
+from .runtime import CoordinatorRuntime
 from .share_group import (
     JOIN_GROUP_MEMBER_EPOCH,
     LEAVE_GROUP_MEMBER_EPOCH,
-    MAX_MEMBER_ID_LENGTH,
-    SHARE_RECORD_TYPES,
     GroupState,
     InitRequest,
     ShareGroup,
@@ -42,6 +43,8 @@ from .share_group import (
     target_metadata_record,
 )
 
+T = TypeVar("T")
+
 __all__ = [
     "DescribedGroup", "GroupConfigSource", "GroupCoordinator", "GroupCoordinatorConfig", "TopicMetadataSource",
     "partition_for_group",
@@ -49,14 +52,15 @@ __all__ = [
 
 log = structlog.get_logger("shoal.group_coordinator")
 
+HeartbeatRequest = messages.ShareGroupHeartbeatRequest
 HeartbeatResponse = messages.ShareGroupHeartbeatResponse
 DescribeResponse = messages.ShareGroupDescribeResponse
-_HbAssignment = HeartbeatResponse.Assignment  # type: ignore[attr-defined]
-_HbTopicPartitions = HeartbeatResponse.TopicPartitions  # type: ignore[attr-defined]
-DescribedGroup = DescribeResponse.DescribedGroup  # type: ignore[attr-defined]
-_DMember = DescribeResponse.Member  # type: ignore[attr-defined]
-_DAssignment = DescribeResponse.Assignment  # type: ignore[attr-defined]
-_DTopicPartitions = DescribeResponse.TopicPartitions  # type: ignore[attr-defined]
+_HbAssignment = HeartbeatResponse.Assignment
+_HbTopicPartitions = HeartbeatResponse.TopicPartitions
+DescribedGroup = DescribeResponse.DescribedGroup
+_DMember = DescribeResponse.Member
+_DAssignment = DescribeResponse.Assignment
+_DTopicPartitions = DescribeResponse.TopicPartitions
 
 
 @dataclass(slots=True)
@@ -80,7 +84,7 @@ def partition_for_group(group_id: str, num_partitions: int) -> int:
     return coordinator_partition(group_id, num_partitions)
 
 
-def _response_assignment(assignment: dict[bytes, frozenset[int]] | None) -> Any:
+def _response_assignment(assignment: dict[bytes, frozenset[int]] | None) -> HeartbeatResponse.Assignment | None:
     if assignment is None:
         return None
     return _HbAssignment(topic_partitions=[
@@ -88,7 +92,7 @@ def _response_assignment(assignment: dict[bytes, frozenset[int]] | None) -> Any:
     ])
 
 
-def _error_response(code: ErrorCode, message: str | None = None) -> Any:
+def _error_response(code: ErrorCode, message: str | None = None) -> HeartbeatResponse:
     return HeartbeatResponse(error_code=code, error_message=message)
 
 
@@ -103,7 +107,7 @@ class GroupCoordinator:
         group_configs: GroupConfigSource | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
-        self.record_log = record_log
+        self.runtime = CoordinatorRuntime(record_log, lambda _partition: GroupShard())
         self.topics = topics
         self.persister = persister
         self.config = config or GroupCoordinatorConfig()
@@ -112,10 +116,8 @@ class GroupCoordinator:
         # True when the id belongs to a group of another type (a classic group): such ids are refused.
         self.foreign_group: Callable[[str], bool] = lambda _group_id: False
         self.assignor = SimpleAssignor()
-        self.groups: dict[str, ShareGroup] = {}
+        self.groups = GroupsView(self.runtime.shards, self.partition_for)
         self.loaded = False
-        self.rebalances = 0  # group epoch bumps since start
-        self._locks = KeyedLocks()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._maintenance: asyncio.Task[None] | None = None
         self._init_inflight: set[tuple[str, bytes, int]] = set()
@@ -124,36 +126,23 @@ class GroupCoordinator:
         # Background retries (state deletions, the maintenance loop itself) back off and log sparingly.
         self._retries = Backoff()
 
-    # ---- placement, locking, writing -------------------------------------------------------------
+    # ---- placement, operations, writing -----------------------------------------------------------
 
     def partition_for(self, group_id: str) -> int:
-        return partition_for_group(group_id, self.record_log.num_partitions)
+        return partition_for_group(group_id, self.runtime.num_partitions)
 
-    def _lock(self, group_id: str) -> contextlib.AbstractAsyncContextManager[None]:
-        """Serialise work on one group."""
-        return self._locks.hold(group_id)
+    async def _run(self, group_id: str, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run `operation` as the group's only one in progress, to completion whatever its caller does."""
+        return await self.runtime.write(self.partition_for(group_id), group_id, operation)
 
     async def _write(self, group_id: str, records: list[CoordinatorRecord]) -> None:
-        """Durably append, then replay into memory (the same path `load` takes)."""
-        if not records:
-            return
-        await self.record_log.append(self.partition_for(group_id), records)
-        self._apply(records, live=True)
+        """Durably append, then replay into memory (the same path `load` takes); from an operation only."""
+        await self.runtime.append(self.partition_for(group_id), records)
 
-    def _apply(self, records: Iterable[CoordinatorRecord], *, live: bool) -> None:
-        for record in records:
-            group_id = record.key.group_id
-            group = self.groups.get(group_id)
-            if group is None:
-                if record.value is None:
-                    continue  # tombstone for a group we no longer hold
-                group = self.groups[group_id] = ShareGroup(group_id)
-            before = group.group_epoch
-            group.replay(record)
-            if live and group.group_epoch > before:
-                self.rebalances += 1
-            if group.deleted:
-                del self.groups[group_id]
+    @property
+    def rebalances(self) -> int:
+        """Group epoch bumps since start."""
+        return sum(shard.epoch_bumps for shard in self.runtime.shards)
 
     def session_timeout(self, group_id: str) -> float:
         """Seconds a member may stay silent (group config `share.session.timeout.ms` wins)."""
@@ -166,7 +155,7 @@ class GroupCoordinator:
             return self.group_configs.get_int(group_id, "share.heartbeat.interval.ms")
         return self.config.heartbeat_interval_ms
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -175,15 +164,9 @@ class GroupCoordinator:
 
     async def load(self) -> None:
         """Rebuild every share group from `__consumer_offsets`."""
-        self.groups.clear()
-        for partition in range(self.record_log.num_partitions):
-            for offset, rec in self.record_log.replay(partition):
-                if rec.record_type not in SHARE_RECORD_TYPES:
-                    continue
-                try:
-                    self._apply((rec,), live=False)
-                except Exception:  # one unusable record must not keep the broker from starting
-                    log.exception("skipping group record that cannot be applied", partition=partition, offset=offset)
+        for partition in range(self.runtime.num_partitions):
+            await self.runtime.load(partition)
+            self.runtime.shard(partition).epoch_bumps = 0  # the rebalance count starts now
             await asyncio.sleep(0)  # let the loop breathe between partitions
         now = self.clock()
         for group in self.groups.values():
@@ -206,6 +189,7 @@ class GroupCoordinator:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.runtime.drain()  # operations already started finish
 
     async def wait_for_background(self) -> None:
         """Wait until spawned work (initialisations, topic refreshes) has finished."""
@@ -229,14 +213,15 @@ class GroupCoordinator:
 
     # ---- heartbeat ---------------------------------------------------------------------------------
 
-    async def heartbeat(self, req: Any, client_id: str, client_host: str) -> Any:
+    async def heartbeat(self, req: HeartbeatRequest, client_id: str, client_host: str) -> HeartbeatResponse:
         """ShareGroupHeartbeat (KIP-932): join with epoch 0, leave with -1, otherwise keep-alive."""
         invalid = self._validate(req)
         if invalid is not None:
             return _error_response(ErrorCode.INVALID_REQUEST, invalid)
         if not self.loaded:
             return _error_response(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
-        async with self._lock(req.group_id):
+
+        async def operation() -> HeartbeatResponse:
             try:
                 if req.member_epoch == LEAVE_GROUP_MEMBER_EPOCH:
                     return await self._leave(req.group_id, req.member_id)
@@ -247,8 +232,10 @@ class GroupCoordinator:
                 log.exception("share group heartbeat failed", group_id=req.group_id)
                 return _error_response(ErrorCode.COORDINATOR_NOT_AVAILABLE, "the group coordinator could not write")
 
+        return await self._run(req.group_id, operation)
+
     @staticmethod
-    def _validate(req: Any) -> str | None:
+    def _validate(req: HeartbeatRequest) -> str | None:
         if not req.member_id:
             return "MemberId can't be empty."
         if len(req.member_id) > MAX_MEMBER_ID_LENGTH:
@@ -265,7 +252,7 @@ class GroupCoordinator:
             return f"MemberEpoch is {req.member_epoch}, but must be greater than or equal to -1."
         return None
 
-    async def _heartbeat(self, req: Any, client_id: str, client_host: str) -> Any:
+    async def _heartbeat(self, req: HeartbeatRequest, client_id: str, client_host: str) -> HeartbeatResponse:
         group = self.groups.get(req.group_id)
         if group is None:
             if self.foreign_group(req.group_id):
@@ -303,7 +290,7 @@ class GroupCoordinator:
             assignment=_response_assignment(plan.assignment),
         )
 
-    async def _leave(self, group_id: str, member_id: str) -> Any:
+    async def _leave(self, group_id: str, member_id: str) -> HeartbeatResponse:
         group = self.groups.get(group_id)
         if group is None:
             raise ShareGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Share group {group_id} not found.")
@@ -319,19 +306,22 @@ class GroupCoordinator:
         """Remove members whose session deadline passed; returns the (group, member) pairs removed."""
         now = self.clock() if now is None else now
         expired: list[tuple[str, str]] = []
+
+        async def expire(group_id: str, candidates: list[str]) -> None:
+            for member_id in candidates:
+                current = self.groups.get(group_id)
+                member = None if current is None else current.members.get(member_id)
+                if current is None or member is None or member.session_deadline > now:
+                    continue
+                await self._write(group_id, current.plan_remove_member(member_id, self.topics))
+                expired.append((group_id, member_id))
+                log.info("share group member session expired", group_id=group_id, member_id=member_id)
+
         for group_id in list(self.groups):
             group = self.groups.get(group_id)
             if group is None or not any(m.session_deadline <= now for m in group.members.values()):
                 continue
-            async with self._lock(group_id):
-                for member_id in sorted(group.members):
-                    current = self.groups.get(group_id)
-                    member = None if current is None else current.members.get(member_id)
-                    if current is None or member is None or member.session_deadline > now:
-                        continue
-                    await self._write(group_id, current.plan_remove_member(member_id, self.topics))
-                    expired.append((group_id, member_id))
-                    log.info("share group member session expired", group_id=group_id, member_id=member_id)
+            await self._run(group_id, functools.partial(expire, group_id, sorted(group.members)))
         return expired
 
     # ---- share-partition state initialisation ----------------------------------------------------------
@@ -370,7 +360,8 @@ class GroupCoordinator:
                                 partitions=failed, error=repr(first_error), failures_not_logged=suppressed)
             else:
                 self._retries.succeeded(("initialize", req.group_id))
-            async with self._lock(req.group_id):
+
+            async def record_outcome() -> None:
                 group = self.groups.get(req.group_id)
                 if group is None:
                     return
@@ -385,6 +376,8 @@ class GroupCoordinator:
                         info = group.initializing.get(tid)
                         if info is not None:
                             info.timestamp = now
+
+            await self._run(req.group_id, record_outcome)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -434,25 +427,28 @@ class GroupCoordinator:
         if not self.loaded:
             return
         now = self.clock()
+
+        async def refresh(group_id: str) -> None:
+            group = self.groups.get(group_id)
+            if group is None or group.deleting_group:
+                return
+            await self._move_deleted_topics(group)
+            group = self.groups[group_id]
+            records = group.plan_metadata_refresh(self.topics)
+            missing = group.uninitialized_partitions(
+                group.subscribed_topic_names(), self.topics, now, self.config.initialize_retry_interval_ms / 1000
+            ) if group.members else {}
+            if missing:
+                records.append(group.initializing_record(missing))
+            await self._write(group_id, records)
+            if missing:
+                live = self.groups[group_id]
+                req = InitRequest(group_id, live.group_epoch, {tid: set(ti.partitions) for tid, ti in missing.items()})
+                self._mark_initializing(live, req, now)
+                self._spawn(self._initialize(req))
+
         for group_id in list(self.groups):
-            async with self._lock(group_id):
-                group = self.groups.get(group_id)
-                if group is None or group.deleting_group:
-                    continue
-                await self._move_deleted_topics(group)
-                group = self.groups[group_id]
-                records = group.plan_metadata_refresh(self.topics)
-                missing = group.uninitialized_partitions(
-                    group.subscribed_topic_names(), self.topics, now, self.config.initialize_retry_interval_ms / 1000
-                ) if group.members else {}
-                if missing:
-                    records.append(group.initializing_record(missing))
-                await self._write(group_id, records)
-                if missing:
-                    live = self.groups[group_id]
-                    req = InitRequest(group_id, live.group_epoch, {tid: set(ti.partitions) for tid, ti in missing.items()})
-                    self._mark_initializing(live, req, now)
-                    self._spawn(self._initialize(req))
+            await self._run(group_id, functools.partial(refresh, group_id))
             if group_id in self._pending_state_deletes:
                 await self._delete_topic_state(group_id)
 
@@ -493,12 +489,15 @@ class GroupCoordinator:
             pending.pop(tid, None)
         if not pending:
             self._pending_state_deletes.pop(group_id, None)
-        async with self._lock(group_id):
+
+        async def forget_deleted() -> None:
             group = self.groups.get(group_id)
             if group is None or not finished & set(group.deleting):
                 return
             deleting = {tid: name for tid, name in group.deleting.items() if tid not in finished}
             await self._write(group_id, [state_partition_metadata_record(group_id, group.initializing, group.initialized, deleting)])
+
+        await self._run(group_id, forget_deleted)
 
     async def _delete_state(self, group_id: str, topics: dict[bytes, set[int]], *, retrying: bool = False) -> int:
         """Delete the persisted state of the partitions; a topic deleted meanwhile counts as done (its state
@@ -519,7 +518,7 @@ class GroupCoordinator:
 
     # ---- admin ---------------------------------------------------------------------------------------
 
-    def describe(self, group_ids: Iterable[str]) -> list[Any]:
+    def describe(self, group_ids: Iterable[str]) -> list[DescribeResponse.DescribedGroup]:
         """ShareGroupDescribe v1 bodies, one per requested group."""
         out = []
         for group_id in group_ids:
@@ -573,7 +572,8 @@ class GroupCoordinator:
         """DeleteGroups for a share group: must be empty; its persisted share state goes first."""
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
-        async with self._lock(group_id):
+
+        async def operation() -> int:
             group = self.groups.get(group_id)
             if group is None:
                 return ErrorCode.GROUP_ID_NOT_FOUND
@@ -611,6 +611,8 @@ class GroupCoordinator:
             log.info("share group deleted", group_id=group_id)
             return ErrorCode.NONE
 
+        return await self._run(group_id, operation)
+
 
     # ---- share-group offsets admin (Describe/Alter/DeleteShareGroupOffsets) ---------------------------
 
@@ -636,7 +638,8 @@ class GroupCoordinator:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, {}
         if group_id not in self.groups and self.foreign_group(group_id):
             return ErrorCode.GROUP_ID_NOT_FOUND, {}
-        async with self._lock(group_id):
+
+        async def operation() -> tuple[int, dict[tuple[bytes, int], int]]:
             existing = self.groups.get(group_id)
             group = existing or ShareGroup(group_id)
             if group.members:
@@ -685,6 +688,8 @@ class GroupCoordinator:
                      partitions=sum(len(ps) for ps in done.values()))
             return ErrorCode.NONE, errors
 
+        return await self._run(group_id, operation)
+
     async def delete_offsets(self, group_id: str, topic_ids: Iterable[bytes]) -> tuple[int, dict[bytes, int]]:
         """DeleteShareGroupOffsets: forget the topics' share state so the next consumption starts from
         `share.auto.offset.reset`. Two-phase like Kafka: the topics move to "deleting" first, their
@@ -692,7 +697,8 @@ class GroupCoordinator:
         `retry_pending` completes."""
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, {}
-        async with self._lock(group_id):
+
+        async def operation() -> tuple[int, dict[bytes, int]]:
             group = self.groups.get(group_id)
             if group is None:
                 return ErrorCode.GROUP_ID_NOT_FOUND, {}
@@ -738,3 +744,5 @@ class GroupCoordinator:
                 ])
             log.info("share group offsets deleted", group_id=group_id, topics=len(finished))
             return ErrorCode.NONE, errors
+
+        return await self._run(group_id, operation)

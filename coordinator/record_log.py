@@ -22,6 +22,14 @@ class CoordinatorRecordLog(Protocol):
         """Append records as one batch and return once they are fsynced; returns the first offset."""
         ...
 
+    def append_nowait(self, partition: int, records: list[CoordinatorRecord]) -> int:
+        """Append records as one batch, not yet durable (`flush` waits for that); returns the first offset."""
+        ...
+
+    async def flush(self, partition: int, end_offset: int) -> None:
+        """Return once every record below `end_offset` is fsynced (appends waiting together share one fsync)."""
+        ...
+
     def replay(self, partition: int) -> Iterator[tuple[int, CoordinatorRecord]]:
         """Every (offset, record) the partition holds, oldest first."""
         ...

@@ -1,28 +1,46 @@
 """The share coordinator: durable share-partition state on `__share_group_state` (KIP-932).
 
-Every change goes the same way: validate against memory, build records, append them to the state topic
-and wait until they are durable, replay them into memory, answer. Memory changes only by replay, so a
-restart (`load`) rebuilds exactly what the answers promised. One lock per state-topic partition keeps
-two changes to the same key from interleaving between validation, append and replay.
+Every change goes the same way, through the coordinator runtime: validate against memory, build
+records, append them to the state topic and wait until they are durable, replay them into memory,
+answer. Memory changes only by replay, so a restart (`load`) rebuilds exactly what the answers
+promised. The shard of each state-topic partition is a `ShareStateMap`, and writes hold their share
+partition's key, so two changes to one key never interleave between validation, append and replay.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
 from shoal.persister.persister import PersistedStateBatch, SharePartitionKey
-from shoal.protocol import messages
 from shoal.protocol.coordinator_records import SHARE_SNAPSHOT, CoordinatorRecord, fits_key_string
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.share_state_rpcs import (
+    DeleteRequest,
+    DeleteResponse,
+    Error,
+    InitializeRequest,
+    InitializeResponse,
+    ReadRequest,
+    ReadResponse,
+    StatePartition,
+    StateRequest,
+    SummaryRequest,
+    SummaryResponse,
+    WriteRequest,
+    WriteResponse,
+    error_response,
+)
+from shoal.protocol.uuids import ZERO_UUID
 
-from .partition_gate import PartitionGate
 from .record_log import CoordinatorRecordLog
+from .runtime import CoordinatorRuntime
 from .share_state import (
     UNINITIALIZED_DELIVERY_COMPLETE_COUNT,
     UNINITIALIZED_START_OFFSET,
@@ -37,14 +55,9 @@ from .share_state import (
 
 log = structlog.get_logger("shoal.share_coordinator")
 
-ZERO_UUID = b"\x00" * 16
-_REPLAY_YIELD_EVERY = 1000  # records replayed between yields, so a long load does not stall the loop
 
-InitializeResponse = messages.InitializeShareGroupStateResponse
-ReadResponse = messages.ReadShareGroupStateResponse
-WriteResponse = messages.WriteShareGroupStateResponse
-DeleteResponse = messages.DeleteShareGroupStateResponse
-SummaryResponse = messages.ReadShareGroupStateSummaryResponse
+
+P = TypeVar("P", bound=StatePartition)
 
 
 def _wall_clock_ms() -> int:
@@ -92,17 +105,14 @@ class ShareCoordinator:
     ):
         """`partition_count(topic_id)` gives a topic's partition count or None if it does not exist; when
         given, state RPCs for unknown topics/partitions answer UNKNOWN_TOPIC_OR_PARTITION."""
-        self.record_log = record_log
         self.num_partitions = record_log.num_partitions
         self.updates_per_snapshot = snapshot_update_records_per_snapshot
+        self.runtime = CoordinatorRuntime(record_log, lambda _partition: self._new_map())
         self.cold_snapshot_interval_ms = cold_snapshot_interval_ms
         self.clock_ms = clock_ms
         self.partition_count = partition_count
-        self.maps = [self._new_map() for _ in range(self.num_partitions)]
-        self.loaded: set[int] = set()
         self.pruned_to = [0] * self.num_partitions
         self.stats = ShareCoordinatorStats()
-        self._gates = [PartitionGate() for _ in range(self.num_partitions)]
         # Metric hooks (milliseconds): a state partition loaded, a WriteShareGroupState call served.
         self.on_partition_load: Callable[[float], None] | None = None
         self.on_write: Callable[[float], None] | None = None
@@ -111,6 +121,15 @@ class ShareCoordinator:
         self._busy_since = 0.0
         self._busy_total = 0.0
 
+    @property
+    def maps(self) -> list[ShareStateMap]:
+        """The shard of each state-topic partition."""
+        return self.runtime.shards
+
+    @property
+    def loaded(self) -> set[int]:
+        return self.runtime.loaded
+
     # ---- loading ---------------------------------------------------------------------------------
 
     async def load(self) -> None:
@@ -118,21 +137,14 @@ class ShareCoordinator:
         COORDINATOR_LOAD_IN_PROGRESS."""
         for p in range(self.num_partitions):
             started = time.perf_counter()
-            state = self._new_map()
-            n = 0
-            for offset, record in self.record_log.replay(p):
-                try:
-                    state.apply(record, offset)
-                except Exception:  # one unusable record must not keep the broker from starting
-                    log.exception("skipping share state record that cannot be applied", partition=p, offset=offset)
-                n += 1
-                if n % _REPLAY_YIELD_EVERY == 0:
-                    await asyncio.sleep(0)
-            self.maps[p] = state
-            self.loaded.add(p)
+            n = await self.runtime.load(p)
             if self.on_partition_load is not None:
                 self.on_partition_load((time.perf_counter() - started) * 1000)
-            log.debug("share state partition loaded", partition=p, records=n, keys=len(state.states))
+            log.debug("share state partition loaded", partition=p, records=n, keys=len(self.maps[p].states))
+
+    async def stop(self) -> None:
+        """Let writes in progress finish (they were started, so they are completed, not dropped)."""
+        await self.runtime.drain()
 
     def _new_map(self) -> ShareStateMap:
         return ShareStateMap(updates_per_snapshot=self.updates_per_snapshot)
@@ -143,16 +155,14 @@ class ShareCoordinator:
     # ---- the write path --------------------------------------------------------------------------
 
     async def _commit(self, partition: int, records: list[CoordinatorRecord]) -> None:
-        """Append durably, then replay. Callers hold the key (or the whole partition) in its gate."""
+        """Append durably, then replay. Callers run as a runtime operation holding the key (or the
+        whole partition)."""
         started = time.perf_counter()
         try:
-            first = await self.record_log.append(partition, records)
+            await self.runtime.append(partition, records)
         except Exception:
             self.stats.write_errors += 1
             raise
-        state = self.maps[partition]
-        for i, record in enumerate(records):
-            state.apply(record, first + i)
         self.stats.writes += 1
         self.stats.records_written += len(records)
         self.stats.snapshots_written += sum(
@@ -160,14 +170,14 @@ class ShareCoordinator:
         )
         self.stats.write_latency_ms_sum += (time.perf_counter() - started) * 1000
 
-    async def _per_key(
+    def _per_key(
         self,
         group_id: str,
         topic_id: bytes,
         partition: int,
         action: Callable[[SharePartitionKey, int], Awaitable[_Outcome]],
-    ) -> _Outcome:
-        """Common checks, then `action(key, state_partition)` holding that key in its partition's gate."""
+    ) -> _Outcome | asyncio.Task[_Outcome]:
+        """Common checks, then `action(key, state_partition)` started as a runtime write holding that key."""
         if not group_id or not fits_key_string(group_id):
             return _Outcome(ErrorCode.INVALID_REQUEST, "The group id must be non-empty and fit a record key.")
         if topic_id == ZERO_UUID:
@@ -182,23 +192,25 @@ class ShareCoordinator:
             count = self.partition_count(topic_id)
             if count is None or partition >= count:
                 return _Outcome(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "Unknown topic or partition.")
-        try:
-            async with self._gates[sp].key(key):
-                self._enter_busy()
-                try:
-                    return await action(key, sp)
-                finally:
-                    self._leave_busy()
-        except _Refused as exc:
-            return _Outcome(exc.code, exc.message)
-        except Exception as exc:  # a failed append: nothing was replayed, memory is unchanged
-            log.exception("share state write failed", key=str(key))
-            return _Outcome(ErrorCode.UNKNOWN_SERVER_ERROR, f"Share state write failed: {exc}")
+
+        async def operation() -> _Outcome:
+            self._enter_busy()
+            try:
+                return await action(key, sp)
+            except _Refused as exc:
+                return _Outcome(exc.code, exc.message)
+            except Exception as exc:  # a failed append: nothing was replayed, memory is unchanged
+                log.exception("share state write failed", key=str(key))
+                return _Outcome(ErrorCode.UNKNOWN_SERVER_ERROR, f"Share state write failed: {exc}")
+            finally:
+                self._leave_busy()
+
+        return self.runtime.submit(sp, key, operation)
 
     # ---- RPC handlers ----------------------------------------------------------------------------
 
-    async def initialize_state(self, req: Any) -> Any:
-        async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
+    async def initialize_state(self, req: InitializeRequest) -> InitializeResponse:
+        async def action(key: SharePartitionKey, sp: int, p: InitializeRequest.PartitionData) -> _Outcome:
             if p.state_epoch < 0:
                 raise _Refused(ErrorCode.INVALID_REQUEST, "The state epoch is negative.")
             current = self.maps[sp].get(key)
@@ -211,10 +223,10 @@ class ShareCoordinator:
             return _Outcome()
 
         outcomes = await self._each(req, action)
-        return _error_only_response(InitializeResponse, InitializeResponse.InitializeStateResult, req, outcomes)
+        return error_response(InitializeResponse, req, _errors(outcomes))
 
-    async def read_state(self, req: Any) -> Any:
-        async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
+    async def read_state(self, req: ReadRequest) -> ReadResponse:
+        async def action(key: SharePartitionKey, sp: int, p: ReadRequest.PartitionData) -> _Outcome:
             if p.leader_epoch < 0:
                 raise _Refused(ErrorCode.INVALID_REQUEST, "The leader epoch is negative.")
             current = self.maps[sp].get(key)
@@ -256,7 +268,7 @@ class ShareCoordinator:
         active, since, total = self._active, self._busy_since, self._busy_total
         return total + (time.perf_counter() - since if active else 0.0)
 
-    async def write_state(self, req: Any) -> Any:
+    async def write_state(self, req: WriteRequest) -> WriteResponse:
         started = time.perf_counter()
         try:
             return await self._write_state(req)
@@ -264,8 +276,8 @@ class ShareCoordinator:
             if self.on_write is not None:
                 self.on_write((time.perf_counter() - started) * 1000)
 
-    async def _write_state(self, req: Any) -> Any:
-        async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
+    async def _write_state(self, req: WriteRequest) -> WriteResponse:
+        async def action(key: SharePartitionKey, sp: int, p: WriteRequest.PartitionData) -> _Outcome:
             if p.leader_epoch < -1:
                 raise _Refused(ErrorCode.INVALID_REQUEST, "The leader epoch is negative.")
             if p.state_epoch < -1:
@@ -294,19 +306,19 @@ class ShareCoordinator:
             return _Outcome()
 
         outcomes = await self._each(req, action)
-        return _error_only_response(WriteResponse, WriteResponse.WriteStateResult, req, outcomes)
+        return error_response(WriteResponse, req, _errors(outcomes))
 
-    async def delete_state(self, req: Any) -> Any:
-        async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
+    async def delete_state(self, req: DeleteRequest) -> DeleteResponse:
+        async def action(key: SharePartitionKey, sp: int, p: DeleteRequest.PartitionData) -> _Outcome:
             if self.maps[sp].get(key) is not None:  # deleting a missing key is a successful no-op
                 await self._commit(sp, [tombstone_record(key)])
             return _Outcome()
 
         outcomes = await self._each(req, action)
-        return _error_only_response(DeleteResponse, DeleteResponse.DeleteStateResult, req, outcomes)
+        return error_response(DeleteResponse, req, _errors(outcomes))
 
-    async def read_state_summary(self, req: Any) -> Any:
-        async def action(key: SharePartitionKey, sp: int, p: Any) -> _Outcome:
+    async def read_state_summary(self, req: SummaryRequest) -> SummaryResponse:
+        async def action(key: SharePartitionKey, sp: int, p: SummaryRequest.PartitionData) -> _Outcome:
             current = self.maps[sp].get(key)
             if current is None:  # unknown key: "not initialised", not an error
                 return _Outcome(extra={"state_epoch": 0, "leader_epoch": 0,
@@ -327,19 +339,23 @@ class ShareCoordinator:
         ])
 
     async def _each(
-        self, req: Any, action: Callable[[SharePartitionKey, int, Any], Awaitable[_Outcome]]
+        self, req: StateRequest[P], action: Callable[[SharePartitionKey, int, P], Awaitable[_Outcome]]
     ) -> list[list[_Outcome]]:
         """Run `action` for every (topic, partition) of a request, keys in different state partitions
         concurrently; outcomes come back in request order."""
-        def bound(p: Any) -> Callable[[SharePartitionKey, int], Awaitable[_Outcome]]:
+        def bound(p: P) -> Callable[[SharePartitionKey, int], Awaitable[_Outcome]]:
             return lambda key, sp: action(key, sp, p)
 
-        jobs = [
+        started = [
             self._per_key(req.group_id, t.topic_id, p.partition, bound(p))
             for t in req.topics
             for p in t.partitions
         ]
-        flat = list(await asyncio.gather(*jobs))
+        writes = [job for job in started if isinstance(job, asyncio.Task)]
+        if writes:
+            # Shielded: a caller that goes away leaves the writes running (the runtime owns them).
+            await asyncio.shield(asyncio.gather(*writes))
+        flat = [job.result() if isinstance(job, asyncio.Task) else job for job in started]
         out: list[list[_Outcome]] = []
         for t in req.topics:
             out.append(flat[: len(t.partitions)])
@@ -353,37 +369,43 @@ class ShareCoordinator:
         their old records. Skipped for a partition whose every key was already cold-snapshotted (a quiet
         partition gains nothing). Returns the number of snapshots written."""
         now = self.clock_ms() if now_ms is None else now_ms
+
+        async def snapshot(sp: int) -> int:
+            state = self.maps[sp]
+            if all(s.create_timestamp != s.write_timestamp for _, s in state):
+                return 0
+            records = [
+                cold_snapshot_record(key, s, now)
+                for key, s in state
+                if now - s.write_timestamp >= self.cold_snapshot_interval_ms
+            ]
+            if not records:
+                return 0
+            try:
+                await self._commit(sp, records)
+            except Exception:
+                log.exception("cold snapshot failed", partition=sp)
+                return 0
+            return len(records)
+
         written = 0
         for sp in sorted(self.loaded):
-            async with self._gates[sp].whole():
-                state = self.maps[sp]
-                if all(s.create_timestamp != s.write_timestamp for _, s in state):
-                    continue
-                records = [
-                    cold_snapshot_record(key, s, now)
-                    for key, s in state
-                    if now - s.write_timestamp >= self.cold_snapshot_interval_ms
-                ]
-                if not records:
-                    continue
-                try:
-                    await self._commit(sp, records)
-                except Exception:
-                    log.exception("cold snapshot failed", partition=sp)
-                    continue
-                written += len(records)
+            written += await self.runtime.write_exclusive(sp, functools.partial(snapshot, sp))
         self.stats.cold_snapshots_written += written
         return written
 
     async def delete_topics(self, topic_ids: set[bytes]) -> int:
         """A deleted topic's share state goes too: tombstone every key of those topics. Returns the count."""
+
+        async def tombstone(sp: int) -> int:
+            records = [tombstone_record(key) for key, _ in self.maps[sp] if key.topic_id in topic_ids]
+            if records:
+                await self._commit(sp, records)
+            return len(records)
+
         deleted = 0
         for sp in sorted(self.loaded):
-            async with self._gates[sp].whole():
-                records = [tombstone_record(key) for key, _ in self.maps[sp] if key.topic_id in topic_ids]
-                if records:
-                    await self._commit(sp, records)
-                    deleted += len(records)
+            deleted += await self.runtime.write_exclusive(sp, functools.partial(tombstone, sp))
         return deleted
 
     async def delete_orphaned_state(self) -> int:
@@ -400,30 +422,26 @@ class ShareCoordinator:
     async def prune(self) -> dict[int, int]:
         """Delete state-topic records no live key needs any more; returns {partition: new start}."""
         moved: dict[int, int] = {}
+
+        async def prune_partition(sp: int) -> None:
+            upto = self.maps[sp].prunable_offset()
+            if upto > self.pruned_to[sp]:
+                self.runtime.delete_before(sp, upto)
+                self.pruned_to[sp] = upto
+                moved[sp] = upto
+
         for sp in sorted(self.loaded):
-            async with self._gates[sp].whole():
-                upto = self.maps[sp].prunable_offset()
-                if upto > self.pruned_to[sp]:
-                    self.record_log.delete_before(sp, upto)
-                    self.pruned_to[sp] = upto
-                    moved[sp] = upto
+            await self.runtime.write_exclusive(sp, functools.partial(prune_partition, sp))
         if moved:
             self.stats.prunes += 1
         return moved
 
 
-def _error_only_response(response_cls: Any, result_cls: Any, req: Any, outcomes: list[list[_Outcome]]) -> Any:
-    """Initialize/Write/Delete answer each partition with just an error code and message."""
-    return response_cls(results=[
-        result_cls(topic_id=t.topic_id, partitions=[
-            response_cls.PartitionResult(partition=p.partition, error_code=o.error_code, error_message=o.error_message)
-            for p, o in zip(t.partitions, outs, strict=True)
-        ])
-        for t, outs in zip(req.topics, outcomes, strict=True)
-    ])
+def _errors(outcomes: list[list[_Outcome]]) -> list[list[Error]]:
+    return [[(o.error_code, o.error_message) for o in outs] for outs in outcomes]
 
 
-def _read_partition_result(partition: int, o: _Outcome) -> Any:
+def _read_partition_result(partition: int, o: _Outcome) -> ReadResponse.PartitionResult:
     r = ReadResponse.PartitionResult(partition=partition, error_code=o.error_code, error_message=o.error_message)
     if o.extra is not None:
         r.state_epoch = o.extra["state_epoch"]

@@ -15,12 +15,12 @@ from enum import Enum
 from typing import Any, Protocol
 
 from shoal.protocol import coordinator_records as cr
+from shoal.protocol.codec import MessageBase
 from shoal.protocol.coordinator_records import CoordinatorRecord
 from shoal.protocol.errors import ErrorCode
 
 from .assignor import SimpleAssignor
 
-MAX_MEMBER_ID_LENGTH = 36
 LEAVE_GROUP_MEMBER_EPOCH = -1
 JOIN_GROUP_MEMBER_EPOCH = 0
 MEMBER_STATE_STABLE = 0  # share members are always written STABLE (one-step reconciliation)
@@ -137,13 +137,14 @@ def metadata_hash(topic_names: Iterable[str], topics: TopicMetadataSource) -> in
 # ---- record builders ---------------------------------------------------------------------------------
 
 
-def _rec(record_type: int, key: Any, value: Any | None) -> CoordinatorRecord:
+def _rec(record_type: int, key: MessageBase, value: MessageBase | None) -> CoordinatorRecord:
     return CoordinatorRecord(record_type, key, value)
 
 
-def _key(record_type: int, group_id: str, member_id: str | None = None) -> Any:
-    cls = cr.key_class(record_type)
-    return cls(group_id=group_id) if member_id is None else cls(group_id=group_id, member_id=member_id)
+def _key(record_type: int, group_id: str, member_id: str | None = None) -> MessageBase:
+    cls: Any = cr.key_class(record_type)  # every share-group key class has group_id, most member_id
+    key: MessageBase = cls(group_id=group_id) if member_id is None else cls(group_id=group_id, member_id=member_id)
+    return key
 
 
 def group_epoch_record(group_id: str, epoch: int, hash_: int) -> CoordinatorRecord:

@@ -1,7 +1,7 @@
 """Share-partition state as the share coordinator keeps it, and the records that change it.
 
 Pure logic, no I/O: the coordinator builds records with the functions here, appends them to
-`__share_group_state`, and only then feeds them back through `ShareStateMap.apply` — the same path a
+`__share_group_state`, and only then feeds them back through `ShareStateMap.replay` — the same path a
 restart takes — so memory can never hold anything the log does not.
 """
 
@@ -9,26 +9,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TypeVar
 
 from shoal.coordinator.placement import coordinator_partition
 from shoal.persister.persister import PersistedStateBatch, SharePartitionKey
-from shoal.protocol.coordinator_records import (
-    SHARE_SNAPSHOT,
-    SHARE_UPDATE,
-    CoordinatorRecord,
-    key_class,
-    value_class,
+from shoal.protocol.coordinator_records import SHARE_SNAPSHOT, SHARE_UPDATE, CoordinatorRecord
+from shoal.protocol.message_classes import (
+    ShareSnapshotKey,
+    ShareSnapshotValue,
+    ShareUpdateKey,
+    ShareUpdateValue,
 )
 from shoal.protocol.uuids import uuid_to_str
 
 UNINITIALIZED_START_OFFSET = -1
 UNINITIALIZED_DELIVERY_COMPLETE_COUNT = -1
 
-_SnapshotKey = key_class(SHARE_SNAPSHOT, offsets_topic=False)
-_SnapshotValue = value_class(SHARE_SNAPSHOT, offsets_topic=False)
-_UpdateKey = key_class(SHARE_UPDATE, offsets_topic=False)
-_UpdateValue = value_class(SHARE_UPDATE, offsets_topic=False)
+StateBatchT = TypeVar("StateBatchT", ShareSnapshotValue.StateBatch, ShareUpdateValue.StateBatch)
 
 
 # ---- partitioning --------------------------------------------------------------------------------
@@ -41,8 +38,9 @@ def state_partition_for(key: SharePartitionKey, num_partitions: int) -> int:
 
 # ---- the batch combiner --------------------------------------------------------------------------
 
-# Delivery states a persisted batch may carry (Kafka's RecordState: AVAILABLE, ACQUIRED, ACKNOWLEDGED, ARCHIVED).
-_DELIVERY_STATES = frozenset({0, 1, 2, 4})
+# Delivery states a persisted batch may carry (Kafka's RecordState: AVAILABLE, ACQUIRED, ACKNOWLEDGED,
+# ARCHIVING of KIP-1191, ARCHIVED).
+_DELIVERY_STATES = frozenset({0, 1, 2, 3, 4})
 
 
 def state_batches_problem(batches: Iterable[PersistedStateBatch]) -> str | None:
@@ -141,14 +139,14 @@ class ShareState:
     snapshot_offset: int = -1
 
 
-def _batches_from_record(value: Any) -> list[PersistedStateBatch]:
+def _batches_from_record(value: ShareSnapshotValue | ShareUpdateValue) -> list[PersistedStateBatch]:
     return [
         PersistedStateBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
         for b in value.state_batches
     ]
 
 
-def _to_record_batches(cls: Any, batches: Iterable[PersistedStateBatch]) -> list[Any]:
+def _to_record_batches(cls: type[StateBatchT], batches: Iterable[PersistedStateBatch]) -> list[StateBatchT]:
     return [
         cls(first_offset=b.first_offset, last_offset=b.last_offset, delivery_state=b.delivery_state,
             delivery_count=b.delivery_count)
@@ -162,10 +160,10 @@ def key_of(record: CoordinatorRecord) -> SharePartitionKey:
 
 @dataclass(slots=True)
 class ShareStateMap:
-    """All share-partition states held by one `__share_group_state` partition, built only by `apply`."""
+    """All share-partition states held by one `__share_group_state` partition, built only by `replay`."""
 
     states: dict[SharePartitionKey, ShareState] = field(default_factory=dict)
-    # Offset just past the last record applied: the partition's end as far as this map knows.
+    # Offset just past the last record replayed: the partition's end as far as this map knows.
     next_offset: int = 0
     # share.coordinator.snapshot.update.records.per.snapshot: a snapshot resets a key's update count
     # only once that many updates piled up (the snapshot they triggered), as in Kafka; cold and
@@ -178,7 +176,7 @@ class ShareStateMap:
     def __iter__(self) -> Iterator[tuple[SharePartitionKey, ShareState]]:
         return iter(self.states.items())
 
-    def apply(self, record: CoordinatorRecord, offset: int) -> None:
+    def replay(self, offset: int, record: CoordinatorRecord) -> None:
         """Replay one record read back from (or just appended to) the state topic."""
         self.next_offset = max(self.next_offset, offset + 1)
         if record.record_type == SHARE_SNAPSHOT:
@@ -206,7 +204,7 @@ class ShareStateMap:
         elif record.record_type == SHARE_UPDATE:
             key = key_of(record)
             v = record.value
-            if v is None:  # updates are never tombstoned; a stray one carries nothing to apply
+            if v is None:  # updates are never tombstoned; a stray one carries nothing to replay
                 return
             current = self.states.get(key)
             if current is None:
@@ -242,7 +240,7 @@ class ShareStateMap:
 
 
 def _snapshot_record(key: SharePartitionKey, s: ShareState) -> CoordinatorRecord:
-    value = _SnapshotValue(
+    value = ShareSnapshotValue(
         snapshot_epoch=s.snapshot_epoch,
         state_epoch=s.state_epoch,
         leader_epoch=s.leader_epoch,
@@ -250,13 +248,13 @@ def _snapshot_record(key: SharePartitionKey, s: ShareState) -> CoordinatorRecord
         delivery_complete_count=s.delivery_complete_count,
         create_timestamp=s.create_timestamp,
         write_timestamp=s.write_timestamp,
-        state_batches=_to_record_batches(_SnapshotValue.StateBatch, s.state_batches),
+        state_batches=_to_record_batches(ShareSnapshotValue.StateBatch, s.state_batches),
     )
     return CoordinatorRecord(SHARE_SNAPSHOT, _snapshot_key(key), value)
 
 
-def _snapshot_key(key: SharePartitionKey) -> Any:
-    return _SnapshotKey(group_id=key.group_id, topic_id=key.topic_id, partition=key.partition)
+def _snapshot_key(key: SharePartitionKey) -> ShareSnapshotKey:
+    return ShareSnapshotKey(group_id=key.group_id, topic_id=key.topic_id, partition=key.partition)
 
 
 def initialize_record(
@@ -312,15 +310,15 @@ def write_record(
             create_timestamp=now_ms,
             write_timestamp=now_ms,
         ))
-    value = _UpdateValue(
+    value = ShareUpdateValue(
         snapshot_epoch=current.snapshot_epoch,
         leader_epoch=leader_epoch,
         start_offset=new_start,
         delivery_complete_count=dcc,
-        state_batches=_to_record_batches(_UpdateValue.StateBatch, combine_state_batches((), batches, new_start)),
+        state_batches=_to_record_batches(ShareUpdateValue.StateBatch, combine_state_batches((), batches, new_start)),
     )
     return CoordinatorRecord(
-        SHARE_UPDATE, _UpdateKey(group_id=key.group_id, topic_id=key.topic_id, partition=key.partition), value
+        SHARE_UPDATE, ShareUpdateKey(group_id=key.group_id, topic_id=key.topic_id, partition=key.partition), value
     )
 
 

@@ -8,11 +8,24 @@ the share-partition leader's job.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Awaitable
+from typing import Protocol, TypeVar
 
-from shoal.protocol import messages
-from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.share_state_rpcs import (
+    DeleteRequest,
+    DeleteResponse,
+    InitializeRequest,
+    InitializeResponse,
+    ReadRequest,
+    ReadResponse,
+    StatePartition,
+    StateResponse,
+    SummaryRequest,
+    SummaryResponse,
+    WriteRequest,
+    WriteResponse,
+)
 
 from .persister import (
     PersistedStateBatch,
@@ -22,17 +35,22 @@ from .persister import (
     WriteStateRequest,
 )
 
-InitializeRequest = messages.InitializeShareGroupStateRequest
-ReadRequest = messages.ReadShareGroupStateRequest
-WriteRequest = messages.WriteShareGroupStateRequest
-DeleteRequest = messages.DeleteShareGroupStateRequest
-SummaryRequest = messages.ReadShareGroupStateSummaryRequest
-
 
 class ShareCoordinatorClient(Protocol):
-    async def send(self, api_key: int, version: int, request: Any) -> Any:
-        """Send one state RPC to the share coordinator owning the request's key; returns the response body."""
-        ...
+    """The five state RPCs, each sent at `version` to the share coordinator owning the request's key."""
+
+    async def initialize_state(self, request: InitializeRequest, version: int) -> InitializeResponse: ...
+
+    async def read_state(self, request: ReadRequest, version: int) -> ReadResponse: ...
+
+    async def write_state(self, request: WriteRequest, version: int) -> WriteResponse: ...
+
+    async def delete_state(self, request: DeleteRequest, version: int) -> DeleteResponse: ...
+
+    async def read_state_summary(self, request: SummaryRequest, version: int) -> SummaryResponse: ...
+
+
+PR = TypeVar("PR", bound=StatePartition)
 
 
 class DefaultStatePersister:
@@ -45,10 +63,11 @@ class DefaultStatePersister:
         self.write_version = write_version
         self.summary_version = summary_version
 
-    async def _send(self, api_key: int, version: int, request: Any, key: SharePartitionKey) -> Any:
+    @staticmethod
+    async def _answer(call: Awaitable[StateResponse[PR]], key: SharePartitionKey) -> PR | int:
         """The response's entry for `key`, or an int error code if the call itself failed."""
         try:
-            response = await self.client.send(api_key, version, request)
+            response = await call
         except (ConnectionError, TimeoutError, OSError):
             return int(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         for result in response.results:
@@ -65,7 +84,7 @@ class DefaultStatePersister:
             partitions=[InitializeRequest.PartitionData(
                 partition=key.partition, state_epoch=state_epoch, start_offset=start_offset)],
         )])
-        p = await self._send(ApiKey.INITIALIZE_SHARE_GROUP_STATE, 0, req, key)
+        p = await self._answer(self.client.initialize_state(req, 0), key)
         return p if isinstance(p, int) else int(p.error_code)
 
     async def read_state(self, key: SharePartitionKey, leader_epoch: int) -> ReadStateResult:
@@ -73,7 +92,7 @@ class DefaultStatePersister:
             topic_id=key.topic_id,
             partitions=[ReadRequest.PartitionData(partition=key.partition, leader_epoch=leader_epoch)],
         )])
-        p = await self._send(ApiKey.READ_SHARE_GROUP_STATE, 0, req, key)
+        p = await self._answer(self.client.read_state(req, 0), key)
         if isinstance(p, int):
             return ReadStateResult(error_code=p)
         if p.error_code != ErrorCode.NONE:
@@ -106,14 +125,14 @@ class DefaultStatePersister:
                 ],
             )],
         )])
-        p = await self._send(ApiKey.WRITE_SHARE_GROUP_STATE, self.write_version, req, key)
+        p = await self._answer(self.client.write_state(req, self.write_version), key)
         return p if isinstance(p, int) else int(p.error_code)
 
     async def delete_state(self, key: SharePartitionKey) -> int:
         req = DeleteRequest(group_id=key.group_id, topics=[DeleteRequest.DeleteStateData(
             topic_id=key.topic_id, partitions=[DeleteRequest.PartitionData(partition=key.partition)],
         )])
-        p = await self._send(ApiKey.DELETE_SHARE_GROUP_STATE, 0, req, key)
+        p = await self._answer(self.client.delete_state(req, 0), key)
         return p if isinstance(p, int) else int(p.error_code)
 
     async def read_state_summary(self, key: SharePartitionKey, leader_epoch: int) -> StateSummary:
@@ -121,7 +140,7 @@ class DefaultStatePersister:
             topic_id=key.topic_id,
             partitions=[SummaryRequest.PartitionData(partition=key.partition, leader_epoch=leader_epoch)],
         )])
-        p = await self._send(ApiKey.READ_SHARE_GROUP_STATE_SUMMARY, self.summary_version, req, key)
+        p = await self._answer(self.client.read_state_summary(req, self.summary_version), key)
         if isinstance(p, int):
             return StateSummary(error_code=p)
         if p.error_code != ErrorCode.NONE:

@@ -21,7 +21,7 @@ class SharePartitionKey:
 class PersistedStateBatch:
     first_offset: int
     last_offset: int
-    delivery_state: int  # 0 AVAILABLE, 2 ACKNOWLEDGED, 4 ARCHIVED (ACQUIRED is never persisted)
+    delivery_state: int  # 0 AVAILABLE, 2 ACKNOWLEDGED, 3 ARCHIVING, 4 ARCHIVED (ACQUIRED is never persisted)
     delivery_count: int
 
 

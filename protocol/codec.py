@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from .record_batch import InvalidRecordBatch
 from .records import read_uvarint, write_uvarint
@@ -30,11 +30,14 @@ _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 
 
+Buffer = bytes | bytearray | memoryview  # what messages are decoded from
+
+
 class DecodeError(ValueError):
     """Bytes that do not form a valid message of the expected API and version."""
 
 
-def _check(buf: Any, end: int) -> None:
+def _check(buf: Buffer, end: int) -> None:
     if end > len(buf):
         raise DecodeError("message truncated")
 
@@ -64,7 +67,7 @@ class MessageBase:
             return NotImplemented
         return all(getattr(self, f) == getattr(other, f) for f in self._fields)
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # mutable messages are unhashable, as in dataclasses(eq=True)
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{f}={getattr(self, f)!r}" for f in self._fields)
@@ -81,14 +84,18 @@ class MessageBase:
         return {f: conv(getattr(self, f)) for f in self._fields}
 
 
-def build_classes(spec: MessageSpec) -> type[MessageBase]:
-    """One Python class per struct of a message (fields are the union over all versions)."""
-    made: dict[str, type[MessageBase]] = {}
+def bind_classes(spec: MessageSpec, root: type[MessageBase]) -> type[MessageBase]:
+    """Give the generated classes of a message (`message_classes.py`) their defaults from the spec: the
+    class per struct is nested in the root class, its fields are the union over all versions."""
+    bound: set[str] = set()
 
-    def make(s: StructSpec) -> type[MessageBase]:
-        if s.name in made:
-            return made[s.name]
+    def bind(s: StructSpec) -> type[MessageBase]:
+        cls: type[MessageBase] = root if s is spec.root else getattr(root, s.name, None) or _stale(spec, s.name)
+        if s.name in bound:
+            return cls
         names = tuple(f.attr for f in s.fields)
+        if getattr(cls, "__slots__", None) != names:
+            _stale(spec, s.name)
         factories: dict[str, Callable[[], Any]] = {}
         defaults: list[Any] = []
         for f in s.fields:
@@ -96,7 +103,7 @@ def build_classes(spec: MessageSpec) -> type[MessageBase]:
                 factories[f.attr] = list
                 defaults.append(None)
             elif f.struct is not None and not f.is_array:
-                sub_cls = make(f.struct)
+                sub_cls = bind(f.struct)
                 if f.default is None and f.nullable.low >= 0:
                     defaults.append(None)
                 else:
@@ -105,20 +112,16 @@ def build_classes(spec: MessageSpec) -> type[MessageBase]:
             else:
                 defaults.append(f.default)
             if f.struct is not None:
-                make(f.struct)
-        cls = type(
-            s.name,
-            (MessageBase,),
-            {"__slots__": names, "_fields": names, "_defaults": tuple(defaults), "_factories": factories},
-        )
-        made[s.name] = cls
+                bind(f.struct)
+        cls._fields, cls._defaults, cls._factories = names, tuple(defaults), factories
+        bound.add(s.name)
         return cls
 
-    root = make(spec.root)
-    for name, cls in made.items():
-        if cls is not root:
-            setattr(root, name, cls)
-    return root
+    return bind(spec.root)
+
+
+def _stale(spec: MessageSpec, struct: str) -> NoReturn:
+    raise RuntimeError(f"message_classes.py does not match the spec of {spec.name} ({struct}): run `make generate`")
 
 
 class _Gen:
@@ -435,9 +438,9 @@ Encoder = Callable[[Any, bytearray], None]
 class MessageCodec:
     """Encoder/decoder pairs for every version of one message, compiled lazily and cached."""
 
-    def __init__(self, spec: MessageSpec):
+    def __init__(self, spec: MessageSpec, cls: type[MessageBase]):
         self.spec = spec
-        self.cls = build_classes(spec)
+        self.cls = bind_classes(spec, cls)
         self._classes: dict[str, type[MessageBase]] = {spec.root.name: self.cls}
         for name in spec.structs:
             self._classes[name] = getattr(self.cls, name)
@@ -452,13 +455,14 @@ class MessageCodec:
             self._compiled[version] = pair
         return pair
 
-    def decode(self, buf: Any, version: int, pos: int = 0) -> tuple[Any, int]:
+    def decode(self, buf: Buffer, version: int, pos: int = 0) -> tuple[Any, int]:
+        """The message (an instance of `cls`, Any so callers can name its class) and the end position."""
         try:
             return self._get(version)[0](buf, pos)
         except (IndexError, struct.error, UnicodeDecodeError, InvalidRecordBatch) as exc:
             raise DecodeError(f"cannot decode {self.spec.name} v{version}: {exc}") from exc
 
-    def encode(self, obj: Any, version: int, out: bytearray | None = None) -> bytearray:
+    def encode(self, obj: MessageBase, version: int, out: bytearray | None = None) -> bytearray:
         if out is None:
             out = bytearray()
         self._get(version)[1](obj, out)

@@ -71,13 +71,14 @@ def compress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
         return _snappy_xerial_compress(data)
     if codec == LZ4:
         # Kafka's LZ4 reader (KIP-57) needs independent blocks; no content size keeps pre-0.10 readers happy too.
-        return lz4.frame.compress(
+        compressed: bytes = lz4.frame.compress(  # lz4 ships no type information
             data,
             block_size=lz4.frame.BLOCKSIZE_MAX64KB,
             block_linked=False,
             content_checksum=False,
             store_size=False,
         )
+        return compressed
     if codec == ZSTD:
         return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)
     raise UnsupportedCompression(f"unknown compression codec id {codec}")

@@ -53,6 +53,7 @@ def fits_key_string(text: str) -> bool:
 @dataclass(slots=True)
 class CoordinatorRecord:
     record_type: int
+    # The key and value classes of `record_type`; Any because replay reads them by record type.
     key: Any
     value: Any | None  # None = tombstone
     value_version: int = 0

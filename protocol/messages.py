@@ -1,7 +1,8 @@
 """The registry of Kafka messages built from the JSON specs at import time, and request/response framing.
 
-`REQUESTS[api_key]` / `RESPONSES[api_key]` give a `MessageCodec`; `messages.ProduceRequest` etc. give the
-generated classes, so handlers build responses as `ProduceResponse(responses=[...])`.
+`REQUESTS[api_key]` / `RESPONSES[api_key]` give a `MessageCodec`; `messages.ProduceRequest` etc. are the
+typed classes generated from the specs (`message_classes.py`), so handlers build responses as
+`ProduceResponse(responses=[...])`.
 """
 
 from __future__ import annotations
@@ -9,11 +10,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .codec import DecodeError, MessageCodec
+from . import message_classes
+from .api_keys import ApiKey
+from .codec import Buffer, DecodeError, MessageBase, MessageCodec
+from .message_classes import *  # noqa: F403 - the generated classes are this module's message names
 from .schema import load_all
 
 SPECS = load_all()
-CODECS: dict[str, MessageCodec] = {name: MessageCodec(spec) for name, spec in SPECS.items()}
+
+
+def _generated_class(name: str) -> type[MessageBase]:
+    cls = getattr(message_classes, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, MessageBase)):
+        raise RuntimeError(f"message_classes.py has no class for the spec {name}: run `make generate`")
+    return cls
+
+
+CODECS: dict[str, MessageCodec] = {name: MessageCodec(spec, _generated_class(name)) for name, spec in SPECS.items()}
 
 REQUESTS: dict[int, MessageCodec] = {}
 RESPONSES: dict[int, MessageCodec] = {}
@@ -27,16 +40,6 @@ API_NAMES: dict[int, str] = {k: c.spec.name.removesuffix("Request") for k, c in 
 
 _REQUEST_HEADER = CODECS["RequestHeader"]
 _RESPONSE_HEADER = CODECS["ResponseHeader"]
-API_VERSIONS_KEY = 18
-
-
-def __getattr__(name: str) -> Any:
-    # Lets callers write `messages.ProduceResponse` for any spec'd message. The classes are built from
-    # the JSON specs at import time, so their fields (and nested classes) are unknown to the checker.
-    codec = CODECS.get(name)
-    if codec is None:
-        raise AttributeError(name)
-    return codec.cls
 
 
 def request_header_version(api_key: int, api_version: int) -> int:
@@ -45,7 +48,7 @@ def request_header_version(api_key: int, api_version: int) -> int:
 
 def response_header_version(api_key: int, api_version: int) -> int:
     # ApiVersions always answers with header v0 so a client can read it whatever version it tried (KIP-511).
-    if api_key == API_VERSIONS_KEY:
+    if api_key == ApiKey.API_VERSIONS:
         return 0
     return 1 if RESPONSES[api_key].is_flexible(api_version) else 0
 
@@ -62,7 +65,7 @@ class UnknownApi(DecodeError):
     """A request for an API key this build has no spec for."""
 
 
-def decode_request_header(buf: Any) -> tuple[RequestHeader, int]:
+def decode_request_header(buf: Buffer) -> tuple[RequestHeader, int]:
     """Parse the header far enough to route the request; returns the header and the body's position."""
     if len(buf) < 8:
         raise DecodeError("request shorter than its header")
@@ -77,13 +80,13 @@ def decode_request_header(buf: Any) -> tuple[RequestHeader, int]:
     return RequestHeader(api_key, api_version, correlation_id, hdr.client_id), pos
 
 
-def decode_request(buf: Any) -> tuple[RequestHeader, Any]:
+def decode_request(buf: Buffer) -> tuple[RequestHeader, Any]:
     header, pos = decode_request_header(buf)
     body, end = REQUESTS[header.api_key].decode(buf, header.api_version, pos)
     return header, body
 
 
-def encode_request(body: Any, api_key: int, api_version: int, correlation_id: int, client_id: str | None) -> bytearray:
+def encode_request(body: MessageBase, api_key: int, api_version: int, correlation_id: int, client_id: str | None) -> bytearray:
     hv = request_header_version(api_key, api_version)
     hdr = _REQUEST_HEADER.cls(
         request_api_key=api_key, request_api_version=api_version, correlation_id=correlation_id, client_id=client_id
@@ -92,7 +95,7 @@ def encode_request(body: Any, api_key: int, api_version: int, correlation_id: in
     return REQUESTS[api_key].encode(body, api_version, out)
 
 
-def encode_response(body: Any, api_key: int, api_version: int, correlation_id: int, *, framed: bool = True) -> bytearray:
+def encode_response(body: MessageBase, api_key: int, api_version: int, correlation_id: int, *, framed: bool = True) -> bytearray:
     """Response header + body, with the 4-byte size prefix when `framed`."""
     out = bytearray(b"\x00\x00\x00\x00") if framed else bytearray()
     out += correlation_id.to_bytes(4, "big", signed=True)
@@ -104,7 +107,7 @@ def encode_response(body: Any, api_key: int, api_version: int, correlation_id: i
     return out
 
 
-def decode_response(buf: Any, api_key: int, api_version: int) -> tuple[int, Any]:
+def decode_response(buf: Buffer, api_key: int, api_version: int) -> tuple[int, Any]:
     correlation_id = int.from_bytes(buf[0:4], "big", signed=True)
     pos = 4
     if response_header_version(api_key, api_version) >= 1:

@@ -335,7 +335,8 @@ def control_record_type(record: Record) -> int:
     """CONTROL_ABORT / CONTROL_COMMIT (or another type id) from a control record's key."""
     if record.key is None or len(record.key) < _CONTROL_KEY.size:
         raise InvalidRecordBatch("control record without a valid key")
-    return _CONTROL_KEY.unpack_from(record.key)[1]
+    _version, record_type = _CONTROL_KEY.unpack_from(record.key)
+    return int(record_type)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ needs ALTER on the cluster, listing them DESCRIBE on the cluster, as in Kafka.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from enum import Enum
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
@@ -32,13 +33,15 @@ if TYPE_CHECKING:
 log = structlog.get_logger("shoal.acls")
 
 CreateAclsResponse = messages.CreateAclsResponse
-CreationResult = CreateAclsResponse.AclCreationResult  # type: ignore[attr-defined]
+CreationResult = CreateAclsResponse.AclCreationResult
 DescribeAclsResponse = messages.DescribeAclsResponse
-DescribedResource = DescribeAclsResponse.DescribeAclsResource  # type: ignore[attr-defined]
-AclDescription = DescribeAclsResponse.AclDescription  # type: ignore[attr-defined]
+DescribedResource = DescribeAclsResponse.DescribeAclsResource
+AclDescription = DescribeAclsResponse.AclDescription
 DeleteAclsResponse = messages.DeleteAclsResponse
-FilterResult = DeleteAclsResponse.DeleteAclsFilterResult  # type: ignore[attr-defined]
-MatchingAcl = DeleteAclsResponse.DeleteAclsMatchingAcl  # type: ignore[attr-defined]
+FilterResult = DeleteAclsResponse.DeleteAclsFilterResult
+MatchingAcl = DeleteAclsResponse.DeleteAclsMatchingAcl
+
+E = TypeVar("E", bound=Enum)
 
 SECURITY_DISABLED_MESSAGE = "No Authorizer is configured on the broker (authorizer.class.name is empty)."
 
@@ -47,14 +50,14 @@ class InvalidAcl(ValueError):
     pass
 
 
-def _enum(cls: Any, value: int, what: str) -> Any:
+def _enum(cls: type[E], value: int, what: str) -> E:
     try:
         return cls(value)
     except ValueError:
         raise InvalidAcl(f"unknown {what} {value}") from None
 
 
-def binding_from_creation(c: Any) -> AclBinding:
+def binding_from_creation(c: messages.CreateAclsRequest.AclCreation) -> AclBinding:
     """Validate one AclCreation the way Kafka's AclControlManager does; raise InvalidAcl if it is not an ACL."""
     resource_type = _enum(ResourceType, c.resource_type, "resource type")
     pattern = _enum(PatternType, c.resource_pattern_type, "pattern type")
@@ -86,7 +89,7 @@ def binding_from_creation(c: Any) -> AclBinding:
 class AclFilter:
     """Kafka's AclBindingFilter: null/ANY fields match everything; MATCH finds the ACLs that apply to a name."""
 
-    def __init__(self, f: Any):
+    def __init__(self, f: messages.DescribeAclsRequest | messages.DeleteAclsRequest.DeleteAclsFilter):
         self.resource_type = _enum(ResourceType, f.resource_type_filter, "resource type")
         self.name: str | None = f.resource_name_filter
         self.pattern = _enum(PatternType, f.pattern_type_filter, "pattern type")
@@ -132,7 +135,7 @@ class AclApis:
         authorizer = self.broker.authorizer
         return authorizer if isinstance(authorizer, AclAuthorizer) else None
 
-    def create_acls(self, ctx: RequestContext, req: Any) -> Any:
+    def create_acls(self, ctx: RequestContext, req: messages.CreateAclsRequest) -> messages.CreateAclsResponse:
         authorizer = self._authorizer()
         if authorizer is None:
             return CreateAclsResponse(results=[
@@ -156,7 +159,7 @@ class AclApis:
             log.info("acls created", principal=str(ctx.principal), acls=[_render(a) for a in valid])
         return CreateAclsResponse(results=results)
 
-    def describe_acls(self, ctx: RequestContext, req: Any) -> Any:
+    def describe_acls(self, ctx: RequestContext, req: messages.DescribeAclsRequest) -> messages.DescribeAclsResponse:
         authorizer = self._authorizer()
         if authorizer is None:
             return DescribeAclsResponse(error_code=ErrorCode.SECURITY_DISABLED,
@@ -182,7 +185,7 @@ class AclApis:
         ]
         return DescribeAclsResponse(error_code=ErrorCode.NONE, error_message=None, resources=resources)
 
-    def delete_acls(self, ctx: RequestContext, req: Any) -> Any:
+    def delete_acls(self, ctx: RequestContext, req: messages.DeleteAclsRequest) -> messages.DeleteAclsResponse:
         authorizer = self._authorizer()
         if authorizer is None:
             return DeleteAclsResponse(filter_results=[

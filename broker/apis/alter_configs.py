@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -24,14 +24,14 @@ RESOURCE_GROUP = 32
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 
 Response = messages.IncrementalAlterConfigsResponse
-ResourceResponse = Response.AlterConfigsResourceResponse  # type: ignore[attr-defined]
+ResourceResponse = Response.AlterConfigsResourceResponse
 
 
 class AlterConfigs:
     def __init__(self, broker: Broker):
         self.broker = broker
 
-    def incremental_alter_configs(self, ctx: RequestContext, req: Any) -> Any:
+    def incremental_alter_configs(self, ctx: RequestContext, req: messages.IncrementalAlterConfigsRequest) -> messages.IncrementalAlterConfigsResponse:
         out = []
         for r in req.resources:
             res = ResourceResponse(error_code=ErrorCode.NONE, error_message=None,
@@ -59,7 +59,7 @@ class AlterConfigs:
         return Response(responses=out)
 
     def _alter_group(self, ctx: RequestContext, group: str, changes: list[tuple[str, str | None]],
-                     validate_only: bool, res: Any) -> None:
+                     validate_only: bool, res: ResourceResponse) -> None:
         if not ctx.authorize(Operation.ALTER_CONFIGS, ResourceType.GROUP, group):
             res.error_code = ErrorCode.GROUP_AUTHORIZATION_FAILED
             return
@@ -77,7 +77,7 @@ class AlterConfigs:
         self.broker.on_group_config_changed(group)
 
     def _alter_topic(self, ctx: RequestContext, name: str, changes: list[tuple[str, str | None]],
-                     validate_only: bool, res: Any) -> None:
+                     validate_only: bool, res: ResourceResponse) -> None:
         # Authorization first, as in Kafka: existence is not revealed to a client without the right.
         if not ctx.authorize(Operation.ALTER_CONFIGS, ResourceType.TOPIC, name):
             res.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED

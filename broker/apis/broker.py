@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from shoal.coordinator.group_coordinator import GroupCoordinator
     from shoal.coordinator.share_coordinator import ShareCoordinator
     from shoal.persister.persister import Persister
+    from shoal.protocol.messages import ApiVersionsResponse, RequestHeader
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +70,9 @@ class Broker(Protocol):
 
     def register(self, key: int, min_version: int, max_version: int, handler: Callable[..., Any]) -> None: ...
 
-    def api_versions_fallback(self, header: Any) -> Any: ...
+    def api_versions_fallback(self, header: RequestHeader) -> ApiVersionsResponse: ...
 
-    def api_version_entries(self) -> list[Any]: ...
+    def api_version_entries(self) -> list[ApiVersionsResponse.ApiVersion]: ...
 
     def on_connection_opened(self, conn: Any) -> None: ...
 

@@ -7,10 +7,11 @@ which Kafka's protocol allows (a broker may always decline to create a session).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from shoal.broker.security.authorizer import Operation, ResourceType
 from shoal.broker.storage.partition_log import OffsetOutOfRange
+from shoal.broker.storage.purgatory import LogKey
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -20,8 +21,8 @@ if TYPE_CHECKING:
     from shoal.broker.network.connection import RequestContext
 
 FetchResponse = messages.FetchResponse
-TopicData = FetchResponse.FetchableTopicResponse  # type: ignore[attr-defined]
-PartitionData = FetchResponse.PartitionData  # type: ignore[attr-defined]
+TopicData = FetchResponse.FetchableTopicResponse
+PartitionData = FetchResponse.PartitionData
 
 
 class FetchHandler:
@@ -29,7 +30,7 @@ class FetchHandler:
         self.broker = broker
         self.broker_max_bytes = int(broker.config["fetch.max.bytes"])
 
-    async def handle(self, ctx: RequestContext, req: Any) -> Any:
+    async def handle(self, ctx: RequestContext, req: messages.FetchRequest) -> messages.FetchResponse:
         version = ctx.api_version
         if req.session_epoch > 0 or req.session_id != 0:
             # We never hand out fetch sessions, so an incremental request names one we do not have.
@@ -42,11 +43,13 @@ class FetchHandler:
                 return response
             await self.broker.purgatory.wait([*keys, ctx.connection.wake_key], remaining)
 
-    def _read_all(self, ctx: RequestContext, req: Any, version: int) -> tuple[Any, int, list[Any]]:
+    def _read_all(
+        self, ctx: RequestContext, req: messages.FetchRequest, version: int
+    ) -> tuple[messages.FetchResponse, int, list[LogKey]]:
         topics = self.broker.topics
         budget = min(req.max_bytes if version >= 3 else 2**31 - 1, self.broker_max_bytes)
         total = 0
-        keys: list[Any] = []
+        keys: list[LogKey] = []
         out = []
         for ft in req.topics:
             topic = topics.get_by_id(ft.topic_id) if version >= 13 else topics.get(ft.topic)
@@ -75,7 +78,7 @@ class FetchHandler:
                 pd.high_watermark = plog.high_watermark
                 pd.last_stable_offset = plog.high_watermark
                 pd.log_start_offset = plog.log_start_offset
-                keys.append(("log", topic.topic_id, fp.partition))
+                keys.append(LogKey(topic.topic_id, fp.partition))
                 # The first partition with data always gets one whole batch, so a huge batch cannot stall a consumer.
                 limit = min(fp.partition_max_bytes, budget)
                 if limit <= 0 and total > 0:

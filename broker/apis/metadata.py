@@ -8,10 +8,11 @@ import structlog
 
 from shoal.broker.apis.topic_admin import partition_budget_problem
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
-from shoal.broker.storage.topic_registry import ZERO_UUID, Topic, validate_topic_name
+from shoal.broker.storage.topic_registry import Topic, validate_topic_name
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.uuids import ZERO_UUID
 
 if TYPE_CHECKING:
     from shoal.broker.apis.broker import Broker
@@ -22,22 +23,22 @@ log = structlog.get_logger("shoal.metadata")
 AUTHORIZED_OPERATIONS_OMITTED = -(2**31)
 ApiVersionsResponse = messages.ApiVersionsResponse
 MetadataResponse = messages.MetadataResponse
-MdBroker = MetadataResponse.MetadataResponseBroker  # type: ignore[attr-defined]
-MdTopic = MetadataResponse.MetadataResponseTopic  # type: ignore[attr-defined]
-MdPartition = MetadataResponse.MetadataResponsePartition  # type: ignore[attr-defined]
+MdBroker = MetadataResponse.MetadataResponseBroker
+MdTopic = MetadataResponse.MetadataResponseTopic
+MdPartition = MetadataResponse.MetadataResponsePartition
 FindCoordinatorResponse = messages.FindCoordinatorResponse
-Coordinator = FindCoordinatorResponse.Coordinator  # type: ignore[attr-defined]
+Coordinator = FindCoordinatorResponse.Coordinator
 DescribeClusterResponse = messages.DescribeClusterResponse
 DescribeTopicPartitionsResponse = messages.DescribeTopicPartitionsResponse
-_DtpTopic = DescribeTopicPartitionsResponse.DescribeTopicPartitionsResponseTopic  # type: ignore[attr-defined]
-_DtpPartition = DescribeTopicPartitionsResponse.DescribeTopicPartitionsResponsePartition  # type: ignore[attr-defined]
-_DtpCursor = DescribeTopicPartitionsResponse.Cursor  # type: ignore[attr-defined]
+_DtpTopic = DescribeTopicPartitionsResponse.DescribeTopicPartitionsResponseTopic
+_DtpPartition = DescribeTopicPartitionsResponse.DescribeTopicPartitionsResponsePartition
+_DtpCursor = DescribeTopicPartitionsResponse.Cursor
 # Kafka's max.request.partition.size.limit default: the most partitions one response describes.
 MAX_DESCRIBED_PARTITIONS = 2000
 # Operations Kafka reports for a TOPIC resource.
 TOPIC_OPERATIONS = (Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DELETE, Operation.ALTER,
                     Operation.DESCRIBE, Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS)
-DcBroker = DescribeClusterResponse.DescribeClusterBroker  # type: ignore[attr-defined]
+DcBroker = DescribeClusterResponse.DescribeClusterBroker
 
 KEY_TYPE_GROUP = 0
 KEY_TYPE_TRANSACTION = 1
@@ -48,14 +49,15 @@ class DiscoveryHandlers:
     def __init__(self, broker: Broker):
         self.broker = broker
 
-    def api_versions(self, ctx: RequestContext, req: Any) -> Any:
-        feature = ApiVersionsResponse.SupportedFeatureKey  # type: ignore[attr-defined]
-        finalized = ApiVersionsResponse.FinalizedFeatureKey  # type: ignore[attr-defined]
-        share_level = 1 if self.broker.config["group.share.enable"] else 0
+    def api_versions(self, ctx: RequestContext, req: messages.ApiVersionsRequest) -> messages.ApiVersionsResponse:
+        feature = ApiVersionsResponse.SupportedFeatureKey
+        finalized = ApiVersionsResponse.FinalizedFeatureKey
+        # share.version 2 (Kafka 4.4) adds dead-letter topics for share groups (KIP-1191).
+        share_level = 2 if self.broker.config["group.share.enable"] else 0
         return ApiVersionsResponse(
             error_code=ErrorCode.NONE,
             api_keys=self.broker.api_version_entries(),
-            supported_features=[feature(name="share.version", min_version=0, max_version=1)],
+            supported_features=[feature(name="share.version", min_version=0, max_version=2)],
             finalized_features_epoch=0,
             finalized_features=[finalized(name="share.version", max_version_level=share_level, min_version_level=share_level)],
         )
@@ -63,7 +65,7 @@ class DiscoveryHandlers:
     def _listener(self, ctx: RequestContext) -> Any:
         return self.broker.advertised_listener(ctx.connection.listener.name)
 
-    def metadata(self, ctx: RequestContext, req: Any) -> Any:
+    def metadata(self, ctx: RequestContext, req: messages.MetadataRequest) -> messages.MetadataResponse:
         version = ctx.api_version
         topics = self.broker.topics
         lst = self._listener(ctx)
@@ -94,12 +96,12 @@ class DiscoveryHandlers:
                 else:
                     topic = topics.get(rt.name)
                 # Kafka checks DESCRIBE before existence, so an unauthorized client cannot probe which topics exist.
-                described = topic.name if topic is not None else rt.name
+                described = topic.name if topic is not None else rt.name or ""  # rt.name is set: not by id
                 if not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, described):
                     out.append(MdTopic(error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, name=rt.name))
                     continue
                 if topic is None:
-                    topic, code = self._maybe_auto_create(ctx, rt.name, auto_create)
+                    topic, code = self._maybe_auto_create(ctx, described, auto_create)
                     if topic is None:
                         out.append(MdTopic(error_code=code, name=rt.name, is_internal=False))
                         continue
@@ -153,7 +155,7 @@ class DiscoveryHandlers:
             topic_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
         )
 
-    def find_coordinator(self, ctx: RequestContext, req: Any) -> Any:
+    def find_coordinator(self, ctx: RequestContext, req: messages.FindCoordinatorRequest) -> messages.FindCoordinatorResponse:
         version = ctx.api_version
         lst = self._listener(ctx)
         key_type = req.key_type if version >= 1 else KEY_TYPE_GROUP
@@ -187,7 +189,7 @@ class DiscoveryHandlers:
             error_code=c.error_code, error_message=c.error_message, node_id=c.node_id, host=c.host, port=c.port
         )
 
-    def describe_cluster(self, ctx: RequestContext, req: Any) -> Any:
+    def describe_cluster(self, ctx: RequestContext, req: messages.DescribeClusterRequest) -> messages.DescribeClusterResponse:
         lst = self._listener(ctx)
         return DescribeClusterResponse(
             error_code=ErrorCode.NONE,

@@ -14,6 +14,7 @@ import structlog
 
 from shoal.broker.security.authorizer import Operation, ResourceType
 from shoal.broker.storage.producer_state import PartitionProducerState
+from shoal.broker.storage.purgatory import LogKey
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -31,12 +32,12 @@ log = structlog.get_logger("shoal.produce")
 ADMIN_CLIENT_ID = "__admin_client"
 
 ProduceResponse = messages.ProduceResponse
-TopicResponse = ProduceResponse.TopicProduceResponse  # type: ignore[attr-defined]
-PartitionResponse = ProduceResponse.PartitionProduceResponse  # type: ignore[attr-defined]
+TopicResponse = ProduceResponse.TopicProduceResponse
+PartitionResponse = ProduceResponse.PartitionProduceResponse
 DescribeProducersResponse = messages.DescribeProducersResponse
-_DpTopic = DescribeProducersResponse.TopicResponse  # type: ignore[attr-defined]
-_DpPartition = DescribeProducersResponse.PartitionResponse  # type: ignore[attr-defined]
-_DpProducer = DescribeProducersResponse.ProducerState  # type: ignore[attr-defined]
+_DpTopic = DescribeProducersResponse.TopicResponse
+_DpPartition = DescribeProducersResponse.PartitionResponse
+_DpProducer = DescribeProducersResponse.ProducerState
 
 
 class ProduceHandler:
@@ -48,7 +49,8 @@ class ProduceHandler:
         self.timestamp_before_max_ms = int(broker.config["log.message.timestamp.before.max.ms"])
         self.timestamp_after_max_ms = int(broker.config["log.message.timestamp.after.max.ms"])
 
-    async def handle(self, ctx: RequestContext, req: Any) -> Any:
+    async def handle(self, ctx: RequestContext, req: messages.ProduceRequest) -> messages.ProduceResponse | None:
+        """The response, or None for acks=0 (nothing is sent back)."""
         version = ctx.api_version
         acks = req.acks
         responses = []
@@ -112,7 +114,9 @@ class ProduceHandler:
             return None
         return ProduceResponse(responses=responses)
 
-    def _append(self, topic_id: bytes, topic_name: str, index: int, plog: PartitionLog, records: bytes | None) -> Any:
+    def _append(
+        self, topic_id: bytes, topic_name: str, index: int, plog: PartitionLog, records: bytes | bytearray | memoryview | None
+    ) -> Any:
         if not records:
             return PartitionResponse(index=index, error_code=ErrorCode.CORRUPT_MESSAGE, base_offset=-1,
                                      error_message="empty record set")
@@ -159,7 +163,7 @@ class ProduceHandler:
         count = sum(h.records_count for _p, h in headers)
         self.broker.metrics.messages_in.labels(topic=topic_name).inc(count)
         self.broker.metrics.log_bytes_in.labels(topic=topic_name).inc(len(buf))
-        self.broker.purgatory.notify(("log", topic_id, index))
+        self.broker.purgatory.notify(LogKey(topic_id, index))
         return PartitionResponse(
             index=index,
             error_code=ErrorCode.NONE,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -51,7 +51,7 @@ class SaslApis:
         assert mechanism in SCRAM_MECHANISMS
         return ScramServer(mechanism, self.broker.scram_credentials)
 
-    def sasl_handshake(self, ctx: RequestContext, req: Any) -> Any:
+    def sasl_handshake(self, ctx: RequestContext, req: messages.SaslHandshakeRequest) -> messages.SaslHandshakeResponse:
         conn = ctx.connection
         session = conn.sasl
         if session is None:
@@ -75,7 +75,7 @@ class SaslApis:
         session.begin(req.mechanism, self._server_for(session.listener_name, req.mechanism), ctx.api_version == 0)
         return SaslHandshakeResponse(error_code=ErrorCode.NONE, mechanisms=enabled)
 
-    def sasl_authenticate(self, ctx: RequestContext, req: Any) -> Any:
+    def sasl_authenticate(self, ctx: RequestContext, req: messages.SaslAuthenticateRequest) -> messages.SaslAuthenticateResponse:
         conn = ctx.connection
         session = conn.sasl
         if session is None or session.state != AUTHENTICATING or session.raw_tokens:

@@ -7,7 +7,7 @@ deleting or describing a credential that does not exist.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -29,10 +29,12 @@ if TYPE_CHECKING:
 log = structlog.get_logger("shoal.scram")
 
 DescribeResponse = messages.DescribeUserScramCredentialsResponse
-DescribeResult = DescribeResponse.DescribeUserScramCredentialsResult  # type: ignore[attr-defined]
-CredentialInfo = DescribeResponse.CredentialInfo  # type: ignore[attr-defined]
+DescribeResult = DescribeResponse.DescribeUserScramCredentialsResult
+CredentialInfo = DescribeResponse.CredentialInfo
 AlterResponse = messages.AlterUserScramCredentialsResponse
-AlterResult = AlterResponse.AlterUserScramCredentialsResult  # type: ignore[attr-defined]
+AlterResult = AlterResponse.AlterUserScramCredentialsResult
+AlterRequest = messages.AlterUserScramCredentialsRequest
+_Alteration = AlterRequest.ScramCredentialDeletion | AlterRequest.ScramCredentialUpsertion
 
 # Error codes newer than the shared ErrorCode table.
 RESOURCE_NOT_FOUND = 91
@@ -44,7 +46,7 @@ class ScramApis:
     def __init__(self, broker: Broker):
         self.broker = broker
 
-    def describe(self, ctx: RequestContext, req: Any) -> Any:
+    def describe(self, ctx: RequestContext, req: messages.DescribeUserScramCredentialsRequest) -> messages.DescribeUserScramCredentialsResponse:
         store = self.broker.scram_credentials
         if not ctx.authorize(Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME):
             return DescribeResponse(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message=None, results=[])
@@ -69,7 +71,7 @@ class ScramApis:
             ]))
         return DescribeResponse(error_code=ErrorCode.NONE, error_message=None, results=results)
 
-    def alter(self, ctx: RequestContext, req: Any) -> Any:
+    def alter(self, ctx: RequestContext, req: messages.AlterUserScramCredentialsRequest) -> messages.AlterUserScramCredentialsResponse:
         store = self.broker.scram_credentials
         order = list(dict.fromkeys([d.name for d in req.deletions] + [u.name for u in req.upsertions]))
         if not ctx.authorize(Operation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME):
@@ -79,7 +81,8 @@ class ScramApis:
             ])
         errors: dict[str, tuple[int, str]] = {}
         seen: dict[str, set[int]] = {}
-        for item in [*req.deletions, *req.upsertions]:
+        items: list[_Alteration] = [*req.deletions, *req.upsertions]
+        for item in items:
             mechs = seen.setdefault(item.name, set())
             if item.mechanism in mechs:
                 errors[item.name] = (DUPLICATE_RESOURCE, "A user credential cannot be altered twice in the same request")
@@ -119,7 +122,7 @@ class ScramApis:
         ])
 
 
-def _check(item: Any) -> tuple[int, str] | None:
+def _check(item: _Alteration) -> tuple[int, str] | None:
     if not item.name:
         return UNACCEPTABLE_CREDENTIAL, "Username must not be empty"
     if item.mechanism not in MECHANISM_BY_CODE:

@@ -16,13 +16,16 @@ from shoal.broker.share.share_session import (
     INITIAL_EPOCH,
     ShareSession,
     ShareSessionCache,
-    TopicPartitionId,
     next_epoch,
 )
+from shoal.broker.storage.purgatory import SHARE_SESSION_SLOT, LogKey, ShareFetchKey, WakeKey
 from shoal.persister.persister import SharePartitionKey
 from shoal.protocol import messages
+from shoal.protocol.acknowledge_type import AcknowledgeType
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.topic_id_partition import TopicIdPartition
+from shoal.protocol.uuids import MAX_MEMBER_ID_LENGTH
 
 if TYPE_CHECKING:
     from shoal.broker.apis.broker import Broker
@@ -30,18 +33,16 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("shoal.share_fetch")
 
-MAX_MEMBER_ID_LENGTH = 36
-RENEW = 4
 
 SfResponse = messages.ShareFetchResponse
-SfTopic = SfResponse.ShareFetchableTopicResponse  # type: ignore[attr-defined]
-SfPartition = SfResponse.PartitionData  # type: ignore[attr-defined]
-SfAcquired = SfResponse.AcquiredRecords  # type: ignore[attr-defined]
-SfLeader = SfResponse.LeaderIdAndEpoch  # type: ignore[attr-defined]
+SfTopic = SfResponse.ShareFetchableTopicResponse
+SfPartition = SfResponse.PartitionData
+SfAcquired = SfResponse.AcquiredRecords
+SfLeader = SfResponse.LeaderIdAndEpoch
 SaResponse = messages.ShareAcknowledgeResponse
-SaTopic = SaResponse.ShareAcknowledgeTopicResponse  # type: ignore[attr-defined]
-SaPartition = SaResponse.PartitionData  # type: ignore[attr-defined]
-SaLeader = SaResponse.LeaderIdAndEpoch  # type: ignore[attr-defined]
+SaTopic = SaResponse.ShareAcknowledgeTopicResponse
+SaPartition = SaResponse.PartitionData
+SaLeader = SaResponse.LeaderIdAndEpoch
 
 
 def validate_ack_batches(batches: list[Any], version: int, is_renew: bool) -> bool:
@@ -57,7 +58,7 @@ def validate_ack_batches(batches: list[Any], version: int, is_renew: bool) -> bo
         if not types or (len(types) != 1 and len(types) != b.last_offset - b.first_offset + 1):
             return False
         for t in types:
-            if t < 0 or t > max_type or (t == RENEW and not is_renew):
+            if t < 0 or t > max_type or (t == AcknowledgeType.RENEW and not is_renew):
                 return False
         prev_last = b.last_offset
     return True
@@ -81,14 +82,15 @@ class ShareFetchHandlers:
 
     # ---- ShareFetch -----------------------------------------------------------------------------
 
-    async def share_fetch(self, ctx: RequestContext, req: Any) -> Any:
+    async def share_fetch(self, ctx: RequestContext, req: messages.ShareFetchRequest) -> messages.ShareFetchResponse:
         version = ctx.api_version
         if not self.enabled:
             return SfResponse(error_code=ErrorCode.UNSUPPORTED_VERSION, error_message="share groups are disabled")
-        error = self._validate_ids(req.group_id, req.member_id)
-        if error is not None:
-            return SfResponse(error_code=ErrorCode.INVALID_REQUEST, error_message=error)
-        if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
+        ids = self._validate_ids(req.group_id, req.member_id)
+        if isinstance(ids, str):
+            return SfResponse(error_code=ErrorCode.INVALID_REQUEST, error_message=ids)
+        group, member = ids
+        if not ctx.authorize(Operation.READ, ResourceType.GROUP, group):
             return SfResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
         is_renew = version >= 2 and req.is_renew_ack
         if is_renew and (req.max_bytes or req.min_bytes or req.max_records or req.max_wait_ms):
@@ -97,14 +99,13 @@ class ShareFetchHandlers:
         epoch = req.share_session_epoch
         entries = _last_entries(req.topics)
         has_acks = any(p.acknowledgement_batches for p in entries.values())
-        group, member = req.group_id, req.member_id
-        new_partitions: set[TopicPartitionId] = set()
+        new_partitions: set[TopicIdPartition] = set()
         if epoch == INITIAL_EPOCH:
             if has_acks:
                 return SfResponse(error_code=ErrorCode.INVALID_REQUEST,
                                   error_message="acknowledgements are not allowed when opening a share session")
             if self.sessions.is_full_for(group, member):
-                await self.broker.purgatory.wait([("share-session-slot",), ctx.connection.wake_key],
+                await self.broker.purgatory.wait([SHARE_SESSION_SLOT, ctx.connection.wake_key],
                                                  max(0, req.max_wait_ms) / 1000)
                 if self.sessions.is_full_for(group, member):
                     return SfResponse(error_code=ErrorCode.SHARE_SESSION_LIMIT_REACHED)
@@ -125,12 +126,12 @@ class ShareFetchHandlers:
             if epoch != INITIAL_EPOCH:
                 for ft in req.forgotten_topics_data:
                     for index in ft.partitions:
-                        session.forget((ft.topic_id, index))
+                        session.forget(TopicIdPartition(ft.topic_id, index))
 
         # Acknowledgements start first, every partition at once, and the fetch runs alongside their
         # writes (as Kafka): a record released here is in a state transition until its write completes,
         # so this very fetch does not hand it straight back.
-        results: dict[TopicPartitionId, Any] = {}
+        results: dict[TopicIdPartition, Any] = {}
         acks = self._start_acknowledgements(ctx, group, member, entries, version, is_renew, results)
 
         if epoch == FINAL_EPOCH:
@@ -152,11 +153,11 @@ class ShareFetchHandlers:
         return self._fetch_response(group, results)
 
     def _start_acknowledgements(self, ctx: RequestContext, group: str, member: str,
-                                entries: dict[TopicPartitionId, Any], version: int, is_renew: bool,
-                                results: dict[TopicPartitionId, Any]) -> list[asyncio.Future[None]]:
+                                entries: dict[TopicIdPartition, Any], version: int, is_renew: bool,
+                                results: dict[TopicIdPartition, Any]) -> list[asyncio.Future[None]]:
         """One task per partition with acknowledgements; each records its code in `results`. Tasks run in
         creation order, so each applies its acknowledgement before a fetch started after them acquires."""
-        async def one(tp: TopicPartitionId, batches: list[Any]) -> None:
+        async def one(tp: TopicIdPartition, batches: list[Any]) -> None:
             code = await self._acknowledge(ctx, group, member, tp[0], tp[1], batches, version, is_renew)
             results[tp].acknowledge_error_code = code
 
@@ -167,8 +168,18 @@ class ShareFetchHandlers:
                 tasks.append(asyncio.ensure_future(one(tp, p.acknowledgement_batches)))
         return tasks
 
-    async def _fetch_records(self, ctx: RequestContext, req: Any, session: ShareSession,
-                             results: dict[TopicPartitionId, Any]) -> None:
+    async def _fetch_records(self, ctx: RequestContext, req: messages.ShareFetchRequest, session: ShareSession,
+                             results: dict[TopicIdPartition, Any]) -> None:
+        try:
+            await self._long_poll(ctx, req, session, results)
+        finally:
+            # KIP-1103 meters: once per fetched topic-partition of the request, failed if it got an error.
+            for tp in session.partitions:
+                pd = results.get(tp)
+                self._count_fetch(tp.topic_id, failed=pd is not None and pd.error_code != ErrorCode.NONE)
+
+    async def _long_poll(self, ctx: RequestContext, req: messages.ShareFetchRequest, session: ShareSession,
+                         results: dict[TopicIdPartition, Any]) -> None:
         """Long poll: acquire once MinBytes are there (or the wait is over), until something is acquired.
 
         Interest in every partition is registered before each look at them, so a produce or release
@@ -197,7 +208,7 @@ class ShareFetchHandlers:
                     return
                 await watch.wait(left)
 
-    async def _min_bytes_ready(self, ctx: RequestContext, group_id: str, order: list[TopicPartitionId],
+    async def _min_bytes_ready(self, ctx: RequestContext, group_id: str, order: list[TopicIdPartition],
                                min_bytes: int) -> bool:
         """Whether the partitions hold at least MinBytes past their next fetch offsets (or an error to
         report). MinBytes of 1 or less is left to the acquisition itself."""
@@ -213,15 +224,15 @@ class ShareFetchHandlers:
                 return True
         return False
 
-    async def _acquire_pass(self, ctx: RequestContext, req: Any, session: ShareSession,
-                            order: list[TopicPartitionId], results: dict[TopicPartitionId, Any]) -> tuple[bool, bool]:
+    async def _acquire_pass(self, ctx: RequestContext, req: messages.ShareFetchRequest, session: ShareSession,
+                            order: list[TopicIdPartition], results: dict[TopicIdPartition, Any]) -> tuple[bool, bool]:
         """Acquire from each partition in turn, the byte budget split evenly between them (Kafka's uniform
         strategy); returns (anything acquired, any partition fetchable at all)."""
         version = ctx.api_version
         mode = AcquireMode(req.share_acquire_mode) if version >= 2 and req.share_acquire_mode in (0, 1) \
             else AcquireMode.BATCH_OPTIMIZED
         batch_size = req.batch_size if req.batch_size > 0 else req.max_records
-        leaders: list[tuple[TopicPartitionId, SharePartitionLeader]] = []
+        leaders: list[tuple[TopicIdPartition, SharePartitionLeader]] = []
         for tp in order:
             leader, err = self._leader_for(ctx, session.group_id, *tp)
             if leader is None:
@@ -236,7 +247,7 @@ class ShareFetchHandlers:
         for tp, leader in leaders:
             if remaining_records <= 0 or ctx.connection.closed:
                 break
-            acq = await leader.acquire(req.member_id, max_records=remaining_records, batch_size=batch_size,
+            acq = await leader.acquire(session.member_id, max_records=remaining_records, batch_size=batch_size,
                                        max_bytes=per_partition_bytes, mode=mode)
             if acq.error_code != ErrorCode.NONE:
                 results.setdefault(tp, self._empty_partition(tp[1])).error_code = acq.error_code
@@ -284,6 +295,7 @@ class ShareFetchHandlers:
         code = await leader.acknowledge(
             member, [AckBatch(b.first_offset, b.last_offset, list(b.acknowledge_types)) for b in batches]
         )
+        self.broker.metrics.share.record_share_acknowledgement(topic.name, failed=code != ErrorCode.NONE)
         if code == ErrorCode.NONE:
             counted: dict[int, int] = {}
             for b in batches:
@@ -298,6 +310,14 @@ class ShareFetchHandlers:
             self.broker.metrics.share.record_acknowledgement(counted)
         return code
 
+    def _count_fetch(self, topic_id: bytes, *, failed: bool) -> None:
+        topic = self.broker.topics.get_by_id(topic_id)
+        name = topic.name if topic is not None else "unknown"
+        share = self.broker.metrics.share
+        share.share_fetch_requests.labels(topic=name).inc()
+        if failed:
+            share.failed_share_fetch_requests.labels(topic=name).inc()
+
     def _empty_partition(self, index: int) -> Any:
         return SfPartition(
             partition_index=index,
@@ -308,7 +328,7 @@ class ShareFetchHandlers:
             acquired_records=[],
         )
 
-    def _fetch_response(self, group: str, results: dict[TopicPartitionId, Any]) -> Any:
+    def _fetch_response(self, group: str, results: dict[TopicIdPartition, Any]) -> Any:
         by_topic: dict[bytes, list[Any]] = {}
         for (topic_id, _index), pd in results.items():
             by_topic.setdefault(topic_id, []).append(pd)
@@ -321,20 +341,23 @@ class ShareFetchHandlers:
 
     # ---- ShareAcknowledge -----------------------------------------------------------------------
 
-    async def share_acknowledge(self, ctx: RequestContext, req: Any) -> Any:
+    async def share_acknowledge(
+        self, ctx: RequestContext, req: messages.ShareAcknowledgeRequest
+    ) -> messages.ShareAcknowledgeResponse:
         version = ctx.api_version
         if not self.enabled:
             return SaResponse(error_code=ErrorCode.UNSUPPORTED_VERSION, error_message="share groups are disabled")
-        error = self._validate_ids(req.group_id, req.member_id)
-        if error is not None:
-            return SaResponse(error_code=ErrorCode.INVALID_REQUEST, error_message=error)
-        if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
+        ids = self._validate_ids(req.group_id, req.member_id)
+        if isinstance(ids, str):
+            return SaResponse(error_code=ErrorCode.INVALID_REQUEST, error_message=ids)
+        group, member = ids
+        if not ctx.authorize(Operation.READ, ResourceType.GROUP, group):
             return SaResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
         epoch = req.share_session_epoch
         if epoch == INITIAL_EPOCH:
             return SaResponse(error_code=ErrorCode.INVALID_SHARE_SESSION_EPOCH,
                               error_message="ShareAcknowledge cannot open a share session")
-        code, session = self.sessions.check(req.group_id, req.member_id, epoch)
+        code, session = self.sessions.check(group, member, epoch)
         if code != ErrorCode.NONE or session is None:
             return SaResponse(error_code=code)
         if epoch != FINAL_EPOCH:
@@ -342,7 +365,7 @@ class ShareFetchHandlers:
         is_renew = version >= 2 and req.is_renew_ack
         entries = _last_entries(req.topics)
         codes = await asyncio.gather(*(
-            self._acknowledge(ctx, req.group_id, req.member_id, tid, index, p.acknowledgement_batches, version,
+            self._acknowledge(ctx, group, member, tid, index, p.acknowledgement_batches, version,
                               is_renew)
             for (tid, index), p in entries.items()
         ))
@@ -354,22 +377,23 @@ class ShareFetchHandlers:
         topics = [SaTopic(topic_id=tid, partitions=parts) for tid, parts in by_topic.items()]
         if epoch == FINAL_EPOCH:
             await self._close_session(session)
-        return SaResponse(error_code=ErrorCode.NONE, acquisition_lock_timeout_ms=self._lock_timeout(req.group_id),
+        return SaResponse(error_code=ErrorCode.NONE, acquisition_lock_timeout_ms=self._lock_timeout(group),
                           responses=topics, node_endpoints=[])
 
     # ---- sessions ---------------------------------------------------------------------------------
 
     @staticmethod
-    def _validate_ids(group_id: str | None, member_id: str | None) -> str | None:
+    def _validate_ids(group_id: str | None, member_id: str | None) -> tuple[str, str] | str:
+        """(group id, member id), or the reason they are not acceptable."""
         if not group_id:
             return "GroupId must be set"
         if not member_id or len(member_id) > MAX_MEMBER_ID_LENGTH:
             return "MemberId must be 1 to 36 characters"
-        return None
+        return group_id, member_id
 
     async def _close_session(self, session: ShareSession) -> None:
         if self.sessions.remove(session):
-            self.broker.purgatory.notify(("share-session-slot",))
+            self.broker.purgatory.notify(SHARE_SESSION_SLOT)
         await self._release_member(session.group_id, session.member_id)
 
     def _release_member(self, group: str, member: str) -> asyncio.Future[Any]:
@@ -392,20 +416,19 @@ class ShareFetchHandlers:
         for session in closed:
             self.sessions.remove(session)
             log.info("share session closed with its connection", group=session.group_id, member=session.member_id)
-        self.broker.purgatory.notify(("share-session-slot",))
+        self.broker.purgatory.notify(SHARE_SESSION_SLOT)
         for session in closed:
             self._release_member(session.group_id, session.member_id)
 
 
-def _last_entries(topics: list[Any]) -> dict[TopicPartitionId, Any]:
+def _last_entries(topics: list[Any]) -> dict[TopicIdPartition, Any]:
     """The request's partitions; one named twice counts once, with its last entry (as Kafka's maps)."""
-    return {(t.topic_id, p.partition_index): p for t in topics for p in t.partitions}
+    return {TopicIdPartition(t.topic_id, p.partition_index): p for t in topics for p in t.partitions}
 
 
-def _wake_keys(group_id: str, tp: TopicPartitionId) -> tuple[tuple[Any, ...], ...]:
+def _wake_keys(group_id: str, tp: TopicIdPartition) -> tuple[WakeKey, ...]:
     """Purgatory keys of a share partition: its log (produce) and its share state (release, expiry)."""
-    topic_id, index = tp
-    return ("log", topic_id, index), ("share", group_id, topic_id, index)
+    return LogKey(tp.topic_id, tp.partition), ShareFetchKey(group_id, tp.topic_id, tp.partition)
 
 
 def register(broker: Broker) -> ShareFetchHandlers:

@@ -20,6 +20,7 @@ from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.coordinator_records import fits_key_string
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.uuids import ZERO_UUID
 
 if TYPE_CHECKING:
     from shoal.broker.apis.broker import Broker
@@ -28,26 +29,25 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("shoal.share_group_admin")
 
-ZERO_UUID = b"\x00" * 16
 UNKNOWN_START_OFFSET = -1
 UNKNOWN_LAG = -1
 DEAD = "Dead"
 NO_OFFSETS_TO_DELETE = "There is no offset information to delete."
 
 DescribeOffsetsResponse = messages.DescribeShareGroupOffsetsResponse
-_DGroup = DescribeOffsetsResponse.DescribeShareGroupOffsetsResponseGroup  # type: ignore[attr-defined]
-_DTopic = DescribeOffsetsResponse.DescribeShareGroupOffsetsResponseTopic  # type: ignore[attr-defined]
-_DPartition = DescribeOffsetsResponse.DescribeShareGroupOffsetsResponsePartition  # type: ignore[attr-defined]
+_DGroup = DescribeOffsetsResponse.DescribeShareGroupOffsetsResponseGroup
+_DTopic = DescribeOffsetsResponse.DescribeShareGroupOffsetsResponseTopic
+_DPartition = DescribeOffsetsResponse.DescribeShareGroupOffsetsResponsePartition
 AlterOffsetsResponse = messages.AlterShareGroupOffsetsResponse
-_ATopic = AlterOffsetsResponse.AlterShareGroupOffsetsResponseTopic  # type: ignore[attr-defined]
-_APartition = AlterOffsetsResponse.AlterShareGroupOffsetsResponsePartition  # type: ignore[attr-defined]
+_ATopic = AlterOffsetsResponse.AlterShareGroupOffsetsResponseTopic
+_APartition = AlterOffsetsResponse.AlterShareGroupOffsetsResponsePartition
 DeleteOffsetsResponse = messages.DeleteShareGroupOffsetsResponse
-_DelTopic = DeleteOffsetsResponse.DeleteShareGroupOffsetsResponseTopic  # type: ignore[attr-defined]
+_DelTopic = DeleteOffsetsResponse.DeleteShareGroupOffsetsResponseTopic
 DeleteGroupsResponse = messages.DeleteGroupsResponse
-_DeletableGroup = DeleteGroupsResponse.DeletableGroupResult  # type: ignore[attr-defined]
+_DeletableGroup = DeleteGroupsResponse.DeletableGroupResult
 DescribeGroupsResponse = messages.DescribeGroupsResponse
-_DescribedGroup = DescribeGroupsResponse.DescribedGroup  # type: ignore[attr-defined]
-_DescribedMember = DescribeGroupsResponse.DescribedGroupMember  # type: ignore[attr-defined]
+_DescribedGroup = DescribeGroupsResponse.DescribedGroup
+_DescribedMember = DescribeGroupsResponse.DescribedGroupMember
 
 
 def compute_lag(latest_offset: int, summary: StateSummary) -> int:
@@ -98,11 +98,13 @@ class ShareGroupAdmin:
 
     # ---- DescribeShareGroupOffsets ------------------------------------------------------------------
 
-    async def describe_share_group_offsets(self, ctx: RequestContext, req: Any) -> Any:
+    async def describe_share_group_offsets(self, ctx: RequestContext, req: messages.DescribeShareGroupOffsetsRequest) -> messages.DescribeShareGroupOffsetsResponse:
         groups = await asyncio.gather(*(self._describe_group_offsets(ctx, g) for g in req.groups))
         return DescribeOffsetsResponse(groups=list(groups))
 
-    async def _describe_group_offsets(self, ctx: RequestContext, g: Any) -> Any:
+    async def _describe_group_offsets(
+        self, ctx: RequestContext, g: messages.DescribeShareGroupOffsetsRequest.DescribeShareGroupOffsetsRequestGroup
+    ) -> messages.DescribeShareGroupOffsetsResponse.DescribeShareGroupOffsetsResponseGroup:
         group_id = g.group_id
 
         def failed(code: int, message: str | None = None) -> Any:
@@ -175,7 +177,7 @@ class ShareGroupAdmin:
 
     # ---- AlterShareGroupOffsets ---------------------------------------------------------------------
 
-    async def alter_share_group_offsets(self, ctx: RequestContext, req: Any) -> Any:
+    async def alter_share_group_offsets(self, ctx: RequestContext, req: messages.AlterShareGroupOffsetsRequest) -> messages.AlterShareGroupOffsetsResponse:
         group_id = req.group_id
 
         def failed(code: int, message: str | None = None) -> Any:
@@ -244,7 +246,7 @@ class ShareGroupAdmin:
 
     # ---- DeleteShareGroupOffsets --------------------------------------------------------------------
 
-    async def delete_share_group_offsets(self, ctx: RequestContext, req: Any) -> Any:
+    async def delete_share_group_offsets(self, ctx: RequestContext, req: messages.DeleteShareGroupOffsetsRequest) -> messages.DeleteShareGroupOffsetsResponse:
         group_id = req.group_id
 
         def failed(code: int, message: str | None = None) -> Any:
@@ -289,7 +291,7 @@ class ShareGroupAdmin:
 
     # ---- DeleteGroups / DescribeGroups --------------------------------------------------------------
 
-    async def delete_groups(self, ctx: RequestContext, req: Any) -> Any:
+    async def delete_groups(self, ctx: RequestContext, req: messages.DeleteGroupsRequest) -> messages.DeleteGroupsResponse:
         results = []
         for group_id in req.groups_names:
             code: int
@@ -314,7 +316,7 @@ class ShareGroupAdmin:
             results.append(_DeletableGroup(group_id=group_id, error_code=code))
         return DeleteGroupsResponse(results=results)
 
-    def describe_groups(self, ctx: RequestContext, req: Any) -> Any:
+    def describe_groups(self, ctx: RequestContext, req: messages.DescribeGroupsRequest) -> messages.DescribeGroupsResponse:
         version = ctx.api_version
         out = []
         for group_id in req.groups:

@@ -6,7 +6,7 @@ Authorization happens here (as in Kafka's request layer); membership logic lives
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.coordinator.group_coordinator import GroupCoordinator
@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 
 HeartbeatResponse = messages.ShareGroupHeartbeatResponse
 DescribeResponse = messages.ShareGroupDescribeResponse
-DescribedGroup = DescribeResponse.DescribedGroup  # type: ignore[attr-defined]
+DescribedGroup = DescribeResponse.DescribedGroup
 ListGroupsResponse = messages.ListGroupsResponse
-ListedGroup = ListGroupsResponse.ListedGroup  # type: ignore[attr-defined]
+ListedGroup = ListGroupsResponse.ListedGroup
 
 PROTOCOL_TYPE = "share"
 GROUP_TYPE = "share"
@@ -69,7 +69,7 @@ class ShareGroupApis:
     def _enabled(self) -> bool:
         return bool(self.broker.config["group.share.enable"])
 
-    async def share_group_heartbeat(self, ctx: RequestContext, req: Any) -> Any:
+    async def share_group_heartbeat(self, ctx: RequestContext, req: messages.ShareGroupHeartbeatRequest) -> messages.ShareGroupHeartbeatResponse:
         if not self._enabled():
             return HeartbeatResponse(error_code=ErrorCode.UNSUPPORTED_VERSION,
                                      error_message="Share groups are not enabled on this broker.")
@@ -85,7 +85,7 @@ class ShareGroupApis:
         # Kafka reports the client address the way Java prints an InetAddress ("/127.0.0.1").
         return await coordinator.heartbeat(req, ctx.header.client_id or "", "/" + ctx.connection.client_host)
 
-    def share_group_describe(self, ctx: RequestContext, req: Any) -> Any:
+    def share_group_describe(self, ctx: RequestContext, req: messages.ShareGroupDescribeRequest) -> messages.ShareGroupDescribeResponse:
         if not self._enabled():
             return DescribeResponse(groups=[
                 DescribedGroup(group_id=g, error_code=ErrorCode.UNSUPPORTED_VERSION, members=[]) for g in req.group_ids
@@ -107,7 +107,9 @@ class ShareGroupApis:
         return DescribeResponse(groups=out)
 
     @staticmethod
-    def _restrict(ctx: RequestContext, group: Any, include_operations: bool) -> Any:
+    def _restrict(
+        ctx: RequestContext, group: DescribeResponse.DescribedGroup, include_operations: bool
+    ) -> DescribeResponse.DescribedGroup:
         if group.error_code != ErrorCode.NONE:
             return group
         topics = {tp.topic_name for m in group.members for tp in m.assignment.topic_partitions}
@@ -122,7 +124,7 @@ class ShareGroupApis:
             )
         return group
 
-    def list_groups(self, ctx: RequestContext, req: Any) -> Any:
+    def list_groups(self, ctx: RequestContext, req: messages.ListGroupsRequest) -> messages.ListGroupsResponse:
         """Share groups (when enabled), classic and consumer groups."""
         coordinator = self.coordinator
         classic = self.broker.classic_groups

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import resource
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -18,6 +18,7 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode, shorten
 from shoal.protocol.record_batch import InvalidRecordBatch
 from shoal.protocol.records import decode_batch
+from shoal.protocol.uuids import ZERO_UUID
 
 if TYPE_CHECKING:
     from shoal.broker.apis.broker import Broker
@@ -40,21 +41,21 @@ SOURCE_STATIC_BROKER = 4
 SOURCE_DEFAULT = 5
 
 CreateTopicsResponse = messages.CreateTopicsResponse
-CreatableTopicResult = CreateTopicsResponse.CreatableTopicResult  # type: ignore[attr-defined]
-CreatableTopicConfigs = CreateTopicsResponse.CreatableTopicConfigs  # type: ignore[attr-defined]
+CreatableTopicResult = CreateTopicsResponse.CreatableTopicResult
+CreatableTopicConfigs = CreateTopicsResponse.CreatableTopicConfigs
 DeleteTopicsResponse = messages.DeleteTopicsResponse
-DeletableTopicResult = DeleteTopicsResponse.DeletableTopicResult  # type: ignore[attr-defined]
+DeletableTopicResult = DeleteTopicsResponse.DeletableTopicResult
 ListOffsetsResponse = messages.ListOffsetsResponse
-LoTopic = ListOffsetsResponse.ListOffsetsTopicResponse  # type: ignore[attr-defined]
-LoPartition = ListOffsetsResponse.ListOffsetsPartitionResponse  # type: ignore[attr-defined]
+LoTopic = ListOffsetsResponse.ListOffsetsTopicResponse
+LoPartition = ListOffsetsResponse.ListOffsetsPartitionResponse
 DeleteRecordsResponse = messages.DeleteRecordsResponse
-DrTopic = DeleteRecordsResponse.DeleteRecordsTopicResult  # type: ignore[attr-defined]
-DrPartition = DeleteRecordsResponse.DeleteRecordsPartitionResult  # type: ignore[attr-defined]
+DrTopic = DeleteRecordsResponse.DeleteRecordsTopicResult
+DrPartition = DeleteRecordsResponse.DeleteRecordsPartitionResult
 CreatePartitionsResponse = messages.CreatePartitionsResponse
-CpResult = CreatePartitionsResponse.CreatePartitionsTopicResult  # type: ignore[attr-defined]
+CpResult = CreatePartitionsResponse.CreatePartitionsTopicResult
 DescribeConfigsResponse = messages.DescribeConfigsResponse
-DcResult = DescribeConfigsResponse.DescribeConfigsResult  # type: ignore[attr-defined]
-DcEntry = DescribeConfigsResponse.DescribeConfigsResourceResult  # type: ignore[attr-defined]
+DcResult = DescribeConfigsResponse.DescribeConfigsResult
+DcEntry = DescribeConfigsResponse.DescribeConfigsResourceResult
 InitProducerIdResponse = messages.InitProducerIdResponse
 
 
@@ -65,7 +66,7 @@ class TopicAdmin:
 
     # ---- CreateTopics ---------------------------------------------------------------------------
 
-    def create_topics(self, ctx: RequestContext, req: Any) -> Any:
+    def create_topics(self, ctx: RequestContext, req: messages.CreateTopicsRequest) -> messages.CreateTopicsResponse:
         results = []
         seen: set[str] = set()
         added = 0  # partitions this request creates (or would, with validate_only)
@@ -137,10 +138,10 @@ class TopicAdmin:
 
     # ---- DeleteTopics ---------------------------------------------------------------------------
 
-    def delete_topics(self, ctx: RequestContext, req: Any) -> Any:
+    def delete_topics(self, ctx: RequestContext, req: messages.DeleteTopicsRequest) -> messages.DeleteTopicsResponse:
         version = ctx.api_version
         wanted: list[tuple[str | None, bytes]] = (
-            [(t.name, t.topic_id) for t in req.topics] if version >= 6 else [(n, b"\x00" * 16) for n in req.topic_names]
+            [(t.name, t.topic_id) for t in req.topics] if version >= 6 else [(n, ZERO_UUID) for n in req.topic_names]
         )
         results = []
         for name, topic_id in wanted:
@@ -163,7 +164,7 @@ class TopicAdmin:
 
     # ---- CreatePartitions -----------------------------------------------------------------------
 
-    def create_partitions(self, ctx: RequestContext, req: Any) -> Any:
+    def create_partitions(self, ctx: RequestContext, req: messages.CreatePartitionsRequest) -> messages.CreatePartitionsResponse:
         results = []
         added = 0
         for t in req.topics:
@@ -193,7 +194,7 @@ class TopicAdmin:
 
     # ---- DeleteRecords --------------------------------------------------------------------------
 
-    def delete_records(self, ctx: RequestContext, req: Any) -> Any:
+    def delete_records(self, ctx: RequestContext, req: messages.DeleteRecordsRequest) -> messages.DeleteRecordsResponse:
         out = []
         for t in req.topics:
             topic = self.broker.topics.get(t.name)
@@ -219,7 +220,7 @@ class TopicAdmin:
 
     # ---- ListOffsets ----------------------------------------------------------------------------
 
-    def list_offsets(self, ctx: RequestContext, req: Any) -> Any:
+    def list_offsets(self, ctx: RequestContext, req: messages.ListOffsetsRequest) -> messages.ListOffsetsResponse:
         out = []
         for t in req.topics:
             topic = self.broker.topics.get(t.name)
@@ -254,7 +255,7 @@ class TopicAdmin:
 
     # ---- DescribeConfigs ------------------------------------------------------------------------
 
-    def describe_configs(self, ctx: RequestContext, req: Any) -> Any:
+    def describe_configs(self, ctx: RequestContext, req: messages.DescribeConfigsRequest) -> messages.DescribeConfigsResponse:
         results = []
         for r in req.resources:
             res = DcResult(error_code=ErrorCode.NONE, error_message=None, resource_type=r.resource_type,
@@ -303,7 +304,7 @@ class TopicAdmin:
 
     # ---- InitProducerId -------------------------------------------------------------------------
 
-    def init_producer_id(self, ctx: RequestContext, req: Any) -> Any:
+    def init_producer_id(self, ctx: RequestContext, req: messages.InitProducerIdRequest) -> messages.InitProducerIdResponse:
         if req.transactional_id is not None:
             return InitProducerIdResponse(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, producer_id=-1, producer_epoch=-1)
         # Since KIP-679 WRITE on any topic also allows an idempotent producer, as in Kafka.

@@ -27,12 +27,14 @@ from shoal.broker.security.sasl import (
 )
 from shoal.broker.security.scram import AuthenticationFailed
 from shoal.broker.security.tls import TlsSession, principal_from_certificate
+from shoal.broker.storage.purgatory import ConnectionClosedKey
 from shoal.protocol import messages
+from shoal.protocol.codec import MessageBase
 
 from .framing import FrameSizeError, Rejected, decode_body, decode_header, next_frame
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Broker
+    from shoal.broker.apis.broker import Api, Broker
     from shoal.broker.server.config import Listener
 
 log = structlog.get_logger("shoal.connection")
@@ -215,9 +217,9 @@ class KafkaConnection(asyncio.Protocol):
         self.broker.on_connection_closed(self)
 
     @property
-    def wake_key(self) -> tuple[str, KafkaConnection]:
+    def wake_key(self) -> ConnectionClosedKey:
         """Purgatory key notified when this connection closes, so its long polls end early."""
-        return ("connection", self)
+        return ConnectionClosedKey(self)
 
     def pause_writing(self) -> None:
         # The client reads slower than we answer: stop reading its requests until the buffer drains.
@@ -286,7 +288,7 @@ class KafkaConnection(asyncio.Protocol):
             return False
         return True
 
-    async def _run_async(self, api: Any, ctx: RequestContext, body: Any, slot: _Slot) -> None:
+    async def _run_async(self, api: Api, ctx: RequestContext, body: MessageBase, slot: _Slot) -> None:
         try:
             response = await api.handler(ctx, body)
         except asyncio.CancelledError:
@@ -298,7 +300,7 @@ class KafkaConnection(asyncio.Protocol):
             return
         self._complete(slot, api, ctx, response)
 
-    def _complete(self, slot: _Slot, api: Any, ctx: RequestContext, response: Any) -> None:
+    def _complete(self, slot: _Slot, api: Api, ctx: RequestContext, response: MessageBase | None) -> None:
         self.broker.metrics.observe_request(api.name, time.monotonic() - ctx.received_at)
         if response is not None:
             try:
@@ -316,7 +318,7 @@ class KafkaConnection(asyncio.Protocol):
         slot.ready = True
         self._flush_ready()
 
-    def _respond_now(self, body: Any, header: messages.RequestHeader, version: int) -> None:
+    def _respond_now(self, body: MessageBase, header: messages.RequestHeader, version: int) -> None:
         slot = _Slot()
         slot.payload = messages.encode_response(body, header.api_key, version, header.correlation_id)
         slot.ready = True

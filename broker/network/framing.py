@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from shoal.protocol import messages
-from shoal.protocol.codec import DecodeError
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.codec import DecodeError, MessageBase
 
 if TYPE_CHECKING:
     from shoal.broker.apis.broker import Api
@@ -56,15 +57,15 @@ class Rejected:
 
 @dataclass(frozen=True, slots=True)
 class RequestHead:
-    header: Any
+    header: messages.RequestHeader
     body_pos: int
 
 
 @dataclass(frozen=True, slots=True)
 class Decoded:
-    header: Any
+    header: messages.RequestHeader
     api: Api
-    body: Any
+    body: MessageBase
 
 
 def decode_header(frame: bytes) -> RequestHead | Rejected:
@@ -82,7 +83,7 @@ def decode_body(frame: bytes, head: RequestHead, apis: Mapping[int, Api]) -> Dec
     header = head.header
     api = apis.get(header.api_key)
     if api is None or not (api.min_version <= header.api_version <= api.max_version):
-        if header.api_key == messages.API_VERSIONS_KEY:
+        if header.api_key == ApiKey.API_VERSIONS:
             return Rejected("unsupported ApiVersions version", answer_api_versions=True)
         return Rejected(
             "unsupported api or version, closing connection",

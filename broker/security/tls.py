@@ -197,7 +197,7 @@ class TlsSession:
         return self._outgoing.read()
 
     def peer_certificate(self) -> dict[str, Any] | None:
-        return self._obj.getpeercert()  # type: ignore[return-value]
+        return self._obj.getpeercert()
 
     def version(self) -> str | None:
         return self._obj.version()

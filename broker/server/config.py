@@ -121,7 +121,7 @@ _KEYS: list[ConfigKey] = [
     ConfigKey("group.consumer.assignors", str, "uniform,range",
               "Server-side assignors (names or Kafka class names); the first is the default."),
     # Share groups (used by the share-group layers)
-    ConfigKey("group.share.enable", _bool, True, "Serve share groups (share.version=1)."),
+    ConfigKey("group.share.enable", _bool, True, "Serve share groups (share.version=2: KIP-932 and dead-letter topics)."),
     ConfigKey("group.share.session.timeout.ms", int, 45000, "Share member session timeout.", 1),
     ConfigKey("group.share.min.session.timeout.ms", int, 45000, "Lower bound for the session timeouts.", 1),
     ConfigKey("group.share.max.session.timeout.ms", int, 60000, "Upper bound for the session timeouts.", 1),
@@ -140,6 +140,14 @@ _KEYS: list[ConfigKey] = [
     ConfigKey("group.share.min.partition.max.record.locks", int, 100, "Lower bound for the record-lock limits.", 100),
     ConfigKey("group.share.max.partition.max.record.locks", int, 4000, "Upper bound for the record-lock limits.", 100),
     ConfigKey("group.share.max.share.sessions", int, 2000, "Share sessions per broker.", 1),
+    ConfigKey("group.share.assignment.interval.ms", int, 1000, "Interval between share-group assignment updates.", 0),
+    ConfigKey("group.share.min.assignment.interval.ms", int, 0, "Lower bound for the group config.", 0),
+    ConfigKey("group.share.max.assignment.interval.ms", int, 15000, "Upper bound for the group config.", 0),
+    # Dead-letter topics for share groups (KIP-1191)
+    ConfigKey("errors.deadletterqueue.topic.name.prefix", str, "dlq.",
+              "Prefix a share group's dead-letter topic name must have; empty allows any name."),
+    ConfigKey("errors.deadletterqueue.auto.create.topics.enable", _bool, False,
+              "Create a share group's missing dead-letter topic on its first dead-lettered record."),
     ConfigKey("group.share.initialize.retry.interval.ms", int, 30000, "Retry interval for state initialisation.", 1),
     ConfigKey("share.coordinator.snapshot.update.records.per.snapshot", int, 500, "Updates between snapshots.", 0),
     ConfigKey("share.coordinator.cold.partition.snapshot.interval.ms", int, 300000, "Cold snapshot interval.", 1),
@@ -357,6 +365,8 @@ SHARE_BOUNDS: dict[str, tuple[str, str]] = {
         "group.share.min.delivery.count.limit", "group.share.max.delivery.count.limit"),
     "group.share.partition.max.record.locks": (
         "group.share.min.partition.max.record.locks", "group.share.max.partition.max.record.locks"),
+    "group.share.assignment.interval.ms": (
+        "group.share.min.assignment.interval.ms", "group.share.max.assignment.interval.ms"),
 }
 
 

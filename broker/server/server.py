@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import ssl
 import time
@@ -18,7 +19,7 @@ from shoal.broker.security.acl_store import build_authorizer
 from shoal.broker.security.authorizer import Authorizer
 from shoal.broker.security.scram import ScramCredentialStore
 from shoal.broker.share.group_configs import GroupConfigs
-from shoal.broker.storage.purgatory import Purgatory
+from shoal.broker.storage.purgatory import LogKey, Purgatory
 from shoal.broker.storage.topic_registry import CONSUMER_OFFSETS, SHARE_GROUP_STATE, Topic, TopicRegistry
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
@@ -79,13 +80,13 @@ class Broker:
             key, messages.API_NAMES[key], min_version, max_version, handler, inspect.iscoroutinefunction(handler)
         )
 
-    def api_versions_fallback(self, header: messages.RequestHeader) -> Any:
+    def api_versions_fallback(self, header: messages.RequestHeader) -> messages.ApiVersionsResponse:
         """ApiVersions v0 body with UNSUPPORTED_VERSION and our ranges, for a version we do not know."""
         cls = messages.ApiVersionsResponse
         return cls(error_code=ErrorCode.UNSUPPORTED_VERSION, api_keys=self.api_version_entries())
 
-    def api_version_entries(self) -> list[Any]:
-        entry = messages.ApiVersionsResponse.ApiVersion  # type: ignore[attr-defined]
+    def api_version_entries(self) -> list[messages.ApiVersionsResponse.ApiVersion]:
+        entry = messages.ApiVersionsResponse.ApiVersion
         return [
             entry(api_key=api.key, min_version=api.min_version, max_version=api.max_version)
             for api in sorted(self.apis.values(), key=lambda a: a.key)
@@ -153,7 +154,7 @@ class Broker:
                 self.ssl_contexts[listener.name] = server_context(self.config, listener.name)
         for listener in self.config.listeners():
             server = await loop.create_server(
-                lambda lst=listener: KafkaConnection(self, lst),  # type: ignore[misc]
+                functools.partial(KafkaConnection, self, listener),
                 host=listener.host,
                 port=listener.port,
                 reuse_address=True,
@@ -205,6 +206,8 @@ class Broker:
                 log.warning("requests still running at shutdown were cancelled", count=len(stuck))
         if self.group_coordinator is not None:
             await self.group_coordinator.stop()
+        if self.share_coordinator is not None:
+            await self.share_coordinator.stop()
         if self.classic_groups is not None:
             await self.classic_groups.stop()
         if self.consumer_groups is not None:
@@ -244,7 +247,13 @@ class Broker:
             partition_count=self._partition_count,
         )
         self.persister = DefaultStatePersister(InProcessShareCoordinatorClient(self.share_coordinator))
-        self.share_partitions = SharePartitionLeaders(self.persister, self.group_configs, self.purgatory)
+        from shoal.broker.apis.topic_admin import partition_budget_problem
+        from shoal.broker.share.dead_letter import DeadLetterWriter
+
+        dead_letters = DeadLetterWriter(self.topics, self.config, self.group_configs, self.on_topic_created,
+                                        partition_budget=lambda n: partition_budget_problem(self, n))
+        self.share_partitions = SharePartitionLeaders(self.persister, self.group_configs, self.purgatory,
+                                                      dead_letters=dead_letters)
         self._wire_share_metrics()
         self.group_coordinator = GroupCoordinator(
             InternalTopicLog(offsets_topic),
@@ -307,6 +316,8 @@ class Broker:
         self.share_coordinator.on_partition_load = events.observe_state_partition_load
         self.share_coordinator.on_write = events.observe_state_write
         self.share_partitions.on_load = events.observe_partition_load
+        if self.share_partitions.dead_letters is not None:
+            self.share_partitions.dead_letters.on_written = events.record_dead_letters
         self.metrics.registry.register(ShareGroupCollector(self, events))
 
     async def _share_coordinator_housekeeping(self) -> None:
@@ -332,7 +343,7 @@ class Broker:
         if event in ("created", "deleted"):
             self.group_coordinator.on_topics_changed()
         if event == "log_start_moved":
-            self.purgatory.notify(("log", topic.topic_id, args[0]))
+            self.purgatory.notify(LogKey(topic.topic_id, args[0]))
 
     async def _delete_share_state(self, topic: Topic) -> None:
         try:
@@ -365,7 +376,7 @@ class Broker:
     def delete_topic(self, topic: Topic) -> None:
         self.topics.delete(topic)
         for index in range(len(topic.partitions)):
-            self.purgatory.notify(("log", topic.topic_id, index))
+            self.purgatory.notify(LogKey(topic.topic_id, index))
         for callback in self.topic_listeners:
             callback("deleted", topic)
 

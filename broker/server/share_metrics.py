@@ -20,6 +20,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shoal.protocol.acknowledge_type import AcknowledgeType
+
 if TYPE_CHECKING:
     from shoal.broker.storage.topic_registry import TopicRegistry
 
@@ -33,8 +35,7 @@ class Broker(Protocol):
     share_partitions: Any
 
 PROTOCOL = "share"
-# AcknowledgeType values on the wire (KIP-932; 4 = RENEW from KIP-1222).
-ACK_TYPE_NAMES = {0: "gap", 1: "accept", 2: "release", 3: "reject", 4: "renew"}
+ACK_TYPE_NAMES = {t.value: t.name.lower() for t in AcknowledgeType}  # metric label per wire value
 GROUP_STATES = ("Empty", "Stable", "Dead")
 MS_BUCKETS = (0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
 
@@ -103,6 +104,38 @@ class ShareGroupMetrics:
             "(write-latency-avg = sum/count).",
             registry=r, buckets=MS_BUCKETS,
         )
+        # KIP-1103 BrokerTopicMetrics meters, counted per topic-partition of a request as Kafka does.
+        self.share_fetch_requests = Counter(
+            "shoal_broker_topic_total_share_fetch_requests",
+            "Share-fetched topic-partitions (TotalShareFetchRequestsPerSec; rate via rate()).",
+            ["topic"], registry=r,
+        )
+        self.failed_share_fetch_requests = Counter(
+            "shoal_broker_topic_failed_share_fetch_requests",
+            "Share-fetched topic-partitions answered with an error (FailedShareFetchRequestsPerSec).",
+            ["topic"], registry=r,
+        )
+        self.share_acknowledgement_requests = Counter(
+            "shoal_broker_topic_total_share_acknowledgement_requests",
+            "Acknowledged topic-partitions (TotalShareAcknowledgementRequestsPerSec; rate via rate()).",
+            ["topic"], registry=r,
+        )
+        self.failed_share_acknowledgement_requests = Counter(
+            "shoal_broker_topic_failed_share_acknowledgement_requests",
+            "Acknowledgements of a topic-partition that failed (FailedShareAcknowledgementRequestsPerSec).",
+            ["topic"], registry=r,
+        )
+        # KIP-1191 dead-letter meters, per share group.
+        self.dead_letter_records = Counter(
+            "shoal_share_group_dead_letter_queue_records",
+            "Records written to the group's dead-letter topic (DeadLetterQueueRecordCount).",
+            ["group"], registry=r,
+        )
+        self.dead_letter_produce_requests = Counter(
+            "shoal_share_group_dead_letter_queue_produce_requests",
+            "Appends to the group's dead-letter topic (DeadLetterQueueTotalProduceRequestsPerSec).",
+            ["group"], registry=r,
+        )
         self.partition_load_time_max = WindowedMax()
         self.state_partition_load_time_max = WindowedMax()
         self.write_latency_max = WindowedMax()
@@ -118,6 +151,15 @@ class ShareGroupMetrics:
         for ack_type, n in type_counts.items():
             name = ACK_TYPE_NAMES.get(ack_type, str(ack_type))
             self.record_acknowledgements.labels(protocol=PROTOCOL, ack_type=name).inc(n)
+
+    def record_share_acknowledgement(self, topic: str, failed: bool) -> None:
+        self.share_acknowledgement_requests.labels(topic=topic).inc()
+        if failed:
+            self.failed_share_acknowledgement_requests.labels(topic=topic).inc()
+
+    def record_dead_letters(self, group: str, records: int) -> None:
+        self.dead_letter_records.labels(group=group).inc(records)
+        self.dead_letter_produce_requests.labels(group=group).inc()
 
     def observe_partition_load(self, ms: float) -> None:
         self.partition_load_time.labels(protocol=PROTOCOL).observe(ms)

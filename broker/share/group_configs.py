@@ -69,6 +69,22 @@ def _bounded(name: str, broker_key: str) -> GroupConfigKey:
     return GroupConfigKey(name, broker_key, "", _int_between(lo_key, hi_key))
 
 
+def _boolean(value: str, cfg: BrokerConfig) -> None:
+    if value.strip().lower() not in ("true", "false"):
+        raise InvalidGroupConfig("Expected value to be either true or false")
+
+
+class _DlqTopicNameError(InvalidGroupConfig):
+    """Kafka words this one on its own, without the "Invalid value" preamble."""
+
+
+def _dlq_topic_name(value: str, cfg: BrokerConfig) -> None:
+    # Kafka 4.4 refuses only internal-looking names here. The prefix and the topic's opt-in are checked
+    # when a record is dead-lettered (the topic may not exist yet, and both can change later).
+    if value.startswith("__"):
+        raise _DlqTopicNameError("errors.deadletterqueue.topic.name: DLQ topic name must not start with '__'")
+
+
 KEYS: dict[str, GroupConfigKey] = {
     k.name: k
     for k in (
@@ -84,6 +100,12 @@ KEYS: dict[str, GroupConfigKey] = {
         _bounded("share.heartbeat.interval.ms", "group.share.heartbeat.interval.ms"),
         _bounded("share.delivery.count.limit", "group.share.delivery.count.limit"),
         _bounded("share.partition.max.record.locks", "group.share.partition.max.record.locks"),
+        # Kafka 4.3 (KIP-1240, KIP-1263)
+        GroupConfigKey("share.renew.acknowledge.enable", None, "true", _boolean),
+        _bounded("share.assignment.interval.ms", "group.share.assignment.interval.ms"),
+        # Kafka 4.4 (KIP-1191)
+        GroupConfigKey("errors.deadletterqueue.topic.name", None, "", _dlq_topic_name),
+        GroupConfigKey("errors.deadletterqueue.copy.record.enable", None, "false", _boolean),
     )
 }
 
@@ -111,6 +133,9 @@ class GroupConfigs:
     def get_int(self, group_id: str, key: str) -> int:
         return int(self.get(group_id, key))
 
+    def get_bool(self, group_id: str, key: str) -> bool:
+        return self.get(group_id, key).strip().lower() == "true"
+
     def effective(self, group_id: str) -> dict[str, tuple[str, bool]]:
         set_here = self._groups.get(group_id, {})
         return {k: (self.get(group_id, k), k in set_here) for k in KEYS}
@@ -122,6 +147,8 @@ class GroupConfigs:
         if value is not None:
             try:
                 spec.validate(value, self.broker_config)
+            except _DlqTopicNameError:
+                raise
             except InvalidGroupConfig as exc:
                 raise InvalidGroupConfig(f"Invalid value {shorten(value)} for configuration {key}: {exc}") from exc
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import NamedTuple
 
+from shoal.persister.persister import PersistedStateBatch
+from shoal.protocol.acknowledge_type import AcknowledgeType
 from shoal.protocol.errors import ErrorCode
 
 
@@ -40,27 +42,13 @@ class RecordState(IntEnum):
     AVAILABLE = 0
     ACQUIRED = 1
     ACKNOWLEDGED = 2
+    ARCHIVING = 3  # KIP-1191: on its way to the group's dead-letter topic
     ARCHIVED = 4
-
-
-class AckType(IntEnum):
-    GAP = 0
-    ACCEPT = 1
-    RELEASE = 2
-    REJECT = 3
-    RENEW = 4
 
 
 class AcquireMode(IntEnum):
     BATCH_OPTIMIZED = 0
     RECORD_LIMIT = 1
-
-
-class PersistedBatch(NamedTuple):
-    first_offset: int
-    last_offset: int
-    delivery_state: int
-    delivery_count: int
 
 
 class FetchedBatch(NamedTuple):
@@ -87,13 +75,14 @@ class StateSnapshot:
     start_offset: int
     state_epoch: int
     delivery_complete_count: int
-    state_batches: list[PersistedBatch]
+    state_batches: list[PersistedStateBatch]
 
 
 _AVAILABLE = 0
 _ACQUIRED = 1
 _ACKNOWLEDGED = 2
-_RELEASING = 3  # internal: AVAILABLE once its write is done; persisted as AVAILABLE, never loaded
+_ARCHIVING = 3
+_RELEASING = 5  # internal: AVAILABLE once its write is done; persisted as AVAILABLE, never loaded
 _ARCHIVED = 4
 _TERMINAL = (_ACKNOWLEDGED, _ARCHIVED)
 
@@ -230,7 +219,7 @@ class SharePartition:
         *,
         start_offset: int,
         state_epoch: int,
-        state_batches: Sequence[PersistedBatch],
+        state_batches: Sequence[PersistedStateBatch],
         lock_duration_ms: int = 30000,
         delivery_count_limit: int = 5,
         max_in_flight_records: int = 2000,
@@ -247,6 +236,9 @@ class SharePartition:
         self.lock_duration_ms = lock_duration_ms
         self.delivery_count_limit = delivery_count_limit
         self.max_in_flight_records = max_in_flight_records
+        # KIP-1191: the group has a dead-letter topic, so rejected records and those at the delivery
+        # count limit pass through ARCHIVING (persisted) until the leader has written them there.
+        self.dead_letter = False
         # Redelivery throttling kicks in from this delivery count on.
         self.throttle_threshold = max(2, -(-delivery_count_limit // 2))
         self._state_epoch = state_epoch
@@ -254,7 +246,7 @@ class SharePartition:
         self._end = start_offset - 1
         self._batches: list[_Batch] = []
         self._firsts: list[int] = []
-        self._state_counts = [0, 0, 0, 0, 0]
+        self._state_counts = [0, 0, 0, 0, 0, 0]  # indexed by state, _RELEASING (5) included
         # Deadline -> number of ACQUIRED offsets holding it, plus a lazy min-heap over the keys.
         self._lock_counts: dict[int, int] = {}
         self._lock_heap: list[int] = []
@@ -265,7 +257,7 @@ class SharePartition:
 
     # ------------------------------------------------------------------ loading
 
-    def _load(self, state_batches: Sequence[PersistedBatch]) -> None:
+    def _load(self, state_batches: Sequence[PersistedStateBatch]) -> None:
         prev_last = self._spso - 1
         for pb in sorted(state_batches, key=lambda b: b.first_offset):
             first = max(pb.first_offset, prev_last + 1)
@@ -275,7 +267,7 @@ class SharePartition:
             state = pb.delivery_state
             if state == _ACQUIRED:
                 state = _AVAILABLE
-            elif state not in (_AVAILABLE, _ACKNOWLEDGED, _ARCHIVED):
+            elif state not in (_AVAILABLE, _ACKNOWLEDGED, _ARCHIVING, _ARCHIVED):
                 raise ValueError(f"unknown persisted delivery state {state}")
             count = pb.delivery_count
             if state == _AVAILABLE and count >= self.delivery_count_limit:
@@ -321,6 +313,10 @@ class SharePartition:
     @property
     def acknowledged_count(self) -> int:
         return self._state_counts[_ACKNOWLEDGED]
+
+    @property
+    def archiving_count(self) -> int:
+        return self._state_counts[_ARCHIVING]
 
     @property
     def archived_count(self) -> int:
@@ -478,8 +474,12 @@ class SharePartition:
             lo = cut + 1
             if lo > hi:
                 return
-        state = _ARCHIVED if count >= self.delivery_count_limit else available
+        state = self._failed_state() if count >= self.delivery_count_limit else available
         self._set(b, lo, hi, state, None, count, 0)
+
+    def _failed_state(self) -> int:
+        """Where a rejected record or one at the delivery count limit goes."""
+        return _ARCHIVING if self.dead_letter else _ARCHIVED
 
     # ------------------------------------------------------------------ fetch side
 
@@ -794,18 +794,20 @@ class SharePartition:
     def _ack_range(self, b: _Batch, lo: int, hi: int, ack_type: int, now_ms: int,
                    changes: list[_Change], until_written: bool) -> None:
         for rl, rh, s, m, c, d in b.runs(lo, hi):
-            renew = ack_type == AckType.RENEW
+            renew = ack_type == AcknowledgeType.RENEW
             if renew:
                 new_state, new_member, new_deadline = _ACQUIRED, m, now_ms + self.lock_duration_ms
-            elif ack_type == AckType.ACCEPT:
+            elif ack_type == AcknowledgeType.ACCEPT:
                 new_state, new_member, new_deadline = _ACKNOWLEDGED, None, 0
-            elif ack_type == AckType.RELEASE:
+            elif ack_type == AcknowledgeType.RELEASE:
                 if c >= self.delivery_count_limit:
-                    new_state = _ARCHIVED
+                    new_state = self._failed_state()
                 else:
                     new_state = _RELEASING if until_written else _AVAILABLE
                 new_member, new_deadline = None, 0
-            else:  # GAP and REJECT
+            elif ack_type == AcknowledgeType.REJECT:
+                new_state, new_member, new_deadline = self._failed_state(), None, 0
+            else:  # GAP: no record there, nothing to dead-letter
                 new_state, new_member, new_deadline = _ARCHIVED, None, 0
             changes.append(_Change(rl, rh, s, m, c, d, new_state, new_member, new_deadline, renew))
             self._set(b, rl, rh, new_state, new_member, c, new_deadline)
@@ -949,6 +951,36 @@ class SharePartition:
         self._advance()
         return True
 
+    # ------------------------------------------------------------------ dead-lettering (KIP-1191)
+
+    def archiving_runs(self) -> list[tuple[int, int, int]]:
+        """(first, last, delivery count) of every run in ARCHIVING, in offset order."""
+        out: list[tuple[int, int, int]] = []
+        for b in self._batches:
+            if b.states is None and b.state != _ARCHIVING:
+                continue
+            for rl, rh, s, _m, c, _d in b.runs(b.first, b.last):
+                if s == _ARCHIVING:
+                    out.append((rl, rh, c))
+        return out
+
+    def complete_archiving(self, runs: Sequence[tuple[int, int, int]]) -> bool:
+        """ARCHIVING -> ARCHIVED for ``runs`` once their dead-letter records are durable."""
+        changed = False
+        for first, last, count in runs:
+            for k in range(self._batch_index(first), len(self._batches)):
+                b = self._batches[k]
+                if b.first > last:
+                    break
+                for rl, rh, s, _m, c, _d in b.runs(max(first, b.first), min(last, b.last)):
+                    if s == _ARCHIVING and c == count:
+                        self._set(b, rl, rh, _ARCHIVED, None, c, 0)
+                        changed = True
+                b.maybe_collapse()
+        if changed:
+            self._advance()
+        return changed
+
     # ------------------------------------------------------------------ persistence
 
     def mark_write_failed(self) -> None:
@@ -970,7 +1002,7 @@ class SharePartition:
             ranges = [(spso, end)]
         self._dirty.clear()
         self._full_write = False
-        out: list[PersistedBatch] = []
+        out: list[PersistedStateBatch] = []
         for rlo, rhi in ranges:
             lo, hi = max(rlo, spso), min(rhi, end)
             if lo > hi:
@@ -983,9 +1015,9 @@ class SharePartition:
                     state = _AVAILABLE if s in (_ACQUIRED, _RELEASING) else s
                     if out and out[-1].last_offset + 1 == first and out[-1].delivery_state == state \
                             and out[-1].delivery_count == c:
-                        out[-1] = PersistedBatch(out[-1].first_offset, last, state, c)
+                        out[-1] = PersistedStateBatch(out[-1].first_offset, last, state, c)
                     else:
-                        out.append(PersistedBatch(first, last, state, c))
+                        out.append(PersistedStateBatch(first, last, state, c))
         return StateSnapshot(spso, self._state_epoch, self.delivery_complete_count, out)
 
 

@@ -25,10 +25,13 @@ import structlog
 
 from shoal.backoff import Backoff
 from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
+from shoal.broker.storage.purgatory import ShareFetchKey
 from shoal.iso_duration import parse_iso_duration_ms
-from shoal.persister.persister import PersistedStateBatch, Persister, SharePartitionKey, WriteStateRequest
+from shoal.persister.persister import Persister, SharePartitionKey, WriteStateRequest
+from shoal.protocol.acknowledge_type import AcknowledgeType
 from shoal.protocol.errors import ErrorCode
 
+from .dead_letter import DeadLetterWriter, NotDeadLettered, Source
 from .group_configs import GroupConfigs
 from .share_partition import (
     AckBatch,
@@ -36,7 +39,6 @@ from .share_partition import (
     AcquiredRange,
     AcquireMode,
     FetchedBatch,
-    PersistedBatch,
     SharePartition,
 )
 
@@ -48,7 +50,7 @@ log = structlog.get_logger("shoal.share_partition")
 LEADER_EPOCH = 0
 
 # How persister (share coordinator) errors surface to clients (as Kafka maps them).
-_PERSISTER_ERRORS = {
+_PERSISTER_ERRORS: dict[int, ErrorCode] = {
     ErrorCode.NOT_COORDINATOR: ErrorCode.COORDINATOR_NOT_AVAILABLE,
     ErrorCode.COORDINATOR_NOT_AVAILABLE: ErrorCode.COORDINATOR_NOT_AVAILABLE,
     ErrorCode.COORDINATOR_LOAD_IN_PROGRESS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
@@ -64,7 +66,7 @@ _FENCING = {ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.GROUP_ID_NOT_FOUND, Erro
 def map_persister_error(code: int) -> int:
     if code == ErrorCode.NONE:
         return ErrorCode.NONE
-    return int(_PERSISTER_ERRORS.get(code, ErrorCode.UNKNOWN_SERVER_ERROR))  # type: ignore[call-overload]
+    return int(_PERSISTER_ERRORS.get(code, ErrorCode.UNKNOWN_SERVER_ERROR))
 
 
 def now_ms() -> int:
@@ -105,7 +107,15 @@ class SharePartitionLeader:
         group_configs: GroupConfigs,
         purgatory: Purgatory,
         on_change: Callable[[SharePartitionLeader], None] | None = None,
+        dead_letters: DeadLetterWriter | None = None,
     ):
+        self.dead_letters = dead_letters
+        self._dead_letter_task: asyncio.Future[None] | None = None
+        # Set when a loaded state holds ARCHIVING records: their dead-letter records may already exist.
+        self._dead_letter_recovering = False
+        # False after a failed state write until the next one succeeds: memory may then hold ARCHIVING
+        # that is not on disk, and a dead-letter record for it could be written twice after a crash.
+        self._state_durable = True
         self.key = key
         self.plog = plog
         self.persister = persister
@@ -126,8 +136,8 @@ class SharePartitionLeader:
         self.published_oldest_lock_ms: int | None = None
 
     @property
-    def wake_key(self) -> tuple[Any, ...]:
-        return ("share", self.key.group_id, self.key.topic_id, self.key.partition)
+    def wake_key(self) -> ShareFetchKey:
+        return ShareFetchKey(self.key.group_id, self.key.topic_id, self.key.partition)
 
     # ---- loading ------------------------------------------------------------------------------
 
@@ -157,13 +167,14 @@ class SharePartitionLeader:
             self.key.partition,
             start_offset=start,
             state_epoch=result.state_epoch,
-            state_batches=[PersistedBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
-                           for b in result.state_batches],
+            state_batches=result.state_batches,
             lock_duration_ms=self.group_configs.get_int(group, "share.record.lock.duration.ms"),
             delivery_count_limit=self.group_configs.get_int(group, "share.delivery.count.limit"),
             max_in_flight_records=self.group_configs.get_int(group, "share.partition.max.record.locks"),
             leader_epoch=LEADER_EPOCH,
         )
+        self.state.dead_letter = self._dead_letter_enabled()
+        self._dead_letter_recovering = self.state.archiving_count > 0
         if result.start_offset < 0:
             # Record the offset share.auto.offset.reset chose, so a restart resumes from it instead of
             # resolving "latest" again and skipping what was produced in between.
@@ -179,8 +190,9 @@ class SharePartitionLeader:
         if self.on_load is not None:
             self.on_load(self.load_time_ms)
         self._publish()
+        self._maybe_dead_letter()
         log.info("share partition loaded", group=group, partition=self.key.partition, spso=start,
-                 batches=len(result.state_batches))
+                 batches=len(result.state_batches), dead_letters_pending=self._dead_letter_recovering)
         return ErrorCode.NONE
 
     def _reset_offset(self) -> int:
@@ -202,6 +214,7 @@ class SharePartitionLeader:
         self.state.lock_duration_ms = self.group_configs.get_int(group, "share.record.lock.duration.ms")
         self.state.delivery_count_limit = self.group_configs.get_int(group, "share.delivery.count.limit")
         self.state.max_in_flight_records = self.group_configs.get_int(group, "share.partition.max.record.locks")
+        self.state.dead_letter = self._dead_letter_enabled()
 
     def drop(self) -> None:
         self.state = None
@@ -270,6 +283,10 @@ class SharePartitionLeader:
             sp = self.state
             if err != ErrorCode.NONE or sp is None:
                 return err
+            if any(AcknowledgeType.RENEW in b.ack_types for b in batches) and not self.group_configs.get_bool(
+                    self.key.group_id, "share.renew.acknowledge.enable"):
+                # KIP-1240: the group refuses RENEW; the records stay as they are.
+                return ErrorCode.INVALID_RECORD_STATE
             outcome = sp.acknowledge(member_id, batches, now_ms=now_ms(), until_written=True)
             if outcome.error_code != ErrorCode.NONE:
                 return outcome.error_code
@@ -349,15 +366,85 @@ class SharePartitionLeader:
             leader_epoch=LEADER_EPOCH,
             start_offset=snap.start_offset,
             delivery_complete_count=snap.delivery_complete_count,
-            state_batches=[PersistedStateBatch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
-                           for b in snap.state_batches],
+            state_batches=list(snap.state_batches),
         )
         try:
             code = await self.persister.write_state(request)
         except Exception:
             log.exception("share state write failed", group=self.key.group_id, partition=self.key.partition)
             code = ErrorCode.UNKNOWN_SERVER_ERROR
+        self._state_durable = code == ErrorCode.NONE
+        if self._state_durable:
+            # ARCHIVING is durable now, so its dead-letter records may be written.
+            self._maybe_dead_letter()
         return map_persister_error(code)
+
+    # ---- dead-lettering (KIP-1191) ---------------------------------------------------------------
+
+    def _dead_letter_enabled(self) -> bool:
+        return self.dead_letters is not None and self.dead_letters.enabled(self.key.group_id)
+
+    def _maybe_dead_letter(self) -> None:
+        sp = self.state
+        if sp is None or sp.archiving_count == 0 or self._dead_letter_task is not None:
+            return
+        self._dead_letter_task = finish(self._dead_letter_loop(sp))
+
+    async def _dead_letter_loop(self, sp: SharePartition) -> None:
+        """Write the dead-letter records of ARCHIVING runs, then persist them ARCHIVED; until none is left.
+
+        Only runs known to be durable are taken: none while a state write is in flight (it may carry
+        ARCHIVING that could still be rolled back) or after a failed write; the next successful write
+        starts this loop again.
+        """
+        try:
+            while True:
+                async with self.lock:
+                    durable = self.state is sp and self.writes_in_flight == 0 and self._state_durable
+                    runs = sp.archiving_runs() if durable else []
+                    if not runs:
+                        self._dead_letter_task = None
+                        return
+                    recovering = self._dead_letter_recovering
+                await self._write_dead_letters(sp, runs, recovering)
+                async with self.lock:
+                    if self.state is not sp:
+                        self._dead_letter_task = None
+                        return
+                    self._dead_letter_recovering = False
+                    sp.complete_archiving(runs)
+                write_err: int = ErrorCode.UNKNOWN_SERVER_ERROR
+                try:
+                    write_err = await self._persist()
+                finally:
+                    if write_err != ErrorCode.NONE and self.state is sp:
+                        # Memory says ARCHIVED; a crash before the next write leaves ARCHIVING on disk,
+                        # and the load then skips the records already in the dead-letter topic.
+                        sp.mark_write_failed()
+                self._changed()
+        except BaseException:
+            self._dead_letter_task = None
+            raise
+
+    async def _write_dead_letters(self, sp: SharePartition, runs: list[tuple[int, int, int]],
+                                  recovering: bool) -> None:
+        writer = self.dead_letters
+        group = self.key.group_id
+        topic = writer.topics.get_by_id(self.key.topic_id) if writer is not None else None
+        if writer is None or topic is None:
+            return
+        source = Source(group, topic.name, self.key.partition, self.plog, sp.delivery_count_limit)
+        try:
+            written = await writer.write(source, runs, skip_existing=recovering)
+            log.debug("records dead-lettered", group=group, topic=topic.name, partition=self.key.partition,
+                      records=written)
+        except NotDeadLettered as exc:
+            log.warning("records archived without a dead-letter record", group=group, topic=topic.name,
+                        partition=self.key.partition, reason=str(exc))
+        except Exception:
+            # As Kafka does once its retries are spent: the records are archived all the same.
+            log.exception("dead-letter write failed; records archived", group=group, topic=topic.name,
+                          partition=self.key.partition)
 
     def _after_failed_write(self, code: int) -> None:
         if code in _FENCING:
@@ -409,7 +496,9 @@ class SharePartitionLeader:
 class SharePartitionLeaders:
     """Every share partition this broker leads, created on first use."""
 
-    def __init__(self, persister: Persister, group_configs: GroupConfigs, purgatory: Purgatory):
+    def __init__(self, persister: Persister, group_configs: GroupConfigs, purgatory: Purgatory,
+                 dead_letters: DeadLetterWriter | None = None):
+        self.dead_letters = dead_letters
         self.persister = persister
         self.group_configs = group_configs
         self.purgatory = purgatory
@@ -422,7 +511,8 @@ class SharePartitionLeaders:
     def get_or_create(self, key: SharePartitionKey, plog: PartitionLog) -> SharePartitionLeader:
         leader = self._leaders.get(key)
         if leader is None or leader.plog is not plog:
-            leader = SharePartitionLeader(key, plog, self.persister, self.group_configs, self.purgatory)
+            leader = SharePartitionLeader(key, plog, self.persister, self.group_configs, self.purgatory,
+                                          dead_letters=self.dead_letters)
             leader.on_load = self.on_load
             self._leaders[key] = leader
         return leader

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.topic_id_partition import TopicIdPartition
 
 INITIAL_EPOCH = 0
 FINAL_EPOCH = -1
 MAX_EPOCH = 2**31 - 1
 
-TopicPartitionId = tuple[bytes, int]  # (topic id, partition)
 
 
 def next_epoch(epoch: int) -> int:
@@ -31,26 +31,26 @@ class ShareSession:
     connection: Any
     expected_epoch: int = 1
     # Insertion-ordered set of the session's partitions (dict keys keep order).
-    partitions: dict[TopicPartitionId, None] = field(default_factory=dict)
+    partitions: dict[TopicIdPartition, None] = field(default_factory=dict)
     # Partitions answered with an error: the next response names them again, so a client learns the
     # error cleared (as Kafka's CachedSharePartition.requiresUpdateInResponse).
-    resend: set[TopicPartitionId] = field(default_factory=set)
+    resend: set[TopicIdPartition] = field(default_factory=set)
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.group_id, self.member_id)
 
-    def add(self, tp: TopicPartitionId) -> bool:
+    def add(self, tp: TopicIdPartition) -> bool:
         if tp in self.partitions:
             return False
         self.partitions[tp] = None
         return True
 
-    def forget(self, tp: TopicPartitionId) -> None:
+    def forget(self, tp: TopicIdPartition) -> None:
         self.partitions.pop(tp, None)
         self.resend.discard(tp)
 
-    def take_resend(self) -> set[TopicPartitionId]:
+    def take_resend(self) -> set[TopicIdPartition]:
         out, self.resend = self.resend, set()
         return out
 

@@ -27,11 +27,17 @@ class InternalTopicLog:
         return len(self.topic.partitions)
 
     async def append(self, partition: int, records: list[CoordinatorRecord]) -> int:
+        first = self.append_nowait(partition, records)
+        await self.flush(partition, first + len(records))
+        return first
+
+    def append_nowait(self, partition: int, records: list[CoordinatorRecord]) -> int:
         plog = self.topic.partitions[partition]
         batch = bytearray(encode_batch([RecordInput(key=k, value=v) for k, v in map(encode_record, records)]))
-        result = plog.append(batch, list(iter_batches(batch)))
-        await plog.flush(result.last_offset + 1)
-        return result.base_offset
+        return plog.append(batch, list(iter_batches(batch))).base_offset
+
+    async def flush(self, partition: int, end_offset: int) -> None:
+        await self.topic.partitions[partition].flush(end_offset)
 
     def replay(self, partition: int) -> Iterator[tuple[int, CoordinatorRecord]]:
         """Every readable record, oldest first. A batch or record that cannot be read is skipped with an

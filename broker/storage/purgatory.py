@@ -1,22 +1,58 @@
 """The request purgatory: parked long-poll requests woken when the thing they wait on changes.
 
-Keys are whatever identifies the watched state (a (topic, partition) for Fetch, a share partition for
-ShareFetch). A waiter wakes on the first notify of any of its keys or at its deadline. A `watch`
-registers before the caller looks at the state, so a notify that arrives while it looks is not lost.
+A key names the state a request waits on (`WakeKey`); a waiter wakes on the first notify of any of
+its keys or at its deadline. A `watch` registers before the caller looks at the state, so a notify
+that arrives while it looks is not lost.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable
+from dataclasses import dataclass
 from types import TracebackType
+
+
+@dataclass(frozen=True, slots=True)
+class LogKey:
+    """A partition's log: records appended, or its start moved (Fetch and ShareFetch wait on it)."""
+
+    topic_id: bytes
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShareFetchKey:
+    """A share partition: records released, acknowledged or their locks expired (ShareFetch)."""
+
+    group_id: str
+    topic_id: bytes
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShareSessionSlotKey:
+    """A place in the share-session cache came free (a ShareFetch opening a session waits for one)."""
+
+
+SHARE_SESSION_SLOT = ShareSessionSlotKey()
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionClosedKey:
+    """A client connection closed: the long polls it started end early."""
+
+    connection: object
+
+
+WakeKey = LogKey | ShareFetchKey | ShareSessionSlotKey | ConnectionClosedKey
 
 
 class Watch:
     """Interest in some keys, registered from creation until `close`; `wait` returns at once when one
     of them was notified since."""
 
-    def __init__(self, purgatory: Purgatory, keys: Iterable[Hashable]):
+    def __init__(self, purgatory: Purgatory, keys: Iterable[WakeKey]):
         self._purgatory = purgatory
         self._keys = list(keys)
         self._fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -58,19 +94,19 @@ class Watch:
 
 class Purgatory:
     def __init__(self) -> None:
-        self._watchers: dict[Hashable, set[asyncio.Future[bool]]] = {}
+        self._watchers: dict[WakeKey, set[asyncio.Future[bool]]] = {}
 
-    def watch(self, keys: Iterable[Hashable]) -> Watch:
+    def watch(self, keys: Iterable[WakeKey]) -> Watch:
         return Watch(self, keys)
 
-    async def wait(self, keys: Iterable[Hashable], timeout_s: float) -> bool:
+    async def wait(self, keys: Iterable[WakeKey], timeout_s: float) -> bool:
         """Park until one of `keys` is notified or `timeout_s` passes; True if woken by a notify."""
         if timeout_s <= 0:
             return False
         with self.watch(keys) as watch:
             return await watch.wait(timeout_s)
 
-    def notify(self, key: Hashable) -> None:
+    def notify(self, key: WakeKey) -> None:
         watchers = self._watchers.get(key)
         if not watchers:
             return

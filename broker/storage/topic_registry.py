@@ -13,11 +13,10 @@ import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import structlog
 
-from shoal.broker.server.config import cleanup_policies, valid_cleanup_policy
+from shoal.broker.server.config import BrokerConfig, cleanup_policies, valid_cleanup_policy
 from shoal.protocol.errors import shorten
 from shoal.protocol.uuids import uuid_to_str as topic_id_to_str
 
@@ -29,7 +28,6 @@ REGISTRY_FILE = "shoal-topics.json"
 CONSUMER_OFFSETS = "__consumer_offsets"
 SHARE_GROUP_STATE = "__share_group_state"
 INTERNAL_TOPICS = frozenset({CONSUMER_OFFSETS, SHARE_GROUP_STATE})
-ZERO_UUID = b"\x00" * 16
 _LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_NAME_LENGTH = 249
 
@@ -46,8 +44,16 @@ TOPIC_CONFIG_KEYS: dict[str, str | None] = {
     "compression.type": None,
     "min.insync.replicas": None,
     "index.interval.bytes": "log.index.interval.bytes",
+    "errors.deadletterqueue.group.enable": None,
 }
-TOPIC_CONFIG_DEFAULTS: dict[str, str] = {"compression.type": "producer", "min.insync.replicas": "1"}
+TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
+    "compression.type": "producer",
+    "min.insync.replicas": "1",
+    # KIP-1191: a topic takes dead-lettered records of share groups only when its owner opts in.
+    "errors.deadletterqueue.group.enable": "false",
+}
+
+_BOOLEAN_TOPIC_CONFIGS = frozenset({"errors.deadletterqueue.group.enable"})
 
 _INT = (-(1 << 31), (1 << 31) - 1)
 _LONG = (-(1 << 63), (1 << 63) - 1)
@@ -75,6 +81,10 @@ def validate_topic_config(key: str, value: str | None) -> str | None:
     if key in _CHOICES:
         if value not in _CHOICES[key]:
             return f"Invalid value {shorten(value)} for configuration {key}: String must be one of: {', '.join(_CHOICES[key])}"
+        return None
+    if key in _BOOLEAN_TOPIC_CONFIGS:
+        if value.strip().lower() not in ("true", "false"):
+            return f"Invalid value {shorten(value)} for configuration {key}: Expected value to be either true or false"
         return None
     if key == "cleanup.policy":
         if not valid_cleanup_policy(value):
@@ -116,7 +126,7 @@ class Topic:
 
 
 class TopicRegistry:
-    def __init__(self, data_dir: Path, broker_config: Any):
+    def __init__(self, data_dir: Path, broker_config: BrokerConfig):
         self.data_dir = data_dir
         self.broker_config = broker_config
         self.by_name: dict[str, Topic] = {}

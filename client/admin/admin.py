@@ -18,6 +18,7 @@ from shoal.client.loop_thread import LoopThread
 from shoal.client.security import ClientConfig
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.codec import MessageBase
 from shoal.protocol.errors import ErrorCode
 
 T = TypeVar("T")
@@ -197,12 +198,12 @@ class AsyncAdmin:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _any(self, api_key: int, body: Any, versions: tuple[int, int]) -> Any:
+    async def _any(self, api_key: int, body: MessageBase, versions: tuple[int, int]) -> Any:
         await self.start()
         conn = await self.cluster.any_connection()
         return await conn.request(api_key, body, versions=versions)
 
-    async def _controller(self, api_key: int, body: Any, versions: tuple[int, int]) -> Any:
+    async def _controller(self, api_key: int, body: MessageBase, versions: tuple[int, int]) -> Any:
         await self.start()
         node = self.cluster.controller_id
         if node in self.cluster.brokers:
@@ -237,12 +238,12 @@ class AsyncAdmin:
         items = [NewTopic(t) if isinstance(t, str) else t for t in topics]
         body = req(
             topics=[
-                req.CreatableTopic(  # type: ignore[attr-defined]
+                req.CreatableTopic(
                     name=t.name,
                     num_partitions=t.num_partitions,
                     replication_factor=t.replication_factor,
                     assignments=[],
-                    configs=[req.CreatableTopicConfig(name=k, value=v) for k, v in t.configs.items()],  # type: ignore[attr-defined]
+                    configs=[req.CreatableTopicConfig(name=k, value=v) for k, v in t.configs.items()],
                 )
                 for t in items
             ],
@@ -267,7 +268,7 @@ class AsyncAdmin:
         req = messages.DeleteTopicsRequest
         body = req(
             topic_names=names,
-            topics=[req.DeleteTopicState(name=n) for n in names],  # type: ignore[attr-defined]
+            topics=[req.DeleteTopicState(name=n) for n in names],
             timeout_ms=timeout_ms,
         )
         response = await self._controller(ApiKey.DELETE_TOPICS, body, (1, 6))
@@ -298,13 +299,13 @@ class AsyncAdmin:
                 out[(topic, partition)] = ListedOffset(topic, partition, -1, -1, -1, err)
                 continue
             by_leader.setdefault(leader, {}).setdefault(topic, []).append(
-                req.ListOffsetsPartition(partition_index=partition, current_leader_epoch=-1, timestamp=ts)  # type: ignore[attr-defined]
+                req.ListOffsetsPartition(partition_index=partition, current_leader_epoch=-1, timestamp=ts)
             )
         for leader, topics in by_leader.items():
             body = req(
                 replica_id=-1,
                 isolation_level=isolation_level,
-                topics=[req.ListOffsetsTopic(name=t, partitions=ps) for t, ps in topics.items()],  # type: ignore[attr-defined]
+                topics=[req.ListOffsetsTopic(name=t, partitions=ps) for t, ps in topics.items()],
             )
             response = await self.cluster.request(leader, ApiKey.LIST_OFFSETS, body, (1, 10))
             for t in response.topics:
@@ -343,7 +344,7 @@ class AsyncAdmin:
         for group_id in group_ids:
             body = messages.ShareGroupDescribeRequest(group_ids=[group_id], include_authorized_operations=True)
 
-            async def send(node: int, body: Any = body) -> Any:
+            async def send(node: int, body: MessageBase = body) -> Any:
                 return await self.cluster.request(node, ApiKey.SHARE_GROUP_DESCRIBE, body, (1, 1))
 
             response = await self._coordinated(group_id, send, lambda r: r.groups[0].error_code if r.groups else 0)
@@ -377,7 +378,7 @@ class AsyncAdmin:
         for group_id in group_ids:
             body = messages.DeleteGroupsRequest(groups_names=[group_id])
 
-            async def send(node: int, body: Any = body) -> Any:
+            async def send(node: int, body: MessageBase = body) -> Any:
                 return await self.cluster.request(node, ApiKey.DELETE_GROUPS, body, (0, 2))
 
             response = await self._coordinated(group_id, send, lambda r: r.results[0].error_code if r.results else 0)
@@ -525,10 +526,10 @@ class AsyncAdmin:
                 await self.cluster.refresh_metadata(names)
                 topics = {n: list(self.cluster.topics[n].partitions) if n in self.cluster.topics else [] for n in names}
             req_topics = [
-                req.DescribeShareGroupOffsetsRequestTopic(topic_name=t, partitions=sorted(ps))  # type: ignore[attr-defined]
+                req.DescribeShareGroupOffsetsRequestTopic(topic_name=t, partitions=sorted(ps))
                 for t, ps in topics.items()
             ]
-        body = req(groups=[req.DescribeShareGroupOffsetsRequestGroup(group_id=group_id, topics=req_topics)])  # type: ignore[attr-defined]
+        body = req(groups=[req.DescribeShareGroupOffsetsRequestGroup(group_id=group_id, topics=req_topics)])
 
         async def send(node: int) -> Any:
             return await self.cluster.request(node, ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, body, (0, 1))
@@ -555,11 +556,11 @@ class AsyncAdmin:
         by_topic: dict[str, list[Any]] = {}
         for (topic, partition), offset in sorted(offsets.items()):
             by_topic.setdefault(topic, []).append(
-                req.AlterShareGroupOffsetsRequestPartition(partition_index=partition, start_offset=offset)  # type: ignore[attr-defined]
+                req.AlterShareGroupOffsetsRequestPartition(partition_index=partition, start_offset=offset)
             )
         body = req(
             group_id=group_id,
-            topics=[req.AlterShareGroupOffsetsRequestTopic(topic_name=t, partitions=ps) for t, ps in by_topic.items()],  # type: ignore[attr-defined]
+            topics=[req.AlterShareGroupOffsetsRequestTopic(topic_name=t, partitions=ps) for t, ps in by_topic.items()],
         )
 
         async def send(node: int) -> Any:
@@ -581,7 +582,7 @@ class AsyncAdmin:
         req = messages.DeleteShareGroupOffsetsRequest
         body = req(
             group_id=group_id,
-            topics=[req.DeleteShareGroupOffsetsRequestTopic(topic_name=t) for t in topics],  # type: ignore[attr-defined]
+            topics=[req.DeleteShareGroupOffsetsRequestTopic(topic_name=t) for t in topics],
         )
 
         async def send(node: int) -> Any:
@@ -601,7 +602,7 @@ class AsyncAdmin:
         req = messages.DescribeConfigsRequest
         body = req(
             resources=[
-                req.DescribeConfigsResource(  # type: ignore[attr-defined]
+                req.DescribeConfigsResource(
                     resource_type=resource_type, resource_name=name, configuration_keys=None if keys is None else list(keys)
                 )
             ],
@@ -626,11 +627,11 @@ class AsyncAdmin:
         req = messages.IncrementalAlterConfigsRequest
         body = req(
             resources=[
-                req.AlterConfigsResource(  # type: ignore[attr-defined]
+                req.AlterConfigsResource(
                     resource_type=resource_type,
                     resource_name=name,
                     configs=[
-                        req.AlterableConfig(  # type: ignore[attr-defined]
+                        req.AlterableConfig(
                             name=k, config_operation=OP_DELETE if v is None else OP_SET, value=v
                         )
                         for k, v in configs.items()

@@ -132,10 +132,10 @@ class AsyncOffsetReader(AsyncAdmin):
             session_id=0,
             session_epoch=-1,
             topics=[
-                req.FetchTopic(  # type: ignore[attr-defined]
+                req.FetchTopic(
                     topic=topic,
                     partitions=[
-                        req.FetchPartition(  # type: ignore[attr-defined]
+                        req.FetchPartition(
                             partition=partition,
                             current_leader_epoch=-1,
                             fetch_offset=offset,

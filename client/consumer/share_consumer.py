@@ -17,7 +17,6 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Any
 
 from shoal.client.cluster import Cluster
@@ -34,6 +33,7 @@ from shoal.client.loop_thread import LoopThread
 from shoal.client.metrics import Sensor
 from shoal.client.security import ClientConfig
 from shoal.protocol import messages
+from shoal.protocol.acknowledge_type import AcknowledgeType
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.record_batch import (
@@ -44,7 +44,8 @@ from shoal.protocol.record_batch import (
     parse_batch_header,
 )
 from shoal.protocol.records import iter_decoded_batches
-from shoal.protocol.uuids import uuid_to_str
+from shoal.protocol.topic_id_partition import TopicIdPartition
+from shoal.protocol.uuids import MAX_MEMBER_ID_LENGTH, uuid_to_str
 
 log = logging.getLogger("shoal.client.consumer.share_consumer")
 
@@ -66,22 +67,8 @@ _METADATA_ERRORS = (
 _COORDINATOR_ERRORS = (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE)
 # ShareAcquireMode (ShareFetch v2+): the broker acquires strictly at most MaxRecords, splitting log batches.
 ACQUIRE_MODE_RECORD_LIMIT = 1
-# KIP-932 caps member ids at 36 characters (a UUID's text form); Kafka's own are 22.
-MAX_MEMBER_ID_LENGTH = 36
-
-TopicIdPartition = tuple[bytes, int]
 AckResults = dict[tuple[str, int], KafkaError | None]
 AckCallback = Callable[[AckResults], None]
-
-
-class AcknowledgeType(IntEnum):
-    """AcknowledgeTypes on the wire. GAP is sent by the client itself for acquired offsets without a record."""
-
-    GAP = 0
-    ACCEPT = 1
-    RELEASE = 2
-    REJECT = 3
-    RENEW = 4
 
 
 AckTypeArg = AcknowledgeType | int | str
@@ -367,7 +354,7 @@ class AsyncShareConsumer:
         if full:
             self._subscription_sent = subscription
         if response.assignment is not None:
-            new = {(tp.topic_id, p) for tp in response.assignment.topic_partitions for p in tp.partitions}
+            new = {TopicIdPartition(tp.topic_id, p) for tp in response.assignment.topic_partitions for p in tp.partitions}
             for tid, _ in new:
                 if tid not in self.cluster.topic_names:
                     await self.cluster.topic_name(tid)
@@ -543,7 +530,7 @@ class AsyncShareConsumer:
         if self.explicit or not self._delivered:
             return
         for (topic, partition, offset), node in self._delivered.items():
-            self._queue_ack(node, (self._topic_ids[topic], partition), offset, AcknowledgeType.ACCEPT)
+            self._queue_ack(node, TopicIdPartition(self._topic_ids[topic], partition), offset, AcknowledgeType.ACCEPT)
         self._delivered.clear()
 
     def _fetch_nodes(self) -> list[int]:
@@ -561,7 +548,7 @@ class AsyncShareConsumer:
         for tid, partition in self._assignment:
             name = self.cluster.topic_names.get(tid)
             if name is not None and self.cluster.leader(name, partition) == node:
-                out.add((tid, partition))
+                out.add(TopicIdPartition(tid, partition))
         return out
 
     async def _session_connection(self, session: _ShareSession) -> BrokerConnection:
@@ -604,9 +591,9 @@ class AsyncShareConsumer:
             req = messages.ShareFetchRequest
             parts: dict[bytes, list[Any]] = {}
             for tp in sorted(add | set(acks)):
-                batches = ack_batches(acks[tp], req.AcknowledgementBatch) if tp in acks else []  # type: ignore[attr-defined]
+                batches = ack_batches(acks[tp], req.AcknowledgementBatch) if tp in acks else []
                 parts.setdefault(tp[0], []).append(
-                    req.FetchPartition(partition_index=tp[1], acknowledgement_batches=batches)  # type: ignore[attr-defined]
+                    req.FetchPartition(partition_index=tp[1], acknowledgement_batches=batches)
                 )
             forgotten: dict[bytes, list[int]] = {}
             for tid, p in sorted(forget):
@@ -623,9 +610,9 @@ class AsyncShareConsumer:
                 # v1 brokers only know batch-optimised acquisition, which may round MaxRecords up to whole
                 # log batches; the surplus then waits in the buffer until its lock runs out.
                 share_acquire_mode=ACQUIRE_MODE_RECORD_LIMIT if strict and version >= 2 else 0,
-                topics=[req.FetchTopic(topic_id=tid, partitions=ps) for tid, ps in parts.items()],  # type: ignore[attr-defined]
+                topics=[req.FetchTopic(topic_id=tid, partitions=ps) for tid, ps in parts.items()],
                 forgotten_topics_data=[
-                    req.ForgottenTopic(topic_id=tid, partitions=ps)  # type: ignore[attr-defined]
+                    req.ForgottenTopic(topic_id=tid, partitions=ps)
                     for tid, ps in forgotten.items()
                 ],
             )
@@ -664,7 +651,7 @@ class AsyncShareConsumer:
                 if name is None:
                     name = await self.cluster.topic_name(topic.topic_id)
                 for p in topic.partitions:
-                    tp = (topic.topic_id, p.partition_index)
+                    tp = TopicIdPartition(topic.topic_id, p.partition_index)
                     if tp in acks:
                         code = p.acknowledge_error_code
                         per_partition[tp] = for_code(code, p.acknowledge_error_message) if code else None
@@ -808,7 +795,7 @@ class AsyncShareConsumer:
             )
         if kind != AcknowledgeType.RENEW:
             del self._delivered_ranges[key]
-        self._queue_ack_range(held[1], (self._topic_ids[rng.topic], rng.partition), rng.first_offset,
+        self._queue_ack_range(held[1], TopicIdPartition(self._topic_ids[rng.topic], rng.partition), rng.first_offset,
                               rng.last_offset, kind)
 
 
@@ -846,7 +833,7 @@ class AsyncShareConsumer:
         else:
             self._renewed.pop(key, None)
         self._delivered.pop(key, None)
-        self._queue_ack(node, (self._topic_ids[topic], partition), offset, kind)
+        self._queue_ack(node, TopicIdPartition(self._topic_ids[topic], partition), offset, kind)
 
     async def commit_sync(self, timeout: float | None = None) -> AckResults:
         """Send every pending acknowledgement now (ShareAcknowledge) and return per-partition results."""
@@ -888,8 +875,8 @@ class AsyncShareConsumer:
             parts: dict[bytes, list[Any]] = {}
             for tp in sorted(acks):
                 parts.setdefault(tp[0], []).append(
-                    req.AcknowledgePartition(  # type: ignore[attr-defined]
-                        partition_index=tp[1], acknowledgement_batches=ack_batches(acks[tp], req.AcknowledgementBatch)  # type: ignore[attr-defined]
+                    req.AcknowledgePartition(
+                        partition_index=tp[1], acknowledgement_batches=ack_batches(acks[tp], req.AcknowledgementBatch)
                     )
                 )
             epoch = CLOSE_SESSION_EPOCH if close else session.epoch
@@ -898,7 +885,7 @@ class AsyncShareConsumer:
                 member_id=self.member_id,
                 share_session_epoch=epoch,
                 is_renew_ack=renew,
-                topics=[req.AcknowledgeTopic(topic_id=tid, partitions=ps) for tid, ps in parts.items()],  # type: ignore[attr-defined]
+                topics=[req.AcknowledgeTopic(topic_id=tid, partitions=ps) for tid, ps in parts.items()],
             )
             try:
                 response = await conn.request(ApiKey.SHARE_ACKNOWLEDGE, body, version=version)
@@ -916,7 +903,7 @@ class AsyncShareConsumer:
             per_partition: dict[TopicIdPartition, KafkaError | None] = {}
             for topic in response.responses:
                 for p in topic.partitions:
-                    tp = (topic.topic_id, p.partition_index)
+                    tp = TopicIdPartition(topic.topic_id, p.partition_index)
                     per_partition[tp] = for_code(p.error_code, p.error_message) if p.error_code else None
             return self._ack_results(node, acks, None, per_partition)
 

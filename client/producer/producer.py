@@ -109,7 +109,7 @@ class AsyncProducer:
         self._partitioner = StickyPartitioner()
         self._batches: dict[tuple[str, int], deque[_Batch]] = {}
         self._in_flight: set[tuple[str, int]] = set()
-        self._requests: set[asyncio.Task[None]] = set()
+        self._requests: dict[asyncio.Task[None], list[_Batch]] = {}  # in flight, with the batches each carries
         self._sequences: dict[tuple[str, int], int] = {}
         self._producer_id = -1
         self._producer_epoch = -1
@@ -281,7 +281,7 @@ class AsyncProducer:
 
     @property
     def _in_flight_batches(self) -> list[_Batch]:
-        return [b for t in self._requests for b in getattr(t, "batches", ())]
+        return [b for batches in self._requests.values() for b in batches]
 
     # ---- sending -------------------------------------------------------------------------------------
 
@@ -350,11 +350,13 @@ class AsyncProducer:
         if group:
             self._start_request(node, group)
 
+    def _forget_request(self, task: asyncio.Task[None]) -> None:
+        self._requests.pop(task, None)
+
     def _start_request(self, node: int, batches: list[_Batch]) -> None:
         task = asyncio.get_running_loop().create_task(self._produce(node, batches))
-        task.batches = batches  # type: ignore[attr-defined]
-        self._requests.add(task)
-        task.add_done_callback(self._requests.discard)
+        self._requests[task] = batches
+        task.add_done_callback(self._forget_request)
 
     def _encode(self, batch: _Batch) -> bytes:
         tp = (batch.topic, batch.partition)
@@ -381,10 +383,10 @@ class AsyncProducer:
             by_topic: dict[str, list[Any]] = {}
             for batch in batches:
                 by_topic.setdefault(batch.topic, []).append(
-                    messages.ProduceRequest.PartitionProduceData(index=batch.partition, records=self._encode(batch))  # type: ignore[attr-defined]
+                    messages.ProduceRequest.PartitionProduceData(index=batch.partition, records=self._encode(batch))
                 )
             topic_data = [
-                messages.ProduceRequest.TopicProduceData(name=t, partition_data=parts)  # type: ignore[attr-defined]
+                messages.ProduceRequest.TopicProduceData(name=t, partition_data=parts)
                 for t, parts in by_topic.items()
             ]
             body = messages.ProduceRequest(

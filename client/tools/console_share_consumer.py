@@ -113,11 +113,14 @@ def build_parser() -> ToolParser:
     p.add_argument("--topic", metavar="<topic>", help="REQUIRED: The topic to consume from.")
     p.add_argument("--group", metavar="<share group id>",
                    help=f"The share group id of the consumer (default {DEFAULT_GROUP}).")
-    p.add_argument("--consumer-property", action="append", default=[], metavar="<consumer_prop>",
+    # KIP-1147 (Kafka 4.2+) names first; the older names stay as deprecated aliases, as in Kafka.
+    p.add_argument("--command-property", "--consumer-property", dest="consumer_property", action="append",
+                   default=[], metavar="<consumer_prop>",
                    help="A consumer setting as key=value; takes precedence over the config file.")
     p.add_argument("--consumer-config", "--consumer.config", "--command-config", dest="consumer_config",
                    metavar="<config file>", help="Consumer config properties file.")
-    p.add_argument("--property", action="append", default=[], metavar="<prop>",
+    p.add_argument("--formatter-property", "--property", dest="property", action="append", default=[],
+                   metavar="<prop>",
                    help="Formatter properties: print.timestamp, print.key, print.offset, print.delivery, "
                         "print.partition, print.headers, print.value (true|false); key.separator, "
                         "line.separator, headers.separator, null.literal.")
@@ -205,7 +208,7 @@ async def consume(bootstrap: str, plan: Plan, out: BinaryIO, progress: Progress)
         client_id=plan.client_id,
         request_timeout_ms=plan.request_timeout_ms,
         config=plan.connection,
-        **plan.consumer_kwargs,  # type: ignore[arg-type]
+        **plan.consumer_kwargs,  # type: ignore[arg-type]  # split_settings gave each value its parameter's type (CONSUMER_KEYS)
     )
     try:
         await consumer.subscribe([plan.topic])

@@ -199,7 +199,7 @@ async def run(opts: Options) -> int:
             client_id=opts.client_id if opts.threads == 1 else f"{opts.client_id}-{i + 1}",
             request_timeout_ms=opts.request_timeout_ms,
             config=opts.connection,
-            **opts.consumer_kwargs,  # type: ignore[arg-type]
+            **opts.consumer_kwargs,  # type: ignore[arg-type]  # split_settings gave each value its parameter's type (CONSUMER_KEYS)
         )
         for i in range(opts.threads)
     ]

@@ -18,10 +18,13 @@ READY_PREFIX = "SHOAL_READY "
 
 class BrokerProcess:
     def __init__(self, data_dir: Path, overrides: Iterable[str] = (), log_path: Path | None = None,
-                 extra_listeners: Iterable[str] = (), config_file: Path | None = None):
+                 extra_listeners: Iterable[str] = (), config_file: Path | None = None,
+                 command: Iterable[str] | None = None):
         self.data_dir = data_dir
         # A server.properties of its own: then its listeners and log.dirs are used as they are.
         self.config_file = config_file
+        # A complete command line instead of the default one (which picks listeners and log.dirs itself).
+        self.command = None if command is None else list(command)
         self.overrides = list(overrides)
         # More listeners after the PLAINTEXT one, as NAME://host:port (port 0 picks a free one).
         self.extra_listeners = list(extra_listeners)
@@ -56,6 +59,8 @@ class BrokerProcess:
         args += ["--override", "metrics.port=0"]
         for item in self.overrides:
             args += ["--override", item]
+        if self.command is not None:
+            args = self.command
         self._log_file = open(self.log_path, "a")
         self.proc = subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=self._log_file, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}

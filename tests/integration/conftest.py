@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from .broker_process import BrokerProcess
+from .external import ExternalBroker, external_bootstrap
 
 # The heartbeat interval is bounded by group.share.min.heartbeat.interval.ms (5000 by default), as in Kafka.
 FAST_HEARTBEAT = ["group.share.min.heartbeat.interval.ms=1000", "group.share.heartbeat.interval.ms=1000"]
@@ -14,8 +15,13 @@ NO_JOIN_DELAY = ["group.initial.rebalance.delay.ms=0"]
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    """One broker per test module (starting one takes a moment); tests use distinct topic names."""
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess | ExternalBroker]:
+    """One broker per test module (starting one takes a moment); tests use distinct topic names.
+    With SHOAL_BOOTSTRAP set, the broker there instead (only `external` tests get this far)."""
+    bootstrap = external_bootstrap()
+    if bootstrap is not None:
+        yield ExternalBroker(bootstrap)
+        return
     base = tmp_path_factory.mktemp("broker")
     # A short heartbeat interval lets share consumers get their first assignment sooner.
     proc = BrokerProcess(base / "data", overrides=[*FAST_HEARTBEAT, *NO_JOIN_DELAY]).start()

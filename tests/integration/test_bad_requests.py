@@ -22,6 +22,7 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.record_batch import iter_batches
 from shoal.protocol.records import RecordInput, encode_batch, write_varint, write_varlong
+from shoal.protocol.uuids import ZERO_UUID
 
 from .broker_process import BrokerProcess
 from .conftest import FAST_HEARTBEAT
@@ -33,7 +34,6 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 LONG_NAME = "c" * 32767  # the longest string a classic (int16-length) field can carry
 # Tests read state back through the broker, so a state change would show up in what follows.
-ZERO_UUID = b"\x00" * 16
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from shoal.client import (
     RESOURCE_GROUP,
     RESOURCE_TOPIC,
@@ -16,6 +18,9 @@ from shoal.client import (
 from shoal.protocol.errors import ErrorCode
 
 from .broker_process import BrokerProcess
+from .names import unique_name
+
+pytestmark = pytest.mark.external
 
 
 def _consume_all(bootstrap: str, group: str, topic: str, count: int) -> None:
@@ -32,46 +37,48 @@ def _consume_all(bootstrap: str, group: str, topic: str, count: int) -> None:
 
 
 def test_topics_offsets_and_configs(broker: BrokerProcess) -> None:
+    a, b, missing = unique_name("cl-adm-a"), unique_name("cl-adm-b"), unique_name("cl-adm-missing")
+    group = unique_name("cl-adm-g")
     with Admin(broker.bootstrap) as admin:
-        created = admin.create_topics([NewTopic("cl-adm-a", 3, configs={"retention.ms": "3600000"}), "cl-adm-b"])
-        assert created["cl-adm-a"].error is None and created["cl-adm-a"].num_partitions == 3
-        assert created["cl-adm-a"].topic_id is not None
-        again = admin.create_topics(["cl-adm-a"])
-        assert again["cl-adm-a"].error is not None and again["cl-adm-a"].error.code == ErrorCode.TOPIC_ALREADY_EXISTS
-        assert {"cl-adm-a": 3, "cl-adm-b": 1}.items() <= admin.list_topics().items()
+        created = admin.create_topics([NewTopic(a, 3, configs={"retention.ms": "3600000"}), b])
+        assert created[a].error is None and created[a].num_partitions == 3
+        assert created[a].topic_id is not None
+        again = admin.create_topics([a])
+        assert again[a].error is not None and again[a].error.code == ErrorCode.TOPIC_ALREADY_EXISTS
+        assert {a: 3, b: 1}.items() <= admin.list_topics().items()
 
         with Producer(broker.bootstrap) as producer:
-            first = producer.send("cl-adm-a", b"x", partition=1, timestamp_ms=1_000_000).result(30)
-            producer.send("cl-adm-a", b"y", partition=1, timestamp_ms=2_000_000).result(30)
+            first = producer.send(a, b"x", partition=1, timestamp_ms=1_000_000).result(30)
+            producer.send(a, b"y", partition=1, timestamp_ms=2_000_000).result(30)
         offsets = admin.list_offsets(
-            {("cl-adm-a", 1): "earliest", ("cl-adm-a", 0): "latest", ("cl-adm-a", 2): 1_500_000}
+            {(a, 1): "earliest", (a, 0): "latest", (a, 2): 1_500_000}
         )
-        assert offsets[("cl-adm-a", 1)].offset == first.offset == 0
-        assert offsets[("cl-adm-a", 0)].offset == 0
+        assert offsets[(a, 1)].offset == first.offset == 0
+        assert offsets[(a, 0)].offset == 0
         # No record in partition 2 at or after that timestamp.
-        assert offsets[("cl-adm-a", 2)].offset == -1
-        by_time = admin.list_offsets({("cl-adm-a", 1): 1_500_000, ("cl-adm-a", 9): "latest"})
-        assert by_time[("cl-adm-a", 1)].offset == 1
-        assert by_time[("cl-adm-a", 9)].error is not None
+        assert offsets[(a, 2)].offset == -1
+        by_time = admin.list_offsets({(a, 1): 1_500_000, (a, 9): "latest"})
+        assert by_time[(a, 1)].offset == 1
+        assert by_time[(a, 9)].error is not None
 
-        described = admin.describe_configs(RESOURCE_TOPIC, "cl-adm-a", ["retention.ms"])
+        described = admin.describe_configs(RESOURCE_TOPIC, a, ["retention.ms"])
         assert described.error is None and described.entries["retention.ms"].value == "3600000"
-        assert admin.incremental_alter_configs(RESOURCE_TOPIC, "cl-adm-a", {"retention.ms": "7200000"}) is None
-        assert admin.describe_configs(RESOURCE_TOPIC, "cl-adm-a").entries["retention.ms"].value == "7200000"
-        assert admin.incremental_alter_configs(RESOURCE_GROUP, "cl-adm-g", {"share.auto.offset.reset": "earliest"}) is None
-        group_cfg = admin.describe_configs(RESOURCE_GROUP, "cl-adm-g", ["share.auto.offset.reset"])
+        assert admin.incremental_alter_configs(RESOURCE_TOPIC, a, {"retention.ms": "7200000"}) is None
+        assert admin.describe_configs(RESOURCE_TOPIC, a).entries["retention.ms"].value == "7200000"
+        assert admin.incremental_alter_configs(RESOURCE_GROUP, group, {"share.auto.offset.reset": "earliest"}) is None
+        group_cfg = admin.describe_configs(RESOURCE_GROUP, group, ["share.auto.offset.reset"])
         assert group_cfg.entries["share.auto.offset.reset"].value == "earliest"
-        bad = admin.incremental_alter_configs(RESOURCE_GROUP, "cl-adm-g", {"share.auto.offset.reset": "sideways"})
+        bad = admin.incremental_alter_configs(RESOURCE_GROUP, group, {"share.auto.offset.reset": "sideways"})
         assert bad is not None and bad.code == ErrorCode.INVALID_CONFIG
 
-        deleted = admin.delete_topics(["cl-adm-b", "cl-adm-missing"])
-        assert deleted["cl-adm-b"] is None
-        assert deleted["cl-adm-missing"] is not None
-        assert "cl-adm-b" not in admin.list_topics()
+        deleted = admin.delete_topics([b, missing])
+        assert deleted[b] is None
+        assert deleted[missing] is not None
+        assert b not in admin.list_topics()
 
 
 def test_share_group_listing_and_description(broker: BrokerProcess) -> None:
-    topic, group = "cl-adm-share", "cl-adm-share-g"
+    topic, group = unique_name("cl-adm-share"), unique_name("cl-adm-share-g")
     with Admin(broker.bootstrap) as admin:
         admin.create_topics([NewTopic(topic, 2)])
         admin.incremental_alter_configs(RESOURCE_GROUP, group, {"share.auto.offset.reset": "earliest"})
@@ -92,12 +99,13 @@ def test_share_group_listing_and_description(broker: BrokerProcess) -> None:
             assert member.assignment == [(topic, 0), (topic, 1)]
         after = admin.describe_share_groups([group])[group]
         assert after.state == "Empty" and after.members == []
-        missing = admin.describe_share_groups(["cl-no-such-group"])["cl-no-such-group"]
+        no_such = unique_name("cl-no-such-group")
+        missing = admin.describe_share_groups([no_such])[no_such]
         assert missing.error is not None or missing.state == "Dead"
 
 
 def test_share_group_offsets_alter_delete_and_delete_group(broker: BrokerProcess) -> None:
-    topic, group = "cl-adm-offsets", "cl-adm-offsets-g"
+    topic, group = unique_name("cl-adm-offsets"), unique_name("cl-adm-offsets-g")
     with Admin(broker.bootstrap) as admin:
         admin.create_topics([NewTopic(topic, 1)])
         admin.incremental_alter_configs(RESOURCE_GROUP, group, {"share.auto.offset.reset": "earliest"})

@@ -21,6 +21,9 @@ from shoal.protocol.record_batch import BatchHeader
 from shoal.protocol.records import iter_decoded_batches
 
 from .broker_process import BrokerProcess
+from .names import unique_name
+
+pytestmark = pytest.mark.external
 
 
 def _create(bootstrap: str, topic: str, partitions: int) -> None:
@@ -77,7 +80,7 @@ async def _raw_batches(bootstrap: str, topic: str, partition: int) -> list[Batch
 
 @pytest.mark.parametrize("compression", ["none", "gzip", "snappy", "lz4", "zstd"])
 async def test_each_compression_reads_back_with_librdkafka(broker: BrokerProcess, compression: str) -> None:
-    topic = f"cl-prod-{compression}"
+    topic = unique_name(f"cl-prod-{compression}")
     await asyncio.to_thread(_create, broker.bootstrap, topic, 3)
     sent = {}
     async with AsyncProducer(broker.bootstrap, compression=compression, linger_ms=20) as producer:
@@ -104,7 +107,7 @@ async def test_each_compression_reads_back_with_librdkafka(broker: BrokerProcess
 
 
 def test_keyed_records_land_where_librdkafka_murmur2_puts_them(broker: BrokerProcess) -> None:
-    topic = "cl-prod-murmur"
+    topic = unique_name("cl-prod-murmur")
     _create(broker.bootstrap, topic, 7)
     keys = [f"key-{i}".encode() for i in range(40)] + [b"", b"a", b"ab", b"abc"]
     theirs: dict[Any, Any] = {}
@@ -119,7 +122,7 @@ def test_keyed_records_land_where_librdkafka_murmur2_puts_them(broker: BrokerPro
 
 
 def test_sync_producer_acks_variants_and_unknown_partition(broker: BrokerProcess) -> None:
-    topic = "cl-prod-acks"
+    topic = unique_name("cl-prod-acks")
     _create(broker.bootstrap, topic, 2)
     with Producer(broker.bootstrap, acks=1) as producer:
         md = producer.send(topic, b"one", partition=1).result(30)

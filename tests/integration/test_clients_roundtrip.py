@@ -396,6 +396,7 @@ async def aiokafka_roundtrip(bootstrap: str, codec: str) -> None:
 # ---- the matrix ------------------------------------------------------------------------------------
 
 
+@pytest.mark.external
 @pytest.mark.slow
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("client", CLIENTS)
@@ -411,6 +412,7 @@ def test_roundtrip(broker: BrokerProcess, client: str, codec: str) -> None:
 # ---- produce paths ---------------------------------------------------------------------------------
 
 
+@pytest.mark.external
 def test_idempotent_producer_writes_each_record_once(broker: BrokerProcess) -> None:
     topic = topic_name("idempotent")
     confluent_create(broker.bootstrap, topic)
@@ -433,6 +435,7 @@ def test_idempotent_producer_writes_each_record_once(broker: BrokerProcess) -> N
     assert_same_records(confluent_read(broker.bootstrap, topic, counts), want)
 
 
+@pytest.mark.external
 def test_produce_to_unknown_topic_auto_creates_it(broker: BrokerProcess) -> None:
     topic = topic_name("autocreate")
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
@@ -460,6 +463,7 @@ def _create_error(admin: AdminClient, topic: NewTopic) -> Any:
     return info.value.args[0].code()
 
 
+@pytest.mark.external
 def test_create_topics_errors(broker: BrokerProcess) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     topic = topic_name("exists")
@@ -473,6 +477,7 @@ def test_create_topics_errors(broker: BrokerProcess) -> None:
     assert len(admin.list_topics(topic, timeout=10).topics[topic].partitions) == PARTITIONS
 
 
+@pytest.mark.external
 def test_delete_topic_then_it_is_gone(broker: BrokerProcess) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     topic = topic_name("delete")
@@ -513,6 +518,7 @@ def test_describe_configs_topic_and_broker(broker: BrokerProcess) -> None:
     assert info.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
 
 
+@pytest.mark.external
 def test_delete_records_moves_low_watermark(broker: BrokerProcess) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     topic = topic_name("delrec")
@@ -543,6 +549,7 @@ def test_delete_records_moves_low_watermark(broker: BrokerProcess) -> None:
         consumer.close()
 
 
+@pytest.mark.external
 def test_fetch_long_poll_delivers_record_produced_later(broker: BrokerProcess) -> None:
     topic = topic_name("longpoll")
     confluent_create(broker.bootstrap, topic, partitions=1)

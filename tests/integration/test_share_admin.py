@@ -20,6 +20,8 @@ from .broker_process import BrokerProcess
 from .kafka_wire import WireClient
 from .share_clients import Consumed, create_topic, poll_until, produce, set_group_config, share_consumer
 
+pytestmark = pytest.mark.external
+
 DescribeOffsets = messages.DescribeShareGroupOffsetsRequest
 AlterOffsets = messages.AlterShareGroupOffsetsRequest
 DeleteOffsets = messages.DeleteShareGroupOffsetsRequest
@@ -122,6 +124,7 @@ def consume_and_ack(bs: str, group: str, topics: list[str], accept_below: int, w
 def test_describe_offsets_after_consuming_half(broker: BrokerProcess) -> None:
     bs = broker.bootstrap
     topic, group = _name("ad"), _name("gad")
+    no_such_topic = _name("no-such-topic")
     create_topic(bs, topic, 2)
     set_group_config(bs, group, share_auto_offset_reset="earliest")
     produce(bs, topic, 100)  # all on partition 0
@@ -139,10 +142,10 @@ def test_describe_offsets_after_consuming_half(broker: BrokerProcess) -> None:
 
     # v0 has no lag on the wire: the decoded default is -1.
     assert offsets_by_partition(describe_offsets(bs, group, {topic: [0]}, version=0))[(topic, 0)] == (50, -1, 0)
-    missing = offsets_by_partition(describe_offsets(bs, group, {topic: [0, 7], "no-such-topic": [0]}))
+    missing = offsets_by_partition(describe_offsets(bs, group, {topic: [0, 7], no_such_topic: [0]}))
     assert missing[(topic, 0)] == (50, 50, ErrorCode.NONE)
     assert missing[(topic, 7)][2] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-    assert missing[("no-such-topic", 0)][2] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    assert missing[(no_such_topic, 0)][2] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     # A group without state for a named topic: unknown start offset, no error.
     assert offsets_by_partition(describe_offsets(bs, _name("nostate"), {topic: [0]}))[(topic, 0)] == (-1, -1, 0)
     assert describe_offsets(bs, _name("nogroup")).error_code == ErrorCode.GROUP_ID_NOT_FOUND
@@ -151,6 +154,7 @@ def test_describe_offsets_after_consuming_half(broker: BrokerProcess) -> None:
 def test_alter_offsets_refused_while_active_then_new_consumer_starts_there(broker: BrokerProcess) -> None:
     bs = broker.bootstrap
     topic, group = _name("aa"), _name("gaa")
+    no_such_topic = _name("no-such-topic")
     create_topic(bs, topic, 1)
     set_group_config(bs, group, share_auto_offset_reset="earliest")
     produce(bs, topic, 100)
@@ -169,7 +173,7 @@ def test_alter_offsets_refused_while_active_then_new_consumer_starts_there(broke
     assert resp.error_code == ErrorCode.NONE
     codes = {p.partition_index: p.error_code for t in resp.responses for p in t.partitions}
     assert codes == {0: ErrorCode.NONE, 3: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
-    unknown = alter_offsets(bs, group, "no-such-topic", {0: 1})
+    unknown = alter_offsets(bs, group, no_such_topic, {0: 1})
     assert [p.error_code for t in unknown.responses for p in t.partitions] == [ErrorCode.UNKNOWN_TOPIC_OR_PARTITION]
     assert offsets_by_partition(describe_offsets(bs, group))[(topic, 0)] == (80, 20, ErrorCode.NONE)
 
@@ -204,6 +208,7 @@ def test_alter_offsets_seeds_a_group_that_does_not_exist_yet(broker: BrokerProce
 def test_delete_offsets_then_consumption_restarts_from_reset_policy(broker: BrokerProcess) -> None:
     bs = broker.bootstrap
     topic, other_topic, group = _name("dl"), _name("dlo"), _name("gdl")
+    no_such_topic = _name("no-such-topic")
     create_topic(bs, topic, 1)
     create_topic(bs, other_topic, 1)
     set_group_config(bs, group, share_auto_offset_reset="earliest")
@@ -223,10 +228,10 @@ def test_delete_offsets_then_consumption_restarts_from_reset_policy(broker: Brok
     rows = offsets_by_partition(describe_offsets(bs, group))
     assert rows[(topic, 0)][0] == 10 and rows[(other_topic, 0)][0] == 10
 
-    resp = delete_offsets(bs, group, [topic, "no-such-topic"])
+    resp = delete_offsets(bs, group, [topic, no_such_topic])
     assert resp.error_code == ErrorCode.NONE
     assert {t.topic_name: t.error_code for t in resp.responses} == {
-        topic: ErrorCode.NONE, "no-such-topic": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+        topic: ErrorCode.NONE, no_such_topic: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
     # The topic is no longer one the group has state for; the other topic is untouched.
     rows = offsets_by_partition(describe_offsets(bs, group))
     assert (topic, 0) not in rows and rows[(other_topic, 0)][0] == 10

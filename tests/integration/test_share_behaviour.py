@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from shoal.protocol import messages
@@ -63,6 +64,7 @@ def partitions_in(resp: Any) -> dict[int, tuple[int, int]]:
 # ---- item: a RELEASE is not handed straight back ---------------------------------------------------
 
 
+@pytest.mark.external
 def test_piggybacked_release_is_not_handed_back_in_the_same_response(broker: BrokerProcess) -> None:
     s = share_setup(broker, members=1, batches=[5, 5])
     [m] = s.members
@@ -81,6 +83,7 @@ def test_piggybacked_release_is_not_handed_back_in_the_same_response(broker: Bro
 # ---- item: long polls ---------------------------------------------------------------------------------
 
 
+@pytest.mark.external
 def test_long_poll_waits_for_min_bytes(broker: BrokerProcess) -> None:
     s = share_setup(broker, members=1, batches=[1])
     [m] = s.members
@@ -105,6 +108,7 @@ def test_long_poll_waits_for_min_bytes(broker: BrokerProcess) -> None:
         s.close()
 
 
+@pytest.mark.external
 def test_max_bytes_is_split_evenly_between_partitions(broker: BrokerProcess) -> None:
     s = share_setup(broker, members=1, partitions=2)
     [m] = s.members
@@ -124,6 +128,7 @@ def test_max_bytes_is_split_evenly_between_partitions(broker: BrokerProcess) -> 
 # ---- item: share session responses -----------------------------------------------------------------
 
 
+@pytest.mark.external
 def test_forgotten_topics_data_is_ignored_when_opening_a_session(broker: BrokerProcess) -> None:
     s = share_setup(broker, members=1, batches=[3])
     [m] = s.members
@@ -138,6 +143,7 @@ def test_forgotten_topics_data_is_ignored_when_opening_a_session(broker: BrokerP
         s.close()
 
 
+@pytest.mark.external
 def test_a_partition_named_twice_counts_with_its_last_entry(broker: BrokerProcess) -> None:
     s = share_setup(broker, members=1, batches=[5, 5])
     [m] = s.members
@@ -152,6 +158,7 @@ def test_a_partition_named_twice_counts_with_its_last_entry(broker: BrokerProces
         s.close()
 
 
+@pytest.mark.external
 def test_a_partition_whose_error_cleared_is_sent_again(broker: BrokerProcess) -> None:
     s = share_setup(broker, members=1, partitions=1)
     [m] = s.members
@@ -173,6 +180,7 @@ def test_a_partition_whose_error_cleared_is_sent_again(broker: BrokerProcess) ->
 # ---- item: acknowledgements of a partition that is not loaded ---------------------------------------
 
 
+@pytest.mark.external
 def test_empty_acknowledgements_for_a_partition_not_loaded_are_fine(broker: BrokerProcess) -> None:
     s = share_setup(broker, members=1, partitions=2, batches=[2])
     [m] = s.members
@@ -188,6 +196,7 @@ def test_empty_acknowledgements_for_a_partition_not_loaded_are_fine(broker: Brok
 # ---- item: share.auto.offset.reset=by_duration -------------------------------------------------------
 
 
+@pytest.mark.external
 def test_by_duration_starts_at_the_first_record_at_or_after_the_time(broker: BrokerProcess) -> None:
     topic, group = unique("bd"), unique("bdg")
     create_topic(broker.bootstrap, topic, 1)

@@ -16,6 +16,7 @@ def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
+@pytest.mark.external
 def test_three_consumers_three_partitions_consume_everything_once(broker):
     topic, group = _name("q3"), _name("g3")
     create_topic(broker.bootstrap, topic, 3)
@@ -37,6 +38,7 @@ def test_three_consumers_three_partitions_consume_everything_once(broker):
     assert set(got) == {(p, o) for p, o, _v in produced}
 
 
+@pytest.mark.external
 def test_six_consumers_two_partitions_all_receive(broker):
     topic, group = _name("q6"), _name("g6")
     create_topic(broker.bootstrap, topic, 2)
@@ -82,6 +84,7 @@ def _poll_one(consumer, timeout: float = 30.0):
     return []
 
 
+@pytest.mark.external
 def test_release_redelivers_with_higher_count_and_reject_never_again(broker):
     topic, group = _name("qr"), _name("gr")
     create_topic(broker.bootstrap, topic, 1)
@@ -102,6 +105,7 @@ def test_release_redelivers_with_higher_count_and_reject_never_again(broker):
         consumer.close()
 
 
+@pytest.mark.external
 def test_release_past_delivery_limit_archives(broker):
     topic, group = _name("ql"), _name("gl")
     create_topic(broker.bootstrap, topic, 1)
@@ -119,6 +123,7 @@ def test_release_past_delivery_limit_archives(broker):
         consumer.close()
 
 
+@pytest.mark.external
 def test_closed_consumer_records_come_back_at_once(broker):
     topic, group = _name("qc"), _name("gc")
     create_topic(broker.bootstrap, topic, 1)

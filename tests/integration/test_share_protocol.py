@@ -10,6 +10,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from shoal.coordinator.share_state import state_partition_for
 from shoal.persister.persister import SharePartitionKey
 from shoal.protocol import messages
@@ -379,6 +381,7 @@ def test_kip932_worked_example_end_to_end(fresh_broker: BrokerProcess) -> None:
 # ---- bad input: session errors ----------------------------------------------------------------------
 
 
+@pytest.mark.external
 def test_share_session_errors_leave_state_untouched(broker: BrokerProcess) -> None:
     s = share_setup(broker, members=1, batches=[10])
     [m] = s.members
@@ -417,6 +420,7 @@ def test_share_session_errors_leave_state_untouched(broker: BrokerProcess) -> No
         s.close()
 
 
+@pytest.mark.external
 def test_bad_acknowledgements_get_partition_errors_and_change_nothing(broker: BrokerProcess) -> None:
     s = share_setup(broker, members=2, batches=[10, 10])
     a, b = s.members
@@ -460,6 +464,7 @@ def test_bad_acknowledgements_get_partition_errors_and_change_nothing(broker: Br
         s.close()
 
 
+@pytest.mark.external
 def test_acks_for_records_of_another_member_are_refused(broker: BrokerProcess) -> None:
     s = share_setup(broker, members=2, batches=[4, 4])
     owner, thief = s.members
@@ -483,6 +488,7 @@ def test_acks_for_records_of_another_member_are_refused(broker: BrokerProcess) -
 # ---- release paths --------------------------------------------------------------------------------------
 
 
+@pytest.mark.external
 def test_final_epoch_processes_acks_closes_session_and_releases(broker: BrokerProcess) -> None:
     s = share_setup(broker, members=2, batches=[10])
     a, b = s.members
@@ -506,6 +512,7 @@ def test_final_epoch_processes_acks_closes_session_and_releases(broker: BrokerPr
         s.close()
 
 
+@pytest.mark.external
 def test_share_acknowledge_final_epoch_releases(broker: BrokerProcess) -> None:
     s = share_setup(broker, members=2, batches=[6])
     a, b = s.members
@@ -520,6 +527,7 @@ def test_share_acknowledge_final_epoch_releases(broker: BrokerProcess) -> None:
         s.close()
 
 
+@pytest.mark.external
 def test_connection_drop_releases_the_members_records(broker: BrokerProcess) -> None:
     s = share_setup(broker, members=2, batches=[8])
     a, b = s.members
@@ -534,6 +542,7 @@ def test_connection_drop_releases_the_members_records(broker: BrokerProcess) -> 
         s.close()
 
 
+@pytest.mark.external
 def test_release_on_disconnect_at_delivery_limit_archives(broker: BrokerProcess) -> None:
     s = share_setup(broker, members=2, batches=[5])
     set_group_config(broker.bootstrap, s.group, share_delivery_count_limit="2")
@@ -558,6 +567,7 @@ def test_release_on_disconnect_at_delivery_limit_archives(broker: BrokerProcess)
         s.close()
 
 
+@pytest.mark.external
 def test_old_connection_close_leaves_a_reopened_session_alone(broker: BrokerProcess) -> None:
     s = share_setup(broker, members=2, batches=[5])
     a, b = s.members

@@ -42,7 +42,9 @@ def test_console_consumer_release_brings_records_back(tools_broker: BrokerProces
     create_topic(tools_broker.bootstrap, topic, 1)
     set_group_config(tools_broker.bootstrap, group, share_auto_offset_reset="earliest")
     produce(tools_broker.bootstrap, topic, 5)
-    props = ["--property", "print.delivery=true", "--property", "print.key=true", "--property", "key.separator=|"]
+    # KIP-1147's --formatter-property / --command-property (the older --property is used below).
+    props = ["--formatter-property", "print.delivery=true", "--formatter-property", "print.key=true",
+             "--formatter-property", "key.separator=|", "--command-property", f"group.id={group}"]
 
     released = console(tools_broker, topic, group, "--max-messages", "5", "--acknowledge", "release", *props)
     assert ok(released).splitlines() == [f"Delivery:1|{i}|v-{i}" for i in range(5)]

@@ -95,7 +95,7 @@ def wait_for_assignment(consumer: ShareConsumer, timeout: float = 30) -> None:
         consumer.poll(0.2)
 
 
-def test_lag_after_half_consumed_and_reset_offsets(tools_broker: BrokerProcess) -> None:
+def test_lag_after_half_consumed_and_reset_offsets(tools_broker: BrokerProcess, tmp_path: Path) -> None:
     topic, group = "tools-lag", "tools-lag-g"
     create_topic(tools_broker.bootstrap, topic, 1)
     set_group_config(tools_broker.bootstrap, group, share_auto_offset_reset="earliest")
@@ -128,12 +128,30 @@ def test_lag_after_half_consumed_and_reset_offsets(tools_broker: BrokerProcess) 
     assert reset(tools_broker, group, "--by-duration", "P1DT2H", "--dry-run") == [[group, topic, "0", "0"]]
     assert offsets_table(tools_broker, group) == [[group, topic, "0", "10", "10"]]
 
+    # Kafka 4.4's scenarios: the current start offset, a shift (clamped), and a CSV plan out and back in.
+    assert reset(tools_broker, group, "--to-current", "--dry-run") == [[group, topic, "0", "10"]]
+    assert reset(tools_broker, group, "--shift-by", "-3", "--dry-run") == [[group, topic, "0", "7"]]
+    assert reset(tools_broker, group, "--shift-by", "-30", "--dry-run") == [[group, topic, "0", "0"]]
+    exported = ok(share_groups(tools_broker, "--reset-offsets", "--group", group, "--shift-by", "2", "--dry-run",
+                               "--export"))
+    assert exported.split() == [f"{topic},0,12"]
+    plan = tmp_path / "plan.csv"
+    plan.write_text(exported)
+    assert reset(tools_broker, group, "--from-file", str(plan), "--dry-run") == [[group, topic, "0", "12"]]
+    assert offsets_table(tools_broker, group) == [[group, topic, "0", "10", "10"]]
+
     # Executed: consumption starts over from the first record.
     assert reset(tools_broker, group, "--to-earliest", "--topic", topic, "--execute") == [[group, topic, "0", "0"]]
     assert offsets_table(tools_broker, group) == [[group, topic, "0", "0", "20"]]
     again = ok(console(tools_broker, topic, group, "--max-messages", "20"))
     assert again.splitlines() == [f"v-{i}" for i in range(10)] + [f"w-{i}" for i in range(10)]
     assert offsets_table(tools_broker, group) == [[group, topic, "0", "20", "0"]]
+
+    # --describe --state names the group's dead-letter topic once it has one (KIP-1191).
+    set_group_config(tools_broker.bootstrap, group, errors_deadletterqueue_topic_name=f"dlq.{topic}")
+    state = rows(ok(share_groups(tools_broker, "--describe", "--group", group, "--state")))
+    assert state[0] == ["GROUP", "COORDINATOR", "(ID)", "STATE", "#MEMBERS", "DLQ-TOPIC"]
+    assert state[1][-3:] == ["Empty", "0", f"dlq.{topic}"]
 
 
 def test_live_member_shown_and_changes_refused(tools_broker: BrokerProcess) -> None:
@@ -245,6 +263,9 @@ def test_delete_groups(tools_broker: BrokerProcess) -> None:
         (["--reset-offsets", "--group", "g", "--to-earliest", "--to-latest", "--dry-run"], "exactly one of"),
         (["--reset-offsets", "--group", "g", "--to-datetime", "yesterday", "--dry-run"], "YYYY-MM-DDTHH:mm:SS.sss"),
         (["--reset-offsets", "--group", "g", "--by-duration", "1 day", "--dry-run"], "PnDTnHnMnS"),
+        (["--reset-offsets", "--group", "g", "--from-file", "x.csv", "--topic", "t", "--dry-run"],
+         "--from-file cannot be used with --topic"),
+        (["--describe", "--group", "g", "--export"], "--export can only be used with --reset-offsets"),
         (["--delete-offsets", "--group", "g"], "Option --delete-offsets takes the following options"),
         (["--delete", "--group", "g", "--all-groups"], "--group cannot be used with --all-groups"),
         (["--list", "--state", "Rebalancing"], "Invalid state list 'Rebalancing'"),

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.integration.broker_process import BrokerProcess
+from tests.integration.external import ExternalBroker, external_bootstrap
 
 pytest.importorskip("pyspark", reason="the Spark tests need pyspark (test extras)")
 pytest.importorskip("pyarrow", reason="Python data sources need pyarrow")
@@ -62,7 +63,11 @@ def spark() -> Iterator[SparkSession]:
 
 
 @pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess | ExternalBroker]:
+    bootstrap = external_bootstrap()
+    if bootstrap is not None:  # only tests marked `external` get this far (tests/conftest.py)
+        yield ExternalBroker(bootstrap)
+        return
     base = tmp_path_factory.mktemp("spark-broker")
     proc = BrokerProcess(base / "data", overrides=BROKER_OVERRIDES).start()
     yield proc

@@ -22,6 +22,8 @@ from shoal.protocol import coordinator_records as cr
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 
+from .cancellation import cancel_once_appended
+
 GROUP = "g1"
 T_ORDERS = b"\x10" * 16
 T_OTHER = b"\x20" * 16
@@ -328,6 +330,18 @@ async def test_restart_restores_state(env: Env) -> None:
     assert await env.coord.expire_members() == []
     env.clock.now += 46
     assert sorted(await env.coord.expire_members()) == [(GROUP, "a"), (GROUP, "b")]
+
+
+async def test_heartbeats_cancelled_mid_append_leave_no_ghosts(env: Env) -> None:
+    await env.join_initialised("a", ["orders"])
+    plog = env.log.topic.partitions[partition_for_group(GROUP, env.log.num_partitions)]
+    await cancel_once_appended(plog, env.hb("a", -1))  # a leave: "a" must not linger in memory
+    await cancel_once_appended(plog, env.hb("b", 0, ["orders"]))  # a join: "b" must not appear only after a restart
+    await env.coord.stop()  # operations already started run to completion
+    assert sorted(env.coord.groups[GROUP].members) == ["b"]
+    reloaded = env.new_coordinator()
+    await reloaded.load()
+    assert reloaded.describe([GROUP]) == env.coord.describe([GROUP])
 
 
 async def test_records_on_the_log(env: Env) -> None:

@@ -18,6 +18,7 @@ import pytest
 from shoal.broker.server.config import BrokerConfig
 from shoal.broker.server.server import Broker
 from shoal.broker.share.share_partition import RecordState
+from shoal.broker.storage.purgatory import LogKey
 from shoal.broker.storage.topic_registry import Topic
 from shoal.persister.persister import SharePartitionKey
 from shoal.protocol import messages
@@ -127,7 +128,7 @@ async def member_holding(broker: Broker, name: str, partitions: int, records: in
 async def write_held(broker: Broker, key: SharePartitionKey) -> AsyncIterator[None]:
     """Hold `key` in the share coordinator: a state write for it waits until the block ends."""
     coordinator = broker.share_coordinator
-    async with coordinator._gates[coordinator.partition_for(key)].key(key):
+    async with coordinator.runtime.hold(coordinator.partition_for(key), key):
         yield
 
 
@@ -224,7 +225,7 @@ async def test_records_acquired_for_a_vanished_connection_are_released(broker: B
     async with leader.lock:
         # New records wake the parked ShareFetch; it waits for the partition while its client goes away.
         produce(broker, topic.name, 0, 3)
-        broker.purgatory.notify(("log", topic.topic_id, 0))
+        broker.purgatory.notify(LogKey(topic.topic_id, 0))
         await asyncio.to_thread(client.close)
         await until(lambda: not broker.connections)
     await until(lambda: not broker._requests)

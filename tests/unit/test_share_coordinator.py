@@ -42,6 +42,8 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.coordinator_records import SHARE_SNAPSHOT, SHARE_UPDATE, CoordinatorRecord
 from shoal.protocol.errors import ErrorCode
 
+from .cancellation import cancel_once_appended
+
 AVAILABLE, ACKNOWLEDGED, ARCHIVED = 0, 2, 4
 TOPIC = uuid.UUID("6f1c0e2a-4d4b-4a7e-9a1f-3b2c1d0e9f88").bytes
 GROUP = "g1"
@@ -489,7 +491,7 @@ async def test_write_with_unusable_batches_is_refused_and_changes_nothing(state_
     before = all_states(c)
     for batches in ([PersistedStateBatch(0, 9, 0, 1), PersistedStateBatch(5, 3, 2, 1)],  # inverted
                     [PersistedStateBatch(-3, 2, 0, 1)],  # negative
-                    [PersistedStateBatch(0, 2, 3, 1)],  # no such delivery state
+                    [PersistedStateBatch(0, 2, 5, 1)],  # no such delivery state (3 is ARCHIVING)
                     [PersistedStateBatch(0, 2, 0, -1)]):  # negative delivery count
         p = only(await c.write_state(write_req(key(), batches, start_offset=0)))
         assert p.error_code == ErrorCode.INVALID_REQUEST, batches
@@ -535,6 +537,21 @@ async def test_concurrent_writes_to_one_key_all_land(state_topic: Topic) -> None
     c2 = await make_coordinator(state_topic, snapshot_update_records_per_snapshot=4)
     assert all_states(c2) == all_states(c)
     assert c.stats.records_written == 21 and c.stats.writes == 21
+
+
+async def test_write_cancelled_mid_append_is_replayed_into_memory(state_topic: Topic) -> None:
+    # A client that disconnects cancels its request task; a write whose record already reached the log
+    # must still reach memory, or the next snapshot (built from memory) silently drops it.
+    c = await make_coordinator(state_topic)
+    k = key(10)
+    await c.initialize_state(init_req(k, start_offset=0))
+    plog = state_topic.partitions[c.partition_for(k)]
+    await cancel_once_appended(plog, c.write_state(write_req(k, [B(0, 4, ACKNOWLEDGED, 1)])))
+    # The next write to the key plans from the cancelled one's replayed state.
+    assert only(await c.write_state(write_req(k, [B(5, 9, ARCHIVED, 1)]))).error_code == ErrorCode.NONE
+    await c.stop()
+    assert all_states(c)[k].state_batches == [B(0, 4, ACKNOWLEDGED, 1), B(5, 9, ARCHIVED, 1)]
+    assert all_states(await make_coordinator(state_topic)) == all_states(c)
 
 
 # ---- replay, cold snapshots, pruning ------------------------------------------------------------------

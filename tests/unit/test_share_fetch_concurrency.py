@@ -16,6 +16,7 @@ from shoal.broker.network.connection import KafkaConnection, RequestContext
 from shoal.broker.server.config import BrokerConfig, Listener
 from shoal.broker.server.server import Broker
 from shoal.broker.share.share_partition_leader import SharePartitionLeader
+from shoal.broker.storage.purgatory import LogKey
 from shoal.persister.persister import Persister, SharePartitionKey, WriteStateRequest
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -86,7 +87,7 @@ class Running:
         topic = self.broker.topics.get(TOPIC)
         assert topic is not None
         append(topic.partitions[partition], make_batch([b"v"] * count))
-        self.broker.purgatory.notify(("log", self.topic_id, partition))
+        self.broker.purgatory.notify(LogKey(self.topic_id, partition))
 
 
 def acquired(resp: Any) -> dict[int, list[tuple[int, int, int]]]:

@@ -3,6 +3,8 @@ worked example, and a stateful property test against a per-offset model."""
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -13,10 +15,10 @@ from shoal.broker.share.share_partition import (
     AckOutcome,
     AcquireMode,
     FetchedBatch,
-    PersistedBatch,
     RecordState,
     SharePartition,
 )
+from shoal.persister.persister import PersistedStateBatch
 
 TOPIC_ID = bytes(range(16))
 ACCEPT, RELEASE, REJECT, GAP, RENEW = 1, 2, 3, 0, 4
@@ -26,7 +28,7 @@ INVALID_REQUEST, INVALID_RECORD_STATE = 42, 121
 LOCK = 30000
 
 
-def make(start: int = 0, batches: list[PersistedBatch] | None = None, **kw: int) -> SharePartition:
+def make(start: int = 0, batches: list[PersistedStateBatch] | None = None, **kw: int) -> SharePartition:
     return SharePartition("g1", TOPIC_ID, 0, start_offset=start, state_epoch=0,
                           state_batches=batches or [], **kw)
 
@@ -53,7 +55,7 @@ def states(sp: SharePartition, lo: int, hi: int) -> list[tuple[RecordState, str 
 
 def persisted(sp: SharePartition, changed_only: bool = True) -> tuple[int, list[tuple[int, int, int, int]]]:
     snap = sp.write_state(changed_only)
-    return snap.start_offset, [tuple(b) for b in snap.state_batches]  # type: ignore[misc]
+    return snap.start_offset, [astuple(b) for b in snap.state_batches]
 
 
 # ---------------------------------------------------------------- acquisition
@@ -403,7 +405,7 @@ def test_next_fetch_offset_with_multiple_consumers() -> None:
 
 
 def test_throttled_redelivery_halves_until_single_record_on_last_attempt() -> None:
-    sp = make(start=5, batches=[PersistedBatch(15, 34, 0, 4)], delivery_count_limit=7)
+    sp = make(start=5, batches=[PersistedStateBatch(15, 34, 0, 4)], delivery_count_limit=7)
     assert sp.throttle_threshold == 4
     assert (sp.start_offset, sp.end_offset, sp.next_fetch_offset()) == (5, 34, 5)
     # Read from 5 returns the log batch starting at 15: 5-14 are not in the log and are archived.
@@ -437,7 +439,7 @@ def test_throttled_batch_is_not_mixed_with_other_records() -> None:
 
 
 def test_load_state_batches_with_gap_at_beginning() -> None:
-    sp = make(start=10, batches=[PersistedBatch(15, 18, 0, 2), PersistedBatch(20, 22, 2, 1)])
+    sp = make(start=10, batches=[PersistedStateBatch(15, 18, 0, 2), PersistedStateBatch(20, 22, 2, 1)])
     assert sp.start_offset == 10 and sp.end_offset == 22 and sp.in_flight_count == 13
     assert sp.next_fetch_offset() == 10
     got = acq(sp, "m1", (10, 14), (15, 18), (19, 22))
@@ -448,8 +450,8 @@ def test_load_state_batches_with_gap_at_beginning() -> None:
 
 
 def test_load_converts_and_trims_persisted_state() -> None:
-    sp = make(start=12, batches=[PersistedBatch(10, 14, 0, 1), PersistedBatch(15, 16, 1, 2),
-                                 PersistedBatch(17, 17, 0, 5)])
+    sp = make(start=12, batches=[PersistedStateBatch(10, 14, 0, 1), PersistedStateBatch(15, 16, 1, 2),
+                                 PersistedStateBatch(17, 17, 0, 5)])
     assert sp.start_offset == 12
     assert sp.offset_state(11) is None
     assert sp.offset_state(15) == (AVAILABLE, None, 2)  # ACQUIRED is never a persisted state
@@ -457,7 +459,7 @@ def test_load_converts_and_trims_persisted_state() -> None:
     assert persisted(sp) == (12, [])
     assert persisted(sp, changed_only=False) == (12, [(12, 14, 0, 1), (15, 16, 0, 2), (17, 17, 4, 5)])
     # Leading terminal batches move SPSO at load.
-    sp2 = make(start=0, batches=[PersistedBatch(0, 4, 2, 1), PersistedBatch(5, 6, 0, 1)])
+    sp2 = make(start=0, batches=[PersistedStateBatch(0, 4, 2, 1), PersistedStateBatch(5, 6, 0, 1)])
     assert sp2.start_offset == 5 and sp2.next_fetch_offset() == 5
 
 
@@ -503,7 +505,7 @@ def test_write_state_coalesces_and_never_writes_acquired() -> None:
     snap = sp.write_state(changed_only=False)
     assert snap.start_offset == 0 and snap.state_epoch == 0
     assert snap.delivery_complete_count == 2
-    assert [tuple(b) for b in snap.state_batches] == [(0, 2, 0, 1), (3, 4, 2, 1), (5, 9, 0, 1)]
+    assert [astuple(b) for b in snap.state_batches] == [(0, 2, 0, 1), (3, 4, 2, 1), (5, 9, 0, 1)]
 
 
 # ---------------------------------------------------------------- KIP-932 worked example
@@ -596,7 +598,7 @@ class SharePartitionMachine(RuleBasedStateMachine):
         for gap, length, state, count in loaded:
             first = o + gap
             count = min(count, limit)
-            batches.append(PersistedBatch(first, first + length - 1, int(state), count))
+            batches.append(PersistedStateBatch(first, first + length - 1, int(state), count))
             if state == AVAILABLE and count >= limit:
                 state = ARCHIVED  # at the limit: never delivered again
             for k in range(first, first + length):

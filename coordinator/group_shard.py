@@ -1,0 +1,54 @@
+"""The group coordinator's shard: the groups whose records live on one `__consumer_offsets` partition.
+
+It changes only by `replay`, both when the coordinator runtime loads the partition and after each
+durable append, so memory is always what a restart would rebuild.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from shoal.protocol.coordinator_records import CoordinatorRecord
+
+from .share_group import SHARE_RECORD_TYPES, ShareGroup
+
+
+@dataclass(slots=True)
+class GroupShard:
+    groups: dict[str, ShareGroup] = field(default_factory=dict)
+    epoch_bumps: int = 0  # group epoch bumps replayed (the rebalance count)
+
+    def replay(self, offset: int, record: CoordinatorRecord) -> None:
+        if record.record_type not in SHARE_RECORD_TYPES:
+            return  # offsets and other group types' records are not kept here yet
+        group_id = record.key.group_id
+        group = self.groups.get(group_id)
+        if group is None:
+            if record.value is None:
+                return  # tombstone for a group we no longer hold
+            group = self.groups[group_id] = ShareGroup(group_id)
+        before = group.group_epoch
+        group.replay(record)
+        if group.group_epoch > before:
+            self.epoch_bumps += 1
+        if group.deleted:
+            del self.groups[group_id]
+
+
+class GroupsView(Mapping[str, ShareGroup]):
+    """Every shard's groups as one read-only map; a lookup goes straight to the group's partition."""
+
+    def __init__(self, shards: list[GroupShard], partition_for: Callable[[str], int]):
+        self._shards = shards
+        self._partition_for = partition_for
+
+    def __getitem__(self, group_id: str) -> ShareGroup:
+        return self._shards[self._partition_for(group_id)].groups[group_id]
+
+    def __iter__(self) -> Iterator[str]:
+        for shard in self._shards:
+            yield from shard.groups
+
+    def __len__(self) -> int:
+        return sum(len(shard.groups) for shard in self._shards)

@@ -1,0 +1,207 @@
+"""The coordinator runtime: the one way a coordinator's state changes, shared by every coordinator.
+
+A coordinator keeps one shard per partition of its internal topic (`__consumer_offsets`,
+`__share_group_state`). A write operation runs holding its key in that partition: the shard plans
+records and a response from its current state, the runtime appends the records to the partition, waits
+until they are durable, replays them into the shard (the same `replay` a restart runs), and only then is
+the response handed back. Memory therefore never holds anything the log does not, nor the reverse.
+
+Ordering is per partition and per key (`PartitionGate`): writes for different keys overlap so their
+appends share one fsync; writes for one key never overlap, because each plans from the state the
+previous one replayed; partition-wide work (snapshots of every key, topic deletion, pruning) runs alone.
+
+Cancel-safety: an operation runs in a task of its own, so a caller that goes away (a client
+disconnecting cancels its request task) does not stop it half-way; and once an append has started,
+it is finished and replayed even if the operation itself is cancelled (shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable
+from typing import Any, Generic, Protocol, TypeVar
+
+import structlog
+
+from shoal.protocol.coordinator_records import CoordinatorRecord
+
+from .record_log import CoordinatorRecordLog
+
+log = structlog.get_logger("shoal.coordinator_runtime")
+
+_REPLAY_YIELD_EVERY = 1000  # records replayed between yields, so a long load does not stall the loop
+
+
+class Shard(Protocol):
+    """The in-memory state one internal-topic partition rebuilds; it changes only by `replay`."""
+
+    def replay(self, offset: int, record: CoordinatorRecord) -> None: ...
+
+
+S = TypeVar("S", bound=Shard)
+T = TypeVar("T")
+
+
+class PartitionGate:
+    """Concurrency for one partition: many keys at once, or the whole partition alone."""
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._key_locks: dict[Hashable, asyncio.Lock] = {}
+        self._key_users: dict[Hashable, int] = {}
+
+    @contextlib.asynccontextmanager
+    async def key(self, key: Hashable) -> AsyncIterator[None]:
+        """Hold `key` alone, alongside other keys of the partition."""
+        lock = self._key_locks.get(key)
+        if lock is None:
+            lock = self._key_locks[key] = asyncio.Lock()
+        self._key_users[key] = self._key_users.get(key, 0) + 1
+        try:
+            async with lock:
+                async with self._cond:
+                    await self._cond.wait_for(lambda: not self._exclusive)
+                    self._shared += 1
+                try:
+                    yield
+                finally:
+                    async with self._cond:
+                        self._shared -= 1
+                        self._cond.notify_all()
+        finally:
+            self._key_users[key] -= 1
+            if not self._key_users[key]:
+                # No one holds or waits for this key: forget its lock so the map stays small.
+                del self._key_users[key]
+                del self._key_locks[key]
+
+    @contextlib.asynccontextmanager
+    async def whole(self) -> AsyncIterator[None]:
+        """Hold the whole partition: no key write runs meanwhile."""
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._exclusive and self._shared == 0)
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+class CoordinatorRuntime(Generic[S]):
+    """Shards of one internal topic, with the write path every coordinator shares."""
+
+    def __init__(self, record_log: CoordinatorRecordLog, new_shard: Callable[[int], S]):
+        self.record_log = record_log
+        self.num_partitions = record_log.num_partitions
+        self._new_shard = new_shard
+        self.shards: list[S] = [new_shard(p) for p in range(self.num_partitions)]
+        self.loaded: set[int] = set()
+        self._gates = [PartitionGate() for _ in range(self.num_partitions)]
+        self._operations: set[asyncio.Task[Any]] = set()
+
+    def shard(self, partition: int) -> S:
+        return self.shards[partition]
+
+    # ---- loading -------------------------------------------------------------------------------
+
+    async def load(self, partition: int) -> int:
+        """Rebuild the partition's shard from everything its log holds; returns the records replayed."""
+        shard = self._new_shard(partition)
+        n = 0
+        for offset, record in self.record_log.replay(partition):
+            try:
+                shard.replay(offset, record)
+            except Exception:  # one unusable record must not keep the broker from starting
+                log.exception("skipping coordinator record that cannot be replayed", partition=partition, offset=offset)
+            n += 1
+            if n % _REPLAY_YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+        self.shards[partition] = shard
+        self.loaded.add(partition)
+        return n
+
+    # ---- operations ----------------------------------------------------------------------------
+
+    async def write(self, partition: int, key: Hashable, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run `operation` holding `key` in `partition`; it runs to completion even if the caller is
+        cancelled. The operation plans from the shard and changes it only through `append`."""
+        return await self._outlive_caller(self.submit(partition, key, operation))
+
+    def submit(self, partition: int, key: Hashable, operation: Callable[[], Awaitable[T]]) -> asyncio.Task[T]:
+        """Start `operation` as `write` does, without waiting for it: for callers that start several
+        writes and wait for them together (shielded, so that their cancellation does not reach here)."""
+        return self._start(self._holding_key(partition, key, operation))
+
+    async def write_exclusive(self, partition: int, operation: Callable[[], Awaitable[T]]) -> T:
+        """Like `write`, holding the whole partition (for work that reads or changes every key)."""
+        return await self._outlive_caller(self._start(self._holding_partition(partition, operation)))
+
+    async def append(self, partition: int, records: list[CoordinatorRecord]) -> None:
+        """Append records durably, then replay them into the partition's shard.
+
+        Call it from inside an operation, which holds the keys the records change. Once the append has
+        started it finishes and is replayed even if this call is cancelled; the cancellation is raised
+        afterwards, so memory and log agree whatever happens to the caller.
+        """
+        if not records:
+            return
+        first = self.record_log.append_nowait(partition, records)
+        cancelled = False
+        while True:
+            try:
+                await self.record_log.flush(partition, first + len(records))
+                break
+            except asyncio.CancelledError:
+                cancelled = True  # the records are in the log: they must reach memory too
+        shard = self.shards[partition]
+        for i, record in enumerate(records):
+            shard.replay(first + i, record)
+        if cancelled:
+            raise asyncio.CancelledError
+
+    def hold(self, partition: int, key: Hashable) -> contextlib.AbstractAsyncContextManager[None]:
+        """Hold `key` as a write does, without writing: writes of that key wait until it is released."""
+        return self._gates[partition].key(key)
+
+    def delete_before(self, partition: int, offset: int) -> None:
+        """Drop records no shard needs any more (call from a `write_exclusive` operation)."""
+        self.record_log.delete_before(partition, offset)
+
+    async def drain(self) -> None:
+        """Wait until every operation in progress has finished (shutdown)."""
+        while self._operations:
+            await asyncio.gather(*list(self._operations), return_exceptions=True)
+
+    def _start(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        task = asyncio.get_running_loop().create_task(work)
+        self._operations.add(task)
+        task.add_done_callback(self._operations.discard)
+        return task
+
+    async def _holding_key(self, partition: int, key: Hashable, operation: Callable[[], Awaitable[T]]) -> T:
+        async with self._gates[partition].key(key):
+            return await operation()
+
+    async def _holding_partition(self, partition: int, operation: Callable[[], Awaitable[T]]) -> T:
+        async with self._gates[partition].whole():
+            return await operation()
+
+    @staticmethod
+    async def _outlive_caller(task: asyncio.Task[T]) -> T:
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                # The caller left; the operation goes on, and nobody else will see how it ended.
+                task.add_done_callback(_log_orphan_failure)
+            raise
+
+
+def _log_orphan_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("coordinator operation failed after its caller left", exc_info=task.exception())

@@ -1,0 +1,339 @@
+"""The Docker deployment, checked without a Docker engine.
+
+- the compose files parse, and everything they name exists: build contexts, Dockerfiles, stages, services,
+  volumes, and every command is a console script the package (or, for the test image, its test extra) installs;
+- the wheel `pip install .` builds holds every module the broker imports at start-up;
+- the broker started the way the compose `shoal` service starts it (the image's ENTRYPOINT, the same
+  properties file and overrides, as a separate process) answers the compose healthcheck, passes the
+  `external` tests run against it with SHOAL_BOOTSTRAP, and stops cleanly on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .broker_process import BrokerProcess
+from .conftest import FAST_HEARTBEAT
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKER = REPO / "docker"
+TEST_COMPOSE = DOCKER / "docker-compose.test.yml"
+COMPOSE_FILES = sorted(DOCKER.glob("docker-compose*.yml"))
+BIN = Path(sys.executable).parent
+
+# The `external` tests the compose-style broker gets here: a few from every module that has some, so the
+# check stays quick (the whole external subset is the same tests the suite already runs against its own
+# brokers). The docker-compose `tests` service runs all of them.
+QUICK_EXTERNAL_SUBSET = [
+    "tests/integration/test_client_admin.py",
+    "tests/integration/test_client_producer.py::test_keyed_records_land_where_librdkafka_murmur2_puts_them",
+    "tests/integration/test_clients_roundtrip.py::test_create_topics_errors",
+    "tests/integration/test_clients_roundtrip.py::test_fetch_long_poll_delivers_record_produced_later",
+    "tests/integration/test_share_admin.py::test_describe_offsets_after_consuming_half",
+    "tests/integration/test_share_groups.py::test_release_redelivers_with_higher_count_and_reject_never_again",
+    "tests/integration/test_share_protocol.py::test_final_epoch_processes_acks_closes_session_and_releases",
+]
+
+
+# ---- reading the files ------------------------------------------------------------------------------
+
+
+@dataclass
+class Stage:
+    name: str
+    base: str
+    workdir: str = "/"
+    entrypoint: list[str] = field(default_factory=list)
+    cmd: list[str] = field(default_factory=list)
+    healthcheck: list[str] = field(default_factory=list)
+    volumes: list[str] = field(default_factory=list)
+    user: str = "root"
+
+
+def dockerfile_stages(path: Path) -> dict[str, Stage]:
+    """The stages of a Dockerfile by name (the last one also as ""), with what they inherit."""
+    text = re.sub(r"\\\n", " ", path.read_text())
+    stages: dict[str, Stage] = {}
+    current: Stage | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        word, _, rest = line.partition(" ")
+        word, rest = word.upper(), rest.strip()
+        if word == "FROM":
+            parts = rest.split()
+            base = parts[0]
+            name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else f"#{len(stages)}"
+            parent = stages.get(base)
+            current = Stage(name, base) if parent is None else Stage(
+                name, base, parent.workdir, list(parent.entrypoint), list(parent.cmd), list(parent.healthcheck),
+                list(parent.volumes), parent.user)
+            stages[name] = current
+            continue
+        assert current is not None, f"{path}: {word} before FROM"
+        if word == "WORKDIR":
+            current.workdir = rest
+        elif word == "USER":
+            current.user = rest
+        elif word == "ENTRYPOINT":
+            current.entrypoint, current.cmd = exec_form(path, rest), []
+        elif word == "CMD":
+            current.cmd = exec_form(path, rest)
+        elif word == "VOLUME":
+            current.volumes += exec_form(path, rest)
+        elif word == "HEALTHCHECK":
+            current.healthcheck = [] if rest.upper() == "NONE" else exec_form(path, rest[rest.index("CMD ") + 4:])
+    if current is not None:
+        stages[""] = current
+    return stages
+
+
+def exec_form(path: Path, text: str) -> list[str]:
+    """The JSON (exec) form; the shell form would put /bin/sh between docker stop and the broker."""
+    assert text.lstrip().startswith("["), f"{path}: {text!r} is not in exec form"
+    value = json.loads(text)
+    assert isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return value
+
+
+def load_compose(path: Path) -> dict[str, Any]:
+    doc = yaml.safe_load(path.read_text())
+    assert isinstance(doc, dict) and isinstance(doc.get("services"), dict), f"{path} has no services"
+    return doc
+
+
+def service_build(compose: Path, service: dict[str, Any]) -> tuple[Path, Path, Stage] | None:
+    """(context, Dockerfile, stage) of a service that builds its image."""
+    build = service.get("build")
+    if build is None:
+        return None
+    if isinstance(build, str):
+        build = {"context": build}
+    context = (compose.parent / build.get("context", ".")).resolve()
+    dockerfile = context / build.get("dockerfile", "Dockerfile")
+    assert context.is_dir() and dockerfile.is_file(), f"{compose.name}: no build context {context} or {dockerfile}"
+    stages = dockerfile_stages(dockerfile)
+    target = build.get("target", "")
+    assert target in stages, f"{compose.name}: no stage {target!r} in {dockerfile}"
+    return context, dockerfile, stages[target]
+
+
+def as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return shlex.split(value) if isinstance(value, str) else [str(v) for v in value]
+
+
+def project_scripts() -> set[str]:
+    with open(REPO / "pyproject.toml", "rb") as f:
+        return set(tomllib.load(f)["project"]["scripts"])
+
+
+def extra_console_scripts() -> set[str]:
+    """Console scripts of the distributions the [test] extra pins."""
+    with open(REPO / "pyproject.toml", "rb") as f:
+        pins = tomllib.load(f)["project"]["optional-dependencies"]["test"]
+    names = {re.split(r"[\[=<>~! ]", pin, maxsplit=1)[0] for pin in pins}
+    return {ep.name for n in names for ep in metadata.distribution(n).entry_points if ep.group == "console_scripts"}
+
+
+def check_command(where: str, argv: list[str], context: Path, scripts: set[str]) -> None:
+    assert argv, f"{where}: empty command"
+    exe = argv[0]
+    if exe in ("python", "python3"):
+        assert len(argv) > 1 and (context / argv[1]).is_file(), f"{where}: {argv} runs no file of the build context"
+    else:
+        assert exe in scripts, f"{where}: {exe!r} is not a console script the image installs ({sorted(scripts)})"
+
+
+# ---- the files --------------------------------------------------------------------------------------
+
+
+def test_compose_files_parse_and_everything_they_name_exists() -> None:
+    assert TEST_COMPOSE in COMPOSE_FILES
+    for compose in COMPOSE_FILES:
+        doc = load_compose(compose)
+        services = doc["services"]
+        declared_volumes = set(doc.get("volumes") or {})
+        for name, service in services.items():
+            built = service_build(compose, service)
+            assert built is not None or service.get("image"), f"{compose.name}: {name} has neither build nor image"
+            if built is not None:
+                context, _, _ = built
+                assert (context / ".dockerignore").is_file(), f"{compose.name}: {name}'s context has no .dockerignore"
+            depends = service.get("depends_on") or []
+            for dep in depends:
+                assert dep in services, f"{compose.name}: {name} depends on unknown service {dep}"
+            for mount in service.get("volumes") or []:
+                source = str(mount).split(":")[0]
+                if source.startswith((".", "/")):
+                    assert (compose.parent / source).exists(), f"{compose.name}: {name} mounts missing {source}"
+                else:
+                    assert source in declared_volumes, f"{compose.name}: {name} mounts undeclared volume {source}"
+
+
+def test_every_command_is_a_console_script_the_image_installs() -> None:
+    shoal_scripts = project_scripts()
+    assert {"shoal-broker", "kafka-broker-api-versions"} <= shoal_scripts
+    checked = 0
+    for compose in COMPOSE_FILES:
+        for name, service in load_compose(compose)["services"].items():
+            built = service_build(compose, service)
+            if built is None:
+                continue  # a published image (Prometheus, Grafana)
+            context, dockerfile, stage = built
+            # The test image also has the [test] extra's commands (pytest).
+            scripts = shoal_scripts | (extra_console_scripts() if stage.name == "tests" else set())
+            where = f"{compose.name}:{name}"
+            entrypoint = as_list(service["entrypoint"]) if "entrypoint" in service else stage.entrypoint
+            command = as_list(service["command"]) if "command" in service else stage.cmd
+            check_command(where, entrypoint or command, context, scripts)
+            health = service.get("healthcheck", {}).get("test") or (["CMD", *stage.healthcheck] if stage.healthcheck else [])
+            if health and health != ["NONE"]:
+                assert health[0] == "CMD", f"{where}: healthcheck {health} is not in exec form"
+                check_command(f"{where} healthcheck", health[1:], context, scripts)
+            if stage.name == "tests":
+                # Arguments to pytest: the test folders exist in the image's source tree.
+                assert all((context / arg).is_dir() for arg in command if not arg.startswith("-"))
+            checked += 1
+    assert checked >= 3
+
+
+def test_broker_image_runs_as_non_root_with_its_data_in_a_volume() -> None:
+    stage = dockerfile_stages(DOCKER / "Dockerfile")["broker"]
+    assert stage.user not in ("root", "0", "")
+    argv = stage.entrypoint + stage.cmd
+    assert argv[0] == "shoal-broker"
+    [log_dirs] = [a.split("=", 1)[1] for a in argv if a.startswith("log.dirs=")]
+    assert log_dirs in stage.volumes
+    text = (DOCKER / "Dockerfile").read_text()
+    # The package is installed from pyproject.toml, never from a hand-kept list of folders.
+    assert "pip install --no-cache-dir ." in text
+    assert not re.search(r"^COPY (?!\. \.)", text, re.M), "copy the whole context; .dockerignore leaves state out"
+
+
+# ---- the broker as the compose service starts it ----------------------------------------------------
+
+
+def compose_broker_command(data_dir: Path) -> list[str]:
+    """The `shoal` service's command line (the image's ENTRYPOINT, then the compose `command`), made to run
+    here: the image's paths point into this checkout, the listener is a free loopback port (advertised as
+    itself: `shoal` only resolves inside the compose network), the data directory is `data_dir`, and the
+    Prometheus endpoint takes a free port. Every other key is exactly as the container gets it."""
+    service = load_compose(TEST_COMPOSE)["services"]["shoal"]
+    built = service_build(TEST_COMPOSE, service)
+    assert built is not None
+    _, _, stage = built
+    argv = stage.entrypoint + (as_list(service["command"]) if "command" in service else stage.cmd)
+    workdir = stage.workdir.rstrip("/") + "/"
+    out = [str(BIN / argv[0])]
+    args = iter(argv[1:])
+    for arg in args:
+        if arg == "--override":
+            key, _, value = next(args).partition("=")
+            if key == "advertised.listeners":
+                continue
+            value = {"listeners": "PLAINTEXT://127.0.0.1:0", "log.dirs": str(data_dir)}.get(key, value)
+            out += ["--override", f"{key}={value}"]
+        else:
+            assert arg.startswith(workdir), f"{arg} is not in the image's source tree"
+            path = REPO / arg[len(workdir):]
+            assert path.is_file()
+            out.append(str(path))
+    return out + ["--override", "metrics.port=0"]
+
+
+def test_compose_broker_is_configured_like_the_suites_own_brokers() -> None:
+    """The external tests pass against the suite's module brokers; the compose broker gets their overrides."""
+    command = compose_broker_command(Path("/unused"))
+    assert all(f"{item}" in command for item in FAST_HEARTBEAT), (FAST_HEARTBEAT, command)
+
+
+def compose_broker(base: Path, *python_flags: str) -> BrokerProcess:
+    command = compose_broker_command(base / "data")
+    # Run the installed console script with this interpreter (and its flags).
+    return BrokerProcess(base / "data", command=[sys.executable, *python_flags, *command])
+
+
+def healthcheck(bootstrap: str) -> subprocess.CompletedProcess[str]:
+    test = load_compose(TEST_COMPOSE)["services"]["shoal"]["healthcheck"]["test"]
+    argv = [bootstrap if arg == "shoal:9092" else arg for arg in test[1:]]
+    return subprocess.run([str(BIN / argv[0]), *argv[1:]], capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def started_like_compose(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    # -X importtime logs every module the broker imports, for the wheel check.
+    proc = compose_broker(tmp_path_factory.mktemp("compose-broker"), "-X", "importtime").start()
+    yield proc
+    proc.stop()
+
+
+def test_compose_healthcheck_is_an_api_versions_round_trip(started_like_compose: BrokerProcess) -> None:
+    probe = healthcheck(started_like_compose.bootstrap)
+    assert probe.returncode == 0, probe.stderr
+    head, *apis, tail = probe.stdout.splitlines()
+    # Kafka's kafka-broker-api-versions format; the broker is reached at its advertised address.
+    assert head == f"{started_like_compose.bootstrap} (id: 1 rack: null) -> (" and tail == ")"
+    assert all(re.fullmatch(r"\t\w+\(\d+\): \d+( to \d+)? \[usable: \d+\],?", line) for line in apis), apis
+    names = {line.strip().split("(")[0] for line in apis}
+    assert {"ApiVersions", "Metadata", "ShareFetch", "ShareAcknowledge"} <= names
+
+
+def test_external_tests_pass_against_the_compose_style_broker(started_like_compose: BrokerProcess) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "external", *QUICK_EXTERNAL_SUBSET],
+        cwd=REPO, env={**os.environ, "SHOAL_BOOTSTRAP": started_like_compose.bootstrap},
+        capture_output=True, text=True, timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    summary = run.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "skipped" not in summary and "deselected" not in summary, summary
+
+
+def test_wheel_holds_every_module_the_broker_imports_at_start_up(
+    started_like_compose: BrokerProcess, tmp_path: Path
+) -> None:
+    imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(shoal(?:\.\w+)*)$", started_like_compose.log_text(), re.M))
+    assert {"shoal.broker.server.main", "shoal.protocol.codec"} <= imported
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
+                   check=True, capture_output=True, timeout=300)
+    [wheel] = tmp_path.glob("shoal-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    missing = sorted(m for m in imported
+                     if f"{m.replace('.', '/')}.py" not in names and f"{m.replace('.', '/')}/__init__.py" not in names)
+    assert not missing, f"the wheel lacks {missing}"
+    # The protocol specs are data the codec loads at start-up.
+    specs = {p.name for p in (REPO / "protocol" / "specs").glob("*.json")}
+    assert specs and {f"shoal/protocol/specs/{s}" for s in specs} <= names
+
+
+def test_sigterm_stops_the_broker_cleanly(tmp_path: Path) -> None:
+    from shoal.client import Producer
+
+    broker = compose_broker(tmp_path).start()
+    try:
+        with Producer(broker.bootstrap) as producer:
+            assert producer.send("sigterm-check", b"v").result(30).offset == 0
+    finally:
+        # SIGTERM; a broker still running 15 s later is SIGKILLed and the exit code says so.
+        code = broker.stop()
+    assert code == 0, broker.log_text()[-3000:]
+    assert "broker stopping" in broker.log_text() and "Traceback" not in broker.log_text()
+    assert healthcheck(broker.bootstrap).returncode != 0

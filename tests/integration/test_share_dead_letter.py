@@ -1,0 +1,245 @@
+"""Dead-letter topics for share groups (KIP-1191) and the Kafka 4.3 group configs, with real clients."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+from confluent_kafka import AcknowledgeType, Consumer, KafkaException, TopicPartition
+
+from shoal.client import ShareConsumer as BundledShareConsumer
+from shoal.protocol.errors import ErrorCode
+
+from .broker_process import BrokerProcess
+from .share_clients import create_topic, produce, set_group_config, share_consumer
+from .test_metrics import scrape
+from .test_share_admin_metrics import delta
+
+DEADLINE_S = 60
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def _create_dlq_topic(bootstrap: str, name: str, *, enabled: bool = True) -> None:
+    create_topic(bootstrap, name, 1, {"errors.deadletterqueue.group.enable": "true"} if enabled else None)
+
+
+def _dead_letters(bootstrap: str, topic: str, at_least: int) -> list[Any]:
+    """Every record of partition 0 of `topic` once it holds at least `at_least` (up to its end)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": _name("reader"),
+                         "enable.auto.commit": False})
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+            if high >= at_least or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        out: list[Any] = []
+        while len(out) < high and time.monotonic() < deadline:
+            out.extend(m for m in consumer.consume(100, 1.0) if not m.error())
+        return out
+    finally:
+        consumer.close()
+
+
+def _headers(msg: Any) -> dict[str, str]:
+    return {k: v.decode() for k, v in (msg.headers() or [])}
+
+
+def _settle(consumer: Any, how: AcknowledgeType, count: int) -> list[Any]:
+    """Poll until `count` records were delivered, settle each with `how`, commit; returns them."""
+    got: list[Any] = []
+    deadline = time.monotonic() + DEADLINE_S
+    while len(got) < count and time.monotonic() < deadline:
+        msgs = [m for m in consumer.poll(0.5) if not m.error()]
+        for m in msgs:
+            consumer.acknowledge(m, how)
+        if msgs:
+            assert all(v is None for v in consumer.commit_sync(30).values())
+            got.extend(msgs)
+    return got
+
+
+@pytest.mark.parametrize("copy", [False, True])
+def test_rejected_record_is_dead_lettered_once_with_headers(broker: BrokerProcess, copy: bool) -> None:
+    bs = broker.bootstrap
+    topic, group = _name("dq"), _name("dg")
+    dlq = f"dlq.{topic}"
+    create_topic(bs, topic, 1)
+    _create_dlq_topic(bs, dlq)
+    set_group_config(bs, group, share_auto_offset_reset="earliest", errors_deadletterqueue_topic_name=dlq,
+                     errors_deadletterqueue_copy_record_enable=str(copy).lower())
+    produce(bs, topic, 2)
+    before, _types = scrape(broker)
+    consumer = share_consumer(bs, group, [topic], share_acknowledgement_mode="explicit")
+    try:
+        got: list[Any] = []
+        deadline = time.monotonic() + DEADLINE_S
+        while len(got) < 2 and time.monotonic() < deadline:
+            for m in consumer.poll(0.5):
+                if not m.error():
+                    consumer.acknowledge(m, AcknowledgeType.REJECT if m.offset() == 0 else AcknowledgeType.ACCEPT)
+                    got.append(m)
+            if got:
+                res = consumer.commit_sync(30)
+                assert all(v is None for v in res.values()), res
+    finally:
+        consumer.close()
+    records = _dead_letters(bs, dlq, 1)
+    assert len(records) == 1
+    assert _headers(records[0]) == {
+        "__dlq.errors.topic": topic,
+        "__dlq.errors.partition": "0",
+        "__dlq.errors.offset": "0",
+        "__dlq.errors.group": group,
+        "__dlq.errors.delivery.count": "1",
+        "__dlq.errors.message": "Offset rejected by client.",
+    }
+    if copy:
+        assert (records[0].key(), records[0].value()) == (b"0", b"v-0")
+    else:
+        assert (records[0].key(), records[0].value()) == (None, None)
+    # KIP-1103 and KIP-1191 meters moved with this workload (the dead-letter meter moves after the fsync).
+    deadline = time.monotonic() + DEADLINE_S
+    after, _types = scrape(broker)
+    while delta(before, after, "shoal_share_group_dead_letter_queue_records_total", group=group) < 1 \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+        after, _types = scrape(broker)
+    assert delta(before, after, "shoal_share_group_dead_letter_queue_records_total", group=group) == 1
+    assert delta(before, after, "shoal_share_group_dead_letter_queue_produce_requests_total", group=group) == 1
+    assert delta(before, after, "shoal_broker_topic_total_share_fetch_requests_total", topic=topic) >= 1
+    assert delta(before, after, "shoal_broker_topic_total_share_acknowledgement_requests_total", topic=topic) >= 1
+    assert delta(before, after, "shoal_broker_topic_failed_share_acknowledgement_requests_total", topic=topic) == 0
+
+
+@pytest.mark.external
+def test_released_to_the_delivery_limit_is_dead_lettered(broker: BrokerProcess) -> None:
+    bs = broker.bootstrap
+    topic, group = _name("dr"), _name("dg")
+    dlq = f"dlq.{topic}"
+    create_topic(bs, topic, 1)
+    _create_dlq_topic(bs, dlq)
+    set_group_config(bs, group, share_auto_offset_reset="earliest", share_delivery_count_limit="2",
+                     errors_deadletterqueue_topic_name=dlq)
+    produce(bs, topic, 1)
+    consumer = share_consumer(bs, group, [topic], share_acknowledgement_mode="explicit")
+    try:
+        for _attempt in range(2):
+            assert len(_settle(consumer, AcknowledgeType.RELEASE, 1)) == 1
+    finally:
+        consumer.close()
+    records = _dead_letters(bs, dlq, 1)
+    assert len(records) == 1
+    headers = _headers(records[0])
+    assert headers["__dlq.errors.delivery.count"] == "2"
+    assert headers["__dlq.errors.message"] == "Offset delivery count exceeded the threshold."
+
+
+def test_bad_dead_letter_configs_are_refused_or_archive_without_a_record(broker: BrokerProcess) -> None:
+    bs = broker.bootstrap
+    group = _name("dv")
+    bad = [
+        ("errors.deadletterqueue.topic.name", "__internal", "DLQ topic name must not start with '__'"),
+        ("errors.deadletterqueue.copy.record.enable", "sometimes", "Expected value to be either true or false"),
+        ("share.renew.acknowledge.enable", "maybe", "either true or false"),
+        ("share.assignment.interval.ms", "20000", "20000"),
+    ]
+    for key, value, message in bad:
+        with pytest.raises(KafkaException) as info:
+            set_group_config(bs, group, **{key: value})
+        err = info.value.args[0]
+        assert err.code() == ErrorCode.INVALID_CONFIG, (key, err)
+        assert message in err.str(), (key, err.str())
+    # As in Kafka 4.4, a name without the prefix or a topic that has not opted in is accepted as a group
+    # config; the leader checks both when it dead-letters, archives the record anyway and says why.
+    for dlq, enabled, reason in (
+        (f"dlq.{_name('off')}", False, "DLQ is not enabled on configured DLQ topic"),
+        (_name("noprefix"), True, "does not comply with the DLQ topic prefix"),
+    ):
+        topic, group = _name("dn"), _name("dg")
+        create_topic(bs, topic, 1)
+        _create_dlq_topic(bs, dlq, enabled=enabled)
+        set_group_config(bs, group, share_auto_offset_reset="earliest", errors_deadletterqueue_topic_name=dlq)
+        produce(bs, topic, 1)
+        consumer = share_consumer(bs, group, [topic], share_acknowledgement_mode="explicit")
+        try:
+            assert len(_settle(consumer, AcknowledgeType.REJECT, 1)) == 1
+        finally:
+            consumer.close()
+        deadline = time.monotonic() + DEADLINE_S
+        while reason not in broker.log_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert reason in broker.log_text()
+        assert _dead_letters(bs, dlq, 0) == []
+
+
+def test_renew_refused_when_the_group_disables_it(broker: BrokerProcess) -> None:
+    bs = broker.bootstrap
+    topic, group = _name("rn"), _name("rg")
+    create_topic(bs, topic, 1)
+    set_group_config(bs, group, share_auto_offset_reset="earliest", share_renew_acknowledge_enable="false")
+    produce(bs, topic, 1)
+    before, _types = scrape(broker)
+    with BundledShareConsumer(bs, group, acknowledgement_mode="explicit") as consumer:
+        consumer.subscribe([topic])
+        got: list[Any] = []
+        deadline = time.monotonic() + DEADLINE_S
+        while not got and time.monotonic() < deadline:
+            got = consumer.poll(0.5)
+        assert len(got) == 1
+        consumer.acknowledge(got[0], "renew")
+        result = consumer.commit_sync(30)[(topic, 0)]
+        assert result is not None and result.code == ErrorCode.INVALID_RECORD_STATE
+        # The record is unchanged: still ours, with its first delivery, and can be accepted.
+        consumer.acknowledge(got[0], "accept")
+        assert consumer.commit_sync(30) == {(topic, 0): None}
+    after, _types = scrape(broker)
+    assert delta(before, after, "shoal_broker_topic_failed_share_acknowledgement_requests_total", topic=topic) == 1
+
+
+def test_kill_while_dead_lettering_loses_none_and_writes_none_twice(fresh_broker: BrokerProcess) -> None:
+    fresh_broker.start()
+    bs = fresh_broker.bootstrap
+    topic, group = _name("dk"), _name("dg")
+    dlq = f"dlq.{topic}"
+    count = 300
+    create_topic(bs, topic, 1)
+    _create_dlq_topic(bs, dlq)
+    set_group_config(bs, group, share_auto_offset_reset="earliest", errors_deadletterqueue_topic_name=dlq)
+    produce(bs, topic, count)
+    rejected: set[int] = set()
+    consumer = share_consumer(bs, group, [topic], share_acknowledgement_mode="explicit", max_poll_records=20)
+    killed = False
+    deadline = time.monotonic() + 120
+    try:
+        while len(rejected) < count and time.monotonic() < deadline:
+            msgs = [m for m in consumer.poll(0.5) if not m.error()]
+            for m in msgs:
+                consumer.acknowledge(m, AcknowledgeType.REJECT)
+            if not msgs:
+                continue
+            try:
+                results = consumer.commit_sync(30)
+            except KafkaException:
+                continue
+            if all(err is None for err in results.values()):
+                rejected.update(m.offset() for m in msgs)
+            if not killed and len(rejected) >= 60:
+                # Crash right behind answered rejections, whose dead-letter writes are under way.
+                fresh_broker.kill()
+                killed = True
+                fresh_broker.start()
+    finally:
+        consumer.close()
+    assert killed
+    assert rejected == set(range(count))
+    records = _dead_letters(bs, dlq, count)
+    offsets = [int(_headers(r)["__dlq.errors.offset"]) for r in records]
+    assert sorted(offsets) == list(range(count))

@@ -1,0 +1,116 @@
+"""The coordinator runtime: its partition gate (keys overlap, one key never overlaps itself, the whole
+partition runs alone) and cancel-safety (memory is what the log replays to, whatever the caller does)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shoal.broker.storage.internal_topic_log import InternalTopicLog
+from shoal.broker.storage.partition_log import LogConfig, PartitionLog
+from shoal.broker.storage.topic_registry import Topic
+from shoal.coordinator.runtime import CoordinatorRuntime, PartitionGate
+from shoal.coordinator.share_state import tombstone_record
+from shoal.persister.persister import SharePartitionKey
+from shoal.protocol.coordinator_records import CoordinatorRecord
+
+from .cancellation import cancel_once_appended
+
+
+async def _hold(gate: PartitionGate, key: str | None, log: list[str], name: str) -> None:
+    ctx = gate.whole() if key is None else gate.key(key)
+    async with ctx:
+        log.append(f"{name}+")
+        await asyncio.sleep(0.01)
+        log.append(f"{name}-")
+
+
+def _overlapped(log: list[str], a: str, b: str) -> bool:
+    return log.index(f"{b}+") < log.index(f"{a}-")
+
+
+async def test_different_keys_overlap() -> None:
+    gate, log = PartitionGate(), []
+    await asyncio.gather(_hold(gate, "k1", log, "a"), _hold(gate, "k2", log, "b"))
+    assert _overlapped(log, "a", "b")
+
+
+async def test_one_key_is_serialised() -> None:
+    gate, log = PartitionGate(), []
+    await asyncio.gather(_hold(gate, "k1", log, "a"), _hold(gate, "k1", log, "b"))
+    assert log == ["a+", "a-", "b+", "b-"]
+
+
+async def test_whole_partition_excludes_key_writers_both_ways() -> None:
+    gate, log = PartitionGate(), []
+    await asyncio.gather(_hold(gate, "k1", log, "a"), _hold(gate, None, log, "w"), _hold(gate, "k2", log, "b"))
+    w_start, w_end = log.index("w+"), log.index("w-")
+    assert w_end == w_start + 1, log  # nothing ran while the whole partition was held
+    assert log.index("a-") < w_start
+
+
+async def test_key_locks_are_forgotten_when_idle() -> None:
+    gate, log = PartitionGate(), []
+    await asyncio.gather(*(_hold(gate, f"k{i}", log, f"n{i}") for i in range(20)))
+    assert gate._key_locks == {} and gate._key_users == {}
+
+
+# ---- cancel-safety ---------------------------------------------------------------------------------
+
+
+class ReplayedOffsets:
+    """A shard that remembers which offsets it replayed."""
+
+    def __init__(self) -> None:
+        self.offsets: list[int] = []
+
+    def replay(self, offset: int, record: CoordinatorRecord) -> None:
+        self.offsets.append(offset)
+
+
+def a_record(partition: int) -> CoordinatorRecord:
+    return tombstone_record(SharePartitionKey("g", b"\x07" * 16, partition))
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[tuple[CoordinatorRuntime[ReplayedOffsets], PartitionLog]]:
+    plog = PartitionLog.open(tmp_path / "__share_group_state-0", LogConfig())
+    yield CoordinatorRuntime(InternalTopicLog(Topic("__share_group_state", b"\x01" * 16, [plog])),
+                             lambda _p: ReplayedOffsets()), plog
+    plog.close()
+
+
+async def test_append_cancelled_mid_fsync_is_still_replayed(
+    runtime: tuple[CoordinatorRuntime[ReplayedOffsets], PartitionLog],
+) -> None:
+    rt, plog = runtime
+    await rt.load(0)
+    await cancel_once_appended(plog, rt.append(0, [a_record(0), a_record(1)]))
+    assert rt.shard(0).offsets == [0, 1] == [o for o, _ in rt.record_log.replay(0)]
+    assert plog.flushed_offset == 2
+
+
+async def test_operation_outlives_its_caller_and_keeps_its_key(
+    runtime: tuple[CoordinatorRuntime[ReplayedOffsets], PartitionLog],
+) -> None:
+    rt, plog = runtime
+    await rt.load(0)
+    after_first: list[int] = []
+
+    async def first() -> None:
+        await rt.append(0, [a_record(0)])
+        await rt.append(0, [a_record(1)])  # still runs: the operation is not its caller's task
+
+    async def second() -> None:
+        after_first.extend(rt.shard(0).offsets)
+
+    await cancel_once_appended(plog, rt.write(0, "k", first))
+    await rt.write(0, "k", second)  # waits for the key, so it sees everything `first` replayed
+    assert after_first == [0, 1]
+    await rt.drain()
+    reloaded = CoordinatorRuntime(rt.record_log, lambda _p: ReplayedOffsets())
+    await reloaded.load(0)
+    assert reloaded.shard(0).offsets == rt.shard(0).offsets
