@@ -5,20 +5,20 @@ Each heartbeat is handled under the group's lock as in Kafka's GroupMetadataMana
 validated and updated, the group epoch is bumped when membership, subscriptions or the subscribed
 topics changed, a new target assignment is computed by the server-side assignor when the group epoch
 moved past the assignment epoch, and the member's current assignment is reconciled towards its
-target (`consumer_group.reconcile`). The planned records are appended to the group's
-`__consumer_offsets` partition, fsynced, replayed into memory, and only then answered.
+target (`consumer_group.reconcile`). Each operation runs through the coordinator runtime: the planned
+records are appended to the group's `__consumer_offsets` partition, fsynced, replayed into the
+partition's `ConsumerGroupShard`, and only then answered.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -29,22 +29,24 @@ from shoal.protocol.errors import ErrorCode
 from .classic_group import CommittedOffset, offset_commit_record, offset_tombstone
 from .consumer_assignors import ConsumerAssignor, UniformAssignor
 from .consumer_group import (
-    CONSUMER_RECORD_TYPES,
     Assignment,
     ConsumerGroup,
+    ConsumerGroupShard,
     ConsumerMember,
     MemberState,
     Reconciled,
     SubscribedTopic,
     compile_regex,
     reconcile,
-    record_group_id,
 )
-from .keyed_locks import KeyedLocks
+from .group_shard import GroupsView
 from .placement import coordinator_partition
 from .record_log import CoordinatorRecordLog
+from .runtime import CoordinatorRuntime
 
 log = structlog.get_logger("shoal.consumer_groups")
+
+T = TypeVar("T")
 
 HeartbeatResponse = messages.ConsumerGroupHeartbeatResponse
 _HbAssignment = HeartbeatResponse.Assignment  # type: ignore[attr-defined]
@@ -116,7 +118,7 @@ class ConsumerGroupCoordinator:
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ):
-        self.record_log = record_log
+        self.runtime = CoordinatorRuntime(record_log, lambda _partition: ConsumerGroupShard())
         self.topics = topics
         self.config = config or ConsumerGroupConfig()
         self.assignors: list[ConsumerAssignor] = assignors or [UniformAssignor()]
@@ -124,40 +126,27 @@ class ConsumerGroupCoordinator:
         self.foreign_group = foreign_group
         self.clock = clock
         self.wall_ms = wall_ms
-        self.groups: dict[str, ConsumerGroup] = {}
+        self.groups: GroupsView[ConsumerGroup] = GroupsView(self.runtime.shards, self.partition_for)
         self.loaded = False
-        self.rebalances = 0
-        self._locks = KeyedLocks()
         self._maintenance: asyncio.Task[None] | None = None
 
     # ---- plumbing --------------------------------------------------------------------------------
 
     def partition_for(self, group_id: str) -> int:
-        return coordinator_partition(group_id, self.record_log.num_partitions)
+        return coordinator_partition(group_id, self.runtime.num_partitions)
 
-    def _lock(self, group_id: str) -> contextlib.AbstractAsyncContextManager[None]:
-        return self._locks.hold(group_id)
+    async def _run(self, group_id: str, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run an operation on one group through the runtime: one at a time per group, to completion
+        even if the caller goes away."""
+        return await self.runtime.write(self.partition_for(group_id), group_id, operation)
 
     async def _write(self, group_id: str, records: list[CoordinatorRecord]) -> None:
-        """Durably append, then replay into memory (the same path `load` takes)."""
-        if records:
-            await self.record_log.append(self.partition_for(group_id), records)
-            for record in records:
-                self._apply(record, live=True)
+        """Durably append, then replay into the group's shard (the same path `load` takes)."""
+        await self.runtime.append(self.partition_for(group_id), records)
 
-    def _apply(self, record: CoordinatorRecord, *, live: bool) -> None:
-        group_id = record_group_id(record)
-        group = self.groups.get(group_id)
-        if group is None:
-            if record.value is None or record.record_type not in CONSUMER_RECORD_TYPES:
-                return  # offsets of groups of other types, tombstones of groups gone
-            group = self.groups[group_id] = ConsumerGroup(group_id)
-        before = group.group_epoch
-        group.replay(record)
-        if live and group.group_epoch > before:
-            self.rebalances += 1
-        if group.deleted:
-            del self.groups[group_id]
+    @property
+    def rebalances(self) -> int:
+        return sum(shard.epoch_bumps for shard in self.runtime.shards)
 
     def assignor(self, name: str | None) -> ConsumerAssignor | None:
         if name is None:
@@ -168,17 +157,9 @@ class ConsumerGroupCoordinator:
 
     async def load(self) -> None:
         """Rebuild every consumer group (and its offsets) from `__consumer_offsets`."""
-        self.groups.clear()
-        for partition in range(self.record_log.num_partitions):
-            for offset, record in self.record_log.replay(partition):
-                if record.record_type not in CONSUMER_RECORD_TYPES and record.record_type not in (0, 1):
-                    continue
-                try:
-                    self._apply(record, live=False)
-                except Exception:  # one unusable record must not keep the broker from starting
-                    log.exception("skipping consumer group record that cannot be applied", partition=partition,
-                                  offset=offset)
-            await asyncio.sleep(0)
+        for partition in range(self.runtime.num_partitions):
+            await self.runtime.load(partition)
+            self.runtime.shard(partition).epoch_bumps = 0  # the rebalance count starts now
         deadline = self.clock() + self.config.session_timeout_ms / 1000
         for group in self.groups.values():
             for member in group.members.values():
@@ -195,6 +176,7 @@ class ConsumerGroupCoordinator:
             self._maintenance.cancel()
             await asyncio.gather(self._maintenance, return_exceptions=True)
             self._maintenance = None
+        await self.runtime.drain()  # operations already started finish
 
     async def _maintenance_loop(self) -> None:
         while True:
@@ -216,7 +198,7 @@ class ConsumerGroupCoordinator:
             return _error(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
         if self.foreign_group(req.group_id):
             return _error(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {req.group_id} is not a consumer group.")
-        async with self._lock(req.group_id):
+        async def operation() -> Any:
             try:
                 if req.member_epoch in (LEAVE_GROUP_MEMBER_EPOCH, LEAVE_GROUP_STATIC_MEMBER_EPOCH):
                     return await self._leave(req.group_id, req.member_id, req.member_epoch)
@@ -226,6 +208,8 @@ class ConsumerGroupCoordinator:
             except Exception:
                 log.exception("consumer group heartbeat failed", group_id=req.group_id)
                 return _error(ErrorCode.COORDINATOR_NOT_AVAILABLE, "the group coordinator could not write")
+
+        return await self._run(req.group_id, operation)
 
     def _validate(self, req: Any, version: int) -> str | None:
         if not req.group_id:
@@ -485,8 +469,9 @@ class ConsumerGroupCoordinator:
             group = self.groups.get(group_id)
             if group is None or not any(_overdue(m, now) for m in group.members.values()):
                 continue
-            async with self._lock(group_id):
-                for member_id in sorted(group.members):
+
+            async def sweep(group_id: str = group_id) -> None:
+                for member_id in sorted(self.groups[group_id].members if group_id in self.groups else ()):
                     current = self.groups.get(group_id)
                     member = None if current is None else current.members.get(member_id)
                     if current is None or member is None or not _overdue(member, now):
@@ -495,6 +480,8 @@ class ConsumerGroupCoordinator:
                              reason="session" if member.session_deadline <= now else "revocation timeout")
                     await self._remove_member(current, member_id)
                     expired.append((group_id, member_id))
+
+            await self._run(group_id, sweep)
         return expired
 
     # ---- ConsumerGroupDescribe / admin -----------------------------------------------------------
@@ -534,7 +521,7 @@ class ConsumerGroupCoordinator:
     async def delete_group(self, group_id: str) -> int:
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
-        async with self._lock(group_id):
+        async def operation() -> int:
             group = self.groups.get(group_id)
             if group is None:
                 return ErrorCode.GROUP_ID_NOT_FOUND
@@ -545,9 +532,10 @@ class ConsumerGroupCoordinator:
             except Exception:
                 log.exception("consumer group deletion failed", group_id=group_id)
                 return ErrorCode.UNKNOWN_SERVER_ERROR
-            self.groups.pop(group_id, None)
             log.info("consumer group deleted", group_id=group_id)
             return ErrorCode.NONE
+
+        return await self._run(group_id, operation)
 
     # ---- offsets ---------------------------------------------------------------------------------
 
@@ -568,7 +556,7 @@ class ConsumerGroupCoordinator:
         """OffsetCommit for a consumer group: (topic, partition, offset, leader epoch, metadata) rows."""
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
-        async with self._lock(group_id):
+        async def operation() -> tuple[int, list[int]]:
             group = self.groups.get(group_id)
             if group is None:
                 return ErrorCode.GROUP_ID_NOT_FOUND, []
@@ -595,6 +583,8 @@ class ConsumerGroupCoordinator:
                 return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
             return ErrorCode.NONE, codes
 
+        return await self._run(group_id, operation)
+
     def fetch_offsets(self, group_id: str, member_id: str | None, member_epoch: int,
                       wanted: list[tuple[str, list[int]]] | None
                       ) -> tuple[int, list[tuple[str, int, CommittedOffset | None]]]:
@@ -615,7 +605,7 @@ class ConsumerGroupCoordinator:
         """OffsetDelete: refused per partition for topics the members subscribe to."""
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
-        async with self._lock(group_id):
+        async def operation() -> tuple[int, list[int]]:
             group = self.groups.get(group_id)
             if group is None:
                 return ErrorCode.GROUP_ID_NOT_FOUND, []
@@ -631,6 +621,8 @@ class ConsumerGroupCoordinator:
                     records.append(offset_tombstone(group_id, topic, partition))
             await self._write(group_id, records)
             return ErrorCode.NONE, codes
+
+        return await self._run(group_id, operation)
 
 
 def _copy(m: ConsumerMember) -> ConsumerMember:

@@ -301,6 +301,31 @@ class ConsumerGroup:
             m.pending_revocation = _from_tps(v.partitions_pending_revocation)
 
 
+@dataclass(slots=True)
+class ConsumerGroupShard:
+    """The consumer groups whose records live on one `__consumer_offsets` partition. It changes only by
+    `replay`, when the coordinator runtime loads the partition and after each durable append."""
+
+    groups: dict[str, ConsumerGroup] = field(default_factory=dict)
+    epoch_bumps: int = 0  # group epoch bumps replayed (the rebalance count)
+
+    def replay(self, offset: int, record: CoordinatorRecord) -> None:
+        if record.record_type not in CONSUMER_RECORD_TYPES and record.record_type not in (0, cr.OFFSET_COMMIT):
+            return  # classic and share groups' records
+        group_id = record_group_id(record)
+        group = self.groups.get(group_id)
+        if group is None:
+            if record.value is None or record.record_type not in CONSUMER_RECORD_TYPES:
+                return  # offsets of groups of other types, tombstones of groups gone
+            group = self.groups[group_id] = ConsumerGroup(group_id)
+        before = group.group_epoch
+        group.replay(record)
+        if group.group_epoch > before:
+            self.epoch_bumps += 1
+        if group.deleted:
+            del self.groups[group_id]
+
+
 def record_group_id(record: CoordinatorRecord) -> str:
     key = record.key
     return str(key.group if hasattr(key, "group") else key.group_id)
