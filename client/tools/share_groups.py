@@ -24,71 +24,34 @@ from shoal.client.errors import KafkaError
 from shoal.client.tools.cli import (
     ToolParser,
     UsageError,
-    add_version,
     parse_datetime_ms,
     parse_duration_ms,
     usage_failure,
 )
 from shoal.client.tools.config import ToolConfigError, load_properties, split_settings, warn_ignored
+from shoal.client.tools.group_offsets import (
+    ToolError,
+    assignment_string,
+    check_group_args,
+    group_parser,
+    parse_states,
+    table,
+    width,
+)
 from shoal.protocol.errors import ErrorCode
 
 PROG = "kafka-share-groups"
 DEFAULT_TIMEOUT_MS = 30_000
 SHARE_GROUP_STATES = ("Empty", "Stable", "Dead")
 MISSING = "-"  # what Kafka's tool prints for an unknown value
-ACTIONS = ("list", "describe", "delete", "reset_offsets", "delete_offsets")
 RESET_SCENARIOS = ("to_earliest", "to_latest", "to_current", "to_datetime", "by_duration", "to_offset", "shift_by",
                    "from_file")
 DLQ_TOPIC_CONFIG = "errors.deadletterqueue.topic.name"
 
 
-class ToolError(Exception):
-    """A failure to report as `Error: <message>` with exit code 1."""
-
-
-def _opt(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
-
-
 def build_parser() -> ToolParser:
-    p = ToolParser(prog=PROG, description="This tool helps to list, describe, reset and delete share groups.")
-    p.add_argument("--bootstrap-server", metavar="<server to connect to>", help="REQUIRED: The server(s) to connect to.")
-    p.add_argument("--command-config", metavar="<command config property file>",
-                   help="Property file with client settings (security.protocol, sasl.*, ssl.*) for the admin client.")
-    p.add_argument("--group", action="append", metavar="<share group>", help="The share group to act on.")
-    p.add_argument("--all-groups", action="store_true", help="Apply to all share groups.")
-    p.add_argument("--topic", action="append", metavar="<topic>",
-                   help="A topic whose offsets are deleted or reset. For --reset-offsets, 'topic:0,1,2' limits the "
-                        "reset to those partitions.")
-    p.add_argument("--all-topics", action="store_true",
-                   help="Reset every topic the share group has offsets for (the default for --reset-offsets).")
-    p.add_argument("--list", action="store_true", help="List all share groups.")
-    p.add_argument("--describe", action="store_true", help="Describe share groups: offsets, members or state.")
-    p.add_argument("--delete", action="store_true", help="Delete share groups (they must have no members).")
-    p.add_argument("--reset-offsets", action="store_true",
-                   help="Reset the start offsets of one share group, which must have no active members. Needs "
-                        "--dry-run or --execute and one of --to-earliest, --to-latest, --to-current, "
-                        "--to-datetime, --by-duration, --to-offset, --shift-by, --from-file.")
-    p.add_argument("--delete-offsets", action="store_true",
-                   help="Delete the offsets of one share group for the topics given with --topic.")
-    p.add_argument("--offsets", action="store_true",
-                   help="With --describe: each partition's start offset and lag (the default).")
-    p.add_argument("--members", action="store_true", help="With --describe: the group's members.")
-    p.add_argument("--state", nargs="?", const="", metavar="<states>",
-                   help="With --describe: the group's state. With --list: show states, optionally only groups "
-                        "in the comma-separated states given (Empty, Stable, Dead).")
-    p.add_argument("--verbose", action="store_true", help="With --describe: add epochs.")
-    p.add_argument("--dry-run", action="store_true", help="Only show the offsets --reset-offsets would set.")
-    p.add_argument("--execute", action="store_true", help="Reset the offsets.")
-    p.add_argument("--to-earliest", action="store_true", help="Reset to the earliest offset.")
-    p.add_argument("--to-latest", action="store_true", help="Reset to the latest offset.")
-    p.add_argument("--to-datetime", metavar="<datetime>",
-                   help="Reset to the first offset at or after a time: 'YYYY-MM-DDTHH:mm:SS.sss', local time "
-                        "unless a 'Z' or '+hh:mm' zone follows.")
-    p.add_argument("--by-duration", metavar="<duration>",
-                   help="Reset to the first offset at or after now minus a duration: 'PnDTnHnMnS'.")
-    p.add_argument("--to-offset", type=int, metavar="<offset>",
-                   help="Reset to this offset (kept within the partition's earliest and latest offsets).")
+    p = group_parser(PROG, "This tool helps to list, describe, reset and delete share groups.", "share",
+                     DEFAULT_TIMEOUT_MS)
     # Kafka 4.4 (KAFKA-20524): the consumer-groups tool's remaining scenarios and its CSV plan.
     p.add_argument("--to-current", action="store_true", help="Reset to the current start offset.")
     p.add_argument("--shift-by", type=int, metavar="<number-of-offsets>",
@@ -98,99 +61,23 @@ def build_parser() -> ToolParser:
                    help="Reset to the offsets in a CSV file of topic,partition,offset lines (as --export writes).")
     p.add_argument("--export", action="store_true",
                    help="With --reset-offsets: print the plan as CSV (topic,partition,offset) instead of a table.")
-    p.add_argument("--timeout", type=int, default=DEFAULT_TIMEOUT_MS, metavar="<timeout (ms)>",
-                   help=f"How long to wait for the cluster, in ms (default {DEFAULT_TIMEOUT_MS}).")
-    add_version(p)
     return p
 
 
 def check_args(ns: argparse.Namespace) -> None:
     """Option combinations Kafka's tool refuses, refused here with the same meaning."""
-    if not ns.bootstrap_server:
-        raise UsageError('Missing required argument "[bootstrap-server]"')
-    if sum(bool(getattr(ns, a)) for a in ACTIONS) != 1:
-        raise UsageError("Command must include exactly one action: --list, --describe, --delete, --reset-offsets, "
-                         "--delete-offsets.")
-    if ns.timeout <= 0:
-        raise UsageError("--timeout must be a positive number of milliseconds")
-    scenarios = [_opt(s) for s in RESET_SCENARIOS if getattr(ns, s) not in (None, False)]
-    if ns.group and ns.all_groups:
-        raise UsageError("Option --group cannot be used with --all-groups.")
-    if ns.group and ns.list:
-        raise UsageError("Option --group cannot be used with --list.")
-    if ns.topic and (ns.list or ns.describe or ns.delete):
-        raise UsageError("Option --topic can only be used with --reset-offsets or --delete-offsets.")
-    for flag in ("offsets", "members", "verbose"):
-        if getattr(ns, flag) and not ns.describe:
-            raise UsageError(f"Option {_opt(flag)} can only be used with --describe.")
-    if ns.state is not None and not (ns.describe or ns.list):
-        raise UsageError("Option --state can only be used with --describe or --list.")
-    if not ns.reset_offsets:
-        for flag in ("dry_run", "execute", "all_topics", "export", *RESET_SCENARIOS):
-            if getattr(ns, flag) not in (None, False):
-                raise UsageError(f"Option {_opt(flag)} can only be used with --reset-offsets.")
+    check_group_args(ns, RESET_SCENARIOS, ("export",), "share group")
     if ns.all_groups and (ns.reset_offsets or ns.delete_offsets):
         raise UsageError("Option --all-groups cannot be used with --reset-offsets or --delete-offsets.")
-
-    if ns.describe:
-        if not ns.group and not ns.all_groups:
-            raise UsageError("Option --describe takes one of these options: --group, --all-groups")
-        if sum((ns.members, ns.offsets, ns.state is not None)) > 1:
-            raise UsageError("Option --describe takes at most one of these options: --members, --offsets, --state")
-        if ns.state:
-            raise UsageError("Option --describe does not take a value for --state")
-    if ns.delete and not ns.group and not ns.all_groups:
-        raise UsageError("Option --delete takes the options --group or --all-groups")
-    if ns.delete_offsets:
-        if not ns.group or not ns.topic:
-            raise UsageError("Option --delete-offsets takes the following options: --group, --topic")
-        if len(set(ns.group)) > 1:
-            raise UsageError("Option --delete-offsets supports one share group at a time.")
     if ns.reset_offsets:
-        if ns.dry_run and ns.execute:
-            raise UsageError("Option --reset-offsets only accepts one of --execute and --dry-run")
         if not ns.dry_run and not ns.execute:
             raise UsageError("Option --reset-offsets takes the option: --execute or --dry-run")
         if not ns.group:
             raise UsageError("Option --reset-offsets takes the option: --group")
         if len(set(ns.group)) > 1:
             raise UsageError("Option --reset-offsets supports one share group at a time.")
-        if len(scenarios) != 1:
-            raise UsageError("Option --reset-offsets takes exactly one of these options: --to-earliest, "
-                             "--to-latest, --to-current, --to-datetime, --by-duration, --to-offset, --shift-by, "
-                             "--from-file")
         if ns.from_file is not None and (ns.topic or ns.all_topics):
             raise UsageError("Option --from-file cannot be used with --topic or --all-topics.")
-        if ns.topic and ns.all_topics:
-            raise UsageError("Option --reset-offsets takes either --topic or --all-topics, not both.")
-        # Check the time formats now, before anything is sent.
-        if ns.to_datetime is not None:
-            parse_datetime_ms(ns.to_datetime)
-        if ns.by_duration is not None:
-            parse_duration_ms(ns.by_duration)
-
-
-def parse_states(text: str) -> list[str]:
-    """Comma-separated share-group states, any case, as the broker spells them."""
-    by_lower = {s.lower(): s for s in SHARE_GROUP_STATES}
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [s for s in names if s.lower() not in by_lower]
-    if unknown:
-        raise UsageError(f"Invalid state list '{text}'. Valid states are: {', '.join(SHARE_GROUP_STATES)}")
-    return [by_lower[s.lower()] for s in names]
-
-
-def _table(rows: Sequence[Sequence[object]], widths: Sequence[int]) -> list[str]:
-    """Left-aligned columns as Kafka's tools print them: each column padded to its width, the last unpadded."""
-    out = []
-    for row in rows:
-        cells = [f"{str(cell):<{width}}" for cell, width in zip(row[:-1], widths, strict=False)]
-        out.append(" ".join([*cells, str(row[-1])]))
-    return out
-
-
-def _width(minimum: int, values: Iterable[object]) -> int:
-    return max([minimum, *(len(str(v)) for v in values)])
 
 
 class ShareGroupService:
@@ -213,11 +100,11 @@ class ShareGroupService:
             for group_id in await self.share_group_ids():
                 print(group_id)
             return
-        states = parse_states(self.ns.state)
+        states = parse_states(self.ns.state, SHARE_GROUP_STATES)
         listings = sorted(await self.admin.list_groups(types=["share"], states=states), key=lambda g: g.group_id)
-        width = _width(15, (g.group_id for g in listings))
+        col_width = width(15, (g.group_id for g in listings))
         rows = [("GROUP", "STATE"), *((g.group_id, g.state or "Unknown") for g in listings)]
-        print("\n".join(_table(rows, [width])))
+        print("\n".join(table(rows, [col_width])))
 
     # ---- --describe -----------------------------------------------------------------------------------
 
@@ -269,9 +156,9 @@ class ShareGroupService:
         for o in infos:
             epoch = [known(o.leader_epoch)] if verbose else []
             rows.append([d.group_id, o.topic, o.partition, *epoch, known(o.start_offset), known(o.lag)])
-        widths = [_width(15, [d.group_id]), _width(15, (o.topic for o in infos)), 10, *([13] if verbose else []), 13]
+        widths = [width(15, [d.group_id]), width(15, (o.topic for o in infos)), 10, *([13] if verbose else []), 13]
         print()
-        print("\n".join(_table(rows, widths)))
+        print("\n".join(table(rows, widths)))
 
     def _print_members(self, d: ShareGroupDescription) -> None:
         members = sorted(d.members, key=lambda m: m.member_id)
@@ -286,15 +173,15 @@ class ShareGroupService:
             rows.append([d.group_id, m.member_id, m.client_host, m.client_id, len(m.assignment), *epoch,
                          assignment_string(m.assignment)])
         widths = [
-            _width(15, [d.group_id]),
-            _width(15, (m.member_id for m in members)),
-            _width(15, (m.client_host for m in members)),
-            _width(15, (m.client_id for m in members)),
+            width(15, [d.group_id]),
+            width(15, (m.member_id for m in members)),
+            width(15, (m.client_host for m in members)),
+            width(15, (m.client_id for m in members)),
             12,
             *([13] if verbose else []),
         ]
         print()
-        print("\n".join(_table(rows, widths)))
+        print("\n".join(table(rows, widths)))
 
     async def _print_state(self, d: ShareGroupDescription) -> None:
         self._has_members_to_show(d, 1)
@@ -309,17 +196,17 @@ class ShareGroupService:
                 ("GROUP", "COORDINATOR (ID)", "STATE", "GROUP-EPOCH", "ASSIGNMENT-EPOCH", "#MEMBERS"),
                 (d.group_id, coordinator, d.state, d.group_epoch, d.assignment_epoch, len(d.members)),
             ]
-            widths = [_width(15, [d.group_id]), _width(25, [coordinator]), 15, 12, 17]
+            widths = [width(15, [d.group_id]), width(25, [coordinator]), 15, 12, 17]
         else:
             rows = [("GROUP", "COORDINATOR (ID)", "STATE", "#MEMBERS"), (d.group_id, coordinator, d.state, len(d.members))]
-            widths = [_width(15, [d.group_id]), _width(25, [coordinator]), 15]
+            widths = [width(15, [d.group_id]), width(25, [coordinator]), 15]
         dlq = await self._dead_letter_topic(d.group_id)
         if dlq:
             # KIP-1191: the group's dead-letter topic, shown only when one is configured.
-            widths.append(_width(len(str(rows[0][-1])), [rows[1][-1]]))  # the column before is padded now
+            widths.append(width(len(str(rows[0][-1])), [rows[1][-1]]))  # the column before is padded now
             rows = [(*rows[0], "DLQ-TOPIC"), (*rows[1], dlq)]
         print()
-        print("\n".join(_table(rows, widths)))
+        print("\n".join(table(rows, widths)))
 
     async def _dead_letter_topic(self, group_id: str) -> str:
         try:
@@ -374,7 +261,7 @@ class ShareGroupService:
         except KafkaError as exc:
             self.error(_group_error(group_id, exc))
             return
-        width = _width(15, topics)
+        col_width = width(15, topics)
         rows: list[Sequence[object]] = [("TOPIC", "STATUS")]
         for topic in sorted(topics):
             error = results.get(topic)
@@ -387,7 +274,7 @@ class ShareGroupService:
             else:
                 rows.append((topic, "Successful"))
         print()
-        print("\n".join(_table(rows, [width])))
+        print("\n".join(table(rows, [col_width])))
 
     # ---- --reset-offsets ------------------------------------------------------------------------------
 
@@ -419,12 +306,12 @@ class ShareGroupService:
         if self.ns.export:
             print("\n".join(f"{t},{p},{o}" for (t, p), o in sorted(offsets.items())))
             return
-        width_group = _width(30, [group_id])
-        width_topic = _width(30, (t for t, _ in offsets))
+        width_group = width(30, [group_id])
+        width_topic = width(30, (t for t, _ in offsets))
         rows: list[Sequence[object]] = [("GROUP", "TOPIC", "PARTITION", "NEW-OFFSET")]
         rows += [(group_id, t, p, o) for (t, p), o in sorted(offsets.items())]
         print()
-        print("\n".join(_table(rows, [width_group, width_topic, 10])))
+        print("\n".join(table(rows, [width_group, width_topic, 10])))
 
     async def _partitions_to_reset(self, group_id: str) -> list[TopicPartition]:
         if not self.ns.topic:
@@ -540,14 +427,6 @@ def read_reset_plan(path: str) -> dict[TopicPartition, int]:
         except ValueError:
             raise ToolError(f"{path}:{number}: partition and offset must be numbers: {line!r}") from None
     return plan
-
-
-def assignment_string(assignment: Iterable[TopicPartition]) -> str:
-    """`topic:0,1,2;other:0` with topics and partitions sorted, as Kafka's tool shows an assignment."""
-    by_topic: dict[str, list[int]] = {}
-    for topic, partition in assignment:
-        by_topic.setdefault(topic, []).append(partition)
-    return ";".join(f"{t}:{','.join(str(p) for p in sorted(ps))}" for t, ps in sorted(by_topic.items()))
 
 
 def _group_error(group_id: str, exc: KafkaError) -> str:
