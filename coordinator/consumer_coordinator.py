@@ -62,7 +62,6 @@ LEAVE_GROUP_MEMBER_EPOCH = -1
 LEAVE_GROUP_STATIC_MEMBER_EPOCH = -2
 # The member type ConsumerGroupDescribe v1 reports for members that heartbeat with KIP-848.
 CONSUMER_MEMBER_TYPE = 1
-INTERNAL_TOPIC_PREFIX = "__"
 
 
 @dataclass(slots=True)
@@ -81,7 +80,9 @@ class ConsumerTopicSource(Protocol):
 
     def topic_by_id(self, topic_id: bytes) -> tuple[str, int] | None: ...
 
-    def topic_names(self) -> Iterable[str]: ...
+    def topic_names(self) -> Iterable[str]:
+        """Names of the user topics (internal ones are never matched by a regex)."""
+        ...
 
 
 class ConsumerGroupError(Exception):
@@ -403,8 +404,7 @@ class ConsumerGroupCoordinator:
                 regexes.add(m.subscribed_topic_regex)
         if regexes:
             compiled = [compile_regex(r) for r in sorted(regexes)]
-            names.update(t for t in self.topics.topic_names() if not t.startswith(INTERNAL_TOPIC_PREFIX)
-                         and any(c is not None and c.fullmatch(t) for c in compiled))
+            names.update(t for t in self.topics.topic_names() if any(c is not None and c.fullmatch(t) for c in compiled))
         out: dict[bytes, SubscribedTopic] = {}
         for name in sorted(names):
             meta = self.topics.topic_by_name(name)

@@ -55,7 +55,8 @@ class BrokerTopicMetadata:
         return None if topic is None else (topic.name, len(topic.partitions))
 
     def topic_names(self) -> list[str]:
-        return list(self.registry.by_name)
+        """User topics (what a regex subscription may match; internal topics never are)."""
+        return [name for name, topic in self.registry.by_name.items() if not topic.internal]
 
 
 class ShareGroupApis:

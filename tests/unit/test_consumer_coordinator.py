@@ -189,7 +189,6 @@ async def test_regex_subscription_and_bad_input(env: Env) -> None:
     a = await env.beat("a", 0, owned={}, topics=[], regex="ord.*")
     assert parts(a) == {0, 1, 2, 3}
     env.topics.by_name["orders-2"] = (T2, 2)
-    env.topics.by_name["__internal"] = (b"\x99" * 16, 1)
     a2 = await env.beat("a", 1, owned={T1: {0, 1, 2, 3}})
     assert a2.member_epoch == 2
     assert {tp.topic_id for tp in a2.assignment.topic_partitions} == {T1, T2}
