@@ -13,7 +13,6 @@ partition's `ConsumerGroupShard`, and only then answered.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -35,6 +34,7 @@ from .consumer_group import (
     ConsumerMember,
     MemberState,
     Reconciled,
+    RegexError,
     SubscribedTopic,
     compile_regex,
     reconcile,
@@ -242,10 +242,11 @@ class ConsumerGroupCoordinator:
         if regex is not None:
             try:
                 compile_regex(regex)
-            except re.error as exc:
+            except RegexError as exc:
+                detail = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else exc
                 raise ConsumerGroupError(ErrorCode.INVALID_REGULAR_EXPRESSION,
-                                         f"SubscribedTopicRegex `{regex}` is not a valid regular expression: {exc}.") \
-                    from None
+                                         f"SubscribedTopicRegex `{regex}` is not a valid regular expression: "
+                                         f"{detail}.") from None
         if req.server_assignor is not None and self.assignor(req.server_assignor) is None:
             raise ConsumerGroupError(ErrorCode.UNSUPPORTED_ASSIGNOR,
                                      f"ServerAssignor {req.server_assignor} is not supported. Supported assignors: "

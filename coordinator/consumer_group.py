@@ -14,10 +14,12 @@ other member holds it, so one partition is never consumed by two members at once
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
+from typing import Any
+
+import re2
 
 from shoal.protocol import coordinator_records as cr
 from shoal.protocol.coordinator_records import CoordinatorRecord
@@ -69,7 +71,7 @@ class ConsumerMember:
     session_deadline: float = 0.0
     revocation_deadline: float | None = None
 
-    def subscribes(self, topic: str, compiled: re.Pattern[str] | None) -> bool:
+    def subscribes(self, topic: str, compiled: Any | None) -> bool:
         return topic in self.subscribed_topic_names or (compiled is not None and compiled.fullmatch(topic) is not None)
 
 
@@ -97,9 +99,16 @@ def _from_tps(items: Iterable[object] | None) -> Assignment:
     return {bytes(t.topic_id): frozenset(t.partitions) for t in items or () if t.partitions}  # type: ignore[attr-defined]
 
 
-def compile_regex(regex: str | None) -> re.Pattern[str] | None:
-    """The member's topic regex (Python `re` syntax standing in for Kafka's RE2/J; matched in full)."""
-    return None if not regex else re.compile(regex)
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a bad pattern is the client's error, answered; not a broker log line
+
+RegexError = re2.error
+
+
+def compile_regex(regex: str | None) -> Any | None:
+    """The member's topic regex, in RE2 syntax as Kafka's (RE2/J) and matched in full; matching takes
+    linear time, so no pattern can stall the broker. Raises `RegexError` for a bad pattern."""
+    return None if not regex else re2.compile(regex, _RE2_OPTIONS)
 
 
 def diff(a: Assignment, b: Assignment) -> Assignment:

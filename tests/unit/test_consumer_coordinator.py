@@ -193,7 +193,13 @@ async def test_regex_subscription_and_bad_input(env: Env) -> None:
     assert a2.member_epoch == 2
     assert {tp.topic_id for tp in a2.assignment.topic_partitions} == {T1, T2}
     bad = await env.beat("c", 0, owned={}, regex="(")
-    assert bad.error_code == ErrorCode.INVALID_REGULAR_EXPRESSION
+    assert (bad.error_code, bad.error_message) == (
+        ErrorCode.INVALID_REGULAR_EXPRESSION, "SubscribedTopicRegex `(` is not a valid regular expression: missing ): (.")
+    # RE2 as Kafka: no backreferences, and a pattern that backtracks exponentially elsewhere is linear here.
+    assert (await env.beat("c", 0, owned={}, regex="(o)\\1")).error_code == ErrorCode.INVALID_REGULAR_EXPRESSION
+    env.topics.by_name["o" * 200] = (b"\x33" * 16, 1)
+    slow = await env.beat("c", 0, owned={}, topics=[], regex="(o+)+x")
+    assert (slow.error_code, parts(slow)) == (ErrorCode.NONE, set())
     assert (await env.beat("", 0, owned={})).error_code == ErrorCode.INVALID_REQUEST
     unsupported = Request(group_id=GROUP, member_id="d", member_epoch=0, rebalance_timeout_ms=1,
                           subscribed_topic_names=["orders"], server_assignor="sticky", topic_partitions=[])
