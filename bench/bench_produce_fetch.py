@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,7 +23,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from peers import start_mock, start_shoal
+from peers import start_mock, start_shoal, stop
 
 
 @dataclass
@@ -40,18 +39,6 @@ class Result:
     @property
     def mb_per_s(self) -> float:
         return self.payload_bytes / self.seconds / 1e6
-
-
-# ---- brokers -------------------------------------------------------------------------------------
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
 
 
 # ---- workload ------------------------------------------------------------------------------------

@@ -14,12 +14,15 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import IO
 
 READY_PREFIX = "SHOAL_READY "
 
 
-def start_shoal(data_dir: str, overrides: Iterable[str] = ()) -> tuple[subprocess.Popen[str], str]:
-    """Start `shoal-broker` on a free port; returns the process and its bootstrap address."""
+def start_shoal(data_dir: str, overrides: Iterable[str] = (), stderr: IO[str] | int = subprocess.DEVNULL
+                ) -> tuple[subprocess.Popen[str], str]:
+    """Start `shoal-broker` on a free port; returns the process and its bootstrap address. Overrides after
+    the defaults win (e.g. log.level=info with `stderr` a file to read the broker's log)."""
     args = [
         sys.executable, "-m", "shoal.broker.server.main",
         "--override", "listeners=PLAINTEXT://127.0.0.1:0",
@@ -28,7 +31,7 @@ def start_shoal(data_dir: str, overrides: Iterable[str] = ()) -> tuple[subproces
     ]
     for item in overrides:
         args += ["--override", item]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True)
     assert proc.stdout is not None
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -42,6 +45,16 @@ def start_shoal(data_dir: str, overrides: Iterable[str] = ()) -> tuple[subproces
             break
     proc.kill()
     raise RuntimeError("shoal broker did not start")
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM, then SIGKILL if it does not exit in time."""
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
 
 
 def run_mock_forever() -> None:

@@ -69,6 +69,7 @@ class GroupCoordinatorConfig:
     heartbeat_interval_ms: int = 5000
     max_size: int = 200
     initialize_retry_interval_ms: int = 30000
+    assignment_interval_ms: int = 1000  # group.share.assignment.interval.ms (KIP-1263)
     # How often the background task looks for expired sessions and initialisations to retry.
     maintenance_interval_ms: int = 1000
 
@@ -106,6 +107,7 @@ class GroupCoordinator:
         *,
         group_configs: GroupConfigSource | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ):
         self.runtime = CoordinatorRuntime(record_log, lambda _partition: GroupShard())
         self.topics = topics
@@ -113,6 +115,7 @@ class GroupCoordinator:
         self.config = config or GroupCoordinatorConfig()
         self.group_configs = group_configs
         self.clock = clock
+        self.wall_clock = wall_clock  # seconds since the epoch; assignment timestamps are persisted
         # True when the id belongs to a group of another type (a classic group): such ids are refused.
         self.foreign_group: Callable[[str], bool] = lambda _group_id: False
         self.assignor = SimpleAssignor()
@@ -154,6 +157,11 @@ class GroupCoordinator:
         if self.group_configs is not None:
             return self.group_configs.get_int(group_id, "share.heartbeat.interval.ms")
         return self.config.heartbeat_interval_ms
+
+    def assignment_interval_ms(self, group_id: str) -> int:
+        if self.group_configs is not None:
+            return self.group_configs.get_int(group_id, "share.assignment.interval.ms")
+        return self.config.assignment_interval_ms
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -275,6 +283,8 @@ class GroupCoordinator:
             max_size=self.config.max_size,
             now=now,
             init_retry_interval=self.config.initialize_retry_interval_ms / 1000,
+            now_ms=int(self.wall_clock() * 1000),
+            assignment_interval_ms=self.assignment_interval_ms(req.group_id),
         )
         await self._write(req.group_id, plan.records)
         live = self.groups[req.group_id]

@@ -168,9 +168,22 @@ def target_member_record(group_id: str, member_id: str, assignment: Mapping[byte
     return _rec(t, _key(t, group_id, member_id), cls(topic_partitions=tps))
 
 
-def target_metadata_record(group_id: str, assignment_epoch: int) -> CoordinatorRecord:
+def target_metadata_record(group_id: str, assignment_epoch: int, assignment_timestamp_ms: int = 0) -> CoordinatorRecord:
+    """`assignment_timestamp_ms`: wall-clock time the assignment was computed (KIP-1263), 0 if none was."""
     t = cr.SHARE_GROUP_TARGET_ASSIGNMENT_METADATA
-    return _rec(t, _key(t, group_id), cr.value_class(t)(assignment_epoch=assignment_epoch))
+    value = cr.value_class(t)(assignment_epoch=assignment_epoch, assignment_timestamp=assignment_timestamp_ms)
+    return _rec(t, _key(t, group_id), value)
+
+
+def can_compute_next_target_assignment(assignment_timestamp_ms: int, interval_ms: int, now_ms: int) -> bool:
+    """KIP-1263: a new target assignment waits until `interval_ms` has passed since the last one was computed.
+
+    No known last computation (0) or a zero interval (the escape hatch if the wall clock jumped back)
+    computes at once, as in Kafka.
+    """
+    if assignment_timestamp_ms == 0 or interval_ms == 0:
+        return True
+    return now_ms >= assignment_timestamp_ms + interval_ms
 
 
 def current_assignment_record(group_id: str, m: ShareMember) -> CoordinatorRecord:
@@ -224,6 +237,7 @@ class ShareGroup:
     group_epoch: int = 0
     metadata_hash: int = 0
     assignment_epoch: int = 0
+    assignment_timestamp_ms: int = 0  # when the target assignment was last computed (wall clock), 0 if unknown
     members: dict[str, ShareMember] = field(default_factory=dict)
     target_assignment: dict[str, TopicAssignment] = field(default_factory=dict)
     initializing: dict[bytes, TopicInit] = field(default_factory=dict)
@@ -268,6 +282,7 @@ class ShareGroup:
             m.subscribed_topic_names = frozenset(v.subscribed_topic_names or ())
         elif t == cr.SHARE_GROUP_TARGET_ASSIGNMENT_METADATA:
             self.assignment_epoch = 0 if v is None else v.assignment_epoch
+            self.assignment_timestamp_ms = 0 if v is None else v.assignment_timestamp
         elif t == cr.SHARE_GROUP_TARGET_ASSIGNMENT_MEMBER:
             if v is None:
                 self.target_assignment.pop(record.key.member_id, None)
@@ -390,8 +405,13 @@ class ShareGroup:
         max_size: int,
         now: float,
         init_retry_interval: float,
+        now_ms: int = 0,
+        assignment_interval_ms: int = 0,
     ) -> HeartbeatPlan:
-        """A join (epoch 0) or regular heartbeat; raises ShareGroupError. Does not modify the group."""
+        """A join (epoch 0) or regular heartbeat; raises ShareGroupError. Does not modify the group.
+
+        `now_ms` is the wall clock (persisted as the assignment timestamp); `now` the monotonic one.
+        """
         records: list[CoordinatorRecord] = []
         gid = self.group_id
         existing = self.members.get(member_id)
@@ -436,15 +456,18 @@ class ShareGroup:
             group_epoch += 1
             records.append(group_epoch_record(gid, group_epoch, new_hash))
 
-        # Target assignment: recomputed whenever the group epoch moved past it.
-        if self.assignment_epoch < group_epoch:
+        # Target assignment: recomputed when the group epoch moved past it, at most once per assignment
+        # interval (KIP-1263); meanwhile members reconcile towards the last target assignment.
+        if self.assignment_epoch < group_epoch and can_compute_next_target_assignment(
+            self.assignment_timestamp_ms, assignment_interval_ms, now_ms
+        ):
             members = dict(self.members)
             members[member_id] = updated
             target = self.compute_target_assignment(members, topics, assignor)
             for mid in sorted(target):
                 if target[mid] != self.target_assignment.get(mid, {}):
                     records.append(target_member_record(gid, mid, target[mid]))
-            records.append(target_metadata_record(gid, group_epoch))
+            records.append(target_metadata_record(gid, group_epoch, now_ms))
             target_epoch, member_target = group_epoch, target.get(member_id, {})
         else:
             target_epoch, member_target = self.assignment_epoch, self.target_assignment.get(member_id, {})
@@ -495,7 +518,7 @@ class ShareGroup:
         records.append(group_epoch_record(gid, epoch, metadata_hash(self.subscribed_topic_names(without=member_id), topics)))
         if len(self.members) == 1:
             # The group becomes empty: its (empty) assignment is current at the new epoch.
-            records.append(target_metadata_record(gid, epoch))
+            records.append(target_metadata_record(gid, epoch, self.assignment_timestamp_ms))
         return records
 
     def plan_delete(self) -> list[CoordinatorRecord]:

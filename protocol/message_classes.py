@@ -4842,14 +4842,16 @@ class ShareGroupTargetAssignmentMetadataKey(MessageBase):
 
 
 class ShareGroupTargetAssignmentMetadataValue(MessageBase):
-    __slots__ = ("assignment_epoch",)
+    __slots__ = ("assignment_epoch", "assignment_timestamp")
     assignment_epoch: int
+    assignment_timestamp: int
 
     if TYPE_CHECKING:
         def __init__(
             self,
             *,
             assignment_epoch: int = ...,
+            assignment_timestamp: int = ...,
         ) -> None: ...
 
 

@@ -34,6 +34,8 @@ COMPRESSION_MASK = 0x07
 TIMESTAMP_TYPE_MASK = 0x08
 TRANSACTIONAL_FLAG = 0x10
 CONTROL_FLAG = 0x20
+# Set by log compaction: base_timestamp holds the time after which tombstones may be removed (KIP-534).
+DELETE_HORIZON_FLAG = 0x40
 
 NO_PRODUCER_ID = -1
 NO_SEQUENCE = -1
@@ -87,12 +89,17 @@ class BatchHeader:
         return bool(self.attributes & CONTROL_FLAG)
 
     @property
+    def delete_horizon_ms(self) -> int | None:
+        return self.base_timestamp if self.attributes & DELETE_HORIZON_FLAG else None
+
+    @property
     def timestamp_type(self) -> int:
         return 1 if self.attributes & TIMESTAMP_TYPE_MASK else 0
 
 
-def parse_batch_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
-    """Parse the header of the batch starting at `pos`; raise InvalidRecordBatch if it cannot be framed."""
+def parse_batch_header(buf: bytes | bytearray | memoryview, pos: int = 0, *, whole: bool = True) -> BatchHeader:
+    """Parse the header of the batch starting at `pos`; raise InvalidRecordBatch if it cannot be framed.
+    With `whole=False` only the header need be in `buf` (a walk that reads headers alone)."""
     if len(buf) - pos < HEADER_SIZE:
         raise InvalidRecordBatch(f"truncated batch header: {len(buf) - pos} bytes")
     fields = _HEADER.unpack_from(buf, pos)
@@ -101,7 +108,7 @@ def parse_batch_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> Bat
         raise InvalidRecordBatch(f"unsupported record batch magic {header.magic}")
     if header.batch_length < HEADER_SIZE - LOG_OVERHEAD:
         raise InvalidRecordBatch(f"batch length {header.batch_length} below the header size")
-    if len(buf) - pos < header.size:
+    if whole and len(buf) - pos < header.size:
         raise InvalidRecordBatch(f"truncated batch: need {header.size} bytes, have {len(buf) - pos}")
     return header
 

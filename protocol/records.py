@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -26,7 +26,9 @@ from .compression import (
     decompress,
 )
 from .record_batch import (
+    COMPRESSION_MASK,
     CONTROL_FLAG,
+    DELETE_HORIZON_FLAG,
     HEADER_SIZE,
     LENGTH_POS,
     LOG_OVERHEAD,
@@ -206,45 +208,21 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def encode_batch(
-    records: Sequence[RecordInput | Record],
-    *,
-    base_offset: int = 0,
-    compression: int = NONE,
-    base_timestamp: int | None = None,
-    producer_id: int = -1,
-    producer_epoch: int = -1,
-    base_sequence: int = -1,
-    partition_leader_epoch: int = -1,
-    is_transactional: bool = False,
-    timestamp_type: int = CREATE_TIME,
-    is_control: bool = False,
+def _encode_records(
+    records: Sequence[RecordInput | Record], timestamps: Sequence[int], base_timestamp: int,
+    deltas: Iterable[int],
 ) -> bytes:
-    """Build one v2 batch holding `records` at offset deltas 0..n-1, with its CRC32C filled in."""
-    if not records:
-        raise ValueError("a record batch needs at least one record")
-    now: int | None = None
-    timestamps: list[int] = []
-    for rec in records:
-        ts = rec.timestamp
-        if ts is None:
-            if now is None:
-                now = _now_ms()
-            ts = now
-        timestamps.append(ts)
-    if base_timestamp is None:
-        base_timestamp = timestamps[0]
-
+    """The uncompressed records section: each record at its offset delta, timestamps relative to the base."""
     table = _UVARINT_TABLE
     zz = _zz
     parts: list[bytes] = []
     append = parts.append
-    for delta, rec in enumerate(records):
+    for rec, ts, delta in zip(records, timestamps, deltas, strict=True):
         key = rec.key
         value = rec.value
         body = [
             _ZERO,
-            zz(timestamps[delta] - base_timestamp),
+            zz(ts - base_timestamp),
             table[delta << 1] if delta < 8192 else zz(delta),
         ]
         if key is None:
@@ -278,7 +256,39 @@ def encode_batch(
         blob = b"".join(body)
         append(zz(len(blob)))
         append(blob)
-    raw = b"".join(parts)
+    return b"".join(parts)
+
+
+def encode_batch(
+    records: Sequence[RecordInput | Record],
+    *,
+    base_offset: int = 0,
+    compression: int = NONE,
+    base_timestamp: int | None = None,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    partition_leader_epoch: int = -1,
+    is_transactional: bool = False,
+    timestamp_type: int = CREATE_TIME,
+    is_control: bool = False,
+) -> bytes:
+    """Build one v2 batch holding `records` at offset deltas 0..n-1, with its CRC32C filled in."""
+    if not records:
+        raise ValueError("a record batch needs at least one record")
+    now: int | None = None
+    timestamps: list[int] = []
+    for rec in records:
+        ts = rec.timestamp
+        if ts is None:
+            if now is None:
+                now = _now_ms()
+            ts = now
+        timestamps.append(ts)
+    if base_timestamp is None:
+        base_timestamp = timestamps[0]
+
+    raw = _encode_records(records, timestamps, base_timestamp, range(len(records)))
     payload = raw if compression == NONE else compress(compression, raw)
 
     attributes = compression
@@ -289,22 +299,55 @@ def encode_batch(
     if is_control:
         attributes |= CONTROL_FLAG
     count = len(records)
-    tail = (
-        _TAIL.pack(
-            attributes,
-            count - 1,
-            base_timestamp,
-            max(timestamps),
-            producer_id,
-            producer_epoch,
-            base_sequence,
-            count,
-        )
-        + payload
-    )
+    return _assemble(base_offset, partition_leader_epoch, attributes, count - 1, base_timestamp, max(timestamps),
+                     producer_id, producer_epoch, base_sequence, count, payload)
+
+
+def _assemble(
+    base_offset: int, partition_leader_epoch: int, attributes: int, last_offset_delta: int, base_timestamp: int,
+    max_timestamp: int, producer_id: int, producer_epoch: int, base_sequence: int, count: int, payload: bytes,
+) -> bytes:
+    tail = _TAIL.pack(attributes, last_offset_delta, base_timestamp, max_timestamp, producer_id, producer_epoch,
+                      base_sequence, count) + payload
     # Batch length counts everything after the length field: leader epoch, magic and CRC (9 bytes) + tail.
     prefix = _PREFIX.pack(base_offset, 9 + len(tail), partition_leader_epoch, 2, crc32c.crc32c(tail))
     return prefix + tail
+
+
+def encode_retained_batch(
+    header: BatchHeader, records: Sequence[Record], *, delete_horizon_ms: int | None = None
+) -> bytes:
+    """Rewrite a batch keeping only `records` (a subsequence of its own), as log compaction does.
+
+    The batch keeps its base offset, last offset delta, producer id/epoch, base sequence, leader epoch,
+    codec and flags, so offsets and idempotence state survive. With `delete_horizon_ms` the base
+    timestamp holds the delete horizon (DELETE_HORIZON_FLAG set) and record timestamps are re-based on it.
+    With no records left an empty batch remains (Kafka keeps one for a producer's last batch).
+    """
+    attributes = header.attributes
+    if delete_horizon_ms is not None:
+        attributes |= DELETE_HORIZON_FLAG
+    if not records:
+        # Kafka's empty header: uncompressed, the original timestamps, no records.
+        base_ts = header.base_timestamp if delete_horizon_ms is None else delete_horizon_ms
+        return _assemble(header.base_offset, header.partition_leader_epoch, attributes & ~COMPRESSION_MASK,
+                         header.last_offset_delta, base_ts, header.max_timestamp, header.producer_id,
+                         header.producer_epoch, header.base_sequence, 0, b"")
+    timestamps = [rec.timestamp for rec in records]
+    if delete_horizon_ms is not None:
+        base_ts = delete_horizon_ms
+    elif header.attributes & DELETE_HORIZON_FLAG:
+        base_ts = header.base_timestamp  # keep the horizon set by an earlier cleaning
+    else:
+        base_ts = timestamps[0]
+    raw = _encode_records(records, timestamps, base_ts, [rec.offset - header.base_offset for rec in records])
+    codec = header.compression
+    payload = raw if codec == NONE else compress(codec, raw)
+    # LogAppendTime batches carry the broker's time in max_timestamp, whatever records remain.
+    max_ts = header.max_timestamp if header.attributes & TIMESTAMP_TYPE_MASK else max(timestamps)
+    return _assemble(header.base_offset, header.partition_leader_epoch, attributes, header.last_offset_delta,
+                     base_ts, max_ts, header.producer_id, header.producer_epoch, header.base_sequence,
+                     len(records), payload)
 
 
 def encode_txn_marker(
@@ -565,13 +608,15 @@ def validate_batch_for_append(
     *,
     check_records: bool = True,
     timestamp_bounds: TimestampBounds | None = None,
+    require_keys: bool = False,
 ) -> None:
     """The per-batch checks Kafka's log validator makes on a client's produce before appending it.
 
     Raises CorruptRecordBatch (CORRUPT_MESSAGE) for a bad CRC, an unknown codec or a payload that
     does not decompress; its subclass InvalidRecord (INVALID_RECORD) for the validator's refusals
     (counts, offsets, record framing: lengths, header counts); InvalidTimestamp (INVALID_TIMESTAMP)
-    for a CreateTime record outside `timestamp_bounds`. Every record is walked, as Kafka does: a
+    for a CreateTime record outside `timestamp_bounds`. `require_keys` (a compacted topic) refuses a
+    record without a key with INVALID_RECORD. Every record is walked, as Kafka does: a
     batch whose CRC is right but whose records cannot be read must never reach the log, where
     consumers and coordinators replaying it would fail on it.
     """
@@ -600,7 +645,7 @@ def validate_batch_for_append(
     else:
         data = bytes(memoryview(buf)[pos + HEADER_SIZE : pos + header.size])
     try:
-        min_delta, max_delta = _walk_records(data, header.records_count)
+        min_delta, max_delta = _walk_records(data, header.records_count, require_keys=require_keys)
     except InvalidRecordBatch as exc:
         raise InvalidRecord(str(exc)) from exc
     if timestamp_bounds is not None and not header.attributes & TIMESTAMP_TYPE_MASK:
@@ -621,7 +666,7 @@ def _read_zz(data: bytes, pos: int) -> tuple[int, int]:
     return _read_zz_slow(data, pos)
 
 
-def _walk_records(data: bytes, count: int) -> tuple[int, int]:
+def _walk_records(data: bytes, count: int, *, require_keys: bool = False) -> tuple[int, int]:
     """Check that `count` records exactly fill `data` (lengths, key/value/header framing, offset deltas
     0..count-1) without building them; returns the smallest and largest timestamp delta."""
     read = _read_zz
@@ -651,6 +696,8 @@ def _walk_records(data: bytes, count: int) -> tuple[int, int]:
             header_count, pos = read(data, pos + value_size if value_size > 0 else pos)
             if key_size < -1 or value_size < -1:
                 raise InvalidRecordBatch(f"record {index} has invalid key or value length")
+            if require_keys and key_size < 0:
+                raise InvalidRecordBatch("Compacted topic cannot accept message without key")
             # Each header takes at least two bytes (two length varints).
             if header_count < 0 or 2 * header_count > record_end - pos:
                 raise InvalidRecordBatch(f"record {index} has invalid header count {header_count}")

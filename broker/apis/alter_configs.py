@@ -1,4 +1,5 @@
-"""IncrementalAlterConfigs for topics (TOPIC = 2) and groups (GROUP = 32), applied live and persisted."""
+"""IncrementalAlterConfigs for topics (TOPIC = 2), groups (GROUP = 32) and the broker's dynamic keys (BROKER = 4),
+applied live and persisted."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from shoal.broker.security.authorizer import Operation, ResourceType
+from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
+from shoal.broker.server.config import CLUSTER_DEFAULT, THIS_BROKER, BrokerConfig, ConfigError
 from shoal.broker.share.group_configs import InvalidGroupConfig
 from shoal.broker.storage.topic_registry import validate_topic_config
 from shoal.protocol import messages
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("shoal.configs")
 
 RESOURCE_TOPIC = 2
+RESOURCE_BROKER = 4
 RESOURCE_GROUP = 32
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 
@@ -53,6 +56,8 @@ class AlterConfigs:
                 self._alter_group(ctx, r.resource_name, changes, req.validate_only, res)
             elif r.resource_type == RESOURCE_TOPIC:
                 self._alter_topic(ctx, r.resource_name, changes, req.validate_only, res)
+            elif r.resource_type == RESOURCE_BROKER:
+                self._alter_broker(ctx, r.resource_name, changes, req.validate_only, res)
             else:
                 res.error_code = ErrorCode.INVALID_REQUEST
                 res.error_message = f"resource type {r.resource_type} cannot be altered on this broker"
@@ -94,6 +99,33 @@ class AlterConfigs:
         if validate_only:
             return
         self.broker.topics.alter_configs(topic, changes)
+
+    def _alter_broker(self, ctx: RequestContext, name: str, changes: list[tuple[str, str | None]],
+                      validate_only: bool, res: ResourceResponse) -> None:
+        """Kafka's dynamic broker configs: "" is the cluster-wide default, the broker's id its own value."""
+        if not ctx.authorize(Operation.ALTER_CONFIGS, ResourceType.CLUSTER, CLUSTER_NAME):
+            res.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            return
+        # Kafka answers INVALID_REQUEST for all of these (KAFKA-13609 keeps it so for compatibility).
+        try:
+            node_id = int(name) if name else None
+        except ValueError:
+            res.error_code = ErrorCode.INVALID_REQUEST
+            res.error_message = f"Node id must be an integer, but it is: {shorten(name)}"
+            return
+        if node_id is not None and node_id != self.broker.node_id:
+            res.error_code = ErrorCode.INVALID_REQUEST
+            res.error_message = f"Unexpected broker id, expected {self.broker.node_id}, but received {shorten(name)}"
+            return
+        try:
+            BrokerConfig.validate_dynamic(changes)
+        except ConfigError as exc:
+            res.error_code, res.error_message = ErrorCode.INVALID_REQUEST, shorten(str(exc))
+            return
+        if validate_only:
+            return
+        self.broker.config.apply_dynamic(THIS_BROKER if name else CLUSTER_DEFAULT, changes)
+        log.info("dynamic broker config changed", resource=name or "<cluster default>", changes=dict(changes))
 
 
 def register(broker: Broker) -> AlterConfigs:

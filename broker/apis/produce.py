@@ -134,7 +134,8 @@ class ProduceHandler:
                         base_offset=-1,
                         error_message=f"batch of {header.size} bytes exceeds message.max.bytes",
                     )
-                validate_batch_for_append(buf, pos, header, timestamp_bounds=bounds)
+                validate_batch_for_append(buf, pos, header, timestamp_bounds=bounds,
+                                          require_keys=plog.config.compact)
         except InvalidRecordBatch as exc:
             # Kafka separates a batch that breaks the rules (INVALID_RECORD, not retried) from damaged bytes.
             code = (ErrorCode.INVALID_TIMESTAMP if isinstance(exc, InvalidTimestamp)
@@ -228,8 +229,10 @@ def rebuild_producer_state(plog: PartitionLog) -> PartitionProducerState:
             break
         for header, _view in batches:
             if header.producer_id >= 0 and header.base_sequence >= 0:
+                # The offset span, not the record count: compaction may have removed records (or all of
+                # them, keeping an empty batch) while the sequence range stays the batch's own.
                 state.record(header.producer_id, header.producer_epoch, header.base_sequence,
-                             header.records_count, header.base_offset, header.max_timestamp)
+                             header.last_offset_delta + 1, header.base_offset, header.max_timestamp)
             offset = header.last_offset + 1
     return state
 

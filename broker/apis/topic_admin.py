@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
+from shoal.broker.server.config import CLUSTER_DEFAULT, DYNAMIC_KEYS, THIS_BROKER
 from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
 from shoal.broker.storage.producer_state import ProducerIdAllocator
 from shoal.broker.storage.topic_registry import INTERNAL_TOPICS, validate_topic_config, validate_topic_name
@@ -37,6 +38,8 @@ RESOURCE_BROKER = 4
 RESOURCE_GROUP = 32
 SOURCE_GROUP = 8
 SOURCE_TOPIC = 1
+SOURCE_DYNAMIC_BROKER = 2
+SOURCE_DYNAMIC_DEFAULT_BROKER = 3
 SOURCE_STATIC_BROKER = 4
 SOURCE_DEFAULT = 5
 
@@ -279,10 +282,7 @@ class TopicAdmin:
                 if not ctx.authorize(Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER, CLUSTER_NAME):
                     res.error_code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
                     continue
-                for key, value in self.broker.config.items():
-                    text = ",".join(value) if isinstance(value, list) else str(value).lower() if isinstance(value, bool) else str(value)
-                    source = SOURCE_STATIC_BROKER if key in self.broker.config.explicit else SOURCE_DEFAULT
-                    entries.append((key, text, source))
+                entries.extend(self._broker_config_entries(bool(r.resource_name)))
             elif r.resource_type == RESOURCE_GROUP:
                 if not ctx.authorize(Operation.DESCRIBE_CONFIGS, ResourceType.GROUP, r.resource_name):
                     res.error_code = ErrorCode.GROUP_AUTHORIZATION_FAILED
@@ -295,12 +295,32 @@ class TopicAdmin:
                 continue
             keys = set(r.configuration_keys) if r.configuration_keys else None
             res.configs = [
-                DcEntry(name=k, value=v, read_only=r.resource_type == RESOURCE_BROKER, config_source=src,
+                DcEntry(name=k, value=v, read_only=r.resource_type == RESOURCE_BROKER and k not in DYNAMIC_KEYS,
+                        config_source=src,
                         is_sensitive=False, synonyms=[], config_type=0, documentation=None)
                 for k, v, src in entries
                 if keys is None or k in keys
             ]
         return DescribeConfigsResponse(results=results)
+
+    def _broker_config_entries(self, this_broker: bool) -> list[tuple[str, str | None, int]]:
+        """This broker's configs with their sources; the cluster-wide resource ("") holds only the
+        dynamic cluster defaults, as in Kafka."""
+        cfg = self.broker.config
+        if not this_broker:
+            return [(key, text, SOURCE_DYNAMIC_DEFAULT_BROKER)
+                    for key, text in sorted(cfg.dynamic_values(CLUSTER_DEFAULT).items())]
+        out: list[tuple[str, str | None, int]] = []
+        for key, _static in cfg.items():
+            level = cfg.dynamic_source(key)
+            if level == THIS_BROKER:
+                source = SOURCE_DYNAMIC_BROKER
+            elif level == CLUSTER_DEFAULT:
+                source = SOURCE_DYNAMIC_DEFAULT_BROKER
+            else:
+                source = SOURCE_STATIC_BROKER if key in cfg.explicit else SOURCE_DEFAULT
+            out.append((key, _config_text(cfg[key]), source))
+        return out
 
     # ---- InitProducerId -------------------------------------------------------------------------
 
@@ -317,6 +337,12 @@ class TopicAdmin:
             return InitProducerIdResponse(error_code=ErrorCode.NONE, producer_id=req.producer_id,
                                           producer_epoch=(req.producer_epoch + 1) & 0x7FFF)
         return InitProducerIdResponse(error_code=ErrorCode.NONE, producer_id=self.producer_ids.allocate(), producer_epoch=0)
+
+
+def _config_text(value: object) -> str:
+    if isinstance(value, list):
+        return ",".join(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _record_at_or_after(plog: PartitionLog, timestamp_ms: int) -> tuple[int, int] | None:

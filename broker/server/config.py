@@ -7,6 +7,8 @@ with `--strict`. A known key with a bad value is always an error that names the 
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +87,21 @@ _KEYS: list[ConfigKey] = [
     ConfigKey("log.retention.check.interval.ms", int, 300000, "How often retention runs.", 1),
     ConfigKey("log.cleanup.policy", str, "delete",
               "Default cleanup.policy of topics: delete, compact or compact,delete; compact alone never deletes by age or size."),
+    ConfigKey("log.cleaner.enable", _bool, True, "Run the log cleaner, which compacts topics with cleanup.policy compact."),
+    ConfigKey("log.cleaner.threads", int, 1, "Threads cleaning logs.", 1),
+    ConfigKey("log.cleaner.backoff.ms", int, 15000, "Sleep of the cleaner when no log is cleanable.", 0),
+    ConfigKey("log.cleaner.dedupe.buffer.size", int, 134217728,
+              "Memory for the cleaner's offset maps across all cleaner threads (24 bytes a key, as in Kafka).", 1),
+    ConfigKey("log.cleaner.io.buffer.load.factor", float, 0.9, "Fill factor of the cleaner's offset map."),
+    ConfigKey("log.cleaner.io.buffer.size", int, 524288, "Accepted for compatibility; the cleaner reads 1 MiB chunks.", 0),
+    ConfigKey("log.cleaner.io.max.bytes.per.second", float, 1.7976931348623157e308,
+              "Bytes a second the log cleaner threads may read and write together; the default is unthrottled."),
+    ConfigKey("log.cleaner.min.cleanable.ratio", float, 0.5,
+              "Default min.cleanable.dirty.ratio: the dirty share of a log that makes it worth cleaning."),
+    ConfigKey("log.cleaner.min.compaction.lag.ms", int, 0, "Default min.compaction.lag.ms.", 0),
+    ConfigKey("log.cleaner.max.compaction.lag.ms", int, 2**63 - 1, "Default max.compaction.lag.ms.", 1),
+    ConfigKey("log.cleaner.delete.retention.ms", int, 86400000,
+              "Default delete.retention.ms: how long compaction keeps a tombstone.", 0),
     ConfigKey("log.flush.interval.messages", int, 2**63 - 1, "Fsync after this many messages.", 1),
     ConfigKey("log.flush.interval.ms", int, -1, "Fsync at least this often; -1 never by time."),
     ConfigKey("log.index.interval.bytes", int, 4096, "Bytes between sparse offset index entries.", 1),
@@ -220,9 +237,79 @@ class BrokerConfig:
         self.notes = notes or []
         # listener name (upper case) -> key -> parsed value, from `listener.name.<listener>.<key>`.
         self.per_listener = per_listener or {}
+        # Values set at runtime (IncrementalAlterConfigs on BROKER), per level, as text; see DYNAMIC_KEYS.
+        self._dynamic: dict[str, dict[str, str]] = {THIS_BROKER: {}, CLUSTER_DEFAULT: {}}
+        self._dynamic_path: Path | None = None
 
     def __getitem__(self, key: str) -> Any:
+        if key in DYNAMIC_KEYS:
+            level = self.dynamic_source(key)
+            if level is not None:
+                return self._effective_dynamic(key, self._dynamic[level][key])
         return self._values[key]
+
+    # ---- dynamic broker configs ----------------------------------------------------------------------
+
+    def dynamic_source(self, key: str) -> str | None:
+        """The level a dynamic value of `key` comes from (this broker's wins over the cluster default)."""
+        for level in (THIS_BROKER, CLUSTER_DEFAULT):
+            if key in self._dynamic[level]:
+                return level
+        return None
+
+    def dynamic_values(self, level: str) -> dict[str, str]:
+        return dict(self._dynamic[level])
+
+    @staticmethod
+    def validate_dynamic(changes: Iterable[tuple[str, str | None]]) -> None:
+        """Raise ConfigError (Kafka's wording) unless every change may be applied at runtime."""
+        static = sorted({key for key, _ in changes if key not in DYNAMIC_KEYS})
+        if static:
+            raise ConfigError(f"Cannot update these configs dynamically: [{', '.join(static)}]")
+        for key, text in changes:
+            if text is not None:
+                _parse_dynamic(key, text)
+
+    def _effective_dynamic(self, key: str, text: str) -> Any:
+        value = _parse_dynamic(key, text)
+        bounds = SHARE_BOUNDS.get(key)
+        if bounds is not None:
+            # As in Kafka, a dynamic value outside the broker's min/max keys is capped, not refused.
+            value = min(max(value, self._values[bounds[0]]), self._values[bounds[1]])
+        return value
+
+    def apply_dynamic(self, level: str, changes: Iterable[tuple[str, str | None]]) -> None:
+        """Set (text) or delete (None) dynamic values at `level`, validated first, then persisted."""
+        changes = list(changes)
+        self.validate_dynamic(changes)
+        current = self._dynamic[level]
+        for key, text in changes:
+            if text is None:
+                current.pop(key, None)
+            else:
+                current[key] = text
+        if self._dynamic_path is not None:
+            tmp = self._dynamic_path.with_suffix(".tmp")
+            self._dynamic_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "w") as fh:
+                json.dump(self._dynamic, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self._dynamic_path)
+
+    def load_dynamic(self, path: Path) -> None:
+        """Read the dynamic values kept in `path` (if any); later changes are written there."""
+        self._dynamic_path = path
+        if not path.exists():
+            return
+        stored = json.loads(path.read_text())
+        for level in (THIS_BROKER, CLUSTER_DEFAULT):
+            values = {str(k): str(v) for k, v in stored.get(level, {}).items()}
+            try:
+                self.validate_dynamic(values.items())
+            except ConfigError as exc:
+                raise ConfigError(f"{path}: {exc}") from exc
+            self._dynamic[level] = values
 
     def items(self) -> Iterable[tuple[str, Any]]:
         return self._values.items()
@@ -368,6 +455,36 @@ SHARE_BOUNDS: dict[str, tuple[str, str]] = {
     "group.share.assignment.interval.ms": (
         "group.share.min.assignment.interval.ms", "group.share.max.assignment.interval.ms"),
 }
+
+
+# Broker keys IncrementalAlterConfigs may change at runtime, for the whole cluster (resource name "") or
+# for this broker (its id): those of Kafka 4.4's GroupCoordinatorConfig.RECONFIGURABLE_CONFIGS that
+# Shoal has. Kafka made the two KIP-1191 keys dynamic in 4.4 (KAFKA-20410).
+DYNAMIC_KEYS = frozenset({
+    "group.share.assignment.interval.ms",
+    "errors.deadletterqueue.topic.name.prefix",
+    "errors.deadletterqueue.auto.create.topics.enable",
+})
+THIS_BROKER, CLUSTER_DEFAULT = "broker", "cluster"
+DYNAMIC_CONFIG_FILE = "shoal-broker-configs.json"
+
+
+def _parse_dynamic(key: str, text: str) -> Any:
+    """A dynamic value parsed and checked as Kafka's ConfigDef does, with its messages."""
+    spec = KEYS[key]
+    if spec.parse is int:
+        try:
+            value: Any = int(text.strip())
+        except ValueError:
+            raise ConfigError(f"Invalid value {text} for configuration {key}: Not a number of type INT") from None
+        if spec.minimum is not None and value < spec.minimum:
+            raise ConfigError(f"Invalid value {text} for configuration {key}: Value must be at least {spec.minimum}")
+        return value
+    if spec.parse is _bool:
+        if text.strip().lower() not in ("true", "false"):
+            raise ConfigError(f"Invalid value {text} for configuration {key}: Expected value to be either true or false")
+        return text.strip().lower() == "true"
+    return spec.parse(text)
 
 
 def _parse_value(spec: ConfigKey, key: str, text: str) -> Any:

@@ -19,12 +19,13 @@ from shoal.broker.security.acl_store import build_authorizer
 from shoal.broker.security.authorizer import Authorizer
 from shoal.broker.security.scram import ScramCredentialStore
 from shoal.broker.share.group_configs import GroupConfigs
+from shoal.broker.storage.log_cleaner_manager import CleanerConfig, LogCleanerManager
 from shoal.broker.storage.purgatory import LogKey, Purgatory
 from shoal.broker.storage.topic_registry import CONSUMER_OFFSETS, SHARE_GROUP_STATE, Topic, TopicRegistry
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 
-from .config import BrokerConfig, Listener
+from .config import DYNAMIC_CONFIG_FILE, BrokerConfig, Listener
 from .metrics import BrokerMetrics
 
 log = structlog.get_logger("shoal.broker")
@@ -43,6 +44,17 @@ class Broker:
         # TLS server contexts of the SSL / SASL_SSL listeners, by listener name (built in start()).
         self.ssl_contexts: dict[str, ssl.SSLContext] = {}
         self.topics = TopicRegistry(Path(config["log.dirs"]), config)
+        self.log_cleaner = LogCleanerManager(
+            CleanerConfig(
+                enable=bool(config["log.cleaner.enable"]),
+                threads=int(config["log.cleaner.threads"]),
+                backoff_ms=int(config["log.cleaner.backoff.ms"]),
+                dedupe_buffer_size=int(config["log.cleaner.dedupe.buffer.size"]),
+                io_buffer_load_factor=float(config["log.cleaner.io.buffer.load.factor"]),
+                io_max_bytes_per_second=float(config["log.cleaner.io.max.bytes.per.second"]),
+            ),
+            lambda: [plog for topic in list(self.topics.by_name.values()) for plog in topic.partitions],
+        )
         self.purgatory = Purgatory()
         self.apis: dict[int, Api] = {}
         self.connections: set[KafkaConnection] = set()
@@ -56,6 +68,7 @@ class Broker:
         # Request handlers running on any connection, including closed ones: stop() lets them finish.
         self._requests: set[asyncio.Task[Any]] = set()
         self.started_at = time.time()
+        config.load_dynamic(Path(config["log.dirs"]) / DYNAMIC_CONFIG_FILE)
         self.group_configs = GroupConfigs(Path(config["log.dirs"]), config)
         # Share-group parts, wired in start() once the internal topics exist.
         self.share_coordinator: Any = None
@@ -167,6 +180,7 @@ class Broker:
         if int(self.config["metrics.port"]) >= 0:
             self.metrics_port = self.metrics.serve(str(self.config["metrics.host"]), int(self.config["metrics.port"]))
         self._background.append(loop.create_task(self._retention_loop()))
+        self.log_cleaner.start()
         for topic in self.topics.by_name.values():
             for plog in topic.partitions:
                 plog.start_background(loop)
@@ -214,6 +228,7 @@ class Broker:
             await self.consumer_groups.stop()
         for server in self._servers:
             await server.wait_closed()
+        await self.log_cleaner.stop()
         for topic in self.topics.by_name.values():
             for plog in topic.partitions:
                 try:
@@ -264,6 +279,7 @@ class Broker:
                 heartbeat_interval_ms=int(cfg["group.share.heartbeat.interval.ms"]),
                 max_size=int(cfg["group.share.max.size"]),
                 initialize_retry_interval_ms=int(cfg["group.share.initialize.retry.interval.ms"]),
+                assignment_interval_ms=int(cfg["group.share.assignment.interval.ms"]),
             ),
             group_configs=self.group_configs,
         )

@@ -1,8 +1,8 @@
 """One segment of a partition log: a `.log` file of record batches plus its sparse indexes.
 
-The log treats batches as opaque bytes apart from their 61-byte header. Offsets inside a segment are
-contiguous (the broker assigns them, nothing compacts), which lets an offset lookup walk batches using
-only the 12-byte log overhead (base offset + length) of each one.
+The log treats batches as opaque bytes apart from their 61-byte header. Offsets inside a segment rise
+from batch to batch; log compaction leaves gaps between (and inside) batches, so an offset lookup walks
+batches reading only their first 27 bytes (base offset, length, last offset delta).
 
 Indexes live in memory. They are written to `<base>.index` / `<base>.timeindex` only once the segment
 is sealed and its `.log` has been fsynced, so the presence of valid index files means "this segment is
@@ -21,8 +21,11 @@ from pathlib import Path
 
 from shoal.protocol.record_batch import (
     BASE_OFFSET_POS,
+    HEADER_SIZE,
+    LAST_OFFSET_DELTA_POS,
     LENGTH_POS,
     LOG_OVERHEAD,
+    MAX_TIMESTAMP_POS,
     BatchHeader,
     InvalidRecordBatch,
     parse_batch_header,
@@ -36,11 +39,16 @@ LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
 TMP_SUFFIX = ".tmp"
+# Log compaction writes `<base>.log.cleaned`, renames it to `<base>.<end>.log.swap` once complete and
+# durable (the commit point: it replaces every segment with a base in [base, end)), then to `<base>.log`.
+CLEANED_SUFFIX = LOG_SUFFIX + ".cleaned"
+SWAP_SUFFIX = LOG_SUFFIX + ".swap"
 
 _OFFSET_ENTRY = struct.Struct(">ii")  # relative offset, file position
 _TIME_ENTRY = struct.Struct(">qi")  # max timestamp so far, relative offset of that record
 _PREFIX = struct.Struct(">q")
 _LENGTH = struct.Struct(">i")
+_WALK_BYTES = LAST_OFFSET_DELTA_POS + 4
 
 # Read granularity for header walks and recovery scans.
 _SCAN_CHUNK = 64 * 1024
@@ -49,6 +57,20 @@ _RECOVERY_CHUNK = 1 << 20
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
     return f"{base_offset:020d}{suffix}"
+
+
+def swap_file_name(base_offset: int, end_offset: int) -> str:
+    return f"{base_offset:020d}.{end_offset:020d}{SWAP_SUFFIX}"
+
+
+def parse_swap_file_name(name: str) -> tuple[int, int] | None:
+    """(base, end) of a swap file name, None if `name` is not one."""
+    if not name.endswith(SWAP_SUFFIX):
+        return None
+    parts = name[: -len(SWAP_SUFFIX)].split(".")
+    if len(parts) != 2 or not all(part.isdigit() for part in parts):
+        return None
+    return int(parts[0]), int(parts[1])
 
 
 def _batch_size(buf: bytes | memoryview, pos: int) -> int:
@@ -81,6 +103,9 @@ class LogSegment:
         self.next_offset = base_offset
         self.max_timestamp = NO_TIMESTAMP
         self.offset_of_max_timestamp = -1
+        # Max timestamp of the first batch, once one was appended or recovered here (Kafka's
+        # rollingBasedTimestamp); None when unknown (a sealed segment opened from its indexes).
+        self.first_timestamp: int | None = None
         self.sealed = False
         # Bytes known to be on stable storage; the partition log's flush advances it.
         self.flushed_size = 0
@@ -111,12 +136,19 @@ class LogSegment:
     # -- construction ------------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, directory: Path, base_offset: int, *, index_interval_bytes: int = 4096) -> LogSegment:
-        """A new, empty, writable segment (any stale file of the same name is discarded)."""
-        path = directory / segment_file_name(base_offset, LOG_SUFFIX)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    def create(
+        cls, directory: Path, base_offset: int, *, index_interval_bytes: int = 4096, path: Path | None = None
+    ) -> LogSegment:
+        """A new, empty, writable segment (any stale file of the same name is discarded).
+
+        With `path` the file is created there instead (the log cleaner's `.cleaned` file, renamed into
+        place later); index files are then left alone.
+        """
+        file = path or directory / segment_file_name(base_offset, LOG_SUFFIX)
+        fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         seg = cls(directory, base_offset, fd, index_interval_bytes=index_interval_bytes)
-        seg._remove_index_files()
+        if path is None:
+            seg._remove_index_files()
         return seg
 
     @classmethod
@@ -172,6 +204,8 @@ class LogSegment:
 
     def _track(self, position: int, header: BatchHeader) -> None:
         """Index bookkeeping for one batch at `position`; shared by append and recovery."""
+        if self.first_timestamp is None:
+            self.first_timestamp = header.max_timestamp
         if header.max_timestamp > self.max_timestamp:
             self.max_timestamp = header.max_timestamp
             self.offset_of_max_timestamp = offset_of_max_timestamp(header)
@@ -201,37 +235,38 @@ class LogSegment:
         i = bisect_right(self._idx_offsets, offset - self.base_offset) - 1
         return self._idx_positions[i] if i >= 0 else 0
 
-    def _walk(self, start: int) -> Iterator[tuple[int, int, int]]:
-        """Yield (position, base offset, size) for each batch from `start`, reading only log overheads."""
+    def _walk(self, start: int) -> Iterator[tuple[int, int, int, int]]:
+        """Yield (position, base offset, size, last offset) for each batch from `start`, reading only the
+        first bytes of each."""
         end = self.size
         buf = b""
         buf_pos = start
         pos = start
         while pos < end:
             rel = pos - buf_pos
-            if rel < 0 or rel + LOG_OVERHEAD > len(buf):
+            if rel < 0 or rel + _WALK_BYTES > len(buf):
                 buf = os.pread(self.fd, min(_SCAN_CHUNK, end - pos), pos)
                 buf_pos, rel = pos, 0
-                if len(buf) < LOG_OVERHEAD:
+                if len(buf) < _WALK_BYTES:
                     raise InvalidRecordBatch(f"truncated batch at byte {pos} of segment {self.base_offset}")
             size = _batch_size(buf, rel)
-            if size <= LOG_OVERHEAD:
+            if size < HEADER_SIZE:
                 raise InvalidRecordBatch(f"bad batch length at byte {pos} of segment {self.base_offset}")
-            yield pos, _base_offset(buf, rel), size
+            base = _base_offset(buf, rel)
+            yield pos, base, size, base + int(_LENGTH.unpack_from(buf, rel + LAST_OFFSET_DELTA_POS)[0])
             pos += size
 
     def position_of(self, offset: int) -> int:
-        """File position of the batch containing `offset`; `size` if the offset is past this segment."""
+        """File position of the first batch whose last offset is >= `offset` (the batch holding it, or the
+        next one when compaction removed it); `size` if the offset is past this segment."""
         if offset >= self.next_offset:
             return self.size
         if offset <= self.base_offset:
             return 0
-        found = 0
-        for pos, base, _ in self._walk(self._index_floor(offset)):
-            if base > offset:
-                break
-            found = pos
-        return found
+        for pos, _, _, last in self._walk(self._index_floor(offset)):
+            if last >= offset:
+                return pos
+        return self.size
 
     def _iter_full(self, start: int, *, check_crc: bool) -> Iterator[tuple[int, BatchHeader]]:
         """Yield (position, header) of whole batches from `start`, raising at the first bad one."""
@@ -307,6 +342,7 @@ class LogSegment:
     # -- recovery and truncation -------------------------------------------------------------------
 
     def _reset_indexes(self) -> None:
+        self.first_timestamp = None
         self.next_offset = self.base_offset
         self.max_timestamp = NO_TIMESTAMP
         self.offset_of_max_timestamp = -1
@@ -317,14 +353,14 @@ class LogSegment:
         self._time_offsets.clear()
 
     def recover(self) -> int:
-        """Re-scan the file verifying CRCs and offset continuity, rebuild the indexes, truncate the tail
-        at the first torn or corrupt batch. Returns the number of bytes removed."""
+        """Re-scan the file verifying CRCs and rising offsets, rebuild the indexes, truncate the tail at
+        the first torn or corrupt batch. Returns the number of bytes removed."""
         self._reset_indexes()
         good = 0
         try:
             for pos, header in self._iter_full(0, check_crc=True):
-                if header.base_offset != self.next_offset:
-                    break  # offsets here are always contiguous; anything else is garbage
+                if header.base_offset < self.next_offset:
+                    break  # offsets only rise (compaction leaves gaps); anything else is garbage
                 self._track(pos, header)
                 good = pos + header.size
         except InvalidRecordBatch:
@@ -377,7 +413,7 @@ class LogSegment:
         try:
             last_pos = 0
             walked_to = 0
-            for pos, _, size in self._walk(positions[-1] if positions else 0):
+            for pos, _, size, _ in self._walk(positions[-1] if positions else 0):
                 last_pos, walked_to = pos, pos + size
             if walked_to != self.size:
                 return False
@@ -443,6 +479,15 @@ class LogSegment:
         os.fsync(self.fd)
         self.flushed_size = self.size
 
+    def first_batch_timestamp(self) -> int:
+        """Max timestamp of the first batch (Kafka's getFirstBatchTimestamp), -1 if empty or unknown."""
+        if self.first_timestamp is not None:
+            return self.first_timestamp
+        if self.size < HEADER_SIZE:
+            return NO_TIMESTAMP
+        head = os.pread(self.fd, HEADER_SIZE, 0)
+        return int(_PREFIX.unpack_from(head, MAX_TIMESTAMP_POS)[0]) if len(head) == HEADER_SIZE else NO_TIMESTAMP
+
     def last_modified_ms(self) -> int:
         return int(os.fstat(self.fd).st_mtime * 1000)
 
@@ -453,10 +498,16 @@ class LogSegment:
 
     def delete(self) -> None:
         """Close and remove the segment's files."""
+        self.retire(keep_log=False)
+
+    def retire(self, *, keep_log: bool) -> None:
+        """Close and remove the files; with `keep_log` the `.log` name stays (a cleaned segment replaces it)."""
         with self._file_lock:
             self.deleted = True
             self.close()
-            for path in (self.log_path, self.index_path, self.time_index_path):
+            paths = (self.index_path, self.time_index_path) if keep_log else (
+                self.log_path, self.index_path, self.time_index_path)
+            for path in paths:
                 for p in (path, path.with_name(path.name + TMP_SUFFIX)):
                     with contextlib.suppress(FileNotFoundError):
                         p.unlink()

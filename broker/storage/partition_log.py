@@ -25,12 +25,15 @@ import structlog
 
 from shoal.backoff import Backoff
 from shoal.broker.storage.log_segment import (
+    CLEANED_SUFFIX,
     INDEX_SUFFIX,
     INT32_MAX,
     LOG_SUFFIX,
     TIME_INDEX_SUFFIX,
     TMP_SUFFIX,
     LogSegment,
+    parse_swap_file_name,
+    segment_file_name,
 )
 from shoal.protocol.record_batch import BatchHeader, iter_batches, set_base_offset, set_log_append_time
 from shoal.protocol.records import decode_records
@@ -38,6 +41,9 @@ from shoal.protocol.records import decode_records
 log = structlog.get_logger(__name__)
 
 LOG_START_CHECKPOINT = "log-start-offset.checkpoint"
+# The log cleaner's first dirty offset: everything below it was compacted (Kafka keeps one such
+# checkpoint per log directory; here each partition keeps its own).
+CLEANER_CHECKPOINT = "cleaner-offset.checkpoint"
 # Decides whether to delete a leading segment, given it and the base offset of the segment after it.
 _SegmentPredicate = Callable[[LogSegment, int], bool]
 _CHECKPOINT_VERSION = 0
@@ -54,6 +60,12 @@ class LogConfig:
     flush_interval_messages: int = 2**63 - 1  # Kafka's log.flush.interval.messages
     flush_interval_ms: int | None = None  # Kafka's log.flush.interval.ms (None = never by time)
     index_interval_bytes: int = 4096
+    # cleanup.policy contains "compact": the log cleaner keeps the latest record per key.
+    compact: bool = False
+    min_cleanable_dirty_ratio: float = 0.5
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = 2**63 - 1
+    delete_retention_ms: int = 24 * 3600 * 1000
 
     def __post_init__(self) -> None:
         # Index entries store file positions as int32.
@@ -111,6 +123,10 @@ class PartitionLog:
         self._background: asyncio.Task[None] | None = None
         self._scheduled: set[asyncio.Task[None]] = set()
         self._closed = False
+        # Log cleaner state: the first offset not yet compacted, and when the oldest tombstone it kept
+        # may go (None: no tombstone waits), so a log with expiring tombstones is cleaned again.
+        self.cleaner_checkpoint = 0
+        self.tombstone_horizon_ms: int | None = None
 
     # -- open / recovery ---------------------------------------------------------------------------
 
@@ -123,7 +139,27 @@ class PartitionLog:
         plog._load()
         return plog
 
+    def _complete_swaps(self) -> None:
+        """Finish what a crash interrupted in the log cleaner: a `.cleaned` file is an unfinished clean
+        (dropped); a `.swap` file is a committed one, replacing every segment with a base in its range."""
+        swaps: list[tuple[int, int, str]] = []
+        for entry in os.scandir(self.directory):
+            if entry.name.endswith(CLEANED_SUFFIX):
+                os.unlink(entry.path)
+            elif (span := parse_swap_file_name(entry.name)) is not None:
+                swaps.append((*span, entry.path))
+        for base, end, path in sorted(swaps):
+            for entry in os.scandir(self.directory):
+                stem = entry.name[: -len(LOG_SUFFIX)]
+                if entry.name.endswith(LOG_SUFFIX) and stem.isdigit() and base <= int(stem) < end:
+                    LogSegment.remove_files(self.directory, int(stem))
+            os.replace(path, self.directory / segment_file_name(base, LOG_SUFFIX))
+            log.info("log.cleaner_swap_completed", dir=str(self.directory), base=base, end=end)
+        if swaps:
+            self._fsync_dir()
+
     def _load(self) -> None:
+        self._complete_swaps()
         bases: list[int] = []
         for entry in os.scandir(self.directory):
             name = entry.name
@@ -160,7 +196,8 @@ class PartitionLog:
                 log.warning("log.truncated_tail", dir=str(self.directory), base=base, bytes=truncated)
             self._add_segment(seg)
 
-        checkpoint = self._read_checkpoint()
+        checkpoint = self._read_checkpoint(LOG_START_CHECKPOINT)
+        self.cleaner_checkpoint = self._read_checkpoint(CLEANER_CHECKPOINT) or 0
         if not self.segments:
             self._add_segment(
                 LogSegment.create(self.directory, checkpoint or 0, index_interval_bytes=interval)
@@ -230,7 +267,9 @@ class PartitionLog:
 
         seg = self.active
         if seg.size > 0 and (
-            seg.size + len(batches) > self.config.segment_bytes or last_offset - seg.base_offset > INT32_MAX
+            seg.size + len(batches) > self.config.segment_bytes
+            or last_offset - seg.base_offset > INT32_MAX
+            or self._compaction_roll_due(seg, headers)
         ):
             seg = self._roll(base_offset)
         seg.append(batches, headers)
@@ -247,6 +286,14 @@ class PartitionLog:
             log_start_offset=self.log_start_offset,
         )
 
+    def _compaction_roll_due(self, seg: LogSegment, headers: list[tuple[int, BatchHeader]]) -> bool:
+        """Kafka rolls a compacted log's active segment once it spans max.compaction.lag.ms (its
+        maxSegmentMs), so the cleaner, which never touches the active segment, can meet that bound."""
+        lag = self.config.max_compaction_lag_ms
+        if not self.config.compact or lag >= 2**63 - 1 or seg.first_timestamp is None or seg.first_timestamp < 0:
+            return False
+        return max(h.max_timestamp for _, h in headers) - seg.first_timestamp > lag
+
     def _roll(self, base_offset: int) -> LogSegment:
         self.active.seal()
         seg = LogSegment.create(
@@ -258,14 +305,14 @@ class PartitionLog:
         self._schedule_flush(sync_fallback=False)
         return seg
 
-    def _schedule_flush(self, *, sync_fallback: bool) -> None:
+    def _schedule_flush(self, *, sync_fallback: bool, metadata: bool = False) -> None:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             if sync_fallback:
                 self.flush_sync()
             return
-        task = loop.create_task(self.flush())
+        task = loop.create_task(self.flush_metadata() if metadata else self.flush())
         self._scheduled.add(task)
         task.add_done_callback(self._scheduled_done)
 
@@ -292,6 +339,17 @@ class PartitionLog:
                 self._flush_task = task
             # Shield: a cancelled waiter must not cancel the round others are waiting on.
             await asyncio.shield(task)
+
+    async def flush_metadata(self) -> None:
+        """One flush round even when no offset awaits an fsync: it persists sealed segments' indexes and
+        the directory (after the log cleaner swapped segments in)."""
+        while self._flush_task is not None:
+            await asyncio.shield(self._flush_task)
+        self._check_open()
+        task = asyncio.get_running_loop().create_task(self._flush_round())
+        task.add_done_callback(_consume_exception)
+        self._flush_task = task
+        await asyncio.shield(task)
 
     async def _flush_round(self) -> None:
         try:
@@ -345,7 +403,7 @@ class PartitionLog:
         for seg in plan.persist:
             seg.persist_indexes()
         if plan.sync_dir:
-            _fsync_directory(directory)
+            fsync_directory(directory)
 
     def _finish_flush(self, plan: _FlushPlan) -> None:
         for seg, _, size in plan.items:
@@ -354,7 +412,7 @@ class PartitionLog:
         self.fsync_count += 1
 
     def _fsync_dir(self) -> None:
-        _fsync_directory(self.directory)
+        fsync_directory(self.directory)
         self._dir_dirty = False
 
     def start_background(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -541,9 +599,48 @@ class PartitionLog:
                 self._write_checkpoint(first)
         return deleted
 
-    def _read_checkpoint(self) -> int | None:
+    # -- log compaction ----------------------------------------------------------------------------
+
+    def replace_segments(self, old: list[LogSegment], new: LogSegment, swap_path: Path, *, flush: bool = True) -> bool:
+        """Swap the log cleaner's output (`new`, fsynced and committed as `swap_path`) in for the
+        consecutive sealed segments `old`. Runs on the event loop, where reads run, so no read sees half
+        a swap. False (and the swap file removed) if retention, DeleteRecords or a close changed those
+        segments meanwhile."""
+        at = next((i for i, seg in enumerate(self.segments) if seg is old[0]), -1)
+        if (
+            self._closed
+            or at < 0
+            or at + len(old) >= len(self.segments)  # the active segment is never replaced
+            or any(a is not b for a, b in zip(self.segments[at : at + len(old)], old, strict=False))
+        ):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(swap_path)
+            new.close()
+            return False
+        # Old index files go before the rename, so none is ever taken for the new file's.
+        old[0].retire(keep_log=True)
+        for seg in old[1:]:
+            seg.retire(keep_log=False)
+        os.replace(swap_path, old[0].log_path)
+        new.flushed_size = new.size
+        self.segments[at : at + len(old)] = [new]
+        self._bases[at : at + len(old)] = [new.base_offset]
+        self._dir_dirty = True
+        if flush:
+            self.schedule_metadata_flush()
+        return True
+
+    def schedule_metadata_flush(self) -> None:
+        """A flush round soon, which persists the new segments' indexes and makes the renames durable."""
+        self._schedule_flush(sync_fallback=False, metadata=True)
+
+    def write_cleaner_checkpoint(self, offset: int) -> None:
+        self.cleaner_checkpoint = offset
+        self._write_checkpoint(offset, CLEANER_CHECKPOINT)
+
+    def _read_checkpoint(self, name: str) -> int | None:
         try:
-            lines = (self.directory / LOG_START_CHECKPOINT).read_text().split()
+            lines = (self.directory / name).read_text().split()
         except FileNotFoundError:
             return None
         if len(lines) != 2 or lines[0] != str(_CHECKPOINT_VERSION):
@@ -551,9 +648,9 @@ class PartitionLog:
             return None
         return int(lines[1])
 
-    def _write_checkpoint(self, offset: int) -> None:
-        # Small and rare (DeleteRecords, retention), so written and fsynced inline.
-        path = self.directory / LOG_START_CHECKPOINT
+    def _write_checkpoint(self, offset: int, name: str = LOG_START_CHECKPOINT) -> None:
+        # Small and rare (DeleteRecords, retention, a finished clean), so written and fsynced inline.
+        path = self.directory / name
         tmp = path.with_name(path.name + TMP_SUFFIX)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -568,6 +665,10 @@ class PartitionLog:
 
     def size_bytes(self) -> int:
         return sum(seg.size for seg in self.segments)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def _check_open(self) -> None:
         if self._closed:
@@ -607,7 +708,7 @@ class PartitionLog:
         )
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
     """fsync the directory so created, renamed and removed entries survive a crash."""
     fd = os.open(directory, os.O_RDONLY)
     try:

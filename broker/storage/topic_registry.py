@@ -45,6 +45,10 @@ TOPIC_CONFIG_KEYS: dict[str, str | None] = {
     "min.insync.replicas": None,
     "index.interval.bytes": "log.index.interval.bytes",
     "errors.deadletterqueue.group.enable": None,
+    "delete.retention.ms": "log.cleaner.delete.retention.ms",
+    "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
+    "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
+    "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
 }
 TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
     "compression.type": "producer",
@@ -67,7 +71,12 @@ _NUMERIC_TOPIC_CONFIGS: dict[str, tuple[tuple[int, int], int | None]] = {
     "max.message.bytes": (_INT, 0),
     "min.insync.replicas": (_INT, 1),
     "index.interval.bytes": (_INT, 0),
+    "delete.retention.ms": (_LONG, 0),
+    "min.compaction.lag.ms": (_LONG, 0),
+    "max.compaction.lag.ms": (_LONG, 1),
 }
+# Double topic configs with Kafka's bounds.
+_DOUBLE_TOPIC_CONFIGS: dict[str, tuple[float, float]] = {"min.cleanable.dirty.ratio": (0.0, 1.0)}
 _CHOICES: dict[str, tuple[str, ...]] = {
     "message.timestamp.type": ("CreateTime", "LogAppendTime"),
     "compression.type": ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
@@ -90,6 +99,8 @@ def validate_topic_config(key: str, value: str | None) -> str | None:
         if not valid_cleanup_policy(value):
             return f"Invalid value {shorten(value)} for configuration {key}: String must be one of: compact, delete"
         return None
+    if key in _DOUBLE_TOPIC_CONFIGS:
+        return _validate_double(key, value, *_DOUBLE_TOPIC_CONFIGS[key])
     (low, high), minimum = _NUMERIC_TOPIC_CONFIGS[key]
     try:
         number = int(value.strip())
@@ -99,6 +110,18 @@ def validate_topic_config(key: str, value: str | None) -> str | None:
         return f"Invalid value {shorten(value)} for configuration {key}: out of range"
     if minimum is not None and number < minimum:
         return f"Invalid value {number} for configuration {key}: Value must be at least {minimum}"
+    return None
+
+
+def _validate_double(key: str, value: str, low: float, high: float) -> str | None:
+    try:
+        number = float(value.strip())
+    except ValueError:
+        return f"Invalid value {shorten(value)} for configuration {key}: Not a number of type DOUBLE"
+    if number < low:
+        return f"Invalid value {number} for configuration {key}: Value must be at least {low}"
+    if number > high:
+        return f"Invalid value {number} for configuration {key}: Value must be no more than {high}"
     return None
 
 
@@ -204,8 +227,15 @@ class TopicRegistry:
 
         flush_ms = pick("flush.ms", int(bc["log.flush.interval.ms"]))
         policy = overrides.get("cleanup.policy", str(bc["log.cleanup.policy"]))
+        policies = cleanup_policies(policy)
+        ratio = overrides.get("min.cleanable.dirty.ratio")
         return LogConfig(
-            cleanup_delete="delete" in cleanup_policies(policy),
+            cleanup_delete="delete" in policies,
+            compact="compact" in policies,
+            min_cleanable_dirty_ratio=float(ratio) if ratio is not None else float(bc["log.cleaner.min.cleanable.ratio"]),
+            min_compaction_lag_ms=pick("min.compaction.lag.ms", int(bc["log.cleaner.min.compaction.lag.ms"])),
+            max_compaction_lag_ms=pick("max.compaction.lag.ms", int(bc["log.cleaner.max.compaction.lag.ms"])),
+            delete_retention_ms=pick("delete.retention.ms", int(bc["log.cleaner.delete.retention.ms"])),
             segment_bytes=pick("segment.bytes", int(bc["log.segment.bytes"])),
             retention_ms=pick("retention.ms", bc.retention_ms()),
             retention_bytes=pick("retention.bytes", int(bc["log.retention.bytes"])),

@@ -8,13 +8,11 @@ every failure ends with a non-zero exit code and error text goes to stderr.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 from collections.abc import Iterable, Sequence
 
 from shoal.client.admin import (
-    RESOURCE_GROUP,
     AsyncAdmin,
     ShareGroupDescription,
     SharePartitionOffset,
@@ -26,16 +24,16 @@ from shoal.client.tools.cli import (
     UsageError,
     parse_datetime_ms,
     parse_duration_ms,
-    usage_failure,
 )
-from shoal.client.tools.config import ToolConfigError, load_properties, split_settings, warn_ignored
 from shoal.client.tools.group_offsets import (
     ToolError,
     assignment_string,
     check_group_args,
     group_parser,
+    named_partitions,
     parse_states,
     table,
+    tool_main,
     width,
 )
 from shoal.protocol.errors import ErrorCode
@@ -46,7 +44,6 @@ SHARE_GROUP_STATES = ("Empty", "Stable", "Dead")
 MISSING = "-"  # what Kafka's tool prints for an unknown value
 RESET_SCENARIOS = ("to_earliest", "to_latest", "to_current", "to_datetime", "by_duration", "to_offset", "shift_by",
                    "from_file")
-DLQ_TOPIC_CONFIG = "errors.deadletterqueue.topic.name"
 
 
 def build_parser() -> ToolParser:
@@ -200,21 +197,8 @@ class ShareGroupService:
         else:
             rows = [("GROUP", "COORDINATOR (ID)", "STATE", "#MEMBERS"), (d.group_id, coordinator, d.state, len(d.members))]
             widths = [width(15, [d.group_id]), width(25, [coordinator]), 15]
-        dlq = await self._dead_letter_topic(d.group_id)
-        if dlq:
-            # KIP-1191: the group's dead-letter topic, shown only when one is configured.
-            widths.append(width(len(str(rows[0][-1])), [rows[1][-1]]))  # the column before is padded now
-            rows = [(*rows[0], "DLQ-TOPIC"), (*rows[1], dlq)]
         print()
         print("\n".join(table(rows, widths)))
-
-    async def _dead_letter_topic(self, group_id: str) -> str:
-        try:
-            described = await self.admin.describe_configs(RESOURCE_GROUP, group_id, [DLQ_TOPIC_CONFIG])
-        except KafkaError:
-            return ""
-        entry = described.entries.get(DLQ_TOPIC_CONFIG)
-        return entry.value or "" if entry is not None and described.error is None else ""
 
     # ---- --delete -------------------------------------------------------------------------------------
 
@@ -322,26 +306,7 @@ class ShareGroupService:
                     return []
                 raise
             return sorted(current)
-        counts = await self.admin.list_topics()
-        wanted: list[TopicPartition] = []
-        missing: list[str] = []
-        for spec in dict.fromkeys(self.ns.topic):
-            topic, sep, listed = spec.partition(":")
-            if topic not in counts:
-                missing.append(topic)
-                continue
-            if not sep:
-                wanted += [(topic, p) for p in range(counts[topic])]
-                continue
-            try:
-                chosen = [int(p) for p in listed.split(",") if p.strip()]
-            except ValueError:
-                raise UsageError(f"--topic {spec!r}: partitions must be numbers, as in 'topic:0,1,2'") from None
-            missing += [f"{topic}-{p}" for p in chosen if not 0 <= p < counts[topic]]
-            wanted += [(topic, p) for p in chosen if 0 <= p < counts[topic]]
-        if missing:
-            raise ToolError(f"The partitions or topics do not exist: {', '.join(missing)}")
-        return sorted(set(wanted))
+        return await named_partitions(self.admin, self.ns.topic)
 
     async def _target_offsets(self, group_id: str, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
         ns = self.ns
@@ -437,54 +402,8 @@ def _group_error(group_id: str, exc: KafkaError) -> str:
     return f"{exc.message or exc.name} ({exc.name})"
 
 
-async def run(ns: argparse.Namespace) -> int:
-    props = load_properties(ns.command_config) if ns.command_config else {}
-    settings = split_settings(props)
-    warn_ignored(settings)
-    admin = AsyncAdmin(
-        ns.bootstrap_server,
-        client_id=settings.client_id or PROG,
-        request_timeout_ms=ns.timeout,
-        config=settings.connection,
-    )
-    service = ShareGroupService(admin, ns)
-    try:
-        await admin.start()
-        if ns.list:
-            await service.list_groups()
-        elif ns.describe:
-            await service.describe()
-        elif ns.delete:
-            await service.delete_groups()
-        elif ns.reset_offsets:
-            await service.reset_offsets()
-        else:
-            await service.delete_offsets()
-    finally:
-        await admin.close()
-    return 1 if service.failed else 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        ns = parser.parse_args(argv)
-        check_args(ns)
-    except UsageError as exc:
-        return usage_failure(parser, str(exc))
-    try:
-        return asyncio.run(run(ns))
-    except UsageError as exc:
-        return usage_failure(parser, str(exc))
-    except (ToolError, ToolConfigError) as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-    except ValueError as exc:  # client settings the bundled client refuses
-        print(f"Error: invalid client configuration: {exc}", file=sys.stderr)
-    except KafkaError as exc:
-        print(f"Error: Executing share group command failed due to {exc}", file=sys.stderr)
-    except KeyboardInterrupt:
-        return 130
-    return 1
+    return tool_main(argv, build_parser(), check_args, PROG, ShareGroupService, "share group")
 
 
 if __name__ == "__main__":

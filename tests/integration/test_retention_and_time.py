@@ -1,7 +1,7 @@
 """Time and churn do not eat group state: with tiny segments and a one-second log.retention.ms, other
 groups come and go and the broker is restarted, and still a long-lived share group keeps its member,
 its SPSO and its acknowledged records, the share coordinator has pruned its own topic, and a topic with
-cleanup.policy=compact keeps every record."""
+cleanup.policy=compact keeps every record (their keys all differ)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def test_group_state_outlives_retention_and_churn(tmp_path: Path) -> None:
         admin.create_topics([NewTopic(compacted, 1, 1, config={"cleanup.policy": "compact"})])[compacted].result(30)
         wire = WireClient.connect(broker.bootstrap)
         # Several small batches, so the compacted topic has sealed segments retention could take.
-        produce_batches(wire, compacted, [5] * 8)
+        produce_batches(wire, compacted, [5] * 8, keyed=True)
 
         s = share_setup(broker, members=1, batches=[5, 5])
         [member] = s.members

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from typing import Any
 
 import pytest
 from confluent_kafka import AcknowledgeType, Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    ResourceType,
+)
 
 from shoal.client import ShareConsumer as BundledShareConsumer
+from shoal.client.admin import RESOURCE_BROKER, Admin
 from shoal.protocol.errors import ErrorCode
 
 from .broker_process import BrokerProcess
@@ -243,3 +253,82 @@ def test_kill_while_dead_lettering_loses_none_and_writes_none_twice(fresh_broker
     records = _dead_letters(bs, dlq, count)
     offsets = [int(_headers(r)["__dlq.errors.offset"]) for r in records]
     assert sorted(offsets) == list(range(count))
+
+
+def _alter_broker(bootstrap: str, name: str, **configs: str) -> None:
+    """confluent's AdminClient for this broker's id; the cluster-wide resource ("") through the bundled
+    admin client, as confluent's ConfigResource refuses an empty name."""
+    if not name:
+        error = _alter_broker_bundled(bootstrap, name, **configs)
+        assert error is None, error
+        return
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    entries = [ConfigEntry(key.replace("_", "."), value, incremental_operation=AlterConfigOpType.SET)
+               for key, value in configs.items()]
+    resource = ConfigResource(ResourceType.BROKER, name, incremental_configs=entries)
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+
+
+def _alter_broker_bundled(bootstrap: str, name: str, **configs: str) -> Any:
+    """The bundled admin client sends a BROKER resource to any broker (confluent's only to that id)."""
+    with contextlib.closing(Admin(bootstrap)) as bundled:
+        return bundled.incremental_alter_configs(RESOURCE_BROKER, name, {k.replace("_", "."): v for k, v in configs.items()})
+
+
+def _describe_broker(bootstrap: str, name: str) -> dict[str, tuple[str | None, int, bool]]:
+    """name -> (value, source, read-only)."""
+    if name:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        [future] = admin.describe_configs([ConfigResource(ResourceType.BROKER, name)]).values()
+        return {k: (e.value, e.source, e.is_read_only) for k, e in future.result(30).items()}
+    with contextlib.closing(Admin(bootstrap)) as bundled:
+        described = bundled.describe_configs(RESOURCE_BROKER, "")
+    return {k: (e.value, e.source, e.read_only) for k, e in described.entries.items()}
+
+
+def test_dead_letter_broker_keys_change_at_runtime(fresh_broker: BrokerProcess) -> None:
+    """KIP-1191's broker keys are dynamic cluster configs (Kafka 4.4): IncrementalAlterConfigs on BROKER."""
+    fresh_broker.start()
+    bs = fresh_broker.bootstrap
+    # Cluster-wide: a new prefix and automatic creation; the broker's own id may override the default.
+    _alter_broker(bs, "", errors_deadletterqueue_topic_name_prefix="dead.",
+                  errors_deadletterqueue_auto_create_topics_enable="true")
+    _alter_broker(bs, "1", errors_deadletterqueue_topic_name_prefix="gone.")
+    default = ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value
+    assert _describe_broker(bs, "") == {
+        "errors.deadletterqueue.auto.create.topics.enable": ("true", default, False),
+        "errors.deadletterqueue.topic.name.prefix": ("dead.", default, False),
+    }
+    own = _describe_broker(bs, "1")
+    assert own["errors.deadletterqueue.topic.name.prefix"] == ("gone.", ConfigSource.DYNAMIC_BROKER_CONFIG.value, False)
+    assert own["errors.deadletterqueue.auto.create.topics.enable"] == ("true", default, False)
+    assert own["log.retention.ms"][2]
+    # Keys Kafka does not change at runtime, and another broker's id, are refused as Kafka refuses them.
+    for name, key, message in (("", "log.retention.ms", "Cannot update these configs dynamically"),
+                               ("7", "errors.deadletterqueue.topic.name.prefix", "Unexpected broker id"),
+                               ("--7", "errors.deadletterqueue.topic.name.prefix", "Node id must be an integer"),
+                               ("", "errors.deadletterqueue.auto.create.topics.enable", "either true or false")):
+        error = _alter_broker_bundled(bs, name, **{key.replace(".", "_"): "maybe"})
+        assert error is not None and error.code == ErrorCode.INVALID_REQUEST, (key, error)
+        assert message in str(error.message), (key, error)
+
+    # The broker's own value wins and is used at once: the missing dead-letter topic is created.
+    topic, group = _name("dy"), _name("dg")
+    dlq = f"gone.{topic}"
+    create_topic(bs, topic, 1)
+    set_group_config(bs, group, share_auto_offset_reset="earliest", errors_deadletterqueue_topic_name=dlq)
+    produce(bs, topic, 1)
+    consumer = share_consumer(bs, group, [topic], share_acknowledgement_mode="explicit")
+    try:
+        assert len(_settle(consumer, AcknowledgeType.REJECT, 1)) == 1
+    finally:
+        consumer.close()
+    [record] = _dead_letters(bs, dlq, 1)
+    assert _headers(record)["__dlq.errors.group"] == group
+    # Dynamic values survive a restart.
+    fresh_broker.stop()
+    fresh_broker.start()
+    own = _describe_broker(fresh_broker.bootstrap, "1")
+    assert own["errors.deadletterqueue.topic.name.prefix"][:2] == ("gone.", ConfigSource.DYNAMIC_BROKER_CONFIG.value)
+    assert own["errors.deadletterqueue.auto.create.topics.enable"][:2] == ("true", default)

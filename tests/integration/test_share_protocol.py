@@ -57,12 +57,14 @@ def topic_id_of(client: WireClient, topic: str) -> bytes:
 
 
 def produce_batches(client: WireClient, topic: str, sizes: list[int], partition: int = 0,
-                    prefix: str = "r") -> list[int]:
-    """One produce per log batch (so batch boundaries are exactly `sizes`); returns the base offsets."""
+                    prefix: str = "r", keyed: bool = False) -> list[int]:
+    """One produce per log batch (so batch boundaries are exactly `sizes`); returns the base offsets.
+    `keyed` gives every record a key of its own (a compacted topic refuses records without one)."""
     req = messages.ProduceRequest
     bases = []
-    for n in sizes:
-        batch = encode_batch([RecordInput(key=None, value=f"{prefix}-{i}".encode()) for i in range(n)])
+    for b, n in enumerate(sizes):
+        batch = encode_batch([RecordInput(key=f"{prefix}-{b}-{i}".encode() if keyed else None,
+                                          value=f"{prefix}-{i}".encode()) for i in range(n)])
         part = req.PartitionProduceData(index=partition, records=batch)  # type: ignore[attr-defined]
         data = req.TopicProduceData(name=topic, partition_data=[part])  # type: ignore[attr-defined]
         resp = client.request(ApiKey.PRODUCE, 9, req(transactional_id=None, acks=-1, timeout_ms=10_000,

@@ -147,11 +147,15 @@ def test_lag_after_half_consumed_and_reset_offsets(tools_broker: BrokerProcess, 
     assert again.splitlines() == [f"v-{i}" for i in range(10)] + [f"w-{i}" for i in range(10)]
     assert offsets_table(tools_broker, group) == [[group, topic, "0", "20", "0"]]
 
-    # --describe --state names the group's dead-letter topic once it has one (KIP-1191).
+    # As in Kafka 4.4, --describe --state keeps its columns when the group has a dead-letter topic
+    # (KIP-1191); the topic is a group config, which DescribeConfigs on the GROUP resource shows.
     set_group_config(tools_broker.bootstrap, group, errors_deadletterqueue_topic_name=f"dlq.{topic}")
     state = rows(ok(share_groups(tools_broker, "--describe", "--group", group, "--state")))
-    assert state[0] == ["GROUP", "COORDINATOR", "(ID)", "STATE", "#MEMBERS", "DLQ-TOPIC"]
-    assert state[1][-3:] == ["Empty", "0", f"dlq.{topic}"]
+    assert state[0] == ["GROUP", "COORDINATOR", "(ID)", "STATE", "#MEMBERS"]
+    assert state[1][-2:] == ["Empty", "0"]
+    with Admin(tools_broker.bootstrap) as admin:
+        described = admin.describe_configs(RESOURCE_GROUP, group, ["errors.deadletterqueue.topic.name"])
+    assert described.entries["errors.deadletterqueue.topic.name"].value == f"dlq.{topic}"
 
 
 def test_live_member_shown_and_changes_refused(tools_broker: BrokerProcess) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal.broker.server.config import BrokerConfig, ConfigError
+from shoal.broker.server.config import CLUSTER_DEFAULT, THIS_BROKER, BrokerConfig, ConfigError
 from shoal.broker.share.group_configs import GroupConfigs, InvalidGroupConfig
 
 
@@ -62,3 +62,50 @@ def test_lowered_bounds_let_the_broker_start_with_short_intervals(tmp_path: Path
     cfg = BrokerConfig.from_strings({"log.dirs": str(tmp_path), "group.share.min.heartbeat.interval.ms": "1000",
                                      "group.share.heartbeat.interval.ms": "1000"})
     assert cfg["group.share.heartbeat.interval.ms"] == 1000
+
+
+# ---- dynamic broker configs (IncrementalAlterConfigs on BROKER) --------------------------------------
+
+
+def test_dynamic_broker_values_win_in_order_and_survive_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "dynamic.json"
+    cfg = BrokerConfig.from_strings({"log.dirs": str(tmp_path), "errors.deadletterqueue.topic.name.prefix": "s."})
+    cfg.load_dynamic(path)
+    groups = GroupConfigs(tmp_path, cfg)
+    assert cfg["errors.deadletterqueue.topic.name.prefix"] == "s."
+    cfg.apply_dynamic(CLUSTER_DEFAULT, [("errors.deadletterqueue.topic.name.prefix", "c."),
+                                        ("group.share.assignment.interval.ms", "250")])
+    assert (cfg["errors.deadletterqueue.topic.name.prefix"], cfg.dynamic_source("group.share.assignment.interval.ms")) == (
+        "c.", CLUSTER_DEFAULT)
+    # Groups without their own value follow the broker's at once.
+    assert groups.get_int("g", "share.assignment.interval.ms") == 250
+    cfg.apply_dynamic(THIS_BROKER, [("errors.deadletterqueue.topic.name.prefix", "b."),
+                                    ("errors.deadletterqueue.auto.create.topics.enable", "TRUE")])
+    assert (cfg["errors.deadletterqueue.topic.name.prefix"], cfg["errors.deadletterqueue.auto.create.topics.enable"]) == (
+        "b.", True)
+    # As in Kafka, a dynamic interval outside the broker's min/max keys is capped, not refused.
+    cfg.apply_dynamic(THIS_BROKER, [("group.share.assignment.interval.ms", "99999")])
+    assert cfg["group.share.assignment.interval.ms"] == 15000
+    cfg.apply_dynamic(THIS_BROKER, [("errors.deadletterqueue.topic.name.prefix", None)])
+    assert cfg["errors.deadletterqueue.topic.name.prefix"] == "c."
+
+    again = BrokerConfig.from_strings({"log.dirs": str(tmp_path)})
+    again.load_dynamic(path)
+    assert again.dynamic_values(THIS_BROKER) == {"errors.deadletterqueue.auto.create.topics.enable": "TRUE",
+                                                 "group.share.assignment.interval.ms": "99999"}
+    assert again["errors.deadletterqueue.topic.name.prefix"] == "c."
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("log.retention.ms", "1", "Cannot update these configs dynamically: [log.retention.ms]"),
+    ("group.share.assignment.interval.ms", "soon", "Invalid value soon for configuration "
+     "group.share.assignment.interval.ms: Not a number of type INT"),
+    ("group.share.assignment.interval.ms", "-1", "Value must be at least 0"),
+    ("errors.deadletterqueue.auto.create.topics.enable", "yes", "Expected value to be either true or false"),
+])
+def test_dynamic_broker_values_are_checked_as_kafka_checks_them(tmp_path: Path, key: str, value: str,
+                                                                message: str) -> None:
+    cfg = BrokerConfig.from_strings({"log.dirs": str(tmp_path)})
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        cfg.apply_dynamic(CLUSTER_DEFAULT, [(key, value)])
+    assert cfg.dynamic_values(CLUSTER_DEFAULT) == {}

@@ -17,6 +17,7 @@ from shoal.coordinator.group_coordinator import (
     partition_for_group,
 )
 from shoal.coordinator.placement import java_string_hashcode
+from shoal.coordinator.share_group import can_compute_next_target_assignment
 from shoal.persister.persister import ReadStateResult, SharePartitionKey, StateSummary, WriteStateRequest
 from shoal.protocol import coordinator_records as cr
 from shoal.protocol import messages
@@ -106,12 +107,14 @@ class Env:
         self.topics = Topics()
         self.persister = RecordingPersister()
         self.clock = Clock()
-        self.config = config or GroupCoordinatorConfig()
+        # Assignment batching (KIP-1263) off unless a test turns it on, as in Kafka's request tests.
+        self.config = config or GroupCoordinatorConfig(assignment_interval_ms=0)
         self.log = open_log(path)
         self.coord = self.new_coordinator()
 
     def new_coordinator(self) -> GroupCoordinator:
-        return GroupCoordinator(self.log, self.topics, self.persister, self.config, clock=self.clock)
+        return GroupCoordinator(self.log, self.topics, self.persister, self.config, clock=self.clock,
+                                wall_clock=self.clock)
 
     async def hb(self, member: str, epoch: int, topics: list[str] | None = None, group: str = GROUP,
                  rack: str | None = None) -> Any:
@@ -249,7 +252,7 @@ async def test_invalid_requests(env: Env) -> None:
 
 
 async def test_max_size(tmp_path: Path) -> None:
-    e = Env(tmp_path, GroupCoordinatorConfig(max_size=2))
+    e = Env(tmp_path, GroupCoordinatorConfig(max_size=2, assignment_interval_ms=0))
     await e.coord.load()
     assert (await e.hb("a", 0, ["orders"])).error_code == 0
     b = await e.hb("b", 0, ["orders"])
@@ -287,7 +290,7 @@ async def test_session_timeout_explicit(env: Env) -> None:
 
 
 async def test_session_timeout_background_loop(tmp_path: Path) -> None:
-    config = GroupCoordinatorConfig(session_timeout_ms=50, maintenance_interval_ms=10)
+    config = GroupCoordinatorConfig(session_timeout_ms=50, maintenance_interval_ms=10, assignment_interval_ms=0)
     log = open_log(tmp_path)
     coord = GroupCoordinator(log, Topics(), RecordingPersister(), config)
     await coord.load()
@@ -546,7 +549,8 @@ async def api_env(tmp_path: Path) -> Any:
     from shoal.broker.server.server import Broker
 
     config = BrokerConfig.from_strings({"log.dirs": str(tmp_path / "data"), "offsets.topic.num.partitions": "3",
-                                        "share.coordinator.state.topic.num.partitions": "3"})
+                                        "share.coordinator.state.topic.num.partitions": "3",
+                                        "group.share.assignment.interval.ms": "0"})
     broker = Broker(config)
     broker.topics.load()
     broker.ensure_internal_topics()
@@ -627,3 +631,115 @@ async def test_api_disabled(api_env: Any) -> None:
     describe = messages.ShareGroupDescribeRequest(group_ids=["ag"])
     assert apis.share_group_describe(ctx(77, 1), describe).groups[0].error_code == ErrorCode.UNSUPPORTED_VERSION
     assert broker.group_coordinator.group_ids() == []
+
+
+# ---- KIP-1263: the target assignment is recomputed at most once per share.assignment.interval.ms ----
+
+
+class IntervalConfigs:
+    """GroupConfigSource with a per-group share.assignment.interval.ms over the broker's defaults."""
+
+    def __init__(self, intervals: dict[str, int]) -> None:
+        self.intervals = intervals
+
+    def get_int(self, group_id: str, key: str) -> int:
+        defaults = {"share.session.timeout.ms": 45000, "share.heartbeat.interval.ms": 5000,
+                    "share.assignment.interval.ms": 1000}
+        if key == "share.assignment.interval.ms" and group_id in self.intervals:
+            return self.intervals[group_id]
+        return defaults[key]
+
+
+@pytest.mark.parametrize(("timestamp", "interval", "now", "expected"), [
+    (0, 5000, 1, True),  # no earlier computation known
+    (1000, 0, 1001, True),  # batching off (also the way out if the wall clock jumped back)
+    (1000, 5000, 5999, False),
+    (1000, 5000, 6000, True),
+    (1000, 5000, 999, False),  # clock went back: wait, as Kafka does
+])
+def test_can_compute_next_target_assignment(timestamp: int, interval: int, now: int, expected: bool) -> None:
+    assert can_compute_next_target_assignment(timestamp, interval, now) is expected
+
+
+async def test_assignment_interval_batches_target_assignments(tmp_path: Path) -> None:
+    e = Env(tmp_path, GroupCoordinatorConfig(assignment_interval_ms=5000))
+    await e.coord.load()
+    try:
+        # The first target assignment is computed at once (there is none before it), at the wall clock.
+        first = await e.hb("a", 0, ["orders"])
+        assert (first.member_epoch, parts(first)) == (1, {})
+        group = e.coord.groups[GROUP]
+        assert (group.assignment_epoch, group.assignment_timestamp_ms) == (1, 1_000_000)
+        await e.coord.wait_for_background()
+        # The partitions are now initialised: the group epoch moves to 2, the assignment waits.
+        waiting = await e.hb("a", 1)
+        assert (waiting.member_epoch, waiting.assignment) == (1, None)
+        assert (group.group_epoch, group.assignment_epoch) == (2, 1)
+        # Heartbeats while waiting do not bump the epoch again.
+        e.clock.now += 4.999
+        assert (await e.hb("a", 1)).member_epoch == 1
+        assert (group.group_epoch, e.coord.rebalances) == (2, 2)
+        # Once the interval has passed since the last computation, the next heartbeat computes it.
+        e.clock.now += 0.001
+        ready = await e.hb("a", 1)
+        assert (ready.member_epoch, parts(ready)) == (2, {T_ORDERS: {0, 1, 2, 3}})
+        assert (group.assignment_epoch, group.assignment_timestamp_ms) == (2, 1_005_000)
+        # A member joining within the interval gets the last target assignment's epoch and nothing yet.
+        b = await e.hb("b", 0, ["orders"])
+        assert (b.member_epoch, parts(b)) == (2, {})
+        assert group.group_epoch == 3
+        assert (await e.hb("a", 2)).assignment is None
+        e.clock.now += 5
+        b2 = await e.hb("b", 2)
+        a2 = await e.hb("a", 2)
+        assert b2.member_epoch == a2.member_epoch == 3
+        assert parts(a2)[T_ORDERS] | parts(b2)[T_ORDERS] == {0, 1, 2, 3}
+        assert parts(a2)[T_ORDERS].isdisjoint(parts(b2)[T_ORDERS])
+    finally:
+        await e.coord.stop()
+        close_log(e.log)
+
+
+async def test_assignment_interval_group_config_wins(tmp_path: Path) -> None:
+    e = Env(tmp_path)
+    e.coord = GroupCoordinator(e.log, e.topics, e.persister, GroupCoordinatorConfig(), clock=e.clock,
+                               wall_clock=e.clock, group_configs=IntervalConfigs({"batched": 15000, GROUP: 0}))
+    await e.coord.load()
+    try:
+        for group_id in (GROUP, "batched"):
+            await e.hb("a", 0, ["orders"], group=group_id)
+        await e.coord.wait_for_background()
+        e.clock.now += 1  # past the broker default (1000 ms), within the group's 15000 ms
+        assert parts(await e.hb("a", 1, group=GROUP)) == {T_ORDERS: {0, 1, 2, 3}}
+        assert (await e.hb("a", 1, group="batched")).assignment is None
+        e.clock.now += 14
+        assert parts(await e.hb("a", 1, group="batched")) == {T_ORDERS: {0, 1, 2, 3}}
+    finally:
+        await e.coord.stop()
+        close_log(e.log)
+
+
+async def test_assignment_timestamp_is_persisted(tmp_path: Path) -> None:
+    e = Env(tmp_path, GroupCoordinatorConfig(assignment_interval_ms=5000))
+    await e.coord.load()
+    await e.hb("a", 0, ["orders"])
+    await e.coord.wait_for_background()
+    partition = partition_for_group(GROUP, e.log.num_partitions)
+    [meta] = [rec.value for _, rec in e.log.replay(partition)
+              if rec.record_type == cr.SHARE_GROUP_TARGET_ASSIGNMENT_METADATA]
+    assert (meta.assignment_epoch, meta.assignment_timestamp) == (1, 1_000_000)
+    await e.coord.stop()
+    close_log(e.log)
+    # After a restart the interval still counts from the persisted computation.
+    e.log = open_log(tmp_path)
+    e.coord = e.new_coordinator()
+    await e.coord.load()
+    try:
+        assert e.coord.groups[GROUP].assignment_timestamp_ms == 1_000_000
+        e.clock.now += 2
+        assert (await e.hb("a", 1)).assignment is None
+        e.clock.now += 3
+        assert parts(await e.hb("a", 1)) == {T_ORDERS: {0, 1, 2, 3}}
+    finally:
+        await e.coord.stop()
+        close_log(e.log)

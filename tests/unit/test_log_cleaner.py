@@ -1,0 +1,283 @@
+"""Log compaction: what survives a clean, offsets, tombstones, the active segment, crash recovery of a swap."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shoal.broker.storage.log_cleaner import (
+    CleanAborted,
+    CleanResult,
+    Throttler,
+    clean,
+    dirty_ratio,
+    plan_clean,
+    swap_in,
+)
+from shoal.broker.storage.log_cleaner_manager import grab_filthiest
+from shoal.broker.storage.log_segment import CLEANED_SUFFIX, SWAP_SUFFIX
+from shoal.broker.storage.partition_log import LogConfig, PartitionLog
+from shoal.protocol.compression import GZIP, NONE
+from shoal.protocol.record_batch import iter_batches
+from shoal.protocol.records import Record, RecordInput, decode_batches, encode_batch
+
+DAY_MS = 24 * 3600 * 1000
+NOW = 1_700_000_000_000
+
+# A batch: records of (key index, value or None for a tombstone), and its codec.
+_batch = st.tuples(
+    st.lists(st.tuples(st.integers(0, 7), st.one_of(st.none(), st.binary(min_size=1, max_size=6))),
+             min_size=1, max_size=4),
+    st.sampled_from([NONE, GZIP]),
+)
+
+
+def _config(**kw: object) -> LogConfig:
+    base: dict[str, object] = dict(segment_bytes=300, compact=True, cleanup_delete=False, delete_retention_ms=DAY_MS,
+                                   index_interval_bytes=64)
+    base.update(kw)
+    return LogConfig(**base)  # type: ignore[arg-type]
+
+
+def _append(plog: PartitionLog, batches: list[tuple[list[tuple[int, bytes | None]], int]]) -> None:
+    for records, codec in batches:
+        buf = bytearray(encode_batch([RecordInput(b"k%d" % k, v, (), NOW - DAY_MS) for k, v in records],
+                                     compression=codec))
+        plog.append(buf, list(iter_batches(buf)))
+    plog.flush_sync()  # sealed segments' indexes become durable, which makes them cleanable
+
+
+def _all_records(plog: PartitionLog) -> list[Record]:
+    out: list[Record] = []
+    offset = plog.log_start_offset
+    while offset < plog.log_end_offset:
+        data = plog.read(offset, 1 << 20)
+        if not data:
+            break
+        out.extend(r for r in decode_batches(data) if r.offset >= offset)
+        offset = max(h.last_offset for _, h in iter_batches(data)) + 1
+    return out
+
+
+def _clean(plog: PartitionLog, now: int) -> CleanResult | None:
+    plan = plan_clean(plog, now, 1 << 20)
+    if plan is None:
+        return None
+    result = clean(plan)
+    if swap_in(plog, result):
+        plog.write_cleaner_checkpoint(result.end_offset)
+    plog.flush_sync()
+    return result
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(_batch, min_size=1, max_size=30))
+def test_clean_keeps_the_latest_record_per_key(batches: list[tuple[list[tuple[int, bytes | None]], int]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        plog = PartitionLog.open(Path(tmp), _config())
+        _append(plog, batches)
+        before = _all_records(plog)
+        active = plog.active
+        active_bytes = active.read(0, active.size)
+        cleaned_end = active.base_offset
+        result = _clean(plog, NOW)
+
+        after = _all_records(plog)
+        offsets = [r.offset for r in after]
+        assert offsets == sorted(set(offsets))
+        assert set(offsets) <= {r.offset for r in before}  # a subsequence: nothing renumbered
+        assert plog.active is active and active.read(0, active.size) == active_bytes
+        latest = {r.key: r for r in before}
+        by_offset = {r.offset: r for r in after}
+        for key, rec in latest.items():
+            kept = by_offset.get(rec.offset)
+            assert kept is not None and (kept.key, kept.value) == (rec.key, rec.value), key
+        for offset in range(plog.log_start_offset, plog.log_end_offset):
+            # A fetch at any offset, even one compaction removed, gets a batch that moves the consumer on.
+            data = plog.read(offset, 1)
+            assert data and max(h.last_offset for _, h in iter_batches(data)) >= offset
+        if result is not None:
+            cleaned_keys = [r.key for r in after if r.offset < cleaned_end]
+            assert len(cleaned_keys) == len(set(cleaned_keys))  # one record per key below the active segment
+            assert plog.cleaner_checkpoint == result.end_offset
+
+        # Past the delete horizon the next clean drops tombstones below the active segment.
+        _clean(plog, NOW + 2 * DAY_MS)
+        final = _all_records(plog)
+        for rec in final:
+            if rec.offset < cleaned_end:
+                assert rec.value is not None
+        assert {r.offset for r in final if r.value is not None} == {r.offset for r in after if r.value is not None}
+        plog.close()
+
+        reopened = PartitionLog.open(Path(tmp), _config())
+        assert [(r.offset, r.key, r.value) for r in _all_records(reopened)] == [
+            (r.offset, r.key, r.value) for r in final]
+        assert reopened.log_end_offset == plog.log_end_offset
+        reopened.close()
+
+
+def _filled_log(tmp: Path) -> PartitionLog:
+    plog = PartitionLog.open(tmp, _config())
+    _append(plog, [([(i % 5, b"v%d" % i)], NONE) for i in range(40)])
+    return plog
+
+
+def _snapshot(plog: PartitionLog) -> list[tuple[int, bytes | None, bytes | None]]:
+    return [(r.offset, r.key, r.value) for r in _all_records(plog)]
+
+
+def test_a_crash_after_the_swap_file_is_committed_finishes_the_swap(tmp_path: Path) -> None:
+    plog = _filled_log(tmp_path)
+    plan = plan_clean(plog, NOW, 1 << 20)
+    assert plan is not None
+    result = clean(plan)
+    assert result.groups and all(g.swap_path.name.endswith(SWAP_SUFFIX) for g in result.groups)
+    # kill -9 here: the old segments are intact, the swap files committed. A second, in-memory copy
+    # shows what the swap would have produced.
+    twin_dir = tmp_path / "twin"
+    twin_dir.mkdir()
+    expected_log = _filled_log(twin_dir)
+    _clean(expected_log, NOW)
+    expected = _snapshot(expected_log)
+    # Half-way through replace_segments: one old segment already gone.
+    os.unlink(result.groups[0].old[-1].log_path)
+    reopened = PartitionLog.open(tmp_path, _config())
+    assert _snapshot(reopened) == expected
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith((SWAP_SUFFIX, CLEANED_SUFFIX))]
+    reopened.close()
+
+
+def test_a_crash_before_the_commit_keeps_the_old_segments(tmp_path: Path) -> None:
+    plog = _filled_log(tmp_path)
+    before = _snapshot(plog)
+    plan = plan_clean(plog, NOW, 1 << 20)
+    assert plan is not None
+    result = clean(plan)
+    for group in result.groups:  # as if killed between writing `.cleaned` and renaming it
+        os.replace(group.swap_path, tmp_path / (group.swap_path.name.split(".")[0] + CLEANED_SUFFIX))
+    reopened = PartitionLog.open(tmp_path, _config())
+    assert _snapshot(reopened) == before
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith((SWAP_SUFFIX, CLEANED_SUFFIX))]
+    reopened.close()
+
+
+def test_a_swap_is_dropped_when_retention_removed_its_segments(tmp_path: Path) -> None:
+    plog = _filled_log(tmp_path)
+    plan = plan_clean(plog, NOW, 1 << 20)
+    assert plan is not None
+    result = clean(plan)
+    plog.delete_records_before(plog.segments[1].base_offset)
+    assert not swap_in(plog, result)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(SWAP_SUFFIX)]
+    # Later groups did go in; nothing below the new log start came back.
+    assert all(not seg.deleted for seg in plog.segments)
+    assert min(r.offset for r in _all_records(plog)) >= plog.log_start_offset
+    plog.close()
+
+
+def test_dirty_ratio_and_compaction_lags_choose_what_is_cleaned(tmp_path: Path) -> None:
+    plog = _filled_log(tmp_path)
+    assert grab_filthiest([plog], NOW, set()) is plog
+    plog.config = _config(min_cleanable_dirty_ratio=1.0)
+    assert grab_filthiest([plog], NOW, set()) is plog  # everything is dirty: ratio 1.0
+    _clean(plog, NOW)
+    assert grab_filthiest([plog], NOW, set()) is None  # nothing dirty and no tombstones waiting
+    _append(plog, [([(1, b"x")], NONE)] * 8)
+    assert grab_filthiest([plog], NOW, set()) is None  # a little dirt, below the ratio
+    plog.config = _config(min_cleanable_dirty_ratio=1.0, max_compaction_lag_ms=1000)
+    assert grab_filthiest([plog], NOW, set()) is plog  # overdue by max.compaction.lag.ms
+    plog.config = _config(min_compaction_lag_ms=2 * DAY_MS)
+    assert dirty_ratio(plog, NOW)[1] == 0  # every new record is younger than the minimum lag
+    assert grab_filthiest([plog], NOW, set()) is None
+    plog.config = _config(compact=False)
+    assert grab_filthiest([plog], NOW, set()) is None
+    plog.close()
+
+
+@pytest.mark.parametrize("codec", [NONE, GZIP])
+def test_a_producers_last_batch_stays_even_when_emptied(tmp_path: Path, codec: int) -> None:
+    plog = PartitionLog.open(tmp_path, _config())
+    for seq in range(3):
+        buf = bytearray(encode_batch([RecordInput(b"k", b"v%d" % seq, (), NOW), RecordInput(b"j", b"w", (), NOW)],
+                                     producer_id=7, producer_epoch=2, base_sequence=seq * 2, compression=codec))
+        plog.append(buf, list(iter_batches(buf)))
+    for i in range(20):  # another producer's later records supersede both keys
+        buf = bytearray(encode_batch([RecordInput(b"k" if i % 2 else b"j", b"z%d" % i, (), NOW)]))
+        plog.append(buf, list(iter_batches(buf)))
+    plog.flush_sync()
+    _clean(plog, NOW)
+    headers = [h for seg in plog.segments for _, h in iter_batches(seg.read(0, seg.size))]
+    mine = [h for h in headers if h.producer_id == 7]
+    assert len(mine) == 1
+    last = mine[0]
+    assert (last.base_offset, last.last_offset_delta, last.producer_epoch, last.base_sequence,
+            last.records_count) == (4, 1, 2, 4, 0)
+    plog.close()
+
+
+def test_max_compaction_lag_rolls_the_active_segment(tmp_path: Path) -> None:
+    plog = PartitionLog.open(tmp_path, _config(segment_bytes=1 << 20, max_compaction_lag_ms=1000))
+    for ts in (NOW, NOW + 500, NOW + 1500):
+        buf = bytearray(encode_batch([RecordInput(b"k", b"v", (), ts)]))
+        plog.append(buf, list(iter_batches(buf)))
+    # The third batch is more than the lag after the segment's first: a new active segment, and the
+    # first one becomes cleanable.
+    assert [seg.base_offset for seg in plog.segments] == [0, 2]
+    plog.config = _config(segment_bytes=1 << 20)  # no max lag: size alone rolls
+    buf = bytearray(encode_batch([RecordInput(b"k", b"v", (), NOW + 99_999)]))
+    plog.append(buf, list(iter_batches(buf)))
+    assert len(plog.segments) == 2
+    plog.close()
+
+
+def test_a_clean_never_commits_into_a_recreated_partition(tmp_path: Path) -> None:
+    directory = tmp_path / "topic-0"
+    plog = _filled_log(directory)
+    plan = plan_clean(plog, NOW, 1 << 20)
+    assert plan is not None
+    plog.delete()
+    directory.mkdir()  # the topic is created again under the same name while the cleaner runs
+    with pytest.raises(CleanAborted):
+        clean(plan)
+    assert list(directory.iterdir()) == []
+
+
+def test_the_throttler_holds_cleaner_io_to_its_rate() -> None:
+    now = [100.0]
+    slept: list[float] = []
+    throttler = Throttler(1000.0, clock=lambda: now[0], sleep=slept.append)
+    throttler.throttle(500)  # half a second's worth, at once
+    assert slept == [0.5]
+    now[0] += 0.75
+    throttler.throttle(250)  # 750 bytes in 0.75 s: on the rate
+    assert slept == [0.5]
+    now[0] += 5.0  # a new window after an idle spell: no burst allowance, no debt
+    throttler.throttle(2000)
+    assert slept == [0.5, 2.0]
+    Throttler(float("inf"), sleep=slept.append).throttle(10**9)
+    assert slept == [0.5, 2.0]
+
+
+def test_reads_go_on_while_the_cleaner_thread_works(tmp_path: Path) -> None:
+    plog = _filled_log(tmp_path)
+    before = _snapshot(plog)
+    plan = plan_clean(plog, NOW, 1 << 20)
+    assert plan is not None
+    done: list[CleanResult] = []
+    worker = threading.Thread(target=lambda: done.append(clean(plan)))
+    worker.start()
+    while worker.is_alive():
+        assert _snapshot(plog) == before  # the old segments stay readable until the swap
+    worker.join()
+    swap_in(plog, done[0])
+    after = _snapshot(plog)
+    assert {k: (o, v) for o, k, v in before} == {k: (o, v) for o, k, v in after}
+    assert len(after) < len(before)
+    plog.close()
