@@ -186,7 +186,7 @@ class ClassicGroupCoordinator:
         self.groups.clear()
         for partition in range(self.record_log.num_partitions):
             for _offset, record in self.record_log.replay(partition):
-                if record.record_type in CLASSIC_RECORD_TYPES:
+                if record.record_type in CLASSIC_RECORD_TYPES and not self.foreign_group(record_group_id(record)):
                     self._apply(record)
             await asyncio.sleep(0)
         self.loaded = True

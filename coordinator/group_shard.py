@@ -6,8 +6,9 @@ durable append, so memory is always what a restart would rebuild.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
 from shoal.protocol.coordinator_records import CoordinatorRecord
 
@@ -36,14 +37,22 @@ class GroupShard:
             del self.groups[group_id]
 
 
-class GroupsView(Mapping[str, ShareGroup]):
+G = TypeVar("G")
+
+
+class HoldsGroups(Protocol[G]):
+    @property
+    def groups(self) -> dict[str, G]: ...
+
+
+class GroupsView(Mapping[str, G], Generic[G]):
     """Every shard's groups as one read-only map; a lookup goes straight to the group's partition."""
 
-    def __init__(self, shards: list[GroupShard], partition_for: Callable[[str], int]):
+    def __init__(self, shards: Sequence[HoldsGroups[G]], partition_for: Callable[[str], int]):
         self._shards = shards
         self._partition_for = partition_for
 
-    def __getitem__(self, group_id: str) -> ShareGroup:
+    def __getitem__(self, group_id: str) -> G:
         return self._shards[self._partition_for(group_id)].groups[group_id]
 
     def __iter__(self) -> Iterator[str]:

@@ -14,10 +14,22 @@ __all__ = [
     "AlterUserScramCredentialsResponse",
     "ApiVersionsRequest",
     "ApiVersionsResponse",
+    "ConsumerGroupCurrentMemberAssignmentKey",
+    "ConsumerGroupCurrentMemberAssignmentValue",
     "ConsumerGroupDescribeRequest",
     "ConsumerGroupDescribeResponse",
     "ConsumerGroupHeartbeatRequest",
     "ConsumerGroupHeartbeatResponse",
+    "ConsumerGroupMemberMetadataKey",
+    "ConsumerGroupMemberMetadataValue",
+    "ConsumerGroupMetadataKey",
+    "ConsumerGroupMetadataValue",
+    "ConsumerGroupPartitionMetadataKey",
+    "ConsumerGroupPartitionMetadataValue",
+    "ConsumerGroupTargetAssignmentMemberKey",
+    "ConsumerGroupTargetAssignmentMemberValue",
+    "ConsumerGroupTargetAssignmentMetadataKey",
+    "ConsumerGroupTargetAssignmentMetadataValue",
     "CreateAclsRequest",
     "CreateAclsResponse",
     "CreatePartitionsRequest",
@@ -375,6 +387,53 @@ class ApiVersionsResponse(MessageBase):
             ) -> None: ...
 
 
+class ConsumerGroupCurrentMemberAssignmentKey(MessageBase):
+    __slots__ = ("group_id", "member_id")
+    group_id: str
+    member_id: str
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            group_id: str = ...,
+            member_id: str = ...,
+        ) -> None: ...
+
+
+class ConsumerGroupCurrentMemberAssignmentValue(MessageBase):
+    __slots__ = ("member_epoch", "previous_member_epoch", "state", "assigned_partitions", "partitions_pending_revocation")
+    member_epoch: int
+    previous_member_epoch: int
+    state: int
+    assigned_partitions: list[ConsumerGroupCurrentMemberAssignmentValue.TopicPartitions]
+    partitions_pending_revocation: list[ConsumerGroupCurrentMemberAssignmentValue.TopicPartitions]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            member_epoch: int = ...,
+            previous_member_epoch: int = ...,
+            state: int = ...,
+            assigned_partitions: list[ConsumerGroupCurrentMemberAssignmentValue.TopicPartitions] = ...,
+            partitions_pending_revocation: list[ConsumerGroupCurrentMemberAssignmentValue.TopicPartitions] = ...,
+        ) -> None: ...
+
+    class TopicPartitions(MessageBase):
+        __slots__ = ("topic_id", "partitions")
+        topic_id: bytes
+        partitions: list[int]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                topic_id: bytes = ...,
+                partitions: list[int] = ...,
+            ) -> None: ...
+
+
 class ConsumerGroupDescribeRequest(MessageBase):
     __slots__ = ("group_ids", "include_authorized_operations")
     group_ids: list[str]
@@ -576,6 +635,217 @@ class ConsumerGroupHeartbeatResponse(MessageBase):
                 topic_id: bytes = ...,
                 partitions: list[int] = ...,
             ) -> None: ...
+
+
+class ConsumerGroupMemberMetadataKey(MessageBase):
+    __slots__ = ("group_id", "member_id")
+    group_id: str
+    member_id: str
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            group_id: str = ...,
+            member_id: str = ...,
+        ) -> None: ...
+
+
+class ConsumerGroupMemberMetadataValue(MessageBase):
+    __slots__ = ("instance_id", "rack_id", "client_id", "client_host", "subscribed_topic_names", "subscribed_topic_regex", "rebalance_timeout_ms", "server_assignor", "classic_member_metadata")
+    instance_id: str | None
+    rack_id: str | None
+    client_id: str
+    client_host: str
+    subscribed_topic_names: list[str]
+    subscribed_topic_regex: str | None
+    rebalance_timeout_ms: int
+    server_assignor: str | None
+    classic_member_metadata: ConsumerGroupMemberMetadataValue.ClassicMemberMetadata | None
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            instance_id: str | None = ...,
+            rack_id: str | None = ...,
+            client_id: str = ...,
+            client_host: str = ...,
+            subscribed_topic_names: list[str] = ...,
+            subscribed_topic_regex: str | None = ...,
+            rebalance_timeout_ms: int = ...,
+            server_assignor: str | None = ...,
+            classic_member_metadata: ConsumerGroupMemberMetadataValue.ClassicMemberMetadata | None = ...,
+        ) -> None: ...
+
+    class ClassicMemberMetadata(MessageBase):
+        __slots__ = ("session_timeout_ms", "supported_protocols")
+        session_timeout_ms: int
+        supported_protocols: list[ConsumerGroupMemberMetadataValue.ClassicProtocol]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                session_timeout_ms: int = ...,
+                supported_protocols: list[ConsumerGroupMemberMetadataValue.ClassicProtocol] = ...,
+            ) -> None: ...
+
+    class ClassicProtocol(MessageBase):
+        __slots__ = ("name", "metadata")
+        name: str
+        metadata: bytes
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                metadata: bytes = ...,
+            ) -> None: ...
+
+
+class ConsumerGroupMetadataKey(MessageBase):
+    __slots__ = ("group_id",)
+    group_id: str
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            group_id: str = ...,
+        ) -> None: ...
+
+
+class ConsumerGroupMetadataValue(MessageBase):
+    __slots__ = ("epoch", "metadata_hash")
+    epoch: int
+    metadata_hash: int
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            epoch: int = ...,
+            metadata_hash: int = ...,
+        ) -> None: ...
+
+
+class ConsumerGroupPartitionMetadataKey(MessageBase):
+    __slots__ = ("group_id",)
+    group_id: str
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            group_id: str = ...,
+        ) -> None: ...
+
+
+class ConsumerGroupPartitionMetadataValue(MessageBase):
+    __slots__ = ("topics",)
+    topics: list[ConsumerGroupPartitionMetadataValue.TopicMetadata]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            topics: list[ConsumerGroupPartitionMetadataValue.TopicMetadata] = ...,
+        ) -> None: ...
+
+    class TopicMetadata(MessageBase):
+        __slots__ = ("topic_id", "topic_name", "num_partitions", "partition_metadata")
+        topic_id: bytes
+        topic_name: str
+        num_partitions: int
+        partition_metadata: list[ConsumerGroupPartitionMetadataValue.PartitionMetadata]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                topic_id: bytes = ...,
+                topic_name: str = ...,
+                num_partitions: int = ...,
+                partition_metadata: list[ConsumerGroupPartitionMetadataValue.PartitionMetadata] = ...,
+            ) -> None: ...
+
+    class PartitionMetadata(MessageBase):
+        __slots__ = ("partition", "racks")
+        partition: int
+        racks: list[str]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                partition: int = ...,
+                racks: list[str] = ...,
+            ) -> None: ...
+
+
+class ConsumerGroupTargetAssignmentMemberKey(MessageBase):
+    __slots__ = ("group_id", "member_id")
+    group_id: str
+    member_id: str
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            group_id: str = ...,
+            member_id: str = ...,
+        ) -> None: ...
+
+
+class ConsumerGroupTargetAssignmentMemberValue(MessageBase):
+    __slots__ = ("topic_partitions",)
+    topic_partitions: list[ConsumerGroupTargetAssignmentMemberValue.TopicPartition]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            topic_partitions: list[ConsumerGroupTargetAssignmentMemberValue.TopicPartition] = ...,
+        ) -> None: ...
+
+    class TopicPartition(MessageBase):
+        __slots__ = ("topic_id", "partitions")
+        topic_id: bytes
+        partitions: list[int]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                topic_id: bytes = ...,
+                partitions: list[int] = ...,
+            ) -> None: ...
+
+
+class ConsumerGroupTargetAssignmentMetadataKey(MessageBase):
+    __slots__ = ("group_id",)
+    group_id: str
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            group_id: str = ...,
+        ) -> None: ...
+
+
+class ConsumerGroupTargetAssignmentMetadataValue(MessageBase):
+    __slots__ = ("assignment_epoch",)
+    assignment_epoch: int
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            assignment_epoch: int = ...,
+        ) -> None: ...
 
 
 class CreateAclsRequest(MessageBase):

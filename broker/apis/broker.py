@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from shoal.broker.storage.purgatory import Purgatory
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
     from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
+    from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
     from shoal.coordinator.group_coordinator import GroupCoordinator
     from shoal.coordinator.share_coordinator import ShareCoordinator
     from shoal.persister.persister import Persister
@@ -61,6 +62,8 @@ class Broker(Protocol):
     share_partitions: SharePartitionLeaders
     # Classic consumer groups (JoinGroup/SyncGroup); None only in tests that wire share groups alone.
     classic_groups: ClassicGroupCoordinator | None
+    # KIP-848 consumer groups (ConsumerGroupHeartbeat); None only in tests that wire share groups alone.
+    consumer_groups: ConsumerGroupCoordinator | None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...

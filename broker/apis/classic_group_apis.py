@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from shoal.broker.security.authorizer import Operation, ResourceType
 from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator, JoinRequest, OffsetToCommit
+from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -128,6 +129,12 @@ class ClassicGroupApis:
         codes: dict[tuple[int, int], int] = {}
         if group_ok and not req.group_id:
             codes = {w: ErrorCode.INVALID_GROUP_ID for w in where}
+        elif to_commit and (consumer := self._consumer_group_coordinator(req.group_id)) is not None:
+            group_error, per = await consumer.commit_offsets(
+                req.group_id, req.member_id or "", req.generation_id_or_member_epoch,
+                [(o.topic, o.partition, o.offset, o.leader_epoch, o.metadata) for o in to_commit], version)
+            codes = {w: (group_error if group_error != ErrorCode.NONE else c)
+                     for w, c in zip(where, per or [group_error] * len(where), strict=True)}
         elif to_commit:
             group_error, per = await self.coordinator.commit_offsets(
                 req.group_id, req.member_id or "", req.group_instance_id if version >= 7 else None,
@@ -143,11 +150,19 @@ class ClassicGroupApis:
                                        partitions=parts))
         return CommitResponse(topics=topics)
 
+    def _consumer_group_coordinator(self, group_id: str) -> ConsumerGroupCoordinator | None:
+        """The KIP-848 coordinator when `group_id` is one of its groups (offsets then follow its member epochs)."""
+        consumer = self.services.consumer_groups
+        return consumer if consumer is not None and group_id in consumer.groups else None
+
     def offset_fetch(self, ctx: RequestContext, req: Any) -> Any:
         version = ctx.api_version
         if version >= 8:
-            return FetchResponse(groups=[self._fetch_group(ctx, g.group_id, g.topics, version) for g in req.groups])
-        group = self._fetch_group(ctx, req.group_id, req.topics, version)
+            return FetchResponse(groups=[
+                self._fetch_group(ctx, g.group_id, g.topics, version,
+                                  (g.member_id, g.member_epoch) if version >= 9 else (None, -1))
+                for g in req.groups])
+        group = self._fetch_group(ctx, req.group_id, req.topics, version, (None, -1))
         topics = [_FetchTopic(name=t.name, partitions=[
             _FetchPartition(partition_index=p.partition_index, committed_offset=p.committed_offset,
                             committed_leader_epoch=p.committed_leader_epoch, metadata=p.metadata,
@@ -156,7 +171,8 @@ class ClassicGroupApis:
             for p in t.partitions]) for t in group.topics]
         return FetchResponse(topics=topics, error_code=group.error_code)
 
-    def _fetch_group(self, ctx: RequestContext, group_id: str, topics: Any, version: int) -> Any:
+    def _fetch_group(self, ctx: RequestContext, group_id: str, topics: Any, version: int,
+                     member: tuple[str | None, int]) -> Any:
         if not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, group_id):
             return _FetchGroup(group_id=group_id, topics=[], error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
         by_id = version >= 10
@@ -178,7 +194,11 @@ class ClassicGroupApis:
                 if not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, name):
                     refused[name] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 wanted.append((name, list(t.partition_indexes)))
-        error, rows = self.coordinator.fetch_offsets(group_id, wanted)
+        consumer = self._consumer_group_coordinator(group_id)
+        if consumer is not None:
+            error, rows = consumer.fetch_offsets(group_id, member[0], member[1], wanted)
+        else:
+            error, rows = self.coordinator.fetch_offsets(group_id, wanted)
         if error != ErrorCode.NONE:
             return _FetchGroup(group_id=group_id, topics=[], error_code=error)
         grouped: dict[str, list[Any]] = {}
@@ -222,7 +242,9 @@ class ClassicGroupApis:
                     early[(t.name, p.partition_index)] = code
                 else:
                     wanted.append((t.name, p.partition_index))
-        group_error, codes = await self.coordinator.delete_offsets(req.group_id, wanted)
+        consumer = self._consumer_group_coordinator(req.group_id)
+        owner = consumer if consumer is not None else self.coordinator
+        group_error, codes = await owner.delete_offsets(req.group_id, wanted)
         if group_error != ErrorCode.NONE:
             return DeleteResponse(error_code=group_error, topics=[])
         decided = dict(early) | dict(zip(wanted, codes, strict=True))

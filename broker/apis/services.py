@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from shoal.broker.storage.purgatory import Purgatory
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
     from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
+    from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
     from shoal.coordinator.group_coordinator import GroupCoordinator
     from shoal.coordinator.share_coordinator import ShareCoordinator
     from shoal.persister.persister import Persister
@@ -106,8 +107,9 @@ class ShareFetchServices:
 class ShareGroupServices:
     config: BrokerConfig
     group_coordinator: GroupCoordinator | None
-    # Classic groups share the group-id space, ListGroups, DescribeGroups and DeleteGroups.
+    # Classic and KIP-848 consumer groups share the group-id space, ListGroups, DescribeGroups and DeleteGroups.
     classic_groups: ClassicGroupCoordinator | None
+    consumer_groups: ConsumerGroupCoordinator | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +146,14 @@ class AclServices:
 class ClassicGroupServices:
     topics: TopicRegistry
     classic_groups: ClassicGroupCoordinator
+    # OffsetCommit/OffsetFetch/OffsetDelete of a KIP-848 group go to its coordinator.
+    consumer_groups: ConsumerGroupCoordinator | None
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupServices:
+    # None only in tests that wire share groups alone: the APIs answer COORDINATOR_NOT_AVAILABLE.
+    consumer_groups: ConsumerGroupCoordinator | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -296,6 +296,9 @@ class ShareGroupAdmin(ShareGroupHandlers):
             elif (code := self._coordinator_error()) == ErrorCode.NONE and (
                     (classic := self.services.classic_groups) is not None and group_id in classic.groups):
                 code = await classic.delete_group(group_id)
+            elif code == ErrorCode.NONE and (
+                    (consumer := self.services.consumer_groups) is not None and group_id in consumer.groups):
+                code = await consumer.delete_group(group_id)
             elif code == ErrorCode.NONE:
                 coordinator = self.coordinator
                 assert coordinator is not None
@@ -327,12 +330,14 @@ class ShareGroupAdmin(ShareGroupHandlers):
                     )
                 out.append(described)
                 continue
-            # Kafka's DescribeGroups describes classic groups only: a share group is answered like an
-            # unknown one, "Dead", and from v6 on (KIP-1043) GROUP_ID_NOT_FOUND.
+            # Kafka's DescribeGroups describes classic groups only: a share or KIP-848 consumer group is
+            # answered like an unknown one, "Dead", and from v6 on (KIP-1043) GROUP_ID_NOT_FOUND.
             described = _DescribedGroup(group_id=group_id, group_state=DEAD, error_code=ErrorCode.NONE)
             if version >= 6:
                 coordinator = self.coordinator
-                shared = coordinator is not None and group_id in coordinator.groups
+                consumer = self.services.consumer_groups
+                shared = (coordinator is not None and group_id in coordinator.groups) or (
+                    consumer is not None and group_id in consumer.groups)
                 described.error_code = ErrorCode.GROUP_ID_NOT_FOUND
                 described.error_message = (f"Group {group_id} is not a classic group." if shared
                                            else f"Group {group_id} not found.")

@@ -28,6 +28,8 @@ ListedGroup = ListGroupsResponse.ListedGroup
 PROTOCOL_TYPE = "share"
 GROUP_TYPE = "share"
 CLASSIC_GROUP_TYPE = "classic"
+# KIP-848 groups: their group type and protocol type are both "consumer".
+CONSUMER_GROUP_TYPE = "consumer"
 KNOWN_GROUP_TYPES = frozenset({"classic", "consumer", "share", "streams"})
 # Operations Kafka reports for a GROUP resource (AclEntry.supportedOperations).
 GROUP_OPERATIONS = (Operation.READ, Operation.DESCRIBE, Operation.DELETE, Operation.DESCRIBE_CONFIGS,
@@ -47,6 +49,10 @@ class BrokerTopicMetadata:
     def topic_by_id(self, topic_id: bytes) -> tuple[str, int] | None:
         topic = self.registry.get_by_id(topic_id)
         return None if topic is None else (topic.name, len(topic.partitions))
+
+    def topic_names(self) -> list[str]:
+        """User topics (what a regex subscription may match; internal topics never are)."""
+        return [name for name, topic in self.registry.by_name.items() if not topic.internal]
 
 
 class ShareGroupHandlers:
@@ -122,12 +128,13 @@ class ShareGroupApis(ShareGroupHandlers):
         return group
 
     def list_groups(self, ctx: RequestContext, req: messages.ListGroupsRequest) -> messages.ListGroupsResponse:
-        """Share groups (when enabled) and classic groups."""
+        """Share groups (when enabled), classic and consumer groups."""
         coordinator = self.coordinator
         classic = self.services.classic_groups
         if coordinator is None:
             return ListGroupsResponse(error_code=ErrorCode.NONE, groups=[])
-        if not coordinator.loaded or (classic is not None and not classic.loaded):
+        consumer_groups = self.services.consumer_groups
+        if not coordinator.loaded or any(c is not None and not c.loaded for c in (classic, consumer_groups)):
             return ListGroupsResponse(error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, groups=[])
         version = ctx.api_version
         states = {s.strip().lower() for s in (req.states_filter or ())} if version >= 4 else set()
@@ -137,6 +144,9 @@ class ShareGroupApis(ShareGroupHandlers):
             listed += [(gid, PROTOCOL_TYPE, state, GROUP_TYPE) for gid, state in coordinator.list_groups()]
         if classic is not None:
             listed += [(gid, ptype, state, CLASSIC_GROUP_TYPE) for gid, ptype, state in classic.list_groups()]
+        consumer = self.services.consumer_groups
+        if consumer is not None:
+            listed += [(gid, CONSUMER_GROUP_TYPE, state, CONSUMER_GROUP_TYPE) for gid, state in consumer.list_groups()]
         see_all = ctx.authorize(Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME)
         groups = [
             ListedGroup(group_id=gid, protocol_type=ptype, group_state=state, group_type=gtype)

@@ -131,6 +131,12 @@ _KEYS: list[ConfigKey] = [
     ConfigKey("group.initial.rebalance.delay.ms", int, 3000, "Wait for more members before a new group's first rebalance.", 0),
     ConfigKey("group.max.size", int, 2**31 - 1, "Members per classic group.", 1),
     ConfigKey("offset.metadata.max.bytes", int, 4096, "Largest metadata string of a committed offset.", 0),
+    # KIP-848 consumer groups
+    ConfigKey("group.consumer.session.timeout.ms", int, 45000, "Consumer-group member session timeout.", 1),
+    ConfigKey("group.consumer.heartbeat.interval.ms", int, 5000, "Consumer-group member heartbeat interval.", 1),
+    ConfigKey("group.consumer.max.size", int, 2**31 - 1, "Members per consumer group.", 1),
+    ConfigKey("group.consumer.assignors", str, "uniform,range",
+              "Server-side assignors (names or Kafka class names); the first is the default."),
     # Share groups (used by the share-group layers)
     ConfigKey("group.share.enable", _bool, True, "Serve share groups (share.version=2: KIP-932 and dead-letter topics)."),
     ConfigKey("group.share.session.timeout.ms", int, 45000, "Share member session timeout.", 1),

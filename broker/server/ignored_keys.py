@@ -37,7 +37,7 @@ IGNORED_KEYS: dict[str, str] = {
     "socket.listen.backlog.size": _SOCKET_BUFFERS,
     "transactional.id.expiration.ms": _TRANSACTIONS,
     "producer.id.expiration.ms": _TRANSACTIONS,
-    "group.coordinator.rebalance.protocols": "classic and share groups are always served",
+    "group.coordinator.rebalance.protocols": "classic, consumer and share groups are always served",
 }
 
 # Key prefixes (checked after the exact keys).

@@ -74,6 +74,7 @@ class Broker:
         self.share_coordinator: Any = None
         self.group_coordinator: Any = None
         self.classic_groups: Any = None
+        self.consumer_groups: Any = None
         self.persister: Any = None
         self.share_partitions: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -224,6 +225,8 @@ class Broker:
             await self.share_coordinator.stop()
         if self.classic_groups is not None:
             await self.classic_groups.stop()
+        if self.consumer_groups is not None:
+            await self.consumer_groups.stop()
         for server in self._servers:
             await server.wait_closed()
         await self.log_cleaner.stop()
@@ -242,6 +245,8 @@ class Broker:
         from shoal.broker.share.share_partition_leader import SharePartitionLeaders
         from shoal.broker.storage.internal_topic_log import InternalTopicLog
         from shoal.coordinator.classic_coordinator import ClassicGroupConfig, ClassicGroupCoordinator
+        from shoal.coordinator.consumer_assignors import parse_assignors
+        from shoal.coordinator.consumer_coordinator import ConsumerGroupConfig, ConsumerGroupCoordinator
         from shoal.coordinator.group_coordinator import GroupCoordinator, GroupCoordinatorConfig
         from shoal.coordinator.share_coordinator import ShareCoordinator
         from shoal.coordinator.share_coordinator_client import InProcessShareCoordinatorClient
@@ -289,16 +294,33 @@ class Broker:
                 max_size=int(cfg["group.max.size"]),
                 offset_metadata_max_bytes=int(cfg["offset.metadata.max.bytes"]),
             ),
-            # One group id, one group type: each coordinator refuses the other's ids.
-            foreign_group=lambda group_id: group_id in self.group_coordinator.groups,
+            # One group id, one group type: each coordinator refuses the others' ids.
+            foreign_group=lambda group_id: group_id in self.group_coordinator.groups or group_id in consumer.groups,
         )
-        self.group_coordinator.foreign_group = lambda group_id: group_id in self.classic_groups.groups
+        consumer = self.consumer_groups = ConsumerGroupCoordinator(
+            InternalTopicLog(offsets_topic),
+            BrokerTopicMetadata(self.topics),
+            ConsumerGroupConfig(
+                session_timeout_ms=int(cfg["group.consumer.session.timeout.ms"]),
+                heartbeat_interval_ms=int(cfg["group.consumer.heartbeat.interval.ms"]),
+                max_size=int(cfg["group.consumer.max.size"]),
+                offset_metadata_max_bytes=int(cfg["offset.metadata.max.bytes"]),
+            ),
+            assignors=parse_assignors(str(cfg["group.consumer.assignors"])),
+            foreign_group=lambda group_id: group_id in self.group_coordinator.groups
+            or group_id in self.classic_groups.groups,
+        )
+        self.group_coordinator.foreign_group = lambda group_id: group_id in self.classic_groups.groups \
+            or group_id in consumer.groups
         started = time.monotonic()
         await self.share_coordinator.load()
         await self.share_coordinator.delete_orphaned_state()
         await self.group_coordinator.load()
+        # Consumer groups first: the classic coordinator leaves the records of their ids alone.
+        await self.consumer_groups.load()
         await self.classic_groups.load()
         self.classic_groups.start()
+        self.consumer_groups.start()
         log.info("coordinators loaded", seconds=round(time.monotonic() - started, 3))
         self.group_coordinator.start()
         self.topic_listeners.append(self._share_groups_on_topic_event)

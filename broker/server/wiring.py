@@ -8,6 +8,7 @@ from shoal.broker.apis import (
     acl_apis,
     alter_configs,
     classic_group_apis,
+    consumer_group_apis,
     fetch,
     leader_epochs,
     metadata,
@@ -24,6 +25,7 @@ from shoal.broker.apis.services import (
     AclServices,
     AlterConfigsServices,
     ClassicGroupServices,
+    ConsumerGroupServices,
     DiscoveryServices,
     FetchServices,
     LeaderEpochServices,
@@ -54,11 +56,12 @@ def register_all(b: Broker) -> None:
     alter_configs.register(b, AlterConfigsServices(b.config, b.node_id, b.topics, b.group_configs, b.on_group_config_changed))
     share_fetch.register(b, ShareFetchServices(b.config, b.node_id, b.topics, b.purgatory, b.group_configs,
                                                b.metrics, b.share_partitions, b.connection_listeners))
-    share_group_apis.register(b, ShareGroupServices(b.config, b.group_coordinator, b.classic_groups))
+    share_group_apis.register(b, ShareGroupServices(b.config, b.group_coordinator, b.classic_groups, b.consumer_groups))
     if b.classic_groups is not None:
-        classic_group_apis.register(b, ClassicGroupServices(b.topics, b.classic_groups))
+        classic_group_apis.register(b, ClassicGroupServices(b.topics, b.classic_groups, b.consumer_groups))
+    consumer_group_apis.register(b, ConsumerGroupServices(b.consumer_groups))
     leader_epochs.register(b, LeaderEpochServices(b.topics))
-    share_group_admin.register(b, ShareGroupAdminServices(b.config, b.group_coordinator, b.classic_groups, b.topics,
+    share_group_admin.register(b, ShareGroupAdminServices(b.config, b.group_coordinator, b.classic_groups, b.consumer_groups, b.topics,
                                                           b.group_configs, b.persister, b.share_partitions))
     share_state_apis.register(b, ShareStateServices(b.share_coordinator))
     sasl_apis.register(b, SaslServices(b.config, b.scram_credentials))

@@ -389,8 +389,16 @@ class AsyncAdmin:
     # ---- consumer (classic) groups ------------------------------------------------------------------
 
     async def describe_consumer_groups(self, group_ids: Iterable[str]) -> dict[str, ConsumerGroupDescription]:
+        """KIP-848 groups through ConsumerGroupDescribe, classic ones through DescribeGroups (Kafka's order)."""
         out: dict[str, ConsumerGroupDescription] = {}
+        classic: list[str] = []
         for group_id in group_ids:
+            described = await self._describe_kip848_group(group_id)
+            if described is None:
+                classic.append(group_id)
+            else:
+                out[group_id] = described
+        for group_id in classic:
             body = messages.DescribeGroupsRequest(groups=[group_id], include_authorized_operations=False)
 
             async def send(node: int, body: Any = body) -> Any:
@@ -411,6 +419,25 @@ class AsyncAdmin:
                     _error(g.error_code, g.error_message),
                 )
         return out
+
+    async def _describe_kip848_group(self, group_id: str) -> ConsumerGroupDescription | None:
+        """The group as ConsumerGroupDescribe tells it; None when it is not a KIP-848 group."""
+        body = messages.ConsumerGroupDescribeRequest(group_ids=[group_id], include_authorized_operations=False)
+
+        async def send(node: int) -> Any:
+            return await self.cluster.request(node, ApiKey.CONSUMER_GROUP_DESCRIBE, body, (0, 1))
+
+        response = await self._coordinated(group_id, send, lambda r: r.groups[0].error_code if r.groups else 0)
+        [g] = response.groups
+        if g.error_code in (ErrorCode.GROUP_ID_NOT_FOUND, ErrorCode.UNSUPPORTED_VERSION):
+            return None
+        members = [
+            ConsumerMemberDescription(m.member_id, m.instance_id, m.client_id, m.client_host, [
+                (tp.topic_name, p) for tp in m.assignment.topic_partitions for p in sorted(tp.partitions)])
+            for m in g.members
+        ]
+        return ConsumerGroupDescription(g.group_id, g.group_state, "consumer", g.assignor_name, members,
+                                        _error(g.error_code, g.error_message))
 
     async def list_consumer_group_offsets(
         self, group_id: str, partitions: Iterable[TopicPartition] | None = None

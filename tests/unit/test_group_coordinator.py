@@ -571,7 +571,7 @@ async def api_env(tmp_path: Path) -> Any:
     def ctx(api_key: int, version: int) -> RequestContext:
         return RequestContext(messages.RequestHeader(api_key, version, 1, "cli"), conn)
 
-    apis = ShareGroupApis(ShareGroupServices(config, broker.group_coordinator, None))
+    apis = ShareGroupApis(ShareGroupServices(config, broker.group_coordinator, None, None))
     yield broker, apis, ctx, auth, (Operation, ResourceType)
     await broker.group_coordinator.stop()
     broker.topics.close()

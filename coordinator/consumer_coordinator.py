@@ -1,0 +1,642 @@
+"""The KIP-848 consumer-group coordinator: ConsumerGroupHeartbeat, ConsumerGroupDescribe, the group's
+committed offsets, session and revocation timeouts.
+
+Each heartbeat is handled under the group's lock as in Kafka's GroupMetadataManager: the member is
+validated and updated, the group epoch is bumped when membership, subscriptions or the subscribed
+topics changed, a new target assignment is computed by the server-side assignor when the group epoch
+moved past the assignment epoch, and the member's current assignment is reconciled towards its
+target (`consumer_group.reconcile`). Each operation runs through the coordinator runtime: the planned
+records are appended to the group's `__consumer_offsets` partition, fsynced, replayed into the
+partition's `ConsumerGroupShard`, and only then answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import structlog
+
+from shoal.protocol import messages
+from shoal.protocol.coordinator_records import CoordinatorRecord, fits_key_string
+from shoal.protocol.errors import ErrorCode
+
+from .classic_group import CommittedOffset, offset_commit_record, offset_tombstone
+from .consumer_assignors import ConsumerAssignor, UniformAssignor
+from .consumer_group import (
+    Assignment,
+    ConsumerGroup,
+    ConsumerGroupShard,
+    ConsumerMember,
+    MemberState,
+    Reconciled,
+    RegexError,
+    SubscribedTopic,
+    compile_regex,
+    reconcile,
+)
+from .group_shard import GroupsView
+from .placement import coordinator_partition
+from .record_log import CoordinatorRecordLog
+from .runtime import CoordinatorRuntime
+
+log = structlog.get_logger("shoal.consumer_groups")
+
+T = TypeVar("T")
+
+HeartbeatResponse = messages.ConsumerGroupHeartbeatResponse
+_HbAssignment = HeartbeatResponse.Assignment
+_HbTopicPartitions = HeartbeatResponse.TopicPartitions
+DescribeResponse = messages.ConsumerGroupDescribeResponse
+DescribedGroup = DescribeResponse.DescribedGroup
+_DMember = DescribeResponse.Member
+_DAssignment = DescribeResponse.Assignment
+_DTopicPartitions = DescribeResponse.TopicPartitions
+
+JOIN_GROUP_MEMBER_EPOCH = 0
+LEAVE_GROUP_MEMBER_EPOCH = -1
+LEAVE_GROUP_STATIC_MEMBER_EPOCH = -2
+# The member type ConsumerGroupDescribe v1 reports for members that heartbeat with KIP-848.
+CONSUMER_MEMBER_TYPE = 1
+
+
+@dataclass(slots=True)
+class ConsumerGroupConfig:
+    session_timeout_ms: int = 45000
+    heartbeat_interval_ms: int = 5000
+    max_size: int = 2**31 - 1
+    offset_metadata_max_bytes: int = 4096
+    maintenance_interval_ms: int = 1000
+
+
+class ConsumerTopicSource(Protocol):
+    """What the coordinator needs to know about topics (the broker's registry implements it)."""
+
+    def topic_by_name(self, name: str) -> tuple[bytes, int] | None: ...
+
+    def topic_by_id(self, topic_id: bytes) -> tuple[str, int] | None: ...
+
+    def topic_names(self) -> Iterable[str]:
+        """Names of the user topics (internal ones are never matched by a regex)."""
+        ...
+
+
+class ConsumerGroupError(Exception):
+    def __init__(self, code: int, message: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _error(code: int, message: str | None = None) -> Any:
+    return HeartbeatResponse(error_code=code, error_message=message, member_epoch=-1, heartbeat_interval_ms=0)
+
+
+def _hb_assignment(assignment: Assignment) -> Any:
+    return _HbAssignment(topic_partitions=[_HbTopicPartitions(topic_id=tid, partitions=sorted(ps))
+                                           for tid, ps in sorted(assignment.items())])
+
+
+def _owned(req: Any) -> Assignment | None:
+    if req.topic_partitions is None:
+        return None
+    return {bytes(t.topic_id): frozenset(t.partitions) for t in req.topic_partitions if t.partitions}
+
+
+class ConsumerGroupCoordinator:
+    def __init__(
+        self,
+        record_log: CoordinatorRecordLog,
+        topics: ConsumerTopicSource,
+        config: ConsumerGroupConfig | None = None,
+        *,
+        assignors: list[ConsumerAssignor] | None = None,
+        foreign_group: Callable[[str], bool] = lambda _group_id: False,
+        clock: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ):
+        self.runtime = CoordinatorRuntime(record_log, lambda _partition: ConsumerGroupShard())
+        self.topics = topics
+        self.config = config or ConsumerGroupConfig()
+        self.assignors: list[ConsumerAssignor] = assignors or [UniformAssignor()]
+        # True when the id belongs to a group of another type (classic or share): such ids are refused.
+        self.foreign_group = foreign_group
+        self.clock = clock
+        self.wall_ms = wall_ms
+        self.groups: GroupsView[ConsumerGroup] = GroupsView(self.runtime.shards, self.partition_for)
+        self.loaded = False
+        self._maintenance: asyncio.Task[None] | None = None
+
+    # ---- plumbing --------------------------------------------------------------------------------
+
+    def partition_for(self, group_id: str) -> int:
+        return coordinator_partition(group_id, self.runtime.num_partitions)
+
+    async def _run(self, group_id: str, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run an operation on one group through the runtime: one at a time per group, to completion
+        even if the caller goes away."""
+        return await self.runtime.write(self.partition_for(group_id), group_id, operation)
+
+    async def _write(self, group_id: str, records: list[CoordinatorRecord]) -> None:
+        """Durably append, then replay into the group's shard (the same path `load` takes)."""
+        await self.runtime.append(self.partition_for(group_id), records)
+
+    @property
+    def rebalances(self) -> int:
+        return sum(shard.epoch_bumps for shard in self.runtime.shards)
+
+    def assignor(self, name: str | None) -> ConsumerAssignor | None:
+        if name is None:
+            return self.assignors[0]
+        return next((a for a in self.assignors if a.name == name), None)
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Rebuild every consumer group (and its offsets) from `__consumer_offsets`."""
+        for partition in range(self.runtime.num_partitions):
+            await self.runtime.load(partition)
+            self.runtime.shard(partition).epoch_bumps = 0  # the rebalance count starts now
+        deadline = self.clock() + self.config.session_timeout_ms / 1000
+        for group in self.groups.values():
+            for member in group.members.values():
+                member.session_deadline = deadline
+        self.loaded = True
+        log.info("consumer groups loaded", groups=len(self.groups))
+
+    def start(self) -> None:
+        if self._maintenance is None:
+            self._maintenance = asyncio.get_running_loop().create_task(self._maintenance_loop())
+
+    async def stop(self) -> None:
+        if self._maintenance is not None:
+            self._maintenance.cancel()
+            await asyncio.gather(self._maintenance, return_exceptions=True)
+            self._maintenance = None
+        await self.runtime.drain()  # operations already started finish
+
+    async def _maintenance_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.maintenance_interval_ms / 1000)
+            try:
+                await self.expire_members()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("consumer group maintenance failed")
+
+    # ---- ConsumerGroupHeartbeat ------------------------------------------------------------------
+
+    async def heartbeat(self, req: Any, version: int, client_id: str, client_host: str) -> Any:
+        invalid = self._validate(req, version)
+        if invalid is not None:
+            return _error(ErrorCode.INVALID_REQUEST, invalid)
+        if not self.loaded:
+            return _error(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        if self.foreign_group(req.group_id):
+            return _error(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {req.group_id} is not a consumer group.")
+        async def operation() -> Any:
+            try:
+                if req.member_epoch in (LEAVE_GROUP_MEMBER_EPOCH, LEAVE_GROUP_STATIC_MEMBER_EPOCH):
+                    return await self._leave(req.group_id, req.member_id, req.member_epoch)
+                return await self._heartbeat(req, version, client_id, client_host)
+            except ConsumerGroupError as exc:
+                return _error(exc.code, exc.message)
+            except Exception:
+                log.exception("consumer group heartbeat failed", group_id=req.group_id)
+                return _error(ErrorCode.COORDINATOR_NOT_AVAILABLE, "the group coordinator could not write")
+
+        return await self._run(req.group_id, operation)
+
+    def _validate(self, req: Any, version: int) -> str | None:
+        if not req.group_id:
+            return "GroupId can't be empty."
+        if not fits_key_string(req.group_id) or not fits_key_string(req.member_id):
+            return "GroupId and MemberId can't be longer than 32767 bytes."
+        if version >= 1 and not req.member_id:
+            return "MemberId can't be empty."
+        if req.rack_id is not None and req.rack_id == "":
+            return "RackId can't be empty."
+        if req.member_epoch < LEAVE_GROUP_STATIC_MEMBER_EPOCH:
+            return f"MemberEpoch is {req.member_epoch}, but must be greater than or equal to -2."
+        regex = req.subscribed_topic_regex if version >= 1 else None
+        if req.member_epoch == JOIN_GROUP_MEMBER_EPOCH:
+            if req.rebalance_timeout_ms == -1:
+                return "RebalanceTimeoutMs must be provided in first request."
+            if req.topic_partitions is None or req.topic_partitions:
+                return "TopicPartitions must be empty when (re-)joining."
+            if req.subscribed_topic_names is None and regex is None:
+                return "SubscribedTopicNames or SubscribedTopicRegex must be set in first request."
+        elif req.member_epoch > 0 and not req.member_id:
+            return "MemberId can't be empty."
+        if req.member_epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH and req.instance_id is None:
+            return "InstanceId can't be null when MemberEpoch is -2."
+        return None
+
+    async def _heartbeat(self, req: Any, version: int, client_id: str, client_host: str) -> Any:
+        regex = req.subscribed_topic_regex if version >= 1 else None
+        if regex is not None:
+            try:
+                compile_regex(regex)
+            except RegexError as exc:
+                detail = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else exc
+                raise ConsumerGroupError(ErrorCode.INVALID_REGULAR_EXPRESSION,
+                                         f"SubscribedTopicRegex `{regex}` is not a valid regular expression: "
+                                         f"{detail}.") from None
+        if req.server_assignor is not None and self.assignor(req.server_assignor) is None:
+            raise ConsumerGroupError(ErrorCode.UNSUPPORTED_ASSIGNOR,
+                                     f"ServerAssignor {req.server_assignor} is not supported. Supported assignors: "
+                                     + ", ".join(a.name for a in self.assignors) + ".")
+        group_id = req.group_id
+        group = self.groups.get(group_id)
+        if group is None:
+            if req.member_epoch != JOIN_GROUP_MEMBER_EPOCH:
+                raise ConsumerGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} not found.")
+            group = ConsumerGroup(group_id)
+        member_id = req.member_id or str(uuid.uuid4())
+        old = group.members.get(member_id)
+        records: list[CoordinatorRecord] = []
+        bump = False
+        # A static member (group.instance.id) that left with epoch -2 is replaced by its successor, which
+        # takes over its assignment without a rebalance.
+        replaced = self._static_predecessor(group, req, member_id)
+        if replaced is not None:
+            records += group.member_tombstones(replaced.member_id)
+            member = _copy(replaced)
+            member.member_id = member_id
+            member.member_epoch, member.session_deadline, member.revocation_deadline = 0, 0.0, None
+            records.append(group.target_member_record(member_id, group.target.get(replaced.member_id, {})))
+            old = replaced
+        elif req.member_epoch == JOIN_GROUP_MEMBER_EPOCH:
+            if old is None and len(group.members) >= self.config.max_size:
+                raise ConsumerGroupError(ErrorCode.GROUP_MAX_SIZE_REACHED,
+                                         f"The consumer group has reached its maximum capacity of "
+                                         f"{self.config.max_size} members.")
+            member = ConsumerMember(member_id) if old is None else _copy(old)
+            if old is not None:  # a member rejoining with epoch 0 starts over with nothing
+                member.member_epoch, member.previous_member_epoch = 0, -1
+                member.assigned, member.pending_revocation, member.state = {}, {}, MemberState.STABLE
+            bump = old is None
+        else:
+            if old is None:
+                raise ConsumerGroupError(ErrorCode.UNKNOWN_MEMBER_ID,
+                                         f"Member {member_id} is not a member of group {group_id}.")
+            self._check_epoch(old, req.member_epoch, _owned(req))
+            member = _copy(old)
+        # The member's metadata: a change of subscription bumps the group epoch.
+        member.instance_id = req.instance_id
+        if req.rack_id is not None:
+            member.rack_id = req.rack_id
+        member.client_id, member.client_host = client_id, client_host
+        if req.rebalance_timeout_ms > 0:
+            member.rebalance_timeout_ms = req.rebalance_timeout_ms
+        if req.subscribed_topic_names is not None:
+            member.subscribed_topic_names = tuple(sorted(set(req.subscribed_topic_names)))
+        if version >= 1 and (req.subscribed_topic_regex is not None or req.member_epoch == JOIN_GROUP_MEMBER_EPOCH):
+            member.subscribed_topic_regex = req.subscribed_topic_regex or None
+        if req.server_assignor is not None or req.member_epoch == JOIN_GROUP_MEMBER_EPOCH:
+            member.server_assignor = req.server_assignor
+        if old is None or replaced is not None or _metadata(old) != _metadata(member):
+            records.append(group.member_record(member))
+            bump = bump or old is None or _subscription(old) != _subscription(member)
+        # The subscribed topics as they are now: new topics (a regex match) or partitions bump the epoch too.
+        members_after = {mid: m for mid, m in group.members.items() if replaced is None or mid != replaced.member_id}
+        members_after[member_id] = member
+        topics = self._subscribed_topics(members_after.values())
+        if topics != group.subscribed_topics:
+            records.append(group.partition_metadata_record(topics))
+            bump = True
+        group_epoch = group.group_epoch
+        if bump:
+            group_epoch += 1
+            records.append(group.group_epoch_record(group_epoch))
+        # A new target assignment when the group epoch moved past the assignment epoch.
+        target = dict(group.target)
+        if replaced is not None:
+            target[member_id] = target.pop(replaced.member_id, {})
+        assignment_epoch = group.assignment_epoch
+        if group_epoch > assignment_epoch:
+            new_target = self._compute_target(members_after, topics, target, member_id)
+            for mid in sorted(members_after):
+                if new_target.get(mid, {}) != target.get(mid) or mid not in target:
+                    records.append(group.target_member_record(mid, new_target.get(mid, {})))
+            records.append(group.target_epoch_record(group_epoch))
+            target, assignment_epoch = new_target, group_epoch
+        # Reconcile the member towards its target.
+        owned = _owned(req)
+        result = reconcile(member, target.get(member_id, {}), assignment_epoch, owned,
+                           group.held_by_others(member_id, *(() if replaced is None else (replaced.member_id,))))
+        changed = (result.state, result.member_epoch, result.previous_member_epoch, result.assigned,
+                   result.pending_revocation) != (member.state, member.member_epoch, member.previous_member_epoch,
+                                                  member.assigned, member.pending_revocation)
+        if changed or old is None or replaced is not None or req.member_epoch == JOIN_GROUP_MEMBER_EPOCH:
+            records.append(group.current_assignment_record(member_id, result))
+        await self._write(group_id, records)
+        live = self.groups[group_id].members[member_id]
+        now = self.clock()
+        live.session_deadline = now + self.config.session_timeout_ms / 1000
+        if live.state == MemberState.UNREVOKED_PARTITIONS:
+            if live.revocation_deadline is None:
+                timeout = live.rebalance_timeout_ms if live.rebalance_timeout_ms > 0 else self.config.session_timeout_ms
+                live.revocation_deadline = now + timeout / 1000
+        else:
+            live.revocation_deadline = None
+        if replaced is not None:
+            log.info("static member replaced", group_id=group_id, instance_id=req.instance_id,
+                     old_member_id=replaced.member_id, member_id=member_id)
+        if bump:
+            log.info("consumer group epoch bumped", group_id=group_id, epoch=group_epoch, members=len(members_after))
+        send_assignment = (req.member_epoch == JOIN_GROUP_MEMBER_EPOCH or owned is not None
+                           or result.assigned != member.assigned or old is None)
+        return HeartbeatResponse(
+            error_code=ErrorCode.NONE, member_id=member_id, member_epoch=live.member_epoch,
+            heartbeat_interval_ms=self.config.heartbeat_interval_ms,
+            assignment=_hb_assignment(live.assigned) if send_assignment else None,
+        )
+
+    @staticmethod
+    def _static_predecessor(group: ConsumerGroup, req: Any, member_id: str) -> ConsumerMember | None:
+        """The member a static member's join replaces; Kafka's errors when the instance id is in use."""
+        if req.instance_id is None:
+            return None
+        prior = group.static_member(req.instance_id)
+        if prior is None or prior.member_id == member_id:
+            if prior is None and req.member_epoch != JOIN_GROUP_MEMBER_EPOCH and member_id in group.members:
+                raise ConsumerGroupError(ErrorCode.FENCED_INSTANCE_ID,
+                                         f"Static member {member_id} with instance id {req.instance_id} is not "
+                                         "the member the group knows for it.")
+            return None
+        if req.member_epoch != JOIN_GROUP_MEMBER_EPOCH:
+            raise ConsumerGroupError(ErrorCode.FENCED_INSTANCE_ID,
+                                     f"Static member {member_id} with instance id {req.instance_id} was replaced "
+                                     f"by {prior.member_id}.")
+        if prior.member_epoch != LEAVE_GROUP_STATIC_MEMBER_EPOCH:
+            raise ConsumerGroupError(ErrorCode.UNRELEASED_INSTANCE_ID,
+                                     f"Static member {member_id} with instance id {req.instance_id} cannot join "
+                                     f"the group because the instance id is owned by member {prior.member_id}.")
+        return prior
+
+    @staticmethod
+    def _check_epoch(member: ConsumerMember, received: int, owned: Assignment | None) -> None:
+        """Kafka's fencing: a newer epoch than the member's is fenced; an older one only when it is the
+        previous epoch (a lost response) and the member owns nothing it no longer has."""
+        if received > member.member_epoch:
+            raise ConsumerGroupError(ErrorCode.FENCED_MEMBER_EPOCH,
+                                     f"The consumer group member has a greater member epoch ({received}) than the "
+                                     f"one known by the group coordinator ({member.member_epoch}).")
+        if received < member.member_epoch:
+            ok = received == member.previous_member_epoch and owned is not None and all(
+                ps <= member.assigned.get(tid, frozenset()) for tid, ps in owned.items())
+            if not ok:
+                raise ConsumerGroupError(ErrorCode.FENCED_MEMBER_EPOCH,
+                                         f"The consumer group member has a smaller member epoch ({received}) than "
+                                         f"the one known by the group coordinator ({member.member_epoch}).")
+
+    def _subscribed_topics(self, members: Iterable[ConsumerMember]) -> dict[bytes, SubscribedTopic]:
+        names: set[str] = set()
+        regexes: set[str] = set()
+        for m in members:
+            names.update(m.subscribed_topic_names)
+            if m.subscribed_topic_regex:
+                regexes.add(m.subscribed_topic_regex)
+        if regexes:
+            compiled = [compile_regex(r) for r in sorted(regexes)]
+            names.update(t for t in self.topics.topic_names() if any(c is not None and c.fullmatch(t) for c in compiled))
+        out: dict[bytes, SubscribedTopic] = {}
+        for name in sorted(names):
+            meta = self.topics.topic_by_name(name)
+            if meta is not None:
+                out[meta[0]] = SubscribedTopic(name, meta[1])
+        return out
+
+    def _compute_target(self, members: dict[str, ConsumerMember], topics: dict[bytes, SubscribedTopic],
+                        current: dict[str, Assignment], joining: str) -> dict[str, Assignment]:
+        by_name = {t.name: tid for tid, t in topics.items()}
+        subscriptions: dict[str, frozenset[bytes]] = {}
+        for mid, m in members.items():
+            compiled = compile_regex(m.subscribed_topic_regex)
+            subscriptions[mid] = frozenset(tid for name, tid in by_name.items() if m.subscribes(name, compiled))
+        # The assignor named by the most members wins, else the first configured (as in Kafka).
+        votes: dict[str, int] = {}
+        for m in members.values():
+            if m.server_assignor is not None:
+                votes[m.server_assignor] = votes.get(m.server_assignor, 0) + 1
+        name = max(sorted(votes), key=lambda n: votes[n]) if votes else None
+        assignor = self.assignor(name) or self.assignors[0]
+        partitions = {tid: t.num_partitions for tid, t in topics.items()}
+        return assignor.assign(subscriptions, partitions, {mid: a for mid, a in current.items() if mid in members})
+
+    async def _leave(self, group_id: str, member_id: str, epoch: int) -> Any:
+        group = self.groups.get(group_id)
+        if group is None:
+            raise ConsumerGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} not found.")
+        if member_id not in group.members:
+            raise ConsumerGroupError(ErrorCode.UNKNOWN_MEMBER_ID,
+                                     f"Member {member_id} is not a member of group {group_id}.")
+        member = group.members[member_id]
+        if epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH and member.instance_id is not None:
+            # A static member leaving temporarily keeps its partitions until its session ends or its
+            # successor (same instance id) joins.
+            await self._write(group_id, [group.current_assignment_record(member_id, Reconciled(
+                member.state, LEAVE_GROUP_STATIC_MEMBER_EPOCH, member.member_epoch, member.assigned,
+                member.pending_revocation))])
+            log.info("static member left consumer group temporarily", group_id=group_id, member_id=member_id)
+            return HeartbeatResponse(error_code=ErrorCode.NONE, member_id=member_id, member_epoch=epoch,
+                                     heartbeat_interval_ms=0)
+        await self._remove_member(group, member_id)
+        log.info("member left consumer group", group_id=group_id, member_id=member_id)
+        return HeartbeatResponse(error_code=ErrorCode.NONE, member_id=member_id, member_epoch=epoch,
+                                 heartbeat_interval_ms=0)
+
+    async def _remove_member(self, group: ConsumerGroup, member_id: str) -> None:
+        """The member's records go and the group epoch is bumped, so the others get its partitions."""
+        records = group.member_tombstones(member_id)
+        remaining = [m for mid, m in group.members.items() if mid != member_id]
+        topics = self._subscribed_topics(remaining)
+        if topics != group.subscribed_topics:
+            records.append(group.partition_metadata_record(topics))
+        records.append(group.group_epoch_record(group.group_epoch + 1))
+        await self._write(group.group_id, records)
+
+    async def expire_members(self, now: float | None = None) -> list[tuple[str, str]]:
+        """Remove members whose session ended or whose revocation took longer than their rebalance timeout."""
+        now = self.clock() if now is None else now
+        expired: list[tuple[str, str]] = []
+        for group_id in list(self.groups):
+            group = self.groups.get(group_id)
+            if group is None or not any(_overdue(m, now) for m in group.members.values()):
+                continue
+
+            async def sweep(group_id: str = group_id) -> None:
+                for member_id in sorted(self.groups[group_id].members if group_id in self.groups else ()):
+                    current = self.groups.get(group_id)
+                    member = None if current is None else current.members.get(member_id)
+                    if current is None or member is None or not _overdue(member, now):
+                        continue
+                    log.info("consumer group member expired", group_id=group_id, member_id=member_id,
+                             reason="session" if member.session_deadline <= now else "revocation timeout")
+                    await self._remove_member(current, member_id)
+                    expired.append((group_id, member_id))
+
+            await self._run(group_id, sweep)
+        return expired
+
+    # ---- ConsumerGroupDescribe / admin -----------------------------------------------------------
+
+    def _described_assignment(self, assignment: Assignment) -> Any:
+        tps = []
+        for tid, ps in sorted(assignment.items()):
+            meta = self.topics.topic_by_id(tid)
+            if meta is not None:
+                tps.append(_DTopicPartitions(topic_id=tid, topic_name=meta[0], partitions=sorted(ps)))
+        return _DAssignment(topic_partitions=tps)
+
+    def describe(self, group_id: str) -> Any:
+        group = self.groups.get(group_id)
+        if group is None:
+            return DescribedGroup(group_id=group_id, error_code=ErrorCode.GROUP_ID_NOT_FOUND,
+                                  error_message=f"Group {group_id} not found.", members=[])
+        votes = [m.server_assignor for m in group.members.values() if m.server_assignor]
+        assignor = max(sorted(set(votes)), key=votes.count) if votes else self.assignors[0].name
+        members = [
+            _DMember(member_id=m.member_id, instance_id=m.instance_id, rack_id=m.rack_id, member_epoch=m.member_epoch,
+                     client_id=m.client_id, client_host=m.client_host,
+                     subscribed_topic_names=list(m.subscribed_topic_names),
+                     subscribed_topic_regex=m.subscribed_topic_regex,
+                     assignment=self._described_assignment(m.assigned),
+                     target_assignment=self._described_assignment(group.target.get(m.member_id, {})),
+                     member_type=CONSUMER_MEMBER_TYPE)
+            for m in sorted(group.members.values(), key=lambda x: x.member_id)
+        ]
+        return DescribedGroup(error_code=ErrorCode.NONE, group_id=group_id, group_state=group.state.value,
+                              group_epoch=group.group_epoch, assignment_epoch=group.assignment_epoch,
+                              assignor_name=assignor, members=members)
+
+    def list_groups(self) -> list[tuple[str, str]]:
+        return [(gid, g.state.value) for gid, g in sorted(self.groups.items())]
+
+    async def delete_group(self, group_id: str) -> int:
+        if not self.loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        async def operation() -> int:
+            group = self.groups.get(group_id)
+            if group is None:
+                return ErrorCode.GROUP_ID_NOT_FOUND
+            if group.members:
+                return ErrorCode.NON_EMPTY_GROUP
+            try:
+                await self._write(group_id, group.delete_records())
+            except Exception:
+                log.exception("consumer group deletion failed", group_id=group_id)
+                return ErrorCode.UNKNOWN_SERVER_ERROR
+            log.info("consumer group deleted", group_id=group_id)
+            return ErrorCode.NONE
+
+        return await self._run(group_id, operation)
+
+    # ---- offsets ---------------------------------------------------------------------------------
+
+    def _validate_member_epoch(self, group: ConsumerGroup, member_id: str, member_epoch: int) -> int:
+        """Kafka's ConsumerGroup offset validation: without a member only when it has no members;
+        otherwise the member must exist and use its current epoch."""
+        if member_epoch < 0 and not member_id:
+            return ErrorCode.NONE if not group.members else ErrorCode.UNKNOWN_MEMBER_ID
+        member = group.members.get(member_id)
+        if member is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if member_epoch != member.member_epoch:
+            return ErrorCode.STALE_MEMBER_EPOCH
+        return ErrorCode.NONE
+
+    async def commit_offsets(self, group_id: str, member_id: str, member_epoch: int,
+                             offsets: list[tuple[str, int, int, int, str | None]], version: int) -> tuple[int, list[int]]:
+        """OffsetCommit for a consumer group: (topic, partition, offset, leader epoch, metadata) rows."""
+        if not self.loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
+        async def operation() -> tuple[int, list[int]]:
+            group = self.groups.get(group_id)
+            if group is None:
+                return ErrorCode.GROUP_ID_NOT_FOUND, []
+            if version < 9 and (member_id or member_epoch >= 0):
+                return ErrorCode.UNSUPPORTED_VERSION, []
+            error = self._validate_member_epoch(group, member_id, member_epoch)
+            if error != ErrorCode.NONE:
+                return error, []
+            now_ms = self.wall_ms()
+            codes: list[int] = []
+            records: list[CoordinatorRecord] = []
+            for topic, partition, offset, leader_epoch, metadata in offsets:
+                text = metadata or ""
+                if len(text.encode()) > self.config.offset_metadata_max_bytes:
+                    codes.append(ErrorCode.OFFSET_METADATA_TOO_LARGE)
+                    continue
+                codes.append(ErrorCode.NONE)
+                records.append(offset_commit_record(group_id, topic, partition,
+                                                    CommittedOffset(offset, leader_epoch, text, now_ms)))
+            try:
+                await self._write(group_id, records)
+            except Exception:
+                log.exception("offset commit failed", group_id=group_id)
+                return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
+            return ErrorCode.NONE, codes
+
+        return await self._run(group_id, operation)
+
+    def fetch_offsets(self, group_id: str, member_id: str | None, member_epoch: int,
+                      wanted: list[tuple[str, list[int]]] | None
+                      ) -> tuple[int, list[tuple[str, int, CommittedOffset | None]]]:
+        if not self.loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
+        group = self.groups.get(group_id)
+        if group is None:
+            return ErrorCode.GROUP_ID_NOT_FOUND, []
+        if member_id is not None:
+            error = self._validate_member_epoch(group, member_id, member_epoch)
+            if error != ErrorCode.NONE:
+                return error, []
+        if wanted is None:
+            return ErrorCode.NONE, [(t, p, c) for (t, p), c in sorted(group.offsets.items())]
+        return ErrorCode.NONE, [(t, p, group.offsets.get((t, p))) for t, parts in wanted for p in parts]
+
+    async def delete_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> tuple[int, list[int]]:
+        """OffsetDelete: refused per partition for topics the members subscribe to."""
+        if not self.loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
+        async def operation() -> tuple[int, list[int]]:
+            group = self.groups.get(group_id)
+            if group is None:
+                return ErrorCode.GROUP_ID_NOT_FOUND, []
+            subscribed = {t.name for t in group.subscribed_topics.values()} if group.members else set()
+            codes: list[int] = []
+            records: list[CoordinatorRecord] = []
+            for topic, partition in partitions:
+                if topic in subscribed:
+                    codes.append(ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC)
+                    continue
+                codes.append(ErrorCode.NONE)
+                if (topic, partition) in group.offsets:
+                    records.append(offset_tombstone(group_id, topic, partition))
+            await self._write(group_id, records)
+            return ErrorCode.NONE, codes
+
+        return await self._run(group_id, operation)
+
+
+def _copy(m: ConsumerMember) -> ConsumerMember:
+    return ConsumerMember(**{f: getattr(m, f) for f in ConsumerMember.__dataclass_fields__})
+
+
+def _subscription(m: ConsumerMember) -> tuple[object, ...]:
+    return (m.subscribed_topic_names, m.subscribed_topic_regex, m.server_assignor)
+
+
+def _metadata(m: ConsumerMember) -> tuple[object, ...]:
+    return (m.instance_id, m.rack_id, m.client_id, m.client_host, m.rebalance_timeout_ms) + _subscription(m)
+
+
+def _overdue(m: ConsumerMember, now: float) -> bool:
+    return m.session_deadline <= now or (m.revocation_deadline is not None and m.revocation_deadline <= now)
