@@ -14,7 +14,7 @@ The group's in-flight limit caps a checkpoint-mode micro-batch too (records stay
 until the batch is in the offset log); --max-record-locks raises group.share.partition.max.record.locks.
 
 Usage: python bench/bench_spark.py [--records 300000] [--per-trigger 100000] [--max-record-locks 100000]
-                                   [--rss-records 100000]
+                                   [--rss-records 100000] [--source-only]
 """
 
 from __future__ import annotations
@@ -185,6 +185,7 @@ def main() -> None:
     parser.add_argument("--max-record-locks", type=int, default=100_000)
     parser.add_argument("--per-trigger", type=int, default=100_000, help="maxOffsetsPerTrigger")
     parser.add_argument("--rss-records", type=int, default=100_000, help="N for the RSS check (also 10 x N)")
+    parser.add_argument("--source-only", action="store_true", help="only the bare reader and the Spark source")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -214,6 +215,8 @@ def main() -> None:
                     steady, wall = spark_source(spark, bootstrap, TOPIC, sink, n, sink, tmp, args.per_trigger)
                     print(f"  spark source -> {sink:8s}      {steady:>10,.0f} rec/s steady ({n / wall:,.0f} incl. "
                           f"start-up, {wall:.1f} s)   ratio to bare: {steady / bare:.2f}")
+                if args.source_only:
+                    return
                 rows = [(bytes(r.key), bytes(r.value)) for r in spark.read.parquet(f"{tmp}/out-parquet").collect()]
                 producer_rate = bundled_producer(bootstrap, TOPIC + "-out", rows)
                 print(f"  bundled producer (send_many)   {producer_rate:>10,.0f} rec/s")

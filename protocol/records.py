@@ -560,6 +560,20 @@ def decode_batch(
     return header, decode_records(buf, pos, header)
 
 
+def iter_complete_batches(buf: bytes | bytearray | memoryview) -> Iterator[tuple[BatchHeader, int]]:
+    """(header, byte position) of each whole batch of a fetch payload, without checking CRCs; a truncated
+    trailing batch (a fetch cut at its byte limit) ends the iteration, as consumers do."""
+    pos = 0
+    end = len(buf)
+    while end - pos >= HEADER_SIZE:
+        (length,) = _LENGTH.unpack_from(buf, pos + LENGTH_POS)
+        if pos + LOG_OVERHEAD + length > end:
+            return
+        header = parse_batch_header(buf, pos)
+        yield header, pos
+        pos += header.size
+
+
 def iter_decoded_batches(
     buf: bytes | bytearray | memoryview, *, check_crc: bool = True, allow_partial: bool = False
 ) -> Iterator[tuple[BatchHeader, list[Record]]]:
@@ -568,15 +582,15 @@ def iter_decoded_batches(
     With `allow_partial`, a truncated trailing batch (a fetch cut at its byte limit) ends the
     iteration instead of raising, as consumers do.
     """
+    if allow_partial:
+        for header, pos in iter_complete_batches(buf):
+            if check_crc:
+                verify_crc(buf, pos, header)
+            yield header, decode_records(buf, pos, header)
+        return
     pos = 0
     end = len(buf)
     while pos < end:
-        if allow_partial:
-            if end - pos < HEADER_SIZE:
-                return
-            (length,) = _LENGTH.unpack_from(buf, pos + LENGTH_POS)
-            if pos + LOG_OVERHEAD + length > end:
-                return
         header, records = decode_batch(buf, pos, check_crc=check_crc)
         yield header, records
         pos += header.size

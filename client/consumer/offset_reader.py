@@ -8,7 +8,8 @@ are reported as lost rather than read.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+import concurrent.futures
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +19,8 @@ from shoal.client.loop_thread import LoopThread
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
-from shoal.protocol.record_batch import BatchHeader
-from shoal.protocol.records import Record, iter_decoded_batches
+from shoal.protocol.record_batch import BatchHeader, verify_crc
+from shoal.protocol.records import Record, decode_records, iter_complete_batches
 
 FETCH_VERSIONS = (4, 12)  # v13+ names topics by id only
 READ_UNCOMMITTED = 0
@@ -40,6 +41,20 @@ class RangeRead:
 
     batches: list[tuple[BatchHeader, list[Record]]] = field(default_factory=list)
     lost: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class FetchedBatches:
+    """One fetch's part of a read of first..last, undecoded: the batches of `data` (header, byte position)
+    that hold offsets from `first` on (control batches left out; the first and last batch may hold
+    offsets outside the range, which the caller drops), the sub-ranges that no longer exist in the log,
+    and where the read goes on (past `last`: done)."""
+
+    data: bytes | memoryview
+    batches: list[tuple[BatchHeader, int]]
+    first: int
+    lost: list[tuple[int, int]]
+    next_offset: int
 
 
 class AsyncOffsetReader(AsyncAdmin):
@@ -71,22 +86,19 @@ class AsyncOffsetReader(AsyncAdmin):
             raise KafkaError(ErrorCode.LEADER_NOT_AVAILABLE, f"no leader for {topic}-{partition}")
         return leader
 
-    async def read(self, topic: str, partition: int, first: int, last: int) -> RangeRead:
-        """Every record of `topic`-`partition` with an offset in first..last (inclusive)."""
+    async def read_step(self, topic: str, partition: int, first: int, last: int) -> FetchedBatches:
+        """The next fetch's worth of `topic`-`partition` from offset `first` on, up to `last`."""
         await self.start()
-        out = RangeRead()
         pos = first
         max_bytes = self.partition_max_bytes
         retries = 0
-        while pos <= last:
+        while True:
             p = await self._fetch(topic, partition, pos, max_bytes, refresh=retries > 0)
             if p.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
                 start = await self.log_start_offset(topic, partition)
                 if pos >= start:
                     raise for_code(p.error_code, f"{topic}-{partition} has no offset {pos} (log start {start})")
-                out.lost.append((pos, min(last, start - 1)))
-                pos = start
-                continue
+                return FetchedBatches(b"", [], pos, [(pos, min(last, start - 1))], start)
             if p.error_code in _LEADER_ERRORS and retries < _MAX_LEADER_RETRIES:
                 retries += 1
                 await asyncio.sleep(0.1 * retries)
@@ -95,20 +107,18 @@ class AsyncOffsetReader(AsyncAdmin):
                 raise for_code(p.error_code, f"fetch {topic}-{partition} at {pos}")
             retries = 0
             data = p.records or b""
-            moved = False
-            for header, records in iter_decoded_batches(data, allow_partial=True):
+            step = FetchedBatches(data, [], pos, [], pos)
+            for header, at in iter_complete_batches(data):
                 if header.last_offset < pos:
                     continue
+                verify_crc(data, at, header)
                 if not header.is_control:
-                    kept = [r for r in records if pos <= r.offset <= last]
-                    if kept:
-                        out.batches.append((header, kept))
-                pos = header.last_offset + 1
-                moved = True
-                if pos > last:
+                    step.batches.append((header, at))
+                step.next_offset = header.last_offset + 1
+                if step.next_offset > last:
                     break
-            if moved:
-                continue
+            if step.next_offset > pos:
+                return step
             if data and max_bytes < 1 << 30:
                 max_bytes *= 4  # one batch is larger than the fetch may return
                 continue
@@ -118,6 +128,19 @@ class AsyncOffsetReader(AsyncAdmin):
                     f"{topic}-{partition}: offsets {pos}..{last} are beyond the high watermark {p.high_watermark}",
                 )
             raise KafkaError(ErrorCode.UNKNOWN_SERVER_ERROR, f"fetch {topic}-{partition} at {pos} returned nothing")
+
+    async def read(self, topic: str, partition: int, first: int, last: int) -> RangeRead:
+        """Every record of `topic`-`partition` with an offset in first..last (inclusive)."""
+        out = RangeRead()
+        pos = first
+        while pos <= last:
+            step = await self.read_step(topic, partition, pos, last)
+            out.lost.extend(step.lost)
+            for header, at in step.batches:
+                kept = [r for r in decode_records(step.data, at, header) if pos <= r.offset <= last]
+                if kept:
+                    out.batches.append((header, kept))
+            pos = step.next_offset
         return out
 
     async def _fetch(self, topic: str, partition: int, offset: int, max_bytes: int, *, refresh: bool) -> Any:
@@ -174,6 +197,35 @@ class OffsetReader:
 
     def read(self, topic: str, partition: int, first: int, last: int) -> RangeRead:
         return self._thread.run(self._reader.read(topic, partition, first, last))
+
+    def read_ranges(
+        self, topic: str, partition: int, ranges: Iterable[tuple[int, int]]
+    ) -> Iterator[tuple[int, FetchedBatches]]:
+        """(index of the range, fetched batches) for each fetch that reading the ranges takes, in order.
+        The next fetch is already under way while the caller handles one."""
+        todo = [(i, first, last) for i, (first, last) in enumerate(ranges) if first <= last]
+        todo.reverse()
+        if not todo:
+            return
+        index, pos, last = todo.pop()
+        future: concurrent.futures.Future[FetchedBatches] | None = self._submit(topic, partition, pos, last)
+        try:
+            while future is not None:
+                step = future.result()
+                current = index
+                future = None
+                if step.next_offset <= last:
+                    future = self._submit(topic, partition, step.next_offset, last)
+                elif todo:
+                    index, pos, last = todo.pop()
+                    future = self._submit(topic, partition, pos, last)
+                yield current, step
+        finally:
+            if future is not None:
+                future.cancel()
+
+    def _submit(self, topic: str, partition: int, first: int, last: int) -> concurrent.futures.Future[FetchedBatches]:
+        return self._thread.submit(self._reader.read_step(topic, partition, first, last))
 
     def log_start_offset(self, topic: str, partition: int) -> int:
         return self._thread.run(self._reader.log_start_offset(topic, partition))

@@ -250,50 +250,64 @@ def _offset_reader(bootstrap: str, config: Mapping[str, str]) -> OffsetReader:
         return reader
 
 
-def read_task(task: RangeTask, options: SourceOptions) -> pa.RecordBatch:
-    """The rows of a task's ranges, read by offset (executor side)."""
+def read_task(task: RangeTask, options: SourceOptions) -> Iterator[pa.RecordBatch]:
+    """The rows of a task's ranges, read by offset (executor side): one Arrow batch per fetch, decoded
+    column by column (see record_columns) while the next fetch is under way."""
+    import numpy as np
     import pyarrow as pa
 
+    from shoal.client.spark.record_columns import decode_columns, record_sections
+
     reader = _offset_reader(options.bootstrap_servers, options.client_config)
-    keys: list[bytes | None] = []
-    values: list[bytes | None] = []
-    offsets: list[int] = []
-    micros: list[int | None] = []
-    ts_types: list[int] = []
-    headers: list[list[dict[str, Any]] | None] = []
-    counts: list[int] = []
-    for first, last, delivery_count in task.ranges:
-        got = reader.read(task.topic, task.partition, first, last)
-        for lo, hi in got.lost:
+    ranges = task.ranges
+    for index, step in reader.read_ranges(task.topic, task.partition, [(r[0], r[1]) for r in ranges]):
+        for lo, hi in step.lost:
             report_lost(task.topic, task.partition, lo, hi, fail=options.fail_on_data_loss)
-        for header, records in got.batches:
-            n = len(records)
-            keys.extend([r.key for r in records])
-            values.extend([r.value for r in records])
-            offsets.extend([r.offset for r in records])
+        if not step.batches:
+            continue
+        data, sections = record_sections(step.data, step.batches)
+        cols = decode_columns(data, sections, step.first, ranges[index][1])
+        n = len(cols)
+        if not n:
+            continue
+        ts_types = np.fromiter((h.timestamp_type for h, _, _ in sections), np.int32, len(sections))
+        arrays = [
+            cols.keys,
+            cols.values,
+            pa.repeat(pa.scalar(task.topic, pa.string()), n),
+            pa.repeat(pa.scalar(task.partition, pa.int32()), n),
+            pa.array(cols.offsets, pa.int64()),
             # Kafka uses -1 for "no timestamp"; Spark shows that as null rather than 1969-12-31.
-            micros.extend([r.timestamp * 1000 if r.timestamp >= 0 else None for r in records])
-            ts_types.extend([header.timestamp_type] * n)
-            counts.extend([delivery_count] * n)
-            if options.include_headers:
-                headers.extend([[{"key": h.key, "value": h.value} for h in r.headers] or None for r in records])
-    n = len(offsets)
-    arrays = [
-        pa.array(keys, pa.binary()),
-        pa.array(values, pa.binary()),
-        pa.array([task.topic] * n, pa.string()),
-        pa.array([task.partition] * n, pa.int32()),
-        pa.array(offsets, pa.int64()),
-        pa.array(micros, pa.timestamp("us", tz="UTC")),
-        pa.array(ts_types, pa.int32()),
-    ]
+            pa.array(cols.timestamps * 1000, pa.timestamp("us", tz="UTC"), mask=cols.timestamps < 0),
+            pa.array(ts_types[cols.batch_index], pa.int32()),
+        ]
+        if options.include_headers:
+            arrays.append(_headers_column(step.data, step.batches, cols.batch_index, cols.record_index))
+        arrays.append(pa.repeat(pa.scalar(ranges[index][2], pa.int32()), n))
+        yield pa.RecordBatch.from_arrays(arrays, names=_column_names(options))
+
+
+def _column_names(options: SourceOptions) -> list[str]:
     names = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
     if options.include_headers:
-        arrays.append(pa.array(headers, pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))))
         names.append("headers")
-    arrays.append(pa.array(counts, pa.int32()))
-    names.append("deliveryCount")
-    return pa.RecordBatch.from_arrays(arrays, names=names)
+    return [*names, "deliveryCount"]
+
+
+def _headers_column(data: Any, batches: Sequence[tuple[Any, int]], batch_index: Any, record_index: Any) -> pa.Array:
+    """Record headers of the kept records, through the reference decoder (only when includeHeaders)."""
+    import pyarrow as pa
+
+    from shoal.protocol.records import decode_records
+
+    decoded: dict[int, list[Any]] = {}
+    rows: list[list[dict[str, Any]] | None] = []
+    for b, r in zip(batch_index.tolist(), record_index.tolist(), strict=True):
+        if b not in decoded:
+            header, at = batches[b]
+            decoded[b] = decode_records(data, at, header)
+        rows.append([{"key": h.key, "value": h.value} for h in decoded[b][r].headers] or None)
+    return pa.array(rows, pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])))
 
 
 def _exit_on_sigterm() -> None:
@@ -642,9 +656,7 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangeTask)
-        batch = read_task(partition, self.options)
-        if batch.num_rows:
-            yield batch
+        yield from read_task(partition, self.options)
 
 
 class KafkaShareDataSource(DataSource):
