@@ -21,6 +21,11 @@ from shoal.protocol.record_batch import HEADER_SIZE, TIMESTAMP_TYPE_MASK, BatchH
 
 _INT32_LIMIT = (1 << 31) - 1
 _EMPTY_INT64: np.ndarray[Any, np.dtype[np.int64]] = np.zeros(0, np.int64)
+# The record-start walk: the most records one check covers, the shortest run worth checking for, and
+# how many records are walked one by one after a shorter one.
+_GALLOP_MAX = 4096
+_GALLOP_MIN_RUN = 16
+_WALK_AFTER_SHORT_RUN = 256
 
 
 @dataclass
@@ -40,41 +45,88 @@ class RecordColumns:
         return len(self.offsets)
 
 
-def _record_starts(data: bytes | memoryview, sections: Sequence[tuple[BatchHeader, int, int]]) -> list[int]:
-    """Where each record's length varint starts: the one step that must go record by record."""
-    starts: list[int] = []
+def _walk(data: bytes | memoryview, pos: int, count: int, starts: list[int]) -> int:
+    """Step over `count` records from `pos`, noting where each starts; the position after them."""
     append = starts.append
+    for _ in range(count):
+        append(pos)
+        b = data[pos]
+        if b < 0x80:
+            length = (b >> 1) ^ -(b & 1)
+            pos += 1
+        else:
+            u = b & 0x7F
+            shift = 7
+            pos += 1
+            while True:
+                b = data[pos]
+                pos += 1
+                u |= (b & 0x7F) << shift
+                if b < 0x80:
+                    break
+                shift += 7
+                if shift > 28:
+                    raise InvalidRecordBatch("record length varint longer than 5 bytes")
+            length = (u >> 1) ^ -(u & 1)
+        if length <= 0:
+            raise InvalidRecordBatch(f"record length {length} at byte {pos}")
+        pos += length
+    return pos
+
+
+def _record_starts(
+    data: bytes | memoryview, buf: np.ndarray[Any, np.dtype[np.uint8]], sections: Sequence[tuple[BatchHeader, int, int]]
+) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """Where each record's length varint starts: the one step that must go record by record.
+
+    Records often come in runs of one length (same-sized keys and values): from a record, the places
+    where the next ones would start if they had its length are checked all at once, by comparing the
+    bytes of their length varints with its own. A short run is followed by a stretch walked one by one,
+    so records of all different lengths cost about what the plain walk costs."""
+    pieces: list[np.ndarray[Any, np.dtype[np.int64]]] = []
     try:
         for header, pos, end in sections:
-            # The smallest record takes 7 bytes: a bad count must not make this loop run for long.
-            if not 0 <= header.records_count <= (end - pos) // 7:
-                raise InvalidRecordBatch(f"batch at offset {header.base_offset} cannot hold {header.records_count} records")
-            for _ in range(header.records_count):
-                append(pos)
-                b = data[pos]
-                if b < 0x80:
-                    pos += 1 + ((b >> 1) ^ -(b & 1))
-                    continue
-                u = b & 0x7F
-                shift = 7
-                pos += 1
-                while True:
-                    b = data[pos]
-                    pos += 1
-                    u |= (b & 0x7F) << shift
-                    if b < 0x80:
-                        break
-                    shift += 7
-                    if shift > 28:
-                        raise InvalidRecordBatch("record length varint longer than 5 bytes")
-                pos += (u >> 1) ^ -(u & 1)
+            left = header.records_count
+            # The smallest record takes 7 bytes: a bad count must not make the walk run for long.
+            if not 0 <= left <= (end - pos) // 7:
+                raise InvalidRecordBatch(f"batch at offset {header.base_offset} cannot hold {left} records")
+            while left:
+                walked: list[int] = []
+                after = _walk(data, pos, 1, walked)
+                stride = after - pos
+                fit = min(left, _GALLOP_MAX, (end - pos) // stride)
+                run = 1
+                if fit > 1:
+                    at = pos + stride * np.arange(fit, dtype=np.int64)
+                    same = np.ones(fit, np.bool_)
+                    for j in range(_varint_size(data, pos)):
+                        same &= buf[at + j] == buf[pos + j]
+                    misses = np.flatnonzero(~same)
+                    run = int(misses[0]) if misses.size else fit
+                    pieces.append(at[:run])
+                else:
+                    pieces.append(np.array(walked, np.int64))
+                pos += stride * run
+                left -= run
+                if run < _GALLOP_MIN_RUN and left:
+                    walked = []
+                    pos = _walk(data, pos, min(left, _WALK_AFTER_SHORT_RUN), walked)
+                    left -= len(walked)
+                    pieces.append(np.array(walked, np.int64))
             if pos != end:
                 raise InvalidRecordBatch(
                     f"records of the batch at offset {header.base_offset} end at byte {pos}, not {end}"
                 )
     except IndexError:
         raise InvalidRecordBatch("truncated record") from None
-    return starts
+    return np.concatenate(pieces) if pieces else _EMPTY_INT64
+
+
+def _varint_size(data: bytes | memoryview, pos: int) -> int:
+    size = 1
+    while data[pos + size - 1] >= 0x80:
+        size += 1
+    return size
 
 
 def _zigzag_at(
@@ -126,16 +178,15 @@ def decode_columns(
 ) -> RecordColumns:
     """Decode the records of `sections` (header, start, end: each batch's uncompressed records section
     inside `data`) and keep those with first <= offset <= last."""
-    starts = _record_starts(data, sections)
-    n = len(starts)
+    buf = np.frombuffer(data, np.uint8)
+    at = _record_starts(data, buf, sections)
+    n = len(at)
     if n == 0:
         empty = pa.array([], pa.binary())
         return RecordColumns(_EMPTY_INT64, _EMPTY_INT64, empty, empty, _EMPTY_INT64, _EMPTY_INT64)
-    buf = np.frombuffer(data, np.uint8)
     counts = np.fromiter((h.records_count for h, _, _ in sections), np.int64, len(sections))
     batch_index = np.repeat(np.arange(len(sections), dtype=np.int64), counts)
     try:
-        at = np.array(starts, np.int64)
         length, pos = _zigzag_at(buf, at, 5)
         record_end = pos + length
         ts_delta, pos = _zigzag_at(buf, pos + 1, 10)  # after the attributes byte

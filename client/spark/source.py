@@ -18,7 +18,8 @@ returns an end offset that lists exactly what it acquired: per topic-partition, 
 their delivery counts. `partitions` cuts those ranges into tasks (by maxBytesPerPartition and
 minPartitions; a task holds ranges of one partition in offset order, never records), and each task reads
 its ranges from the partition leader with a plain Fetch, keeping only those offsets (other consumers of the
-group own the rest of the partition), and decodes them on the executor.
+group own the rest of the partition), and decodes them on the executor straight into Arrow columns
+(record_columns), one Arrow batch per fetch, with the next fetch under way meanwhile.
 
 When records are accepted (`acknowledgeMode`):
   * `checkpoint` (default): as soon as the batch's end offset is in Spark's offset log. Spark writes it

@@ -69,9 +69,9 @@ def _columns(payload: bytes, first: int, last: int) -> list[tuple[int, int, byte
     cols = decode_columns(data, sections, first, last)
     assert len(cols.keys) == len(cols.values) == len(cols)
     # batch/record indexes point back at each record, as the headers column needs them to.
+    decoded = [decode_records(payload, at, header) for header, at in batches]
     for b, r, offset in zip(cols.batch_index.tolist(), cols.record_index.tolist(), cols.offsets.tolist(), strict=True):
-        header, at = batches[b]
-        assert decode_records(payload, at, header)[r].offset == offset
+        assert decoded[b][r].offset == offset
     return list(
         zip(cols.offsets.tolist(), cols.timestamps.tolist(), cols.keys.to_pylist(), cols.values.to_pylist(), strict=True)
     )
@@ -113,3 +113,17 @@ def test_nothing_kept_gives_empty_columns() -> None:
     payload = encode_batch([RecordInput(b"k", b"v")] * 3, base_offset=10)
     assert _columns(payload, 0, 9) == []
     assert _columns(payload, 11, 11) == [(11, parse_batch_header(payload).base_timestamp, b"k", b"v")]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(1, 100), st.integers(0, 200)), min_size=1, max_size=8))
+def test_runs_of_equal_length_records_and_stretches_of_unequal_ones(runs: list[tuple[int, int]]) -> None:
+    # Long runs of one record length take the vectorised path, short ones the record-by-record walk.
+    records = [
+        RecordInput(b"k", bytes(size + (i % 3 if length == 1 else 0)), (), 1000 + i)
+        for length, size in runs
+        for i in range(length)
+    ]
+    payload = encode_batch(records)
+    expected = [(r.offset, r.timestamp, r.key, r.value) for r in _reference(payload, 0, 1 << 40)]
+    assert _columns(payload, 0, 1 << 40) == expected
