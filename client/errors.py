@@ -26,6 +26,7 @@ RETRIABLE_CODES: frozenset[int] = frozenset(
         13,  # NETWORK_EXCEPTION
         ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
         ErrorCode.COORDINATOR_NOT_AVAILABLE,
+        ErrorCode.CONCURRENT_TRANSACTIONS,
         ErrorCode.NOT_COORDINATOR,
         19,
         20,

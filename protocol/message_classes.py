@@ -8,6 +8,10 @@ from typing import TYPE_CHECKING
 from .codec import MessageBase
 
 __all__ = [
+    "AddOffsetsToTxnRequest",
+    "AddOffsetsToTxnResponse",
+    "AddPartitionsToTxnRequest",
+    "AddPartitionsToTxnResponse",
     "AlterShareGroupOffsetsRequest",
     "AlterShareGroupOffsetsResponse",
     "AlterUserScramCredentialsRequest",
@@ -62,8 +66,12 @@ __all__ = [
     "DescribeShareGroupOffsetsResponse",
     "DescribeTopicPartitionsRequest",
     "DescribeTopicPartitionsResponse",
+    "DescribeTransactionsRequest",
+    "DescribeTransactionsResponse",
     "DescribeUserScramCredentialsRequest",
     "DescribeUserScramCredentialsResponse",
+    "EndTxnRequest",
+    "EndTxnResponse",
     "FetchRequest",
     "FetchResponse",
     "FindCoordinatorRequest",
@@ -88,6 +96,8 @@ __all__ = [
     "ListGroupsResponse",
     "ListOffsetsRequest",
     "ListOffsetsResponse",
+    "ListTransactionsRequest",
+    "ListTransactionsResponse",
     "MetadataRequest",
     "MetadataResponse",
     "OffsetCommitKey",
@@ -136,9 +146,154 @@ __all__ = [
     "ShareUpdateValue",
     "SyncGroupRequest",
     "SyncGroupResponse",
+    "TransactionLogKey",
+    "TransactionLogValue",
+    "TxnOffsetCommitRequest",
+    "TxnOffsetCommitResponse",
     "WriteShareGroupStateRequest",
     "WriteShareGroupStateResponse",
 ]
+
+
+class AddOffsetsToTxnRequest(MessageBase):
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "group_id")
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    group_id: str
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            transactional_id: str = ...,
+            producer_id: int = ...,
+            producer_epoch: int = ...,
+            group_id: str = ...,
+        ) -> None: ...
+
+
+class AddOffsetsToTxnResponse(MessageBase):
+    __slots__ = ("throttle_time_ms", "error_code")
+    throttle_time_ms: int
+    error_code: int
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+        ) -> None: ...
+
+
+class AddPartitionsToTxnRequest(MessageBase):
+    __slots__ = ("transactions", "v3_and_below_transactional_id", "v3_and_below_producer_id", "v3_and_below_producer_epoch", "v3_and_below_topics")
+    transactions: list[AddPartitionsToTxnRequest.AddPartitionsToTxnTransaction]
+    v3_and_below_transactional_id: str
+    v3_and_below_producer_id: int
+    v3_and_below_producer_epoch: int
+    v3_and_below_topics: list[AddPartitionsToTxnRequest.AddPartitionsToTxnTopic]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            transactions: list[AddPartitionsToTxnRequest.AddPartitionsToTxnTransaction] = ...,
+            v3_and_below_transactional_id: str = ...,
+            v3_and_below_producer_id: int = ...,
+            v3_and_below_producer_epoch: int = ...,
+            v3_and_below_topics: list[AddPartitionsToTxnRequest.AddPartitionsToTxnTopic] = ...,
+        ) -> None: ...
+
+    class AddPartitionsToTxnTransaction(MessageBase):
+        __slots__ = ("transactional_id", "producer_id", "producer_epoch", "verify_only", "topics")
+        transactional_id: str
+        producer_id: int
+        producer_epoch: int
+        verify_only: bool
+        topics: list[AddPartitionsToTxnRequest.AddPartitionsToTxnTopic]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                transactional_id: str = ...,
+                producer_id: int = ...,
+                producer_epoch: int = ...,
+                verify_only: bool = ...,
+                topics: list[AddPartitionsToTxnRequest.AddPartitionsToTxnTopic] = ...,
+            ) -> None: ...
+
+    class AddPartitionsToTxnTopic(MessageBase):
+        __slots__ = ("name", "partitions")
+        name: str
+        partitions: list[int]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                partitions: list[int] = ...,
+            ) -> None: ...
+
+
+class AddPartitionsToTxnResponse(MessageBase):
+    __slots__ = ("throttle_time_ms", "error_code", "results_by_transaction", "results_by_topic_v3_and_below")
+    throttle_time_ms: int
+    error_code: int
+    results_by_transaction: list[AddPartitionsToTxnResponse.AddPartitionsToTxnResult]
+    results_by_topic_v3_and_below: list[AddPartitionsToTxnResponse.AddPartitionsToTxnTopicResult]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            results_by_transaction: list[AddPartitionsToTxnResponse.AddPartitionsToTxnResult] = ...,
+            results_by_topic_v3_and_below: list[AddPartitionsToTxnResponse.AddPartitionsToTxnTopicResult] = ...,
+        ) -> None: ...
+
+    class AddPartitionsToTxnResult(MessageBase):
+        __slots__ = ("transactional_id", "topic_results")
+        transactional_id: str
+        topic_results: list[AddPartitionsToTxnResponse.AddPartitionsToTxnTopicResult]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                transactional_id: str = ...,
+                topic_results: list[AddPartitionsToTxnResponse.AddPartitionsToTxnTopicResult] = ...,
+            ) -> None: ...
+
+    class AddPartitionsToTxnTopicResult(MessageBase):
+        __slots__ = ("name", "results_by_partition")
+        name: str
+        results_by_partition: list[AddPartitionsToTxnResponse.AddPartitionsToTxnPartitionResult]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                results_by_partition: list[AddPartitionsToTxnResponse.AddPartitionsToTxnPartitionResult] = ...,
+            ) -> None: ...
+
+    class AddPartitionsToTxnPartitionResult(MessageBase):
+        __slots__ = ("partition_index", "partition_error_code")
+        partition_index: int
+        partition_error_code: int
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                partition_index: int = ...,
+                partition_error_code: int = ...,
+            ) -> None: ...
 
 
 class AlterShareGroupOffsetsRequest(MessageBase):
@@ -2137,6 +2292,70 @@ class DescribeTopicPartitionsResponse(MessageBase):
             ) -> None: ...
 
 
+class DescribeTransactionsRequest(MessageBase):
+    __slots__ = ("transactional_ids",)
+    transactional_ids: list[str]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            transactional_ids: list[str] = ...,
+        ) -> None: ...
+
+
+class DescribeTransactionsResponse(MessageBase):
+    __slots__ = ("throttle_time_ms", "transaction_states")
+    throttle_time_ms: int
+    transaction_states: list[DescribeTransactionsResponse.TransactionState]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            transaction_states: list[DescribeTransactionsResponse.TransactionState] = ...,
+        ) -> None: ...
+
+    class TransactionState(MessageBase):
+        __slots__ = ("error_code", "transactional_id", "transaction_state", "transaction_timeout_ms", "transaction_start_time_ms", "producer_id", "producer_epoch", "topics")
+        error_code: int
+        transactional_id: str
+        transaction_state: str
+        transaction_timeout_ms: int
+        transaction_start_time_ms: int
+        producer_id: int
+        producer_epoch: int
+        topics: list[DescribeTransactionsResponse.TopicData]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                error_code: int = ...,
+                transactional_id: str = ...,
+                transaction_state: str = ...,
+                transaction_timeout_ms: int = ...,
+                transaction_start_time_ms: int = ...,
+                producer_id: int = ...,
+                producer_epoch: int = ...,
+                topics: list[DescribeTransactionsResponse.TopicData] = ...,
+            ) -> None: ...
+
+    class TopicData(MessageBase):
+        __slots__ = ("topic", "partitions")
+        topic: str
+        partitions: list[int]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                topic: str = ...,
+                partitions: list[int] = ...,
+            ) -> None: ...
+
+
 class DescribeUserScramCredentialsRequest(MessageBase):
     __slots__ = ("users",)
     users: list[DescribeUserScramCredentialsRequest.UserName] | None
@@ -2206,6 +2425,42 @@ class DescribeUserScramCredentialsResponse(MessageBase):
                 mechanism: int = ...,
                 iterations: int = ...,
             ) -> None: ...
+
+
+class EndTxnRequest(MessageBase):
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "committed")
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    committed: bool
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            transactional_id: str = ...,
+            producer_id: int = ...,
+            producer_epoch: int = ...,
+            committed: bool = ...,
+        ) -> None: ...
+
+
+class EndTxnResponse(MessageBase):
+    __slots__ = ("throttle_time_ms", "error_code", "producer_id", "producer_epoch")
+    throttle_time_ms: int
+    error_code: int
+    producer_id: int
+    producer_epoch: int
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            producer_id: int = ...,
+            producer_epoch: int = ...,
+        ) -> None: ...
 
 
 class FetchRequest(MessageBase):
@@ -3118,6 +3373,55 @@ class ListOffsetsResponse(MessageBase):
                 timestamp: int = ...,
                 offset: int = ...,
                 leader_epoch: int = ...,
+            ) -> None: ...
+
+
+class ListTransactionsRequest(MessageBase):
+    __slots__ = ("state_filters", "producer_id_filters", "duration_filter")
+    state_filters: list[str]
+    producer_id_filters: list[int]
+    duration_filter: int
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            state_filters: list[str] = ...,
+            producer_id_filters: list[int] = ...,
+            duration_filter: int = ...,
+        ) -> None: ...
+
+
+class ListTransactionsResponse(MessageBase):
+    __slots__ = ("throttle_time_ms", "error_code", "unknown_state_filters", "transaction_states")
+    throttle_time_ms: int
+    error_code: int
+    unknown_state_filters: list[str]
+    transaction_states: list[ListTransactionsResponse.TransactionState]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            unknown_state_filters: list[str] = ...,
+            transaction_states: list[ListTransactionsResponse.TransactionState] = ...,
+        ) -> None: ...
+
+    class TransactionState(MessageBase):
+        __slots__ = ("transactional_id", "producer_id", "transaction_state")
+        transactional_id: str
+        producer_id: int
+        transaction_state: str
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                transactional_id: str = ...,
+                producer_id: int = ...,
+                transaction_state: str = ...,
             ) -> None: ...
 
 
@@ -5022,6 +5326,157 @@ class SyncGroupResponse(MessageBase):
             protocol_name: str | None = ...,
             assignment: bytes = ...,
         ) -> None: ...
+
+
+class TransactionLogKey(MessageBase):
+    __slots__ = ("transactional_id",)
+    transactional_id: str
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            transactional_id: str = ...,
+        ) -> None: ...
+
+
+class TransactionLogValue(MessageBase):
+    __slots__ = ("producer_id", "previous_producer_id", "next_producer_id", "producer_epoch", "transaction_timeout_ms", "transaction_status", "transaction_partitions", "transaction_last_update_timestamp_ms", "transaction_start_timestamp_ms", "client_transaction_version")
+    producer_id: int
+    previous_producer_id: int
+    next_producer_id: int
+    producer_epoch: int
+    transaction_timeout_ms: int
+    transaction_status: int
+    transaction_partitions: list[TransactionLogValue.PartitionsSchema] | None
+    transaction_last_update_timestamp_ms: int
+    transaction_start_timestamp_ms: int
+    client_transaction_version: int
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            producer_id: int = ...,
+            previous_producer_id: int = ...,
+            next_producer_id: int = ...,
+            producer_epoch: int = ...,
+            transaction_timeout_ms: int = ...,
+            transaction_status: int = ...,
+            transaction_partitions: list[TransactionLogValue.PartitionsSchema] | None = ...,
+            transaction_last_update_timestamp_ms: int = ...,
+            transaction_start_timestamp_ms: int = ...,
+            client_transaction_version: int = ...,
+        ) -> None: ...
+
+    class PartitionsSchema(MessageBase):
+        __slots__ = ("topic", "partition_ids")
+        topic: str
+        partition_ids: list[int]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                topic: str = ...,
+                partition_ids: list[int] = ...,
+            ) -> None: ...
+
+
+class TxnOffsetCommitRequest(MessageBase):
+    __slots__ = ("transactional_id", "group_id", "producer_id", "producer_epoch", "generation_id", "member_id", "group_instance_id", "topics")
+    transactional_id: str
+    group_id: str
+    producer_id: int
+    producer_epoch: int
+    generation_id: int
+    member_id: str
+    group_instance_id: str | None
+    topics: list[TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            transactional_id: str = ...,
+            group_id: str = ...,
+            producer_id: int = ...,
+            producer_epoch: int = ...,
+            generation_id: int = ...,
+            member_id: str = ...,
+            group_instance_id: str | None = ...,
+            topics: list[TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic] = ...,
+        ) -> None: ...
+
+    class TxnOffsetCommitRequestTopic(MessageBase):
+        __slots__ = ("name", "partitions")
+        name: str
+        partitions: list[TxnOffsetCommitRequest.TxnOffsetCommitRequestPartition]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                partitions: list[TxnOffsetCommitRequest.TxnOffsetCommitRequestPartition] = ...,
+            ) -> None: ...
+
+    class TxnOffsetCommitRequestPartition(MessageBase):
+        __slots__ = ("partition_index", "committed_offset", "committed_leader_epoch", "committed_metadata")
+        partition_index: int
+        committed_offset: int
+        committed_leader_epoch: int
+        committed_metadata: str | None
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                partition_index: int = ...,
+                committed_offset: int = ...,
+                committed_leader_epoch: int = ...,
+                committed_metadata: str | None = ...,
+            ) -> None: ...
+
+
+class TxnOffsetCommitResponse(MessageBase):
+    __slots__ = ("throttle_time_ms", "topics")
+    throttle_time_ms: int
+    topics: list[TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            topics: list[TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic] = ...,
+        ) -> None: ...
+
+    class TxnOffsetCommitResponseTopic(MessageBase):
+        __slots__ = ("name", "partitions")
+        name: str
+        partitions: list[TxnOffsetCommitResponse.TxnOffsetCommitResponsePartition]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                partitions: list[TxnOffsetCommitResponse.TxnOffsetCommitResponsePartition] = ...,
+            ) -> None: ...
+
+    class TxnOffsetCommitResponsePartition(MessageBase):
+        __slots__ = ("partition_index", "error_code")
+        partition_index: int
+        error_code: int
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                partition_index: int = ...,
+                error_code: int = ...,
+            ) -> None: ...
 
 
 class WriteShareGroupStateRequest(MessageBase):

@@ -19,12 +19,15 @@ if TYPE_CHECKING:
     from shoal.broker.server.metrics import BrokerMetrics
     from shoal.broker.share.group_configs import GroupConfigs
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
+    from shoal.broker.storage.producer_state import ProducerIdAllocator
     from shoal.broker.storage.purgatory import Purgatory
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
     from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
     from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
     from shoal.coordinator.group_coordinator import GroupCoordinator
     from shoal.coordinator.share_coordinator import ShareCoordinator
+    from shoal.coordinator.transaction_coordinator import TransactionCoordinator
+    from shoal.coordinator.txn_offsets import TxnOffsetStore
     from shoal.persister.persister import Persister
     from shoal.protocol.messages import ApiVersionsResponse, RequestHeader
 
@@ -60,6 +63,9 @@ class Broker(Protocol):
     group_coordinator: GroupCoordinator
     persister: Persister
     share_partitions: SharePartitionLeaders
+    transaction_coordinator: TransactionCoordinator
+    txn_offsets: TxnOffsetStore
+    producer_ids: ProducerIdAllocator
     # Classic consumer groups (JoinGroup/SyncGroup); None only in tests that wire share groups alone.
     classic_groups: ClassicGroupCoordinator | None
     # KIP-848 consumer groups (ConsumerGroupHeartbeat); None only in tests that wire share groups alone.

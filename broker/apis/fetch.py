@@ -1,5 +1,8 @@
 """Fetch (consumer side): stored batches served as they are on disk, with MaxWaitMs/MinBytes long polling.
 
+With isolation_level=1 (read_committed) reads stop at the last stable offset and the response lists the
+aborted transactions in the range read, so the client drops their records (Kafka's FetchIsolation.TXN_COMMITTED).
+
 Shoal does not create incremental fetch sessions: every response is a full one with SessionId 0,
 which Kafka's protocol allows (a broker may always decline to create a session).
 """
@@ -23,6 +26,8 @@ if TYPE_CHECKING:
 FetchResponse = messages.FetchResponse
 TopicData = FetchResponse.FetchableTopicResponse
 PartitionData = FetchResponse.PartitionData
+AbortedTransaction = FetchResponse.AbortedTransaction
+READ_COMMITTED = 1
 
 
 class FetchHandler:
@@ -51,6 +56,7 @@ class FetchHandler:
         total = 0
         keys: list[LogKey] = []
         out = []
+        read_committed = req.isolation_level == READ_COMMITTED
         for ft in req.topics:
             topic = topics.get_by_id(ft.topic_id) if version >= 13 else topics.get(ft.topic)
             parts = []
@@ -76,7 +82,8 @@ class FetchHandler:
                     continue
                 plog = topic.partitions[fp.partition]
                 pd.high_watermark = plog.high_watermark
-                pd.last_stable_offset = plog.high_watermark
+                lso = plog.last_stable_offset
+                pd.last_stable_offset = lso
                 pd.log_start_offset = plog.log_start_offset
                 keys.append(LogKey(topic.topic_id, fp.partition))
                 # The first partition with data always gets one whole batch, so a huge batch cannot stall a consumer.
@@ -84,12 +91,18 @@ class FetchHandler:
                 if limit <= 0 and total > 0:
                     continue
                 try:
-                    data = plog.read(fp.fetch_offset, max(limit, 1) if total == 0 else limit)
+                    data = plog.read(fp.fetch_offset, max(limit, 1) if total == 0 else limit,
+                                     max_offset=lso if read_committed else None)
                 except OffsetOutOfRange:
                     pd.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
                     continue
                 if total > 0 and len(data) > budget:
                     data = b""
+                if read_committed:
+                    pd.aborted_transactions = [
+                        AbortedTransaction(producer_id=t.producer_id, first_offset=t.first_offset)
+                        for t in plog.producer_state.aborted_between(fp.fetch_offset, lso)
+                    ] if data and plog.producer_state.aborted else []
                 pd.records = data
                 total += len(data)
                 budget -= len(data)

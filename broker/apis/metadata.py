@@ -162,12 +162,10 @@ class DiscoveryHandlers:
         keys = req.coordinator_keys if version >= 4 else [req.key]
         coordinators = []
         for key in keys:
-            if key_type == KEY_TYPE_TRANSACTION:
-                # Transactions are not implemented; say so rather than pointing at a broker that cannot serve them.
-                coordinators.append(
-                    Coordinator(key=key, node_id=-1, host="", port=-1, error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                                error_message="transactions are not supported by this broker")
-                )
+            if key_type == KEY_TYPE_TRANSACTION and not ctx.authorize(Operation.DESCRIBE, ResourceType.TRANSACTIONAL_ID,
+                                                                       key):
+                coordinators.append(Coordinator(key=key, node_id=-1, host="", port=-1,
+                                                error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED))
             elif key_type == KEY_TYPE_GROUP and not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, key):
                 coordinators.append(
                     Coordinator(key=key, node_id=-1, host="", port=-1, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
@@ -176,7 +174,7 @@ class DiscoveryHandlers:
                 coordinators.append(
                     Coordinator(key=key, node_id=-1, host="", port=-1, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
                 )
-            elif key_type not in (KEY_TYPE_GROUP, KEY_TYPE_SHARE):
+            elif key_type not in (KEY_TYPE_GROUP, KEY_TYPE_SHARE, KEY_TYPE_TRANSACTION):
                 coordinators.append(Coordinator(key=key, node_id=-1, host="", port=-1, error_code=ErrorCode.INVALID_REQUEST))
             else:
                 coordinators.append(

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from shoal.broker.security.authorizer import Operation, ResourceType
-from shoal.broker.storage.producer_state import PartitionProducerState
 from shoal.broker.storage.purgatory import LogKey
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -43,7 +42,6 @@ _DpProducer = DescribeProducersResponse.ProducerState
 class ProduceHandler:
     def __init__(self, services: ProduceServices):
         self.services = services
-        self.producer_states: dict[tuple[bytes, int], PartitionProducerState] = {}
         self.log_append_time = services.config["log.message.timestamp.type"] == "LogAppendTime"
         self.max_message_bytes = int(services.config["message.max.bytes"])
         self.timestamp_before_max_ms = int(services.config["log.message.timestamp.before.max.ms"])
@@ -55,6 +53,11 @@ class ProduceHandler:
         acks = req.acks
         responses = []
         flushes: list[tuple[PartitionLog, int]] = []
+        if req.transactional_id is not None and not ctx.authorize(Operation.WRITE, ResourceType.TRANSACTIONAL_ID,
+                                                                  req.transactional_id):
+            return ProduceResponse(responses=[TopicResponse(name=td.name, topic_id=td.topic_id, partition_responses=[
+                PartitionResponse(index=p.index, error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                                  base_offset=-1) for p in td.partition_data]) for td in req.topic_data])
         if acks not in (-1, 0, 1):
             for td in req.topic_data:
                 responses.append(
@@ -142,7 +145,7 @@ class ProduceHandler:
                     else ErrorCode.INVALID_RECORD if isinstance(exc, InvalidRecord) else ErrorCode.CORRUPT_MESSAGE)
             log.warning("rejected produce", topic=topic_name, partition=index, error=str(exc), error_code=int(code))
             return PartitionResponse(index=index, error_code=code, base_offset=-1, error_message=str(exc))
-        state = self._producer_state(topic_id, index, plog)
+        state = plog.producer_state
         for _pos, header in headers:
             if header.producer_id >= 0 and header.base_sequence >= 0:
                 check = state.check(header.producer_id, header.producer_epoch, header.base_sequence, header.records_count)
@@ -174,15 +177,8 @@ class ProduceHandler:
         )
 
 
-    def _producer_state(self, topic_id: bytes, index: int, plog: PartitionLog) -> PartitionProducerState:
-        state = self.producer_states.get((topic_id, index))
-        if state is None:
-            state = rebuild_producer_state(plog)
-            self.producer_states[(topic_id, index)] = state
-        return state
-
     def describe_producers(self, ctx: RequestContext, req: Any) -> Any:
-        """DescribeProducers: the idempotent producers each partition knows (READ on the topic, as in Kafka)."""
+        """DescribeProducers: the producers each partition knows and their open transactions (READ on the topic)."""
         topics = []
         for t in req.topics or ():
             topic = self.services.topics.get(t.name)
@@ -196,45 +192,16 @@ class ProduceHandler:
                     parts.append(_DpPartition(partition_index=index, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                               active_producers=[]))
                 else:
-                    state = self._producer_state(topic.topic_id, index, topic.partitions[index])
+                    state = topic.partitions[index].producer_state
                     parts.append(_DpPartition(partition_index=index, error_code=ErrorCode.NONE, active_producers=[
                         _DpProducer(producer_id=pid, producer_epoch=entry.epoch, last_sequence=entry.last_seq,
-                                    last_timestamp=entry.last_timestamp, coordinator_epoch=-1,
-                                    current_txn_start_offset=-1)
+                                    last_timestamp=entry.last_timestamp,
+                                    coordinator_epoch=0 if pid in state.ongoing else -1,
+                                    current_txn_start_offset=state.ongoing.get(pid, -1))
                         for pid, entry in sorted(state.producers.items())
                     ]))
             topics.append(_DpTopic(name=t.name, partitions=parts))
         return DescribeProducersResponse(topics=topics)
-
-
-# A retry after a crash is for one of a producer's last five batches, which sit near the log's end.
-_REBUILD_WINDOW_BYTES = 64 * 1024 * 1024
-_REBUILD_CHUNK_BYTES = 4 * 1024 * 1024
-
-
-def rebuild_producer_state(plog: PartitionLog) -> PartitionProducerState:
-    """Recover idempotent-producer sequences from the tail of the log (headers only), as after a restart."""
-    state = PartitionProducerState()
-    start = plog.log_end_offset
-    covered = 0
-    for seg in reversed(plog.segments):
-        start = max(seg.base_offset, plog.log_start_offset)
-        covered += seg.size
-        if covered >= _REBUILD_WINDOW_BYTES:
-            break
-    offset = start
-    while offset < plog.log_end_offset:
-        batches = plog.read_batch_headers(offset, _REBUILD_CHUNK_BYTES)
-        if not batches:
-            break
-        for header, _view in batches:
-            if header.producer_id >= 0 and header.base_sequence >= 0:
-                # The offset span, not the record count: compaction may have removed records (or all of
-                # them, keeping an empty batch) while the sequence range stays the batch's own.
-                state.record(header.producer_id, header.producer_epoch, header.base_sequence,
-                             header.last_offset_delta + 1, header.base_offset, header.max_timestamp)
-            offset = header.last_offset + 1
-    return state
 
 
 def register(table: ApiTable, services: ProduceServices) -> ProduceHandler:

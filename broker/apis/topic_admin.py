@@ -4,7 +4,6 @@ ListOffsets, DescribeConfigs and InitProducerId."""
 from __future__ import annotations
 
 import resource
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
@@ -12,7 +11,6 @@ import structlog
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.broker.server.config import CLUSTER_DEFAULT, DYNAMIC_KEYS, THIS_BROKER
 from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
-from shoal.broker.storage.producer_state import ProducerIdAllocator
 from shoal.broker.storage.topic_registry import INTERNAL_TOPICS, validate_topic_config, validate_topic_name
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -32,6 +30,7 @@ LATEST_TIMESTAMP = -1
 MAX_TIMESTAMP = -3
 EARLIEST_LOCAL_TIMESTAMP = -4
 LATEST_TIERED_TIMESTAMP = -5
+READ_COMMITTED = 1  # ListOffsets isolation_level: latest means the last stable offset
 
 RESOURCE_TOPIC = 2
 RESOURCE_BROKER = 4
@@ -59,13 +58,11 @@ CpResult = CreatePartitionsResponse.CreatePartitionsTopicResult
 DescribeConfigsResponse = messages.DescribeConfigsResponse
 DcResult = DescribeConfigsResponse.DescribeConfigsResult
 DcEntry = DescribeConfigsResponse.DescribeConfigsResourceResult
-InitProducerIdResponse = messages.InitProducerIdResponse
 
 
 class TopicAdmin:
     def __init__(self, services: TopicAdminServices):
         self.services = services
-        self.producer_ids = ProducerIdAllocator(Path(services.config["log.dirs"]) / "shoal-producer-ids")
 
     # ---- CreateTopics ---------------------------------------------------------------------------
 
@@ -244,7 +241,12 @@ class TopicAdmin:
                 if ts in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP):
                     pr.offset = plog.log_start_offset
                 elif ts == LATEST_TIMESTAMP or ts == LATEST_TIERED_TIMESTAMP:
-                    pr.offset = plog.high_watermark if ts == LATEST_TIMESTAMP else -1
+                    if ts == LATEST_TIERED_TIMESTAMP:
+                        pr.offset = -1
+                    elif req.isolation_level == READ_COMMITTED:
+                        pr.offset = plog.last_stable_offset
+                    else:
+                        pr.offset = plog.high_watermark
                 elif ts == MAX_TIMESTAMP:
                     pr.offset, pr.timestamp = plog.max_timestamp()
                 elif ts < 0:
@@ -322,22 +324,6 @@ class TopicAdmin:
             out.append((key, _config_text(cfg[key]), source))
         return out
 
-    # ---- InitProducerId -------------------------------------------------------------------------
-
-    def init_producer_id(self, ctx: RequestContext, req: messages.InitProducerIdRequest) -> messages.InitProducerIdResponse:
-        if req.transactional_id is not None:
-            return InitProducerIdResponse(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, producer_id=-1, producer_epoch=-1)
-        # Since KIP-679 WRITE on any topic also allows an idempotent producer, as in Kafka.
-        if not ctx.authorize(Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, CLUSTER_NAME) and not ctx.authorize_any(
-            Operation.WRITE, ResourceType.TOPIC
-        ):
-            return InitProducerIdResponse(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, producer_id=-1, producer_epoch=-1)
-        if ctx.api_version >= 3 and req.producer_id >= 0:
-            # An idempotent producer bumping its own epoch keeps its id.
-            return InitProducerIdResponse(error_code=ErrorCode.NONE, producer_id=req.producer_id,
-                                          producer_epoch=(req.producer_epoch + 1) & 0x7FFF)
-        return InitProducerIdResponse(error_code=ErrorCode.NONE, producer_id=self.producer_ids.allocate(), producer_epoch=0)
-
 
 def _config_text(value: object) -> str:
     if isinstance(value, list):
@@ -398,5 +384,4 @@ def register(table: ApiTable, services: TopicAdminServices) -> TopicAdmin:
     table.register(ApiKey.DELETE_RECORDS, 0, 2, h.delete_records)
     table.register(ApiKey.LIST_OFFSETS, 1, 11, h.list_offsets)
     table.register(ApiKey.DESCRIBE_CONFIGS, 1, 4, h.describe_configs)
-    table.register(ApiKey.INIT_PRODUCER_ID, 0, 5, h.init_producer_id)
     return h

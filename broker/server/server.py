@@ -20,8 +20,15 @@ from shoal.broker.security.authorizer import Authorizer
 from shoal.broker.security.scram import ScramCredentialStore
 from shoal.broker.share.group_configs import GroupConfigs
 from shoal.broker.storage.log_cleaner_manager import CleanerConfig, LogCleanerManager
+from shoal.broker.storage.producer_state import ProducerIdAllocator
 from shoal.broker.storage.purgatory import LogKey, Purgatory
-from shoal.broker.storage.topic_registry import CONSUMER_OFFSETS, SHARE_GROUP_STATE, Topic, TopicRegistry
+from shoal.broker.storage.topic_registry import (
+    CONSUMER_OFFSETS,
+    SHARE_GROUP_STATE,
+    TRANSACTION_STATE,
+    Topic,
+    TopicRegistry,
+)
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 
@@ -77,6 +84,11 @@ class Broker:
         self.consumer_groups: Any = None
         self.persister: Any = None
         self.share_partitions: Any = None
+        self.transaction_coordinator: Any = None
+        self.txn_offsets: Any = None
+        # Offsets a transaction's COMMIT made final, for the group coordinator that serves OffsetFetch.
+        self.committed_offset_listeners: list[Callable[[list[Any]], None]] = []
+        self.producer_ids = ProducerIdAllocator(Path(config["log.dirs"]) / "shoal-producer-ids")
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -133,6 +145,9 @@ class Broker:
         if name == CONSUMER_OFFSETS:
             return {"cleanup.policy": "compact", "compression.type": "producer",
                     "segment.bytes": str(self.config["offsets.topic.segment.bytes"])}
+        if name == TRANSACTION_STATE:
+            return {"cleanup.policy": "compact", "compression.type": "producer",
+                    "segment.bytes": str(self.config["transaction.state.log.segment.bytes"])}
         return {"cleanup.policy": "delete", "compression.type": "producer", "retention.ms": "-1",
                 "retention.bytes": "-1",
                 "segment.bytes": str(self.config["share.coordinator.state.topic.segment.bytes"])}
@@ -162,6 +177,7 @@ class Broker:
         self.topics.load()
         self.ensure_internal_topics()
         await self._start_share_groups()
+        self._start_transactions()
         register_all(self)
         for listener in self.config.listeners():
             if listener.security_protocol in ("SSL", "SASL_SSL"):
@@ -223,6 +239,8 @@ class Broker:
             await self.group_coordinator.stop()
         if self.share_coordinator is not None:
             await self.share_coordinator.stop()
+        if self.transaction_coordinator is not None:
+            await self.transaction_coordinator.stop()
         if self.classic_groups is not None:
             await self.classic_groups.stop()
         if self.consumer_groups is not None:
@@ -325,6 +343,54 @@ class Broker:
         self.group_coordinator.start()
         self.topic_listeners.append(self._share_groups_on_topic_event)
         self._background.append(self.loop.create_task(self._share_coordinator_housekeeping()))
+
+    def _start_transactions(self) -> None:
+        from shoal.broker.apis.txn_apis import BrokerMarkerWriter
+        from shoal.broker.storage.internal_topic_log import InternalTopicLog, LazyInternalTopicLog
+        from shoal.coordinator.transaction_coordinator import TransactionCoordinator
+        from shoal.coordinator.txn_offsets import TxnOffsetStore
+
+        num_partitions = int(self.config["transaction.state.log.num.partitions"])
+        txn_log = LazyInternalTopicLog(lambda: self.topics.get(TRANSACTION_STATE), self._create_transaction_state,
+                                       num_partitions)
+        self.transaction_coordinator = TransactionCoordinator(
+            txn_log, BrokerMarkerWriter(self), self.producer_ids.allocate,
+            max_timeout_ms=int(self.config["transaction.max.timeout.ms"]),
+            offsets_partitions=int(self.config["offsets.topic.num.partitions"]),
+        )
+        offsets_topic = self.topics.get(CONSUMER_OFFSETS)
+        assert offsets_topic is not None
+        self.txn_offsets = TxnOffsetStore(InternalTopicLog(offsets_topic), self._on_txn_offsets_committed)
+        self.txn_offsets.load()
+        self.transaction_coordinator.load()
+        self.transaction_coordinator.start()
+        self._background.append(self.loop.create_task(self._abort_timed_out_transactions()))
+
+    def _create_transaction_state(self) -> Topic:
+        topic = self.topics.create(TRANSACTION_STATE, int(self.config["transaction.state.log.num.partitions"]),
+                                   self.internal_topic_configs(TRANSACTION_STATE))
+        log.info("transaction state topic created", partitions=len(topic.partitions))
+        self.on_topic_created(topic)
+        return topic
+
+    def _on_txn_offsets_committed(self, records: list[Any]) -> None:
+        if self.classic_groups is not None:
+            from shoal.protocol.coordinator_records import decode_record
+
+            self.classic_groups.apply_transactional_offsets(
+                [decode_record(key, value, offsets_topic=True) for key, value in records])
+        for callback in self.committed_offset_listeners:
+            callback(records)
+
+    async def _abort_timed_out_transactions(self) -> None:
+        interval = int(self.config["transaction.abort.timed.out.transaction.cleanup.interval.ms"]) / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.transaction_coordinator.abort_timed_out()
+                await self.transaction_coordinator.prune()
+            except Exception:
+                log.exception("aborting timed-out transactions failed")
 
     def _wire_share_metrics(self) -> None:
         """KIP-932 metrics: event hooks into the share coordinator and leaders, plus a scrape-time collector."""

@@ -20,6 +20,7 @@ from shoal.broker.apis import (
     share_group_apis,
     share_state_apis,
     topic_admin,
+    txn_apis,
 )
 from shoal.broker.apis.services import (
     AclServices,
@@ -38,6 +39,7 @@ from shoal.broker.apis.services import (
     ShareGroupServices,
     ShareStateServices,
     TopicAdminServices,
+    TransactionServices,
 )
 
 if TYPE_CHECKING:
@@ -67,3 +69,4 @@ def register_all(b: Broker) -> None:
     sasl_apis.register(b, SaslServices(b.config, b.scram_credentials))
     scram_apis.register(b, ScramServices(b.scram_credentials))
     acl_apis.register(b, AclServices(b.authorizer))
+    txn_apis.register(b, TransactionServices(b.topics, b.transaction_coordinator, b.txn_offsets, b.producer_ids))

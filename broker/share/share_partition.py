@@ -585,6 +585,14 @@ class SharePartition:
         self._advance()
         return result
 
+    def archive_undeliverable(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Archive log ranges no consumer may get (control batches; aborted transactions under
+        read_committed) before acquiring: they never become ACQUIRED, so no delivery is counted."""
+        for lo, hi in ranges:
+            if hi >= self._spso:
+                self._archive_missing(lo, hi, archive_available=True)
+        self._advance()
+
     def _archive_missing(self, lo: int, hi: int, *, archive_available: bool) -> None:
         """The log has nothing in [lo, hi]: archive gap offsets there (and stale AVAILABLE ones)."""
         cursor = max(lo, self._spso)

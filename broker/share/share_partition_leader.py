@@ -44,6 +44,7 @@ from .share_partition import (
 
 if TYPE_CHECKING:
     from shoal.broker.storage.purgatory import Purgatory
+    from shoal.protocol.record_batch import BatchHeader
 
 log = structlog.get_logger("shoal.share_partition")
 
@@ -236,23 +237,34 @@ class SharePartitionLeader:
                 return Acquisition(b"", [], err)
             if not sp.can_acquire():
                 return Acquisition(b"", [])
-            fetch_offset = sp.next_fetch_offset()
-            if fetch_offset >= self.plog.high_watermark:
-                return Acquisition(b"", [])
-            try:
-                batches = self.plog.read_batch_headers(fetch_offset, max_bytes)
-            except OffsetOutOfRange:
-                # The log start moved past the fetch offset: archive what is gone and start again from the log
-                # start. Only then, as in Kafka; records still acquired below it can be acknowledged until then.
-                sp.on_log_start_offset_moved(self.plog.log_start_offset)
-                return Acquisition(b"", [])
-            if not batches:
-                return Acquisition(b"", [])
-            fetched = [FetchedBatch(h.base_offset, h.last_offset) for h, _ in batches]
-            ranges = sp.acquire(member_id, fetched, max_records=max_records, batch_size=batch_size,
-                                now_ms=now_ms(), mode=mode, fetch_offset=fetch_offset)
-            if not ranges:
-                return Acquisition(b"", [])
+            read_committed = self.group_configs.get(self.key.group_id, "share.isolation.level") == "read_committed"
+            while True:
+                # read_committed acquires only below the last stable offset (KIP-932).
+                limit = self.plog.last_stable_offset if read_committed else self.plog.high_watermark
+                fetch_offset = sp.next_fetch_offset()
+                if fetch_offset >= limit:
+                    return Acquisition(b"", [])
+                try:
+                    batches = self.plog.read_batch_headers(fetch_offset, max_bytes, max_offset=limit)
+                except OffsetOutOfRange:
+                    # The log start moved past the fetch offset: archive what is gone and start again from the log
+                    # start. Only then, as in Kafka; records still acquired below it can be acknowledged until then.
+                    sp.on_log_start_offset_moved(self.plog.log_start_offset)
+                    return Acquisition(b"", [])
+                if not batches:
+                    return Acquisition(b"", [])
+                skipped = self._undeliverable(batches, read_committed)
+                if skipped:
+                    sp.archive_undeliverable(sorted(skipped))
+                    batches = [(h, v) for h, v in batches if (h.base_offset, h.last_offset) not in skipped]
+                fetched = [FetchedBatch(h.base_offset, h.last_offset) for h, _ in batches]
+                ranges = sp.acquire(member_id, fetched, max_records=max_records, batch_size=batch_size,
+                                    now_ms=now_ms(), mode=mode, fetch_offset=fetch_offset) if fetched else []
+                if ranges:
+                    break
+                if not skipped or not sp.can_acquire():
+                    return Acquisition(b"", [])
+                # Only markers or aborted records were read: read on rather than wait for new data.
             self._arm_timer()
             self._publish()
             first, last = ranges[0].first_offset, ranges[-1].last_offset
@@ -270,7 +282,21 @@ class SharePartitionLeader:
             sp = self.state
             if not sp.can_acquire():
                 return 0
-            return self.plog.bytes_from(sp.next_fetch_offset(), enough)
+            offset = sp.next_fetch_offset()
+            if self.group_configs.get(self.key.group_id, "share.isolation.level") == "read_committed" \
+                    and offset >= self.plog.last_stable_offset:
+                return 0  # only an open transaction's records lie ahead: nothing to acquire yet
+            return self.plog.bytes_from(offset, enough)
+
+    def _undeliverable(self, batches: list[tuple[BatchHeader, memoryview]], read_committed: bool) -> set[tuple[int, int]]:
+        """(first, last) offsets of control batches, and of aborted transactions' batches under read_committed."""
+        out: set[tuple[int, int]] = set()
+        state = self.plog.producer_state if read_committed and any(h.is_transactional for h, _ in batches) else None
+        for h, _ in batches:
+            if h.is_control or (state is not None and h.is_transactional
+                                and state.is_aborted(h.producer_id, h.base_offset)):
+                out.add((h.base_offset, h.last_offset))
+        return out
 
     # ---- acknowledgement and release ------------------------------------------------------------
 

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import structlog
 
 from shoal.protocol.coordinator_records import CoordinatorRecord, decode_record, encode_record
 from shoal.protocol.record_batch import InvalidRecordBatch, iter_batches
-from shoal.protocol.records import RecordInput, decode_records, encode_batch
+from shoal.protocol.records import (
+    CONTROL_COMMIT,
+    RecordInput,
+    control_record_type,
+    decode_records,
+    encode_batch,
+)
 
 from .topic_registry import CONSUMER_OFFSETS, Topic
 
@@ -39,12 +45,42 @@ class InternalTopicLog:
     async def flush(self, partition: int, end_offset: int) -> None:
         await self.topic.partitions[partition].flush(end_offset)
 
-    def replay(self, partition: int) -> Iterator[tuple[int, CoordinatorRecord]]:
-        """Every readable record, oldest first. A batch or record that cannot be read is skipped with an
-        error line, never fatal: one bad batch must not keep the broker from starting (log recovery
-        has already cut torn or CRC-damaged tails; what is left here is framed but unreadable)."""
+    async def append_raw(self, partition: int, records: list[tuple[bytes, bytes | None]], *,
+                         producer_id: int = -1, producer_epoch: int = -1) -> int:
+        """Append (key, value) pairs as one batch and return its first offset once it is fsynced.
+
+        With a producer id the batch is transactional (TxnOffsetCommit): replay yields its records only
+        once that producer's COMMIT marker follows, and drops them after an ABORT."""
         plog = self.topic.partitions[partition]
-        offset = plog.log_start_offset
+        batch = bytearray(encode_batch([RecordInput(key=k, value=v) for k, v in records], producer_id=producer_id,
+                                       producer_epoch=producer_epoch, is_transactional=producer_id >= 0))
+        result = plog.append(batch, list(iter_batches(batch)))
+        await plog.flush(result.last_offset + 1)
+        return result.base_offset
+
+    def replay(self, partition: int) -> Iterator[tuple[int, CoordinatorRecord]]:
+        """Every readable coordinator record, oldest first; undecodable ones are skipped with a warning."""
+        for offset, key, value in self.replay_raw(partition):
+            try:
+                decoded = decode_record(key, value, offsets_topic=self.offsets_topic)
+            except ValueError as exc:  # DecodeError, or a value version no spec knows
+                log.warning("skipping undecodable coordinator record", topic=self.topic.name,
+                            partition=partition, offset=offset, error=str(exc))
+                continue
+            yield offset, decoded
+
+    def replay_raw(self, partition: int, open_transactions: dict[int, list[tuple[int, bytes, bytes | None]]] | None = None,
+                   start: int | None = None) -> Iterator[tuple[int, bytes, bytes | None]]:
+        """Every keyed (offset, key, value) the partition holds, oldest first. Records of a transactional
+        batch come out when their producer's COMMIT marker is read (none after an ABORT); those of
+        transactions still open are left in `open_transactions` (producer id -> records).
+
+        A batch that cannot be read is skipped with an error line, never fatal: one bad batch must not keep
+        the broker from starting (log recovery has already cut torn or CRC-damaged tails; what is left
+        here is framed but unreadable)."""
+        plog = self.topic.partitions[partition]
+        pending = open_transactions if open_transactions is not None else {}
+        offset = plog.log_start_offset if start is None else max(start, plog.log_start_offset)
         while offset < plog.log_end_offset:
             data = plog.read(offset, _READ_CHUNK)
             if not data:
@@ -52,7 +88,7 @@ class InternalTopicLog:
             last = None
             for pos, header in iter_batches(data):
                 last = header.last_offset
-                if header.is_control or header.last_offset < offset:
+                if header.last_offset < offset:
                     continue
                 try:
                     records = decode_records(data, pos, header)
@@ -61,19 +97,61 @@ class InternalTopicLog:
                               partition=partition, base_offset=header.base_offset,
                               last_offset=header.last_offset, error=str(exc))
                     continue
-                for record in records:
-                    if record.offset < offset or record.key is None:
-                        continue
-                    try:
-                        decoded = decode_record(record.key, record.value, offsets_topic=self.offsets_topic)
-                    except ValueError as exc:  # DecodeError, or a value version no spec knows
-                        log.warning("skipping undecodable coordinator record", topic=self.topic.name,
-                                    partition=partition, offset=record.offset, error=str(exc))
-                        continue
-                    yield record.offset, decoded
+                if header.is_control:
+                    ended = pending.pop(header.producer_id, [])
+                    if records and control_record_type(records[0]) == CONTROL_COMMIT:
+                        yield from ended
+                    continue
+                keyed = [(r.offset, bytes(r.key), None if r.value is None else bytes(r.value))
+                         for r in records if r.offset >= offset and r.key is not None]
+                if header.is_transactional:
+                    pending.setdefault(header.producer_id, []).extend(keyed)
+                else:
+                    yield from keyed
             if last is None:
                 break
             offset = last + 1
 
+    def first_unstable_offset(self, partition: int) -> int | None:
+        """Where the oldest open transaction of the partition starts, if one is open."""
+        plog = self.topic.partitions[partition]
+        lso = plog.last_stable_offset
+        return lso if lso < plog.high_watermark else None
+
     def delete_before(self, partition: int, offset: int) -> None:
         self.topic.partitions[partition].delete_records_before(offset)
+
+
+class LazyInternalTopicLog:
+    """An internal topic created on its first write, as Kafka creates `__transaction_state` when the
+    first transactional producer comes (brokers that never see one never pay for its partitions)."""
+
+    def __init__(self, find: Callable[[], Topic | None], create: Callable[[], Topic], num_partitions: int):
+        self._find = find
+        self._create = create
+        self._num_partitions = num_partitions
+
+    def _log(self) -> InternalTopicLog | None:
+        topic = self._find()
+        return None if topic is None else InternalTopicLog(topic)
+
+    @property
+    def num_partitions(self) -> int:
+        topic = self._find()
+        return self._num_partitions if topic is None else len(topic.partitions)
+
+    async def append_raw(self, partition: int, records: list[tuple[bytes, bytes | None]], *,
+                         producer_id: int = -1, producer_epoch: int = -1) -> int:
+        log_ = self._log() or InternalTopicLog(self._create())
+        return await log_.append_raw(partition, records, producer_id=producer_id, producer_epoch=producer_epoch)
+
+    def replay_raw(self, partition: int, open_transactions: dict[int, list[tuple[int, bytes, bytes | None]]] | None = None,
+                   start: int | None = None) -> Iterator[tuple[int, bytes, bytes | None]]:
+        log_ = self._log()
+        if log_ is not None:
+            yield from log_.replay_raw(partition, open_transactions, start)
+
+    def delete_before(self, partition: int, offset: int) -> None:
+        log_ = self._log()
+        if log_ is not None:
+            log_.delete_before(partition, offset)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import time
@@ -35,8 +36,21 @@ from shoal.broker.storage.log_segment import (
     parse_swap_file_name,
     segment_file_name,
 )
-from shoal.protocol.record_batch import BatchHeader, iter_batches, set_base_offset, set_log_append_time
-from shoal.protocol.records import decode_records
+from shoal.broker.storage.producer_state import AbortedTxn, PartitionProducerState
+from shoal.protocol.record_batch import (
+    BatchHeader,
+    InvalidRecordBatch,
+    iter_batches,
+    set_base_offset,
+    set_log_append_time,
+)
+from shoal.protocol.records import (
+    CONTROL_COMMIT,
+    control_record_type,
+    decode_batch,
+    decode_records,
+    encode_txn_marker,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -44,6 +58,11 @@ LOG_START_CHECKPOINT = "log-start-offset.checkpoint"
 # The log cleaner's first dirty offset: everything below it was compacted (Kafka keeps one such
 # checkpoint per log directory; here each partition keeps its own).
 CLEANER_CHECKPOINT = "cleaner-offset.checkpoint"
+# Open and aborted transactions (Kafka keeps them in producer snapshots and .txnindex files).
+TXN_STATE_FILE = "transactions.json"
+# A retry after a crash is for one of a producer's last five batches, which sit near the log's end.
+_REBUILD_WINDOW_BYTES = 64 * 1024 * 1024
+_REBUILD_CHUNK_BYTES = 4 * 1024 * 1024
 # Decides whether to delete a leading segment, given it and the base offset of the segment after it.
 _SegmentPredicate = Callable[[LogSegment, int], bool]
 _CHECKPOINT_VERSION = 0
@@ -127,6 +146,8 @@ class PartitionLog:
         # may go (None: no tombstone waits), so a log with expiring tombstones is cleaned again.
         self.cleaner_checkpoint = 0
         self.tombstone_horizon_ms: int | None = None
+        self._producer_state: PartitionProducerState | None = None
+        self._no_txn_file = False
 
     # -- open / recovery ---------------------------------------------------------------------------
 
@@ -235,6 +256,103 @@ class PartitionLog:
         # Single-replica broker: everything appended is committed.
         return self.log_end_offset
 
+    @property
+    def last_stable_offset(self) -> int:
+        """Below this offset every transaction is decided (read_committed reads stop here)."""
+        if self._producer_state is None:
+            if self._no_txn_file:
+                return self.high_watermark
+            if not (self.directory / TXN_STATE_FILE).exists():
+                # Never saw a transaction: no need to scan the tail (appending one builds the state).
+                self._no_txn_file = True
+                return self.high_watermark
+        return self.producer_state.last_stable_offset(self.high_watermark)
+
+    @property
+    def producer_state(self) -> PartitionProducerState:
+        """Producers' sequences and transactions, rebuilt on first use from the saved transactions and
+        the tail of the log."""
+        if self._producer_state is None:
+            self._producer_state = self._rebuild_producer_state()
+        return self._producer_state
+
+    def _rebuild_producer_state(self) -> PartitionProducerState:
+        state = PartitionProducerState()
+        self._load_txn_state(state)
+        start = self.log_end_offset
+        covered = 0
+        for seg in reversed(self.segments):
+            start = max(seg.base_offset, self.log_start_offset)
+            covered += seg.size
+            if covered >= _REBUILD_WINDOW_BYTES:
+                break
+        offset = start
+        while offset < self.log_end_offset:
+            data = self.read(offset, _REBUILD_CHUNK_BYTES)
+            if not data:
+                break
+            for pos, header in iter_batches(data):
+                self._track_batch(state, data, pos, header)
+                offset = header.last_offset + 1
+        known = {(t.producer_id, t.first_offset) for t in state.aborted}
+        deduped = []
+        for t in state.aborted:
+            if (t.producer_id, t.first_offset) in known:
+                known.discard((t.producer_id, t.first_offset))
+                deduped.append(t)
+        state.aborted = sorted(deduped, key=lambda t: t.last_offset)
+        return state
+
+    @staticmethod
+    def _track_batch(state: PartitionProducerState, data: bytes | bytearray, pos: int, header: BatchHeader) -> None:
+        if header.is_control:
+            try:
+                _h, records = decode_batch(data, pos, check_crc=False)
+                commit = bool(records) and control_record_type(records[0]) == CONTROL_COMMIT
+            except InvalidRecordBatch:
+                return
+            state.on_marker(header.producer_id, header.producer_epoch, commit, header.base_offset)
+            return
+        if header.producer_id >= 0 and header.base_sequence >= 0:
+            # The offset span, not the record count: compaction may have removed records (or all of
+            # them, keeping an empty batch) while the sequence range stays the batch's own.
+            state.record(header.producer_id, header.producer_epoch, header.base_sequence,
+                         header.last_offset_delta + 1, header.base_offset, header.max_timestamp)
+        if header.is_transactional:
+            state.on_transactional_batch(header.producer_id, header.base_offset)
+
+    def _load_txn_state(self, state: PartitionProducerState) -> None:
+        try:
+            saved = json.loads((self.directory / TXN_STATE_FILE).read_text())
+            state.ongoing = {int(pid): int(first) for pid, first in saved["ongoing"]}
+            state.aborted = [AbortedTxn(int(p), int(f), int(la)) for p, f, la in saved["aborted"]]
+        except FileNotFoundError:
+            return
+        except (ValueError, KeyError, TypeError):
+            log.warning("log.bad_txn_state", dir=str(self.directory))
+            return
+        state.ongoing = {p: f for p, f in state.ongoing.items() if f < self.log_end_offset}
+        state.drop_aborted_before(self.log_start_offset)
+
+    def _save_txn_state(self) -> None:
+        """Written when a transaction opens or ends here (not fsynced: the tail scan at start-up covers
+        what a crash loses of it, since the change is at the log's end)."""
+        state = self.producer_state
+        state.drop_aborted_before(self.log_start_offset)
+        doc = {"ongoing": sorted(state.ongoing.items()),
+               "aborted": [(t.producer_id, t.first_offset, t.last_offset) for t in state.aborted]}
+        path = self.directory / TXN_STATE_FILE
+        tmp = path.with_name(path.name + TMP_SUFFIX)
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, path)
+
+    def append_marker(self, *, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
+                      timestamp_ms: int) -> AppendResult:
+        """Write a transaction's COMMIT or ABORT control batch and close the transaction here."""
+        batch = bytearray(encode_txn_marker(commit=commit, producer_id=producer_id, producer_epoch=producer_epoch,
+                                            coordinator_epoch=coordinator_epoch, timestamp=timestamp_ms))
+        return self.append(batch, list(iter_batches(batch)))
+
     # -- append ------------------------------------------------------------------------------------
 
     def append(
@@ -272,8 +390,21 @@ class PartitionLog:
             or self._compaction_roll_due(seg, headers)
         ):
             seg = self._roll(base_offset)
+        # Built before the write, so the rebuild does not see these batches too.
+        state = self.producer_state if any(h.is_transactional for _p, h in headers) else None
         seg.append(batches, headers)
         self.log_end_offset = next_offset
+        if state is not None:
+            changed = False
+            for pos, header in headers:
+                if header.is_control:
+                    self._track_batch(state, batches, pos, header)
+                    changed = True
+                elif header.is_transactional and header.producer_id not in state.ongoing:
+                    state.on_transactional_batch(header.producer_id, header.base_offset)
+                    changed = True
+            if changed:
+                self._save_txn_state()
 
         self._unflushed_messages += records
         if self._unflushed_messages >= self.config.flush_interval_messages:

@@ -1,7 +1,12 @@
-"""Idempotent-producer bookkeeping: producer id allocation and per-partition sequence checks.
+"""Producer bookkeeping per partition: idempotent sequences, open transactions and aborted transactions.
 
 A retried batch (same producer id, epoch and sequence range as one of the last five appended) is
 answered with its original offset instead of being appended twice, as Kafka does.
+
+Transactions (Kafka's ProducerStateManager and transaction index): the first transactional batch of a
+producer opens a transaction at its offset; a COMMIT or ABORT marker closes it. The last stable offset
+is the first offset of the oldest open transaction (else the high watermark); an aborted transaction is
+remembered as (producer id, first offset, marker offset) so read_committed fetches can list it.
 """
 
 from __future__ import annotations
@@ -48,9 +53,65 @@ class SequenceCheck:
 OK = SequenceCheck()
 
 
+@dataclass(frozen=True, slots=True)
+class AbortedTxn:
+    producer_id: int
+    first_offset: int
+    last_offset: int  # the offset of its ABORT marker
+
+
 class PartitionProducerState:
     def __init__(self) -> None:
         self.producers: dict[int, ProducerEntry] = {}
+        # producer id -> first offset of its open transaction, in the order they were opened.
+        self.ongoing: dict[int, int] = {}
+        self.aborted: list[AbortedTxn] = []  # ordered by marker offset
+        self.last_timestamps: dict[int, int] = {}
+
+    def first_unstable_offset(self) -> int | None:
+        return min(self.ongoing.values()) if self.ongoing else None
+
+    def last_stable_offset(self, high_watermark: int) -> int:
+        first = self.first_unstable_offset()
+        return high_watermark if first is None else min(first, high_watermark)
+
+    def on_transactional_batch(self, producer_id: int, base_offset: int) -> None:
+        self.ongoing.setdefault(producer_id, base_offset)
+
+    def on_marker(self, producer_id: int, epoch: int, commit: bool, offset: int) -> AbortedTxn | None:
+        """A COMMIT/ABORT control batch at `offset` ends the producer's open transaction; an epoch bump
+        (a fenced producer's transaction aborted by the coordinator) restarts its sequences."""
+        entry = self.producers.get(producer_id)
+        if entry is None or epoch > entry.epoch:
+            self.producers[producer_id] = ProducerEntry(epoch)
+        first = self.ongoing.pop(producer_id, None)
+        if commit or first is None:
+            return None
+        txn = AbortedTxn(producer_id, first, offset)
+        self.aborted.append(txn)
+        return txn
+
+    def _ending_from(self, offset: int) -> list[AbortedTxn]:
+        """Aborted transactions whose marker is at or after `offset` (the list is in marker order)."""
+        lo, hi = 0, len(self.aborted)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.aborted[mid].last_offset < offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        return self.aborted[lo:]
+
+    def aborted_between(self, start: int, end: int) -> list[AbortedTxn]:
+        """Aborted transactions with records in [start, end): those a fetch of that range must drop."""
+        return [t for t in self._ending_from(start) if t.first_offset < end]
+
+    def is_aborted(self, producer_id: int, offset: int) -> bool:
+        return any(t.producer_id == producer_id and t.first_offset <= offset for t in self._ending_from(offset))
+
+    def drop_aborted_before(self, offset: int) -> None:
+        """Forget aborted transactions wholly below the log start."""
+        self.aborted = [t for t in self.aborted if t.last_offset >= offset]
 
     def check(self, producer_id: int, epoch: int, first_seq: int, record_count: int) -> SequenceCheck:
         entry = self.producers.get(producer_id)

@@ -27,7 +27,8 @@ log = structlog.get_logger("shoal.topics")
 REGISTRY_FILE = "shoal-topics.json"
 CONSUMER_OFFSETS = "__consumer_offsets"
 SHARE_GROUP_STATE = "__share_group_state"
-INTERNAL_TOPICS = frozenset({CONSUMER_OFFSETS, SHARE_GROUP_STATE})
+TRANSACTION_STATE = "__transaction_state"
+INTERNAL_TOPICS = frozenset({CONSUMER_OFFSETS, SHARE_GROUP_STATE, TRANSACTION_STATE})
 _LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_NAME_LENGTH = 249
 

@@ -1,4 +1,6 @@
-"""The bundled producer: per-partition batching (linger / batch size), compression, idempotence, retries.
+"""The bundled producer: per-partition batching (linger / batch size), compression, idempotence, retries,
+and transactions (with a `transactional_id`: init_transactions, begin_transaction, send_offsets_to_transaction,
+commit_transaction, abort_transaction, as in Kafka's producer).
 
 `AsyncProducer` is the asyncio client; `Producer` runs one on a background event-loop thread.
 """
@@ -28,6 +30,11 @@ from .partitioner import StickyPartitioner, partition_for_key
 
 PRODUCE_VERSIONS = (3, 12)  # v13 addresses topics by id only; names are all this client needs
 INIT_PRODUCER_ID_VERSIONS = (0, 4)
+ADD_PARTITIONS_TO_TXN_VERSIONS = (0, 3)  # v4+ is the brokers' own verification form
+ADD_OFFSETS_TO_TXN_VERSIONS = (0, 3)
+END_TXN_VERSIONS = (0, 3)
+TXN_OFFSET_COMMIT_VERSIONS = (0, 3)
+COORDINATOR_TRANSACTION = 1
 # Per-record bytes beyond key and value in a v2 batch (length, attributes, deltas, header count), roughly.
 _RECORD_OVERHEAD = 12
 _BATCH_OVERHEAD = 61
@@ -89,8 +96,17 @@ class AsyncProducer:
         max_request_size: int = 1_048_576,
         buffer_memory: int = 32 * 1024 * 1024,
         config: Mapping[str, Any] | None = None,
+        transactional_id: str | None = None,
+        transaction_timeout_ms: int = 60_000,
     ):
         self.acks = -1 if acks in ("all", -1, "-1") else int(acks)
+        if transactional_id is not None and (self.acks != -1 or enable_idempotence is False):
+            raise ValueError("a transactional producer is idempotent and needs acks=-1 (all)")
+        self.transactional_id = transactional_id
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self._in_transaction = False
+        self._txn_partitions: set[tuple[str, int]] = set()
+        self._txn_error: BaseException | None = None
         if self.acks not in (-1, 0, 1):
             raise ValueError(f"acks must be -1/all, 0 or 1, not {acks!r}")
         if enable_idempotence and self.acks != -1:
@@ -133,7 +149,7 @@ class AsyncProducer:
             if self._closed:
                 raise ClientClosedError()
             await self.cluster.start()
-            if self.idempotent:
+            if self.idempotent and self.transactional_id is None:
                 await self._init_producer_id()
             self._sender = asyncio.get_running_loop().create_task(self._send_loop())
             self._started = True
@@ -146,10 +162,14 @@ class AsyncProducer:
         await self.close()
 
     async def _init_producer_id(self) -> None:
-        body = messages.InitProducerIdRequest(transactional_id=None, transaction_timeout_ms=60_000)
+        body = messages.InitProducerIdRequest(transactional_id=self.transactional_id,
+                                              transaction_timeout_ms=self.transaction_timeout_ms)
         deadline = time.monotonic() + self.config.request_timeout_ms / 1000
         while True:
-            conn = await self.cluster.any_connection()
+            if self.transactional_id is None:
+                conn = await self.cluster.any_connection()
+            else:
+                conn = await self.cluster.connection(await self._txn_coordinator())
             response = await conn.request(ApiKey.INIT_PRODUCER_ID, body, versions=INIT_PRODUCER_ID_VERSIONS)
             if response.error_code == 0:
                 self._producer_id = response.producer_id
@@ -160,6 +180,115 @@ class AsyncProducer:
             if not error.retriable or time.monotonic() > deadline:
                 raise error
             await asyncio.sleep(self.retry_backoff_s)
+
+    # ---- transactions --------------------------------------------------------------------------------
+
+    async def _txn_coordinator(self) -> int:
+        assert self.transactional_id is not None
+        return await self.cluster.find_coordinator(self.transactional_id, COORDINATOR_TRANSACTION)
+
+    async def _txn_request(self, api_key: int, body: Any, versions: tuple[int, int]) -> Any:
+        """A request to the transaction coordinator, retried while it answers with a retriable error."""
+        deadline = time.monotonic() + self.config.request_timeout_ms / 1000
+        while True:
+            node = await self._txn_coordinator()
+            response = await self.cluster.request(node, api_key, body, versions)
+            code = getattr(response, "error_code", 0)
+            if api_key == ApiKey.ADD_PARTITIONS_TO_TXN:
+                codes = [p.partition_error_code for t in response.results_by_topic_v3_and_below
+                         for p in t.results_by_partition]
+                code = next((c for c in codes if c not in (0, ErrorCode.OPERATION_NOT_ATTEMPTED)), 0)
+            if code == 0:
+                return response
+            error = for_code(code)
+            if not error.retriable or time.monotonic() >= deadline:
+                raise error
+            await asyncio.sleep(self.retry_backoff_s)
+
+    def _txn_id(self) -> str:
+        if self.transactional_id is None:
+            raise KafkaError(ErrorCode.INVALID_TXN_STATE, "the producer has no transactional_id")
+        return self.transactional_id
+
+    def _require_transactional(self) -> None:
+        if self.transactional_id is None:
+            raise KafkaError(ErrorCode.INVALID_TXN_STATE, "the producer has no transactional_id")
+
+    async def init_transactions(self) -> None:
+        """Get the producer id and epoch for the transactional id, fencing older producers that use it
+        and completing (aborting) a transaction a previous incarnation left open."""
+        self._require_transactional()
+        await self.start()
+        await self._init_producer_id()
+        self._in_transaction = False
+        self._txn_partitions.clear()
+
+    def begin_transaction(self) -> None:
+        self._require_transactional()
+        if self._producer_id < 0:
+            raise KafkaError(ErrorCode.INVALID_TXN_STATE, "call init_transactions() first")
+        if self._in_transaction:
+            raise KafkaError(ErrorCode.INVALID_TXN_STATE, "a transaction is already open")
+        self._in_transaction = True
+        self._txn_error = None
+        self._txn_partitions.clear()
+
+    async def _add_to_transaction(self, tp: tuple[str, int]) -> None:
+        if tp in self._txn_partitions:
+            return
+        req = messages.AddPartitionsToTxnRequest
+        body = req(v3_and_below_transactional_id=self._txn_id(), v3_and_below_producer_id=self._producer_id,
+                   v3_and_below_producer_epoch=self._producer_epoch,
+                   v3_and_below_topics=[req.AddPartitionsToTxnTopic(name=tp[0], partitions=[tp[1]])])
+        await self._txn_request(ApiKey.ADD_PARTITIONS_TO_TXN, body, ADD_PARTITIONS_TO_TXN_VERSIONS)
+        self._txn_partitions.add(tp)
+
+    async def send_offsets_to_transaction(self, offsets: Mapping[tuple[str, int], int], group_id: str) -> None:
+        """Commit a consumer group's offsets as part of the open transaction (consume-transform-produce)."""
+        if not self._in_transaction:
+            raise KafkaError(ErrorCode.INVALID_TXN_STATE, "no open transaction")
+        body = messages.AddOffsetsToTxnRequest(transactional_id=self._txn_id(), producer_id=self._producer_id,
+                                               producer_epoch=self._producer_epoch, group_id=group_id)
+        await self._txn_request(ApiKey.ADD_OFFSETS_TO_TXN, body, ADD_OFFSETS_TO_TXN_VERSIONS)
+        req = messages.TxnOffsetCommitRequest
+        by_topic: dict[str, list[Any]] = {}
+        for (topic, partition), offset in sorted(offsets.items()):
+            by_topic.setdefault(topic, []).append(req.TxnOffsetCommitRequestPartition(
+                partition_index=partition, committed_offset=offset, committed_leader_epoch=-1,
+                committed_metadata=""))
+        commit = req(transactional_id=self._txn_id(), group_id=group_id, producer_id=self._producer_id,
+                     producer_epoch=self._producer_epoch, generation_id=-1, member_id="", group_instance_id=None,
+                     topics=[req.TxnOffsetCommitRequestTopic(name=t, partitions=ps)
+                             for t, ps in by_topic.items()])
+        node = await self.cluster.find_coordinator(group_id)
+        response = await self.cluster.request(node, ApiKey.TXN_OFFSET_COMMIT, commit, TXN_OFFSET_COMMIT_VERSIONS)
+        for t in response.topics:
+            for p in t.partitions:
+                if p.error_code:
+                    raise for_code(p.error_code, f"{t.name}-{p.partition_index}")
+
+    async def commit_transaction(self) -> None:
+        """Send what is buffered, then commit; raises (and the transaction must be aborted) if a record failed."""
+        await self._end_transaction(commit=True)
+
+    async def abort_transaction(self) -> None:
+        await self._end_transaction(commit=False)
+
+    async def _end_transaction(self, *, commit: bool) -> None:
+        if not self._in_transaction:
+            raise KafkaError(ErrorCode.INVALID_TXN_STATE, "no open transaction")
+        with contextlib.suppress(KafkaError):
+            await self.flush(self.delivery_timeout_s)
+        if commit and self._txn_error is not None:
+            if isinstance(self._txn_error, KafkaError):
+                raise self._txn_error
+            raise KafkaError(ErrorCode.INVALID_TXN_STATE, f"a record of the transaction failed: {self._txn_error}")
+        if self._txn_partitions:
+            body = messages.EndTxnRequest(transactional_id=self._txn_id(), producer_id=self._producer_id,
+                                          producer_epoch=self._producer_epoch, committed=commit)
+            await self._txn_request(ApiKey.END_TXN, body, END_TXN_VERSIONS)
+        self._in_transaction = False
+        self._txn_partitions.clear()
 
     async def flush(self, timeout: float | None = None) -> None:
         """Send everything buffered now and wait until each record has succeeded or failed."""
@@ -219,6 +348,8 @@ class AsyncProducer:
             raise ClientClosedError()
         if not self._started:
             await self.start()
+        if self.transactional_id is not None and not self._in_transaction:
+            raise KafkaError(ErrorCode.INVALID_TXN_STATE, "a transactional producer sends inside begin_transaction()")
         info = self.cluster.topics.get(topic)
         if info is None or not info.partitions:
             info = await self.cluster.topic(topic, allow_auto_create=True)
@@ -237,6 +368,12 @@ class AsyncProducer:
         while self._buffered + size > self.buffer_memory and self._buffered > 0:
             self._space.clear()
             await self._space.wait()
+        if self.transactional_id is not None:
+            try:
+                await self._add_to_transaction((topic, partition))
+            except KafkaError as exc:
+                self._txn_error = exc  # the transaction can no longer commit
+                raise
         ts = timestamp_ms if timestamp_ms is not None else time.time_ns() // 1_000_000
         record = RecordInput(key, value, rec_headers, ts)
         future: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
@@ -373,6 +510,7 @@ class AsyncProducer:
                 producer_id=self._producer_id,
                 producer_epoch=self._producer_epoch,
                 base_sequence=seq,
+                is_transactional=self.transactional_id is not None,
             )
         else:
             batch.encoded = encode_batch(batch.records, compression=self.compression)
@@ -390,7 +528,7 @@ class AsyncProducer:
                 for t, parts in by_topic.items()
             ]
             body = messages.ProduceRequest(
-                transactional_id=None, acks=self.acks, timeout_ms=self.config.request_timeout_ms, topic_data=topic_data
+                transactional_id=self.transactional_id, acks=self.acks, timeout_ms=self.config.request_timeout_ms, topic_data=topic_data
             )
             try:
                 response = await self.cluster.request(
@@ -431,6 +569,8 @@ class AsyncProducer:
         self._release(batch)
 
     def _fail_batch(self, batch: _Batch, error: BaseException) -> None:
+        if self._in_transaction and batch.futures:
+            self._txn_error = error
         for future in batch.futures:
             if not future.done():
                 future.set_exception(error)
@@ -522,6 +662,28 @@ class Producer:
         _, not_done = concurrent.futures.wait(pending, timeout)
         if not_done:
             raise KafkaTimeoutError(None, f"{len(not_done)} records still unsent after flush({timeout})")
+
+    # Transactions (see AsyncProducer).
+    def init_transactions(self) -> None:
+        self._thread.run(self._producer.init_transactions())
+
+    def begin_transaction(self) -> None:
+        self._thread.run(self._begin())
+
+    async def _begin(self) -> None:
+        self._producer.begin_transaction()
+
+    def send_offsets_to_transaction(self, offsets: Mapping[tuple[str, int], int], group_id: str) -> None:
+        self._thread.run(self._producer.send_offsets_to_transaction(offsets, group_id))
+
+    def commit_transaction(self) -> None:
+        self.flush()
+        self._thread.run(self._producer.commit_transaction())
+
+    def abort_transaction(self) -> None:
+        with contextlib.suppress(KafkaError):
+            self.flush()
+        self._thread.run(self._producer.abort_transaction())
 
     def close(self, timeout: float | None = None) -> None:
         try:

@@ -153,6 +153,7 @@ def fuzz_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProc
     proc = BrokerProcess(base / "data", overrides=[
         "max.partitions.per.request=8", "max.partitions=64",
         "offsets.topic.num.partitions=3", "share.coordinator.state.topic.num.partitions=3",
+        "transaction.state.log.num.partitions=3",
     ])
     proc.start()
     yield proc

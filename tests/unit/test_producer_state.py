@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shoal.broker.apis.produce import rebuild_producer_state
 from shoal.broker.storage.partition_log import LogConfig, PartitionLog
 from shoal.broker.storage.producer_state import PartitionProducerState, ProducerIdAllocator
 from shoal.protocol.errors import ErrorCode
@@ -46,7 +45,7 @@ def test_state_is_rebuilt_from_the_log_tail(tmp_path: Path) -> None:
         plog.append(batch, list(iter_batches(batch)))
     plog.close()
     reopened = PartitionLog.open(tmp_path / "p", LogConfig(segment_bytes=400))
-    state = rebuild_producer_state(reopened)
+    state = reopened.producer_state
     assert state.check(7, 0, 10, 2).duplicate_offset == 10
     assert state.check(7, 0, 12, 2).error == ErrorCode.NONE
     assert state.check(7, 0, 14, 2).error == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER

@@ -1,0 +1,277 @@
+"""The transaction coordinator over real partition logs: transitions, replay, and completion at load of a
+transaction a crash left between its prepare record and its markers; the LSO and aborted-transaction
+bookkeeping of producer state."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shoal.broker.storage.internal_topic_log import InternalTopicLog
+from shoal.broker.storage.partition_log import LogConfig, PartitionLog
+from shoal.broker.storage.producer_state import PartitionProducerState
+from shoal.broker.storage.topic_registry import Topic
+from shoal.coordinator.transaction_coordinator import TransactionCoordinator
+from shoal.coordinator.transaction_log import TxnState
+from shoal.coordinator.txn_offsets import TxnOffset, TxnOffsetStore
+from shoal.protocol.errors import ErrorCode
+from shoal.protocol.messages import CODECS
+from shoal.protocol.record_batch import iter_batches
+from shoal.protocol.records import RecordInput, encode_batch
+
+MAX_TIMEOUT = 60_000
+
+
+class LogMarkers:
+    """Writes markers to real partition logs; `fail_after` makes it stop part-way, like a crash."""
+
+    def __init__(self, logs: dict[tuple[str, int], PartitionLog], fail_after: int | None = None):
+        self.logs = logs
+        self.fail_after = fail_after
+        self.written: list[tuple[str, int]] = []
+
+    async def write_markers(self, producer_id: int, producer_epoch: int, commit: bool,
+                            partitions: Iterable[tuple[str, int]]) -> None:
+        for tp in sorted(partitions):
+            if self.fail_after is not None and len(self.written) >= self.fail_after:
+                await asyncio.Event().wait()  # hangs here until the "crash" cancels it
+            plog = self.logs[tp]
+            result = plog.append_marker(producer_id=producer_id, producer_epoch=producer_epoch, commit=commit,
+                                        coordinator_epoch=0, timestamp_ms=0)
+            await plog.flush(result.last_offset + 1)
+            self.written.append(tp)
+
+
+class Cluster:
+    def __init__(self, base: Path):
+        self.base = base
+        self.pid = 0
+        self.open()
+
+    def open(self) -> None:
+        self.state_topic = Topic("__transaction_state", b"\x02" * 16,
+                                 [PartitionLog.open(self.base / f"ts-{i}", LogConfig()) for i in range(3)])
+        self.logs = {("t", i): PartitionLog.open(self.base / f"t-{i}", LogConfig()) for i in range(2)}
+
+    def close(self) -> None:
+        for plog in [*self.state_topic.partitions, *self.logs.values()]:
+            plog.close()
+
+    def allocate(self) -> int:
+        self.pid += 1
+        return self.pid
+
+    def coordinator(self, markers: LogMarkers) -> TransactionCoordinator:
+        coord = TransactionCoordinator(InternalTopicLog(self.state_topic), markers, self.allocate,
+                                       max_timeout_ms=MAX_TIMEOUT, offsets_partitions=3)
+        coord.load()
+        return coord
+
+    def produce_txn(self, tp: tuple[str, int], producer_id: int, epoch: int, seq: int) -> None:
+        batch = bytearray(encode_batch([RecordInput(value=b"x")], producer_id=producer_id, producer_epoch=epoch,
+                                       base_sequence=seq, is_transactional=True))
+        self.logs[tp].append(batch, list(iter_batches(batch)))
+
+
+async def _settle(coord: TransactionCoordinator) -> None:
+    while coord._completing:
+        await asyncio.gather(*coord._completing.values(), return_exceptions=True)
+
+
+def test_crash_at_each_point_of_the_two_phase_end(tmp_path: Path) -> None:
+    """Crash after PrepareCommit with 0, 1 or 2 of 2 markers written: reopening completes the commit."""
+    for written_before_crash in (0, 1, 2):
+        base = tmp_path / str(written_before_crash)
+
+        async def run(written: int = written_before_crash, base: Path = base) -> None:
+            cluster = Cluster(base)
+            crashing = LogMarkers(cluster.logs, fail_after=written)
+            coord = cluster.coordinator(crashing)
+            init = await coord.init_producer_id("app", 30_000)
+            assert init.error == ErrorCode.NONE
+            assert await coord.add_partitions("app", init.producer_id, init.producer_epoch, list(cluster.logs)) == 0
+            for tp in cluster.logs:
+                cluster.produce_txn(tp, init.producer_id, init.producer_epoch, 0)
+            assert all(plog.last_stable_offset == 0 for plog in cluster.logs.values())
+            assert await coord.end_txn("app", init.producer_id, init.producer_epoch, True) == ErrorCode.NONE
+            if written < 2:
+                while len(crashing.written) < written:
+                    await asyncio.sleep(0.01)
+                await coord.stop()  # the crash: the completion never finishes
+            else:
+                await _settle(coord)
+            cluster.close()
+
+            cluster.open()
+            markers = LogMarkers(cluster.logs)
+            coord = cluster.coordinator(markers)
+            expected = TxnState.COMPLETE_COMMIT if written == 2 else TxnState.PREPARE_COMMIT
+            assert coord.txns["app"].state == expected
+            coord.start()
+            await _settle(coord)
+            assert coord.txns["app"].state == TxnState.COMPLETE_COMMIT
+            assert coord.txns["app"].partitions == frozenset()
+            for plog in cluster.logs.values():
+                assert plog.last_stable_offset == plog.log_end_offset
+                assert plog.producer_state.aborted == []
+            cluster.close()
+
+        asyncio.run(run())
+
+
+def test_fencing_and_bad_input_leave_state_unchanged(tmp_path: Path) -> None:
+    async def run() -> None:
+        cluster = Cluster(tmp_path)
+        coord = cluster.coordinator(LogMarkers(cluster.logs))
+        assert (await coord.init_producer_id("app", MAX_TIMEOUT + 1)).error == ErrorCode.INVALID_TRANSACTION_TIMEOUT
+        assert (await coord.init_producer_id("app", 0)).error == ErrorCode.INVALID_TRANSACTION_TIMEOUT
+        assert "app" not in coord.txns
+        first = await coord.init_producer_id("app", 30_000)
+        pid, epoch = first.producer_id, first.producer_epoch
+        assert await coord.add_partitions("app", pid + 1, epoch, [("t", 0)]) == ErrorCode.INVALID_PRODUCER_ID_MAPPING
+        assert await coord.add_partitions("nobody", pid, epoch, [("t", 0)]) == ErrorCode.INVALID_PRODUCER_ID_MAPPING
+        assert coord.txns["app"].state == TxnState.EMPTY
+        assert await coord.add_partitions("app", pid, epoch, [("t", 0)]) == ErrorCode.NONE
+        cluster.produce_txn(("t", 0), pid, epoch, 0)
+        # A new incarnation fences the old one and aborts its open transaction.
+        assert (await coord.init_producer_id("app", 30_000)).error == ErrorCode.CONCURRENT_TRANSACTIONS
+        await _settle(coord)
+        second = await coord.init_producer_id("app", 30_000)
+        assert (second.producer_id, second.producer_epoch) == (pid, epoch + 2)
+        before = coord.txns["app"]
+        assert await coord.end_txn("app", pid, epoch, True) == ErrorCode.PRODUCER_FENCED
+        assert await coord.add_partitions("app", pid, epoch, [("t", 1)]) == ErrorCode.PRODUCER_FENCED
+        assert coord.check_offset_commit("app", pid, epoch, "g") == ErrorCode.PRODUCER_FENCED
+        assert coord.check_offset_commit("app", pid, second.producer_epoch, "g") == ErrorCode.INVALID_TXN_STATE
+        assert coord.txns["app"] == before
+        assert await coord.end_txn("app", pid, second.producer_epoch, True) == ErrorCode.INVALID_TXN_STATE
+        plog = cluster.logs[("t", 0)]
+        assert [(t.producer_id, t.first_offset) for t in plog.producer_state.aborted] == [(pid, 0)]
+        assert plog.last_stable_offset == plog.log_end_offset
+        cluster.close()
+        # Replay gives the same state.
+        cluster.open()
+        assert cluster.coordinator(LogMarkers(cluster.logs)).txns["app"] == before
+        assert [(t.producer_id, t.first_offset) for t in cluster.logs[("t", 0)].producer_state.aborted] == [(pid, 0)]
+        cluster.close()
+
+    asyncio.run(run())
+
+
+def test_timed_out_transaction_is_aborted_and_producer_fenced(tmp_path: Path) -> None:
+    async def run() -> None:
+        cluster = Cluster(tmp_path)
+        now = [1_000_000]
+        coord = cluster.coordinator(LogMarkers(cluster.logs))
+        coord.clock = lambda: now[0]
+        init = await coord.init_producer_id("slow", 1_000)
+        await coord.add_partitions("slow", init.producer_id, init.producer_epoch, [("t", 1)])
+        now[0] += 1_000
+        assert await coord.abort_timed_out() == []
+        now[0] += 1
+        assert await coord.abort_timed_out() == ["slow"]
+        await _settle(coord)
+        assert coord.txns["slow"].state == TxnState.COMPLETE_ABORT
+        assert await coord.end_txn("slow", init.producer_id, init.producer_epoch, True) == ErrorCode.PRODUCER_FENCED
+        cluster.close()
+
+    asyncio.run(run())
+
+
+# ---- producer state: LSO and aborted transactions ------------------------------------------------
+
+_events = st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["data", "commit", "abort"])), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_events)
+def test_lso_is_the_first_offset_of_the_oldest_open_transaction(events: list[tuple[int, str]]) -> None:
+    state = PartitionProducerState()
+    open_at: dict[int, int] = {}
+    aborted: list[tuple[int, int, int]] = []
+    for offset, (pid, kind) in enumerate(events):
+        if kind == "data":
+            state.on_transactional_batch(pid, offset)
+            open_at.setdefault(pid, offset)
+        else:
+            state.on_marker(pid, 0, kind == "commit", offset)
+            first = open_at.pop(pid, None)
+            if kind == "abort" and first is not None:
+                aborted.append((pid, first, offset))
+        hw = offset + 1
+        assert state.last_stable_offset(hw) == min([*open_at.values(), hw])
+    assert [(t.producer_id, t.first_offset, t.last_offset) for t in state.aborted] == aborted
+    for pid, first, last in aborted:
+        assert state.is_aborted(pid, first) and state.is_aborted(pid, last)
+        assert any(t.producer_id == pid for t in state.aborted_between(first, first + 1))
+
+
+# ---- transactional offset commits ----------------------------------------------------------------
+
+
+def test_txn_offsets_pending_until_marker_and_replayed(tmp_path: Path) -> None:
+    async def run() -> None:
+        offsets = Topic("__consumer_offsets", b"\x03" * 16,
+                        [PartitionLog.open(tmp_path / f"co-{i}", LogConfig()) for i in range(2)])
+        log = InternalTopicLog(offsets)
+        done: list[list[Any]] = []
+        store = TxnOffsetStore(log, done.append)
+        p = store.partition_for("g")
+        await store.commit("g", 7, 0, [TxnOffset("in", 0, 42, -1, "")])
+        await store.commit("g", 8, 0, [TxnOffset("in", 1, 5, -1, "")])
+        assert store.has_pending("g", "in", 0) and not store.has_pending("g", "in", 2)
+        assert list(log.replay_raw(p)) == []  # nothing final before a marker
+        plog = offsets.partitions[p]
+        await plog.flush(plog.append_marker(producer_id=7, producer_epoch=0, commit=True, coordinator_epoch=0,
+                                            timestamp_ms=0).last_offset + 1)
+        store.on_marker(p, 7, True)
+        key, value = done[0][0]
+        committed = (CODECS["OffsetCommitKey"].decode(key, 0, 2)[0], CODECS["OffsetCommitValue"].decode(value, 3, 2)[0])
+        assert (committed[0].group, committed[0].topic, committed[0].partition, committed[1].offset) == ("g", "in", 0, 42)
+        assert [(k, v) for _o, k, v in log.replay_raw(p)] == done[0]
+        # Producer 8 is still open: a restart finds its offsets pending, and an abort drops them.
+        for plog in offsets.partitions:
+            plog.close()
+        offsets.partitions = [PartitionLog.open(tmp_path / f"co-{i}", LogConfig()) for i in range(2)]
+        store = TxnOffsetStore(InternalTopicLog(offsets), done.append)
+        store.load()
+        assert store.has_pending("g", "in", 1) and not store.has_pending("g", "in", 0)
+        plog = offsets.partitions[p]
+        await plog.flush(plog.append_marker(producer_id=8, producer_epoch=0, commit=False, coordinator_epoch=0,
+                                            timestamp_ms=0).last_offset + 1)
+        store.on_marker(p, 8, False)
+        assert len(done) == 1 and not store.has_pending("g", "in", 1)
+        assert [(k, v) for _o, k, v in InternalTopicLog(offsets).replay_raw(p)] == done[0]
+        for plog in offsets.partitions:
+            plog.close()
+
+    asyncio.run(run())
+
+
+def test_prune_keeps_every_latest_state(tmp_path: Path, monkeypatch: Any) -> None:
+    from shoal.coordinator import transaction_coordinator
+
+    monkeypatch.setattr(transaction_coordinator, "_PRUNE_SLACK", 5)
+
+    async def run() -> None:
+        cluster = Cluster(tmp_path)
+        coord = cluster.coordinator(LogMarkers(cluster.logs))
+        for round_ in range(8):
+            for i in range(3):
+                init = await coord.init_producer_id(f"id-{i}", 30_000)
+                assert init.error == ErrorCode.NONE and init.producer_epoch == round_
+        before = dict(coord.txns)
+        assert await coord.prune() >= 1
+        starts = [p.log_start_offset for p in cluster.state_topic.partitions]
+        assert any(s > 0 for s in starts)
+        cluster.close()
+        cluster.open()
+        assert cluster.coordinator(LogMarkers(cluster.logs)).txns == before
+        cluster.close()
+
+    asyncio.run(run())
