@@ -1,7 +1,8 @@
 """Log compaction: the cleaning of one partition log, as Kafka's Cleaner does it.
 
 `plan_clean` (event loop) picks the range: from the log start to the first uncleanable offset (the
-active segment, a segment younger than min.compaction.lag.ms, or one whose indexes are not yet durable).
+last stable offset, the active segment, a segment younger than min.compaction.lag.ms, or one whose
+indexes are not yet durable).
 `clean` (the cleaner thread) reads that range through duplicated file descriptors, so retention closing
 a segment meanwhile cannot pull a file out from under it:
 
@@ -186,9 +187,12 @@ def cleanable_segments(plog: PartitionLog, now_ms: int) -> list[LogSegment]:
     with a record younger than min.compaction.lag.ms, nor one whose indexes are not yet durable."""
     dirty = first_dirty_offset(plog)
     lag = plog.config.min_compaction_lag_ms
+    # Nor past the last stable offset: an open transaction's records must stay until it ends (Kafka's
+    # first unstable offset bounds cleaning too).
+    lso = plog.last_stable_offset
     out: list[LogSegment] = []
     for seg in plog.segments[:-1]:
-        if not (seg.sealed and seg.indexes_persisted):
+        if not (seg.sealed and seg.indexes_persisted) or seg.next_offset > lso:
             break
         if seg.base_offset >= dirty and lag > 0 and seg.max_timestamp > now_ms - lag:
             break

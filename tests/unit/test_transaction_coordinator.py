@@ -275,3 +275,26 @@ def test_prune_keeps_every_latest_state(tmp_path: Path, monkeypatch: Any) -> Non
         cluster.close()
 
     asyncio.run(run())
+
+
+def test_log_cleaner_stops_at_the_last_stable_offset(tmp_path: Path) -> None:
+    from shoal.broker.storage.log_cleaner import cleanable_segments
+
+    plog = PartitionLog.open(tmp_path / "c-0", LogConfig(segment_bytes=200))
+
+    def put(batch: bytes) -> None:
+        buf = bytearray(batch)
+        plog.append(buf, list(iter_batches(buf)))
+
+    put(encode_batch([RecordInput(key=b"k", value=b"plain")]))
+    put(encode_batch([RecordInput(key=b"k", value=b"open")], producer_id=3, producer_epoch=0, base_sequence=0,
+                     is_transactional=True))
+    for i in range(6):
+        put(encode_batch([RecordInput(key=b"k", value=b"later-%d" % i)]))
+    plog.flush_sync()
+    assert plog.last_stable_offset == 1
+    assert all(seg.next_offset <= 1 for seg in cleanable_segments(plog, 0))
+    plog.append_marker(producer_id=3, producer_epoch=0, commit=True, coordinator_epoch=0, timestamp_ms=0)
+    plog.flush_sync()
+    assert any(seg.next_offset > 1 for seg in cleanable_segments(plog, 0))
+    plog.close()
