@@ -143,6 +143,12 @@ class ClassicGroupCoordinator:
             for record in records:
                 self._apply(record)
 
+    def apply_transactional_offsets(self, records: list[CoordinatorRecord]) -> None:
+        """Offsets a transaction's COMMIT marker made final (their records are already durable, in the
+        producer's transactional batch): into memory, as replay does at start-up."""
+        for record in records:
+            self._apply(record)
+
     def _apply(self, record: CoordinatorRecord) -> None:
         group_id = record_group_id(record)
         group = self.groups.get(group_id)

@@ -9,6 +9,8 @@ input over the wire; a share group with share.isolation.level=read_committed.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -459,3 +461,38 @@ def test_bundled_client_transactions(txn_broker: BrokerProcess) -> None:
         producer.close()
     got = _confluent_read(bootstrap, topic, 2, "read_committed", 7)
     assert sorted(got) == sorted([*(b"keep-%d" % i for i in range(6)), b"newer"])
+
+
+def test_consume_transform_produce_survives_worker_kill(txn_broker: BrokerProcess) -> None:
+    """kill -9 of the worker with a transaction open, then a restart: the output, read with
+    read_committed, holds each input exactly once, and the group's committed offsets cover the input."""
+    bootstrap = txn_broker.bootstrap
+    source, sink = _topic(bootstrap, 2), _topic(bootstrap, 2)
+    group, txn_id = f"ctp-{uuid.uuid4().hex[:6]}", f"ctp-worker-{uuid.uuid4().hex[:6]}"
+    total = 300
+    plain = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for i in range(total):
+        plain.produce(source, b"in-%d" % i, partition=i % 2)
+    assert plain.flush(30) == 0
+    args = [sys.executable, "-m", "tests.integration.ctp_worker", bootstrap, source, sink, group, txn_id, str(total)]
+    worker = subprocess.Popen([*args, "--pause-at", "2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None
+        assert worker.stdout.readline().strip() == "open 2"  # records and offsets of transaction 2 sent
+        worker.kill()
+        worker.wait(10)
+        worker = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+        assert worker.stdout is not None
+        assert worker.stdout.readline().strip() == "done"
+        worker.wait(30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    got = _confluent_read(bootstrap, sink, 2, "read_committed", total)
+    assert sorted(got) == sorted(b"IN-%d" % i for i in range(total))
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        committed = c.committed([TopicPartition(source, p) for p in range(2)], 10)
+    finally:
+        c.close()
+    assert sum(tp.offset for tp in committed) == total
