@@ -1,21 +1,22 @@
 """The classic-group coordinator: JoinGroup/SyncGroup/Heartbeat/LeaveGroup, committed offsets, and
 the timers that drive rebalances (join and sync deadlines, the initial rebalance delay, sessions).
 
-It follows Kafka's GroupMetadataManager for classic groups. Work on one group is serialised by a
-lock; JoinGroup and SyncGroup answers that must wait for other members are futures completed when
-the phase ends, awaited outside the lock. Persisted changes (see `classic_group`) are appended to
-the group's `__consumer_offsets` partition, fsynced, and only then replayed into memory and answered.
+It follows Kafka's GroupMetadataManager for classic groups. Every operation on a group, a request's
+or a timer's, runs through the coordinator runtime holding the group's key: one at a time per group,
+and to completion even if its caller goes away. Persisted changes (see `classic_group`) are appended
+to the group's `__consumer_offsets` partition, fsynced, and only then replayed into the partition's
+shard and answered. JoinGroup and SyncGroup answers that must wait for other members are futures
+completed when the phase ends, awaited after the operation has released the group.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -24,8 +25,8 @@ from shoal.protocol.coordinator_records import CoordinatorRecord, fits_key_strin
 from shoal.protocol.errors import ErrorCode
 
 from .classic_group import (
-    CLASSIC_RECORD_TYPES,
     ClassicGroup,
+    ClassicGroupShard,
     ClassicGroupState,
     ClassicMember,
     CommittedOffset,
@@ -33,9 +34,10 @@ from .classic_group import (
     offset_tombstone,
     record_group_id,
 )
-from .keyed_locks import KeyedLocks
+from .group_shard import GroupsView
 from .placement import coordinator_partition
 from .record_log import CoordinatorRecordLog
+from .runtime import CoordinatorRuntime
 
 log = structlog.get_logger("shoal.classic_groups")
 
@@ -50,6 +52,8 @@ Empty, Preparing, Completing, Stable, Dead = (
 # How long a new member may wait for its first join to complete without heartbeating (Kafka's value).
 NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000
 NO_OFFSET = -1
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -111,16 +115,16 @@ class ClassicGroupCoordinator:
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ):
-        self.record_log = record_log
+        # The shard asks `self.foreign_group` each time, so a later rebinding of it is seen.
+        self.runtime = CoordinatorRuntime(record_log, lambda _p: ClassicGroupShard(lambda g: self.foreign_group(g)))
         self.config = config or ClassicGroupConfig()
         # True when the id belongs to a group of another type (a share group): such ids are refused.
         self.foreign_group = foreign_group
         self.clock = clock
         self.wall_ms = wall_ms
-        self.groups: dict[str, ClassicGroup] = {}
+        self.groups: GroupsView[ClassicGroup] = GroupsView(self.runtime.shards, self.partition_for)
         self.loaded = False
         self.rebalances = 0
-        self._locks = KeyedLocks()
         self._join_waiters: dict[tuple[str, str], asyncio.Future[Any]] = {}
         self._sync_waiters: dict[tuple[str, str], asyncio.Future[Any]] = {}
         self._timers: dict[tuple[str, ...], asyncio.TimerHandle] = {}
@@ -130,51 +134,44 @@ class ClassicGroupCoordinator:
     # ---- plumbing --------------------------------------------------------------------------------
 
     def partition_for(self, group_id: str) -> int:
-        return coordinator_partition(group_id, self.record_log.num_partitions)
+        return coordinator_partition(group_id, self.runtime.num_partitions)
 
-    def _lock(self, group_id: str) -> contextlib.AbstractAsyncContextManager[None]:
-        """Serialise work on one group."""
-        return self._locks.hold(group_id)
+    def _held(self, group_id: str) -> dict[str, ClassicGroup]:
+        """The groups of `group_id`'s shard, for creating or forgetting a group not yet (or no longer) in
+        the log; call it from an operation holding `group_id`."""
+        return self.runtime.shard(self.partition_for(group_id)).groups
+
+    async def _run(self, group_id: str, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run an operation on one group through the runtime: one at a time per group, to completion
+        even if the caller goes away."""
+        return await self.runtime.write(self.partition_for(group_id), group_id, operation)
 
     async def _write(self, group_id: str, records: list[CoordinatorRecord]) -> None:
-        """Durably append, then replay into memory (the same path `load` takes)."""
-        if records:
-            await self.record_log.append(self.partition_for(group_id), records)
-            for record in records:
-                self._apply(record)
+        """Durably append, then replay into the group's shard (the same path `load` takes)."""
+        await self.runtime.append(self.partition_for(group_id), records)
 
     def apply_transactional_offsets(self, records: list[CoordinatorRecord]) -> None:
         """Offsets a transaction's COMMIT marker made final (their records are already durable, in the
-        producer's transactional batch): into memory, as replay does at start-up."""
+        producer's transactional batch): into the group's shard, as replay does at start-up."""
         for record in records:
-            self._apply(record)
+            self.runtime.shard(self.partition_for(record_group_id(record))).replay(-1, record)
 
-    def _apply(self, record: CoordinatorRecord) -> None:
-        group_id = record_group_id(record)
-        group = self.groups.get(group_id)
-        if group is None:
-            if record.value is None:
-                return
-            group = self.groups[group_id] = ClassicGroup(group_id)
-        group.replay(record)
-        if group.state == Dead:
-            del self.groups[group_id]
-
-    def _schedule(self, key: tuple[str, ...], delay_s: float, work: Callable[[], Any]) -> None:
+    def _schedule(self, key: tuple[str, ...], delay_s: float, work: Callable[[], Awaitable[None]]) -> None:
+        """Run `work` after `delay_s` as an operation on the group `key[1]` names."""
         self._cancel(key)
         loop = asyncio.get_running_loop()
         self._timers[key] = loop.call_later(max(delay_s, 0.0), self._fire, key, work)
 
-    def _fire(self, key: tuple[str, ...], work: Callable[[], Any]) -> None:
+    def _fire(self, key: tuple[str, ...], work: Callable[[], Awaitable[None]]) -> None:
         self._timers.pop(key, None)
-        self._spawn(work())
+        self._spawn(self._run(key[1], work))
 
     def _cancel(self, key: tuple[str, ...]) -> None:
         handle = self._timers.pop(key, None)
         if handle is not None:
             handle.cancel()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -183,18 +180,14 @@ class ClassicGroupCoordinator:
         """A group that never got past creation (no members, offsets or generation) is not kept."""
         if (group.state == Empty and not group.members and not group.pending_members and not group.offsets
                 and group.generation_id == 0 and self.groups.get(group.group_id) is group):
-            del self.groups[group.group_id]
+            del self._held(group.group_id)[group.group_id]
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
     async def load(self) -> None:
         """Rebuild every classic group and its offsets from `__consumer_offsets`."""
-        self.groups.clear()
-        for partition in range(self.record_log.num_partitions):
-            for _offset, record in self.record_log.replay(partition):
-                if record.record_type in CLASSIC_RECORD_TYPES and not self.foreign_group(record_group_id(record)):
-                    self._apply(record)
-            await asyncio.sleep(0)
+        for partition in range(self.runtime.num_partitions):
+            await self.runtime.load(partition)
         self.loaded = True
         log.info("classic groups loaded", groups=len(self.groups),
                  offsets=sum(len(g.offsets) for g in self.groups.values()))
@@ -224,6 +217,8 @@ class ClassicGroupCoordinator:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.runtime.drain()  # operations already started finish (and replay what they appended)
+        self.unload()  # and any timer or waiter they left behind goes too
 
     # ---- heartbeats and sessions -------------------------------------------------------------------
 
@@ -239,31 +234,29 @@ class ClassicGroupCoordinator:
             self._schedule(key, timeout, lambda: self._on_heartbeat_deadline(group_id, member_id))
 
     async def _on_heartbeat_deadline(self, group_id: str, member_id: str) -> None:
-        async with self._lock(group_id):
-            group = self.groups.get(group_id)
-            member = None if group is None else group.members.get(member_id)
-            if group is None or member is None:
-                return
-            remaining = member.heartbeat_deadline - self.clock()
-            satisfied = not member.is_new and (member.awaiting_join or member.awaiting_sync)
-            if remaining > 0 or satisfied:
-                delay = remaining if remaining > 0 else member.session_timeout_ms / 1000
-                self._schedule(("hb", group_id, member_id), delay,
-                               lambda: self._on_heartbeat_deadline(group_id, member_id))
-                return
-            log.info("classic group member session expired", group_id=group_id, member_id=member_id)
-            await self._remove_members(group, [member_id], "session expired")
+        group = self.groups.get(group_id)
+        member = None if group is None else group.members.get(member_id)
+        if group is None or member is None:
+            return
+        remaining = member.heartbeat_deadline - self.clock()
+        satisfied = not member.is_new and (member.awaiting_join or member.awaiting_sync)
+        if remaining > 0 or satisfied:
+            delay = remaining if remaining > 0 else member.session_timeout_ms / 1000
+            self._schedule(("hb", group_id, member_id), delay,
+                           lambda: self._on_heartbeat_deadline(group_id, member_id))
+            return
+        log.info("classic group member session expired", group_id=group_id, member_id=member_id)
+        await self._remove_members(group, [member_id], "session expired")
 
     async def _on_pending_deadline(self, group_id: str, member_id: str) -> None:
-        async with self._lock(group_id):
-            self._pending_deadlines.pop((group_id, member_id), None)
-            group = self.groups.get(group_id)
-            if group is None or member_id not in group.pending_members:
-                return
-            group.pending_members.discard(member_id)
-            if group.state == Preparing:
-                await self._maybe_complete_join(group)
-            self._forget_if_unused(group)
+        self._pending_deadlines.pop((group_id, member_id), None)
+        group = self.groups.get(group_id)
+        if group is None or member_id not in group.pending_members:
+            return
+        group.pending_members.discard(member_id)
+        if group.state == Preparing:
+            await self._maybe_complete_join(group)
+        self._forget_if_unused(group)
 
     # ---- JoinGroup ---------------------------------------------------------------------------------
 
@@ -284,12 +277,14 @@ class ClassicGroupCoordinator:
         if self.foreign_group(req.group_id):
             return _join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        async with self._lock(req.group_id):
+        async def operation() -> None:
             try:
                 await self._join(req, waiter)
             except Exception:
                 log.exception("join group failed", group_id=req.group_id)
                 _resolve(waiter, _join_error(ErrorCode.UNKNOWN_SERVER_ERROR, req.member_id))
+
+        await self._run(req.group_id, operation)
         # Shielded: a client that disconnects does not cancel what other members wait for.
         return await asyncio.shield(waiter)
 
@@ -299,7 +294,7 @@ class ClassicGroupCoordinator:
             if req.member_id:
                 _resolve(waiter, _join_error(ErrorCode.UNKNOWN_MEMBER_ID, req.member_id))
                 return
-            group = self.groups[req.group_id] = ClassicGroup(req.group_id)
+            group = self._held(req.group_id)[req.group_id] = ClassicGroup(req.group_id)
         if not self._accepts_joining_member(group, req.member_id):
             _resolve(waiter, _join_error(ErrorCode.GROUP_MAX_SIZE_REACHED, req.member_id))
         elif not req.member_id:
@@ -495,25 +490,23 @@ class ClassicGroupCoordinator:
         await self._maybe_complete_join(group)
 
     async def _on_initial_delay(self, group_id: str) -> None:
-        async with self._lock(group_id):
-            group = self.groups.get(group_id)
-            if group is None or group.state != Preparing or not group.initial_delay_running:
-                return
-            if group.new_member_added and group.initial_delay_remaining_ms > 0:
-                # Members keep arriving: wait another delay, within the rebalance timeout.
-                delay = min(self.config.initial_rebalance_delay_ms, group.initial_delay_remaining_ms)
-                group.initial_delay_remaining_ms -= delay
-                group.new_member_added = False
-                self._schedule(("join", group_id), delay / 1000, lambda: self._on_initial_delay(group_id))
-                return
-            group.initial_delay_running = False
-            await self._complete_join(group)
+        group = self.groups.get(group_id)
+        if group is None or group.state != Preparing or not group.initial_delay_running:
+            return
+        if group.new_member_added and group.initial_delay_remaining_ms > 0:
+            # Members keep arriving: wait another delay, within the rebalance timeout.
+            delay = min(self.config.initial_rebalance_delay_ms, group.initial_delay_remaining_ms)
+            group.initial_delay_remaining_ms -= delay
+            group.new_member_added = False
+            self._schedule(("join", group_id), delay / 1000, lambda: self._on_initial_delay(group_id))
+            return
+        group.initial_delay_running = False
+        await self._complete_join(group)
 
     async def _on_join_deadline(self, group_id: str, generation: int) -> None:
-        async with self._lock(group_id):
-            group = self.groups.get(group_id)
-            if group is not None and group.state == Preparing and group.generation_id == generation:
-                await self._complete_join(group)
+        group = self.groups.get(group_id)
+        if group is not None and group.state == Preparing and group.generation_id == generation:
+            await self._complete_join(group)
 
     async def _maybe_complete_join(self, group: ClassicGroup) -> None:
         if group.state == Preparing and not group.initial_delay_running and group.has_all_members_joined():
@@ -562,16 +555,15 @@ class ClassicGroupCoordinator:
         )
 
     async def _on_sync_deadline(self, group_id: str, generation: int) -> None:
-        async with self._lock(group_id):
-            group = self.groups.get(group_id)
-            if group is None or group.state != Completing or group.generation_id != generation:
-                return
-            missing = sorted(group.pending_sync)
-            log.info("classic group members did not sync in time", group_id=group_id, members=missing)
-            for member_id in missing:
-                group.remove_member(member_id)
-                self._cancel(("hb", group_id, member_id))
-            await self._prepare_rebalance(group, "members did not sync in time")
+        group = self.groups.get(group_id)
+        if group is None or group.state != Completing or group.generation_id != generation:
+            return
+        missing = sorted(group.pending_sync)
+        log.info("classic group members did not sync in time", group_id=group_id, members=missing)
+        for member_id in missing:
+            group.remove_member(member_id)
+            self._cancel(("hb", group_id, member_id))
+        await self._prepare_rebalance(group, "members did not sync in time")
 
     def _fence_waiters(self, group_id: str, member_id: str) -> None:
         for waiters, make in ((self._join_waiters, _join_error), (self._sync_waiters, _sync_error)):
@@ -612,12 +604,14 @@ class ClassicGroupCoordinator:
         if not self.loaded:
             return _sync_error(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        async with self._lock(req.group_id):
+        async def operation() -> None:
             try:
                 await self._sync(req, version, waiter)
             except Exception:
                 log.exception("sync group failed", group_id=req.group_id)
                 _resolve(waiter, _sync_error(ErrorCode.UNKNOWN_SERVER_ERROR))
+
+        await self._run(req.group_id, operation)
         return await asyncio.shield(waiter)
 
     async def _sync(self, req: Any, version: int, waiter: asyncio.Future[Any]) -> None:
@@ -716,7 +710,7 @@ class ClassicGroupCoordinator:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
         if group_id not in self.groups:
             return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID] * len(leaving)
-        async with self._lock(group_id):
+        async def operation() -> tuple[int, list[int]]:
             group = self.groups.get(group_id)
             if group is None:
                 return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID] * len(leaving)
@@ -753,6 +747,8 @@ class ClassicGroupCoordinator:
             self._forget_if_unused(group)
             return ErrorCode.NONE, codes
 
+        return await self._run(group_id, operation)
+
     # ---- offsets -----------------------------------------------------------------------------------
 
     def _validate_offset_commit(self, group: ClassicGroup, member_id: str, instance_id: str | None,
@@ -784,12 +780,12 @@ class ClassicGroupCoordinator:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
         if self.foreign_group(group_id):
             return ErrorCode.GROUP_ID_NOT_FOUND, []
-        async with self._lock(group_id):
+        async def operation() -> tuple[int, list[int]]:
             group = self.groups.get(group_id)
             if group is None:
                 if generation_id >= 0:
                     return (ErrorCode.GROUP_ID_NOT_FOUND if version >= 9 else ErrorCode.ILLEGAL_GENERATION), []
-                group = self.groups[group_id] = ClassicGroup(group_id)
+                group = self._held(group_id)[group_id] = ClassicGroup(group_id)
             error = self._validate_offset_commit(group, member_id, instance_id, generation_id)
             if error != ErrorCode.NONE:
                 self._forget_if_unused(group)
@@ -818,6 +814,8 @@ class ClassicGroupCoordinator:
             self._forget_if_unused(group)
             return ErrorCode.NONE, codes
 
+        return await self._run(group_id, operation)
+
     def fetch_offsets(
         self, group_id: str, wanted: list[tuple[str, list[int]]] | None
     ) -> tuple[int, list[tuple[str, int, CommittedOffset | None]]]:
@@ -840,7 +838,7 @@ class ClassicGroupCoordinator:
             return ErrorCode.INVALID_GROUP_ID, []
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
-        async with self._lock(group_id):
+        async def operation() -> tuple[int, list[int]]:
             group = self.groups.get(group_id)
             if group is None or group.state == Dead:
                 return ErrorCode.GROUP_ID_NOT_FOUND, []
@@ -862,12 +860,14 @@ class ClassicGroupCoordinator:
             self._forget_if_unused(group)
             return ErrorCode.NONE, codes
 
+        return await self._run(group_id, operation)
+
     # ---- admin -------------------------------------------------------------------------------------
 
     async def delete_group(self, group_id: str) -> int:
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
-        async with self._lock(group_id):
+        async def operation() -> int:
             group = self.groups.get(group_id)
             if group is None or group.state == Dead:
                 return ErrorCode.GROUP_ID_NOT_FOUND
@@ -878,9 +878,11 @@ class ClassicGroupCoordinator:
             except Exception:
                 log.exception("classic group deletion failed", group_id=group_id)
                 return ErrorCode.UNKNOWN_SERVER_ERROR
-            self.groups.pop(group_id, None)
+            self._held(group_id).pop(group_id, None)
             log.info("classic group deleted", group_id=group_id)
             return ErrorCode.NONE
+
+        return await self._run(group_id, operation)
 
     def list_groups(self) -> list[tuple[str, str, str]]:
         """(group id, protocol type, state) of every classic group."""

@@ -9,12 +9,14 @@ is persisted are Kafka's two record kinds on `__consumer_offsets`:
   empty, and when a static member is replaced;
 - OffsetCommit (key type 1): one record per committed partition.
 
-Writers build those records from the group, append them durably, and only then replay them here;
-`replay` is also what rebuilds every group at start-up.
+Writers build those records from the group; the coordinator runtime appends them durably and only
+then replays them into the partition's `ClassicGroupShard`, the same `replay` that rebuilds every group
+at start-up.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -264,6 +266,34 @@ class ClassicGroup:
         self.static_members = {m.group_instance_id: mid for mid, m in kept.items() if m.group_instance_id is not None}
         self.pending_sync = set()
         self.state = ClassicGroupState.STABLE if kept else ClassicGroupState.EMPTY
+
+
+class ClassicGroupShard:
+    """The classic groups whose records live on one `__consumer_offsets` partition. Their persisted
+    state changes only by `replay`, when the coordinator runtime loads the partition and after each
+    durable append; the rebalance phase in between lives only in memory."""
+
+    __slots__ = ("foreign_group", "groups")
+
+    def __init__(self, foreign_group: Callable[[str], bool]) -> None:
+        # True for ids of groups of another type: their offsets are theirs, not a classic group's.
+        self.foreign_group = foreign_group
+        self.groups: dict[str, ClassicGroup] = {}
+
+    def replay(self, offset: int, record: CoordinatorRecord) -> None:
+        if record.record_type not in CLASSIC_RECORD_TYPES:
+            return
+        group_id = record_group_id(record)
+        if self.foreign_group(group_id):
+            return
+        group = self.groups.get(group_id)
+        if group is None:
+            if record.value is None:
+                return  # tombstone for a group we no longer hold
+            group = self.groups[group_id] = ClassicGroup(group_id)
+        group.replay(record)
+        if group.state == ClassicGroupState.DEAD:
+            del self.groups[group_id]
 
 
 def offset_commit_record(group_id: str, topic: str, partition: int, committed: CommittedOffset) -> CoordinatorRecord:

@@ -19,6 +19,7 @@ from shoal.protocol import coordinator_records as cr
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 
+from .cancellation import cancel_once_appended
 from .test_group_coordinator import Clock, close_log, open_log
 
 GROUP = "cg"
@@ -62,6 +63,16 @@ async def env(tmp_path: Path) -> Any:
     close_log(e.log)
 
 
+async def reached(env: Env, member_id: str, phase: str = "join") -> None:
+    """Let a request started in the background run its operation: its member then waits in `phase`."""
+    for _ in range(100):
+        member = env.coord.groups[GROUP].members.get(member_id) if GROUP in env.coord.groups else None
+        if member is not None and getattr(member, f"awaiting_{phase}"):
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{member_id} never reached {phase}")
+
+
 async def one_member(env: Env, instance: str | None = None) -> tuple[str, int]:
     first = await env.join(instance=instance)
     if first.error_code == ErrorCode.MEMBER_ID_REQUIRED:
@@ -77,14 +88,14 @@ async def test_two_members_rebalance_and_the_leader_assigns(env: Env) -> None:
     assert env.coord.groups[GROUP].state == ClassicGroupState.STABLE
     b_id = (await env.join()).member_id  # MEMBER_ID_REQUIRED
     b_join = asyncio.ensure_future(env.join(member_id=b_id))
-    await asyncio.sleep(0)
+    await reached(env, b_id)
     assert await env.coord.heartbeat(GROUP, a, gen1, None) == ErrorCode.REBALANCE_IN_PROGRESS
     a_join = await env.join(member_id=a)  # a rejoins: every member is in, the join phase completes
     b_resp = await b_join
     assert a_join.generation_id == b_resp.generation_id == gen1 + 1
     assert a_join.leader == a and {m.member_id for m in a_join.members} == {a, b_id} and b_resp.members == []
     b_sync = asyncio.ensure_future(env.sync(b_id, b_resp.generation_id))
-    await asyncio.sleep(0)
+    await reached(env, b_id, "sync")
     assert not b_sync.done()  # followers wait for the leader's assignment
     a_sync = await env.sync(a, a_join.generation_id, {a: b"A", b_id: b"B"})
     assert (a_sync.assignment, (await b_sync).assignment) == (b"A", b"B")
@@ -192,7 +203,7 @@ async def test_members_that_do_not_sync_in_time_are_removed(env: Env) -> None:
     a, gen = await one_member(env)
     b_id = (await env.join()).member_id
     b_join = asyncio.ensure_future(env.join(member_id=b_id))
-    await asyncio.sleep(0)
+    await reached(env, b_id)
     a_join = await env.join(member_id=a)
     await b_join
     # Only the leader syncs; the follower never does.
@@ -203,7 +214,7 @@ async def test_members_that_do_not_sync_in_time_are_removed(env: Env) -> None:
     # A generation whose leader never syncs: its members are dropped when the sync deadline passes.
     c_id = (await env.join()).member_id
     c_join = asyncio.ensure_future(env.join(member_id=c_id))
-    await asyncio.sleep(0)
+    await reached(env, c_id)
     joins = await asyncio.gather(env.join(member_id=a), env.join(member_id=b_id), c_join)
     generation = joins[0].generation_id
     await env.coord._on_sync_deadline(GROUP, generation)
@@ -215,7 +226,7 @@ async def test_unload_answers_requests_waiting_for_a_rebalance(env: Env) -> None
     a, _gen = await one_member(env)
     b_id = (await env.join()).member_id
     waiting = asyncio.ensure_future(env.join(member_id=b_id))
-    await asyncio.sleep(0)
+    await reached(env, b_id)
     assert not waiting.done()  # a has not rejoined yet
     env.coord.unload()
     assert (await waiting).error_code == ErrorCode.NOT_COORDINATOR
@@ -232,3 +243,28 @@ async def test_ids_too_long_for_a_record_key_are_refused(env: Env) -> None:
     req = env.join_req(instance="i" * 40_000)
     assert (await env.coord.join_group(req)).error_code == ErrorCode.INVALID_REQUEST
     assert env.coord.groups == {}
+
+
+def _persisted_view(coord: ClassicGroupCoordinator) -> dict[str, Any]:
+    """What of each group the log holds: generation, leader, members with assignments, offsets."""
+    return {gid: (g.generation_id, g.leader_id, {m: x.assignment for m, x in g.members.items()}, dict(g.offsets))
+            for gid, g in coord.groups.items()}
+
+
+async def test_writes_whose_caller_is_cancelled_mid_fsync_still_reach_memory(env: Env) -> None:
+    plog = env.log.topic.partitions[env.coord.partition_for(GROUP)]
+    first = await env.join()
+    joined = await env.join(member_id=first.member_id)
+    # The leader's SyncGroup persists the assignment; its client goes away while that is being fsynced.
+    await cancel_once_appended(plog, env.sync(joined.member_id, joined.generation_id, {joined.member_id: b"P0"}))
+    commit = [OffsetToCommit("orders", 0, 42, 3, "m")]
+    await cancel_once_appended(plog, env.coord.commit_offsets(GROUP, joined.member_id, None, joined.generation_id,
+                                                              commit, 9))
+    await env.coord.runtime.drain()
+    restarted = env.new()
+    await restarted.load()
+    assert _persisted_view(env.coord) == _persisted_view(restarted)
+    group = env.coord.groups[GROUP]
+    assert group.state == ClassicGroupState.STABLE and group.members[joined.member_id].assignment == b"P0"
+    assert group.offsets[("orders", 0)].offset == 42
+    await restarted.stop()
