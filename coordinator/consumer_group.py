@@ -96,7 +96,7 @@ def _tps(assignment: Assignment, cls: type) -> list[object]:
 
 
 def _from_tps(items: Iterable[object] | None) -> Assignment:
-    return {bytes(t.topic_id): frozenset(t.partitions) for t in items or () if t.partitions}  # type: ignore[attr-defined]
+    return {bytes(t.topic_id): frozenset(t.partitions) for t in items or () if t.partitions}  # type: ignore[attr-defined]  # record structs of several specs share these two fields
 
 
 _RE2_OPTIONS = re2.Options()

@@ -50,7 +50,7 @@ class TxnMetadata:
     update_ms: int = -1
 
     def but(self, **changes: object) -> TxnMetadata:
-        return replace(self, **changes)  # type: ignore[arg-type]
+        return replace(self, **changes)  # type: ignore[arg-type]  # keyword changes are checked by the dataclass at run time
 
 
 def encode_key(transactional_id: str) -> bytes:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 HeartbeatResponse = messages.ConsumerGroupHeartbeatResponse
 DescribeResponse = messages.ConsumerGroupDescribeResponse
-DescribedGroup = DescribeResponse.DescribedGroup  # type: ignore[attr-defined]
+DescribedGroup = DescribeResponse.DescribedGroup
 # Operations Kafka reports for a GROUP resource (AclEntry.supportedOperations).
 GROUP_OPERATIONS = (Operation.READ, Operation.DESCRIBE, Operation.DELETE, Operation.DESCRIBE_CONFIGS,
                     Operation.ALTER_CONFIGS)

@@ -22,8 +22,8 @@ UNDEFINED_EPOCH = -1
 UNDEFINED_EPOCH_OFFSET = -1
 
 Response = messages.OffsetForLeaderEpochResponse
-_Topic = Response.OffsetForLeaderTopicResult  # type: ignore[attr-defined]
-_Partition = Response.EpochEndOffset  # type: ignore[attr-defined]
+_Topic = Response.OffsetForLeaderTopicResult
+_Partition = Response.EpochEndOffset
 
 
 class LeaderEpochHandlers:

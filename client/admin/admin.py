@@ -449,9 +449,9 @@ class AsyncAdmin:
             by_topic: dict[str, list[int]] = {}
             for topic, partition in partitions:
                 by_topic.setdefault(topic, []).append(partition)
-            topics = [req.OffsetFetchRequestTopics(name=t, partition_indexes=sorted(ps))  # type: ignore[attr-defined]
+            topics = [req.OffsetFetchRequestTopics(name=t, partition_indexes=sorted(ps))
                       for t, ps in sorted(by_topic.items())]
-        body = req(groups=[req.OffsetFetchRequestGroup(group_id=group_id, member_id=None, member_epoch=-1,  # type: ignore[attr-defined]
+        body = req(groups=[req.OffsetFetchRequestGroup(group_id=group_id, member_id=None, member_epoch=-1,
                                                        topics=topics)], require_stable=True)
 
         async def send(node: int) -> Any:
@@ -477,10 +477,10 @@ class AsyncAdmin:
         req = messages.OffsetCommitRequest
         by_topic: dict[str, list[Any]] = {}
         for (topic, partition), offset in sorted(offsets.items()):
-            by_topic.setdefault(topic, []).append(req.OffsetCommitRequestPartition(  # type: ignore[attr-defined]
+            by_topic.setdefault(topic, []).append(req.OffsetCommitRequestPartition(
                 partition_index=partition, committed_offset=offset, committed_leader_epoch=-1, committed_metadata=""))
         body = req(group_id=group_id, generation_id_or_member_epoch=-1, member_id="", group_instance_id=None,
-                   topics=[req.OffsetCommitRequestTopic(name=t, partitions=ps)  # type: ignore[attr-defined]
+                   topics=[req.OffsetCommitRequestTopic(name=t, partitions=ps)
                            for t, ps in by_topic.items()])
 
         def first_error(r: Any) -> int:
@@ -499,8 +499,8 @@ class AsyncAdmin:
         req = messages.OffsetDeleteRequest
         by_topic: dict[str, list[Any]] = {}
         for topic, partition in sorted(set(partitions)):
-            by_topic.setdefault(topic, []).append(req.OffsetDeleteRequestPartition(partition_index=partition))  # type: ignore[attr-defined]
-        body = req(group_id=group_id, topics=[req.OffsetDeleteRequestTopic(name=t, partitions=ps)  # type: ignore[attr-defined]
+            by_topic.setdefault(topic, []).append(req.OffsetDeleteRequestPartition(partition_index=partition))
+        body = req(group_id=group_id, topics=[req.OffsetDeleteRequestTopic(name=t, partitions=ps)
                                               for t, ps in by_topic.items()])
 
         async def send(node: int) -> Any:
