@@ -7,7 +7,7 @@ in `shoal.coordinator.classic_coordinator`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from shoal.broker.security.authorizer import Operation, ResourceType
 from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator, JoinRequest, OffsetToCommit
@@ -25,9 +25,12 @@ SyncResponse = messages.SyncGroupResponse
 HeartbeatResponse = messages.HeartbeatResponse
 LeaveResponse = messages.LeaveGroupResponse
 _LeaveMember = LeaveResponse.MemberResponse
+_CommitRequestTopic = messages.OffsetCommitRequest.OffsetCommitRequestTopic
 CommitResponse = messages.OffsetCommitResponse
 _CommitTopic = CommitResponse.OffsetCommitResponseTopic
 _CommitPartition = CommitResponse.OffsetCommitResponsePartition
+_FetchRequestTopic = messages.OffsetFetchRequest.OffsetFetchRequestTopic
+_FetchRequestTopics = messages.OffsetFetchRequest.OffsetFetchRequestTopics
 FetchResponse = messages.OffsetFetchResponse
 _FetchGroup = FetchResponse.OffsetFetchResponseGroup
 _FetchTopicV8 = FetchResponse.OffsetFetchResponseTopics
@@ -48,7 +51,7 @@ class ClassicGroupApis:
 
     # ---- membership ----------------------------------------------------------------------------------
 
-    async def join_group(self, ctx: RequestContext, req: Any) -> Any:
+    async def join_group(self, ctx: RequestContext, req: messages.JoinGroupRequest) -> messages.JoinGroupResponse:
         if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
             return JoinResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, generation_id=-1,
                                 member_id=req.member_id, leader="", members=[])
@@ -65,19 +68,19 @@ class ClassicGroupApis:
             response.protocol_name = ""  # nullable from v7 on; older versions carry an empty name
         return response
 
-    async def sync_group(self, ctx: RequestContext, req: Any) -> Any:
+    async def sync_group(self, ctx: RequestContext, req: messages.SyncGroupRequest) -> messages.SyncGroupResponse:
         if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
             return SyncResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, assignment=b"")
         return await self.coordinator.sync_group(req, ctx.api_version)
 
-    async def heartbeat(self, ctx: RequestContext, req: Any) -> Any:
+    async def heartbeat(self, ctx: RequestContext, req: messages.HeartbeatRequest) -> messages.HeartbeatResponse:
         if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
             return HeartbeatResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
         instance_id = req.group_instance_id if ctx.api_version >= 3 else None
         code = await self.coordinator.heartbeat(req.group_id, req.member_id, req.generation_id, instance_id)
         return HeartbeatResponse(error_code=code)
 
-    async def leave_group(self, ctx: RequestContext, req: Any) -> Any:
+    async def leave_group(self, ctx: RequestContext, req: messages.LeaveGroupRequest) -> messages.LeaveGroupResponse:
         version = ctx.api_version
         if version >= 3:
             leaving = [(m.member_id, m.group_instance_id) for m in req.members or ()]
@@ -97,7 +100,7 @@ class ClassicGroupApis:
 
     # ---- offsets -------------------------------------------------------------------------------------
 
-    def _topic_name(self, version: int, t: Any) -> tuple[str | None, int]:
+    def _topic_name(self, version: int, t: _CommitRequestTopic) -> tuple[str | None, int]:
         """The request topic's name (v10 names topics by id) and the error when it cannot be used."""
         if version >= 10:
             topic = self.services.topics.get_by_id(t.topic_id)
@@ -105,7 +108,7 @@ class ClassicGroupApis:
         topic = self.services.topics.get(t.name)
         return t.name, ErrorCode.NONE if topic is not None else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
-    async def offset_commit(self, ctx: RequestContext, req: Any) -> Any:
+    async def offset_commit(self, ctx: RequestContext, req: messages.OffsetCommitRequest) -> messages.OffsetCommitResponse:
         version = ctx.api_version
         group_ok = ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id)
         early: dict[tuple[int, int], int] = {}
@@ -155,7 +158,7 @@ class ClassicGroupApis:
         consumer = self.services.consumer_groups
         return consumer if consumer is not None and group_id in consumer.groups else None
 
-    def offset_fetch(self, ctx: RequestContext, req: Any) -> Any:
+    def offset_fetch(self, ctx: RequestContext, req: messages.OffsetFetchRequest) -> messages.OffsetFetchResponse:
         version = ctx.api_version
         if version >= 8:
             return FetchResponse(groups=[
@@ -171,8 +174,9 @@ class ClassicGroupApis:
             for p in t.partitions]) for t in group.topics]
         return FetchResponse(topics=topics, error_code=group.error_code)
 
-    def _fetch_group(self, ctx: RequestContext, group_id: str, topics: Any, version: int,
-                     member: tuple[str | None, int]) -> Any:
+    def _fetch_group(self, ctx: RequestContext, group_id: str,
+                     topics: list[_FetchRequestTopic] | list[_FetchRequestTopics] | None, version: int,
+                     member: tuple[str | None, int]) -> _FetchGroup:
         if not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, group_id):
             return _FetchGroup(group_id=group_id, topics=[], error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
         by_id = version >= 10
@@ -183,7 +187,7 @@ class ClassicGroupApis:
             wanted = []
             for t in topics:
                 name = t.name
-                if by_id:
+                if by_id and isinstance(t, _FetchRequestTopics):  # v10 names topics by id; only v8+'s topic class has one
                     topic = self.services.topics.get_by_id(t.topic_id)
                     if topic is None:
                         refused[uuid_key(t.topic_id)] = ErrorCode.UNKNOWN_TOPIC_ID
@@ -201,7 +205,7 @@ class ClassicGroupApis:
             error, rows = self.coordinator.fetch_offsets(group_id, wanted)
         if error != ErrorCode.NONE:
             return _FetchGroup(group_id=group_id, topics=[], error_code=error)
-        grouped: dict[str, list[Any]] = {}
+        grouped: dict[str, list[_FetchPartitionV8]] = {}
         for name, partition, committed in rows:
             if topics is None and not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, name):
                 continue  # all-topics fetch: what the caller may not see is left out
@@ -223,7 +227,7 @@ class ClassicGroupApis:
             out.append(_FetchTopicV8(name=name, topic_id=topic_id, partitions=parts))
         return _FetchGroup(group_id=group_id, topics=out, error_code=ErrorCode.NONE)
 
-    async def offset_delete(self, ctx: RequestContext, req: Any) -> Any:
+    async def offset_delete(self, ctx: RequestContext, req: messages.OffsetDeleteRequest) -> messages.OffsetDeleteResponse:
         if not ctx.authorize(Operation.DELETE, ResourceType.GROUP, req.group_id):
             return DeleteResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, topics=[])
         if not req.group_id:

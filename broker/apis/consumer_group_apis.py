@@ -3,7 +3,7 @@ coordinator. Authorization happens here, as in Kafka's request layer."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from shoal.broker.security.authorizer import Operation, ResourceType
 from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
@@ -31,7 +31,7 @@ class ConsumerGroupApis:
     def coordinator(self) -> ConsumerGroupCoordinator | None:
         return self.services.consumer_groups
 
-    async def heartbeat(self, ctx: RequestContext, req: Any) -> Any:
+    async def heartbeat(self, ctx: RequestContext, req: messages.ConsumerGroupHeartbeatRequest) -> messages.ConsumerGroupHeartbeatResponse:
         if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
             return HeartbeatResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
         for name in set(req.subscribed_topic_names or ()):
@@ -43,7 +43,7 @@ class ConsumerGroupApis:
         return await coordinator.heartbeat(req, ctx.api_version, ctx.header.client_id or "",
                                            "/" + ctx.connection.client_host)
 
-    def describe(self, ctx: RequestContext, req: Any) -> Any:
+    def describe(self, ctx: RequestContext, req: messages.ConsumerGroupDescribeRequest) -> messages.ConsumerGroupDescribeResponse:
         coordinator = self.coordinator
         out = []
         for group_id in req.group_ids:
@@ -66,7 +66,7 @@ class ConsumerGroupApis:
         return DescribeResponse(groups=out)
 
     @staticmethod
-    def _restrict(ctx: RequestContext, group: Any, include_operations: bool) -> Any:
+    def _restrict(ctx: RequestContext, group: DescribedGroup, include_operations: bool) -> DescribedGroup:
         if group.error_code != ErrorCode.NONE:
             return group
         topics = {tp.topic_name for m in group.members for a in (m.assignment, m.target_assignment)

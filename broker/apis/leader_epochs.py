@@ -6,7 +6,7 @@ epoch 0 ends at the log end; any other epoch is unknown to the partition's epoch
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from shoal.broker.security.authorizer import Operation, ResourceType
 from shoal.protocol import messages
@@ -30,7 +30,7 @@ class LeaderEpochHandlers:
     def __init__(self, services: LeaderEpochServices):
         self.services = services
 
-    def offset_for_leader_epoch(self, ctx: RequestContext, req: Any) -> Any:
+    def offset_for_leader_epoch(self, ctx: RequestContext, req: messages.OffsetForLeaderEpochRequest) -> messages.OffsetForLeaderEpochResponse:
         topics = []
         for t in req.topics or ():
             topic = self.services.topics.get(t.topic)

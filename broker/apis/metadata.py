@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -17,6 +17,7 @@ from shoal.protocol.uuids import ZERO_UUID
 if TYPE_CHECKING:
     from shoal.broker.apis.services import ApiTable, DiscoveryServices
     from shoal.broker.network.connection import RequestContext
+    from shoal.broker.server.config import Listener
 
 log = structlog.get_logger("shoal.metadata")
 
@@ -62,7 +63,7 @@ class DiscoveryHandlers:
             finalized_features=[finalized(name="share.version", max_version_level=share_level, min_version_level=share_level)],
         )
 
-    def _listener(self, ctx: RequestContext) -> Any:
+    def _listener(self, ctx: RequestContext) -> Listener:
         return self.services.advertised_listener(ctx.connection.listener.name)
 
     def metadata(self, ctx: RequestContext, req: messages.MetadataRequest) -> messages.MetadataResponse:
@@ -133,7 +134,7 @@ class DiscoveryHandlers:
         self.services.on_topic_created(topic)
         return topic, ErrorCode.NONE
 
-    def _topic(self, topic: Topic) -> Any:
+    def _topic(self, topic: Topic) -> MdTopic:
         node = self.services.node_id
         return MdTopic(
             error_code=ErrorCode.NONE,
@@ -199,7 +200,7 @@ class DiscoveryHandlers:
         )
 
 
-    def describe_topic_partitions(self, ctx: RequestContext, req: Any) -> Any:
+    def describe_topic_partitions(self, ctx: RequestContext, req: messages.DescribeTopicPartitionsRequest) -> messages.DescribeTopicPartitionsResponse:
         """KIP-966's paginated topic description: topics by name, at most ResponsePartitionLimit partitions."""
         topics = self.services.topics
         limit = max(1, min(req.response_partition_limit, MAX_DESCRIBED_PARTITIONS))
@@ -210,8 +211,8 @@ class DiscoveryHandlers:
         cursor = req.cursor
         if cursor is not None:
             names = [n for n in names if n >= cursor.topic_name]
-        out: list[Any] = []
-        next_cursor = None
+        out: list[_DtpTopic] = []
+        next_cursor: _DtpCursor | None = None
         budget = limit
         for name in names:
             if budget <= 0:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -119,7 +119,7 @@ class ProduceHandler:
 
     def _append(
         self, topic_id: bytes, topic_name: str, index: int, plog: PartitionLog, records: bytes | bytearray | memoryview | None
-    ) -> Any:
+    ) -> PartitionResponse:
         if not records:
             return PartitionResponse(index=index, error_code=ErrorCode.CORRUPT_MESSAGE, base_offset=-1,
                                      error_message="empty record set")
@@ -177,7 +177,7 @@ class ProduceHandler:
         )
 
 
-    def describe_producers(self, ctx: RequestContext, req: Any) -> Any:
+    def describe_producers(self, ctx: RequestContext, req: messages.DescribeProducersRequest) -> messages.DescribeProducersResponse:
         """DescribeProducers: the producers each partition knows and their open transactions (READ on the topic)."""
         topics = []
         for t in req.topics or ():

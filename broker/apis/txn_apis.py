@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("shoal.txn")
 
 InitProducerIdResponse = messages.InitProducerIdResponse
+ApTopic = messages.AddPartitionsToTxnRequest.AddPartitionsToTxnTopic
 AddPartitionsToTxnResponse = messages.AddPartitionsToTxnResponse
 ApTopicResult = messages.AddPartitionsToTxnResponse.AddPartitionsToTxnTopicResult
 ApPartitionResult = messages.AddPartitionsToTxnResponse.AddPartitionsToTxnPartitionResult
@@ -106,7 +107,7 @@ class TransactionApis:
 
     # ---- InitProducerId -------------------------------------------------------------------------
 
-    async def init_producer_id(self, ctx: RequestContext, req: Any) -> Any:
+    async def init_producer_id(self, ctx: RequestContext, req: messages.InitProducerIdRequest) -> messages.InitProducerIdResponse:
         version = ctx.api_version
         pid = req.producer_id if version >= 3 else -1
         epoch = req.producer_epoch if version >= 3 else -1
@@ -133,7 +134,7 @@ class TransactionApis:
 
     # ---- AddPartitionsToTxn ---------------------------------------------------------------------
 
-    async def add_partitions_to_txn(self, ctx: RequestContext, req: Any) -> Any:
+    async def add_partitions_to_txn(self, ctx: RequestContext, req: messages.AddPartitionsToTxnRequest) -> messages.AddPartitionsToTxnResponse:
         version = ctx.api_version
         if version <= 3:
             results = await self._add_one(ctx, version, req.v3_and_below_transactional_id, req.v3_and_below_producer_id,
@@ -148,8 +149,8 @@ class TransactionApis:
             out.append(ApTxnResult(transactional_id=txn.transactional_id, topic_results=results))
         return AddPartitionsToTxnResponse(error_code=ErrorCode.NONE, results_by_transaction=out)
 
-    async def _add_one(self, ctx: RequestContext, version: int, txn_id: str, pid: int, epoch: int, topics: Any,
-                       *, verify_only: bool) -> list[Any]:
+    async def _add_one(self, ctx: RequestContext, version: int, txn_id: str, pid: int, epoch: int,
+                       topics: list[ApTopic], *, verify_only: bool) -> list[ApTopicResult]:
         wanted = [(t.name, p) for t in topics for p in t.partitions]
         errors: dict[TopicPartition, int] = {}
         if not self._txn_authorized(ctx, txn_id):
@@ -172,14 +173,14 @@ class TransactionApis:
             else:
                 code = await self.coordinator.add_partitions(txn_id, pid, epoch, wanted)
                 errors = dict.fromkeys(wanted, client_error(ApiKey.ADD_PARTITIONS_TO_TXN, version, code))
-        by_topic: dict[str, list[Any]] = {}
+        by_topic: dict[str, list[ApPartitionResult]] = {}
         for (name, p), code in errors.items():
             by_topic.setdefault(name, []).append(ApPartitionResult(partition_index=p, partition_error_code=code))
         return [ApTopicResult(name=name, results_by_partition=parts) for name, parts in by_topic.items()]
 
     # ---- AddOffsetsToTxn / EndTxn ---------------------------------------------------------------
 
-    async def add_offsets_to_txn(self, ctx: RequestContext, req: Any) -> Any:
+    async def add_offsets_to_txn(self, ctx: RequestContext, req: messages.AddOffsetsToTxnRequest) -> messages.AddOffsetsToTxnResponse:
         if not self._txn_authorized(ctx, req.transactional_id):
             return AddOffsetsToTxnResponse(error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
         if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
@@ -188,7 +189,7 @@ class TransactionApis:
                                                   req.group_id)
         return AddOffsetsToTxnResponse(error_code=client_error(ApiKey.ADD_OFFSETS_TO_TXN, ctx.api_version, code))
 
-    async def end_txn(self, ctx: RequestContext, req: Any) -> Any:
+    async def end_txn(self, ctx: RequestContext, req: messages.EndTxnRequest) -> messages.EndTxnResponse:
         if not self._txn_authorized(ctx, req.transactional_id):
             return EndTxnResponse(error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
         code = await self.coordinator.end_txn(req.transactional_id, req.producer_id, req.producer_epoch, req.committed)
@@ -197,7 +198,7 @@ class TransactionApis:
         return EndTxnResponse(error_code=client_error(ApiKey.END_TXN, ctx.api_version, code),
                               producer_id=req.producer_id, producer_epoch=req.producer_epoch)
 
-    async def txn_offset_commit(self, ctx: RequestContext, req: Any) -> Any:
+    async def txn_offset_commit(self, ctx: RequestContext, req: messages.TxnOffsetCommitRequest) -> messages.TxnOffsetCommitResponse:
         version = ctx.api_version
         codes: dict[tuple[str, int], int] = {}
         wanted = [(t.name, p) for t in req.topics for p in t.partitions]
@@ -229,14 +230,14 @@ class TransactionApis:
                          error_code=group_code)
             elif offsets:
                 await self.services.txn_offsets.commit(req.group_id, req.producer_id, req.producer_epoch, offsets)
-        by_topic: dict[str, list[Any]] = {}
+        by_topic: dict[str, list[ToPartition]] = {}
         for (name, index), code in codes.items():
             by_topic.setdefault(name, []).append(ToPartition(partition_index=index, error_code=code))
         return TxnOffsetCommitResponse(topics=[ToTopic(name=n, partitions=ps) for n, ps in by_topic.items()])
 
     # ---- Describe / List ------------------------------------------------------------------------
 
-    def describe_transactions(self, ctx: RequestContext, req: Any) -> Any:
+    def describe_transactions(self, ctx: RequestContext, req: messages.DescribeTransactionsRequest) -> messages.DescribeTransactionsResponse:
         out = []
         for txn_id in req.transactional_ids:
             st = DtState(error_code=ErrorCode.NONE, transactional_id=txn_id, transaction_state="",
@@ -261,7 +262,7 @@ class TransactionApis:
             st.topics = [DtTopic(topic=t, partitions=ps) for t, ps in by_topic.items()]
         return DescribeTransactionsResponse(transaction_states=out)
 
-    def list_transactions(self, ctx: RequestContext, req: Any) -> Any:
+    def list_transactions(self, ctx: RequestContext, req: messages.ListTransactionsRequest) -> messages.ListTransactionsResponse:
         states = set(req.state_filters or [])
         unknown = sorted(s for s in states if s not in STATE_BY_NAME)
         duration = req.duration_filter if ctx.api_version >= 1 else -1
