@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +207,59 @@ def test_send_offsets_to_transaction(txn_broker: BrokerProcess) -> None:
     finally:
         consumer.close()
     assert _confluent_read(bootstrap, topic, 1, "read_committed", 1) == [b"out"]
+
+
+def _fetch_offset(wire: WireClient, group: str, topic: str, version: int, require_stable: bool) -> tuple[int, int, int]:
+    """OffsetFetch of partitions 0 and 1: (partition 0's error, its offset, partition 1's error)."""
+    of = messages.OffsetFetchRequest
+    if version >= 8:
+        resp = wire.request(ApiKey.OFFSET_FETCH, version, of(groups=[of.OffsetFetchRequestGroup(
+            group_id=group, member_id=None, member_epoch=-1,
+            topics=[of.OffsetFetchRequestTopics(name=topic, partition_indexes=[0, 1])])], require_stable=require_stable))
+        assert resp.groups[0].error_code == ErrorCode.NONE
+        parts = resp.groups[0].topics[0].partitions
+    else:
+        resp = wire.request(ApiKey.OFFSET_FETCH, version, of(
+            group_id=group, topics=[of.OffsetFetchRequestTopic(name=topic, partition_indexes=[0, 1])],
+            require_stable=require_stable))
+        assert resp.error_code == ErrorCode.NONE
+        parts = resp.topics[0].partitions
+    return int(parts[0].error_code), int(parts[0].committed_offset), int(parts[1].error_code)
+
+
+def test_offset_fetch_require_stable(txn_broker: BrokerProcess) -> None:
+    """While a transaction holds an offset for a partition, OffsetFetch with RequireStable (v7+) answers
+    UNSTABLE_OFFSET_COMMIT for that partition alone; without it, the last committed offset. After the
+    COMMIT marker the new offset is stable; librdkafka's read_committed consumer (which sets RequireStable)
+    waits for it instead of reading the old one."""
+    bootstrap = txn_broker.bootstrap
+    topic = _topic(bootstrap, 2)
+    txn_id = f"stable-{uuid.uuid4().hex[:6]}"
+    group = f"stable-group-{txn_id}"
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                         "isolation.level": "read_committed"})
+    p = _producer(bootstrap, txn_id)
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
+        p.init_transactions(30)
+        p.begin_transaction()
+        p.produce(topic, b"out", partition=0)
+        p.send_offsets_to_transaction([TopicPartition(topic, 0, 7)], consumer.consumer_group_metadata(), 30)
+        with WireClient.connect(bootstrap) as wire:
+            for version in (7, 8, 9):
+                assert _fetch_offset(wire, group, topic, version, True) == (ErrorCode.UNSTABLE_OFFSET_COMMIT, -1, 0)
+                assert _fetch_offset(wire, group, topic, version, False) == (0, 3, 0)
+            # Before v7 there is no RequireStable: the committed offset.
+            assert _fetch_offset(wire, group, topic, 6, False) == (0, 3, 0)
+            with ThreadPoolExecutor(1) as pool:
+                waiting = pool.submit(consumer.committed, [TopicPartition(topic, 0)], 30)
+                p.commit_transaction(30)
+                assert waiting.result()[0].offset == 7
+            _wait_for_state(bootstrap, txn_id, "CompleteCommit")
+            for version in (7, 8):
+                assert _fetch_offset(wire, group, topic, version, True) == (0, 7, 0)
+    finally:
+        consumer.close()
 
 
 def test_zombie_is_fenced(txn_broker: BrokerProcess) -> None:
