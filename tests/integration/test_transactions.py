@@ -2,7 +2,8 @@
 
 confluent-kafka's transactional producer commits one transaction and aborts another; read_committed
 consumers of confluent-kafka, kafka-python and aiokafka see only the committed records, a
-read_uncommitted one sees both; zombie fencing; the broker killed between prepare and markers; bad
+read_uncommitted one sees both; zombie fencing; the broker killed between prepare and markers (a marker
+write failing on a swapped-out partition directory); OffsetFetch with RequireStable; bad
 input over the wire; a share group with share.isolation.level=read_committed.
 """
 
@@ -446,6 +447,52 @@ def test_broker_killed_right_after_commit(tmp_path: Path) -> None:
         got = _confluent_read(proc.bootstrap, topic, 3, "read_committed", 30)
         assert sorted(got) == sorted(b"v%d" % i for i in range(30))
         _wait_for_state(proc.bootstrap, "crashy", "CompleteCommit")
+    finally:
+        proc.stop()
+
+
+def test_broker_killed_between_prepare_and_markers(tmp_path: Path) -> None:
+    """kill -9 while PrepareCommit is durable and a marker could not be written: one partition's
+    directory is swapped for a plain file, so its marker (which rolls a segment: segment.bytes is tiny)
+    fails and the coordinator keeps retrying. After the kill and the directory put back, the next
+    incarnation completes the transaction: every record and the group's offset are committed."""
+    data = tmp_path / "data"
+    proc = BrokerProcess(data, overrides=TXN_OVERRIDES).start()
+    try:
+        topic = f"txn-{uuid.uuid4().hex[:8]}"
+        admin = AdminClient({"bootstrap.servers": proc.bootstrap})
+        admin.create_topics([NewTopic(topic, 2, 1, config={"segment.bytes": "14"})])[topic].result(30)
+        group = f"stalled-{topic}"
+        consumer = Consumer({"bootstrap.servers": proc.bootstrap, "group.id": group, "enable.auto.commit": False})
+        p = _producer(proc.bootstrap, "stalled")
+        try:
+            p.init_transactions(30)
+            p.begin_transaction()
+            for i in range(4):
+                p.produce(topic, b"v%d" % i, partition=i % 2)
+            p.send_offsets_to_transaction([TopicPartition(topic, 0, 5)], consumer.consumer_group_metadata(), 30)
+            p.flush(30)
+            stalled = data / f"{topic}-0"
+            stalled.rename(tmp_path / "away")
+            stalled.write_bytes(b"")
+            p.commit_transaction(30)  # answered once PrepareCommit is durable
+            deadline = time.monotonic() + 30
+            while "txn.markers_failed" not in proc.log_text():
+                assert time.monotonic() < deadline and proc.alive()
+                time.sleep(0.05)
+            with WireClient.connect(proc.bootstrap) as wire:
+                assert _describe(wire, "stalled").transaction_state == "PrepareCommit"
+        finally:
+            consumer.close()
+        proc.kill()
+        stalled.unlink()
+        (tmp_path / "away").rename(stalled)
+        proc.start()
+        got = _confluent_read(proc.bootstrap, topic, 2, "read_committed", 4)
+        assert sorted(got) == [b"v0", b"v1", b"v2", b"v3"]
+        _wait_for_state(proc.bootstrap, "stalled", "CompleteCommit")
+        with WireClient.connect(proc.bootstrap) as wire:
+            assert _fetch_offset(wire, group, topic, 8, True) == (0, 5, 0)
     finally:
         proc.stop()
 
