@@ -13,7 +13,8 @@ from shoal.protocol.coordinator_records import CoordinatorRecord
 
 
 class CoordinatorRecordLog(Protocol):
-    """One internal topic (`__consumer_offsets` or `__share_group_state`) seen as partitions of records."""
+    """One internal topic (`__consumer_offsets`, `__share_group_state` or `__transaction_state`) seen as
+    partitions of records."""
 
     @property
     def num_partitions(self) -> int: ...

@@ -1,6 +1,6 @@
 """The coordinator runtime: the one way a coordinator's state changes, shared by every coordinator.
 
-A coordinator keeps one shard per partition of its internal topic (`__consumer_offsets`,
+A coordinator keeps one shard per partition of its internal topic (`__consumer_offsets`, `__transaction_state`,
 `__share_group_state`). A write operation runs holding its key in that partition: the shard plans
 records and a response from its current state, the runtime appends the records to the partition, waits
 until they are durable, replays them into the shard (the same `replay` a restart runs), and only then is

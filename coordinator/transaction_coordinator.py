@@ -1,7 +1,8 @@
 """The transaction coordinator (Kafka's TransactionCoordinator and TransactionStateManager), single broker.
 
-Every transition is planned as a new `TxnMetadata`, written to `__transaction_state` and fsynced, and
-only then applied in memory, so what a client was told survives kill -9. Ending a transaction is two
+It runs on the coordinator runtime with one `TransactionShard` per `__transaction_state` partition: every
+transition is planned as a new `TxnMetadata` while holding its transactional id, written and fsynced, and
+only then replayed into the shard, so what a client was told survives kill -9. Ending a transaction is two
 phases: PrepareCommit/PrepareAbort is written (and the client answered), then the COMMIT/ABORT markers
 go to every partition of the transaction, then CompleteCommit/CompleteAbort is written. A crash between
 the phases leaves a Prepare* record, which start-up finds and completes; markers are idempotent.
@@ -12,15 +13,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import structlog
 
 from shoal.coordinator.placement import coordinator_partition
-from shoal.coordinator.transaction_log import TxnMetadata, TxnState, decode, encode_key, encode_value
-from shoal.protocol.codec import DecodeError
+from shoal.coordinator.record_log import CoordinatorRecordLog
+from shoal.coordinator.runtime import CoordinatorRuntime
+from shoal.coordinator.transaction_log import TxnMetadata, TxnState, from_record, to_record
+from shoal.protocol.coordinator_records import CoordinatorRecord
 from shoal.protocol.errors import ErrorCode
 
 log = structlog.get_logger("shoal.transactions")
@@ -38,19 +41,26 @@ _COMPLETION_WAIT_S = 1.0
 _PRUNE_SLACK = 1000
 
 TopicPartition = tuple[str, int]
+T = TypeVar("T")
 
 
-class RawRecordLog(Protocol):
-    """An internal topic as partitions of raw (key, value) records."""
+class TransactionShard:
+    """The transactional ids of one `__transaction_state` partition; a later record of an id replaces
+    the earlier one, a tombstone removes it."""
 
-    @property
-    def num_partitions(self) -> int: ...
+    def __init__(self) -> None:
+        self.txns: dict[str, TxnMetadata] = {}
+        self.records = 0  # records the partition holds since its last prune
+        self.last_offset = -1
 
-    async def append_raw(self, partition: int, records: list[tuple[bytes, bytes | None]]) -> int: ...
-
-    def replay_raw(self, partition: int) -> Iterator[tuple[int, bytes, bytes | None]]: ...
-
-    def delete_before(self, partition: int, offset: int) -> None: ...
+    def replay(self, offset: int, record: CoordinatorRecord) -> None:
+        self.records += 1
+        self.last_offset = offset
+        transactional_id, meta = from_record(record)
+        if meta is None:
+            self.txns.pop(transactional_id, None)
+        else:
+            self.txns[transactional_id] = meta
 
 
 class MarkerWriter(Protocol):
@@ -74,37 +84,31 @@ def _now_ms() -> int:
 
 
 class TransactionCoordinator:
-    def __init__(self, record_log: RawRecordLog, markers: MarkerWriter, allocate_producer_id: Callable[[], int],
-                 *, max_timeout_ms: int, offsets_partitions: int, clock: Callable[[], int] = _now_ms):
-        self.log = record_log
+    def __init__(self, record_log: CoordinatorRecordLog, markers: MarkerWriter,
+                 allocate_producer_id: Callable[[], int], *, max_timeout_ms: int, offsets_partitions: int,
+                 clock: Callable[[], int] = _now_ms):
+        self.runtime = CoordinatorRuntime(record_log, lambda _partition: TransactionShard())
         self.markers = markers
         self.allocate_producer_id = allocate_producer_id
         self.max_timeout_ms = max_timeout_ms
         self.offsets_partitions = offsets_partitions
         self.clock = clock
-        self.txns: dict[str, TxnMetadata] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
         self._completing: dict[str, asyncio.Task[None]] = {}
-        # Writes to one partition append and apply under its lock, so a prune's snapshot sees them all.
-        self._partition_locks: dict[int, asyncio.Lock] = {}
-        self._records: dict[int, int] = {}  # records each partition holds since its last prune
 
     # ---- load -----------------------------------------------------------------------------------
 
-    def load(self) -> None:
-        """Replay `__transaction_state`; later records of a transactional id replace earlier ones."""
-        for partition in range(self.log.num_partitions):
-            for offset, key, value in self.log.replay_raw(partition):
-                try:
-                    txn_id, meta = decode(key, value)
-                except DecodeError as exc:
-                    log.warning("txn.skip_record", partition=partition, offset=offset, error=str(exc))
-                    continue
-                if meta is None:
-                    self.txns.pop(txn_id, None)
-                else:
-                    self.txns[txn_id] = meta
-                self._records[partition] = self._records.get(partition, 0) + 1
+    async def load(self) -> None:
+        """Replay `__transaction_state` into the shards."""
+        for partition in range(self.runtime.num_partitions):
+            await self.runtime.load(partition)
+
+    @property
+    def txns(self) -> dict[str, TxnMetadata]:
+        """Every transactional id's state (a snapshot over all shards)."""
+        return {tid: meta for shard in self.runtime.shards for tid, meta in shard.txns.items()}
+
+    def _get(self, transactional_id: str) -> TxnMetadata | None:
+        return self.runtime.shard(self.partition_for(transactional_id)).txns.get(transactional_id)
 
     def start(self) -> None:
         """Finish every transaction a crash left between its prepare and complete records."""
@@ -120,53 +124,45 @@ class TransactionCoordinator:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.runtime.drain()
 
     # ---- helpers --------------------------------------------------------------------------------
 
     def partition_for(self, transactional_id: str) -> int:
-        return coordinator_partition(transactional_id, self.log.num_partitions)
+        return coordinator_partition(transactional_id, self.runtime.num_partitions)
 
     def offsets_partition(self, group_id: str) -> TopicPartition:
         return CONSUMER_OFFSETS, coordinator_partition(group_id, self.offsets_partitions)
 
-    def _lock(self, transactional_id: str) -> asyncio.Lock:
-        lock = self._locks.get(transactional_id)
-        if lock is None:
-            lock = self._locks[transactional_id] = asyncio.Lock()
-        return lock
-
-    def _partition_lock(self, partition: int) -> asyncio.Lock:
-        lock = self._partition_locks.get(partition)
-        if lock is None:
-            lock = self._partition_locks[partition] = asyncio.Lock()
-        return lock
+    async def _holding(self, transactional_id: str, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run `operation` as the only one changing this transactional id."""
+        return await self.runtime.write(self.partition_for(transactional_id), transactional_id, operation)
 
     async def _write(self, meta: TxnMetadata) -> None:
-        """Persist, then apply: memory never runs ahead of the log."""
-        partition = self.partition_for(meta.transactional_id)
-        async with self._partition_lock(partition):
-            await self.log.append_raw(partition, [(encode_key(meta.transactional_id), encode_value(meta))])
-            self.txns[meta.transactional_id] = meta
-            self._records[partition] = self._records.get(partition, 0) + 1
+        """Persist, then replay into the shard (call holding the transactional id)."""
+        await self.runtime.append(self.partition_for(meta.transactional_id), [to_record(meta)])
 
     async def prune(self) -> int:
         """Keep `__transaction_state` from growing without bound (there is no log compaction): rewrite a
         partition's live states as one batch, then delete everything before it. Returns partitions pruned."""
         pruned = 0
-        for partition in range(self.log.num_partitions):
-            async with self._partition_lock(partition):
-                live = [m for m in self.txns.values() if self.partition_for(m.transactional_id) == partition]
-                if not live or self._records.get(partition, 0) < len(live) + _PRUNE_SLACK:
-                    continue
-                first = await self.log.append_raw(
-                    partition, [(encode_key(m.transactional_id), encode_value(m)) for m in live])
-                self.log.delete_before(partition, first)
-                self._records[partition] = len(live)
-                pruned += 1
+        for partition in range(self.runtime.num_partitions):
+
+            async def rewrite(partition: int = partition) -> bool:
+                shard = self.runtime.shard(partition)
+                live = list(shard.txns.values())
+                if not live or shard.records < len(live) + _PRUNE_SLACK:
+                    return False
+                await self.runtime.append(partition, [to_record(m) for m in live])
+                self.runtime.delete_before(partition, shard.last_offset - len(live) + 1)
+                shard.records = len(live)
+                return True
+
+            pruned += await self.runtime.write_exclusive(partition, rewrite)
         return pruned
 
     def _validate(self, transactional_id: str, producer_id: int, producer_epoch: int) -> tuple[int, TxnMetadata | None]:
-        meta = self.txns.get(transactional_id)
+        meta = self._get(transactional_id)
         if meta is None or meta.producer_id != producer_id:
             return ErrorCode.INVALID_PRODUCER_ID_MAPPING, None
         if meta.producer_epoch != producer_epoch:
@@ -185,9 +181,10 @@ class TransactionCoordinator:
             return InitResult(ErrorCode.INVALID_REQUEST)
         if timeout_ms <= 0 or timeout_ms > self.max_timeout_ms:
             return InitResult(ErrorCode.INVALID_TRANSACTION_TIMEOUT)
-        async with self._lock(transactional_id):
+
+        async def operation() -> InitResult:
             now = self.clock()
-            meta = self.txns.get(transactional_id)
+            meta = self._get(transactional_id)
             if meta is None:
                 meta = TxnMetadata(transactional_id, self.allocate_producer_id(), 0, timeout_ms, TxnState.EMPTY,
                                    frozenset(), -1, now)
@@ -211,6 +208,8 @@ class TransactionCoordinator:
             await self._write(new)
             return InitResult(ErrorCode.NONE, new.producer_id, new.producer_epoch)
 
+        return await self._holding(transactional_id, operation)
+
     # ---- AddPartitionsToTxn / AddOffsetsToTxn ---------------------------------------------------
 
     async def add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
@@ -219,7 +218,8 @@ class TransactionCoordinator:
         completing = self._completing.get(transactional_id)
         if completing is not None:
             await asyncio.wait({completing}, timeout=_COMPLETION_WAIT_S)
-        async with self._lock(transactional_id):
+
+        async def operation() -> int:
             err, meta = self._validate(transactional_id, producer_id, producer_epoch)
             if meta is None:
                 return err
@@ -235,6 +235,8 @@ class TransactionCoordinator:
             await self._write(meta.but(state=TxnState.ONGOING, partitions=meta.partitions | wanted,
                                        start_ms=start, update_ms=now))
             return ErrorCode.NONE
+
+        return await self._holding(transactional_id, operation)
 
     def verify_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
                           partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
@@ -260,7 +262,8 @@ class TransactionCoordinator:
     # ---- EndTxn ---------------------------------------------------------------------------------
 
     async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool) -> int:
-        async with self._lock(transactional_id):
+
+        async def operation() -> int:
             err, meta = self._validate(transactional_id, producer_id, producer_epoch)
             if meta is None:
                 return err
@@ -273,6 +276,8 @@ class TransactionCoordinator:
             if state == (TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT):
                 return ErrorCode.CONCURRENT_TRANSACTIONS
             return ErrorCode.INVALID_TXN_STATE
+
+        return await self._holding(transactional_id, operation)
 
     async def _prepare(self, meta: TxnMetadata, *, commit: bool, now: int) -> None:
         state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
@@ -288,7 +293,8 @@ class TransactionCoordinator:
 
     async def _complete(self, transactional_id: str) -> None:
         """Second phase: markers on every partition, then the Complete* record."""
-        meta = self.txns[transactional_id]
+        meta = self._get(transactional_id)
+        assert meta is not None
         commit = meta.state == TxnState.PREPARE_COMMIT
         while True:
             try:
@@ -297,9 +303,12 @@ class TransactionCoordinator:
             except OSError as exc:
                 log.error("txn.markers_failed", transactional_id=transactional_id, error=repr(exc))
                 await asyncio.sleep(_MARKER_RETRY_S)
-        async with self._lock(transactional_id):
+
+        async def operation() -> None:
             done = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
             await self._write(meta.but(state=done, partitions=frozenset(), update_ms=self.clock()))
+
+        await self._holding(transactional_id, operation)
         log.info("txn.completed", transactional_id=transactional_id, commit=commit,
                  partitions=len(meta.partitions))
 
@@ -312,20 +321,24 @@ class TransactionCoordinator:
         for meta in list(self.txns.values()):
             if meta.state != TxnState.ONGOING or now <= meta.start_ms + meta.timeout_ms:
                 continue
-            async with self._lock(meta.transactional_id):
-                current = self.txns.get(meta.transactional_id)
+
+            async def operation(meta: TxnMetadata = meta) -> bool:
+                current = self._get(meta.transactional_id)
                 if current is None or current.state != TxnState.ONGOING or current.start_ms != meta.start_ms:
-                    continue
+                    return False
                 epoch = current.producer_epoch + 1 if current.producer_epoch + 1 < MAX_EPOCH else current.producer_epoch
                 log.info("txn.timed_out", transactional_id=meta.transactional_id, producer_id=meta.producer_id)
                 await self._prepare(current.but(producer_epoch=epoch), commit=False, now=now)
+                return True
+
+            if await self._holding(meta.transactional_id, operation):
                 aborted.append(meta.transactional_id)
         return aborted
 
     # ---- Describe / List ------------------------------------------------------------------------
 
     def describe(self, transactional_id: str) -> TxnMetadata | None:
-        return self.txns.get(transactional_id)
+        return self._get(transactional_id)
 
     def list(self, states: set[str], producer_ids: set[int], duration_filter_ms: int) -> list[TxnMetadata]:
         now = self.clock()

@@ -2,6 +2,8 @@
 
 key   = int16 key version (0), then TransactionLogKey v0 (the transactional id)
 value = int16 value version (0), then TransactionLogValue v0; a null value is a tombstone
+The coordinator records' framing is the same (the key version plays the record type's part), so these
+are `CoordinatorRecord`s of type TRANSACTION_LOG on that topic.
 """
 
 from __future__ import annotations
@@ -11,9 +13,8 @@ from enum import IntEnum
 
 from shoal.protocol import messages
 from shoal.protocol.codec import DecodeError
+from shoal.protocol.coordinator_records import TRANSACTION_LOG, CoordinatorRecord
 
-_KEY = messages.CODECS["TransactionLogKey"]
-_VALUE = messages.CODECS["TransactionLogValue"]
 _VALUE_VERSION = 0
 
 
@@ -53,13 +54,7 @@ class TxnMetadata:
         return replace(self, **changes)  # type: ignore[arg-type]  # keyword changes are checked by the dataclass at run time
 
 
-def encode_key(transactional_id: str) -> bytes:
-    out = bytearray(b"\x00\x00")
-    _KEY.encode(_KEY.cls(transactional_id=transactional_id), 0, out)
-    return bytes(out)
-
-
-def encode_value(meta: TxnMetadata) -> bytes:
+def to_record(meta: TxnMetadata) -> CoordinatorRecord:
     by_topic: dict[str, list[int]] = {}
     for topic, partition in sorted(meta.partitions):
         by_topic.setdefault(topic, []).append(partition)
@@ -73,29 +68,23 @@ def encode_value(meta: TxnMetadata) -> bytes:
         transaction_last_update_timestamp_ms=meta.update_ms,
         transaction_start_timestamp_ms=meta.start_ms,
     )
-    out = bytearray(_VALUE_VERSION.to_bytes(2, "big"))
-    _VALUE.encode(value, _VALUE_VERSION, out)
-    return bytes(out)
+    return CoordinatorRecord(TRANSACTION_LOG, messages.TransactionLogKey(transactional_id=meta.transactional_id),
+                             value, _VALUE_VERSION)
 
 
-def decode(key: bytes, value: bytes | None) -> tuple[str, TxnMetadata | None]:
-    """(transactional id, metadata or None for a tombstone); DecodeError for bytes of another format."""
-    if len(key) < 2 or int.from_bytes(key[:2], "big", signed=True) != 0:
-        raise DecodeError("not a transaction log key")
-    k, _ = _KEY.decode(key, 0, 2)
-    if value is None:
-        return k.transactional_id, None
-    version = int.from_bytes(value[:2], "big", signed=True)
-    if version not in (0, 1):
-        raise DecodeError(f"unknown transaction log value version {version}")
-    v, _ = _VALUE.decode(value, version, 2)
+def from_record(record: CoordinatorRecord) -> tuple[str, TxnMetadata | None]:
+    """(transactional id, metadata or None for a tombstone); DecodeError for a state no Kafka has."""
+    transactional_id: str = record.key.transactional_id
+    v = record.value
+    if v is None:
+        return transactional_id, None
     partitions = frozenset((p.topic, i) for p in (v.transaction_partitions or []) for i in p.partition_ids)
     try:
         state = TxnState(v.transaction_status)
     except ValueError as exc:
         raise DecodeError(f"unknown transaction state {v.transaction_status}") from exc
-    return k.transactional_id, TxnMetadata(
-        transactional_id=k.transactional_id,
+    return transactional_id, TxnMetadata(
+        transactional_id=transactional_id,
         producer_id=v.producer_id,
         producer_epoch=v.producer_epoch,
         timeout_ms=v.transaction_timeout_ms,

@@ -1,4 +1,5 @@
-"""Coordinator records: the key/value framing Kafka uses on `__consumer_offsets` and `__share_group_state`.
+"""Coordinator records: the key/value framing Kafka uses on its internal topics (`__consumer_offsets`,
+`__share_group_state`, `__transaction_state`).
 
 key   = int16 record type, then the key struct at version 0 (classic, non-flexible encoding)
 value = int16 value version, then the value struct (flexible where its spec says so)
@@ -13,20 +14,27 @@ from typing import Any
 from .codec import DecodeError, MessageCodec
 from .messages import CODECS
 
+CONSUMER_OFFSETS = "__consumer_offsets"
+SHARE_GROUP_STATE = "__share_group_state"
+TRANSACTION_STATE = "__transaction_state"
+
 # Record types are numbered per internal topic: on `__share_group_state` 0 and 1 are share snapshots and
-# updates, on `__consumer_offsets` 0 and 1 are offset commits, 2 group metadata, and 3+ the newer groups.
-_STATE_CODECS: dict[int, tuple[MessageCodec, MessageCodec]] = {}
-_OFFSETS_CODECS: dict[int, tuple[MessageCodec, MessageCodec]] = {}
+# updates, on `__consumer_offsets` 0 and 1 are offset commits, 2 group metadata, and 3+ the newer groups;
+# on `__transaction_state` 0 is the TransactionLog record (its spec has no apiKey: Kafka's key version).
+_TABLES: dict[str, dict[int, tuple[MessageCodec, MessageCodec]]] = {
+    CONSUMER_OFFSETS: {}, SHARE_GROUP_STATE: {}, TRANSACTION_STATE: {}}
 _BY_KEY_CLASS: dict[type, tuple[MessageCodec, MessageCodec]] = {}
 for _codec in CODECS.values():
     if _codec.spec.type == "coordinator-key" and _codec.spec.api_key is not None:
         _pair = (_codec, CODECS[_codec.spec.name.removesuffix("Key") + "Value"])
         _BY_KEY_CLASS[_codec.cls] = _pair
         if _codec.spec.name.startswith("ShareSnapshot") or _codec.spec.name.startswith("ShareUpdate"):
-            _STATE_CODECS[_codec.spec.api_key] = _pair
+            _TABLES[SHARE_GROUP_STATE][_codec.spec.api_key] = _pair
         else:
-            _OFFSETS_CODECS[_codec.spec.api_key] = _pair
-_OFFSETS_CODECS[0] = _OFFSETS_CODECS[1]  # Kafka's offset-commit key has versions 0 and 1
+            _TABLES[CONSUMER_OFFSETS][_codec.spec.api_key] = _pair
+_TABLES[CONSUMER_OFFSETS][0] = _TABLES[CONSUMER_OFFSETS][1]  # Kafka's offset-commit key has versions 0 and 1
+_TABLES[TRANSACTION_STATE][0] = _BY_KEY_CLASS[CODECS["TransactionLogKey"].cls] = (
+    CODECS["TransactionLogKey"], CODECS["TransactionLogValue"])
 
 # Record types by name (the specs' apiKey).
 SHARE_SNAPSHOT = 0
@@ -39,6 +47,7 @@ SHARE_GROUP_TARGET_ASSIGNMENT_METADATA = 12
 SHARE_GROUP_TARGET_ASSIGNMENT_MEMBER = 13
 SHARE_GROUP_CURRENT_MEMBER_ASSIGNMENT = 14
 SHARE_GROUP_STATE_PARTITION_METADATA = 15
+TRANSACTION_LOG = 0
 
 
 # Record keys use the classic encoding: their strings (group ids, member ids) carry an int16 length.
@@ -59,21 +68,19 @@ class CoordinatorRecord:
     value_version: int = 0
 
 
-def _codecs(record_type: int, offsets_topic: bool) -> tuple[MessageCodec, MessageCodec]:
-    table = _OFFSETS_CODECS if offsets_topic else _STATE_CODECS
-    found = table.get(record_type)
+def _codecs(record_type: int, topic: str) -> tuple[MessageCodec, MessageCodec]:
+    found = _TABLES[topic].get(record_type)
     if found is None:
-        where = "__consumer_offsets" if offsets_topic else "__share_group_state"
-        raise DecodeError(f"unknown coordinator record type {record_type} on {where}")
+        raise DecodeError(f"unknown coordinator record type {record_type} on {topic}")
     return found
 
 
-def key_class(record_type: int, *, offsets_topic: bool = True) -> Any:
-    return _codecs(record_type, offsets_topic)[0].cls
+def key_class(record_type: int, *, topic: str = CONSUMER_OFFSETS) -> Any:
+    return _codecs(record_type, topic)[0].cls
 
 
-def value_class(record_type: int, *, offsets_topic: bool = True) -> Any:
-    return _codecs(record_type, offsets_topic)[1].cls
+def value_class(record_type: int, *, topic: str = CONSUMER_OFFSETS) -> Any:
+    return _codecs(record_type, topic)[1].cls
 
 
 def encode_record(record: CoordinatorRecord) -> tuple[bytes, bytes | None]:
@@ -87,12 +94,12 @@ def encode_record(record: CoordinatorRecord) -> tuple[bytes, bytes | None]:
     return bytes(key), bytes(value)
 
 
-def decode_record(key: bytes, value: bytes | None, *, offsets_topic: bool = False) -> CoordinatorRecord:
+def decode_record(key: bytes, value: bytes | None, *, topic: str) -> CoordinatorRecord:
     """Decode a record read back from an internal topic; unknown types raise DecodeError."""
     if len(key) < 2:
         raise DecodeError("coordinator record key too short")
     record_type = int.from_bytes(key[0:2], "big", signed=True)
-    key_codec, value_codec = _codecs(record_type, offsets_topic)
+    key_codec, value_codec = _codecs(record_type, topic)
     key_obj, _ = key_codec.decode(key, 0, 2)
     if value is None:
         return CoordinatorRecord(record_type, key_obj, None)

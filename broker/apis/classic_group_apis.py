@@ -163,9 +163,10 @@ class ClassicGroupApis:
         if version >= 8:
             return FetchResponse(groups=[
                 self._fetch_group(ctx, g.group_id, g.topics, version,
-                                  (g.member_id, g.member_epoch) if version >= 9 else (None, -1))
+                                  (g.member_id, g.member_epoch) if version >= 9 else (None, -1), req.require_stable)
                 for g in req.groups])
-        group = self._fetch_group(ctx, req.group_id, req.topics, version, (None, -1))
+        group = self._fetch_group(ctx, req.group_id, req.topics, version, (None, -1),
+                                  version >= 7 and req.require_stable)
         topics = [_FetchTopic(name=t.name, partitions=[
             _FetchPartition(partition_index=p.partition_index, committed_offset=p.committed_offset,
                             committed_leader_epoch=p.committed_leader_epoch, metadata=p.metadata,
@@ -176,7 +177,7 @@ class ClassicGroupApis:
 
     def _fetch_group(self, ctx: RequestContext, group_id: str,
                      topics: list[_FetchRequestTopic] | list[_FetchRequestTopics] | None, version: int,
-                     member: tuple[str | None, int]) -> _FetchGroup:
+                     member: tuple[str | None, int], require_stable: bool) -> _FetchGroup:
         if not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, group_id):
             return _FetchGroup(group_id=group_id, topics=[], error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
         by_id = version >= 10
@@ -205,11 +206,15 @@ class ClassicGroupApis:
             error, rows = self.coordinator.fetch_offsets(group_id, wanted)
         if error != ErrorCode.NONE:
             return _FetchGroup(group_id=group_id, topics=[], error_code=error)
+        pending = self.services.txn_offsets if require_stable else None
         grouped: dict[str, list[_FetchPartitionV8]] = {}
         for name, partition, committed in rows:
             if topics is None and not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, name):
                 continue  # all-topics fetch: what the caller may not see is left out
             code = refused.get(name, ErrorCode.NONE)
+            if code == ErrorCode.NONE and pending is not None and pending.has_pending(group_id, name, partition):
+                # An open transaction holds an offset here: the caller retries until its marker is written.
+                code = ErrorCode.UNSTABLE_OFFSET_COMMIT
             if committed is None or code != ErrorCode.NONE:
                 row = _FetchPartitionV8(partition_index=partition, committed_offset=-1, committed_leader_epoch=-1,
                                         metadata="", error_code=code)

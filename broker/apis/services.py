@@ -159,6 +159,8 @@ class ClassicGroupServices:
     classic_groups: ClassicGroupCoordinator
     # OffsetCommit/OffsetFetch/OffsetDelete of a KIP-848 group go to its coordinator.
     consumer_groups: ConsumerGroupCoordinator | None
+    # Offsets of open transactions: OffsetFetch with RequireStable answers UNSTABLE_OFFSET_COMMIT for them.
+    txn_offsets: TxnOffsetStore | None = None
 
 
 @dataclass(frozen=True, slots=True)

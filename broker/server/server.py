@@ -177,7 +177,7 @@ class Broker:
         self.topics.load()
         self.ensure_internal_topics()
         await self._start_share_groups()
-        self._start_transactions()
+        await self._start_transactions()
         register_all(self)
         for listener in self.config.listeners():
             if listener.security_protocol in ("SSL", "SASL_SSL"):
@@ -344,7 +344,7 @@ class Broker:
         self.topic_listeners.append(self._share_groups_on_topic_event)
         self._background.append(self.loop.create_task(self._share_coordinator_housekeeping()))
 
-    def _start_transactions(self) -> None:
+    async def _start_transactions(self) -> None:
         from shoal.broker.apis.txn_apis import BrokerMarkerWriter
         from shoal.broker.storage.internal_topic_log import InternalTopicLog, LazyInternalTopicLog
         from shoal.coordinator.transaction_coordinator import TransactionCoordinator
@@ -362,7 +362,7 @@ class Broker:
         assert offsets_topic is not None
         self.txn_offsets = TxnOffsetStore(InternalTopicLog(offsets_topic), self._on_txn_offsets_committed)
         self.txn_offsets.load()
-        self.transaction_coordinator.load()
+        await self.transaction_coordinator.load()
         self.transaction_coordinator.start()
         self._background.append(self.loop.create_task(self._abort_timed_out_transactions()))
 
@@ -378,7 +378,7 @@ class Broker:
             from shoal.protocol.coordinator_records import decode_record
 
             self.classic_groups.apply_transactional_offsets(
-                [decode_record(key, value, offsets_topic=True) for key, value in records])
+                [decode_record(key, value, topic=CONSUMER_OFFSETS) for key, value in records])
         for callback in self.committed_offset_listeners:
             callback(records)
 

@@ -60,7 +60,7 @@ def register_all(b: Broker) -> None:
                                                b.metrics, b.share_partitions, b.connection_listeners))
     share_group_apis.register(b, ShareGroupServices(b.config, b.group_coordinator, b.classic_groups, b.consumer_groups))
     if b.classic_groups is not None:
-        classic_group_apis.register(b, ClassicGroupServices(b.topics, b.classic_groups, b.consumer_groups))
+        classic_group_apis.register(b, ClassicGroupServices(b.topics, b.classic_groups, b.consumer_groups, b.txn_offsets))
     consumer_group_apis.register(b, ConsumerGroupServices(b.consumer_groups))
     leader_epochs.register(b, LeaderEpochServices(b.topics))
     share_group_admin.register(b, ShareGroupAdminServices(b.config, b.group_coordinator, b.classic_groups, b.consumer_groups, b.topics,

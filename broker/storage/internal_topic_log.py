@@ -16,7 +16,7 @@ from shoal.protocol.records import (
     encode_batch,
 )
 
-from .topic_registry import CONSUMER_OFFSETS, Topic
+from .topic_registry import Topic
 
 log = structlog.get_logger("shoal.internal_topic")
 
@@ -26,7 +26,6 @@ _READ_CHUNK = 4 * 1024 * 1024
 class InternalTopicLog:
     def __init__(self, topic: Topic):
         self.topic = topic
-        self.offsets_topic = topic.name == CONSUMER_OFFSETS
 
     @property
     def num_partitions(self) -> int:
@@ -62,7 +61,7 @@ class InternalTopicLog:
         """Every readable coordinator record, oldest first; undecodable ones are skipped with a warning."""
         for offset, key, value in self.replay_raw(partition):
             try:
-                decoded = decode_record(key, value, offsets_topic=self.offsets_topic)
+                decoded = decode_record(key, value, topic=self.topic.name)
             except ValueError as exc:  # DecodeError, or a value version no spec knows
                 log.warning("skipping undecodable coordinator record", topic=self.topic.name,
                             partition=partition, offset=offset, error=str(exc))
@@ -140,10 +139,27 @@ class LazyInternalTopicLog:
         topic = self._find()
         return self._num_partitions if topic is None else len(topic.partitions)
 
+    def _log_or_create(self) -> InternalTopicLog:
+        return self._log() or InternalTopicLog(self._create())
+
+    async def append(self, partition: int, records: list[CoordinatorRecord]) -> int:
+        return await self._log_or_create().append(partition, records)
+
+    def append_nowait(self, partition: int, records: list[CoordinatorRecord]) -> int:
+        return self._log_or_create().append_nowait(partition, records)
+
+    async def flush(self, partition: int, end_offset: int) -> None:
+        await self._log_or_create().flush(partition, end_offset)
+
     async def append_raw(self, partition: int, records: list[tuple[bytes, bytes | None]], *,
                          producer_id: int = -1, producer_epoch: int = -1) -> int:
-        log_ = self._log() or InternalTopicLog(self._create())
-        return await log_.append_raw(partition, records, producer_id=producer_id, producer_epoch=producer_epoch)
+        return await self._log_or_create().append_raw(partition, records, producer_id=producer_id,
+                                                      producer_epoch=producer_epoch)
+
+    def replay(self, partition: int) -> Iterator[tuple[int, CoordinatorRecord]]:
+        log_ = self._log()
+        if log_ is not None:
+            yield from log_.replay(partition)
 
     def replay_raw(self, partition: int, open_transactions: dict[int, list[tuple[int, bytes, bytes | None]]] | None = None,
                    start: int | None = None) -> Iterator[tuple[int, bytes, bytes | None]]:

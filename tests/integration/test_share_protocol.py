@@ -16,7 +16,7 @@ from shoal.coordinator.share_state import state_partition_for
 from shoal.persister.persister import SharePartitionKey
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
-from shoal.protocol.coordinator_records import SHARE_SNAPSHOT, SHARE_UPDATE, decode_record
+from shoal.protocol.coordinator_records import SHARE_GROUP_STATE, SHARE_SNAPSHOT, SHARE_UPDATE, decode_record
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.records import RecordInput, decode_batches, encode_batch
 
@@ -135,7 +135,7 @@ def state_records(client: WireClient, group: str, topic_id: bytes, partition: in
         assert pd.error_code == ErrorCode.NONE, pd.error_code
         records = decode_batches(bytes(pd.records or b""))
         for r in records:
-            rec = decode_record(r.key, r.value)
+            rec = decode_record(r.key, r.value, topic=SHARE_GROUP_STATE)
             if rec.record_type not in (SHARE_SNAPSHOT, SHARE_UPDATE):
                 continue
             if (rec.key.group_id, bytes(rec.key.topic_id), rec.key.partition) != (group, topic_id, partition):

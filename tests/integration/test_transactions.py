@@ -2,7 +2,8 @@
 
 confluent-kafka's transactional producer commits one transaction and aborts another; read_committed
 consumers of confluent-kafka, kafka-python and aiokafka see only the committed records, a
-read_uncommitted one sees both; zombie fencing; the broker killed between prepare and markers; bad
+read_uncommitted one sees both; zombie fencing; the broker killed between prepare and markers (a marker
+write failing on a swapped-out partition directory); OffsetFetch with RequireStable; bad
 input over the wire; a share group with share.isolation.level=read_committed.
 """
 
@@ -14,6 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +210,59 @@ def test_send_offsets_to_transaction(txn_broker: BrokerProcess) -> None:
     assert _confluent_read(bootstrap, topic, 1, "read_committed", 1) == [b"out"]
 
 
+def _fetch_offset(wire: WireClient, group: str, topic: str, version: int, require_stable: bool) -> tuple[int, int, int]:
+    """OffsetFetch of partitions 0 and 1: (partition 0's error, its offset, partition 1's error)."""
+    of = messages.OffsetFetchRequest
+    if version >= 8:
+        resp = wire.request(ApiKey.OFFSET_FETCH, version, of(groups=[of.OffsetFetchRequestGroup(
+            group_id=group, member_id=None, member_epoch=-1,
+            topics=[of.OffsetFetchRequestTopics(name=topic, partition_indexes=[0, 1])])], require_stable=require_stable))
+        assert resp.groups[0].error_code == ErrorCode.NONE
+        parts = resp.groups[0].topics[0].partitions
+    else:
+        resp = wire.request(ApiKey.OFFSET_FETCH, version, of(
+            group_id=group, topics=[of.OffsetFetchRequestTopic(name=topic, partition_indexes=[0, 1])],
+            require_stable=require_stable))
+        assert resp.error_code == ErrorCode.NONE
+        parts = resp.topics[0].partitions
+    return int(parts[0].error_code), int(parts[0].committed_offset), int(parts[1].error_code)
+
+
+def test_offset_fetch_require_stable(txn_broker: BrokerProcess) -> None:
+    """While a transaction holds an offset for a partition, OffsetFetch with RequireStable (v7+) answers
+    UNSTABLE_OFFSET_COMMIT for that partition alone; without it, the last committed offset. After the
+    COMMIT marker the new offset is stable; librdkafka's read_committed consumer (which sets RequireStable)
+    waits for it instead of reading the old one."""
+    bootstrap = txn_broker.bootstrap
+    topic = _topic(bootstrap, 2)
+    txn_id = f"stable-{uuid.uuid4().hex[:6]}"
+    group = f"stable-group-{txn_id}"
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                         "isolation.level": "read_committed"})
+    p = _producer(bootstrap, txn_id)
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
+        p.init_transactions(30)
+        p.begin_transaction()
+        p.produce(topic, b"out", partition=0)
+        p.send_offsets_to_transaction([TopicPartition(topic, 0, 7)], consumer.consumer_group_metadata(), 30)
+        with WireClient.connect(bootstrap) as wire:
+            for version in (7, 8, 9):
+                assert _fetch_offset(wire, group, topic, version, True) == (ErrorCode.UNSTABLE_OFFSET_COMMIT, -1, 0)
+                assert _fetch_offset(wire, group, topic, version, False) == (0, 3, 0)
+            # Before v7 there is no RequireStable: the committed offset.
+            assert _fetch_offset(wire, group, topic, 6, False) == (0, 3, 0)
+            with ThreadPoolExecutor(1) as pool:
+                waiting = pool.submit(consumer.committed, [TopicPartition(topic, 0)], 30)
+                p.commit_transaction(30)
+                assert waiting.result()[0].offset == 7
+            _wait_for_state(bootstrap, txn_id, "CompleteCommit")
+            for version in (7, 8):
+                assert _fetch_offset(wire, group, topic, version, True) == (0, 7, 0)
+    finally:
+        consumer.close()
+
+
 def test_zombie_is_fenced(txn_broker: BrokerProcess) -> None:
     bootstrap = txn_broker.bootstrap
     topic = _topic(bootstrap, 1)
@@ -392,6 +447,52 @@ def test_broker_killed_right_after_commit(tmp_path: Path) -> None:
         got = _confluent_read(proc.bootstrap, topic, 3, "read_committed", 30)
         assert sorted(got) == sorted(b"v%d" % i for i in range(30))
         _wait_for_state(proc.bootstrap, "crashy", "CompleteCommit")
+    finally:
+        proc.stop()
+
+
+def test_broker_killed_between_prepare_and_markers(tmp_path: Path) -> None:
+    """kill -9 while PrepareCommit is durable and a marker could not be written: one partition's
+    directory is swapped for a plain file, so its marker (which rolls a segment: segment.bytes is tiny)
+    fails and the coordinator keeps retrying. After the kill and the directory put back, the next
+    incarnation completes the transaction: every record and the group's offset are committed."""
+    data = tmp_path / "data"
+    proc = BrokerProcess(data, overrides=TXN_OVERRIDES).start()
+    try:
+        topic = f"txn-{uuid.uuid4().hex[:8]}"
+        admin = AdminClient({"bootstrap.servers": proc.bootstrap})
+        admin.create_topics([NewTopic(topic, 2, 1, config={"segment.bytes": "14"})])[topic].result(30)
+        group = f"stalled-{topic}"
+        consumer = Consumer({"bootstrap.servers": proc.bootstrap, "group.id": group, "enable.auto.commit": False})
+        p = _producer(proc.bootstrap, "stalled")
+        try:
+            p.init_transactions(30)
+            p.begin_transaction()
+            for i in range(4):
+                p.produce(topic, b"v%d" % i, partition=i % 2)
+            p.send_offsets_to_transaction([TopicPartition(topic, 0, 5)], consumer.consumer_group_metadata(), 30)
+            p.flush(30)
+            stalled = data / f"{topic}-0"
+            stalled.rename(tmp_path / "away")
+            stalled.write_bytes(b"")
+            p.commit_transaction(30)  # answered once PrepareCommit is durable
+            deadline = time.monotonic() + 30
+            while "txn.markers_failed" not in proc.log_text():
+                assert time.monotonic() < deadline and proc.alive()
+                time.sleep(0.05)
+            with WireClient.connect(proc.bootstrap) as wire:
+                assert _describe(wire, "stalled").transaction_state == "PrepareCommit"
+        finally:
+            consumer.close()
+        proc.kill()
+        stalled.unlink()
+        (tmp_path / "away").rename(stalled)
+        proc.start()
+        got = _confluent_read(proc.bootstrap, topic, 2, "read_committed", 4)
+        assert sorted(got) == [b"v0", b"v1", b"v2", b"v3"]
+        _wait_for_state(proc.bootstrap, "stalled", "CompleteCommit")
+        with WireClient.connect(proc.bootstrap) as wire:
+            assert _fetch_offset(wire, group, topic, 8, True) == (0, 5, 0)
     finally:
         proc.stop()
 

@@ -17,8 +17,17 @@ from shoal.broker.storage.partition_log import LogConfig, PartitionLog
 from shoal.broker.storage.producer_state import PartitionProducerState
 from shoal.broker.storage.topic_registry import Topic
 from shoal.coordinator.transaction_coordinator import TransactionCoordinator
-from shoal.coordinator.transaction_log import TxnState
+from shoal.coordinator.transaction_log import TxnMetadata, TxnState, from_record, to_record
 from shoal.coordinator.txn_offsets import TxnOffset, TxnOffsetStore
+from shoal.protocol.coordinator_records import (
+    SHARE_GROUP_STATE,
+    SHARE_SNAPSHOT,
+    TRANSACTION_STATE,
+    CoordinatorRecord,
+    decode_record,
+    encode_record,
+    key_class,
+)
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.messages import CODECS
 from shoal.protocol.record_batch import iter_batches
@@ -66,10 +75,10 @@ class Cluster:
         self.pid += 1
         return self.pid
 
-    def coordinator(self, markers: LogMarkers) -> TransactionCoordinator:
+    async def coordinator(self, markers: LogMarkers) -> TransactionCoordinator:
         coord = TransactionCoordinator(InternalTopicLog(self.state_topic), markers, self.allocate,
                                        max_timeout_ms=MAX_TIMEOUT, offsets_partitions=3)
-        coord.load()
+        await coord.load()
         return coord
 
     def produce_txn(self, tp: tuple[str, int], producer_id: int, epoch: int, seq: int) -> None:
@@ -91,7 +100,7 @@ def test_crash_at_each_point_of_the_two_phase_end(tmp_path: Path) -> None:
         async def run(written: int = written_before_crash, base: Path = base) -> None:
             cluster = Cluster(base)
             crashing = LogMarkers(cluster.logs, fail_after=written)
-            coord = cluster.coordinator(crashing)
+            coord = await cluster.coordinator(crashing)
             init = await coord.init_producer_id("app", 30_000)
             assert init.error == ErrorCode.NONE
             assert await coord.add_partitions("app", init.producer_id, init.producer_epoch, list(cluster.logs)) == 0
@@ -109,7 +118,7 @@ def test_crash_at_each_point_of_the_two_phase_end(tmp_path: Path) -> None:
 
             cluster.open()
             markers = LogMarkers(cluster.logs)
-            coord = cluster.coordinator(markers)
+            coord = await cluster.coordinator(markers)
             expected = TxnState.COMPLETE_COMMIT if written == 2 else TxnState.PREPARE_COMMIT
             assert coord.txns["app"].state == expected
             coord.start()
@@ -127,7 +136,7 @@ def test_crash_at_each_point_of_the_two_phase_end(tmp_path: Path) -> None:
 def test_fencing_and_bad_input_leave_state_unchanged(tmp_path: Path) -> None:
     async def run() -> None:
         cluster = Cluster(tmp_path)
-        coord = cluster.coordinator(LogMarkers(cluster.logs))
+        coord = await cluster.coordinator(LogMarkers(cluster.logs))
         assert (await coord.init_producer_id("app", MAX_TIMEOUT + 1)).error == ErrorCode.INVALID_TRANSACTION_TIMEOUT
         assert (await coord.init_producer_id("app", 0)).error == ErrorCode.INVALID_TRANSACTION_TIMEOUT
         assert "app" not in coord.txns
@@ -156,7 +165,7 @@ def test_fencing_and_bad_input_leave_state_unchanged(tmp_path: Path) -> None:
         cluster.close()
         # Replay gives the same state.
         cluster.open()
-        assert cluster.coordinator(LogMarkers(cluster.logs)).txns["app"] == before
+        assert (await cluster.coordinator(LogMarkers(cluster.logs))).txns["app"] == before
         assert [(t.producer_id, t.first_offset) for t in cluster.logs[("t", 0)].producer_state.aborted] == [(pid, 0)]
         cluster.close()
 
@@ -167,7 +176,7 @@ def test_timed_out_transaction_is_aborted_and_producer_fenced(tmp_path: Path) ->
     async def run() -> None:
         cluster = Cluster(tmp_path)
         now = [1_000_000]
-        coord = cluster.coordinator(LogMarkers(cluster.logs))
+        coord = await cluster.coordinator(LogMarkers(cluster.logs))
         coord.clock = lambda: now[0]
         init = await coord.init_producer_id("slow", 1_000)
         await coord.add_partitions("slow", init.producer_id, init.producer_epoch, [("t", 1)])
@@ -260,7 +269,7 @@ def test_prune_keeps_every_latest_state(tmp_path: Path, monkeypatch: Any) -> Non
 
     async def run() -> None:
         cluster = Cluster(tmp_path)
-        coord = cluster.coordinator(LogMarkers(cluster.logs))
+        coord = await cluster.coordinator(LogMarkers(cluster.logs))
         for round_ in range(8):
             for i in range(3):
                 init = await coord.init_producer_id(f"id-{i}", 30_000)
@@ -271,7 +280,7 @@ def test_prune_keeps_every_latest_state(tmp_path: Path, monkeypatch: Any) -> Non
         assert any(s > 0 for s in starts)
         cluster.close()
         cluster.open()
-        assert cluster.coordinator(LogMarkers(cluster.logs)).txns == before
+        assert (await cluster.coordinator(LogMarkers(cluster.logs))).txns == before
         cluster.close()
 
     asyncio.run(run())
@@ -298,3 +307,19 @@ def test_log_cleaner_stops_at_the_last_stable_offset(tmp_path: Path) -> None:
     plog.flush_sync()
     assert any(seg.next_offset > 1 for seg in cleanable_segments(plog, 0))
     plog.close()
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.text(min_size=1, max_size=40), st.sampled_from(list(TxnState)),
+       st.frozensets(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 5)), max_size=4))
+def test_transaction_log_records_round_trip_on_their_own_topic(txn_id: str, state: TxnState,
+                                                               partitions: frozenset[tuple[str, int]]) -> None:
+    """TransactionLog records are type 0 on `__transaction_state`, where `__share_group_state` has its
+    ShareSnapshot and `__consumer_offsets` its offset commit: each topic decodes type 0 its own way."""
+    meta = TxnMetadata(txn_id, 7, 3, 60_000, state, partitions, 11, 12)
+    key, value = encode_record(to_record(meta))
+    assert from_record(decode_record(key, value, topic=TRANSACTION_STATE)) == (txn_id, meta)
+    assert from_record(decode_record(key, None, topic=TRANSACTION_STATE)) == (txn_id, None)
+    assert type(decode_record(key, None, topic=TRANSACTION_STATE).key) is not type(
+        decode_record(*encode_record(CoordinatorRecord(SHARE_SNAPSHOT, key_class(SHARE_SNAPSHOT, topic=SHARE_GROUP_STATE)(
+            group_id="g", topic_id=b"\x01" * 16, partition=0), None)), topic=SHARE_GROUP_STATE).key)
