@@ -31,7 +31,7 @@ from .classic_group import (
     ClassicMember,
     CommittedOffset,
     offset_commit_record,
-    offset_tombstone,
+    plan_offset_deletes,
     record_group_id,
 )
 from .group_shard import GroupsView
@@ -847,15 +847,7 @@ class ClassicGroupCoordinator:
                 if group.protocol_type != "consumer":
                     return ErrorCode.NON_EMPTY_GROUP, []
                 subscribed = group.subscribed_topics()
-            codes: list[int] = []
-            records: list[CoordinatorRecord] = []
-            for topic, partition in partitions:
-                if subscribed is None or topic in subscribed:
-                    codes.append(ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC)
-                    continue
-                codes.append(ErrorCode.NONE)
-                if (topic, partition) in group.offsets:
-                    records.append(offset_tombstone(group_id, topic, partition))
+            codes, records = plan_offset_deletes(group_id, group.offsets, partitions, subscribed)
             await self._write(group_id, records)
             self._forget_if_unused(group)
             return ErrorCode.NONE, codes

@@ -16,12 +16,13 @@ at start-up.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Container
 from dataclasses import dataclass, field
 from enum import Enum
 
 from shoal.protocol import coordinator_records as cr
 from shoal.protocol.coordinator_records import CoordinatorRecord
+from shoal.protocol.errors import ErrorCode
 
 # Kafka's offset-commit key has versions 0 (legacy) and 1; both are offset commits.
 CLASSIC_RECORD_TYPES = frozenset({0, cr.OFFSET_COMMIT, cr.GROUP_METADATA})
@@ -306,6 +307,22 @@ def offset_commit_record(group_id: str, topic: str, partition: int, committed: C
 def offset_tombstone(group_id: str, topic: str, partition: int) -> CoordinatorRecord:
     key = cr.key_class(cr.OFFSET_COMMIT)(group=group_id, topic=topic, partition=partition)
     return CoordinatorRecord(cr.OFFSET_COMMIT, key, None)
+
+
+def plan_offset_deletes(group_id: str, committed: Container[tuple[str, int]], partitions: list[tuple[str, int]],
+                        subscribed: Collection[str] | None) -> tuple[list[int], list[CoordinatorRecord]]:
+    """OffsetDelete's per-partition codes and the tombstones to write; `subscribed` None means every topic
+    counts as subscribed (a group whose members' subscriptions cannot be read)."""
+    codes: list[int] = []
+    records: list[CoordinatorRecord] = []
+    for topic, partition in partitions:
+        if subscribed is None or topic in subscribed:
+            codes.append(ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC)
+            continue
+        codes.append(ErrorCode.NONE)
+        if (topic, partition) in committed:
+            records.append(offset_tombstone(group_id, topic, partition))
+    return codes, records
 
 
 def record_group_id(record: CoordinatorRecord) -> str:

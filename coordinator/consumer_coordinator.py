@@ -25,7 +25,7 @@ from shoal.protocol import messages
 from shoal.protocol.coordinator_records import CoordinatorRecord, fits_key_string
 from shoal.protocol.errors import ErrorCode
 
-from .classic_group import CommittedOffset, offset_commit_record, offset_tombstone
+from .classic_group import CommittedOffset, offset_commit_record, plan_offset_deletes
 from .consumer_assignors import ConsumerAssignor, UniformAssignor
 from .consumer_group import (
     Assignment,
@@ -611,15 +611,7 @@ class ConsumerGroupCoordinator:
             if group is None:
                 return ErrorCode.GROUP_ID_NOT_FOUND, []
             subscribed = {t.name for t in group.subscribed_topics.values()} if group.members else set()
-            codes: list[int] = []
-            records: list[CoordinatorRecord] = []
-            for topic, partition in partitions:
-                if topic in subscribed:
-                    codes.append(ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC)
-                    continue
-                codes.append(ErrorCode.NONE)
-                if (topic, partition) in group.offsets:
-                    records.append(offset_tombstone(group_id, topic, partition))
+            codes, records = plan_offset_deletes(group_id, group.offsets, partitions, subscribed)
             await self._write(group_id, records)
             return ErrorCode.NONE, codes
 
