@@ -145,9 +145,11 @@ class ProduceHandler:
                     else ErrorCode.INVALID_RECORD if isinstance(exc, InvalidRecord) else ErrorCode.CORRUPT_MESSAGE)
             log.warning("rejected produce", topic=topic_name, partition=index, error=str(exc), error_code=int(code))
             return PartitionResponse(index=index, error_code=code, base_offset=-1, error_message=str(exc))
-        state = plog.producer_state
-        for _pos, header in headers:
-            if header.producer_id >= 0 and header.base_sequence >= 0:
+        # Only idempotent batches need the producer state; touching it first rebuilds it from the log's tail.
+        idempotent = [h for _p, h in headers if h.producer_id >= 0 and h.base_sequence >= 0]
+        state = plog.producer_state if idempotent else None
+        if state is not None:
+            for header in idempotent:
                 check = state.check(header.producer_id, header.producer_epoch, header.base_sequence, header.records_count)
                 if check.error != ErrorCode.NONE:
                     return PartitionResponse(index=index, error_code=check.error, base_offset=-1,
@@ -158,12 +160,11 @@ class ProduceHandler:
                                              log_append_time_ms=-1, log_start_offset=plog.log_start_offset)
         append_time = int(time.time() * 1000) if self.log_append_time else -1
         result = plog.append(buf, headers, log_append_time_ms=append_time if self.log_append_time else None)
-        offset = result.base_offset
-        for _pos, header in headers:
-            if header.producer_id >= 0 and header.base_sequence >= 0:
-                state.record(header.producer_id, header.producer_epoch, header.base_sequence, header.records_count, offset,
-                             append_time if self.log_append_time else header.max_timestamp)
-            offset += header.last_offset_delta + 1
+        if state is not None:
+            # append() set each header's base offset.
+            for header in idempotent:
+                state.record(header.producer_id, header.producer_epoch, header.base_sequence, header.records_count,
+                             header.base_offset, append_time if self.log_append_time else header.max_timestamp)
         count = sum(h.records_count for _p, h in headers)
         self.services.metrics.messages_in.labels(topic=topic_name).inc(count)
         self.services.metrics.log_bytes_in.labels(topic=topic_name).inc(len(buf))
