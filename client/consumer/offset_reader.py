@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from shoal.client.admin import AsyncAdmin
@@ -20,7 +20,7 @@ from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.record_batch import BatchHeader, verify_crc
-from shoal.protocol.records import Record, decode_records, iter_complete_batches
+from shoal.protocol.records import iter_complete_batches
 
 FETCH_VERSIONS = (4, 12)  # v13+ names topics by id only
 READ_UNCOMMITTED = 0
@@ -32,15 +32,6 @@ _LEADER_ERRORS = (
     ErrorCode.UNKNOWN_LEADER_EPOCH,
 )
 _MAX_LEADER_RETRIES = 5
-
-
-@dataclass
-class RangeRead:
-    """What a read of first..last found: the batches' records inside the range (in offset order, with
-    their batch headers) and the sub-ranges that no longer exist in the log."""
-
-    batches: list[tuple[BatchHeader, list[Record]]] = field(default_factory=list)
-    lost: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -129,20 +120,6 @@ class AsyncOffsetReader(AsyncAdmin):
                 )
             raise KafkaError(ErrorCode.UNKNOWN_SERVER_ERROR, f"fetch {topic}-{partition} at {pos} returned nothing")
 
-    async def read(self, topic: str, partition: int, first: int, last: int) -> RangeRead:
-        """Every record of `topic`-`partition` with an offset in first..last (inclusive)."""
-        out = RangeRead()
-        pos = first
-        while pos <= last:
-            step = await self.read_step(topic, partition, pos, last)
-            out.lost.extend(step.lost)
-            for header, at in step.batches:
-                kept = [r for r in decode_records(step.data, at, header) if pos <= r.offset <= last]
-                if kept:
-                    out.batches.append((header, kept))
-            pos = step.next_offset
-        return out
-
     async def _fetch(self, topic: str, partition: int, offset: int, max_bytes: int, *, refresh: bool) -> Any:
         leader = await self._leader(topic, partition, refresh=refresh)
         req = messages.FetchRequest
@@ -194,9 +171,6 @@ class OffsetReader:
         reader = AsyncOffsetReader(bootstrap_servers, **kwargs)
         await reader.start()
         return reader
-
-    def read(self, topic: str, partition: int, first: int, last: int) -> RangeRead:
-        return self._thread.run(self._reader.read(topic, partition, first, last))
 
     def read_ranges(
         self, topic: str, partition: int, ranges: Iterable[tuple[int, int]]

@@ -13,13 +13,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from shoal.client.admin import AsyncAdmin, ConsumerGroupDescription, TopicPartition
+from shoal.client.admin import ConsumerGroupDescription, TopicPartition
 from shoal.client.errors import KafkaError
 from shoal.client.tools.cli import (
     ToolParser,
     UsageError,
 )
 from shoal.client.tools.group_offsets import (
+    GroupServiceBase,
     ToolError,
     assignment_string,
     check_group_args,
@@ -83,18 +84,8 @@ def read_offsets_file(path: str) -> dict[TopicPartition, int]:
     return out
 
 
-class ConsumerGroupService:
-    def __init__(self, admin: AsyncAdmin, ns: argparse.Namespace):
-        self.admin = admin
-        self.ns = ns
-        self.failed = False
-
-    def error(self, message: str) -> None:
-        self.failed = True
-        print(f"Error: {message}", file=sys.stderr)
-
-    async def group_ids(self) -> list[str]:
-        return sorted(g.group_id for g in await self.admin.list_groups(types=["classic", "consumer"]))
+class ConsumerGroupService(GroupServiceBase):
+    GROUP_TYPES = ("classic", "consumer")
 
     # ---- --list ---------------------------------------------------------------------------------------
 

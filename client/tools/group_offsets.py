@@ -273,6 +273,25 @@ class GroupService(Protocol):
     async def delete_offsets(self) -> None: ...
 
 
+class GroupServiceBase:
+    """The state and helpers both tools' services share; `GROUP_TYPES` picks the groups `--all-groups` and
+    `--list` see."""
+
+    GROUP_TYPES: Sequence[str] = ()
+
+    def __init__(self, admin: AsyncAdmin, ns: argparse.Namespace):
+        self.admin = admin
+        self.ns = ns
+        self.failed = False
+
+    def error(self, message: str) -> None:
+        self.failed = True
+        print(f"Error: {message}", file=sys.stderr)
+
+    async def group_ids(self) -> list[str]:
+        return sorted(g.group_id for g in await self.admin.list_groups(types=list(self.GROUP_TYPES)))
+
+
 async def run_service(ns: argparse.Namespace, prog: str,
                       make_service: Callable[[AsyncAdmin, argparse.Namespace], GroupService]) -> int:
     props = load_properties(ns.command_config) if ns.command_config else {}

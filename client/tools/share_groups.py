@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterable, Sequence
 
 from shoal.client.admin import (
-    AsyncAdmin,
     ShareGroupDescription,
     SharePartitionOffset,
     TopicPartition,
@@ -26,6 +25,7 @@ from shoal.client.tools.cli import (
     parse_duration_ms,
 )
 from shoal.client.tools.group_offsets import (
+    GroupServiceBase,
     ToolError,
     assignment_string,
     check_group_args,
@@ -77,24 +77,14 @@ def check_args(ns: argparse.Namespace) -> None:
             raise UsageError("Option --from-file cannot be used with --topic or --all-topics.")
 
 
-class ShareGroupService:
-    def __init__(self, admin: AsyncAdmin, ns: argparse.Namespace):
-        self.admin = admin
-        self.ns = ns
-        self.failed = False
-
-    def error(self, message: str) -> None:
-        self.failed = True
-        print(f"Error: {message}", file=sys.stderr)
-
-    async def share_group_ids(self) -> list[str]:
-        return sorted(g.group_id for g in await self.admin.list_groups(types=["share"]))
+class ShareGroupService(GroupServiceBase):
+    GROUP_TYPES = ("share",)
 
     # ---- --list ---------------------------------------------------------------------------------------
 
     async def list_groups(self) -> None:
         if self.ns.state is None:
-            for group_id in await self.share_group_ids():
+            for group_id in await self.group_ids():
                 print(group_id)
             return
         states = parse_states(self.ns.state, SHARE_GROUP_STATES)
@@ -106,7 +96,7 @@ class ShareGroupService:
     # ---- --describe -----------------------------------------------------------------------------------
 
     async def describe(self) -> None:
-        group_ids = await self.share_group_ids() if self.ns.all_groups else sorted(set(self.ns.group))
+        group_ids = await self.group_ids() if self.ns.all_groups else sorted(set(self.ns.group))
         descriptions = await self.admin.describe_share_groups(group_ids) if group_ids else {}
         for group_id in group_ids:
             description = descriptions.get(group_id)
