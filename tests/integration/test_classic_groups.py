@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -20,6 +19,7 @@ from .broker_process import BrokerProcess
 from .conftest import NO_JOIN_DELAY
 from .group_clients import CLIENTS, ConfluentGroupConsumer, GroupConsumer
 from .kafka_wire import WireClient
+from .share_clients import create_topic
 
 PARTITIONS = 6
 BATCH = 20  # records per partition per produced batch
@@ -32,11 +32,6 @@ def group_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerPro
     proc = BrokerProcess(tmp_path_factory.mktemp("groups") / "data", overrides=NO_JOIN_DELAY).start()
     yield proc
     proc.stop()
-
-
-def create_topic(bootstrap: str, name: str) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(name, PARTITIONS, 1)], operation_timeout=10)[name].result(timeout=30)
 
 
 def produce(bootstrap: str, topic: str, batch: int) -> None:
@@ -74,7 +69,7 @@ def test_split_takeover_and_resume_after_kill(tmp_path: Path, client: str) -> No
     try:
         make = CLIENTS[client]
         topic, group = f"cg-{client}-{uuid.uuid4().hex[:6]}", f"g-{uuid.uuid4().hex[:6]}"
-        create_topic(broker.bootstrap, topic)
+        create_topic(broker.bootstrap, topic, PARTITIONS)
         seen: dict[int, list[int]] = {p: [] for p in ALL}
         a = make(broker.bootstrap, group, topic)
         b = make(broker.bootstrap, group, topic)
@@ -115,7 +110,7 @@ def test_split_takeover_and_resume_after_kill(tmp_path: Path, client: str) -> No
 
 def test_static_member_rejoins_without_rebalance(group_broker: BrokerProcess) -> None:
     topic, group = f"static-{uuid.uuid4().hex[:6]}", f"g-{uuid.uuid4().hex[:6]}"
-    create_topic(group_broker.bootstrap, topic)
+    create_topic(group_broker.bootstrap, topic, PARTITIONS)
     seen: dict[int, list[int]] = {p: [] for p in ALL}
     a = ConfluentGroupConsumer(group_broker.bootstrap, group, topic, instance_id="static-a")
     b = ConfluentGroupConsumer(group_broker.bootstrap, group, topic, instance_id="static-b")
@@ -194,7 +189,7 @@ def fetch_committed(wire: WireClient, group: str, topic: str) -> int:
 
 def test_bad_requests_get_kafka_codes_and_change_nothing(group_broker: BrokerProcess) -> None:
     topic, group = f"bad-{uuid.uuid4().hex[:6]}", f"g-{uuid.uuid4().hex[:6]}"
-    create_topic(group_broker.bootstrap, topic)
+    create_topic(group_broker.bootstrap, topic, PARTITIONS)
     with WireClient.connect(group_broker.bootstrap) as wire:
         member_id, generation = stable_single_member_group(wire, group)
         assert commit(wire, group, member_id, generation, topic, 5) == ErrorCode.NONE
@@ -229,7 +224,7 @@ def test_bad_requests_get_kafka_codes_and_change_nothing(group_broker: BrokerPro
 
 def test_group_ids_are_not_shared_between_group_types(group_broker: BrokerProcess) -> None:
     topic, group = f"types-{uuid.uuid4().hex[:6]}", f"g-{uuid.uuid4().hex[:6]}"
-    create_topic(group_broker.bootstrap, topic)
+    create_topic(group_broker.bootstrap, topic, PARTITIONS)
     with WireClient.connect(group_broker.bootstrap) as wire:
         stable_single_member_group(wire, group)
         share = wire.request(ApiKey.SHARE_GROUP_HEARTBEAT, 1, messages.ShareGroupHeartbeatRequest(
@@ -252,7 +247,7 @@ def test_group_ids_are_not_shared_between_group_types(group_broker: BrokerProces
 def test_topic_ids_and_old_versions(group_broker: BrokerProcess) -> None:
     """OffsetCommit/OffsetFetch v10 name topics by id; LeaveGroup v0-2 and Heartbeat v0 have no batch form."""
     topic, group = f"ids-{uuid.uuid4().hex[:6]}", f"g-{uuid.uuid4().hex[:6]}"
-    create_topic(group_broker.bootstrap, topic)
+    create_topic(group_broker.bootstrap, topic, PARTITIONS)
     with WireClient.connect(group_broker.bootstrap) as wire:
         meta = wire.request(ApiKey.METADATA, 12, messages.MetadataRequest(
             topics=[messages.MetadataRequest.MetadataRequestTopic(name=topic, topic_id=b"\x00" * 16)],
