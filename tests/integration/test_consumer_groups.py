@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, ConsumerGroupType, KafkaError, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -19,6 +19,7 @@ from shoal.protocol.errors import ErrorCode
 
 from .broker_process import BrokerProcess
 from .kafka_wire import WireClient
+from .share_clients import create_topic
 from .test_tools_consumer_groups import consumer_groups
 
 PARTITIONS = 6
@@ -33,11 +34,6 @@ def cg_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     proc = BrokerProcess(tmp_path / "data", overrides=OVERRIDES).start()
     yield proc
     proc.stop()
-
-
-def create_topic(bootstrap: str, name: str, partitions: int = PARTITIONS) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(name, partitions, 1)], operation_timeout=10)[name].result(timeout=30)
 
 
 def produce(bootstrap: str, topic: str, tag: str, partitions: int = PARTITIONS) -> None:
@@ -100,7 +96,7 @@ def test_two_members_split_incrementally_and_offsets_survive_kill(tmp_path: Path
     broker = BrokerProcess(tmp_path / "data", overrides=OVERRIDES).start()
     try:
         topic, group = f"kc-{uuid.uuid4().hex[:6]}", f"kg-{uuid.uuid4().hex[:6]}"
-        create_topic(broker.bootstrap, topic)
+        create_topic(broker.bootstrap, topic, PARTITIONS)
         produce(broker.bootstrap, topic, "a")
         first = Member(broker.bootstrap, group, [topic])
         poll_until([first], lambda: seen_count([first], topic) == PARTITIONS * BATCH)
@@ -160,7 +156,7 @@ def test_regex_subscription_picks_up_a_new_topic(cg_broker: BrokerProcess) -> No
 
 def test_group_types_are_exclusive_and_reported(cg_broker: BrokerProcess) -> None:
     topic, group = f"kt-{uuid.uuid4().hex[:6]}", f"kt-{uuid.uuid4().hex[:6]}"
-    create_topic(cg_broker.bootstrap, topic)
+    create_topic(cg_broker.bootstrap, topic, PARTITIONS)
     member = Member(cg_broker.bootstrap, group, [topic])
     try:
         poll_until([member], lambda: len(member.assigned) == PARTITIONS)
