@@ -9,7 +9,7 @@ import structlog
 
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.broker.server.config import CLUSTER_DEFAULT, THIS_BROKER, BrokerConfig, ConfigError
-from shoal.broker.share.group_configs import InvalidGroupConfig
+from shoal.broker.share.group_configs import InvalidGroupConfig, validation_context
 from shoal.broker.storage.topic_registry import validate_topic_config
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -69,15 +69,17 @@ class AlterConfigs:
             res.error_code = ErrorCode.GROUP_AUTHORIZATION_FAILED
             return
         configs = self.services.group_configs
+        # The broker's current prefix and the topics as they are now: validateOnly checks the same way.
+        check = validation_context(self.services.config, self.services.topics)
         try:
-            for key, value in changes:
-                configs.validate(key, value)
+            if validate_only:
+                configs.validate_all(changes, check)
+                return
+            configs.apply(group, changes, check)
         except InvalidGroupConfig as exc:
             res.error_code, res.error_message = ErrorCode.INVALID_CONFIG, str(exc)
+            log.info("group config refused", group=group, reason=res.error_message)
             return
-        if validate_only:
-            return
-        configs.apply(group, changes)
         log.info("group config changed", group=group, changes=dict(changes))
         self.services.on_group_config_changed(group)
 

@@ -13,9 +13,10 @@ dead-letter partition for records already there for the same group, topic, parti
 skips them (nothing twice). The scan runs only when a loaded state holds ARCHIVING records, that is
 after a crash or fencing in the middle of dead-lettering.
 
-Kafka checks the prefix and the topic's opt-in when it writes, not when the group config is set (the
-topic may not exist yet, and both can change). A record that cannot be dead-lettered is archived
-without a dead-letter record, and the reason is logged with Kafka's wording.
+Kafka checks the prefix and the topic's opt-in when it writes. Shoal also checks them when the group
+config is set (`group_configs`), but a topic created later, a changed prefix or a topic whose opt-in was
+turned off can still fail them here. A record that cannot be dead-lettered is archived without a
+dead-letter record, and the reason is logged with Kafka's wording.
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ from shoal.broker.storage.topic_registry import Topic, TopicRegistry
 from shoal.protocol.record_batch import iter_batches
 from shoal.protocol.records import Header, RecordInput, decode_batches, encode_batch
 
-from .group_configs import GroupConfigs
+from .group_configs import (
+    DLQ_TOPIC_ENABLE,
+    DLQ_TOPIC_NAME,
+    DLQ_TOPIC_NAME_PREFIX,
+    GroupConfigs,
+    dead_letter_enabled,
+)
 
 log = structlog.get_logger("shoal.dead_letter")
 
@@ -46,8 +53,6 @@ HEADER_MESSAGE = "__dlq.errors.message"
 REASON_REJECTED = "Offset rejected by client."
 REASON_DELIVERY_COUNT = "Offset delivery count exceeded the threshold."
 
-TOPIC_ENABLE = "errors.deadletterqueue.group.enable"
-GROUP_TOPIC_NAME = "errors.deadletterqueue.topic.name"
 GROUP_COPY_RECORD = "errors.deadletterqueue.copy.record.enable"
 
 _READ_BYTES = 1024 * 1024  # source records are read in slices of this size when copying
@@ -91,25 +96,25 @@ class DeadLetterWriter:
         self.on_written: Callable[[str, int], None] | None = None
 
     def enabled(self, group_id: str) -> bool:
-        return bool(self.group_configs.get(group_id, GROUP_TOPIC_NAME))
+        return bool(self.group_configs.get(group_id, DLQ_TOPIC_NAME))
 
     def target(self, group_id: str) -> Topic:
         """The group's dead-letter topic, created if allowed; NotDeadLettered says why not (Kafka's words)."""
-        name = self.group_configs.get(group_id, GROUP_TOPIC_NAME)
+        name = self.group_configs.get(group_id, DLQ_TOPIC_NAME)
         if not name:
             raise NotDeadLettered(f"Configured DLQ topic name in share group: {group_id} is empty.")
         if name.startswith("__"):
             raise NotDeadLettered(
                 f"Configured DLQ topic name in share group: {group_id} cannot start with __, topic: {name}.")
         topic = self.topics.get(name)
-        if topic is not None and topic.configs.get(TOPIC_ENABLE, "false").strip().lower() != "true":
+        if topic is not None and not dead_letter_enabled(topic.configs):
             raise NotDeadLettered(
                 f"DLQ is not enabled on configured DLQ topic for share group: {group_id}, topic: {name}.")
         if topic is None and not self.broker_config["errors.deadletterqueue.auto.create.topics.enable"]:
             raise NotDeadLettered(
                 "DLQ topic does not exist and auto create is disabled on cluster for share group: "
                 f"{group_id}, topic: {name}.")
-        prefix = str(self.broker_config["errors.deadletterqueue.topic.name.prefix"])
+        prefix = str(self.broker_config[DLQ_TOPIC_NAME_PREFIX])
         if prefix and not name.startswith(prefix):
             raise NotDeadLettered(
                 "Configured DLQ topic name does not comply with the DLQ topic prefix in share group: "
@@ -121,7 +126,7 @@ class DeadLetterWriter:
                 raise NotDeadLettered(problem)
             # The record timestamps are the dead-letter time, so pin CreateTime as Kafka does.
             topic = self.topics.create(name, partitions,
-                                       {TOPIC_ENABLE: "true", "message.timestamp.type": "CreateTime"})
+                                       {DLQ_TOPIC_ENABLE: "true", "message.timestamp.type": "CreateTime"})
             self.on_topic_created(topic)
             log.info("dead-letter topic created", topic=name, group=group_id)
         return topic

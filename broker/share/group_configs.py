@@ -1,25 +1,64 @@
 """Dynamic group configs (ConfigResource type GROUP = 32): validated, persisted, applied live.
 
-Values a group does not set fall back to the broker's `group.share.*` settings.
+Values a group does not set fall back to the broker's `group.share.*` settings. A value is checked against
+a `ValidationContext`: the broker's current config (its dynamic values included) and the topics that exist,
+which the caller supplies.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shoal.broker.server.config import SHARE_BOUNDS, BrokerConfig
 from shoal.iso_duration import parse_iso_duration_ms
 from shoal.protocol.errors import shorten
 
+if TYPE_CHECKING:
+    from shoal.broker.storage.topic_registry import TopicRegistry
+
 FILE_NAME = "shoal-group-configs.json"
+
+
+DLQ_TOPIC_NAME = "errors.deadletterqueue.topic.name"  # group config
+DLQ_TOPIC_NAME_PREFIX = "errors.deadletterqueue.topic.name.prefix"  # broker config (dynamic)
+DLQ_TOPIC_ENABLE = "errors.deadletterqueue.group.enable"  # topic config: the topic's owner opts in
 
 
 class InvalidGroupConfig(ValueError):
     pass
+
+
+# The explicit configs of the topic of that name, or None when there is no such topic.
+TopicConfigs = Callable[[str], Mapping[str, str] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationContext:
+    """What a group config value is checked against besides itself."""
+
+    broker: BrokerConfig  # read at check time, so the broker's dynamic values count
+    topic_configs: TopicConfigs
+
+
+def validation_context(broker: BrokerConfig, topics: TopicRegistry) -> ValidationContext:
+    def topic_configs(name: str) -> Mapping[str, str] | None:
+        topic = topics.get(name)
+        return None if topic is None else topic.configs
+
+    return ValidationContext(broker, topic_configs)
+
+
+def dead_letter_enabled(topic_configs: Mapping[str, str]) -> bool:
+    """Whether a topic takes share groups' dead-letter records (its opt-in, false unless set)."""
+    return topic_configs.get(DLQ_TOPIC_ENABLE, "false").strip().lower() == "true"
+
+
+Validator = Callable[[str, ValidationContext], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,11 +66,12 @@ class GroupConfigKey:
     name: str
     broker_default: str | None  # broker key supplying the default, or None for a fixed default
     fixed_default: str
-    validate: Callable[[str, BrokerConfig], None]
+    validate: Validator
 
 
-def _int_between(lo_key: str | int, hi_key: str | int) -> Callable[[str, BrokerConfig], None]:
-    def check(value: str, cfg: BrokerConfig) -> None:
+def _int_between(lo_key: str | int, hi_key: str | int) -> Validator:
+    def check(value: str, ctx: ValidationContext) -> None:
+        cfg = ctx.broker
         try:
             number = int(value)
         except ValueError as exc:
@@ -44,7 +84,7 @@ def _int_between(lo_key: str | int, hi_key: str | int) -> Callable[[str, BrokerC
     return check
 
 
-def _offset_reset(value: str, cfg: BrokerConfig) -> None:
+def _offset_reset(value: str, ctx: ValidationContext) -> None:
     if value in ("latest", "earliest"):
         return
     if value.startswith("by_duration:"):
@@ -58,7 +98,7 @@ def _offset_reset(value: str, cfg: BrokerConfig) -> None:
     raise InvalidGroupConfig("must be latest, earliest or by_duration:<ISO-8601 duration>")
 
 
-def _isolation(value: str, cfg: BrokerConfig) -> None:
+def _isolation(value: str, ctx: ValidationContext) -> None:
     if value not in ("read_uncommitted", "read_committed"):
         raise InvalidGroupConfig("must be read_uncommitted or read_committed")
 
@@ -69,20 +109,30 @@ def _bounded(name: str, broker_key: str) -> GroupConfigKey:
     return GroupConfigKey(name, broker_key, "", _int_between(lo_key, hi_key))
 
 
-def _boolean(value: str, cfg: BrokerConfig) -> None:
+def _boolean(value: str, ctx: ValidationContext) -> None:
     if value.strip().lower() not in ("true", "false"):
         raise InvalidGroupConfig("Expected value to be either true or false")
 
 
 class _DlqTopicNameError(InvalidGroupConfig):
-    """Kafka words this one on its own, without the "Invalid value" preamble."""
+    """Worded on its own (the `__` refusal as Kafka words it), without the "Invalid value" preamble."""
 
 
-def _dlq_topic_name(value: str, cfg: BrokerConfig) -> None:
-    # Kafka 4.4 refuses only internal-looking names here. The prefix and the topic's opt-in are checked
-    # when a record is dead-lettered (the topic may not exist yet, and both can change later).
+def _dlq_topic_name(value: str, ctx: ValidationContext) -> None:
+    # Kafka 4.4 refuses only internal-looking names here and checks the prefix and the topic's opt-in when
+    # a record is dead-lettered. Shoal also refuses a name that fails those checks now, so a mistake shows
+    # when it is made; the dead-letter-time checks stay, as the prefix and the topic's config can change.
+    # An empty value is no dead-letter topic; a topic that does not exist yet may be created later.
     if value.startswith("__"):
-        raise _DlqTopicNameError("errors.deadletterqueue.topic.name: DLQ topic name must not start with '__'")
+        raise _DlqTopicNameError(f"{DLQ_TOPIC_NAME}: DLQ topic name must not start with '__'")
+    prefix = str(ctx.broker[DLQ_TOPIC_NAME_PREFIX])
+    if value and prefix and not value.startswith(prefix):
+        raise _DlqTopicNameError(
+            f"The dead-letter topic name '{shorten(value)}' must start with the prefix '{shorten(prefix)}'")
+    topic_configs = ctx.topic_configs(value) if value else None
+    if topic_configs is not None and not dead_letter_enabled(topic_configs):
+        raise _DlqTopicNameError(f"Topic '{shorten(value)}' is not enabled as a dead-letter topic for share "
+                                 f"groups ({DLQ_TOPIC_ENABLE}=false)")
 
 
 KEYS: dict[str, GroupConfigKey] = {
@@ -104,7 +154,7 @@ KEYS: dict[str, GroupConfigKey] = {
         GroupConfigKey("share.renew.acknowledge.enable", None, "true", _boolean),
         _bounded("share.assignment.interval.ms", "group.share.assignment.interval.ms"),
         # Kafka 4.4 (KIP-1191)
-        GroupConfigKey("errors.deadletterqueue.topic.name", None, "", _dlq_topic_name),
+        GroupConfigKey(DLQ_TOPIC_NAME, None, "", _dlq_topic_name),
         GroupConfigKey("errors.deadletterqueue.copy.record.enable", None, "false", _boolean),
     )
 }
@@ -140,22 +190,27 @@ class GroupConfigs:
         set_here = self._groups.get(group_id, {})
         return {k: (self.get(group_id, k), k in set_here) for k in KEYS}
 
-    def validate(self, key: str, value: str | None) -> None:
+    @staticmethod
+    def validate(key: str, value: str | None, ctx: ValidationContext) -> None:
         spec = KEYS.get(key)
         if spec is None:
             raise InvalidGroupConfig(f"Unknown group config name: {shorten(key)}")
         if value is not None:
             try:
-                spec.validate(value, self.broker_config)
+                spec.validate(value, ctx)
             except _DlqTopicNameError:
                 raise
             except InvalidGroupConfig as exc:
                 raise InvalidGroupConfig(f"Invalid value {shorten(value)} for configuration {key}: {exc}") from exc
 
-    def apply(self, group_id: str, changes: list[tuple[str, str | None]]) -> None:
-        """Set (value) or delete (None) keys, all validated first, then persisted atomically."""
+    @classmethod
+    def validate_all(cls, changes: list[tuple[str, str | None]], ctx: ValidationContext) -> None:
         for key, value in changes:
-            self.validate(key, value)
+            cls.validate(key, value, ctx)
+
+    def apply(self, group_id: str, changes: list[tuple[str, str | None]], ctx: ValidationContext) -> None:
+        """Set (value) or delete (None) keys, all validated first, then persisted atomically."""
+        self.validate_all(changes, ctx)
         current = self._groups.setdefault(group_id, {})
         for key, value in changes:
             if value is None:

@@ -1,7 +1,7 @@
 """`kafka-share-groups`: list, describe, reset offsets of, delete offsets of, and delete share groups.
 
 Options and printed columns follow Apache Kafka's `kafka-share-groups.sh`, so scripts written for it work
-against Shoal. It talks to the broker through the bundled admin client (`AsyncAdmin`). Unlike Kafka's tool,
+against Shoal; `--describe --state` adds one last column, DLQ-TOPIC (the group's KIP-1191 dead-letter topic). It talks to the broker through the bundled admin client (`AsyncAdmin`). Unlike Kafka's tool,
 every failure ends with a non-zero exit code and error text goes to stderr.
 """
 
@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from shoal.client.admin import (
+    RESOURCE_GROUP,
     ShareGroupDescription,
     SharePartitionOffset,
     TopicPartition,
@@ -42,6 +43,7 @@ PROG = "kafka-share-groups"
 DEFAULT_TIMEOUT_MS = 30_000
 SHARE_GROUP_STATES = ("Empty", "Stable", "Dead")
 MISSING = "-"  # what Kafka's tool prints for an unknown value
+DLQ_TOPIC_CONFIG = "errors.deadletterqueue.topic.name"
 RESET_SCENARIOS = ("to_earliest", "to_latest", "to_current", "to_datetime", "by_duration", "to_offset", "shift_by",
                    "from_file")
 
@@ -178,17 +180,37 @@ class ShareGroupService(GroupServiceBase):
         host, port = self.admin.cluster.brokers.get(node, ("unknown", -1))
         # Two spaces before the id, as Kafka's tool prints the coordinator.
         coordinator = f"{host}:{port}  ({node})"
+        # DLQ-TOPIC (KIP-1191's group config) is a Shoal addition: Kafka 4.4's tool has no such column.
+        dlq = await self._dead_letter_topic(d.group_id)
         if self.ns.verbose:
             rows: list[Sequence[object]] = [
-                ("GROUP", "COORDINATOR (ID)", "STATE", "GROUP-EPOCH", "ASSIGNMENT-EPOCH", "#MEMBERS"),
-                (d.group_id, coordinator, d.state, d.group_epoch, d.assignment_epoch, len(d.members)),
+                ("GROUP", "COORDINATOR (ID)", "STATE", "GROUP-EPOCH", "ASSIGNMENT-EPOCH", "#MEMBERS", "DLQ-TOPIC"),
+                (d.group_id, coordinator, d.state, d.group_epoch, d.assignment_epoch, len(d.members), dlq),
             ]
-            widths = [width(15, [d.group_id]), width(25, [coordinator]), 15, 12, 17]
+            widths = [width(15, [d.group_id]), width(25, [coordinator]), 15, 12, 17, 10]
         else:
-            rows = [("GROUP", "COORDINATOR (ID)", "STATE", "#MEMBERS"), (d.group_id, coordinator, d.state, len(d.members))]
-            widths = [width(15, [d.group_id]), width(25, [coordinator]), 15]
+            rows = [("GROUP", "COORDINATOR (ID)", "STATE", "#MEMBERS", "DLQ-TOPIC"),
+                    (d.group_id, coordinator, d.state, len(d.members), dlq)]
+            widths = [width(15, [d.group_id]), width(25, [coordinator]), 15, 10]
         print()
         print("\n".join(table(rows, widths)))
+
+    async def _dead_letter_topic(self, group_id: str) -> str:
+        """The group's `errors.deadletterqueue.topic.name` (DescribeConfigs on GROUP), `-` when unset or unknown."""
+        try:
+            described = await self.admin.describe_configs(RESOURCE_GROUP, group_id, [DLQ_TOPIC_CONFIG])
+        except KafkaError as exc:
+            return self._unknown_dead_letter_topic(group_id, exc)
+        if described.error is not None:
+            return self._unknown_dead_letter_topic(group_id, described.error)
+        entry = described.entries.get(DLQ_TOPIC_CONFIG)
+        return entry.value if entry is not None and entry.value else MISSING
+
+    @staticmethod
+    def _unknown_dead_letter_topic(group_id: str, error: KafkaError) -> str:
+        # Only this extra column is unknown (e.g. no DESCRIBE_CONFIGS right): a warning, not a failure.
+        print(f"Warning: the dead-letter topic of share group '{group_id}' is unknown: {error}", file=sys.stderr)
+        return MISSING
 
     # ---- --delete -------------------------------------------------------------------------------------
 

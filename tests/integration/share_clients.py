@@ -25,14 +25,14 @@ def create_topic(bootstrap: str, name: str, partitions: int, config: dict[str, s
         future.result(30)
 
 
-def set_group_config(bootstrap: str, group: str, **configs: str) -> None:
+def set_group_config(bootstrap: str, group: str, *, validate_only: bool = False, **configs: str) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     entries = [
         ConfigEntry(key.replace("_", "."), value, incremental_operation=AlterConfigOpType.SET)
         for key, value in configs.items()
     ]
     resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
-    for future in admin.incremental_alter_configs([resource]).values():
+    for future in admin.incremental_alter_configs([resource], validate_only=validate_only).values():
         future.result(30)
 
 

@@ -76,6 +76,16 @@ def _settle(consumer: Any, how: AcknowledgeType, count: int) -> list[Any]:
     return got
 
 
+def _reject_one(bootstrap: str, topic: str, group: str) -> None:
+    """Produce one record to `topic` and REJECT it as a member of `group`."""
+    produce(bootstrap, topic, 1)
+    consumer = share_consumer(bootstrap, group, [topic], share_acknowledgement_mode="explicit")
+    try:
+        assert len(_settle(consumer, AcknowledgeType.REJECT, 1)) == 1
+    finally:
+        consumer.close()
+
+
 @pytest.mark.parametrize("copy", [False, True])
 def test_rejected_record_is_dead_lettered_once_with_headers(broker: BrokerProcess, copy: bool) -> None:
     bs = broker.bootstrap
@@ -152,42 +162,102 @@ def test_released_to_the_delivery_limit_is_dead_lettered(broker: BrokerProcess) 
     assert headers["__dlq.errors.message"] == "Offset delivery count exceeded the threshold."
 
 
-def test_bad_dead_letter_configs_are_refused_or_archive_without_a_record(broker: BrokerProcess) -> None:
-    bs = broker.bootstrap
+def _refused(bootstrap: str, group: str, message: str, *, validate_only: bool = False, **configs: str) -> None:
+    with pytest.raises(KafkaException) as info:
+        set_group_config(bootstrap, group, validate_only=validate_only, **configs)
+    err = info.value.args[0]
+    assert err.code() == ErrorCode.INVALID_CONFIG, (configs, err)
+    assert message in err.str(), (configs, err.str())
+
+
+def _group_configs(bootstrap: str, group: str) -> dict[str, tuple[str | None, int]]:
+    """name -> (value, source) of the group's configs, as confluent's AdminClient describes them."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    [future] = admin.describe_configs([ConfigResource(ResourceType.GROUP, group)]).values()
+    return {k: (e.value, e.source) for k, e in future.result(30).items()}
+
+
+def test_bad_group_configs_are_refused(broker: BrokerProcess) -> None:
     group = _name("dv")
-    bad = [
+    for key, value, message in (
         ("errors.deadletterqueue.topic.name", "__internal", "DLQ topic name must not start with '__'"),
         ("errors.deadletterqueue.copy.record.enable", "sometimes", "Expected value to be either true or false"),
         ("share.renew.acknowledge.enable", "maybe", "either true or false"),
         ("share.assignment.interval.ms", "20000", "20000"),
-    ]
-    for key, value, message in bad:
-        with pytest.raises(KafkaException) as info:
-            set_group_config(bs, group, **{key: value})
-        err = info.value.args[0]
-        assert err.code() == ErrorCode.INVALID_CONFIG, (key, err)
-        assert message in err.str(), (key, err.str())
-    # As in Kafka 4.4, a name without the prefix or a topic that has not opted in is accepted as a group
-    # config; the leader checks both when it dead-letters, archives the record anyway and says why.
-    for dlq, enabled, reason in (
-        (f"dlq.{_name('off')}", False, "DLQ is not enabled on configured DLQ topic"),
-        (_name("noprefix"), True, "does not comply with the DLQ topic prefix"),
     ):
-        topic, group = _name("dn"), _name("dg")
-        create_topic(bs, topic, 1)
-        _create_dlq_topic(bs, dlq, enabled=enabled)
-        set_group_config(bs, group, share_auto_offset_reset="earliest", errors_deadletterqueue_topic_name=dlq)
-        produce(bs, topic, 1)
-        consumer = share_consumer(bs, group, [topic], share_acknowledgement_mode="explicit")
-        try:
-            assert len(_settle(consumer, AcknowledgeType.REJECT, 1)) == 1
-        finally:
-            consumer.close()
-        deadline = time.monotonic() + DEADLINE_S
-        while reason not in broker.log_text() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert reason in broker.log_text()
-        assert _dead_letters(bs, dlq, 0) == []
+        _refused(broker.bootstrap, group, message, **{key.replace(".", "_"): value})
+
+
+def test_dead_letter_topic_is_checked_when_the_group_config_is_set(broker: BrokerProcess) -> None:
+    """Stricter than Kafka 4.4, which checks the prefix and the opt-in only when it dead-letters."""
+    bs = broker.bootstrap
+    group = _name("dc")
+    plain, off, on, later = _name("plain"), f"dlq.{_name('off')}", f"dlq.{_name('on')}", f"dlq.{_name('later')}"
+    _create_dlq_topic(bs, plain)  # opted in, but without the prefix
+    _create_dlq_topic(bs, off, enabled=False)
+    _create_dlq_topic(bs, on)
+    for name, message in (
+        (plain, f"The dead-letter topic name '{plain}' must start with the prefix 'dlq.'"),
+        (f"x{later}", "must start with the prefix 'dlq.'"),
+        (off, f"Topic '{off}' is not enabled as a dead-letter topic for share groups "
+              "(errors.deadletterqueue.group.enable=false)"),
+    ):
+        for validate_only in (True, False):
+            _refused(bs, group, message, validate_only=validate_only, errors_deadletterqueue_topic_name=name)
+    # Nothing was kept, not even by the requests that were not validateOnly.
+    assert _group_configs(bs, group)["errors.deadletterqueue.topic.name"][1] == ConfigSource.DEFAULT_CONFIG.value
+    # An opted-in topic, and a prefixed one that does not exist yet (created later or automatically).
+    for name in (on, later):
+        set_group_config(bs, group, validate_only=True, errors_deadletterqueue_topic_name=name)
+        set_group_config(bs, group, errors_deadletterqueue_topic_name=name)
+        value, source = _group_configs(bs, group)["errors.deadletterqueue.topic.name"]
+        assert (value, source) == (name, ConfigSource.GROUP_CONFIG.value)
+    admin = AdminClient({"bootstrap.servers": bs})
+    assert later not in admin.list_topics(timeout=30).topics  # accepting the name created nothing
+
+
+def _wait_logged(broker: BrokerProcess, *parts: str) -> None:
+    """Until one line of the broker's log holds every part."""
+    def found() -> bool:
+        return any(all(p in line for p in parts) for line in broker.log_text().splitlines())
+
+    deadline = time.monotonic() + DEADLINE_S
+    while not found() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert found(), parts
+
+
+def test_a_dead_letter_topic_that_changed_after_the_config_archives_without_a_record(broker: BrokerProcess) -> None:
+    """As in Kafka, the prefix and the opt-in are checked again when a record is dead-lettered: the leader
+    archives the record anyway and says why."""
+    bs = broker.bootstrap
+    admin = AdminClient({"bootstrap.servers": bs})
+
+    def opt_out(dlq: str) -> None:
+        entry = ConfigEntry("errors.deadletterqueue.group.enable", "false", incremental_operation=AlterConfigOpType.SET)
+        for future in admin.incremental_alter_configs(
+                [ConfigResource(ResourceType.TOPIC, dlq, incremental_configs=[entry])]).values():
+            future.result(30)
+
+    def new_prefix(_dlq: str) -> None:
+        _alter_broker(bs, "1", errors_deadletterqueue_topic_name_prefix="other.")
+
+    try:
+        for change, reason in ((opt_out, "DLQ is not enabled on configured DLQ topic"),
+                               (new_prefix, "does not comply with the DLQ topic prefix")):
+            topic, group = _name("dn"), _name("dg")
+            dlq = f"dlq.{topic}"
+            create_topic(bs, topic, 1)
+            _create_dlq_topic(bs, dlq)
+            set_group_config(bs, group, share_auto_offset_reset="earliest", errors_deadletterqueue_topic_name=dlq)
+            change(dlq)
+            _reject_one(bs, topic, group)
+            _wait_logged(broker, reason, f"share group: {group}")
+            assert _dead_letters(bs, dlq, 0) == []
+    finally:
+        # The module's broker is shared: back to the default prefix.
+        error = _alter_broker_bundled(bs, "1", errors_deadletterqueue_topic_name_prefix=None)
+        assert error is None, error
 
 
 def test_renew_refused_when_the_group_disables_it(broker: BrokerProcess) -> None:
@@ -270,7 +340,7 @@ def _alter_broker(bootstrap: str, name: str, **configs: str) -> None:
         future.result(30)
 
 
-def _alter_broker_bundled(bootstrap: str, name: str, **configs: str) -> Any:
+def _alter_broker_bundled(bootstrap: str, name: str, **configs: str | None) -> Any:
     """The bundled admin client sends a BROKER resource to any broker (confluent's only to that id)."""
     with contextlib.closing(Admin(bootstrap)) as bundled:
         return bundled.incremental_alter_configs(RESOURCE_BROKER, name, {k.replace("_", "."): v for k, v in configs.items()})
@@ -317,13 +387,10 @@ def test_dead_letter_broker_keys_change_at_runtime(fresh_broker: BrokerProcess) 
     topic, group = _name("dy"), _name("dg")
     dlq = f"gone.{topic}"
     create_topic(bs, topic, 1)
+    # The group config is checked against the prefix in force now.
+    _refused(bs, group, "must start with the prefix 'gone.'", errors_deadletterqueue_topic_name=f"dlq.{topic}")
     set_group_config(bs, group, share_auto_offset_reset="earliest", errors_deadletterqueue_topic_name=dlq)
-    produce(bs, topic, 1)
-    consumer = share_consumer(bs, group, [topic], share_acknowledgement_mode="explicit")
-    try:
-        assert len(_settle(consumer, AcknowledgeType.REJECT, 1)) == 1
-    finally:
-        consumer.close()
+    _reject_one(bs, topic, group)
     [record] = _dead_letters(bs, dlq, 1)
     assert _headers(record)["__dlq.errors.group"] == group
     # Dynamic values survive a restart.

@@ -147,15 +147,19 @@ def test_lag_after_half_consumed_and_reset_offsets(tools_broker: BrokerProcess, 
     assert again.splitlines() == [f"v-{i}" for i in range(10)] + [f"w-{i}" for i in range(10)]
     assert offsets_table(tools_broker, group) == [[group, topic, "0", "20", "0"]]
 
-    # As in Kafka 4.4, --describe --state keeps its columns when the group has a dead-letter topic
-    # (KIP-1191); the topic is a group config, which DescribeConfigs on the GROUP resource shows.
-    set_group_config(tools_broker.bootstrap, group, errors_deadletterqueue_topic_name=f"dlq.{topic}")
+    # --describe --state names the group's dead-letter topic (KIP-1191), `-` while it has none: a column
+    # Kafka 4.4's tool does not have. It is the group config that DescribeConfigs on GROUP shows.
     state = rows(ok(share_groups(tools_broker, "--describe", "--group", group, "--state")))
-    assert state[0] == ["GROUP", "COORDINATOR", "(ID)", "STATE", "#MEMBERS"]
-    assert state[1][-2:] == ["Empty", "0"]
+    assert state[0] == ["GROUP", "COORDINATOR", "(ID)", "STATE", "#MEMBERS", "DLQ-TOPIC"]
+    assert state[1][-3:] == ["Empty", "0", "-"]
+    set_group_config(tools_broker.bootstrap, group, errors_deadletterqueue_topic_name=f"dlq.{topic}")
     with Admin(tools_broker.bootstrap) as admin:
         described = admin.describe_configs(RESOURCE_GROUP, group, ["errors.deadletterqueue.topic.name"])
     assert described.entries["errors.deadletterqueue.topic.name"].value == f"dlq.{topic}"
+    state = rows(ok(share_groups(tools_broker, "--describe", "--group", group, "--state")))
+    assert state[1][-3:] == ["Empty", "0", f"dlq.{topic}"]
+    verbose = rows(ok(share_groups(tools_broker, "--describe", "--group", group, "--state", "--verbose")))
+    assert verbose[0][-2:] == ["#MEMBERS", "DLQ-TOPIC"] and verbose[1][-2:] == ["0", f"dlq.{topic}"]
 
 
 def test_live_member_shown_and_changes_refused(tools_broker: BrokerProcess) -> None:
@@ -185,8 +189,8 @@ def test_live_member_shown_and_changes_refused(tools_broker: BrokerProcess) -> N
         assert verbose[0][5] == "MEMBER-EPOCH" and int(verbose[1][5]) > 0
 
         state = ok(share_groups(tools_broker, "--describe", "--group", group, "--state")).strip().splitlines()
-        assert state[0].split() == ["GROUP", "COORDINATOR", "(ID)", "STATE", "#MEMBERS"]
-        assert state[1].split() == [group, tools_broker.bootstrap, "(1)", "Stable", "1"]
+        assert state[0].split() == ["GROUP", "COORDINATOR", "(ID)", "STATE", "#MEMBERS", "DLQ-TOPIC"]
+        assert state[1].split() == [group, tools_broker.bootstrap, "(1)", "Stable", "1", "-"]
         listed = rows(ok(share_groups(tools_broker, "--list", "--state")))
         assert listed[0] == ["GROUP", "STATE"] and [group, "Stable"] in listed
         assert [group, "Stable"] in rows(ok(share_groups(tools_broker, "--list", "--state", "stable")))
@@ -203,7 +207,7 @@ def test_live_member_shown_and_changes_refused(tools_broker: BrokerProcess) -> N
         consumer.close()
 
     state = ok(share_groups(tools_broker, "--describe", "--group", group, "--state")).strip().splitlines()
-    assert state[1].split()[-2:] == ["Empty", "0"]
+    assert state[1].split()[-3:] == ["Empty", "0", "-"]
     assert [group, "Empty"] in rows(ok(share_groups(tools_broker, "--list", "--state", "Empty")))
     assert reset(tools_broker, group, "--to-earliest", "--execute") == [[group, topic, "0", "0"], [group, topic, "1", "0"]]
 

@@ -8,9 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from shoal.broker.server.config import BrokerConfig
+from shoal.broker.server.config import CLUSTER_DEFAULT, BrokerConfig
 from shoal.broker.share.dead_letter import DeadLetterWriter, NotDeadLettered, Source, already_dead_lettered
-from shoal.broker.share.group_configs import GroupConfigs, InvalidGroupConfig
+from shoal.broker.share.group_configs import (
+    GroupConfigs,
+    InvalidGroupConfig,
+    ValidationContext,
+    validation_context,
+)
 from shoal.broker.share.share_partition import (
     AckBatch,
     AcquireMode,
@@ -64,24 +69,26 @@ def test_without_a_dead_letter_topic_records_are_archived_at_once() -> None:
     assert sp.offset_state(0) is None and sp.start_offset == 1
 
 
-def _setup(tmp_path: Path, **broker: str) -> tuple[TopicRegistry, GroupConfigs, DeadLetterWriter, BrokerConfig]:
+def _setup(tmp_path: Path, **broker: str
+           ) -> tuple[TopicRegistry, GroupConfigs, DeadLetterWriter, ValidationContext]:
     cfg = BrokerConfig.from_strings({"log.dirs": str(tmp_path), **broker})
     topics = TopicRegistry(tmp_path, cfg)
     topics.load()
     groups = GroupConfigs(tmp_path, cfg)
     created: list[str] = []
-    return topics, groups, DeadLetterWriter(topics, cfg, groups, lambda t: created.append(t.name)), cfg
+    return topics, groups, DeadLetterWriter(topics, cfg, groups, lambda t: created.append(t.name)), \
+        validation_context(cfg, topics)
 
 
 def test_a_write_after_a_crash_skips_what_is_already_in_the_dead_letter_topic(tmp_path: Path) -> None:
-    topics, groups, writer, _cfg = _setup(tmp_path)
+    topics, groups, writer, check = _setup(tmp_path)
     source_topic = topics.create("src", 1)
     values = [RecordInput(key=b"k%d" % i, value=b"v%d" % i) for i in range(5)]
     buf = bytearray(encode_batch(values))
     source_topic.partitions[0].append(buf, list(iter_batches(buf)))
     topics.create("dlq.src", 1, {"errors.deadletterqueue.group.enable": "true"})
     groups.apply("g", [("errors.deadletterqueue.topic.name", "dlq.src"),
-                       ("errors.deadletterqueue.copy.record.enable", "true")])
+                       ("errors.deadletterqueue.copy.record.enable", "true")], check)
     source = Source("g", "src", 0, source_topic.partitions[0], delivery_count_limit=3)
 
     async def run() -> tuple[int, int]:
@@ -101,27 +108,44 @@ def test_a_write_after_a_crash_skips_what_is_already_in_the_dead_letter_topic(tm
 
 
 def test_missing_topic_is_created_only_with_auto_create(tmp_path: Path) -> None:
-    topics, groups, writer, _cfg = _setup(tmp_path)
-    groups.apply("g", [("errors.deadletterqueue.topic.name", "dlq.auto")])
+    topics, groups, writer, check = _setup(tmp_path)
+    groups.apply("g", [("errors.deadletterqueue.topic.name", "dlq.auto")], check)
     with pytest.raises(NotDeadLettered, match="auto create is disabled"):
         writer.target("g")
     topics.close()
-    topics, groups, writer, _cfg = _setup(tmp_path / "b", **{"errors.deadletterqueue.auto.create.topics.enable": "true"})
-    groups.apply("g", [("errors.deadletterqueue.topic.name", "dlq.auto")])
+    topics, groups, writer, check = _setup(tmp_path / "b", **{"errors.deadletterqueue.auto.create.topics.enable": "true"})
+    groups.apply("g", [("errors.deadletterqueue.topic.name", "dlq.auto")], check)
     topic = writer.target("g")
     assert topic.configs["errors.deadletterqueue.group.enable"] == "true"
     topics.close()
 
 
 def test_group_config_validation(tmp_path: Path) -> None:
-    _topics, groups, _writer, _cfg = _setup(tmp_path)
+    _topics, groups, _writer, check = _setup(tmp_path)
     with pytest.raises(InvalidGroupConfig, match="^errors.deadletterqueue.topic.name: DLQ topic name must not"):
-        groups.validate("errors.deadletterqueue.topic.name", "__x")
-    groups.validate("errors.deadletterqueue.topic.name", "no-prefix-is-fine-here")
+        groups.validate("errors.deadletterqueue.topic.name", "__x", check)
+    with pytest.raises(InvalidGroupConfig, match="^The dead-letter topic name 'no-prefix' must start with"):
+        groups.validate("errors.deadletterqueue.topic.name", "no-prefix", check)
     assert groups.get("g", "share.renew.acknowledge.enable") == "true"
     assert groups.get("g", "share.assignment.interval.ms") == "1000"
     with pytest.raises(InvalidGroupConfig):
-        groups.validate("share.assignment.interval.ms", "15001")
+        groups.validate("share.assignment.interval.ms", "15001", check)
+
+
+def test_a_topic_that_changes_after_the_group_config_is_checked_again_when_writing(tmp_path: Path) -> None:
+    """The config-time checks passed; the opt-in turned off, or the prefix changed, later."""
+    topics, groups, writer, check = _setup(tmp_path)
+    dlq = topics.create("dlq.src", 1, {"errors.deadletterqueue.group.enable": "true"})
+    groups.apply("g", [("errors.deadletterqueue.topic.name", "dlq.src")], check)
+    assert writer.target("g") is dlq
+    topics.alter_configs(dlq, [("errors.deadletterqueue.group.enable", "false")])
+    with pytest.raises(NotDeadLettered, match="DLQ is not enabled on configured DLQ topic"):
+        writer.target("g")
+    topics.alter_configs(dlq, [("errors.deadletterqueue.group.enable", "true")])
+    check.broker.apply_dynamic(CLUSTER_DEFAULT, [("errors.deadletterqueue.topic.name.prefix", "other.")])
+    with pytest.raises(NotDeadLettered, match="does not comply with the DLQ topic prefix"):
+        writer.target("g")
+    topics.close()
 
 
 async def test_a_restart_between_the_steps_writes_each_dead_letter_once(tmp_path: Path) -> None:
@@ -144,7 +168,8 @@ async def test_a_restart_between_the_steps_writes_each_dead_letter_once(tmp_path
     first.on_topic_created(topic)
     first.topics.create("dlq.src", 1, {"errors.deadletterqueue.group.enable": "true"})
     first.group_configs.apply("g", [("share.auto.offset.reset", "earliest"),
-                                    ("errors.deadletterqueue.topic.name", "dlq.src")])
+                                    ("errors.deadletterqueue.topic.name", "dlq.src")],
+                              validation_context(first.config, first.topics))
     buf = bytearray(encode_batch([RecordInput(value=b"v%d" % i) for i in range(3)]))
     topic.partitions[0].append(buf, list(iter_batches(buf)))
     key = SharePartitionKey("g", topic.topic_id, 0)
@@ -180,13 +205,13 @@ async def test_a_restart_between_the_steps_writes_each_dead_letter_once(tmp_path
 
 
 def test_many_dead_letters_are_split_within_max_message_bytes(tmp_path: Path) -> None:
-    topics, groups, writer, _cfg = _setup(tmp_path)
+    topics, groups, writer, check = _setup(tmp_path)
     source_topic = topics.create("src", 1)
     buf = bytearray(encode_batch([RecordInput(value=bytes(300)) for _ in range(40)]))
     source_topic.partitions[0].append(buf, list(iter_batches(buf)))
     topics.create("dlq.src", 1, {"errors.deadletterqueue.group.enable": "true", "max.message.bytes": "4000"})
     groups.apply("g", [("errors.deadletterqueue.topic.name", "dlq.src"),
-                       ("errors.deadletterqueue.copy.record.enable", "true")])
+                       ("errors.deadletterqueue.copy.record.enable", "true")], check)
     source = Source("g", "src", 0, source_topic.partitions[0], delivery_count_limit=3)
     assert asyncio.run(writer.write(source, [(0, 39, 1)], skip_existing=False)) == 40
     dlq_log = topics.get("dlq.src").partitions[0]  # type: ignore[union-attr]

@@ -17,6 +17,7 @@ import pytest
 
 from shoal.broker.server.config import BrokerConfig
 from shoal.broker.server.server import Broker
+from shoal.broker.share.group_configs import validation_context
 from shoal.broker.share.share_partition import RecordState
 from shoal.broker.storage.purgatory import LogKey
 from shoal.broker.storage.topic_registry import Topic
@@ -118,7 +119,8 @@ async def member_holding(broker: Broker, name: str, partitions: int, records: in
     """A topic, and a member on a raw connection that acquired `records` records on each of its partitions."""
     topic = broker.topics.create(name, partitions)
     broker.on_topic_created(topic)
-    broker.group_configs.apply(GROUP, [("share.auto.offset.reset", "earliest")])
+    broker.group_configs.apply(GROUP, [("share.auto.offset.reset", "earliest")],
+                               validation_context(broker.config, broker.topics))
     client = await asyncio.to_thread(WireClient, "127.0.0.1", broker.bound[0].port)
     await acquire_everything(broker, client, topic.topic_id, list(range(partitions)), records)
     return topic, client
