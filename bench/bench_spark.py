@@ -7,6 +7,7 @@ N records (100-byte values) are produced once to a 3-partition topic. Then, each
     first with Spark's default checkpoint file manager, then again with the FileSystem-based one: on a
     local checkpoint directory without Hadoop's native library, the default forks `readlink` and `chmod`
     for every offset-log and commit-log file, tens of processes per micro-batch;
+  * Spark alone copies the parquet output to parquet (no Kafka): the parquet sink's share of the cost;
   * the bundled producer sends the same rows (key, value) from one process (the reference writer), and the
     kafka-share sink writes them from Spark (rate over the sink's addBatch time);
   * the driver-side source process's peak RSS is sampled while the source drains N and then 10 x N records
@@ -153,6 +154,17 @@ def spark_source(spark: Any, bootstrap: str, topic: str, group: str, total: int,
     return sum(p["numInputRows"] for p in later) / steady_s, wall
 
 
+def spark_parquet_copy(spark: Any, src: str, dst: str, total: int) -> float:
+    """Records/s of Spark alone writing the same rows to parquet (a batch copy of the source's parquet
+    output, no Kafka): what Spark's parquet writer allows on this machine. The second of two runs."""
+    rate = 0.0
+    for run in range(2):
+        start = time.perf_counter()
+        spark.read.parquet(src).write.mode("overwrite").parquet(f"{dst}-{run}")
+        rate = total / (time.perf_counter() - start)
+    return rate
+
+
 def bundled_producer(bootstrap: str, topic: str, rows: list[tuple[bytes, bytes]]) -> float:
     from shoal.client.producer import Producer
 
@@ -231,15 +243,21 @@ def main() -> None:
             print(f"  bare confluent ShareConsumer   {bare:>10,.0f} rec/s")
             spark = spark_session()
             try:
+                rates: dict[str, float] = {}
                 for group, sink in (("noop", "noop"), ("parquet", "parquet"), ("noop-fs", "noop"),
                                     ("parquet-fs", "parquet")):
                     if group.endswith("-fs"):
                         spark.conf.set(CHECKPOINT_MANAGER_CONF, FS_CHECKPOINT_MANAGER)
                     steady, wall = spark_source(spark, bootstrap, TOPIC, group, n, sink, tmp, args.per_trigger)
+                    rates[group] = steady
                     label = f"{sink}{', FS checkpoints' if group.endswith('-fs') else ''}"
                     print(f"  spark source -> {label:22s} {steady:>10,.0f} rec/s steady ({n / wall:,.0f} incl. "
                           f"start-up, {wall:.1f} s)   ratio to bare: {steady / bare:.2f}")
                 spark.conf.unset(CHECKPOINT_MANAGER_CONF)
+                copy = spark_parquet_copy(spark, f"{tmp}/out-parquet", f"{tmp}/copy", n)
+                print(f"  spark parquet copy, no Kafka   {copy:>10,.0f} rec/s   (Spark's parquet writer alone; "
+                      f"source -> parquet at {rates['parquet-fs'] / copy:.2f} of it with FS checkpoints, "
+                      f"{rates['parquet'] / copy:.2f} without)")
                 if args.source_only:
                     return
                 rows = [(bytes(r.key), bytes(r.value)) for r in spark.read.parquet(f"{tmp}/out-parquet").collect()]
