@@ -3,7 +3,11 @@
 N records (100-byte values) are produced once to a 3-partition topic. Then, each in its own share group:
   * a bare confluent-kafka ShareConsumer drains the topic (the reference reader);
   * Spark (local[2]) drains it with format("kafka-share") into the noop sink and into the parquet sink
-    (availableNow; the steady rate counts the micro-batches after the first, which pays for start-up);
+    (availableNow; the steady rate counts the micro-batches after the first, which pays for start-up),
+    first with Spark's default checkpoint file manager, then again with the FileSystem-based one: on a
+    local checkpoint directory without Hadoop's native library, the default forks `readlink` and `chmod`
+    for every offset-log and commit-log file, tens of processes per micro-batch;
+  * Spark alone copies the parquet output to parquet (no Kafka): the parquet sink's share of the cost;
   * the bundled producer sends the same rows (key, value) from one process (the reference writer), and the
     kafka-share sink writes them from Spark (rate over the sink's addBatch time);
   * the driver-side source process's peak RSS is sampled while the source drains N and then 10 x N records
@@ -37,6 +41,11 @@ from tests.integration.share_clients import create_topic, produce, set_group_con
 TOPIC = "bench-spark"
 # librdkafka queues 100k messages by default; a busy broker falls that far behind a bulk produce.
 BIG_QUEUE = {"queue.buffering.max.messages": 10_000_000}
+BREAKDOWN = False
+CHECKPOINT_MANAGER_CONF = "spark.sql.streaming.checkpointFileManagerClass"
+FS_CHECKPOINT_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+EXTRA_OPTIONS: dict[str, str] = {}
+LAST_PROGRESS: list[Any] = []
 
 
 def bare_confluent(bootstrap: str, group: str, total: int) -> float:
@@ -121,6 +130,7 @@ def spark_source(spark: Any, bootstrap: str, topic: str, group: str, total: int,
         .option("group.id", group)
         .option("subscribe", topic)
         .option("maxOffsetsPerTrigger", per_trigger)
+        .options(**EXTRA_OPTIONS)
         .load()
     )
     writer = df.writeStream.format(sink).option("checkpointLocation", f"{tmp}/ckpt-{group}")
@@ -134,9 +144,25 @@ def spark_source(spark: Any, bootstrap: str, topic: str, group: str, total: int,
     rows = sum(p["numInputRows"] for p in progress)
     if rows != total:
         raise RuntimeError(f"Spark read {rows} records, expected {total}")
+    LAST_PROGRESS[:] = progress
     later = progress[1:] or progress
+    if BREAKDOWN:
+        for p in progress:
+            parts = " ".join(f"{k}={v}" for k, v in sorted(p["durationMs"].items()) if v)
+            print(f"    batch {p['batchId']}: {p['numInputRows']} rows  {parts}")
     steady_s = sum(p["durationMs"]["triggerExecution"] for p in later) / 1000
     return sum(p["numInputRows"] for p in later) / steady_s, wall
+
+
+def spark_parquet_copy(spark: Any, src: str, dst: str, total: int) -> float:
+    """Records/s of Spark alone writing the same rows to parquet (a batch copy of the source's parquet
+    output, no Kafka): what Spark's parquet writer allows on this machine. The second of two runs."""
+    rate = 0.0
+    for run in range(2):
+        start = time.perf_counter()
+        spark.read.parquet(src).write.mode("overwrite").parquet(f"{dst}-{run}")
+        rate = total / (time.perf_counter() - start)
+    return rate
 
 
 def bundled_producer(bootstrap: str, topic: str, rows: list[tuple[bytes, bytes]]) -> float:
@@ -186,7 +212,13 @@ def main() -> None:
     parser.add_argument("--per-trigger", type=int, default=100_000, help="maxOffsetsPerTrigger")
     parser.add_argument("--rss-records", type=int, default=100_000, help="N for the RSS check (also 10 x N)")
     parser.add_argument("--source-only", action="store_true", help="only the bare reader and the Spark source")
+    parser.add_argument("--breakdown", action="store_true", help="print each micro-batch's durationMs")
+    parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                        help="an extra kafka-share source option (repeatable), e.g. minPartitions=4")
     args = parser.parse_args()
+    global BREAKDOWN
+    BREAKDOWN = args.breakdown
+    EXTRA_OPTIONS.update(o.split("=", 1) for o in args.option)
 
     with tempfile.TemporaryDirectory() as tmp:
         overrides = [
@@ -202,7 +234,7 @@ def main() -> None:
             for topic in (TOPIC, TOPIC + "-out", "rss-1", "rss-10"):
                 create_topic(bootstrap, topic, 3)
             produce(bootstrap, TOPIC, n, partitions=3, prefix=pad, extra=BIG_QUEUE)
-            for group in ("bare", "noop", "parquet", "rss-1", "rss-10"):
+            for group in ("bare", "noop", "parquet", "noop-fs", "parquet-fs", "rss-1", "rss-10"):
                 set_group_config(bootstrap, group, share_auto_offset_reset="earliest")
             print(f"{n} records, {args.value_bytes}-byte values, 3 partitions, one broker on loopback, local[2], "
                   f"max.record.locks {args.max_record_locks} per partition")
@@ -211,10 +243,21 @@ def main() -> None:
             print(f"  bare confluent ShareConsumer   {bare:>10,.0f} rec/s")
             spark = spark_session()
             try:
-                for sink in ("noop", "parquet"):
-                    steady, wall = spark_source(spark, bootstrap, TOPIC, sink, n, sink, tmp, args.per_trigger)
-                    print(f"  spark source -> {sink:8s}      {steady:>10,.0f} rec/s steady ({n / wall:,.0f} incl. "
+                rates: dict[str, float] = {}
+                for group, sink in (("noop", "noop"), ("parquet", "parquet"), ("noop-fs", "noop"),
+                                    ("parquet-fs", "parquet")):
+                    if group.endswith("-fs"):
+                        spark.conf.set(CHECKPOINT_MANAGER_CONF, FS_CHECKPOINT_MANAGER)
+                    steady, wall = spark_source(spark, bootstrap, TOPIC, group, n, sink, tmp, args.per_trigger)
+                    rates[group] = steady
+                    label = f"{sink}{', FS checkpoints' if group.endswith('-fs') else ''}"
+                    print(f"  spark source -> {label:22s} {steady:>10,.0f} rec/s steady ({n / wall:,.0f} incl. "
                           f"start-up, {wall:.1f} s)   ratio to bare: {steady / bare:.2f}")
+                spark.conf.unset(CHECKPOINT_MANAGER_CONF)
+                copy = spark_parquet_copy(spark, f"{tmp}/out-parquet", f"{tmp}/copy", n)
+                print(f"  spark parquet copy, no Kafka   {copy:>10,.0f} rec/s   (Spark's parquet writer alone; "
+                      f"source -> parquet at {rates['parquet-fs'] / copy:.2f} of it with FS checkpoints, "
+                      f"{rates['parquet'] / copy:.2f} without)")
                 if args.source_only:
                     return
                 rows = [(bytes(r.key), bytes(r.value)) for r in spark.read.parquet(f"{tmp}/out-parquet").collect()]

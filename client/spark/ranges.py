@@ -211,15 +211,28 @@ def _by_bytes(topic: str, partition: int, ranges: list[OffsetRange], max_bytes: 
         yield TaskRanges(topic, partition, tuple(current))
 
 
+def _even_cap(ranges: list[OffsetRange], max_bytes: int) -> int:
+    """The byte cap that cuts a partition's ranges into as few tasks as `max_bytes` allows, of about equal
+    size: a batch of 1.2 x max_bytes becomes two tasks of 0.6, not one full task and a small one, since a
+    micro-batch lasts as long as its largest task. One average offset of slack keeps a rounding sliver from
+    becoming a task of its own."""
+    total = sum(r.size for r in ranges)
+    if total <= max_bytes:
+        return max_bytes
+    tasks = -(-total // max_bytes)
+    count = sum(r.count for r in ranges)
+    return min(max_bytes, -(-total // tasks) + -(-total // count))
+
+
 def plan_tasks(ranges: Mapping[TopicPartition, Iterable[OffsetRange]], max_bytes: int, min_partitions: int = 1) -> list[TaskRanges]:
     """Cut a batch into tasks: each holds ranges of one topic-partition, in offset order, of at most
-    `max_bytes` (unless one offset alone is larger); then, while there are fewer than `min_partitions`
+    `max_bytes` (unless one offset alone is larger), a partition's tasks of about equal size; then, while there are fewer than `min_partitions`
     tasks, the one with the most offsets is halved."""
     tasks: list[TaskRanges] = []
     for (topic, partition), rs in sorted(ranges.items()):
         rs = list(rs)
         if rs:
-            tasks.extend(_by_bytes(topic, partition, rs, max_bytes))
+            tasks.extend(_by_bytes(topic, partition, rs, _even_cap(rs, max_bytes)))
     while len(tasks) < min_partitions and tasks:
         biggest = max(range(len(tasks)), key=lambda i: tasks[i].count)
         halves = _halve(tasks[biggest])

@@ -23,8 +23,10 @@ group own the rest of the partition), and decodes them on the executor straight 
 
 When records are accepted (`acknowledgeMode`):
   * `checkpoint` (default): as soon as the batch's end offset is in Spark's offset log. Spark writes it
-    before it plans the batch, so `partitions(start, end)` is the first call that proves it, and accepts.
-    The locks are free again while the batch runs. A batch Spark replays after a crash (in the offset log,
+    before it plans the batch, so `partitions(start, end)` is the first call that proves it, and accepts
+    (in the background: the tasks need nothing from the broker's answer). The locks are free again while
+    the batch runs, and the driver acquires the next batch meanwhile, so `latestOffset` usually finds it
+    ready; its locks are renewed while it waits (lockRenewIntervalMs). A batch Spark replays after a crash (in the offset log,
     not in the commit log) is read again by offset and gives the same rows, so with an idempotent sink (the
     file sink, for one) the query is exactly-once across driver crashes. If the driver dies between the
     offset log and the ACCEPT, the records return to the group; those that come back to this query are
@@ -45,12 +47,14 @@ kafka.group.id); subscribe (comma-separated topics); acknowledgeMode (checkpoint
 maxOffsetsPerTrigger (records per micro-batch; default: what the group lets one consumer hold in flight);
 maxBytesPerPartition (bytes per task, default 8 MiB); minPartitions (tasks per batch, at least);
 kafkaConsumer.pollTimeoutMs (how long a trigger waits for the first record, default 500); failOnDataLoss
-(default true); includeHeaders (default false); lockRenewIntervalMs (commit mode, default 5000; 0 = never
-renew); kafka.<client config> (security settings and the like). Any other option is an error.
+(default true); includeHeaders (default false); lockRenewIntervalMs (how often held records' locks are
+renewed: a running batch's in commit mode, the next batch's while it waits in checkpoint mode; default 5000;
+0 = never renew); kafka.<client config> (security settings and the like). Any other option is an error.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import signal
 import threading
@@ -333,7 +337,8 @@ class _Batch:
 
 class _Acquisitions:
     """Driver-side state of one query's source: the header-only share consumer, the batches it acquired
-    and has not settled yet (by seq), and, in commit mode, a thread renewing their locks."""
+    and has not settled yet (by seq), in checkpoint mode the next batch acquired ahead (on a worker thread
+    that also sends the ACCEPTs, in order), and a thread renewing the locks of what is held meanwhile."""
 
     def __init__(self, options: SourceOptions, member_id: str, logged: OffsetSet) -> None:
         from shoal.client.consumer.share_consumer import ShareConsumer
@@ -353,6 +358,10 @@ class _Acquisitions:
         )
         self.pending: dict[int, _Batch] = {}
         self.first_fetch = True
+        # One worker, so ACCEPTs and the fetch ahead reach the consumer in the order they were asked for.
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kafka-share-acquire")
+        self._settling: list[concurrent.futures.Future[None]] = []
+        self._ahead: concurrent.futures.Future[list[AcquiredRange]] | None = None
         self._admin: Admin | None = None
         self._pruned_at = 0.0
         # Spark calls us on one thread; the lock is for the renewal thread.
@@ -363,7 +372,7 @@ class _Acquisitions:
         except BaseException:
             self.consumer.close()
             raise
-        if not self.checkpoint and options.lock_renew_interval_ms > 0:
+        if options.lock_renew_interval_ms > 0:
             threading.Thread(target=self._renew_loop, name="kafka-share-renew", daemon=True).start()
 
     def fetch(self, max_rows: int, *, wait_for_assignment: bool) -> list[AcquiredRange]:
@@ -385,6 +394,25 @@ class _Acquisitions:
                 count += sum(r.count for r in ranges)
                 timeout = _TOP_UP_POLL_S
         return got
+
+    def fetch_ahead(self, max_rows: int, *, wait_for_assignment: bool) -> None:
+        """Start acquiring the next batch now, while the current one runs (checkpoint mode)."""
+        if self._ahead is None:
+            self._ahead = self._worker.submit(self.fetch, max_rows, wait_for_assignment=wait_for_assignment)
+
+    def take_ahead(self) -> list[AcquiredRange] | None:
+        """What the fetch ahead acquired (None if none was started), once it and every ACCEPT asked for
+        before it are done."""
+        ahead, self._ahead = self._ahead, None
+        self.wait_settled()
+        return None if ahead is None else ahead.result()
+
+    def wait_settled(self) -> None:
+        """Wait for the ACCEPTs sent in the background: the offsets whose ACCEPT failed must be known before
+        the next end offset is made (it carries them)."""
+        settling, self._settling = self._settling, []
+        for future in settling:
+            future.result()
 
     def add(self, seq: int, offset_of: Any, acquired: list[AcquiredRange]) -> _Batch | None:
         """Make batch `seq` of what was acquired, minus offsets already in the offset log (redelivered
@@ -422,8 +450,9 @@ class _Acquisitions:
         with self._lock:
             return self.pending.get(seq)
 
-    def settle(self, through_seq: int, kind: str) -> None:
-        """ACCEPT or RELEASE every pending batch up to `through_seq`; repeating it is harmless."""
+    def settle(self, through_seq: int, kind: str, *, background: bool = False) -> None:
+        """ACCEPT or RELEASE every pending batch up to `through_seq`; repeating it is harmless. In the
+        background, the worker sends it (before any fetch asked for later); see wait_settled."""
         with self._lock:
             done = sorted(s for s in self.pending if s <= through_seq)
             batches = [self.pending.pop(s) for s in done]
@@ -434,7 +463,11 @@ class _Acquisitions:
         for b in batches:
             for tp, rs in b.ranges.items():
                 ranges.setdefault(tp, []).extend(rs)
-        self._settle_ranges(acquired, kind, ranges, [r for b in batches for r in b.redelivered])
+        redelivered = [r for b in batches for r in b.redelivered]
+        if background:
+            self._settling.append(self._worker.submit(self._settle_ranges, acquired, kind, ranges, redelivered))
+        else:
+            self._settle_ranges(acquired, kind, ranges, redelivered)
 
     def _settle_ranges(
         self,
@@ -446,7 +479,15 @@ class _Acquisitions:
         with self._lock:
             for rng in acquired:
                 self.consumer.acknowledge_range(rng, kind)
-            failed = {tp: err for tp, err in self.consumer.commit_sync().items() if err is not None}
+            try:
+                failed: dict[tuple[str, int], object] = {
+                    tp: err for tp, err in self.consumer.commit_sync().items() if err is not None
+                }
+            except Exception as exc:
+                if not self.checkpoint or kind != "accept":
+                    raise
+                # The batch is in the offset log either way: if the records come back, they are dropped.
+                failed = {(r.topic, r.partition): exc for r in acquired}
         if failed:
             # The broker gave them to someone else (lock expired, member fenced) or the session is gone.
             log.warning("could not %s the records of %d ranges: %s", kind, len(acquired), failed)
@@ -479,6 +520,16 @@ class _Acquisitions:
             if o.error is None and o.start_offset >= 0:
                 self.logged.remove_below(tp, o.start_offset)
 
+    def _held(self) -> list[AcquiredRange]:
+        """Acquired ranges waiting on a micro-batch: commit mode, the running batch's; checkpoint mode, the
+        batch fetched ahead (the running one is accepted already)."""
+        if not self.checkpoint:
+            return [rng for batch in self.pending.values() for rng in batch.acquired]
+        ahead = self._ahead
+        if ahead is None or not ahead.done() or ahead.exception() is not None:
+            return []
+        return ahead.result()
+
     def _renew_loop(self) -> None:
         from shoal.client.errors import UnsupportedVersionError
 
@@ -487,11 +538,11 @@ class _Acquisitions:
         while not self._closing.wait(interval):
             try:
                 with self._lock:
-                    if not self.pending:
+                    held = self._held()
+                    if not held:
                         continue
-                    for batch in self.pending.values():
-                        for rng in batch.acquired:
-                            self.consumer.acknowledge_range(rng, "renew")
+                    for rng in held:
+                        self.consumer.acknowledge_range(rng, "renew")
                     failed = {tp: e for tp, e in self.consumer.commit_sync().items() if e is not None}
                 if any(isinstance(e, UnsupportedVersionError) for e in failed.values()):
                     log.warning("the broker cannot RENEW acquisition locks; long batches may be redelivered")
@@ -506,6 +557,9 @@ class _Acquisitions:
     def close(self) -> None:
         self._closing.set()
         try:
+            # Finish what the worker has under way (an ACCEPT must not be cut off half-sent); records fetched
+            # ahead are in no offset, and the consumer's close releases them.
+            self._worker.shutdown(wait=True)
             if self.pending:
                 # Commit mode: whether the newest batch reached the commit log is unknown here (Spark stops
                 # us without saying); releasing risks a duplicate, accepting would risk a loss. Checkpoint
@@ -532,6 +586,7 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._member_id: str | None = None
         self._logged = OffsetSet()
         self._seeded = False
+        self._max_rows: int | None = None  # the last trigger's record limit, for the batch fetched ahead
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -587,6 +642,9 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 offset["logged"] = self._logged.to_json()
         return offset
 
+    def _wait_for_assignment(self, acq: _Acquisitions) -> bool:
+        return self._available_now or acq.first_fetch
+
     def initialOffset(self) -> dict[str, Any]:
         return self._offset(0)
 
@@ -609,12 +667,17 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if again is not None:
             # Asked again for the same start: the batch we planned then is still the answer.
             return again.offset
-        acq.prune_logged()
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else _UNLIMITED_TRIGGER_CAP
+        self._max_rows = max_rows
+        acquired_ahead = acq.take_ahead()
+        acq.prune_logged()
         while True:
             # A new consumer's first fetch waits for its assignment: otherwise the query's first trigger is
             # empty (and under availableNow, an empty trigger ends the query).
-            acquired = acq.fetch(max_rows, wait_for_assignment=self._available_now or acq.first_fetch)
+            if acquired_ahead is not None:
+                acquired, acquired_ahead = acquired_ahead, None
+            else:
+                acquired = acq.fetch(max_rows, wait_for_assignment=self._wait_for_assignment(acq))
             if not acquired:
                 return start
             batch = acq.add(seq + 1, lambda ranges: self._offset(seq + 1, ranges), acquired)
@@ -635,8 +698,11 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return []
         if pending is not None and checkpoint and self._acq is not None:
             # Spark wrote `end` to its offset log before asking for the batch's partitions: the batch can be
-            # replayed from there, so its records are ours to accept.
-            self._acq.settle(last, "accept")
+            # replayed from there, so its records are ours to accept. Then the next batch is acquired
+            # while this one runs.
+            self._acq.settle(last, "accept", background=True)
+            if self._max_rows is not None:
+                self._acq.fetch_ahead(self._max_rows, wait_for_assignment=self._wait_for_assignment(self._acq))
         ranges = ranges_from_json(end.get("ranges"))
         tasks = plan_tasks(ranges, self.options.max_bytes_per_partition, self.options.min_partitions)
         return [

@@ -55,8 +55,11 @@ def spark() -> Iterator[SparkSession]:
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    # Importing the module registers "kafka-share" in the active session.
-    import shoal.client.spark.source  # noqa: F401
+    # Registered explicitly: the module's import-time registration does nothing if another test
+    # imported it before this session existed.
+    from shoal.client.spark.source import register
+
+    register(session)
 
     yield session
     session.stop()

@@ -123,6 +123,16 @@ def test_planning_covers_each_offset_once_in_order_within_the_byte_cap(
     assert len(tasks) >= min(min_partitions, offsets)
 
 
+def test_planning_cuts_a_partition_into_even_tasks() -> None:
+    # 100k offsets of ~107 bytes in gappy ranges: 1.28 x the cap is two tasks of about half each, not a
+    # full task and a small one.
+    ranges = [OffsetRange(first, first + 9_999, 1, 1_070_000) for first in range(0, 200_000, 20_000)]
+    tasks = plan_tasks({("t", 0): ranges}, 8 * 1024 * 1024)
+    assert len(tasks) == 2
+    assert abs(tasks[0].count - tasks[1].count) <= 100
+    assert all(t.size <= 8 * 1024 * 1024 for t in tasks)
+
+
 @given(ranges_strategy)
 def test_ranges_survive_the_offset_log(spec: list[tuple[int, int, int, int]]) -> None:
     batch = _batch(spec)

@@ -366,3 +366,45 @@ def test_records_back_from_the_offset_log_are_accepted_and_dropped(broker: Broke
     with Admin(broker.bootstrap) as admin:
         offsets = admin.list_share_group_offsets(group, [topic])
     assert offsets[(topic, 0)].start_offset == 100 and offsets[(topic, 0)].lag == 0
+
+
+def test_the_batch_acquired_ahead_keeps_its_locks_while_the_current_batch_runs(broker: BrokerProcess) -> None:
+    """Checkpoint mode acquires the next batch as soon as the current one is planned. Those records wait
+    for the next trigger however long the current batch runs: their locks are renewed meanwhile, so another
+    consumer of the group never gets them, and they are still this query's to accept."""
+    from confluent_kafka import ShareConsumer
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from shoal.client.spark.source import KafkaShareStreamReader, SourceOptions
+
+    topic, group = "spark-ahead", "spark-ahead-group"
+    _prepare(broker, topic, group, 1)
+    set_group_config(broker.bootstrap, group, share_record_lock_duration_ms="1000")
+    produce(broker.bootstrap, topic, 80)
+    options = SourceOptions.parse({
+        "kafka.bootstrap.servers": broker.bootstrap, "group.id": group, "subscribe": topic,
+        "lockRenewIntervalMs": "250",
+    })
+    reader = KafkaShareStreamReader(options)
+    other = ShareConsumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+    try:
+        start = reader.initialOffset()
+        first = reader.latestOffset(start, ReadMaxRows(40))
+        assert reader.partitions(start, first)  # logged: accepted, and offsets 40..79 are acquired ahead
+        # While the "current batch" runs for three lock durations, another member of the group polls.
+        other.subscribe([topic])
+        taken: list[int] = []
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            taken += [m.offset() for m in other.poll(0.2) if not m.error()]
+        assert taken == []
+        second = reader.latestOffset(first, ReadMaxRows(40))
+        assert second["ranges"] == {topic: {"0": [[40, 79, 1, second["ranges"][topic]["0"][0][3]]]}}
+        reader.partitions(first, second)
+        assert reader.latestOffset(second, ReadMaxRows(40)) == second  # drained
+    finally:
+        other.close()
+        reader.stop()
+    with Admin(broker.bootstrap) as admin:
+        offsets = admin.list_share_group_offsets(group, [topic])
+    assert offsets[(topic, 0)].start_offset == 80 and offsets[(topic, 0)].lag == 0
