@@ -24,10 +24,21 @@ if TYPE_CHECKING:
 
     from pyspark.sql import DataFrame, SparkSession
 
+    from shoal.client.spark.source import SourceOptions
+
 
 def _prepare(broker: BrokerProcess, topic: str, group: str, partitions: int) -> None:
     create_topic(broker.bootstrap, topic, partitions)
     set_group_config(broker.bootstrap, group, share_auto_offset_reset="earliest")
+
+
+def _one_partition_of(broker: BrokerProcess, topic: str, group: str, records: int) -> SourceOptions:
+    """Source options for `group` reading a new one-partition topic holding `records` records."""
+    from shoal.client.spark.source import SourceOptions
+
+    _prepare(broker, topic, group, 1)
+    produce(broker.bootstrap, topic, records)
+    return SourceOptions.parse({"kafka.bootstrap.servers": broker.bootstrap, "group.id": group, "subscribe": topic})
 
 
 def _rows(spark: SparkSession, table: str) -> list[tuple[int, int]]:
@@ -341,12 +352,10 @@ def test_records_back_from_the_offset_log_are_accepted_and_dropped(broker: Broke
     restarted query replays the batch by offset and must not emit those records a second time."""
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
-    from shoal.client.spark.source import KafkaShareStreamReader, SourceOptions
+    from shoal.client.spark.source import KafkaShareStreamReader
 
     topic, group = "spark-dedup", "spark-dedup-group"
-    _prepare(broker, topic, group, 1)
-    produce(broker.bootstrap, topic, 100)
-    options = SourceOptions.parse({"kafka.bootstrap.servers": broker.bootstrap, "group.id": group, "subscribe": topic})
+    options = _one_partition_of(broker, topic, group, 100)
 
     first = KafkaShareStreamReader(options)
     start = first.initialOffset()
@@ -363,9 +372,7 @@ def test_records_back_from_the_offset_log_are_accepted_and_dropped(broker: Broke
     assert "logged" not in following  # the dropped records' ACCEPT is confirmed: nothing left to watch for
     restarted.partitions(logged, following)  # in the offset log now: accepted
     restarted.stop()
-    with Admin(broker.bootstrap) as admin:
-        offsets = admin.list_share_group_offsets(group, [topic])
-    assert offsets[(topic, 0)].start_offset == 100 and offsets[(topic, 0)].lag == 0
+    _assert_all_accepted(broker, group, topic, 100)
 
 
 def test_the_batch_acquired_ahead_keeps_its_locks_while_the_current_batch_runs(broker: BrokerProcess) -> None:
@@ -405,9 +412,13 @@ def test_the_batch_acquired_ahead_keeps_its_locks_while_the_current_batch_runs(b
     finally:
         other.close()
         reader.stop()
+    _assert_all_accepted(broker, group, topic, 80)
+
+
+def _assert_all_accepted(broker: BrokerProcess, group: str, topic: str, records: int) -> None:
     with Admin(broker.bootstrap) as admin:
         offsets = admin.list_share_group_offsets(group, [topic])
-    assert offsets[(topic, 0)].start_offset == 80 and offsets[(topic, 0)].lag == 0
+    assert offsets[(topic, 0)].start_offset == records and offsets[(topic, 0)].lag == 0
 
 
 def _offsets_of(offset: dict[str, Any], topic: str) -> list[int]:
@@ -443,9 +454,7 @@ def test_a_journaled_batch_holds_more_than_the_in_flight_limit(broker: BrokerPro
     finally:
         reader.stop()
     assert sorted(o for b in batches for o in _offsets_of(b, topic)) == list(range(1000))
-    with Admin(broker.bootstrap) as admin:
-        offsets = admin.list_share_group_offsets(group, [topic])
-    assert offsets[(topic, 0)].start_offset == 1000 and offsets[(topic, 0)].lag == 0
+    _assert_all_accepted(broker, group, topic, 1000)
 
 
 def test_a_batch_journaled_but_never_logged_is_the_next_batch_after_a_restart(broker: BrokerProcess) -> None:
@@ -454,12 +463,10 @@ def test_a_batch_journaled_but_never_logged_is_the_next_batch_after_a_restart(br
     logged offset) finds batch 2 in the journal and reads exactly those offsets as its next batch."""
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
-    from shoal.client.spark.source import KafkaShareStreamReader, RangeTask, SourceOptions
+    from shoal.client.spark.source import KafkaShareStreamReader, RangeTask
 
     topic, group = "spark-journal-restart", "spark-journal-restart-group"
-    _prepare(broker, topic, group, 1)
-    produce(broker.bootstrap, topic, 100)
-    options = SourceOptions.parse({"kafka.bootstrap.servers": broker.bootstrap, "group.id": group, "subscribe": topic})
+    options = _one_partition_of(broker, topic, group, 100)
 
     first_run = KafkaShareStreamReader(options)
     start = first_run.initialOffset()
@@ -477,6 +484,4 @@ def test_a_batch_journaled_but_never_logged_is_the_next_batch_after_a_restart(br
     assert _offsets_of(following, topic) == list(range(80, 100))  # nothing of 0..79 comes again
     restarted.partitions(recovered, following)
     restarted.stop()
-    with Admin(broker.bootstrap) as admin:
-        offsets = admin.list_share_group_offsets(group, [topic])
-    assert offsets[(topic, 0)].start_offset == 100 and offsets[(topic, 0)].lag == 0
+    _assert_all_accepted(broker, group, topic, 100)
