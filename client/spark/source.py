@@ -416,8 +416,13 @@ class _Acquisitions:
         if options.lock_renew_interval_ms > 0:
             threading.Thread(target=self._renew_loop, name="kafka-share-renew", daemon=True).start()
 
-    def fetch(self, max_rows: int, *, wait_for_assignment: bool) -> list[AcquiredRange]:
-        timeout = self.options.poll_timeout_ms / 1000
+    def fetch(
+        self, max_rows: int, *, wait_for_assignment: bool, timeout: float | None = None, single: bool = False
+    ) -> list[AcquiredRange]:
+        """Acquire up to `max_rows`: one poll that waits up to `timeout` (default pollTimeoutMs) for the
+        first records, then, unless `single`, short polls for what is there already."""
+        if timeout is None:
+            timeout = self.options.poll_timeout_ms / 1000
         # Right after joining, the first fetch may come before the assignment: wait for it rather than
         # report "no data".
         assign_by = time.monotonic() + _ASSIGNMENT_WAIT_S if wait_for_assignment else 0.0
@@ -433,6 +438,8 @@ class _Acquisitions:
                     break
                 got.extend(ranges)
                 count += sum(r.count for r in ranges)
+                if single:
+                    break
                 timeout = _TOP_UP_POLL_S
         return got
 
@@ -468,7 +475,12 @@ class _Acquisitions:
         count = 0
         got_any = False
         while count < max_rows:
-            acquired = self.fetch(max_rows - count, wait_for_assignment=wait_for_assignment and not got_any)
+            # One poll a round: at the in-flight limit more polls would only wait; after the ACCEPT below,
+            # the next round's poll finds the records at once.
+            acquired = self.fetch(
+                max_rows - count, wait_for_assignment=wait_for_assignment and not got_any,
+                timeout=_TOP_UP_POLL_S if got_any else None, single=True,
+            )
             if not acquired:
                 break
             got_any = True
