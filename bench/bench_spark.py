@@ -14,10 +14,12 @@ N records (100-byte values) are produced once to a 3-partition topic. Then, each
     (its own topics, same maxOffsetsPerTrigger): acquisition holds offsets, never payloads, so it should
     not grow with N.
 
-The group's in-flight limit caps a checkpoint-mode micro-batch too (records stay acquired from the fetch
-until the batch is in the offset log); --max-record-locks raises group.share.partition.max.record.locks.
+--max-record-locks sets the broker's group.share.partition.max.record.locks (default 10000, the most
+Kafka allows; Kafka's default is 2000). Without the acquisition journal (--option journalTopic=none) a
+checkpoint-mode micro-batch holds no more than that per partition; with it, the limit only sets how many
+records one acquisition round takes.
 
-Usage: python bench/bench_spark.py [--records 300000] [--per-trigger 100000] [--max-record-locks 100000]
+Usage: python bench/bench_spark.py [--records 300000] [--per-trigger 100000] [--max-record-locks 10000]
                                    [--rss-records 100000] [--source-only]
 """
 
@@ -208,7 +210,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--value-bytes", type=int, default=100)
-    parser.add_argument("--max-record-locks", type=int, default=100_000)
+    parser.add_argument("--max-record-locks", type=int, default=10_000)
     parser.add_argument("--per-trigger", type=int, default=100_000, help="maxOffsetsPerTrigger")
     parser.add_argument("--rss-records", type=int, default=100_000, help="N for the RSS check (also 10 x N)")
     parser.add_argument("--source-only", action="store_true", help="only the bare reader and the Spark source")

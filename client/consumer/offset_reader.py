@@ -69,6 +69,12 @@ class AsyncOffsetReader(AsyncAdmin):
             raise listed.error
         return listed.offset
 
+    async def log_end_offset(self, topic: str, partition: int) -> int:
+        listed = (await self.list_offsets({(topic, partition): "latest"}))[(topic, partition)]
+        if listed.error is not None:
+            raise listed.error
+        return listed.offset
+
     async def _leader(self, topic: str, partition: int, *, refresh: bool = False) -> int:
         if refresh or self.cluster.leader(topic, partition) < 0:
             await self.cluster.refresh_metadata([topic])
@@ -203,6 +209,9 @@ class OffsetReader:
 
     def log_start_offset(self, topic: str, partition: int) -> int:
         return self._thread.run(self._reader.log_start_offset(topic, partition))
+
+    def log_end_offset(self, topic: str, partition: int) -> int:
+        return self._thread.run(self._reader.log_end_offset(topic, partition))
 
     def close(self) -> None:
         try:

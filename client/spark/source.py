@@ -22,17 +22,22 @@ group own the rest of the partition), and decodes them on the executor straight 
 (record_columns), one Arrow batch per fetch, with the next fetch under way meanwhile.
 
 When records are accepted (`acknowledgeMode`):
-  * `checkpoint` (default): as soon as the batch's end offset is in Spark's offset log. Spark writes it
-    before it plans the batch, so `partitions(start, end)` is the first call that proves it, and accepts
-    (in the background: the tasks need nothing from the broker's answer). The locks are free again while
-    the batch runs, and the driver acquires the next batch meanwhile, so `latestOffset` usually finds it
-    ready; its locks are renewed while it waits (lockRenewIntervalMs). A batch Spark replays after a crash (in the offset log,
-    not in the commit log) is read again by offset and gives the same rows, so with an idempotent sink (the
-    file sink, for one) the query is exactly-once across driver crashes. If the driver dies between the
-    offset log and the ACCEPT, the records return to the group; those that come back to this query are
-    checked against the ranges its offset log holds, accepted and dropped. (Any that go to another member
-    of the group are processed there too.) A range that retention or DeleteRecords removed before a
-    replay could read it fails the query (failOnDataLoss=true, the default) or is skipped with a warning.
+  * `checkpoint` (default): once the batch is replayable. Batch 1 is accepted as soon as its end offset is
+    in Spark's offset log: Spark writes it before it plans the batch, so `partitions(start, end)` is the
+    first call that proves it. From batch 2 on, the acquisition journal (journal.py; option journalTopic)
+    makes each acquisition round durable first and then accepts it, so a batch is not capped by the
+    group's in-flight limit (`share.partition.max.record.locks` per partition); a batch journaled but not
+    in the offset log when the driver died is the restarted query's next batch. With journalTopic=none,
+    every batch is accepted from `partitions` (in the background) and holds at most the in-flight limit.
+    Either way the driver acquires the next batch while the current one runs, so `latestOffset` usually
+    finds it ready (locks still held then are renewed, lockRenewIntervalMs). A batch Spark replays after a
+    crash (in the offset log, not in the commit log) is read again by offset and gives the same rows, so
+    with an idempotent sink (the file sink, for one) the query is exactly-once across driver crashes. If the
+    driver dies between making a batch replayable and its ACCEPT, the records return to the group; those
+    that come back to this query are checked against the ranges it logged, accepted and dropped. (Any that
+    go to another member of the group are processed there too.) A range that retention or DeleteRecords
+    removed before a replay could read it fails the query (failOnDataLoss=true, the default) or is skipped
+    with a warning.
   * `commit`: after the batch is in Spark's commit log, i.e. after the sink has it: Spark asks for the next
     batch's end (`latestOffset`) only then, so that is where the accept goes. Records of a batch that never
     commits (crash, failure, stop) go back to the group for any consumer; a replayed batch is empty.
@@ -44,12 +49,15 @@ checkpoint (or copies of it) at once.
 
 Options (Spark's Kafka names where they mean the same): kafka.bootstrap.servers; group.id (or
 kafka.group.id); subscribe (comma-separated topics); acknowledgeMode (checkpoint | commit);
-maxOffsetsPerTrigger (records per micro-batch; default: what the group lets one consumer hold in flight);
+maxOffsetsPerTrigger (records per micro-batch; default: up to 1,000,000, or what the group lets one
+consumer hold in flight without the journal);
 maxBytesPerPartition (bytes per task, default 8 MiB); minPartitions (tasks per batch, at least);
 kafkaConsumer.pollTimeoutMs (how long a trigger waits for the first record, default 500); failOnDataLoss
 (default true); includeHeaders (default false); lockRenewIntervalMs (how often held records' locks are
 renewed: a running batch's in commit mode, the next batch's while it waits in checkpoint mode; default 5000;
-0 = never renew); kafka.<client config> (security settings and the like). Any other option is an error.
+0 = never renew); journalTopic (checkpoint mode: the compacted topic of the acquisition journal, created
+if missing, default kafka-share-journal; none = no journal); kafka.<client config> (security settings and
+the like). Any other option is an error.
 """
 
 from __future__ import annotations
@@ -59,7 +67,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +85,13 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from shoal.client.spark.journal import (
+    DEFAULT_JOURNAL_TOPIC,
+    DISABLED,
+    AcquisitionJournal,
+    JournaledBatch,
+    journal_key,
+)
 from shoal.client.spark.options import (
     SparkOptionError,
     bool_option,
@@ -138,6 +153,7 @@ SOURCE_OPTIONS = (
     "failOnDataLoss",
     "includeHeaders",
     "lockRenewIntervalMs",
+    "journalTopic",
     # Spark Kafka options that a share group cannot honour; each gets its own explanation.
     "assign",
     "subscribePattern",
@@ -151,6 +167,15 @@ def _first_int(options: Mapping[str, str], names: tuple[str, ...], default: int,
         if options.get(name.lower()) not in (None, ""):
             return int_option(options, name, default, minimum=minimum)
     return default
+
+
+def _journal_topic(options: Mapping[str, str]) -> str | None:
+    topic = options.get("journaltopic", DEFAULT_JOURNAL_TOPIC).strip()
+    if topic.lower() == DISABLED:
+        return None
+    if not topic:
+        raise SparkOptionError(f"option 'journalTopic' names a topic, or is '{DISABLED}'")
+    return topic
 
 
 @dataclass(frozen=True)
@@ -167,6 +192,7 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     include_headers: bool = False
     lock_renew_interval_ms: int = DEFAULT_LOCK_RENEW_INTERVAL_MS
+    journal_topic: str | None = DEFAULT_JOURNAL_TOPIC
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> SourceOptions:
@@ -205,6 +231,7 @@ class SourceOptions:
             lock_renew_interval_ms=int_option(
                 options, "lockRenewIntervalMs", DEFAULT_LOCK_RENEW_INTERVAL_MS, minimum=0
             ),
+            journal_topic=_journal_topic(options),
         )
 
     def schema(self) -> str:
@@ -327,6 +354,9 @@ def _exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _raise_exit)
 
 
+OffsetOf = Callable[[BatchRanges], dict[str, Any]]
+
+
 @dataclass
 class _Batch:
     offset: dict[str, Any]  # the end offset handed to Spark
@@ -346,6 +376,15 @@ class _Acquisitions:
         self.options = options
         self.logged = logged
         self.checkpoint = options.acknowledge_mode == CHECKPOINT
+        self.journal: AcquisitionJournal | None = None
+        self.recovered: JournaledBatch | None = None
+        if self.checkpoint and options.journal_topic is not None:
+            self.journal = AcquisitionJournal(
+                options.bootstrap_servers, options.journal_topic, journal_key(options.group_id, member_id),
+                options.client_config,
+            )
+            # A batch journaled (and accepted) by an earlier run of this query that Spark never logged.
+            self.recovered = self.journal.newest()
         self.consumer = ShareConsumer(
             options.bootstrap_servers,
             options.group_id,
@@ -361,7 +400,7 @@ class _Acquisitions:
         # One worker, so ACCEPTs and the fetch ahead reach the consumer in the order they were asked for.
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kafka-share-acquire")
         self._settling: list[concurrent.futures.Future[None]] = []
-        self._ahead: concurrent.futures.Future[list[AcquiredRange]] | None = None
+        self._ahead: concurrent.futures.Future[_Batch | None] | None = None
         self._admin: Admin | None = None
         self._pruned_at = 0.0
         # Spark calls us on one thread; the lock is for the renewal thread.
@@ -371,12 +410,19 @@ class _Acquisitions:
             self.consumer.subscribe(list(options.topics))
         except BaseException:
             self.consumer.close()
+            if self.journal is not None:
+                self.journal.close()
             raise
         if options.lock_renew_interval_ms > 0:
             threading.Thread(target=self._renew_loop, name="kafka-share-renew", daemon=True).start()
 
-    def fetch(self, max_rows: int, *, wait_for_assignment: bool) -> list[AcquiredRange]:
-        timeout = self.options.poll_timeout_ms / 1000
+    def fetch(
+        self, max_rows: int, *, wait_for_assignment: bool, timeout: float | None = None, single: bool = False
+    ) -> list[AcquiredRange]:
+        """Acquire up to `max_rows`: one poll that waits up to `timeout` (default pollTimeoutMs) for the
+        first records, then, unless `single`, short polls for what is there already."""
+        if timeout is None:
+            timeout = self.options.poll_timeout_ms / 1000
         # Right after joining, the first fetch may come before the assignment: wait for it rather than
         # report "no data".
         assign_by = time.monotonic() + _ASSIGNMENT_WAIT_S if wait_for_assignment else 0.0
@@ -392,20 +438,92 @@ class _Acquisitions:
                     break
                 got.extend(ranges)
                 count += sum(r.count for r in ranges)
+                if single:
+                    break
                 timeout = _TOP_UP_POLL_S
         return got
 
-    def fetch_ahead(self, max_rows: int, *, wait_for_assignment: bool) -> None:
-        """Start acquiring the next batch now, while the current one runs (checkpoint mode)."""
-        if self._ahead is None:
-            self._ahead = self._worker.submit(self.fetch, max_rows, wait_for_assignment=wait_for_assignment)
+    def acquire(self, seq: int, max_rows: int, offset_of: OffsetOf, *, wait_for_assignment: bool) -> _Batch | None:
+        """Acquire batch `seq` (None: nothing to acquire now). Offsets already in the offset log that come
+        back are accepted and dropped; if that is all that came, fetch again."""
+        while True:
+            # Batch 1 is never journaled: until Spark has logged an offset of this query, its member id
+            # (the journal key) is not durable, and a restarted query could not find its entry.
+            if self.journal is not None and seq >= 2:
+                ranges = self._acquire_journaled(seq, max_rows, wait_for_assignment=wait_for_assignment)
+                if ranges is None:
+                    return None
+                if not ranges:
+                    continue
+                batch = _Batch(offset_of(ranges), [], ranges, [])
+                with self._lock:
+                    self.pending[seq] = batch
+                return batch
+            acquired = self.fetch(max_rows, wait_for_assignment=wait_for_assignment)
+            if not acquired:
+                return None
+            made = self.add(seq, offset_of, acquired)
+            if made is not None:
+                return made
 
-    def take_ahead(self) -> list[AcquiredRange] | None:
-        """What the fetch ahead acquired (None if none was started), once it and every ACCEPT asked for
+    def _acquire_journaled(self, seq: int, max_rows: int, *, wait_for_assignment: bool) -> BatchRanges | None:
+        """Acquire in rounds until `max_rows` or nothing more comes: each round's new ranges are journaled
+        (with the rounds before, as batch `seq`) and then the round is accepted, so its locks are free for
+        the next round. None if nothing came at all."""
+        assert self.journal is not None
+        ranges: BatchRanges = {}
+        count = 0
+        got_any = False
+        while count < max_rows:
+            # One poll a round: at the in-flight limit more polls would only wait; after the ACCEPT below,
+            # the next round's poll finds the records at once.
+            acquired = self.fetch(
+                max_rows - count, wait_for_assignment=wait_for_assignment and not got_any,
+                timeout=_TOP_UP_POLL_S if got_any else None, single=True,
+            )
+            if not acquired:
+                break
+            got_any = True
+            count += sum(r.count for r in acquired)
+            new, redelivered = self._split_logged(acquired)
+            for tp, rs in new.items():
+                ranges.setdefault(tp, []).extend(rs)
+            if new:
+                self.journal.append(seq, ranges)
+            # In the journal now (or only offsets already logged): ours to accept. An ACCEPT that fails
+            # leaves the new offsets in `logged`, so that if they come back they are dropped.
+            self._settle_ranges(acquired, "accept", new, redelivered)
+        return ranges if got_any else None
+
+    def fetch_ahead(self, seq: int, max_rows: int, offset_of: OffsetOf, *, wait_for_assignment: bool) -> None:
+        """Start acquiring batch `seq` now, while the current one runs (checkpoint mode)."""
+        if self._ahead is None:
+            self._ahead = self._worker.submit(
+                self.acquire, seq, max_rows, offset_of, wait_for_assignment=wait_for_assignment
+            )
+
+    def take_ahead(self) -> tuple[bool, _Batch | None]:
+        """(whether a fetch ahead was started, the batch it acquired), once it and every ACCEPT asked for
         before it are done."""
         ahead, self._ahead = self._ahead, None
         self.wait_settled()
-        return None if ahead is None else ahead.result()
+        return (False, None) if ahead is None else (True, ahead.result())
+
+    def take_recovered(self, seq: int, offset_of: OffsetOf) -> _Batch | None:
+        """The journaled batch `seq` that an earlier run accepted (or began to) but Spark never logged: it
+        becomes this batch, read by offset. Its records may still come back to the group: they are watched
+        for, like the offset log's."""
+        recovered, self.recovered = self.recovered, None
+        if recovered is None or recovered.seq != seq or not recovered.ranges:
+            return None
+        log.info("batch %d was journaled but not in the offset log: it is the next batch", seq)
+        for tp, rs in recovered.ranges.items():
+            for r in rs:
+                self.logged.add(tp, r.first, r.last)
+        batch = _Batch(offset_of(recovered.ranges), [], recovered.ranges, [])
+        with self._lock:
+            self.pending[seq] = batch
+        return batch
 
     def wait_settled(self) -> None:
         """Wait for the ACCEPTs sent in the background: the offsets whose ACCEPT failed must be known before
@@ -414,7 +532,30 @@ class _Acquisitions:
         for future in settling:
             future.result()
 
-    def add(self, seq: int, offset_of: Any, acquired: list[AcquiredRange]) -> _Batch | None:
+    def _split_logged(
+        self, acquired: list[AcquiredRange]
+    ) -> tuple[BatchRanges, list[tuple[tuple[str, int], int, int]]]:
+        """The acquired offsets as ranges to read, and the pieces already in the offset log (to drop)."""
+        ranges: BatchRanges = {}
+        logged: list[tuple[tuple[str, int], int, int]] = []
+        for rng in acquired:
+            pieces, new = self._split_range(rng)
+            logged.extend(pieces)
+            if new:
+                ranges.setdefault((rng.topic, rng.partition), []).extend(new)
+        if logged:
+            log.info("dropping redelivered offsets already in the offset log: %s", logged[:5])
+        return ranges, logged
+
+    def _split_range(self, rng: AcquiredRange) -> tuple[list[tuple[tuple[str, int], int, int]], list[OffsetRange]]:
+        """The pieces of `rng` already in the offset log, and the rest as ranges (size pro rata)."""
+        tp = (rng.topic, rng.partition)
+        inside, outside = self.logged.split(tp, rng.first_offset, rng.last_offset)
+        return [(tp, lo, hi) for lo, hi in inside], [
+            OffsetRange(lo, hi, rng.delivery_count, rng.size * (hi - lo + 1) // rng.count) for lo, hi in outside
+        ]
+
+    def add(self, seq: int, offset_of: OffsetOf, acquired: list[AcquiredRange]) -> _Batch | None:
         """Make batch `seq` of what was acquired, minus offsets already in the offset log (redelivered
         after a crash: they are accepted and dropped). None if nothing new is left."""
         ranges: BatchRanges = {}
@@ -423,18 +564,14 @@ class _Acquisitions:
         accept_now: list[AcquiredRange] = []
         accept_now_pieces: list[tuple[tuple[str, int], int, int]] = []
         for rng in acquired:
-            tp = (rng.topic, rng.partition)
-            inside, outside = self.logged.split(tp, rng.first_offset, rng.last_offset)
-            pieces = [(tp, lo, hi) for lo, hi in inside]
-            if not outside:
+            pieces, new = self._split_range(rng)
+            if not new:
                 accept_now.append(rng)
                 accept_now_pieces.extend(pieces)
                 continue
             kept.append(rng)
             redelivered.extend(pieces)
-            for lo, hi in outside:
-                size = rng.size * (hi - lo + 1) // rng.count
-                ranges.setdefault(tp, []).append(OffsetRange(lo, hi, rng.delivery_count, size))
+            ranges.setdefault((rng.topic, rng.partition), []).extend(new)
         if redelivered or accept_now_pieces:
             log.info("dropping redelivered offsets already in the offset log: %s", (redelivered + accept_now_pieces)[:5])
         if accept_now:
@@ -528,7 +665,8 @@ class _Acquisitions:
         ahead = self._ahead
         if ahead is None or not ahead.done() or ahead.exception() is not None:
             return []
-        return ahead.result()
+        batch = ahead.result()
+        return [] if batch is None else batch.acquired
 
     def _renew_loop(self) -> None:
         from shoal.client.errors import UnsupportedVersionError
@@ -570,6 +708,8 @@ class _Acquisitions:
                 self.consumer.close()  # closes the share sessions (releasing anything left) and leaves
             if self._admin is not None:
                 self._admin.close()
+            if self.journal is not None:
+                self.journal.close()
 
 
 class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -642,6 +782,9 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 offset["logged"] = self._logged.to_json()
         return offset
 
+    def _offset_of(self, seq: int) -> OffsetOf:
+        return lambda ranges: self._offset(seq, ranges)
+
     def _wait_for_assignment(self, acq: _Acquisitions) -> bool:
         return self._available_now or acq.first_fetch
 
@@ -662,28 +805,25 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         seq = int(start["seq"])
         # Batch `seq` is in the offset log (checkpoint mode: accepted already when it was planned) and, as
         # Spark asks for the batch after it only then, in the commit log (commit mode).
-        acq.settle(seq, "accept")
-        again = acq.get(seq + 1)
-        if again is not None:
-            # Asked again for the same start: the batch we planned then is still the answer.
-            return again.offset
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else _UNLIMITED_TRIGGER_CAP
         self._max_rows = max_rows
-        acquired_ahead = acq.take_ahead()
+        acq.settle(seq, "accept")
+        started, _ = acq.take_ahead()  # a batch it acquired is pending now, under its seq
+        again = acq.get(seq + 1)
+        if again is not None:
+            # The batch acquired ahead, or asked again for the same start: the batch planned then.
+            return again.offset
+        offset_of = self._offset_of(seq + 1)
+        recovered = acq.take_recovered(seq + 1, offset_of)
+        if recovered is not None:
+            return recovered.offset
+        if started:
+            return start  # the fetch ahead found nothing (under availableNow, that ends the query)
         acq.prune_logged()
-        while True:
-            # A new consumer's first fetch waits for its assignment: otherwise the query's first trigger is
-            # empty (and under availableNow, an empty trigger ends the query).
-            if acquired_ahead is not None:
-                acquired, acquired_ahead = acquired_ahead, None
-            else:
-                acquired = acq.fetch(max_rows, wait_for_assignment=self._wait_for_assignment(acq))
-            if not acquired:
-                return start
-            batch = acq.add(seq + 1, lambda ranges: self._offset(seq + 1, ranges), acquired)
-            if batch is not None:
-                return batch.offset
-            # Everything that came was already in the offset log (and is now accepted): fetch again.
+        # A new consumer's first fetch waits for its assignment: otherwise the query's first trigger is
+        # empty (and under availableNow, an empty trigger ends the query).
+        batch = acq.acquire(seq + 1, max_rows, offset_of, wait_for_assignment=self._wait_for_assignment(acq))
+        return start if batch is None else batch.offset
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         first, last = int(start["seq"]) + 1, int(end["seq"])
@@ -702,7 +842,10 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             # while this one runs.
             self._acq.settle(last, "accept", background=True)
             if self._max_rows is not None:
-                self._acq.fetch_ahead(self._max_rows, wait_for_assignment=self._wait_for_assignment(self._acq))
+                self._acq.fetch_ahead(
+                    last + 1, self._max_rows, self._offset_of(last + 1),
+                    wait_for_assignment=self._wait_for_assignment(self._acq),
+                )
         ranges = ranges_from_json(end.get("ranges"))
         tasks = plan_tasks(ranges, self.options.max_bytes_per_partition, self.options.min_partitions)
         return [

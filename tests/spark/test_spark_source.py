@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -24,10 +24,21 @@ if TYPE_CHECKING:
 
     from pyspark.sql import DataFrame, SparkSession
 
+    from shoal.client.spark.source import SourceOptions
+
 
 def _prepare(broker: BrokerProcess, topic: str, group: str, partitions: int) -> None:
     create_topic(broker.bootstrap, topic, partitions)
     set_group_config(broker.bootstrap, group, share_auto_offset_reset="earliest")
+
+
+def _one_partition_of(broker: BrokerProcess, topic: str, group: str, records: int) -> SourceOptions:
+    """Source options for `group` reading a new one-partition topic holding `records` records."""
+    from shoal.client.spark.source import SourceOptions
+
+    _prepare(broker, topic, group, 1)
+    produce(broker.bootstrap, topic, records)
+    return SourceOptions.parse({"kafka.bootstrap.servers": broker.bootstrap, "group.id": group, "subscribe": topic})
 
 
 def _rows(spark: SparkSession, table: str) -> list[tuple[int, int]]:
@@ -341,12 +352,10 @@ def test_records_back_from_the_offset_log_are_accepted_and_dropped(broker: Broke
     restarted query replays the batch by offset and must not emit those records a second time."""
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
-    from shoal.client.spark.source import KafkaShareStreamReader, SourceOptions
+    from shoal.client.spark.source import KafkaShareStreamReader
 
     topic, group = "spark-dedup", "spark-dedup-group"
-    _prepare(broker, topic, group, 1)
-    produce(broker.bootstrap, topic, 100)
-    options = SourceOptions.parse({"kafka.bootstrap.servers": broker.bootstrap, "group.id": group, "subscribe": topic})
+    options = _one_partition_of(broker, topic, group, 100)
 
     first = KafkaShareStreamReader(options)
     start = first.initialOffset()
@@ -363,9 +372,7 @@ def test_records_back_from_the_offset_log_are_accepted_and_dropped(broker: Broke
     assert "logged" not in following  # the dropped records' ACCEPT is confirmed: nothing left to watch for
     restarted.partitions(logged, following)  # in the offset log now: accepted
     restarted.stop()
-    with Admin(broker.bootstrap) as admin:
-        offsets = admin.list_share_group_offsets(group, [topic])
-    assert offsets[(topic, 0)].start_offset == 100 and offsets[(topic, 0)].lag == 0
+    _assert_all_accepted(broker, group, topic, 100)
 
 
 def test_the_batch_acquired_ahead_keeps_its_locks_while_the_current_batch_runs(broker: BrokerProcess) -> None:
@@ -383,7 +390,7 @@ def test_the_batch_acquired_ahead_keeps_its_locks_while_the_current_batch_runs(b
     produce(broker.bootstrap, topic, 80)
     options = SourceOptions.parse({
         "kafka.bootstrap.servers": broker.bootstrap, "group.id": group, "subscribe": topic,
-        "lockRenewIntervalMs": "250",
+        "lockRenewIntervalMs": "250", "journalTopic": "none",  # records wait acquired, not journaled
     })
     reader = KafkaShareStreamReader(options)
     other = ShareConsumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
@@ -405,6 +412,76 @@ def test_the_batch_acquired_ahead_keeps_its_locks_while_the_current_batch_runs(b
     finally:
         other.close()
         reader.stop()
+    _assert_all_accepted(broker, group, topic, 80)
+
+
+def _assert_all_accepted(broker: BrokerProcess, group: str, topic: str, records: int) -> None:
     with Admin(broker.bootstrap) as admin:
         offsets = admin.list_share_group_offsets(group, [topic])
-    assert offsets[(topic, 0)].start_offset == 80 and offsets[(topic, 0)].lag == 0
+    assert offsets[(topic, 0)].start_offset == records and offsets[(topic, 0)].lag == 0
+
+
+def _offsets_of(offset: dict[str, Any], topic: str) -> list[int]:
+    return [o for spans in offset["ranges"][topic].values() for first, last, *_ in spans for o in range(first, last + 1)]
+
+
+def test_a_journaled_batch_holds_more_than_the_in_flight_limit(broker: BrokerProcess) -> None:
+    """From the second batch on, each acquisition round is journaled and then accepted, so one batch can
+    hold many times the group's in-flight limit."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from shoal.client.spark.source import KafkaShareStreamReader, SourceOptions
+
+    topic, group = "spark-journal-big", "spark-journal-big-group"
+    _prepare(broker, topic, group, 1)
+    set_group_config(broker.bootstrap, group, share_partition_max_record_locks="100")
+    # Small log batches: the in-flight limit is only as fine as the log batches it cuts.
+    produce(broker.bootstrap, topic, 1000, extra={"batch.num.messages": 10, "linger.ms": 0})
+    options = SourceOptions.parse({"kafka.bootstrap.servers": broker.bootstrap, "group.id": group, "subscribe": topic})
+    reader = KafkaShareStreamReader(options)
+    try:
+        start = reader.initialOffset()
+        first = reader.latestOffset(start, ReadMaxRows(1000))
+        assert len(_offsets_of(first, topic)) <= 200  # batch 1 waits acquired: at most about the limit
+        reader.partitions(start, first)
+        second = reader.latestOffset(first, ReadMaxRows(1000))
+        assert len(_offsets_of(second, topic)) > 200
+        reader.partitions(first, second)
+        while (following := reader.latestOffset(second, ReadMaxRows(1000))) != second:
+            reader.partitions(second, following)
+            second = following
+        batches = [first, second] if second is not first else [first]
+    finally:
+        reader.stop()
+    assert sorted(o for b in batches for o in _offsets_of(b, topic)) == list(range(1000))
+    _assert_all_accepted(broker, group, topic, 1000)
+
+
+def test_a_batch_journaled_but_never_logged_is_the_next_batch_after_a_restart(broker: BrokerProcess) -> None:
+    """The crash window the journal opens: batch 2 was acquired ahead, journaled and accepted, and the
+    driver died before Spark wrote it to the offset log. The restarted query (same member id, from its last
+    logged offset) finds batch 2 in the journal and reads exactly those offsets as its next batch."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from shoal.client.spark.source import KafkaShareStreamReader, RangeTask
+
+    topic, group = "spark-journal-restart", "spark-journal-restart-group"
+    options = _one_partition_of(broker, topic, group, 100)
+
+    first_run = KafkaShareStreamReader(options)
+    start = first_run.initialOffset()
+    logged = first_run.latestOffset(start, ReadMaxRows(40))  # batch 1: Spark logs it...
+    first_run.partitions(start, logged)  # ...plans it, and batch 2 is acquired ahead (journaled, accepted)
+    first_run.stop()  # the driver dies before batch 2 reaches the offset log
+
+    restarted = KafkaShareStreamReader(options)
+    recovered = restarted.latestOffset(logged, ReadMaxRows(40))
+    assert recovered["seq"] == 2 and _offsets_of(recovered, topic) == list(range(40, 80))
+    tasks = restarted.partitions(logged, recovered)
+    rows = [o for t in tasks for rb in restarted.read(t) for o in rb.column("offset").to_pylist()]
+    assert all(isinstance(t, RangeTask) for t in tasks) and rows == list(range(40, 80))
+    following = restarted.latestOffset(recovered, ReadMaxRows(40))
+    assert _offsets_of(following, topic) == list(range(80, 100))  # nothing of 0..79 comes again
+    restarted.partitions(recovered, following)
+    restarted.stop()
+    _assert_all_accepted(broker, group, topic, 100)
