@@ -481,8 +481,8 @@ class _Acquisitions:
                 max_rows - count, wait_for_assignment=wait_for_assignment and not got_any,
                 timeout=_TOP_UP_POLL_S if got_any else None, single=True,
             )
-            if not acquired:
-                break
+            if not acquired or self._closing.is_set():
+                break  # closing: what this round acquired is released with the consumer, not journaled
             got_any = True
             count += sum(r.count for r in acquired)
             new, redelivered = self._split_logged(acquired)
