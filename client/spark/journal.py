@@ -64,6 +64,10 @@ class AcquisitionJournal:
         from shoal.protocol.errors import ErrorCode
 
         with Admin(self.bootstrap_servers, config=self.config) as admin:
+            # Create only when missing: a principal allowed to write an existing journal need not be
+            # allowed to create topics.
+            if self.topic in admin.list_topics():
+                return
             result = admin.create_topics([NewTopic(self.topic, 1, 1, dict(_TOPIC_CONFIGS))])[self.topic]
         if result.error is not None and result.error.code != ErrorCode.TOPIC_ALREADY_EXISTS:
             raise result.error

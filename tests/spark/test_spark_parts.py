@@ -133,6 +133,15 @@ def test_planning_cuts_a_partition_into_even_tasks() -> None:
     assert all(t.size <= 8 * 1024 * 1024 for t in tasks)
 
 
+@given(ranges_strategy, st.integers(1, 10**9))
+def test_journal_entries_round_trip(spec: list[tuple[int, int, int, int]], seq: int) -> None:
+    from shoal.client.spark.journal import decode_entry, encode_entry
+
+    batch = _batch(spec)
+    entry = decode_entry(encode_entry(seq, batch))
+    assert (entry.seq, entry.ranges) == (seq, {tp: rs for tp, rs in batch.items() if rs})
+
+
 @given(ranges_strategy)
 def test_ranges_survive_the_offset_log(spec: list[tuple[int, int, int, int]]) -> None:
     batch = _batch(spec)
