@@ -9,11 +9,12 @@ the queue between them.
         [--acknowledge-mode checkpoint|commit]
 
 What happens to a copy's unfinished micro-batch when it dies depends on `acknowledgeMode`:
-  * checkpoint (default): the batch's orders were accepted as soon as Spark logged the batch in this
-    copy's checkpoint. Only this copy, restarted from that checkpoint, prices them: it replays the batch by
-    offset. A copy that never comes back leaves its last batch unpriced. In exchange the locks are free while
-    a batch runs, batches can be large, and with an idempotent sink (files, a MERGE) the output is
-    exactly-once. The Kafka sink used here is not idempotent: a replayed batch is produced again, so the
+  * checkpoint (default): the batch's orders were accepted as soon as the batch could be replayed: once
+    Spark logged it in this copy's checkpoint, or (from the second batch on) once the source wrote it to
+    its acquisition journal topic. Only this copy, restarted from that checkpoint, prices them: it replays
+    the batch by offset. A copy that never comes back leaves its last batch (and the one it had acquired
+    ahead) unpriced. In exchange the locks are free while a batch runs, batches can be larger than the
+    group's in-flight limit, and with an idempotent sink (files, a MERGE) the output is exactly-once. The Kafka sink used here is not idempotent: a replayed batch is produced again, so the
     priced topic gets it at least once.
   * commit: orders are accepted only after the sink has the batch. If a copy dies, its unfinished orders
     go back to the queue and any copy prices them, with or without a restart (at least once). Each batch
