@@ -49,7 +49,6 @@ BREAKDOWN = False
 CHECKPOINT_MANAGER_CONF = "spark.sql.streaming.checkpointFileManagerClass"
 FS_CHECKPOINT_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 EXTRA_OPTIONS: dict[str, str] = {}
-LAST_PROGRESS: list[Any] = []
 
 
 def bare_confluent(bootstrap: str, group: str, total: int) -> float:
@@ -148,7 +147,6 @@ def spark_source(spark: Any, bootstrap: str, topic: str, group: str, total: int,
     rows = sum(p["numInputRows"] for p in progress)
     if rows != total:
         raise RuntimeError(f"Spark read {rows} records, expected {total}")
-    LAST_PROGRESS[:] = progress
     later = progress[1:] or progress
     if BREAKDOWN:
         for p in progress:

@@ -64,13 +64,13 @@ class AsyncOffsetReader(AsyncAdmin):
         self.isolation_level = isolation_level
 
     async def log_start_offset(self, topic: str, partition: int) -> int:
-        listed = (await self.list_offsets({(topic, partition): "earliest"}))[(topic, partition)]
-        if listed.error is not None:
-            raise listed.error
-        return listed.offset
+        return await self._listed_offset(topic, partition, "earliest")
 
     async def log_end_offset(self, topic: str, partition: int) -> int:
-        listed = (await self.list_offsets({(topic, partition): "latest"}))[(topic, partition)]
+        return await self._listed_offset(topic, partition, "latest")
+
+    async def _listed_offset(self, topic: str, partition: int, spec: str) -> int:
+        listed = (await self.list_offsets({(topic, partition): spec}))[(topic, partition)]
         if listed.error is not None:
             raise listed.error
         return listed.offset

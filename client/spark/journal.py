@@ -89,8 +89,8 @@ class AcquisitionJournal:
                 for _, step in reader.read_ranges(self.topic, 0, [(start, end - 1)]):
                     for header, at in step.batches:
                         for record in decode_records(step.data, at, header):
-                            if record.key == self.key and record.offset >= step.first and record.value is not None:
-                                newest = record.value
+                            if record.key == self.key and record.offset >= step.first:
+                                newest = record.value  # None: a tombstone forgets the entry
         return None if newest is None else decode_entry(newest)
 
     def close(self) -> None:

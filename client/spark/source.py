@@ -413,7 +413,9 @@ class _Acquisitions:
             if self.journal is not None:
                 self.journal.close()
             raise
-        if options.lock_renew_interval_ms > 0:
+        # Held while waiting on a batch: commit mode, the running batch; checkpoint mode without the journal,
+        # the batch acquired ahead (with it, every batch acquired ahead is accepted round by round).
+        if options.lock_renew_interval_ms > 0 and (not self.checkpoint or self.journal is None):
             threading.Thread(target=self._renew_loop, name="kafka-share-renew", daemon=True).start()
 
     def fetch(
@@ -455,10 +457,7 @@ class _Acquisitions:
                     return None
                 if not ranges:
                     continue
-                batch = _Batch(offset_of(ranges), [], ranges, [])
-                with self._lock:
-                    self.pending[seq] = batch
-                return batch
+                return self._pend(seq, _Batch(offset_of(ranges), [], ranges, []))
             acquired = self.fetch(max_rows, wait_for_assignment=wait_for_assignment)
             if not acquired:
                 return None
@@ -520,10 +519,7 @@ class _Acquisitions:
         for tp, rs in recovered.ranges.items():
             for r in rs:
                 self.logged.add(tp, r.first, r.last)
-        batch = _Batch(offset_of(recovered.ranges), [], recovered.ranges, [])
-        with self._lock:
-            self.pending[seq] = batch
-        return batch
+        return self._pend(seq, _Batch(offset_of(recovered.ranges), [], recovered.ranges, []))
 
     def wait_settled(self) -> None:
         """Wait for the ACCEPTs sent in the background: the offsets whose ACCEPT failed must be known before
@@ -578,7 +574,9 @@ class _Acquisitions:
             self._settle_ranges(accept_now, "accept", {}, accept_now_pieces)
         if not ranges:
             return None
-        batch = _Batch(offset_of(ranges), kept, ranges, redelivered)
+        return self._pend(seq, _Batch(offset_of(ranges), kept, ranges, redelivered))
+
+    def _pend(self, seq: int, batch: _Batch) -> _Batch:
         with self._lock:
             self.pending[seq] = batch
         return batch

@@ -246,15 +246,22 @@ async def target_offsets(
     for tp, target in wanted.items():
         if target < 0 and getattr(ns, "to_current", False):
             wanted[tp] = latest[tp]  # nothing committed: the consumer would start from the end
-        elif target > latest[tp]:
-            print(f"New offset ({target}) is higher than latest offset for topic partition {tp[0]}-{tp[1]}. "
-                  f"Value will be set to {latest[tp]}", file=sys.stderr)
-            wanted[tp] = latest[tp]
-        elif target < earliest[tp]:
-            print(f"New offset ({target}) is lower than earliest offset for topic partition {tp[0]}-{tp[1]}. "
-                  f"Value will be set to {earliest[tp]}", file=sys.stderr)
-            wanted[tp] = earliest[tp]
+        else:
+            wanted[tp] = clamp_to_log(tp, target, earliest[tp], latest[tp])
     return wanted
+
+
+def clamp_to_log(tp: TopicPartition, target: int, earliest: int, latest: int) -> int:
+    """A reset target moved into the partition's log, saying so on stderr as Kafka's tools do."""
+    if target > latest:
+        print(f"New offset ({target}) is higher than latest offset for topic partition {tp[0]}-{tp[1]}. "
+              f"Value will be set to {latest}", file=sys.stderr)
+        return latest
+    if target < earliest:
+        print(f"New offset ({target}) is lower than earliest offset for topic partition {tp[0]}-{tp[1]}. "
+              f"Value will be set to {earliest}", file=sys.stderr)
+        return earliest
+    return target
 
 
 class GroupService(Protocol):

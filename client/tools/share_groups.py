@@ -30,7 +30,9 @@ from shoal.client.tools.group_offsets import (
     ToolError,
     assignment_string,
     check_group_args,
+    clamp_to_log,
     group_parser,
+    listed_offsets,
     named_partitions,
     parse_states,
     table,
@@ -328,17 +330,17 @@ class ShareGroupService(GroupServiceBase):
                 return current
             return await self._clamped(partitions, {tp: o + ns.shift_by for tp, o in current.items()})
         if ns.to_earliest or ns.to_latest:
-            return await self._list_offsets(partitions, "earliest" if ns.to_earliest else "latest")
+            return await listed_offsets(self.admin, partitions, "earliest" if ns.to_earliest else "latest")
         if ns.to_datetime is not None or ns.by_duration is not None:
             if ns.to_datetime is not None:
                 timestamp = parse_datetime_ms(ns.to_datetime)
             else:
                 timestamp = int(time.time() * 1000) - parse_duration_ms(ns.by_duration)
-            found = await self._list_offsets(partitions, timestamp)
+            found = await listed_offsets(self.admin, partitions, timestamp)
             # No record at or after the time: the partition's end, as Kafka's tool resets then.
             beyond = [tp for tp, o in found.items() if o < 0]
             if beyond:
-                found.update(await self._list_offsets(beyond, "latest"))
+                found.update(await listed_offsets(self.admin, beyond, "latest"))
             return found
         return await self._clamped(partitions, dict.fromkeys(partitions, ns.to_offset))
 
@@ -353,37 +355,14 @@ class ShareGroupService(GroupServiceBase):
         out = {tp: listed[tp].start_offset for tp in partitions if tp in listed and listed[tp].start_offset >= 0}
         missing = [tp for tp in partitions if tp not in out]
         if missing:
-            out.update(await self._list_offsets(missing, "earliest"))
+            out.update(await listed_offsets(self.admin, missing, "earliest"))
         return out
 
     async def _clamped(self, partitions: list[TopicPartition], wanted: dict[TopicPartition, int]
                        ) -> dict[TopicPartition, int]:
-        earliest = await self._list_offsets(partitions, "earliest")
-        latest = await self._list_offsets(partitions, "latest")
-        out = {}
-        for tp in partitions:
-            target = wanted[tp]
-            if target > latest[tp]:
-                print(f"New offset ({target}) is higher than latest offset for topic partition {tp[0]}-{tp[1]}. "
-                      f"Value will be set to {latest[tp]}", file=sys.stderr)
-                target = latest[tp]
-            elif target < earliest[tp]:
-                print(f"New offset ({target}) is lower than earliest offset for topic partition {tp[0]}-{tp[1]}. "
-                      f"Value will be set to {earliest[tp]}", file=sys.stderr)
-                target = earliest[tp]
-            out[tp] = target
-        return out
-
-    async def _list_offsets(self, partitions: list[TopicPartition], spec: str | int) -> dict[TopicPartition, int]:
-        listed = await self.admin.list_offsets({tp: spec for tp in partitions})
-        out = {}
-        for tp in partitions:
-            entry = listed.get(tp)
-            if entry is None or entry.error is not None:
-                reason = entry.error if entry is not None else "no answer"
-                raise ToolError(f"Listing offsets of {tp[0]}-{tp[1]} failed: {reason}")
-            out[tp] = entry.offset
-        return out
+        earliest = await listed_offsets(self.admin, partitions, "earliest")
+        latest = await listed_offsets(self.admin, partitions, "latest")
+        return {tp: clamp_to_log(tp, wanted[tp], earliest[tp], latest[tp]) for tp in partitions}
 
 
 def read_reset_plan(path: str) -> dict[TopicPartition, int]:
