@@ -91,10 +91,12 @@ _Run = tuple[int, int, int, "str | None", int, int]
 
 
 class _Batch:
-    """One in-flight batch; per-offset lists exist only once the batch has been split."""
+    """One in-flight batch. Tracked whole until part of it changes; then as runs (`starts`, `values`):
+    run i covers `starts[i]` up to the next start (or `last`) and holds (state, member, delivery count,
+    lock deadline). Neighbouring runs always differ, so a split batch costs one entry per run, not one
+    per offset."""
 
-    __slots__ = ("first", "last", "state", "member", "count", "deadline",
-                 "states", "members", "counts", "deadlines")
+    __slots__ = ("first", "last", "state", "member", "count", "deadline", "starts", "values")
 
     def __init__(self, first: int, last: int, state: int, member: str | None, count: int,
                  deadline: int) -> None:
@@ -104,18 +106,13 @@ class _Batch:
         self.member = member
         self.count = count
         self.deadline = deadline
-        self.states: list[int] | None = None
-        self.members: list[str | None] = []
-        self.counts: list[int] = []
-        self.deadlines: list[int] = []
+        self.starts: list[int] | None = None
+        self.values: list[tuple[int, str | None, int, int]] = []
 
     def explode(self) -> None:
-        if self.states is None:
-            n = self.last - self.first + 1
-            self.states = [self.state] * n
-            self.members = [self.member] * n
-            self.counts = [self.count] * n
-            self.deadlines = [self.deadline] * n
+        if self.starts is None:
+            self.starts = [self.first]
+            self.values = [(self.state, self.member, self.count, self.deadline)]
 
     def runs(self, lo: int, hi: int) -> list[_Run]:
         """Maximal runs of identical offsets within [lo, hi] (clipped to the batch)."""
@@ -123,53 +120,55 @@ class _Batch:
         hi = min(hi, self.last)
         if lo > hi:
             return []
-        states = self.states
-        if states is None:
+        starts = self.starts
+        if starts is None:
             return [(lo, hi, self.state, self.member, self.count, self.deadline)]
-        members, counts, deadlines = self.members, self.counts, self.deadlines
-        f = self.first
+        values = self.values
+        i = bisect_right(starts, lo) - 1
+        n = len(starts)
         out: list[_Run] = []
-        i, end = lo - f, hi - f
-        while i <= end:
-            s, m, c, d = states[i], members[i], counts[i], deadlines[i]
-            j = i + 1
-            while j <= end and states[j] == s and counts[j] == c and deadlines[j] == d and members[j] == m:
-                j += 1
-            out.append((f + i, f + j - 1, s, m, c, d))
-            i = j
+        while i < n and starts[i] <= hi:
+            s, m, c, d = values[i]
+            run_hi = starts[i + 1] - 1 if i + 1 < n else self.last
+            out.append((max(lo, starts[i]), min(hi, run_hi), s, m, c, d))
+            i += 1
         return out
 
     def assign(self, lo: int, hi: int, state: int, member: str | None, count: int, deadline: int) -> None:
-        if self.states is None:
+        if self.starts is None:
             if lo == self.first and hi == self.last:
                 self.state, self.member, self.count, self.deadline = state, member, count, deadline
                 return
             self.explode()
-        assert self.states is not None
-        a, b = lo - self.first, hi - self.first + 1
-        n = b - a
-        self.states[a:b] = [state] * n
-        self.members[a:b] = [member] * n
-        self.counts[a:b] = [count] * n
-        self.deadlines[a:b] = [deadline] * n
+        starts, values = self.starts, self.values
+        assert starts is not None
+        value = (state, member, count, deadline)
+        i = bisect_right(starts, lo) - 1  # the run holding lo
+        keep = i + 1 if starts[i] < lo else i
+        new_starts, new_values = starts[:keep], values[:keep]
+        if not new_values or new_values[-1] != value:
+            new_starts.append(lo)
+            new_values.append(value)
+        if hi < self.last:
+            j = bisect_right(starts, hi + 1) - 1  # the run holding hi + 1
+            if values[j] != value:
+                new_starts.append(hi + 1)
+                new_values.append(values[j])
+            new_starts.extend(starts[j + 1:])
+            new_values.extend(values[j + 1:])
+        self.starts, self.values = new_starts, new_values
 
     def maybe_collapse(self) -> None:
         """Go back to whole-batch tracking once every offset agrees again."""
-        states = self.states
-        if states is None:
-            return
-        n = len(states)
-        s, m, c, d = states[0], self.members[0], self.counts[0], self.deadlines[0]
-        if (states.count(s) == n and self.counts.count(c) == n and self.deadlines.count(d) == n
-                and self.members.count(m) == n):
-            self.state, self.member, self.count, self.deadline = s, m, c, d
-            self.states = None
-            self.members, self.counts, self.deadlines = [], [], []
+        if self.starts is not None and len(self.starts) == 1:
+            self.state, self.member, self.count, self.deadline = self.values[0]
+            self.starts = None
+            self.values = []
 
     def all_terminal(self) -> bool:
-        if self.states is None:
+        if self.starts is None:
             return self.state in _TERMINAL
-        return self.states.count(_ACKNOWLEDGED) + self.states.count(_ARCHIVED) == len(self.states)
+        return all(v[0] in _TERMINAL for v in self.values)
 
 
 @dataclass(slots=True)
@@ -437,18 +436,16 @@ class SharePartition:
             b = batches[k]
             if b.first > new:
                 break  # unfetched gap blocks SPSO
-            if b.states is None:
+            if b.starts is None:
                 if b.state not in _TERMINAL:
                     break
                 new = b.last + 1
                 continue
-            states = b.states
-            i = new - b.first
-            n = len(states)
-            while i < n and states[i] in _TERMINAL:
-                i += 1
-            new = b.first + i
-            if i < n:
+            for _lo, hi, st, _m, _c, _d in b.runs(new, b.last):
+                if st not in _TERMINAL:
+                    break
+                new = hi + 1
+            if new <= b.last:
                 break
         if new != self._spso:
             self._spso = new
@@ -497,14 +494,13 @@ class SharePartition:
             if b.first > expected:
                 return expected
             start = max(b.first, expected)
-            if b.states is None:
+            if b.starts is None:
                 if b.state == _AVAILABLE:
                     return start
             else:
-                try:
-                    return b.first + b.states.index(_AVAILABLE, start - b.first)
-                except ValueError:
-                    pass
+                for lo, _hi, st, _m, _c, _d in b.runs(start, b.last):
+                    if st == _AVAILABLE:
+                        return lo
             expected = b.last + 1
         return self.end_offset + 1
 
@@ -631,7 +627,7 @@ class SharePartition:
             return 0, True
         full = lo == b.first and b.last <= hi
         record_limit_subset = mode == AcquireMode.RECORD_LIMIT and b.last - b.first + 1 > remaining
-        if full and b.states is None and not record_limit_subset and not throttle:
+        if full and b.starts is None and not record_limit_subset and not throttle:
             if b.state != _AVAILABLE:
                 return 0, False
             if b.count >= self.delivery_count_limit:
@@ -640,7 +636,7 @@ class SharePartition:
             self._set(b, b.first, b.last, _ACQUIRED, member, b.count + 1, deadline)
             result.append(AcquiredRange(b.first, b.last, b.count))
             return b.last - b.first + 1, False
-        if b.states is None and b.state != _AVAILABLE:
+        if b.starts is None and b.state != _AVAILABLE:
             return 0, False
         n = self._acquire_subset(b, member, lo, b_hi, remaining, mode, deadline, result)
         return n, throttle and n > 0
@@ -965,7 +961,7 @@ class SharePartition:
         """(first, last, delivery count) of every run in ARCHIVING, in offset order."""
         out: list[tuple[int, int, int]] = []
         for b in self._batches:
-            if b.states is None and b.state != _ARCHIVING:
+            if b.starts is None and b.state != _ARCHIVING:
                 continue
             for rl, rh, s, _m, c, _d in b.runs(b.first, b.last):
                 if s == _ARCHIVING:

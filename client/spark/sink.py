@@ -23,6 +23,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from pyspark.sql.types import StructType
 
 from shoal.client.spark.options import SparkOptionError, check_connection_config, check_known, client_options
+from shoal.client.spark.worker_heap import freeze_long_lived
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -128,6 +129,7 @@ class KafkaShareStreamWriter(DataSourceStreamArrowWriter):
                         del _PRODUCERS[key]
             producer.close()
             raise
+        freeze_long_lived()
         return ProducedCommitMessage(records=sent)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -863,8 +863,11 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     # ---- executor side ----------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        from shoal.client.spark.worker_heap import freeze_long_lived
+
         assert isinstance(partition, RangeTask)
         yield from read_task(partition, self.options)
+        freeze_long_lived()
 
 
 class KafkaShareDataSource(DataSource):

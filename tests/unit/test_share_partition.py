@@ -147,7 +147,7 @@ def test_whole_batch_acquire_and_accept_stays_batch_tracked() -> None:
     sp = make()
     assert acq(sp, "m1", (0, 499)) == [(0, 499, 1)]
     batch = sp._batches[0]
-    assert batch.states is None
+    assert batch.starts is None
     assert ack(sp, "m1", (0, 499, [ACCEPT])).error_code == 0
     assert sp.cached_batch_count == 0 and sp.start_offset == 500
 
