@@ -12,7 +12,7 @@ import concurrent.futures
 import contextlib
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,13 +55,45 @@ class RecordMetadata:
     timestamp: int
 
 
+class _Delivery:
+    """The records of one send_many(): a single future for all of them, in place of one per record."""
+
+    __slots__ = ("future", "queued", "delivered", "sealed")
+
+    def __init__(self, future: asyncio.Future[int]) -> None:
+        self.future = future
+        self.queued = 0
+        self.delivered = 0
+        self.sealed = False  # every record has been queued
+
+    def add(self, count: int) -> None:
+        self.delivered += count
+        self._maybe_done()
+
+    def seal(self) -> None:
+        self.sealed = True
+        self._maybe_done()
+
+    def _maybe_done(self) -> None:
+        if self.sealed and self.delivered == self.queued and not self.future.done():
+            self.future.set_result(self.queued)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
 @dataclass(slots=True)
 class _Batch:
     topic: str
     partition: int
     created: float
     records: list[RecordInput] = field(default_factory=list)
-    futures: list[asyncio.Future[RecordMetadata]] = field(default_factory=list)
+    # (index in records, future) of records queued by send(); send_many's records count in `deliveries`.
+    futures: list[tuple[int, asyncio.Future[RecordMetadata]]] = field(default_factory=list)
+    deliveries: dict[_Delivery, int] = field(default_factory=dict)
+    settled: asyncio.Future[None] | None = None  # made by flush(), resolved once the batch is done
+    done: bool = False  # delivered or failed (a request task may still list it)
     size: int = _BATCH_OVERHEAD
     full: bool = False
     encoded: bytes | None = None
@@ -70,6 +102,10 @@ class _Batch:
     attempts: int = 0
     retry_at: float = 0.0
     deadline: float = 0.0
+
+
+def _timestamp(timestamp_ms: int | None) -> int:
+    return timestamp_ms if timestamp_ms is not None else time.time_ns() // 1_000_000
 
 
 def _headers(headers: HeadersArg) -> list[Header]:
@@ -294,14 +330,20 @@ class AsyncProducer:
         """Send everything buffered now and wait until each record has succeeded or failed."""
         if not self._started:
             return
-        futures = [f for dq in self._batches.values() for b in dq for f in b.futures]
-        futures += [f for b in self._in_flight_batches for f in b.futures]
+        batches = [b for dq in self._batches.values() for b in dq] + self._in_flight_batches
+        futures: list[asyncio.Future[None]] = []
+        for b in batches:
+            if b.done:
+                continue
+            if b.settled is None:
+                b.settled = asyncio.get_running_loop().create_future()
+            futures.append(b.settled)
         if not futures:
             return
         self._flushing += 1
         self._wakeup.set()
         try:
-            # asyncio.wait, unlike wait_for(gather), leaves the record futures alone on timeout.
+            # asyncio.wait, unlike wait_for(gather), leaves the futures alone on timeout.
             _, not_done = await asyncio.wait(futures, timeout=timeout)
         finally:
             self._flushing -= 1
@@ -344,6 +386,33 @@ class AsyncProducer:
         timestamp_ms: int | None = None,
     ) -> asyncio.Future[RecordMetadata]:
         """Queue one record; the returned future resolves to its RecordMetadata once the broker has it."""
+        future: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+        await self._queue(topic, value, key, headers, partition, timestamp_ms, future)
+        return future
+
+    async def send_many(self, records: Iterable[OutgoingRecord]) -> int:
+        """Queue many records at once and wait until the broker has them all; raises the first failure.
+        Returns how many were sent. The records share one future, and a record takes a step through the
+        event loop only when it must wait (for metadata, buffer space or a transaction)."""
+        delivery = _Delivery(asyncio.get_running_loop().create_future())
+        try:
+            for topic, value, key, headers, partition in records:
+                if not self._queue_now(topic, value, key, headers, partition, delivery):
+                    await self._queue(topic, value, key, headers, partition, None, delivery)
+        finally:
+            delivery.seal()
+        return await delivery.future
+
+    async def _queue(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: HeadersArg,
+        partition: int | None,
+        timestamp_ms: int | None,
+        waiter: asyncio.Future[RecordMetadata] | _Delivery,
+    ) -> None:
         if self._closed:
             raise ClientClosedError()
         if not self._started:
@@ -353,11 +422,45 @@ class AsyncProducer:
         info = self.cluster.topics.get(topic)
         if info is None or not info.partitions:
             info = await self.cluster.topic(topic, allow_auto_create=True)
+        size, rec_headers = self._record_size(key, value, headers)
+        while self._buffered + size > self.buffer_memory and self._buffered > 0:
+            self._space.clear()
+            await self._space.wait()
         num = len(info.partitions)
-        if partition is None:
-            partition = partition_for_key(key, num) if key is not None else self._partitioner.partition(topic, num)
-        elif partition not in info.partitions:
-            raise UnknownTopicError(None, f"{topic} has no partition {partition}")
+        partition = self._pick_partition(topic, key, partition, info.partitions, num)
+        if self.transactional_id is not None:
+            try:
+                await self._add_to_transaction((topic, partition))
+            except KafkaError as exc:
+                self._txn_error = exc  # the transaction can no longer commit
+                raise
+        record = RecordInput(key, value, rec_headers, _timestamp(timestamp_ms))
+        self._append(topic, partition, num, record, size, waiter)
+
+    def _queue_now(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: HeadersArg,
+        partition: int | None,
+        waiter: _Delivery,
+    ) -> bool:
+        """_queue without waiting: False, having changed nothing, when a step of it would have to wait."""
+        if self._closed or not self._started or self.transactional_id is not None:
+            return False
+        info = self.cluster.topics.get(topic)
+        if info is None or not info.partitions:
+            return False
+        size, rec_headers = self._record_size(key, value, headers)
+        if self._buffered + size > self.buffer_memory and self._buffered > 0:
+            return False
+        num = len(info.partitions)
+        partition = self._pick_partition(topic, key, partition, info.partitions, num)
+        self._append(topic, partition, num, RecordInput(key, value, rec_headers, _timestamp(None)), size, waiter)
+        return True
+
+    def _record_size(self, key: bytes | None, value: bytes | None, headers: HeadersArg) -> tuple[int, list[Header]]:
         size = _RECORD_OVERHEAD + (len(key) if key else 0) + (len(value) if value else 0)
         rec_headers: list[Header] = []
         if headers:
@@ -365,18 +468,26 @@ class AsyncProducer:
             size += sum(len(h.key) + len(h.value or b"") + 4 for h in rec_headers)
         if size + _BATCH_OVERHEAD > self.max_request_size:
             raise KafkaError(ErrorCode.MESSAGE_TOO_LARGE, f"record of {size} bytes exceeds max_request_size")
-        while self._buffered + size > self.buffer_memory and self._buffered > 0:
-            self._space.clear()
-            await self._space.wait()
-        if self.transactional_id is not None:
-            try:
-                await self._add_to_transaction((topic, partition))
-            except KafkaError as exc:
-                self._txn_error = exc  # the transaction can no longer commit
-                raise
-        ts = timestamp_ms if timestamp_ms is not None else time.time_ns() // 1_000_000
-        record = RecordInput(key, value, rec_headers, ts)
-        future: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+        return size, rec_headers
+
+    def _pick_partition(
+        self, topic: str, key: bytes | None, partition: int | None, partitions: Container[int], num: int
+    ) -> int:
+        if partition is None:
+            return partition_for_key(key, num) if key is not None else self._partitioner.partition(topic, num)
+        if partition not in partitions:
+            raise UnknownTopicError(None, f"{topic} has no partition {partition}")
+        return partition
+
+    def _append(
+        self,
+        topic: str,
+        partition: int,
+        num_partitions: int,
+        record: RecordInput,
+        size: int,
+        waiter: asyncio.Future[RecordMetadata] | _Delivery,
+    ) -> None:
         tp = (topic, partition)
         dq = self._batches.get(tp)
         if dq is None:
@@ -384,29 +495,21 @@ class AsyncProducer:
         batch = dq[-1] if dq else None
         if batch is None or batch.full or (batch.records and batch.size + size > self.batch_size):
             if batch is not None and not batch.full:
-                self._close_batch(batch, num)
+                self._close_batch(batch, num_partitions)
             now = time.monotonic()
             batch = _Batch(topic, partition, now, deadline=now + self.delivery_timeout_s)
             dq.append(batch)
             self._wakeup.set()  # the sender computes its next linger deadline from the new batch
+        if isinstance(waiter, _Delivery):
+            waiter.queued += 1
+            batch.deliveries[waiter] = batch.deliveries.get(waiter, 0) + 1
+        else:
+            batch.futures.append((len(batch.records), waiter))
         batch.records.append(record)
-        batch.futures.append(future)
         batch.size += size
         self._buffered += size
         if batch.size >= self.batch_size:
-            self._close_batch(batch, num)
-        return future
-
-    async def send_many(self, records: Iterable[OutgoingRecord]) -> int:
-        """Queue many records at once and wait until the broker has them all; raises the first failure.
-        Returns how many were sent."""
-        futures = [
-            await self.send(topic, value, key=key, headers=headers, partition=partition)
-            for topic, value, key, headers, partition in records
-        ]
-        for future in futures:
-            await future
-        return len(futures)
+            self._close_batch(batch, num_partitions)
 
     async def send_and_wait(self, topic: str, value: bytes | None, **kwargs: Any) -> RecordMetadata:
         return await (await self.send(topic, value, **kwargs))
@@ -561,22 +664,31 @@ class AsyncProducer:
             self._wakeup.set()
 
     def _complete(self, batch: _Batch, base_offset: int, log_append_time: int) -> None:
-        for i, (record, future) in enumerate(zip(batch.records, batch.futures, strict=True)):
+        for i, future in batch.futures:
             if not future.done():
-                ts = log_append_time if log_append_time not in (None, -1) else (record.timestamp or -1)
+                ts = log_append_time if log_append_time not in (None, -1) else (batch.records[i].timestamp or -1)
                 offset = base_offset + i if base_offset >= 0 else -1
                 future.set_result(RecordMetadata(batch.topic, batch.partition, offset, ts))
+        deliveries, batch.deliveries = batch.deliveries, {}
+        for delivery, count in deliveries.items():
+            delivery.add(count)
         self._release(batch)
 
     def _fail_batch(self, batch: _Batch, error: BaseException) -> None:
-        if self._in_transaction and batch.futures:
+        if self._in_transaction and batch.records:
             self._txn_error = error
-        for future in batch.futures:
+        for _, future in batch.futures:
             if not future.done():
                 future.set_exception(error)
+        deliveries, batch.deliveries = batch.deliveries, {}
+        for delivery in deliveries:
+            delivery.fail(error)
         self._release(batch)
 
     def _release(self, batch: _Batch) -> None:
+        batch.done = True
+        if batch.settled is not None and not batch.settled.done():
+            batch.settled.set_result(None)
         self._buffered -= batch.size - _BATCH_OVERHEAD
         batch.size = _BATCH_OVERHEAD
         if self._buffered <= self.buffer_memory:

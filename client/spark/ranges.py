@@ -192,6 +192,9 @@ def _by_bytes(topic: str, partition: int, ranges: list[OffsetRange], max_bytes: 
     size = 0
     for r in sorted(ranges, key=lambda r: r.first):
         while r is not None:
+            if size > max_bytes:  # one offset larger than the cap: it stays alone
+                yield TaskRanges(topic, partition, tuple(current))
+                current, size = [], 0
             room = max_bytes - size
             if r.size <= room or (not current and r.count == 1):
                 current.append(r)

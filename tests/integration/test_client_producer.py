@@ -137,3 +137,39 @@ def test_sync_producer_acks_variants_and_unknown_partition(broker: BrokerProcess
     assert values == [b"fire-and-forget", b"one"]
     with pytest.raises(ValueError):
         Producer(broker.bootstrap, acks=1, enable_idempotence=True)
+
+
+def test_send_many_delivers_every_record_once_through_the_waiting_and_the_direct_paths(broker: BrokerProcess) -> None:
+    """send_many queues records without a future each; with a buffer of a few records most of them must
+    wait for space, so both ways of queueing run. Each record lands once, in order per partition, and
+    flush() returns only once everything queued before it is delivered."""
+    topic = unique_name("cl-prod-many")
+    _create(broker.bootstrap, topic, 3)
+    rows = [(topic, f"v{i}".encode(), f"k{i % 17}".encode(), [("n", str(i).encode())], None) for i in range(3000)]
+    with Producer(broker.bootstrap, buffer_memory=2_000, batch_size=500, linger_ms=1) as producer:
+        futures = [producer.send_many(rows[i : i + 1000]) for i in range(0, 3000, 1000)]
+        producer.flush(60)
+        assert all(f.done() for f in futures)
+        assert [f.result(0) for f in futures] == [1000, 1000, 1000]
+    got = _read_back(broker.bootstrap, topic, 3000, 3)
+    assert len(got) == 3000
+    sent_in_order: dict[int, list[int]] = {}
+    for partition, _offset, key, value, headers in sorted(got, key=lambda r: (r[0], r[1])):
+        i = int(value[1:])
+        assert key == f"k{i % 17}".encode() and headers == [("n", str(i).encode())]
+        sent_in_order.setdefault(partition, []).append(i)
+    assert sorted(i for ids in sent_in_order.values() for i in ids) == list(range(3000))
+    assert all(ids == sorted(ids) for ids in sent_in_order.values())
+
+
+def test_send_many_raises_the_first_failure_and_keeps_what_it_queued(broker: BrokerProcess) -> None:
+    topic = unique_name("cl-prod-many-fail")
+    _create(broker.bootstrap, topic, 2)
+    with Producer(broker.bootstrap) as producer:
+        ok = [(topic, b"ok", None, None, 0), (topic, b"ok", None, None, 1)]
+        with pytest.raises(UnknownTopicError):
+            producer.send_many([*ok, (topic, b"bad", None, None, 9)]).result(30)
+        with pytest.raises(Exception, match="max_request_size"):
+            producer.send_many([*ok, (topic, b"x" * 2_000_000, None, None, 0)]).result(30)
+        producer.flush(30)
+    assert sorted(bytes(v) for _, _, _, v, _ in _read_back(broker.bootstrap, topic, 4, 2)) == [b"ok"] * 4

@@ -6,7 +6,7 @@ import logging
 import pickle
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from shoal.client.spark.options import SparkOptionError
@@ -107,6 +107,8 @@ def _batch(spec: list[tuple[int, int, int, int]]) -> dict[tuple[str, int], list[
 
 
 @given(ranges_strategy, st.integers(1, 60_000), st.integers(1, 40))
+# An offset over the cap, then offsets of no size: they must not join its task.
+@example(spec=[(0, 1, 1, 2), (0, 2, 1, 0)], max_bytes=1, min_partitions=1)
 def test_planning_covers_each_offset_once_in_order_within_the_byte_cap(
     spec: list[tuple[int, int, int, int]], max_bytes: int, min_partitions: int
 ) -> None:
