@@ -1,9 +1,11 @@
 """The kafka-share Spark source and sink against bare clients, one broker, one topic, one run.
 
 N records (100-byte values) are produced once to a 3-partition topic. Then, each in its own share group:
-  * a bare confluent-kafka ShareConsumer drains the topic, three times (the reference reader: the median);
+  * a bare confluent-kafka ShareConsumer drains the topic three times before the Spark queries and three
+    times after them (the reference reader: the median of the six);
   * Spark (local[2]) drains it with format("kafka-share") into the noop sink and into the parquet sink,
-    after unreported warm-up queries into both sinks (--warm-up sets how many rounds, 0 for a cold JVM)
+    after unreported warm-up queries into both sinks (--warm-up sets how many rounds, 0 for a cold JVM),
+    --runs times per configuration, the median counting
     (availableNow; the steady rate counts the micro-batches after the first, which pays for start-up),
     first with Spark's default checkpoint file manager, then again with the FileSystem-based one: on a
     local checkpoint directory without Hadoop's native library, the default forks `readlink` and `chmod`
@@ -21,7 +23,7 @@ checkpoint-mode micro-batch holds no more than that per partition; with it, the 
 records one acquisition round takes.
 
 Usage: python bench/bench_spark.py [--records 300000] [--per-trigger 100000] [--max-record-locks 10000]
-                                   [--rss-records 100000] [--source-only]
+                                   [--rss-records 100000] [--runs 3] [--warm-up 3] [--source-only]
 """
 
 from __future__ import annotations
@@ -211,6 +213,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--max-record-locks", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=3, help="queries per Spark configuration (the median counts)")
     parser.add_argument("--per-trigger", type=int, default=100_000, help="maxOffsetsPerTrigger")
     parser.add_argument("--rss-records", type=int, default=100_000, help="N for the RSS check (also 10 x N)")
     parser.add_argument("--source-only", action="store_true", help="only the bare reader and the Spark source")
@@ -239,15 +242,18 @@ def main() -> None:
                 create_topic(bootstrap, topic, 3)
             produce(bootstrap, TOPIC, n, partitions=3, prefix=pad, extra=BIG_QUEUE)
             warm_ups = [(f"warm-up-{i}-{sink}", sink) for i in range(args.warm_up) for sink in ("noop", "parquet")]
-            for group in (*(g for g, _ in warm_ups), "bare-0", "bare-1", "bare-2", "noop", "parquet", "noop-fs", "parquet-fs", "rss-1", "rss-10"):
+            configs = (("noop", "noop"), ("parquet", "parquet"), ("noop-fs", "noop"), ("parquet-fs", "parquet"))
+            runs = [(f"{config}-{r}", config, sink) for config, sink in configs for r in range(args.runs)]
+            for group in (*(g for g, _ in warm_ups), *(f"bare-{i}" for i in range(6)), *(g for g, _, _ in runs),
+                          "rss-1", "rss-10"):
                 set_group_config(bootstrap, group, share_auto_offset_reset="earliest")
             print(f"{n} records, {args.value_bytes}-byte values, 3 partitions, one broker on loopback, local[2], "
                   f"max.record.locks {args.max_record_locks} per partition")
 
-            # One drain takes about a second; the median of three keeps one lucky or unlucky second from
-            # setting every ratio.
-            bare = statistics.median(bare_confluent(bootstrap, f"bare-{i}", n) for i in range(3))
-            print(f"  bare confluent ShareConsumer   {bare:>10,.0f} rec/s (median of 3 drains)")
+            # One drain takes about a second, and from run to run of this bench its rate has moved by a factor
+            # of two on a shared 2-core machine: three drains before the Spark queries and three after them,
+            # and the median of the six, keep a lucky or unlucky stretch from setting every ratio.
+            drains = [bare_confluent(bootstrap, f"bare-{i}", n) for i in range(3)]
             spark = spark_session()
             try:
                 # "Steady" means a warm JVM. Measured here, the JIT compiler threads use more CPU than the
@@ -256,32 +262,44 @@ def main() -> None:
                 # long-running query pays once.
                 for group, sink in warm_ups:
                     spark_source(spark, bootstrap, TOPIC, group, n, sink, tmp, args.per_trigger)
-                if warm_ups:
-                    print(f"  (after {len(warm_ups)} unreported warm-up queries of the same records, "
-                          f"{args.warm_up} into each sink)")
-                rates: dict[str, float] = {}
-                for group, sink in (("noop", "noop"), ("parquet", "parquet"), ("noop-fs", "noop"),
-                                    ("parquet-fs", "parquet")):
-                    if group.endswith("-fs"):
+                steady_by: dict[str, list[float]] = {}
+                walls: dict[str, list[float]] = {}
+                for group, config, sink in runs:
+                    if config.endswith("-fs"):
                         spark.conf.set(CHECKPOINT_MANAGER_CONF, FS_CHECKPOINT_MANAGER)
+                    else:
+                        spark.conf.unset(CHECKPOINT_MANAGER_CONF)
                     steady, wall = spark_source(spark, bootstrap, TOPIC, group, n, sink, tmp, args.per_trigger)
-                    rates[group] = steady
-                    label = f"{sink}{', FS checkpoints' if group.endswith('-fs') else ''}"
-                    print(f"  spark source -> {label:22s} {steady:>10,.0f} rec/s steady ({n / wall:,.0f} incl. "
-                          f"start-up, {wall:.1f} s)   ratio to bare: {steady / bare:.2f}")
+                    steady_by.setdefault(config, []).append(steady)
+                    walls.setdefault(config, []).append(wall)
                 spark.conf.unset(CHECKPOINT_MANAGER_CONF)
-                copy = spark_parquet_copy(spark, f"{tmp}/out-parquet", f"{tmp}/copy", n)
+                drains += [bare_confluent(bootstrap, f"bare-{i}", n) for i in range(3, 6)]
+                bare = statistics.median(drains)
+                print(f"  bare confluent ShareConsumer   {bare:>10,.0f} rec/s (median of 6 drains: "
+                      f"{', '.join(f'{d:,.0f}' for d in drains)})")
+                if warm_ups:
+                    print(f"  (Spark: after {len(warm_ups)} unreported warm-up queries of the same records, "
+                          f"{args.warm_up} into each sink; each rate the median of {args.runs} queries)")
+                rates: dict[str, float] = {}
+                for config, sink in configs:
+                    steady, wall = statistics.median(steady_by[config]), statistics.median(walls[config])
+                    rates[config] = steady
+                    label = f"{sink}{', FS checkpoints' if config.endswith('-fs') else ''}"
+                    each = ", ".join(f"{r / bare:.2f}" for r in steady_by[config])
+                    print(f"  spark source -> {label:22s} {steady:>10,.0f} rec/s steady ({n / wall:,.0f} incl. "
+                          f"start-up, {wall:.1f} s)   ratio to bare: {steady / bare:.2f} (each query: {each})")
+                copy = spark_parquet_copy(spark, f"{tmp}/out-parquet-0", f"{tmp}/copy", n)
                 print(f"  spark parquet copy, no Kafka   {copy:>10,.0f} rec/s   (Spark's parquet writer alone; "
                       f"source -> parquet at {rates['parquet-fs'] / copy:.2f} of it with FS checkpoints, "
                       f"{rates['parquet'] / copy:.2f} without)")
                 if args.source_only:
                     return
-                rows = [(bytes(r.key), bytes(r.value)) for r in spark.read.parquet(f"{tmp}/out-parquet").collect()]
+                rows = [(bytes(r.key), bytes(r.value)) for r in spark.read.parquet(f"{tmp}/out-parquet-0").collect()]
                 producer_rate = bundled_producer(bootstrap, TOPIC + "-out", rows)
                 print(f"  bundled producer (send_many)   {producer_rate:>10,.0f} rec/s")
                 # Twice: the first run also pays for the Python workers' first producer connections.
                 for run in ("first", "warm"):
-                    sink_rate = spark_sink(spark, bootstrap, TOPIC + "-out", f"{tmp}/out-parquet", f"{tmp}/{run}", n)
+                    sink_rate = spark_sink(spark, bootstrap, TOPIC + "-out", f"{tmp}/out-parquet-0", f"{tmp}/{run}", n)
                     print(f"  spark kafka-share sink ({run:5s})  {sink_rate:>10,.0f} rec/s   ratio to producer: "
                           f"{sink_rate / producer_rate:.2f}")
                 peaks = []
