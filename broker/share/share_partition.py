@@ -90,13 +90,19 @@ _TERMINAL = (_ACKNOWLEDGED, _ARCHIVED)
 _Run = tuple[int, int, int, "str | None", int, int]
 
 
-class _Batch:
-    """One in-flight batch. Tracked whole until part of it changes; then as runs (`starts`, `values`):
-    run i covers `starts[i]` up to the next start (or `last`) and holds (state, member, delivery count,
-    lock deadline). Neighbouring runs always differ, so a split batch costs one entry per run, not one
-    per offset."""
+# A split batch is kept as runs while it has at most this many; beyond that (acknowledgements that alternate
+# record by record) one entry per offset, where changing one offset costs O(1) instead of a list rebuild.
+_MAX_RUNS = 64
 
-    __slots__ = ("first", "last", "state", "member", "count", "deadline", "starts", "values")
+
+class _Batch:
+    """One in-flight batch, tracked whole until part of it changes. Then as runs (`starts`, `values`): run
+    i covers `starts[i]` up to the next start (or `last`) and holds (state, member, delivery count, lock
+    deadline), neighbouring runs always differing, so that a batch split in a few places costs a few
+    entries. Past _MAX_RUNS runs, as per-offset lists (`states`, `members`, `counts`, `deadlines`)."""
+
+    __slots__ = ("first", "last", "state", "member", "count", "deadline", "starts", "values",
+                 "states", "members", "counts", "deadlines")
 
     def __init__(self, first: int, last: int, state: int, member: str | None, count: int,
                  deadline: int) -> None:
@@ -108,9 +114,17 @@ class _Batch:
         self.deadline = deadline
         self.starts: list[int] | None = None
         self.values: list[tuple[int, str | None, int, int]] = []
+        self.states: list[int] | None = None
+        self.members: list[str | None] = []
+        self.counts: list[int] = []
+        self.deadlines: list[int] = []
+
+    @property
+    def whole(self) -> bool:
+        return self.starts is None and self.states is None
 
     def explode(self) -> None:
-        if self.starts is None:
+        if self.whole:
             self.starts = [self.first]
             self.values = [(self.state, self.member, self.count, self.deadline)]
 
@@ -120,13 +134,26 @@ class _Batch:
         hi = min(hi, self.last)
         if lo > hi:
             return []
+        out: list[_Run] = []
+        states = self.states
+        if states is not None:
+            members, counts, deadlines = self.members, self.counts, self.deadlines
+            f = self.first
+            i, end = lo - f, hi - f
+            while i <= end:
+                s, m, c, d = states[i], members[i], counts[i], deadlines[i]
+                j = i + 1
+                while j <= end and states[j] == s and counts[j] == c and deadlines[j] == d and members[j] == m:
+                    j += 1
+                out.append((f + i, f + j - 1, s, m, c, d))
+                i = j
+            return out
         starts = self.starts
         if starts is None:
             return [(lo, hi, self.state, self.member, self.count, self.deadline)]
         values = self.values
         i = bisect_right(starts, lo) - 1
         n = len(starts)
-        out: list[_Run] = []
         while i < n and starts[i] <= hi:
             s, m, c, d = values[i]
             run_hi = starts[i + 1] - 1 if i + 1 < n else self.last
@@ -135,11 +162,19 @@ class _Batch:
         return out
 
     def assign(self, lo: int, hi: int, state: int, member: str | None, count: int, deadline: int) -> None:
-        if self.starts is None:
+        if self.whole:
             if lo == self.first and hi == self.last:
                 self.state, self.member, self.count, self.deadline = state, member, count, deadline
                 return
             self.explode()
+        if self.states is not None:
+            a, b = lo - self.first, hi - self.first + 1
+            n = b - a
+            self.states[a:b] = [state] * n
+            self.members[a:b] = [member] * n
+            self.counts[a:b] = [count] * n
+            self.deadlines[a:b] = [deadline] * n
+            return
         starts, values = self.starts, self.values
         assert starts is not None
         value = (state, member, count, deadline)
@@ -157,18 +192,70 @@ class _Batch:
             new_starts.extend(starts[j + 1:])
             new_values.extend(values[j + 1:])
         self.starts, self.values = new_starts, new_values
+        if len(new_starts) > _MAX_RUNS:
+            self._per_offset()
+
+    def _per_offset(self) -> None:
+        states: list[int] = []
+        members: list[str | None] = []
+        counts: list[int] = []
+        deadlines: list[int] = []
+        for lo, hi, s, m, c, d in self.runs(self.first, self.last):
+            n = hi - lo + 1
+            states += [s] * n
+            members += [m] * n
+            counts += [c] * n
+            deadlines += [d] * n
+        self.states, self.members, self.counts, self.deadlines = states, members, counts, deadlines
+        self.starts, self.values = None, []
 
     def maybe_collapse(self) -> None:
         """Go back to whole-batch tracking once every offset agrees again."""
-        if self.starts is not None and len(self.starts) == 1:
+        states = self.states
+        if states is not None:
+            n = len(states)
+            s, m, c, d = states[0], self.members[0], self.counts[0], self.deadlines[0]
+            if (states.count(s) == n and self.counts.count(c) == n and self.deadlines.count(d) == n
+                    and self.members.count(m) == n):
+                self.state, self.member, self.count, self.deadline = s, m, c, d
+                self.states = None
+                self.members, self.counts, self.deadlines = [], [], []
+        elif self.starts is not None and len(self.starts) == 1:
             self.state, self.member, self.count, self.deadline = self.values[0]
             self.starts = None
             self.values = []
 
     def all_terminal(self) -> bool:
+        if self.states is not None:
+            return self.states.count(_ACKNOWLEDGED) + self.states.count(_ARCHIVED) == len(self.states)
         if self.starts is None:
             return self.state in _TERMINAL
         return all(v[0] in _TERMINAL for v in self.values)
+
+    def terminal_end(self, start: int) -> int:
+        """The first offset from `start` (inside the batch) that is not terminal, or last + 1."""
+        states = self.states
+        if states is not None:
+            i, n = start - self.first, len(states)
+            while i < n and states[i] in _TERMINAL:
+                i += 1
+            return self.first + i
+        for lo, _hi, s, _m, _c, _d in self.runs(start, self.last):
+            if s not in _TERMINAL:
+                return lo
+        return self.last + 1
+
+    def first_in_state(self, start: int, state: int) -> int | None:
+        """The first offset from `start` (inside the batch) in `state`, if any."""
+        if self.states is not None:
+            try:
+                return self.first + self.states.index(state, start - self.first)
+            except ValueError:
+                return None
+        for lo, _hi, s, _m, _c, _d in self.runs(start, self.last):
+            if s == state:
+                return lo
+        return None
 
 
 @dataclass(slots=True)
@@ -436,15 +523,7 @@ class SharePartition:
             b = batches[k]
             if b.first > new:
                 break  # unfetched gap blocks SPSO
-            if b.starts is None:
-                if b.state not in _TERMINAL:
-                    break
-                new = b.last + 1
-                continue
-            for _lo, hi, st, _m, _c, _d in b.runs(new, b.last):
-                if st not in _TERMINAL:
-                    break
-                new = hi + 1
+            new = b.terminal_end(new)
             if new <= b.last:
                 break
         if new != self._spso:
@@ -493,14 +572,9 @@ class SharePartition:
             b = batches[k]
             if b.first > expected:
                 return expected
-            start = max(b.first, expected)
-            if b.starts is None:
-                if b.state == _AVAILABLE:
-                    return start
-            else:
-                for lo, _hi, st, _m, _c, _d in b.runs(start, b.last):
-                    if st == _AVAILABLE:
-                        return lo
+            found = b.first_in_state(max(b.first, expected), _AVAILABLE)
+            if found is not None:
+                return found
             expected = b.last + 1
         return self.end_offset + 1
 
@@ -627,7 +701,7 @@ class SharePartition:
             return 0, True
         full = lo == b.first and b.last <= hi
         record_limit_subset = mode == AcquireMode.RECORD_LIMIT and b.last - b.first + 1 > remaining
-        if full and b.starts is None and not record_limit_subset and not throttle:
+        if full and b.whole and not record_limit_subset and not throttle:
             if b.state != _AVAILABLE:
                 return 0, False
             if b.count >= self.delivery_count_limit:
@@ -636,7 +710,7 @@ class SharePartition:
             self._set(b, b.first, b.last, _ACQUIRED, member, b.count + 1, deadline)
             result.append(AcquiredRange(b.first, b.last, b.count))
             return b.last - b.first + 1, False
-        if b.starts is None and b.state != _AVAILABLE:
+        if b.whole and b.state != _AVAILABLE:
             return 0, False
         n = self._acquire_subset(b, member, lo, b_hi, remaining, mode, deadline, result)
         return n, throttle and n > 0
@@ -961,7 +1035,7 @@ class SharePartition:
         """(first, last, delivery count) of every run in ARCHIVING, in offset order."""
         out: list[tuple[int, int, int]] = []
         for b in self._batches:
-            if b.starts is None and b.state != _ARCHIVING:
+            if b.whole and b.state != _ARCHIVING:
                 continue
             for rl, rh, s, _m, c, _d in b.runs(b.first, b.last):
                 if s == _ARCHIVING:
