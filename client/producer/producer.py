@@ -399,8 +399,11 @@ class AsyncProducer:
             for topic, value, key, headers, partition in records:
                 if not self._queue_now(topic, value, key, headers, partition, delivery):
                     await self._queue(topic, value, key, headers, partition, None, delivery)
-        finally:
-            delivery.seal()
+        except BaseException:
+            # The caller gets this error and awaits nothing more; what was queued is still sent.
+            delivery.future.cancel()
+            raise
+        delivery.seal()
         return await delivery.future
 
     async def _queue(
