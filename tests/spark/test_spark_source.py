@@ -463,6 +463,7 @@ def test_a_batch_journaled_but_never_logged_is_the_next_batch_after_a_restart(br
     logged offset) finds batch 2 in the journal and reads exactly those offsets as its next batch."""
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
+    from shoal.client.spark.journal import AcquisitionJournal, journal_key
     from shoal.client.spark.source import KafkaShareStreamReader, RangeTask
 
     topic, group = "spark-journal-restart", "spark-journal-restart-group"
@@ -472,6 +473,17 @@ def test_a_batch_journaled_but_never_logged_is_the_next_batch_after_a_restart(br
     start = first_run.initialOffset()
     logged = first_run.latestOffset(start, ReadMaxRows(40))  # batch 1: Spark logs it...
     first_run.partitions(start, logged)  # ...plans it, and batch 2 is acquired ahead (journaled, accepted)
+    # The crash comes once batch 2 is in the journal; stopping earlier would release its records instead.
+    assert options.journal_topic is not None
+    journal = AcquisitionJournal(options.bootstrap_servers, options.journal_topic,
+                                 journal_key(group, logged["member"]), options.client_config)
+    try:
+        deadline = time.monotonic() + 30
+        while (entry := journal.newest()) is None or entry.seq != 2:
+            assert time.monotonic() < deadline, "batch 2 never reached the journal"
+            time.sleep(0.05)
+    finally:
+        journal.close()
     first_run.stop()  # the driver dies before batch 2 reaches the offset log
 
     restarted = KafkaShareStreamReader(options)
