@@ -387,7 +387,9 @@ class AsyncProducer:
     ) -> asyncio.Future[RecordMetadata]:
         """Queue one record; the returned future resolves to its RecordMetadata once the broker has it."""
         future: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
-        await self._queue(topic, value, key, headers, partition, timestamp_ms, future)
+        record: OutgoingRecord = (topic, value, key, headers, partition)
+        if not self._queue_now(record, timestamp_ms, future):
+            await self._queue_waiting(record, timestamp_ms, future)
         return future
 
     async def send_many(self, records: Iterable[OutgoingRecord]) -> int:
@@ -396,9 +398,9 @@ class AsyncProducer:
         event loop only when it must wait (for metadata, buffer space or a transaction)."""
         delivery = _Delivery(asyncio.get_running_loop().create_future())
         try:
-            for topic, value, key, headers, partition in records:
-                if not self._queue_now(topic, value, key, headers, partition, delivery):
-                    await self._queue(topic, value, key, headers, partition, None, delivery)
+            for record in records:
+                if not self._queue_now(record, None, delivery):
+                    await self._queue_waiting(record, None, delivery)
         except BaseException:
             # The caller gets this error and awaits nothing more; what was queued is still sent.
             delivery.future.cancel()
@@ -406,16 +408,30 @@ class AsyncProducer:
         delivery.seal()
         return await delivery.future
 
-    async def _queue(
-        self,
-        topic: str,
-        value: bytes | None,
-        key: bytes | None,
-        headers: HeadersArg,
-        partition: int | None,
-        timestamp_ms: int | None,
-        waiter: asyncio.Future[RecordMetadata] | _Delivery,
+    def _queue_now(
+        self, record: OutgoingRecord, timestamp_ms: int | None, waiter: asyncio.Future[RecordMetadata] | _Delivery
+    ) -> bool:
+        """Queue `record` if no step has to wait (for the producer's start, metadata, buffer space or a
+        transaction); False, having changed nothing, otherwise."""
+        if self._closed or not self._started or self.transactional_id is not None:
+            return False
+        topic, value, key, headers, partition = record
+        info = self.cluster.topics.get(topic)
+        if info is None or not info.partitions:
+            return False
+        size, rec_headers = self._record_size(key, value, headers)
+        if self._buffered + size > self.buffer_memory and self._buffered > 0:
+            return False
+        num = len(info.partitions)
+        partition = self._pick_partition(topic, key, partition, info.partitions, num)
+        self._append(topic, partition, num, RecordInput(key, value, rec_headers, _timestamp(timestamp_ms)), size, waiter)
+        return True
+
+    async def _queue_waiting(
+        self, record: OutgoingRecord, timestamp_ms: int | None, waiter: asyncio.Future[RecordMetadata] | _Delivery
     ) -> None:
+        """Queue `record`, waiting where _queue_now could not."""
+        topic, value, key, headers, partition = record
         if self._closed:
             raise ClientClosedError()
         if not self._started:
@@ -437,31 +453,7 @@ class AsyncProducer:
             except KafkaError as exc:
                 self._txn_error = exc  # the transaction can no longer commit
                 raise
-        record = RecordInput(key, value, rec_headers, _timestamp(timestamp_ms))
-        self._append(topic, partition, num, record, size, waiter)
-
-    def _queue_now(
-        self,
-        topic: str,
-        value: bytes | None,
-        key: bytes | None,
-        headers: HeadersArg,
-        partition: int | None,
-        waiter: _Delivery,
-    ) -> bool:
-        """_queue without waiting: False, having changed nothing, when a step of it would have to wait."""
-        if self._closed or not self._started or self.transactional_id is not None:
-            return False
-        info = self.cluster.topics.get(topic)
-        if info is None or not info.partitions:
-            return False
-        size, rec_headers = self._record_size(key, value, headers)
-        if self._buffered + size > self.buffer_memory and self._buffered > 0:
-            return False
-        num = len(info.partitions)
-        partition = self._pick_partition(topic, key, partition, info.partitions, num)
-        self._append(topic, partition, num, RecordInput(key, value, rec_headers, _timestamp(None)), size, waiter)
-        return True
+        self._append(topic, partition, num, RecordInput(key, value, rec_headers, _timestamp(timestamp_ms)), size, waiter)
 
     def _record_size(self, key: bytes | None, value: bytes | None, headers: HeadersArg) -> tuple[int, list[Header]]:
         size = _RECORD_OVERHEAD + (len(key) if key else 0) + (len(value) if value else 0)

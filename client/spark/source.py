@@ -110,6 +110,7 @@ from shoal.client.spark.ranges import (
     ranges_from_json,
     ranges_to_json,
 )
+from shoal.client.spark.worker_heap import freeze_long_lived
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -863,8 +864,6 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     # ---- executor side ----------------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        from shoal.client.spark.worker_heap import freeze_long_lived
-
         assert isinstance(partition, RangeTask)
         yield from read_task(partition, self.options)
         freeze_long_lived()
