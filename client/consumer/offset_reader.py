@@ -32,6 +32,9 @@ _LEADER_ERRORS = (
     ErrorCode.UNKNOWN_LEADER_EPOCH,
 )
 _MAX_LEADER_RETRIES = 5
+# Kafka's consumer default (max.partition.fetch.bytes). A range of several megabytes is then read in
+# several fetches, each decoded while the next is under way, in buffers that stay in the CPU's caches.
+DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
 
 
 @dataclass
@@ -56,7 +59,7 @@ class AsyncOffsetReader(AsyncAdmin):
         bootstrap_servers: str | Iterable[str],
         *,
         config: Mapping[str, Any] | None = None,
-        partition_max_bytes: int = 8 * 1024 * 1024,
+        partition_max_bytes: int = DEFAULT_PARTITION_MAX_BYTES,
         isolation_level: int = READ_UNCOMMITTED,
     ):
         super().__init__(bootstrap_servers, config=config)

@@ -56,8 +56,9 @@ kafkaConsumer.pollTimeoutMs (how long a trigger waits for the first record, defa
 (default true); includeHeaders (default false); lockRenewIntervalMs (how often held records' locks are
 renewed: a running batch's in commit mode, the next batch's while it waits in checkpoint mode; default 5000;
 0 = never renew); journalTopic (checkpoint mode: the compacted topic of the acquisition journal, created
-if missing, default kafka-share-journal; none = no journal); kafka.<client config> (security settings and
-the like). Any other option is an error.
+if missing, default kafka-share-journal; none = no journal); kafka.max.partition.fetch.bytes (the most a
+task's Fetch asks of one partition at a time, default 1 MiB as in Kafka's consumer); kafka.<client config>
+(security settings and the like). Any other option is an error.
 """
 
 from __future__ import annotations
@@ -130,6 +131,10 @@ _COLUMNS = (
 _HEADERS_COLUMN = "headers ARRAY<STRUCT<key: STRING, value: BINARY>>"
 DEFAULT_MAX_BYTES_PER_PARTITION = 8 * 1024 * 1024
 DEFAULT_POLL_TIMEOUT_MS = 500
+# Kafka's consumer default. A task's ranges are then read in several fetches, each decoded while the next
+# is under way: with one fetch per task, the broker, the decoding and Spark took turns instead.
+DEFAULT_MAX_PARTITION_FETCH_BYTES = 1024 * 1024
+_FETCH_BYTES_KEY = "max.partition.fetch.bytes"
 # A third of the shortest acquisition lock a group may set by default (15 s; Kafka's default lock is 30 s).
 DEFAULT_LOCK_RENEW_INTERVAL_MS = 5000
 # Without maxOffsetsPerTrigger a trigger takes what the group lets it hold, up to this many records.
@@ -188,6 +193,7 @@ class SourceOptions:
     acknowledge_mode: str = CHECKPOINT
     max_offsets_per_trigger: int | None = None
     max_bytes_per_partition: int = DEFAULT_MAX_BYTES_PER_PARTITION
+    max_partition_fetch_bytes: int = DEFAULT_MAX_PARTITION_FETCH_BYTES
     min_partitions: int = 1
     poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
     fail_on_data_loss: bool = True
@@ -210,6 +216,8 @@ class SourceOptions:
             raise SparkOptionError(
                 "a share group has no per-query offsets; set the group config share.auto.offset.reset instead"
             )
+        # A consumer setting, not a connection one: it sizes the executors' Fetch requests.
+        conn.client_config.pop(_FETCH_BYTES_KEY, None)
         check_connection_config(conn.client_config)
         topics = tuple(t.strip() for t in options.get("subscribe", "").split(",") if t.strip())
         if not topics:
@@ -223,6 +231,9 @@ class SourceOptions:
             acknowledge_mode=choice_option(options, "acknowledgeMode", (CHECKPOINT, COMMIT)),
             max_offsets_per_trigger=per_trigger or None,
             max_bytes_per_partition=int_option(options, "maxBytesPerPartition", DEFAULT_MAX_BYTES_PER_PARTITION),
+            max_partition_fetch_bytes=int_option(
+                options, f"kafka.{_FETCH_BYTES_KEY}", DEFAULT_MAX_PARTITION_FETCH_BYTES
+            ),
             min_partitions=int_option(options, "minPartitions", 1),
             poll_timeout_ms=_first_int(
                 options, ("kafkaConsumer.pollTimeoutMs", "pollTimeoutMs"), DEFAULT_POLL_TIMEOUT_MS, minimum=0
@@ -268,18 +279,19 @@ class RangeTask(InputPartition):
 
 
 # Offset readers of this Python worker, by connection settings: Spark reuses workers across tasks.
-_READERS: dict[tuple[str, tuple[tuple[str, str], ...]], OffsetReader] = {}
+_READERS: dict[tuple[str, tuple[tuple[str, str], ...], int], OffsetReader] = {}
 _READERS_LOCK = threading.Lock()
 
 
-def _offset_reader(bootstrap: str, config: Mapping[str, str]) -> OffsetReader:
+def _offset_reader(options: SourceOptions) -> OffsetReader:
     from shoal.client.consumer.offset_reader import OffsetReader
 
-    key = (bootstrap, tuple(sorted(config.items())))
+    bootstrap, config, fetch_bytes = options.bootstrap_servers, options.client_config, options.max_partition_fetch_bytes
+    key = (bootstrap, tuple(sorted(config.items())), fetch_bytes)
     with _READERS_LOCK:
         reader = _READERS.get(key)
         if reader is None:
-            reader = _READERS[key] = OffsetReader(bootstrap, config=config)
+            reader = _READERS[key] = OffsetReader(bootstrap, config=config, partition_max_bytes=fetch_bytes)
         return reader
 
 
@@ -291,7 +303,7 @@ def read_task(task: RangeTask, options: SourceOptions) -> Iterator[pa.RecordBatc
 
     from shoal.client.spark.record_columns import decode_columns, record_sections
 
-    reader = _offset_reader(options.bootstrap_servers, options.client_config)
+    reader = _offset_reader(options)
     ranges = task.ranges
     for index, step in reader.read_ranges(task.topic, task.partition, [(r[0], r[1]) for r in ranges]):
         for lo, hi in step.lost:

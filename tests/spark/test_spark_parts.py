@@ -50,6 +50,13 @@ def test_options_take_spark_kafka_names_case_insensitively() -> None:
     assert SourceOptions.parse({**BASE, "maxRecordsPerTrigger": "9"}).max_offsets_per_trigger == 9
 
 
+def test_max_partition_fetch_bytes_is_a_source_setting_with_kafkas_default() -> None:
+    assert SourceOptions.parse(BASE).max_partition_fetch_bytes == 1024 * 1024
+    opts = SourceOptions.parse({**BASE, "kafka.max.partition.fetch.bytes": "65536", "kafka.client.id": "me"})
+    assert opts.max_partition_fetch_bytes == 65536
+    assert opts.client_config == {"client.id": "me"}  # not a connection setting
+
+
 def test_headers_column_only_when_asked_and_delivery_count_always() -> None:
     plain = SourceOptions.parse(BASE).schema()
     with_headers = SourceOptions.parse({**BASE, "includeHeaders": "true"}).schema()
@@ -70,6 +77,7 @@ def test_headers_column_only_when_asked_and_delivery_count_always() -> None:
         ({"acknowledgeMode": "sometimes"}, "acknowledgeMode.*checkpoint, commit"),
         ({"failOnDataLoss": "yes"}, "failOnDataLoss"),
         ({"kafka.no.such.setting": "1"}, "no.such.setting"),
+        ({"kafka.max.partition.fetch.bytes": "0"}, "kafka.max.partition.fetch.bytes.*>= 1"),
         ({"maxOffsetPerTrigger": "5"}, "unknown option 'maxoffsetpertrigger'.*did you mean 'maxOffsetsPerTrigger'"),
         ({"includeHeader": "true"}, "unknown option 'includeheader'.*'includeHeaders'"),
         ({"colour": "blue"}, "unknown option 'colour' for the kafka-share source$"),

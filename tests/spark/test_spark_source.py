@@ -346,6 +346,36 @@ def test_commit_mode_a_batch_that_outlives_the_acquisition_lock_keeps_its_record
     assert offsets[(topic, 0)].start_offset == len(produced)
 
 
+def test_a_task_reads_its_ranges_in_fetches_of_max_partition_fetch_bytes(broker: BrokerProcess) -> None:
+    """A task's rows are the same whether its ranges take one Fetch each or one Fetch per log batch
+    (kafka.max.partition.fetch.bytes=1: the broker still returns the first whole batch), and only the
+    offsets of its ranges come out, with their delivery counts."""
+    from shoal.client.spark.source import RangeTask, SourceOptions, read_task
+
+    topic = "spark-fetch-size"
+    _prepare(broker, topic, "unused", 1)
+    produced = produce(broker.bootstrap, topic, 2000, extra={"batch.num.messages": 50})
+    value_at = {offset: value for _, offset, value in produced}
+    ranges = [(5, 480, 1), (700, 1333, 2), (1500, 1999, 1)]
+
+    def read(fetch_bytes: int) -> tuple[int, list[tuple[int, bytes, int]]]:
+        options = SourceOptions.parse({
+            "kafka.bootstrap.servers": broker.bootstrap, "group.id": "unused", "subscribe": topic,
+            "kafka.max.partition.fetch.bytes": str(fetch_bytes),
+        })
+        batches = list(read_task(RangeTask(topic, 0, ranges), options))
+        rows = [(r["offset"], r["value"], r["deliveryCount"]) for b in batches for r in b.to_pylist()]
+        return len(batches), rows
+
+    expected = [(o, value_at[o], count) for first, last, count in ranges for o in range(first, last + 1)]
+    fetches_small, small = read(1)
+    fetches_big, big = read(64 * 1024 * 1024)
+    assert small == expected
+    assert big == expected
+    assert fetches_big == len(ranges)  # one Arrow batch per fetch
+    assert fetches_small > 10 * len(ranges)
+
+
 def test_records_back_from_the_offset_log_are_accepted_and_dropped(broker: BrokerProcess) -> None:
     """The crash window of checkpoint mode, driven through the reader itself (no Spark needed): a batch is
     in the offset log but its ACCEPT never reached the broker, so its records return to the group. The
