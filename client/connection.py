@@ -14,6 +14,7 @@ from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.codec import DecodeError, MessageBase
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.frames import FrameReader, FrameSizeError
 
 from .errors import (
     AuthenticationError,
@@ -31,6 +32,64 @@ CLIENT_SOFTWARE_NAME = "shoal-python"
 CLIENT_SOFTWARE_VERSION = "0.1.0"
 
 
+class _ResponseStream(asyncio.BufferedProtocol):
+    """The socket side of a BrokerConnection: receives into the FrameReader's buffers (a large response
+    lands in its own buffer, uncopied), hands each frame to the connection, and keeps write flow control."""
+
+    def __init__(self, owner: BrokerConnection):
+        self.owner = owner
+        self.frames = FrameReader(_MAX_FRAME)
+        self.transport: asyncio.Transport | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._can_write: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.frames.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            frames = self.frames.buffer_updated(nbytes)
+        except FrameSizeError as exc:
+            self.owner._fail(KafkaConnectionError(None, f"invalid response frame size {exc.size}"))
+            return
+        for frame in frames:
+            self.owner._on_response(frame)
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport: the broker closed its side
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        owner = self.owner
+        owner._fail(KafkaConnectionError(None, f"connection to {owner.host}:{owner.port} lost: {exc!r}"))
+        if not self.closed.done():
+            self.closed.set_result(None)
+        self._wake_writers(exc)
+
+    def pause_writing(self) -> None:
+        if self._can_write is None:
+            self._can_write = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        self._wake_writers(None)
+
+    def _wake_writers(self, exc: Exception | None) -> None:
+        waiter, self._can_write = self._can_write, None
+        if waiter is not None and not waiter.done():
+            if exc is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(ConnectionResetError(str(exc)))
+
+    async def drain(self) -> None:
+        """Wait while the transport's write buffer is over its high-water mark."""
+        if self._can_write is not None:
+            await asyncio.shield(self._can_write)
+
+
 class BrokerConnection:
     """Pipelines requests to one broker; responses are routed back by correlation id, in any order."""
 
@@ -40,9 +99,7 @@ class BrokerConnection:
         self.node_id = node_id
         self.config = config
         self.api_versions: dict[int, tuple[int, int]] = {}
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._read_task: asyncio.Task[None] | None = None
+        self._stream: _ResponseStream | None = None
         self._pending: dict[int, tuple[asyncio.Future[Any], int, int]] = {}
         self._correlation = 0
         self._closed = False
@@ -54,17 +111,19 @@ class BrokerConnection:
 
     @property
     def connected(self) -> bool:
-        return self._writer is not None and not self._closed
+        return self._stream is not None and not self._closed
 
     # ---- set-up --------------------------------------------------------------------------------
 
     async def connect(self) -> BrokerConnection:
         timeout = self.config.request_timeout_ms / 1000
         ssl_ctx = self.config.ssl_context()
+        loop = asyncio.get_running_loop()
         try:
-            self._reader, self._writer = await asyncio.wait_for(
-                asyncio.open_connection(
-                    self.host, self.port, ssl=ssl_ctx, server_hostname=self.host if ssl_ctx else None, limit=1 << 20
+            _, self._stream = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: _ResponseStream(self), self.host, self.port, ssl=ssl_ctx,
+                    server_hostname=self.host if ssl_ctx else None,
                 ),
                 timeout,
             )
@@ -75,7 +134,6 @@ class BrokerConnection:
         except (TimeoutError, OSError) as exc:
             self._closed = True
             raise KafkaConnectionError(None, f"cannot connect to {self.host}:{self.port}: {exc}") from exc
-        self._read_task = asyncio.get_running_loop().create_task(self._read_loop())
         try:
             await self._negotiate_versions()
             if self.config.uses_sasl:
@@ -160,7 +218,8 @@ class BrokerConnection:
 
         Give either an exact `version` or a `versions` range to negotiate within.
         """
-        if self._closed or self._writer is None:
+        stream = self._stream
+        if self._closed or stream is None or stream.transport is None:
             raise self._close_reason or KafkaConnectionError(None, f"connection to {self.host}:{self.port} is closed")
         if version is None:
             spec_high = messages.REQUESTS[api_key].spec.valid.high
@@ -173,9 +232,9 @@ class BrokerConnection:
         if expect_response:
             future = asyncio.get_running_loop().create_future()
             self._pending[correlation_id] = (future, api_key, version)
-        self._writer.write(_SIZE.pack(len(frame)) + frame)
+        stream.transport.write(_SIZE.pack(len(frame)) + frame)
         try:
-            await self._writer.drain()
+            await stream.drain()
         except (OSError, RuntimeError) as exc:
             self._fail(KafkaConnectionError(None, f"write to {self.host}:{self.port} failed: {exc}"))
         if future is None:
@@ -189,44 +248,32 @@ class BrokerConnection:
             self._fail(KafkaTimeoutError(None, f"no response from {self.host}:{self.port} within {timeout:.1f}s"))
             raise KafkaTimeoutError(None, f"{messages.API_NAMES.get(api_key)} timed out after {timeout:.1f}s") from None
 
-    async def _read_loop(self) -> None:
-        assert self._reader is not None
-        reader = self._reader
+    def _on_response(self, payload: bytes | bytearray) -> None:
+        if len(payload) < 4:
+            self._fail(KafkaConnectionError(None, f"invalid response frame size {len(payload)}"))
+            return
+        correlation_id = int.from_bytes(payload[0:4], "big", signed=True)
+        entry = self._pending.pop(correlation_id, None)
+        if entry is None:
+            return  # a response we stopped waiting for (timed out)
+        future, api_key, version = entry
+        if future.done():
+            return
         try:
-            while True:
-                head = await reader.readexactly(4)
-                (size,) = _SIZE.unpack(head)
-                if size < 4 or size > _MAX_FRAME:
-                    raise KafkaConnectionError(None, f"invalid response frame size {size}")
-                payload = await reader.readexactly(size)
-                correlation_id = int.from_bytes(payload[0:4], "big", signed=True)
-                entry = self._pending.pop(correlation_id, None)
-                if entry is None:
-                    continue  # a response we stopped waiting for (timed out)
-                future, api_key, version = entry
-                if future.done():
-                    continue
-                try:
-                    _, body = messages.decode_response(payload, api_key, version)
-                except Exception as exc:  # a malformed body fails this request, not the connection
-                    future.set_exception(DecodeError(f"cannot decode {messages.API_NAMES.get(api_key)} v{version}: {exc}"))
-                else:
-                    future.set_result(body)
-        except asyncio.CancelledError:
-            self._fail(KafkaConnectionError(None, "connection closed"))
-            raise
-        except (asyncio.IncompleteReadError, OSError) as exc:
-            self._fail(KafkaConnectionError(None, f"connection to {self.host}:{self.port} lost: {exc!r}"))
-        except KafkaError as exc:
-            self._fail(exc)
+            # A memoryview, so that the decoder copies each field out of a large frame once.
+            _, body = messages.decode_response(memoryview(payload), api_key, version)
+        except Exception as exc:  # a malformed body fails this request, not the connection
+            future.set_exception(DecodeError(f"cannot decode {messages.API_NAMES.get(api_key)} v{version}: {exc}"))
+        else:
+            future.set_result(body)
 
     def _fail(self, reason: KafkaError) -> None:
         if not self._closed:
             self._closed = True
             self._close_reason = reason
-            if self._writer is not None:
+            if self._stream is not None and self._stream.transport is not None:
                 with contextlib.suppress(Exception):
-                    self._writer.close()
+                    self._stream.transport.close()
             if self.on_close is not None:
                 self.on_close(self)
         pending, self._pending = self._pending, {}
@@ -236,11 +283,6 @@ class BrokerConnection:
 
     async def close(self) -> None:
         self._fail(KafkaConnectionError(None, "connection closed by the client"))
-        task = self._read_task
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        if self._writer is not None:
+        if self._stream is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._writer.wait_closed(), 1.0)
+                await asyncio.wait_for(asyncio.shield(self._stream.closed), 1.0)
