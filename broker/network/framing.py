@@ -15,18 +15,10 @@ from typing import TYPE_CHECKING, Any
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.codec import DecodeError, MessageBase
+from shoal.protocol.frames import FrameSizeError
 
 if TYPE_CHECKING:
     from shoal.broker.apis.broker import Api
-
-
-class FrameSizeError(Exception):
-    """The size prefix is negative or above socket.request.max.bytes."""
-
-    def __init__(self, size: int, limit: int):
-        super().__init__(f"request frame size {size} outside [0, {limit}]")
-        self.size = size
-        self.limit = limit
 
 
 def next_frame(buf: bytearray, max_size: int) -> bytes | None:
