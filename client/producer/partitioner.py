@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 _M = 0x5BD1E995
 _SEED = 0x9747B28C
@@ -11,6 +12,12 @@ _MASK = 0xFFFFFFFF
 
 def murmur2(data: bytes) -> int:
     """The 32-bit murmur2 hash exactly as Kafka's Java client computes it (signed result)."""
+    h = _unsigned_murmur2(bytes(data))
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def murmur2_python(data: bytes) -> int:
+    """murmur2 in plain Python (unsigned result): the stand-in where the compiled hash has no wheel."""
     length = len(data)
     h = (_SEED ^ length) & _MASK
     end = length & ~3
@@ -31,12 +38,27 @@ def murmur2(data: bytes) -> int:
     h ^= h >> 13
     h = (h * _M) & _MASK
     h ^= h >> 15
-    return h - (1 << 32) if h & 0x80000000 else h
+    return h
+
+
+def _compiled() -> Callable[[bytes], int] | None:
+    try:
+        from murmurhash2 import murmurhash2
+    except ImportError:
+        return None
+    return lambda data: murmurhash2(data, _SEED)
+
+
+# The compiled hash takes about a tenth of the Python loop's time; keyed sends spend a third of the
+# producer's CPU hashing otherwise.
+_unsigned_murmur2: Callable[[bytes], int] = _compiled() or murmur2_python
 
 
 def partition_for_key(key: bytes, num_partitions: int) -> int:
     # Kafka's toPositive: clear the sign bit rather than taking abs().
-    return (murmur2(key) & 0x7FFFFFFF) % num_partitions
+    if type(key) is not bytes:
+        key = bytes(key)  # the compiled hash takes bytes only
+    return (_unsigned_murmur2(key) & 0x7FFFFFFF) % num_partitions
 
 
 class StickyPartitioner:

@@ -8,6 +8,9 @@ import pickle
 import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from murmurhash2 import murmurhash2
 
 from shoal.client.consumer.share_consumer import (
     AcknowledgeType,
@@ -22,7 +25,7 @@ from shoal.client.errors import (
     UnknownTopicError,
     for_code,
 )
-from shoal.client.producer.partitioner import StickyPartitioner, murmur2, partition_for_key
+from shoal.client.producer.partitioner import StickyPartitioner, murmur2, murmur2_python, partition_for_key
 from shoal.client.security import ClientConfig, PlainExchange, ScramExchange
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
@@ -46,6 +49,15 @@ ACQUIRED = messages.ShareFetchResponse.AcquiredRecords  # type: ignore[attr-defi
 )
 def test_murmur2_matches_kafka(text: str, expected: int) -> None:
     assert murmur2(text.encode()) == expected
+    # The plain-Python stand-in (for platforms without the compiled wheel) gives the same, unsigned.
+    assert murmur2_python(text.encode()) == expected & 0xFFFFFFFF
+
+
+@given(st.binary(max_size=64))
+def test_compiled_and_python_murmur2_agree(data: bytes) -> None:
+    assert murmurhash2(data, 0x9747B28C) == murmur2_python(data)
+    assert partition_for_key(data, 7) == (murmur2_python(data) & 0x7FFFFFFF) % 7
+    assert partition_for_key(bytearray(data), 7) == partition_for_key(data, 7)
 
 
 def test_partition_for_key_clears_the_sign_bit() -> None:
