@@ -115,6 +115,12 @@ def _headers(headers: HeadersArg) -> list[Header]:
     return [Header(k, v) for k, v in items]
 
 
+# librdkafka's batch.size rather than the Java client's 16 KiB: this producer keeps one request in flight
+# per partition (idempotent order without re-sequencing), where the Java client pipelines five, so small
+# batches would leave it waiting on each round trip. linger_ms still sends a part-filled batch.
+DEFAULT_BATCH_SIZE = 1_000_000
+
+
 class AsyncProducer:
     def __init__(
         self,
@@ -122,7 +128,7 @@ class AsyncProducer:
         *,
         acks: int | str = -1,
         linger_ms: int = 5,
-        batch_size: int = 16384,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         compression: str = "none",
         enable_idempotence: bool | None = None,
         client_id: str | None = None,

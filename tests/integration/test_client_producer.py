@@ -173,3 +173,18 @@ def test_send_many_raises_the_first_failure_and_keeps_what_it_queued(broker: Bro
             producer.send_many([*ok, (topic, b"x" * 2_000_000, None, None, 0)]).result(30)
         producer.flush(30)
     assert sorted(bytes(v) for _, _, _, v, _ in _read_back(broker.bootstrap, topic, 4, 2)) == [b"ok"] * 4
+
+
+async def test_a_bulk_send_fills_batches_up_to_batch_size(broker: BrokerProcess) -> None:
+    # One request in flight per partition: the producer's throughput rests on its batches being full.
+    topic = unique_name("cl-prod-fill")
+    await asyncio.to_thread(_create, broker.bootstrap, topic, 1)
+    value = b"v" * 100
+    async with AsyncProducer(broker.bootstrap) as producer:
+        assert await producer.send_many((topic, value, b"k%06d" % i, None, None) for i in range(20_000)) == 20_000
+        batch_size = producer.batch_size
+    stored = await _raw_batches(broker.bootstrap, topic, 0)
+    assert sum(h.records_count for h in stored) == 20_000
+    assert all(h.size <= batch_size for h in stored)
+    # Every batch but the last is full: the producer's size estimate runs a little over the encoded size.
+    assert all(h.size > 0.9 * batch_size for h in stored[:-1]), [h.size for h in stored]
