@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 
 _M = 0x5BD1E995
 _SEED = 0x9747B28C
@@ -12,28 +11,28 @@ _MASK = 0xFFFFFFFF
 
 def murmur2(data: bytes) -> int:
     """The 32-bit murmur2 hash exactly as Kafka's Java client computes it (signed result)."""
-    h = _unsigned_murmur2(bytes(data))
+    h = _murmur2_unsigned(bytes(data), _SEED)
     return h - (1 << 32) if h & 0x80000000 else h
 
 
-def murmur2_python(data: bytes) -> int:
+def murmur2_python(key: bytes, seed: int) -> int:
     """murmur2 in plain Python (unsigned result): the stand-in where the compiled hash has no wheel."""
-    length = len(data)
-    h = (_SEED ^ length) & _MASK
+    length = len(key)
+    h = (seed ^ length) & _MASK
     end = length & ~3
     for i in range(0, end, 4):
-        k = data[i] | (data[i + 1] << 8) | (data[i + 2] << 16) | (data[i + 3] << 24)
+        k = key[i] | (key[i + 1] << 8) | (key[i + 2] << 16) | (key[i + 3] << 24)
         k = (k * _M) & _MASK
         k ^= k >> 24
         k = (k * _M) & _MASK
         h = ((h * _M) & _MASK) ^ k
     extra = length & 3
     if extra == 3:
-        h ^= data[end + 2] << 16
+        h ^= key[end + 2] << 16
     if extra >= 2:
-        h ^= data[end + 1] << 8
+        h ^= key[end + 1] << 8
     if extra >= 1:
-        h ^= data[end]
+        h ^= key[end]
         h = (h * _M) & _MASK
     h ^= h >> 13
     h = (h * _M) & _MASK
@@ -41,24 +40,19 @@ def murmur2_python(data: bytes) -> int:
     return h
 
 
-def _compiled() -> Callable[[bytes], int] | None:
-    try:
-        from murmurhash2 import murmurhash2
-    except ImportError:
-        return None
-    return lambda data: murmurhash2(data, _SEED)
-
-
 # The compiled hash takes about a tenth of the Python loop's time; keyed sends spend a third of the
 # producer's CPU hashing otherwise.
-_unsigned_murmur2: Callable[[bytes], int] = _compiled() or murmur2_python
+try:
+    from murmurhash2 import murmurhash2 as _murmur2_unsigned
+except ImportError:  # no wheel for this platform
+    _murmur2_unsigned = murmur2_python
 
 
 def partition_for_key(key: bytes, num_partitions: int) -> int:
     # Kafka's toPositive: clear the sign bit rather than taking abs().
     if type(key) is not bytes:
         key = bytes(key)  # the compiled hash takes bytes only
-    return (_unsigned_murmur2(key) & 0x7FFFFFFF) % num_partitions
+    return (_murmur2_unsigned(key, _SEED) & 0x7FFFFFFF) % num_partitions
 
 
 class StickyPartitioner:
