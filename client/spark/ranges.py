@@ -8,7 +8,7 @@ offsets acquired for it, each range with one delivery count, and an estimate of 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,20 +149,88 @@ def piece(r: OffsetRange, lo: int, hi: int) -> OffsetRange:
 
 
 @dataclass(frozen=True, slots=True)
-class TaskRanges:
-    """What one Spark task reads: ranges of one topic-partition, in offset order."""
+class PartitionRanges:
+    """Ranges of one topic-partition, in offset order."""
 
     topic: str
     partition: int
     ranges: tuple[OffsetRange, ...]
 
+
+@dataclass(frozen=True, slots=True)
+class TaskRanges:
+    """What one Spark task reads: ranges of one or more topic-partitions, each partition's in offset order."""
+
+    parts: tuple[PartitionRanges, ...]
+
     @property
     def size(self) -> int:
-        return sum(r.size for r in self.ranges)
+        return sum(r.size for p in self.parts for r in p.ranges)
 
     @property
     def count(self) -> int:
-        return sum(r.count for r in self.ranges)
+        return sum(r.count for p in self.parts for r in p.ranges)
+
+
+class _TaskFiller:
+    """Appends ranges to the open task and closes it into `tasks`; a partition's run of ranges stays together."""
+
+    def __init__(self) -> None:
+        self.tasks: list[TaskRanges] = []
+        self.parts: list[PartitionRanges] = []
+        self.run: list[OffsetRange] = []
+        self.tp: TopicPartition = ("", 0)
+        self.size = 0
+        self.count = 0
+
+    def start_partition(self, tp: TopicPartition) -> None:
+        self._close_run()
+        self.tp = tp
+
+    def add(self, r: OffsetRange) -> None:
+        self.run.append(r)
+        self.size += r.size
+        self.count += r.count
+
+    def close_task(self) -> None:
+        self._close_run()
+        if self.parts:
+            self.tasks.append(TaskRanges(tuple(self.parts)))
+        self.parts, self.size, self.count = [], 0, 0
+
+    def _close_run(self) -> None:
+        if self.run:
+            self.parts.append(PartitionRanges(self.tp[0], self.tp[1], tuple(self.run)))
+            self.run = []
+
+
+def _fill(parts: list[tuple[TopicPartition, list[OffsetRange]]], cap: int) -> list[TaskRanges]:
+    """Ranges in (topic-partition, offset) order into tasks of at most `cap` bytes: a task closes when the
+    next offset no longer fits, and a range is cut where it stops fitting. An offset larger than `cap`
+    alone is a task of its own."""
+    fill = _TaskFiller()
+    for tp, ranges in parts:
+        fill.start_partition(tp)
+        for r in ranges:
+            rest: OffsetRange | None = r
+            while rest is not None:
+                if fill.count and fill.size >= cap:
+                    fill.close_task()
+                room = cap - fill.size
+                if rest.size <= room or (not fill.count and rest.count == 1):
+                    fill.add(rest)
+                    rest = None
+                    continue
+                # The most offsets whose pro-rata size (see piece()) still fits the room left.
+                fits = min(rest.count - 1, ((room + 1) * rest.count - 1) // rest.size)
+                if not fill.count:
+                    fits = max(fits, 1)  # an empty task always takes something
+                if fits > 0:
+                    fill.add(piece(rest, rest.first, rest.first + fits - 1))
+                    rest = piece(rest, rest.first + fits, rest.last)
+                fill.close_task()
+    fill.close_task()
+    return fill.tasks
 
 
 def _halve(task: TaskRanges) -> tuple[TaskRanges, TaskRanges] | None:
@@ -171,72 +239,42 @@ def _halve(task: TaskRanges) -> tuple[TaskRanges, TaskRanges] | None:
     if total < 2:
         return None
     want = total // 2
-    left: list[OffsetRange] = []
-    right: list[OffsetRange] = []
-    seen = 0
-    for r in task.ranges:
-        if seen >= want:
-            right.append(r)
-        elif seen + r.count <= want:
-            left.append(r)
-        else:
-            cut = r.first + (want - seen) - 1
-            left.append(piece(r, r.first, cut))
-            right.append(piece(r, cut + 1, r.last))
-        seen += r.count
-    return (TaskRanges(task.topic, task.partition, tuple(left)), TaskRanges(task.topic, task.partition, tuple(right)))
-
-
-def _by_bytes(topic: str, partition: int, ranges: list[OffsetRange], max_bytes: int) -> Iterator[TaskRanges]:
-    current: list[OffsetRange] = []
-    size = 0
-    for r in sorted(ranges, key=lambda r: r.first):
-        while r is not None:
-            if size > max_bytes:  # one offset larger than the cap: it stays alone
-                yield TaskRanges(topic, partition, tuple(current))
-                current, size = [], 0
-            room = max_bytes - size
-            if r.size <= room or (not current and r.count == 1):
-                current.append(r)
-                size += r.size
-                break
-            # The most offsets whose pro-rata size (see piece()) still fits the room left.
-            fits = min(r.count - 1, ((room + 1) * r.count - 1) // r.size) if r.size else r.count - 1
-            if not current:
-                fits = max(fits, 1)  # an empty task always takes something
-            if fits > 0:
-                current.append(piece(r, r.first, r.first + fits - 1))
-                r = piece(r, r.first + fits, r.last)
-            if current:
-                yield TaskRanges(topic, partition, tuple(current))
-            current, size = [], 0
-    if current:
-        yield TaskRanges(topic, partition, tuple(current))
-
-
-def _even_cap(ranges: list[OffsetRange], max_bytes: int) -> int:
-    """The byte cap that cuts a partition's ranges into as few tasks as `max_bytes` allows, of about equal
-    size: a batch of 1.2 x max_bytes becomes two tasks of 0.6, not one full task and a small one, since a
-    micro-batch lasts as long as its largest task. One average offset of slack keeps a rounding sliver from
-    becoming a task of its own."""
-    total = sum(r.size for r in ranges)
-    if total <= max_bytes:
-        return max_bytes
-    tasks = -(-total // max_bytes)
-    count = sum(r.count for r in ranges)
-    return min(max_bytes, -(-total // tasks) + -(-total // count))
+    halves = (_TaskFiller(), _TaskFiller())
+    for part in task.parts:
+        for half in halves:
+            half.start_partition((part.topic, part.partition))
+        for r in part.ranges:
+            left = halves[0]
+            if left.count >= want:
+                halves[1].add(r)
+            elif left.count + r.count <= want:
+                left.add(r)
+            else:
+                cut = r.first + (want - left.count) - 1
+                left.add(piece(r, r.first, cut))
+                halves[1].add(piece(r, cut + 1, r.last))
+    for half in halves:
+        half.close_task()
+    return halves[0].tasks[0], halves[1].tasks[0]
 
 
 def plan_tasks(ranges: Mapping[TopicPartition, Iterable[OffsetRange]], max_bytes: int, min_partitions: int = 1) -> list[TaskRanges]:
-    """Cut a batch into tasks: each holds ranges of one topic-partition, in offset order, of at most
-    `max_bytes` (unless one offset alone is larger), a partition's tasks of about equal size; then, while there are fewer than `min_partitions`
-    tasks, the one with the most offsets is halved."""
-    tasks: list[TaskRanges] = []
-    for (topic, partition), rs in sorted(ranges.items()):
-        rs = list(rs)
-        if rs:
-            tasks.extend(_by_bytes(topic, partition, rs, _even_cap(rs, max_bytes)))
-    while len(tasks) < min_partitions and tasks:
+    """Cut a batch into tasks by bytes, not by topic-partition: as few as `max_bytes` allows (an offset
+    larger than that alone is a task), of about equal size, since a micro-batch lasts as long as its
+    largest task and every Spark task has a fixed cost (for a Python source, tens of milliseconds before
+    the first row); a task may hold ranges of several topic-partitions, each partition's in offset order.
+    Then, while there are fewer than `min_partitions` tasks, the one with the most offsets is halved."""
+    parts = [(tp, sorted(rs, key=lambda r: r.first)) for tp, rs in sorted(ranges.items())]
+    parts = [(tp, rs) for tp, rs in parts if rs]
+    total = sum(r.size for _, rs in parts for r in rs)
+    count = sum(r.count for _, rs in parts for r in rs)
+    if not count:
+        return []
+    tasks_wanted = max(1, -(-total // max_bytes))
+    # An even share, plus one average offset of slack so that a rounding sliver does not become a task.
+    cap = max(1, min(max_bytes, -(-total // tasks_wanted) + -(-total // count)))
+    tasks = _fill(parts, cap)
+    while len(tasks) < min_partitions:
         biggest = max(range(len(tasks)), key=lambda i: tasks[i].count)
         halves = _halve(tasks[biggest])
         if halves is None:

@@ -15,11 +15,12 @@ queries in one share group split it.
 How a micro-batch is made. One share consumer lives in the driver-side process Spark keeps for the
 source. `latestOffset` acquires records with ShareFetch, reading only batch headers, never payloads, and
 returns an end offset that lists exactly what it acquired: per topic-partition, the offset ranges and
-their delivery counts. `partitions` cuts those ranges into tasks (by maxBytesPerPartition and
-minPartitions; a task holds ranges of one partition in offset order, never records), and each task reads
-its ranges from the partition leader with a plain Fetch, keeping only those offsets (other consumers of the
-group own the rest of the partition), and decodes them on the executor straight into Arrow columns
-(record_columns), one Arrow batch per fetch, with the next fetch under way meanwhile.
+their delivery counts. `partitions` cuts those ranges into tasks by bytes (maxBytesPerPartition and
+minPartitions), not one per topic-partition: a task holds offset ranges, never records, possibly of
+several partitions, each partition's in offset order. Each task reads its ranges from the partition
+leaders with a plain Fetch, keeping only those offsets (other consumers of the group own the rest of the
+partition), and decodes them on the executor straight into Arrow columns (record_columns), one Arrow
+batch per fetch, with the next fetch under way meanwhile.
 
 When records are accepted (`acknowledgeMode`):
   * `checkpoint` (default): once the batch is replayable. Batch 1 is accepted as soon as its end offset is
@@ -267,13 +268,11 @@ def report_lost(topic: str, partition: int, first: int, last: int, *, fail: bool
 
 
 class RangeTask(InputPartition):
-    """One Spark task: offset ranges of one topic-partition, in order, as (first, last, delivery count)."""
+    """One Spark task: per topic-partition, offset ranges in order, as (first, last, delivery count)."""
 
-    def __init__(self, topic: str, partition: int, ranges: Sequence[tuple[int, int, int]]) -> None:
+    def __init__(self, parts: Sequence[tuple[str, int, Sequence[tuple[int, int, int]]]]) -> None:
         super().__init__(None)
-        self.topic = topic
-        self.partition = partition
-        self.ranges = list(ranges)
+        self.parts = [(topic, partition, list(ranges)) for topic, partition, ranges in parts]
 
 
 # Offset readers of this Python worker, by connection settings: Spark reuses workers across tasks.
@@ -294,18 +293,25 @@ def _offset_reader(options: SourceOptions) -> OffsetReader:
 
 
 def read_task(task: RangeTask, options: SourceOptions) -> Iterator[pa.RecordBatch]:
-    """The rows of a task's ranges, read by offset (executor side): one Arrow batch per fetch, decoded
-    column by column (see record_columns) while the next fetch is under way."""
+    """The rows of a task's ranges, read by offset (executor side), one topic-partition after another."""
+    for topic, partition, ranges in task.parts:
+        yield from _read_partition(topic, partition, ranges, options)
+
+
+def _read_partition(
+    topic: str, partition: int, ranges: Sequence[tuple[int, int, int]], options: SourceOptions
+) -> Iterator[pa.RecordBatch]:
+    """One Arrow batch per fetch, decoded column by column (see record_columns) while the next fetch is
+    under way."""
     import numpy as np
     import pyarrow as pa
 
     from shoal.client.spark.record_columns import decode_columns, record_sections
 
     reader = _offset_reader(options)
-    ranges = task.ranges
-    for index, step in reader.read_ranges(task.topic, task.partition, [(r[0], r[1]) for r in ranges]):
+    for index, step in reader.read_ranges(topic, partition, [(r[0], r[1]) for r in ranges]):
         for lo, hi in step.lost:
-            report_lost(task.topic, task.partition, lo, hi, fail=options.fail_on_data_loss)
+            report_lost(topic, partition, lo, hi, fail=options.fail_on_data_loss)
         if not step.batches:
             continue
         data, sections = record_sections(step.data, step.batches)
@@ -317,8 +323,8 @@ def read_task(task: RangeTask, options: SourceOptions) -> Iterator[pa.RecordBatc
         arrays = [
             cols.keys,
             cols.values,
-            pa.repeat(pa.scalar(task.topic, pa.string()), n),
-            pa.repeat(pa.scalar(task.partition, pa.int32()), n),
+            pa.repeat(pa.scalar(topic, pa.string()), n),
+            pa.repeat(pa.scalar(partition, pa.int32()), n),
             pa.array(cols.offsets, pa.int64()),
             # Kafka uses -1 for "no timestamp"; Spark shows that as null rather than 1969-12-31.
             pa.array(cols.timestamps * 1000, pa.timestamp("us", tz="UTC"), mask=cols.timestamps < 0),
@@ -858,7 +864,8 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         ranges = ranges_from_json(end.get("ranges"))
         tasks = plan_tasks(ranges, self.options.max_bytes_per_partition, self.options.min_partitions)
         return [
-            RangeTask(t.topic, t.partition, [(r.first, r.last, r.delivery_count) for r in t.ranges]) for t in tasks
+            RangeTask([(p.topic, p.partition, [(r.first, r.last, r.delivery_count) for r in p.ranges]) for p in t.parts])
+            for t in tasks
         ]
 
     def commit(self, end: dict[str, Any]) -> None:

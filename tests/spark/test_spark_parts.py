@@ -124,9 +124,12 @@ def test_planning_covers_each_offset_once_in_order_within_the_byte_cap(
     tasks = plan_tasks(batch, max_bytes, min_partitions)
     for tp, ranges in batch.items():
         want = [(o, r.delivery_count) for r in ranges for o in range(r.first, r.last + 1)]
-        got = [(o, r.delivery_count) for t in tasks if (t.topic, t.partition) == tp for r in t.ranges
-               for o in range(r.first, r.last + 1)]
+        got = [(o, r.delivery_count) for t in tasks for p in t.parts if (p.topic, p.partition) == tp
+               for r in p.ranges for o in range(r.first, r.last + 1)]
         assert got == want  # every offset once, in offset order, with its delivery count
+    for task in tasks:
+        assert task.count > 0 and all(p.ranges for p in task.parts)
+        assert len({(p.topic, p.partition) for p in task.parts}) == len(task.parts)  # a partition's run stays whole
     for task in tasks:
         assert task.size <= max_bytes or task.count == 1
     offsets = sum(r.count for rs in batch.values() for r in rs)
@@ -141,6 +144,22 @@ def test_planning_cuts_a_partition_into_even_tasks() -> None:
     assert len(tasks) == 2
     assert abs(tasks[0].count - tasks[1].count) <= 100
     assert all(t.size <= 8 * 1024 * 1024 for t in tasks)
+
+
+def test_planning_cuts_by_bytes_not_by_partition() -> None:
+    # A batch of 100k offsets over three partitions (about 3.6 MB each) is two tasks of about half the
+    # batch, the middle partition split between them at an offset, not three tasks, one per partition.
+    batch = {("t", p): [OffsetRange(1000 * p, 1000 * p + 33_332, 1, 3_600_000)] for p in range(3)}
+    tasks = plan_tasks(batch, 8 * 1024 * 1024)
+    assert len(tasks) == 2
+    assert abs(tasks[0].count - tasks[1].count) <= 100
+    assert [(p.topic, p.partition) for p in tasks[0].parts] == [("t", 0), ("t", 1)]
+    assert [(p.topic, p.partition) for p in tasks[1].parts] == [("t", 1), ("t", 2)]
+    assert tasks[0].parts[1].ranges[-1].last + 1 == tasks[1].parts[0].ranges[0].first
+    # Small batches over many partitions are one task: each Spark task has a fixed cost.
+    small = {("t", p): [OffsetRange(0, 99, 1, 10_000)] for p in range(12)}
+    assert len(plan_tasks(small, 8 * 1024 * 1024)) == 1
+    assert len(plan_tasks(small, 8 * 1024 * 1024, min_partitions=12)) == 12
 
 
 @given(ranges_strategy, st.integers(1, 10**9))
@@ -208,10 +227,11 @@ def test_a_replayed_batch_plans_the_same_tasks_without_a_consumer() -> None:
     ranges = {("a", 0): [OffsetRange(10, 29, 2, 2000)], ("b", 1): [OffsetRange(5, 5, 1, 100)]}
     end = {"seq": 3, "member": "m", "acknowledgeMode": CHECKPOINT, "ranges": ranges_to_json(ranges)}
     tasks = reader.partitions({"seq": 2, "member": "m", "acknowledgeMode": CHECKPOINT}, end)
-    assert [(t.topic, t.partition, t.ranges) for t in tasks] == [
-        ("a", 0, [(10, 19, 2)]),
-        ("a", 0, [(20, 29, 2)]),
-        ("b", 1, [(5, 5, 1)]),
+    # 2100 bytes, at most 1000 a task: three tasks of about 700, the last with the ranges of two partitions.
+    assert [t.parts for t in tasks] == [
+        [("a", 0, [(10, 17, 2)])],
+        [("a", 0, [(18, 25, 2)])],
+        [("a", 0, [(26, 29, 2)]), ("b", 1, [(5, 5, 1)])],
     ]
     assert reader.partitions(end, end) == []
     # The replayed ranges are now known to be in the offset log: if they come back, they are dropped.

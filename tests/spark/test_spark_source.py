@@ -363,7 +363,7 @@ def test_a_task_reads_its_ranges_in_fetches_of_max_partition_fetch_bytes(broker:
             "kafka.bootstrap.servers": broker.bootstrap, "group.id": "unused", "subscribe": topic,
             "kafka.max.partition.fetch.bytes": str(fetch_bytes),
         })
-        batches = list(read_task(RangeTask(topic, 0, ranges), options))
+        batches = list(read_task(RangeTask([(topic, 0, ranges)]), options))
         rows = [(r["offset"], r["value"], r["deliveryCount"]) for b in batches for r in b.to_pylist()]
         return len(batches), rows
 
@@ -395,7 +395,7 @@ def test_records_back_from_the_offset_log_are_accepted_and_dropped(broker: Broke
 
     restarted = KafkaShareStreamReader(options)
     replay = restarted.partitions(start, logged)  # Spark replays the logged batch by its ranges
-    assert [(t.topic, t.partition, t.ranges) for t in replay] == [(topic, 0, [(0, 59, 1)])]
+    assert [t.parts for t in replay] == [[(topic, 0, [(0, 59, 1)])]]
     following = restarted.latestOffset(logged, ReadMaxRows(100))
     # 0..59 came back (delivery count 2): accepted and dropped. Only the records never logged make the batch.
     assert following["ranges"] == {topic: {"0": [[60, 99, 1, following["ranges"][topic]["0"][0][3]]]}}
