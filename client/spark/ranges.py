@@ -263,14 +263,15 @@ def plan_tasks(ranges: Mapping[TopicPartition, Iterable[OffsetRange]], max_bytes
     larger than that alone is a task), of about equal size, since a micro-batch lasts as long as its
     largest task and every Spark task has a fixed cost (for a Python source, tens of milliseconds before
     the first row); a task may hold ranges of several topic-partitions, each partition's in offset order.
-    Then, while there are fewer than `min_partitions` tasks, the one with the most offsets is halved."""
+    `min_partitions` raises the number of even shares; if byte sizes still give fewer tasks (offsets of
+    no size), the task with the most offsets is halved until there are enough."""
     parts = [(tp, sorted(rs, key=lambda r: r.first)) for tp, rs in sorted(ranges.items())]
     parts = [(tp, rs) for tp, rs in parts if rs]
     total = sum(r.size for _, rs in parts for r in rs)
     count = sum(r.count for _, rs in parts for r in rs)
     if not count:
         return []
-    tasks_wanted = max(1, -(-total // max_bytes))
+    tasks_wanted = max(1, min_partitions, -(-total // max_bytes))
     # An even share, plus one average offset of slack so that a rounding sliver does not become a task.
     cap = max(1, min(max_bytes, -(-total // tasks_wanted) + -(-total // count)))
     tasks = _fill(parts, cap)

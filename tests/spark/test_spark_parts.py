@@ -156,6 +156,10 @@ def test_planning_cuts_by_bytes_not_by_partition() -> None:
     assert [(p.topic, p.partition) for p in tasks[0].parts] == [("t", 0), ("t", 1)]
     assert [(p.topic, p.partition) for p in tasks[1].parts] == [("t", 1), ("t", 2)]
     assert tasks[0].parts[1].ranges[-1].last + 1 == tasks[1].parts[0].ranges[0].first
+    # minPartitions asks for more tasks: still even shares of the batch, not halves and quarters.
+    spread = plan_tasks(batch, 8 * 1024 * 1024, min_partitions=4)
+    assert len(spread) == 4
+    assert max(t.count for t in spread) - min(t.count for t in spread) <= 100
     # Small batches over many partitions are one task: each Spark task has a fixed cost.
     small = {("t", p): [OffsetRange(0, 99, 1, 10_000)] for p in range(12)}
     assert len(plan_tasks(small, 8 * 1024 * 1024)) == 1
