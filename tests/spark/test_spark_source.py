@@ -376,6 +376,23 @@ def test_a_task_reads_its_ranges_in_fetches_of_max_partition_fetch_bytes(broker:
     assert fetches_small > 10 * len(ranges)
 
 
+def test_a_task_of_several_partitions_reads_each_in_offset_order(broker: BrokerProcess) -> None:
+    """Tasks are cut by bytes, so one task may hold the ranges of several topic-partitions: its rows are
+    those of each partition's ranges, a partition's in offset order, with their delivery counts."""
+    from shoal.client.spark.source import RangeTask, SourceOptions, read_task
+
+    topic = "spark-task-of-partitions"
+    _prepare(broker, topic, "unused", 2)
+    produced = produce(broker.bootstrap, topic, 1000, partitions=2)
+    value_at = {(p, o): v for p, o, v in produced}
+    parts = [(topic, 1, [(10, 99, 3), (200, 249, 1)]), (topic, 0, [(0, 0, 1), (400, 499, 2)])]
+    options = SourceOptions.parse({"kafka.bootstrap.servers": broker.bootstrap, "group.id": "unused", "subscribe": topic})
+    rows = [(r["partition"], r["offset"], r["value"], r["deliveryCount"])
+            for b in read_task(RangeTask(parts), options) for r in b.to_pylist()]
+    assert rows == [(p, o, value_at[(p, o)], count)
+                    for _, p, ranges in parts for first, last, count in ranges for o in range(first, last + 1)]
+
+
 def test_records_back_from_the_offset_log_are_accepted_and_dropped(broker: BrokerProcess) -> None:
     """The crash window of checkpoint mode, driven through the reader itself (no Spark needed): a batch is
     in the offset log but its ACCEPT never reached the broker, so its records return to the group. The
