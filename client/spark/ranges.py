@@ -265,8 +265,7 @@ def plan_tasks(ranges: Mapping[TopicPartition, Iterable[OffsetRange]], max_bytes
     the first row); a task may hold ranges of several topic-partitions, each partition's in offset order.
     `min_partitions` raises the number of even shares; if byte sizes still give fewer tasks (offsets of
     no size), the task with the most offsets is halved until there are enough."""
-    parts = [(tp, sorted(rs, key=lambda r: r.first)) for tp, rs in sorted(ranges.items())]
-    parts = [(tp, rs) for tp, rs in parts if rs]
+    parts = [(tp, sorted(rs, key=lambda r: r.first)) for tp, rs in sorted(ranges.items()) if rs]
     total = sum(r.size for _, rs in parts for r in rs)
     count = sum(r.count for _, rs in parts for r in rs)
     if not count:
