@@ -11,6 +11,10 @@ N records (100-byte values) are produced once to a 3-partition topic. Then, each
     local checkpoint directory without Hadoop's native library, the default forks `readlink` and `chmod`
     for every offset-log and commit-log file, tens of processes per micro-batch;
   * Spark alone copies the parquet output to parquet (no Kafka): the parquet sink's share of the cost;
+  * a "no-work" Python streaming data source (it slices the same rows out of a memory-mapped Arrow
+    file, in micro-batches of the same size, two tasks each) runs into parquet with each checkpoint file
+    manager: the most any Python data source reaches there on this machine, against which the kafka-share
+    source's rate is also shown;
   * the bundled producer sends the same rows (key, value) from one process (the reference writer), and the
     kafka-share sink writes them from Spark (rate over the sink's addBatch time);
   * the driver-side source process's peak RSS is sampled while the source drains N and then 10 x N records
@@ -169,6 +173,90 @@ def spark_parquet_copy(spark: Any, src: str, dst: str, total: int) -> float:
     return rate
 
 
+def arrow_rows_source() -> type:
+    """A streaming Python data source ("bench-arrow-rows") that does no work of its own: each task slices its
+    rows out of a memory-mapped Arrow IPC file. Options: path, total, perTrigger."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+    class RowSlice(InputPartition):
+        def __init__(self, first: int, end: int) -> None:
+            self.first, self.end = first, end
+
+    class Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+        def __init__(self, path: str, total: int, per_trigger: int) -> None:
+            self.path, self.total, self.per_trigger = path, total, per_trigger
+
+        def initialOffset(self) -> dict[str, int]:
+            return {"row": 0}
+
+        def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
+            return {"row": min(self.total, start["row"] + self.per_trigger)}
+
+        def prepareForTriggerAvailableNow(self) -> None:
+            pass
+
+        def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[RowSlice]:
+            first, last = start["row"], end["row"]
+            step = max(1, -(-(last - first) // 2))  # two tasks, as the kafka-share source plans these batches
+            return [RowSlice(i, min(last, i + step)) for i in range(first, last, step)]
+
+        def commit(self, end: dict[str, int]) -> None:
+            pass
+
+        def read(self, partition: InputPartition) -> Any:
+            import pyarrow as pa
+
+            assert isinstance(partition, RowSlice)
+            table = pa.ipc.open_file(pa.memory_map(self.path)).read_all()
+            yield from table.slice(partition.first, partition.end - partition.first).to_batches(10_000)
+
+    class ArrowRows(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "bench-arrow-rows"
+
+        def schema(self) -> str:
+            return ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+                    "timestampType int, deliveryCount int")
+
+        def streamReader(self, schema: Any) -> Reader:
+            o = self.options
+            return Reader(o["path"], int(o["total"]), int(o["perTrigger"]))
+
+    return ArrowRows
+
+
+def write_arrow_rows(spark: Any, parquet_dir: str, path: str) -> None:
+    """The kafka-share source's parquet output as an Arrow IPC file, typed as the source yields it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(parquet_dir).select(
+        ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "deliveryCount"]
+    )
+    utc = pa.timestamp("us", tz="UTC")
+    table = table.cast(pa.schema([f.with_type(utc) if f.name == "timestamp" else f for f in table.schema]))
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+
+
+def python_source_floor(spark: Any, path: str, total: int, per_trigger: int, tmp: str, name: str) -> float:
+    """Steady records/s of the no-work Python source into parquet (the same steady-rate rule as spark_source)."""
+    query = (
+        spark.readStream.format("bench-arrow-rows").option("path", path).option("total", total)
+        .option("perTrigger", per_trigger).load()
+        .writeStream.format("parquet").option("path", f"{tmp}/floor-out-{name}")
+        .option("checkpointLocation", f"{tmp}/floor-ckpt-{name}").trigger(availableNow=True).start()
+    )
+    query.awaitTermination()
+    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    if sum(p["numInputRows"] for p in progress) != total:
+        raise RuntimeError(f"the Arrow rows source read {sum(p['numInputRows'] for p in progress)}, expected {total}")
+    later = progress[1:] or progress
+    return sum(p["numInputRows"] for p in later) / (sum(p["durationMs"]["triggerExecution"] for p in later) / 1000)
+
+
 def bundled_producer(bootstrap: str, topic: str, rows: list[tuple[bytes, bytes]]) -> float:
     from shoal.client.producer import Producer
 
@@ -272,6 +360,18 @@ def main() -> None:
                     steady, wall = spark_source(spark, bootstrap, TOPIC, group, n, sink, tmp, args.per_trigger)
                     steady_by.setdefault(config, []).append(steady)
                     walls.setdefault(config, []).append(wall)
+                spark.dataSource.register(arrow_rows_source())
+                arrow_path = f"{tmp}/rows.arrow"
+                write_arrow_rows(spark, f"{tmp}/out-parquet-0", arrow_path)
+                floors: dict[str, list[float]] = {}
+                for r in range(args.runs):
+                    for config in ("parquet", "parquet-fs"):
+                        if config.endswith("-fs"):
+                            spark.conf.set(CHECKPOINT_MANAGER_CONF, FS_CHECKPOINT_MANAGER)
+                        else:
+                            spark.conf.unset(CHECKPOINT_MANAGER_CONF)
+                        floors.setdefault(config, []).append(
+                            python_source_floor(spark, arrow_path, n, args.per_trigger, tmp, f"{config}-{r}"))
                 spark.conf.unset(CHECKPOINT_MANAGER_CONF)
                 drains += [bare_confluent(bootstrap, f"bare-{i}", n) for i in range(3, 6)]
                 bare = statistics.median(drains)
@@ -288,6 +388,11 @@ def main() -> None:
                     each = ", ".join(f"{r / bare:.2f}" for r in steady_by[config])
                     print(f"  spark source -> {label:22s} {steady:>10,.0f} rec/s steady ({n / wall:,.0f} incl. "
                           f"start-up, {wall:.1f} s)   ratio to bare: {steady / bare:.2f} (each query: {each})")
+                for config in ("parquet", "parquet-fs"):
+                    floor = statistics.median(floors[config])
+                    label = f"parquet{', FS checkpoints' if config.endswith('-fs') else ''}"
+                    print(f"  no-work source -> {label:22s} {floor:>10,.0f} rec/s steady   ratio to bare: "
+                          f"{floor / bare:.2f}   (kafka-share source at {rates[config] / floor:.2f} of it)")
                 copy = spark_parquet_copy(spark, f"{tmp}/out-parquet-0", f"{tmp}/copy", n)
                 print(f"  spark parquet copy, no Kafka   {copy:>10,.0f} rec/s   (Spark's parquet writer alone; "
                       f"source -> parquet at {rates['parquet-fs'] / copy:.2f} of it with FS checkpoints, "
