@@ -148,7 +148,12 @@ def spark_source(spark: Any, bootstrap: str, topic: str, group: str, total: int,
     start = time.perf_counter()
     query = writer.trigger(availableNow=True).start()
     query.awaitTermination()
-    wall = time.perf_counter() - start
+    return steady_rate(query, total), time.perf_counter() - start
+
+
+def steady_rate(query: Any, total: int) -> float:
+    """Records/s of a finished availableNow query over its micro-batches after the first (which pays for
+    start-up), once it is checked to have read `total` records."""
     progress = [p for p in query.recentProgress if p["numInputRows"]]
     rows = sum(p["numInputRows"] for p in progress)
     if rows != total:
@@ -159,7 +164,7 @@ def spark_source(spark: Any, bootstrap: str, topic: str, group: str, total: int,
             parts = " ".join(f"{k}={v}" for k, v in sorted(p["durationMs"].items()) if v)
             print(f"    batch {p['batchId']}: {p['numInputRows']} rows  {parts}")
     steady_s = sum(p["durationMs"]["triggerExecution"] for p in later) / 1000
-    return sum(p["numInputRows"] for p in later) / steady_s, wall
+    return sum(p["numInputRows"] for p in later) / steady_s
 
 
 def spark_parquet_copy(spark: Any, src: str, dst: str, total: int) -> float:
@@ -175,7 +180,7 @@ def spark_parquet_copy(spark: Any, src: str, dst: str, total: int) -> float:
 
 def arrow_rows_source() -> type:
     """A streaming Python data source ("bench-arrow-rows") that does no work of its own: each task slices its
-    rows out of a memory-mapped Arrow IPC file. Options: path, total, perTrigger."""
+    rows out of a memory-mapped Arrow IPC file, and its schema is that file's. Options: path, total, perTrigger."""
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
@@ -216,9 +221,11 @@ def arrow_rows_source() -> type:
         def name(cls) -> str:
             return "bench-arrow-rows"
 
-        def schema(self) -> str:
-            return ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
-                    "timestampType int, deliveryCount int")
+        def schema(self) -> Any:
+            import pyarrow as pa
+            from pyspark.sql.pandas.types import from_arrow_schema
+
+            return from_arrow_schema(pa.ipc.open_file(pa.memory_map(self.options["path"])).schema)
 
         def streamReader(self, schema: Any) -> Reader:
             o = self.options
@@ -227,14 +234,12 @@ def arrow_rows_source() -> type:
     return ArrowRows
 
 
-def write_arrow_rows(spark: Any, parquet_dir: str, path: str) -> None:
+def write_arrow_rows(parquet_dir: str, path: str) -> None:
     """The kafka-share source's parquet output as an Arrow IPC file, typed as the source yields it."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pq.read_table(parquet_dir).select(
-        ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "deliveryCount"]
-    )
+    table = pq.read_table(parquet_dir)
     utc = pa.timestamp("us", tz="UTC")
     table = table.cast(pa.schema([f.with_type(utc) if f.name == "timestamp" else f for f in table.schema]))
     with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
@@ -250,11 +255,7 @@ def python_source_floor(spark: Any, path: str, total: int, per_trigger: int, tmp
         .option("checkpointLocation", f"{tmp}/floor-ckpt-{name}").trigger(availableNow=True).start()
     )
     query.awaitTermination()
-    progress = [p for p in query.recentProgress if p["numInputRows"]]
-    if sum(p["numInputRows"] for p in progress) != total:
-        raise RuntimeError(f"the Arrow rows source read {sum(p['numInputRows'] for p in progress)}, expected {total}")
-    later = progress[1:] or progress
-    return sum(p["numInputRows"] for p in later) / (sum(p["durationMs"]["triggerExecution"] for p in later) / 1000)
+    return steady_rate(query, total)
 
 
 def bundled_producer(bootstrap: str, topic: str, rows: list[tuple[bytes, bytes]]) -> float:
@@ -362,7 +363,7 @@ def main() -> None:
                     walls.setdefault(config, []).append(wall)
                 spark.dataSource.register(arrow_rows_source())
                 arrow_path = f"{tmp}/rows.arrow"
-                write_arrow_rows(spark, f"{tmp}/out-parquet-0", arrow_path)
+                write_arrow_rows(f"{tmp}/out-parquet-0", arrow_path)
                 floors: dict[str, list[float]] = {}
                 for r in range(args.runs):
                     for config in ("parquet", "parquet-fs"):
