@@ -31,6 +31,7 @@ from shoal.persister.persister import Persister, SharePartitionKey, WriteStateRe
 from shoal.protocol.acknowledge_type import AcknowledgeType
 from shoal.protocol.errors import ErrorCode
 
+from .acquire_read import AcquireReadSize
 from .dead_letter import DeadLetterWriter, NotDeadLettered, Source
 from .group_configs import GroupConfigs
 from .share_partition import (
@@ -135,6 +136,7 @@ class SharePartitionLeader:
         # Published for the metrics thread, which may only read plain attributes (see _publish).
         self.published_delivery_complete = 0
         self.published_oldest_lock_ms: int | None = None
+        self._read_size = AcquireReadSize()
 
     @property
     def wake_key(self) -> ShareFetchKey:
@@ -245,7 +247,8 @@ class SharePartitionLeader:
                 if fetch_offset >= limit:
                     return Acquisition(b"", [])
                 try:
-                    batches = self.plog.read_batch_headers(fetch_offset, max_bytes, max_offset=limit)
+                    batches = self.plog.read_batch_headers(
+                        fetch_offset, self._read_size.bytes_for(max_records, max_bytes), max_offset=limit)
                 except OffsetOutOfRange:
                     # The log start moved past the fetch offset: archive what is gone and start again from the log
                     # start. Only then, as in Kafka; records still acquired below it can be acknowledged until then.
@@ -253,6 +256,7 @@ class SharePartitionLeader:
                     return Acquisition(b"", [])
                 if not batches:
                     return Acquisition(b"", [])
+                self._read_size.observe(h for h, _ in batches)
                 skipped = self._undeliverable(batches, read_committed)
                 if skipped:
                     sp.archive_undeliverable(sorted(skipped))

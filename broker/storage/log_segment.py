@@ -332,7 +332,7 @@ class LogSegment:
             cut += size
         if cut == 0 and min_one:
             # Kafka returns a batch larger than the fetch size rather than stalling the consumer.
-            head = os.pread(self.fd, LOG_OVERHEAD, position)
+            head = buf if len(buf) >= LOG_OVERHEAD else os.pread(self.fd, LOG_OVERHEAD, position)
             if len(head) < LOG_OVERHEAD or (max_offset is not None and _base_offset(head, 0) >= max_offset):
                 return b"", True
             first = os.pread(self.fd, _batch_size(head, 0), position)
