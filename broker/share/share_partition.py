@@ -578,6 +578,15 @@ class SharePartition:
             expected = b.last + 1
         return self.end_offset + 1
 
+    def acquirable(self, max_records: int) -> int:
+        """The most records one acquisition may take now: up to the in-flight limit, or at the limit what
+        the cached range still holds from the next fetch offset on."""
+        capacity = self.max_in_flight_records - self.in_flight_count
+        if capacity > 0:
+            return min(max_records, capacity)
+        nfo = self.next_fetch_offset()
+        return min(max_records, self.end_offset - nfo + 1) if nfo <= self.end_offset else 0
+
     def can_acquire(self) -> bool:
         """False only when the in-flight limit is reached and nothing in the cache is acquirable."""
         if self.next_fetch_offset() <= self.end_offset:
@@ -613,18 +622,11 @@ class SharePartition:
             self._archive_missing(read_from, first_base - 1, archive_available=fetch_offset is not None)
             self._advance()
 
-        nfo = self.next_fetch_offset()
-        end = self.end_offset
-        capacity = self.max_in_flight_records - self.in_flight_count
-        if capacity > 0:
-            budget = min(max_records, capacity)
-            hi = log_last
-        elif nfo <= end:
-            # At the in-flight limit only records already inside the cached range can go out.
-            budget = min(max_records, end - nfo + 1)
-            hi = min(log_last, end)
-        else:
+        budget = self.acquirable(max_records)
+        if budget <= 0:
             return []
+        # At the in-flight limit only records already inside the cached range can go out.
+        hi = log_last if self.in_flight_count < self.max_in_flight_records else min(log_last, self.end_offset)
 
         deadline = now_ms + self.lock_duration_ms
         result: list[AcquiredRange] = []

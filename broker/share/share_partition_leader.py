@@ -247,8 +247,8 @@ class SharePartitionLeader:
                 if fetch_offset >= limit:
                     return Acquisition(b"", [])
                 try:
-                    batches = self.plog.read_batch_headers(
-                        fetch_offset, self._read_size.bytes_for(max_records, max_bytes), max_offset=limit)
+                    read_bytes = self._read_size.bytes_for(sp.acquirable(max_records), max_bytes)
+                    batches = self.plog.read_batch_headers(fetch_offset, read_bytes, max_offset=limit)
                 except OffsetOutOfRange:
                     # The log start moved past the fetch offset: archive what is gone and start again from the log
                     # start. Only then, as in Kafka; records still acquired below it can be acknowledged until then.
