@@ -12,9 +12,9 @@ N records (100-byte values) are produced once to a 3-partition topic. Then, each
     for every offset-log and commit-log file, tens of processes per micro-batch;
   * Spark alone copies the parquet output to parquet (no Kafka): the parquet sink's share of the cost;
   * a "no-work" Python streaming data source (it slices the same rows out of a memory-mapped Arrow
-    file, in micro-batches of the same size, two tasks each) runs into parquet with each checkpoint file
-    manager: the most any Python data source reaches there on this machine, against which the kafka-share
-    source's rate is also shown;
+    file, in micro-batches of the same size, two tasks each) runs into each sink with each checkpoint
+    file manager: the most any Python data source reaches there on this machine, against which the
+    kafka-share source's rate is also shown;
   * the bundled producer sends the same rows (key, value) from one process (the reference writer), and the
     kafka-share sink writes them from Spark in micro-batches of the same size as the source's, in two
     queries: the steady rate, by the source's rule, counts the micro-batches after each query's first
@@ -250,14 +250,16 @@ def write_arrow_rows(parquet_dir: str, path: str) -> None:
         writer.write_table(table)
 
 
-def python_source_floor(spark: Any, path: str, total: int, per_trigger: int, tmp: str, name: str) -> float:
-    """Steady records/s of the no-work Python source into parquet (the same steady-rate rule as spark_source)."""
-    query = (
+def python_source_floor(spark: Any, path: str, total: int, per_trigger: int, tmp: str, name: str, sink: str) -> float:
+    """Steady records/s of the no-work Python source into `sink` (the same steady-rate rule as spark_source)."""
+    writer = (
         spark.readStream.format("bench-arrow-rows").option("path", path).option("total", total)
         .option("perTrigger", per_trigger).load()
-        .writeStream.format("parquet").option("path", f"{tmp}/floor-out-{name}")
-        .option("checkpointLocation", f"{tmp}/floor-ckpt-{name}").trigger(availableNow=True).start()
+        .writeStream.format(sink).option("checkpointLocation", f"{tmp}/floor-ckpt-{name}")
     )
+    if sink == "parquet":
+        writer = writer.option("path", f"{tmp}/floor-out-{name}")
+    query = writer.trigger(availableNow=True).start()
     query.awaitTermination()
     return steady_rate(query, total)
 
@@ -380,13 +382,13 @@ def main() -> None:
                 write_arrow_rows(f"{tmp}/out-parquet-0", arrow_path)
                 floors: dict[str, list[float]] = {}
                 for r in range(args.runs):
-                    for config in ("parquet", "parquet-fs"):
+                    for config, sink in configs:
                         if config.endswith("-fs"):
                             spark.conf.set(CHECKPOINT_MANAGER_CONF, FS_CHECKPOINT_MANAGER)
                         else:
                             spark.conf.unset(CHECKPOINT_MANAGER_CONF)
                         floors.setdefault(config, []).append(
-                            python_source_floor(spark, arrow_path, n, args.per_trigger, tmp, f"{config}-{r}"))
+                            python_source_floor(spark, arrow_path, n, args.per_trigger, tmp, f"{config}-{r}", sink))
                 spark.conf.unset(CHECKPOINT_MANAGER_CONF)
                 drains += [bare_confluent(bootstrap, f"bare-{i}", n) for i in range(3, 6)]
                 bare = statistics.median(drains)
@@ -403,9 +405,9 @@ def main() -> None:
                     each = ", ".join(f"{r / bare:.2f}" for r in steady_by[config])
                     print(f"  spark source -> {label:22s} {steady:>10,.0f} rec/s steady ({n / wall:,.0f} incl. "
                           f"start-up, {wall:.1f} s)   ratio to bare: {steady / bare:.2f} (each query: {each})")
-                for config in ("parquet", "parquet-fs"):
+                for config, sink in configs:
                     floor = statistics.median(floors[config])
-                    label = f"parquet{', FS checkpoints' if config.endswith('-fs') else ''}"
+                    label = f"{sink}{', FS checkpoints' if config.endswith('-fs') else ''}"
                     print(f"  no-work source -> {label:22s} {floor:>10,.0f} rec/s steady   ratio to bare: "
                           f"{floor / bare:.2f}   (kafka-share source at {rates[config] / floor:.2f} of it)")
                 copy = spark_parquet_copy(spark, f"{tmp}/out-parquet-0", f"{tmp}/copy", n)
