@@ -110,6 +110,19 @@ def test_acquire_with_max_in_flight_records_and_try_acquire_new_batch() -> None:
     assert acq(sp, "m2", (0, 9), (10, 24), (25, 29)) == [(3, 3, 2)]
 
 
+def test_acquirable_is_the_in_flight_room_or_at_the_limit_the_cached_range_from_the_next_fetch_offset() -> None:
+    sp = make(max_in_flight_records=20)
+    assert sp.acquirable(500) == 20 and sp.acquirable(7) == 7
+    assert acq(sp, "m1", (0, 9)) == [(0, 9, 1)]
+    assert sp.acquirable(500) == 10
+    assert acq(sp, "m1", (10, 24)) == [(10, 24, 1)]
+    assert sp.acquirable(500) == 0  # at the limit with nothing AVAILABLE in the cache
+    assert ack(sp, "m1", (3, 3, [RELEASE])).error_code == 0
+    # Only the cached range from the released offset (3) to the cache end (24) can still go out.
+    assert sp.acquirable(500) == 22 and sp.acquirable(5) == 5
+    assert sp.acquirable(0) == 0
+
+
 def test_acquire_released_record_gets_delivery_count_plus_one() -> None:
     sp = make()
     acq(sp, "m1", (0, 4))
