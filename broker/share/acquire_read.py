@@ -2,10 +2,10 @@
 
 A ShareFetch allows a partition its share of MaxBytes (fetch.max.bytes split evenly: megabytes), but a
 pass acquires at most MaxRecords. Kafka reads its log as file slices that cost nothing until sent; this
-broker copies what it reads and walks every batch header in it, so reading the whole allowance on each
-pass made a consumer asking for 500 records cost the broker a 16 MiB copy. The read is sized instead to
-the records wanted, judged by the bytes per offset of the batches the partition's last pass read. A pass
-that comes up short only means the consumer's next fetch goes on from there.
+broker copies what it reads and walks every batch header in it, so reading the whole allowance would
+cost a consumer asking for 500 records a 16 MiB copy per partition and fetch. The read is sized to the
+records the pass may take instead, judged by the bytes per offset of the batches the partition's last
+pass read. A pass that comes up short only means the consumer's next fetch goes on from there.
 """
 
 from __future__ import annotations
