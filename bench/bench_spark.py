@@ -146,29 +146,36 @@ def spark_source(spark: Any, bootstrap: str, topic: str, group: str, total: int,
         .options(**EXTRA_OPTIONS)
         .load()
     )
-    writer = df.writeStream.format(sink).option("checkpointLocation", f"{tmp}/ckpt-{group}")
-    if sink == "parquet":
-        writer = writer.option("path", f"{tmp}/out-{group}")
     start = time.perf_counter()
+    query = drain(df, sink, f"{tmp}/ckpt-{group}", f"{tmp}/out-{group}")
+    return steady_rate(query, total)[0], time.perf_counter() - start
+
+
+def drain(df: Any, sink: str, checkpoint: str, out: str) -> Any:
+    """Run a streaming DataFrame into `sink` (noop or parquet, the latter at `out`) until it is drained."""
+    writer = df.writeStream.format(sink).option("checkpointLocation", checkpoint)
+    if sink == "parquet":
+        writer = writer.option("path", out)
     query = writer.trigger(availableNow=True).start()
     query.awaitTermination()
-    return steady_rate(query, total), time.perf_counter() - start
+    return query
 
 
-def steady_rate(query: Any, total: int) -> float:
-    """Records/s of a finished availableNow query over its micro-batches after the first (which pays for
-    start-up), once it is checked to have read `total` records."""
+def steady_rate(query: Any, total: int, timing: str = "triggerExecution") -> tuple[float, float]:
+    """(records/s of a finished availableNow query over its micro-batches after the first, records/s of
+    the first, which pays for start-up), timed by durationMs[timing], once it is checked to have read
+    `total` records."""
     progress = [p for p in query.recentProgress if p["numInputRows"]]
     rows = sum(p["numInputRows"] for p in progress)
     if rows != total:
         raise RuntimeError(f"Spark read {rows} records, expected {total}")
-    later = progress[1:] or progress
+    first, later = progress[0], progress[1:] or progress
     if BREAKDOWN:
         for p in progress:
             parts = " ".join(f"{k}={v}" for k, v in sorted(p["durationMs"].items()) if v)
             print(f"    batch {p['batchId']}: {p['numInputRows']} rows  {parts}")
-    steady_s = sum(p["durationMs"]["triggerExecution"] for p in later) / 1000
-    return sum(p["numInputRows"] for p in later) / steady_s
+    steady_s = sum(p["durationMs"][timing] for p in later) / 1000
+    return sum(p["numInputRows"] for p in later) / steady_s, first["numInputRows"] / (first["durationMs"][timing] / 1000)
 
 
 def spark_parquet_copy(spark: Any, src: str, dst: str, total: int) -> float:
@@ -252,16 +259,11 @@ def write_arrow_rows(parquet_dir: str, path: str) -> None:
 
 def python_source_floor(spark: Any, path: str, total: int, per_trigger: int, tmp: str, name: str, sink: str) -> float:
     """Steady records/s of the no-work Python source into `sink` (the same steady-rate rule as spark_source)."""
-    writer = (
+    df = (
         spark.readStream.format("bench-arrow-rows").option("path", path).option("total", total)
         .option("perTrigger", per_trigger).load()
-        .writeStream.format(sink).option("checkpointLocation", f"{tmp}/floor-ckpt-{name}")
     )
-    if sink == "parquet":
-        writer = writer.option("path", f"{tmp}/floor-out-{name}")
-    query = writer.trigger(availableNow=True).start()
-    query.awaitTermination()
-    return steady_rate(query, total)
+    return steady_rate(drain(df, sink, f"{tmp}/floor-ckpt-{name}", f"{tmp}/floor-out-{name}"), total)[0]
 
 
 def bundled_producer(bootstrap: str, topic: str, rows: list[tuple[bytes, bytes]]) -> float:
@@ -301,16 +303,7 @@ def spark_sink(spark: Any, bootstrap: str, topic: str, src: str, tmp: str, total
         .start()
     )
     query.awaitTermination()
-    progress = [p for p in query.recentProgress if p["numInputRows"]]
-    rows = sum(p["numInputRows"] for p in progress)
-    if rows != total:
-        raise RuntimeError(f"the sink wrote {rows} records, expected {total}")
-    if BREAKDOWN:
-        for p in progress:
-            print(f"    sink batch {p['batchId']}: {p['numInputRows']} rows  addBatch={p['durationMs']['addBatch']}")
-    first, later = progress[0], progress[1:] or progress
-    steady = sum(p["numInputRows"] for p in later) / (sum(p["durationMs"]["addBatch"] for p in later) / 1000)
-    return steady, first["numInputRows"] / (first["durationMs"]["addBatch"] / 1000)
+    return steady_rate(query, total, "addBatch")
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from shoal.client.admin import AsyncAdmin
 from shoal.client.errors import KafkaError, for_code
+from shoal.client.fetch_defaults import MAX_PARTITION_FETCH_BYTES
 from shoal.client.loop_thread import LoopThread
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -32,10 +33,6 @@ _LEADER_ERRORS = (
     ErrorCode.UNKNOWN_LEADER_EPOCH,
 )
 _MAX_LEADER_RETRIES = 5
-# Kafka's consumer default (max.partition.fetch.bytes). A range of several megabytes is then read in
-# several fetches, each decoded while the next is under way (a Spark task read in one 8 MiB fetch had
-# the broker, the decoding and Spark take turns), in buffers that stay in the CPU's caches.
-DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
 
 
 @dataclass
@@ -60,7 +57,7 @@ class AsyncOffsetReader(AsyncAdmin):
         bootstrap_servers: str | Iterable[str],
         *,
         config: Mapping[str, Any] | None = None,
-        partition_max_bytes: int = DEFAULT_PARTITION_MAX_BYTES,
+        partition_max_bytes: int = MAX_PARTITION_FETCH_BYTES,
         isolation_level: int = READ_UNCOMMITTED,
     ):
         super().__init__(bootstrap_servers, config=config)

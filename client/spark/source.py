@@ -87,6 +87,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from shoal.client.fetch_defaults import MAX_PARTITION_FETCH_BYTES
 from shoal.client.spark.journal import (
     DEFAULT_JOURNAL_TOPIC,
     DISABLED,
@@ -131,8 +132,6 @@ _COLUMNS = (
 )
 _HEADERS_COLUMN = "headers ARRAY<STRUCT<key: STRING, value: BINARY>>"
 DEFAULT_MAX_BYTES_PER_PARTITION = 8 * 1024 * 1024
-# kafka.max.partition.fetch.bytes: Kafka's consumer default.
-DEFAULT_MAX_PARTITION_FETCH_BYTES = 1024 * 1024
 DEFAULT_POLL_TIMEOUT_MS = 500
 _FETCH_BYTES_KEY = "max.partition.fetch.bytes"
 # A third of the shortest acquisition lock a group may set by default (15 s; Kafka's default lock is 30 s).
@@ -193,7 +192,7 @@ class SourceOptions:
     acknowledge_mode: str = CHECKPOINT
     max_offsets_per_trigger: int | None = None
     max_bytes_per_partition: int = DEFAULT_MAX_BYTES_PER_PARTITION
-    max_partition_fetch_bytes: int = DEFAULT_MAX_PARTITION_FETCH_BYTES
+    max_partition_fetch_bytes: int = MAX_PARTITION_FETCH_BYTES
     min_partitions: int = 1
     poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
     fail_on_data_loss: bool = True
@@ -232,7 +231,7 @@ class SourceOptions:
             max_offsets_per_trigger=per_trigger or None,
             max_bytes_per_partition=int_option(options, "maxBytesPerPartition", DEFAULT_MAX_BYTES_PER_PARTITION),
             max_partition_fetch_bytes=int_option(
-                options, f"kafka.{_FETCH_BYTES_KEY}", DEFAULT_MAX_PARTITION_FETCH_BYTES
+                options, f"kafka.{_FETCH_BYTES_KEY}", MAX_PARTITION_FETCH_BYTES
             ),
             min_partitions=int_option(options, "minPartitions", 1),
             poll_timeout_ms=_first_int(

@@ -37,21 +37,31 @@ class Parts:
     state_topic: Topic
 
 
-@pytest.fixture
-async def parts(tmp_path: Path) -> AsyncIterator[Parts]:
+async def open_parts(tmp_path: Path, batches: list[list[bytes]], plog: PartitionLog | None = None) -> Parts:
+    """A leader over a log holding `batches` (one log batch each) and a share coordinator on disk."""
     state_topic = open_state_topic(tmp_path / "state")
     coordinator = await make_coordinator(state_topic)
     persister = DefaultStatePersister(InProcessShareCoordinatorClient(coordinator))
     assert await persister.initialize_state(KEY, 0, 0) == ErrorCode.NONE
-    plog = PartitionLog.open(tmp_path / "orders-0", cfg())
-    for first in (0, 5):  # two log batches: offsets 0-4 and 5-9
-        append(plog, make_batch([f"v{first + i}".encode() for i in range(5)]))
+    plog = plog or PartitionLog.open(tmp_path / "orders-0", cfg())
+    for values in batches:
+        append(plog, make_batch(values))
     group_configs = GroupConfigs(tmp_path, BrokerConfig.from_strings({"log.dirs": str(tmp_path)}))
-    leader = SharePartitionLeader(KEY, plog, persister, group_configs, Purgatory())
-    yield Parts(leader, plog, state_topic)
-    leader.drop()
-    plog.close()
-    close_topic(state_topic)  # closing twice is fine
+    return Parts(SharePartitionLeader(KEY, plog, persister, group_configs, Purgatory()), plog, state_topic)
+
+
+def close_parts(parts: Parts) -> None:
+    parts.leader.drop()
+    parts.plog.close()
+    close_topic(parts.state_topic)  # closing twice is fine
+
+
+@pytest.fixture
+async def parts(tmp_path: Path) -> AsyncIterator[Parts]:
+    # Two log batches: offsets 0-4 and 5-9.
+    opened = await open_parts(tmp_path, [[f"v{first + i}".encode() for i in range(5)] for first in (0, 5)])
+    yield opened
+    close_parts(opened)
 
 
 async def acquire(leader: SharePartitionLeader, member: str, max_records: int = 500) -> list[tuple[int, int, int]]:
@@ -101,39 +111,36 @@ async def test_spso_moves_to_the_log_start_only_when_the_fetch_offset_is_out_of_
     assert await acquire(leader, "m2") == [(8, 9, 2)]
 
 
+class RecordingLog(PartitionLog):
+    """The real partition log, noting the byte limit of every read."""
+
+    reads: list[int]
+
+    def read(self, fetch_offset: int, max_bytes: int, *, max_offset: int | None = None) -> bytes:
+        self.reads.append(max_bytes)
+        return super().read(fetch_offset, max_bytes, max_offset=max_offset)
+
+
 async def test_passes_read_what_they_acquire_and_still_take_every_offset_once(tmp_path: Path) -> None:
-    state_topic = open_state_topic(tmp_path / "state")
-    coordinator = await make_coordinator(state_topic)
-    persister = DefaultStatePersister(InProcessShareCoordinatorClient(coordinator))
-    assert await persister.initialize_state(KEY, 0, 0) == ErrorCode.NONE
-    plog = PartitionLog.open(tmp_path / "orders-0", cfg())
-    for first in range(0, 4000, 10):  # 400 batches of 10 records, about 130 KB in all
-        append(plog, make_batch([f"value-{first + i:06d}".encode() * 3 for i in range(10)]))
-    reads: list[int] = []
-    read = plog.read
-
-    def recording_read(fetch_offset: int, max_bytes: int, *, max_offset: int | None = None) -> bytes:
-        reads.append(max_bytes)
-        return read(fetch_offset, max_bytes, max_offset=max_offset)
-
-    plog.read = recording_read  # type: ignore[method-assign]
-    group_configs = GroupConfigs(tmp_path, BrokerConfig.from_strings({"log.dirs": str(tmp_path)}))
-    leader = SharePartitionLeader(KEY, plog, persister, group_configs, Purgatory())
+    plog = RecordingLog.open(tmp_path / "orders-0", cfg())
+    assert isinstance(plog, RecordingLog)
+    plog.reads = []
+    # 400 batches of 10 records, about 130 KB in all.
+    batches = [[f"value-{first + i:06d}".encode() * 3 for i in range(10)] for first in range(0, 4000, 10)]
+    parts = await open_parts(tmp_path, batches, plog)
     try:
         taken: list[int] = []
         while True:
-            got = await leader.acquire("m1", max_records=25, batch_size=25, max_bytes=16 << 20,
-                                       mode=AcquireMode.BATCH_OPTIMIZED)
+            got = await parts.leader.acquire("m1", max_records=25, batch_size=25, max_bytes=16 << 20,
+                                             mode=AcquireMode.BATCH_OPTIMIZED)
             if not got.acquired:
                 break
             for r in got.acquired:
                 taken.extend(range(r.first_offset, r.last_offset + 1))
-            assert await leader.acknowledge("m1", [AckBatch(r.first_offset, r.last_offset, [ACCEPT])
-                                                   for r in got.acquired]) == ErrorCode.NONE
+            assert await parts.leader.acknowledge("m1", [AckBatch(r.first_offset, r.last_offset, [ACCEPT])
+                                                         for r in got.acquired]) == ErrorCode.NONE
         assert taken == list(range(4000))
         # The first pass reads a partition fetch's worth; later ones what 25 records take, not 16 MiB.
-        assert reads[0] < 16 << 20 and max(reads[1:]) < 1 << 20
+        assert plog.reads[0] < 16 << 20 and max(plog.reads[1:]) < 1 << 20
     finally:
-        leader.drop()
-        plog.close()
-        close_topic(state_topic)
+        close_parts(parts)
