@@ -1,15 +1,17 @@
 """The kafka-share Spark source and sink against bare clients, one broker, one topic, one run.
 
 N records (100-byte values) are produced once to a 3-partition topic. Then, each in its own share group:
-  * a bare confluent-kafka ShareConsumer drains the topic three times before the Spark queries and three
-    times after them (the reference reader: the median of the six);
+  * a bare confluent-kafka ShareConsumer drains the topic (the reference reader) three times before Spark
+    starts, and once right before each measured kafka-share query;
   * Spark (local[2]) drains it with format("kafka-share") into the noop sink and into the parquet sink,
     after unreported warm-up queries into both sinks (--warm-up sets how many rounds, 0 for a cold JVM),
-    --runs times per configuration, the median counting
+    --runs times per configuration
     (availableNow; the steady rate counts the micro-batches after the first, which pays for start-up),
     first with Spark's default checkpoint file manager, then again with the FileSystem-based one: on a
     local checkpoint directory without Hadoop's native library, the default forks `readlink` and `chmod`
-    for every offset-log and commit-log file, tens of processes per micro-batch;
+    for every offset-log and commit-log file, tens of processes per micro-batch. Each query's ratio is to
+    the bare drain just before it, and the median of those ratios counts: this machine's speed drifts by
+    up to a factor of two within one run, and a pair sees the same stretch of it;
   * Spark alone copies the parquet output to parquet (no Kafka): the parquet sink's share of the cost;
   * a "no-work" Python streaming data source (it slices the same rows out of a memory-mapped Arrow
     file, in micro-batches of the same size, two tasks each) runs into each sink with each checkpoint
@@ -30,7 +32,7 @@ checkpoint-mode micro-batch holds no more than that per partition; with it, the 
 records one acquisition round takes.
 
 Usage: python bench/bench_spark.py [--records 300000] [--per-trigger 100000] [--max-record-locks 10000]
-                                   [--rss-records 100000] [--runs 3] [--warm-up 3] [--source-only]
+                                   [--rss-records 100000] [--runs 3] [--warm-up 8] [--source-only]
 """
 
 from __future__ import annotations
@@ -316,7 +318,7 @@ def main() -> None:
     parser.add_argument("--rss-records", type=int, default=100_000, help="N for the RSS check (also 10 x N)")
     parser.add_argument("--source-only", action="store_true", help="only the bare reader and the Spark source")
     parser.add_argument("--breakdown", action="store_true", help="print each micro-batch's durationMs")
-    parser.add_argument("--warm-up", type=int, default=3, metavar="ROUNDS",
+    parser.add_argument("--warm-up", type=int, default=8, metavar="ROUNDS",
                         help="unreported queries into noop and parquet before measuring (0: a cold JVM)")
     parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                         help="an extra kafka-share source option (repeatable), e.g. minPartitions=4")
@@ -342,33 +344,37 @@ def main() -> None:
             warm_ups = [(f"warm-up-{i}-{sink}", sink) for i in range(args.warm_up) for sink in ("noop", "parquet")]
             configs = (("noop", "noop"), ("parquet", "parquet"), ("noop-fs", "noop"), ("parquet-fs", "parquet"))
             runs = [(f"{config}-{r}", config, sink) for config, sink in configs for r in range(args.runs)]
-            for group in (*(g for g, _ in warm_ups), *(f"bare-{i}" for i in range(6)), *(g for g, _, _ in runs),
-                          "rss-1", "rss-10"):
+            for group in (*(g for g, _ in warm_ups), *(f"bare-{i}" for i in range(3)), *(g for g, _, _ in runs),
+                          *(f"bare-{g}" for g, _, _ in runs), "rss-1", "rss-10"):
                 set_group_config(bootstrap, group, share_auto_offset_reset="earliest")
             print(f"{n} records, {args.value_bytes}-byte values, 3 partitions, one broker on loopback, local[2], "
                   f"max.record.locks {args.max_record_locks} per partition")
 
-            # One drain takes about a second, and from run to run of this bench its rate has moved by a factor
-            # of two on a shared 2-core machine: three drains before the Spark queries and three after them,
-            # and the median of the six, keep a lucky or unlucky stretch from setting every ratio.
+            # Three drains on a machine without Spark, for the record; the ratios pair each query with the
+            # drain right before it.
             drains = [bare_confluent(bootstrap, f"bare-{i}", n) for i in range(3)]
             spark = spark_session()
             try:
-                # "Steady" means a warm JVM. Measured here, the JIT compiler threads use more CPU than the
-                # tasks themselves through the first few queries of a new JVM (Spark's planning, task
-                # deserialization and read/write paths are compiled, then recompiled), which a
-                # long-running query pays once.
+                # "Steady" means a warm JVM. Measured here (CPU of the JVM's threads by name, noop sink), the
+                # JIT compiler threads use more CPU than the task threads through the first few queries of a
+                # new JVM (Spark's planning, task deserialization and read/write paths are compiled, then
+                # recompiled): 0.9-1.3 CPU-s per query over the first four, about 0.4 from the eighth on,
+                # while the tasks use about 0.3. A long-running query pays that once.
                 for group, sink in warm_ups:
                     spark_source(spark, bootstrap, TOPIC, group, n, sink, tmp, args.per_trigger)
                 steady_by: dict[str, list[float]] = {}
+                ratios_by: dict[str, list[float]] = {}
                 walls: dict[str, list[float]] = {}
                 for group, config, sink in runs:
                     if config.endswith("-fs"):
                         spark.conf.set(CHECKPOINT_MANAGER_CONF, FS_CHECKPOINT_MANAGER)
                     else:
                         spark.conf.unset(CHECKPOINT_MANAGER_CONF)
+                    paired = bare_confluent(bootstrap, f"bare-{group}", n)
+                    drains.append(paired)
                     steady, wall = spark_source(spark, bootstrap, TOPIC, group, n, sink, tmp, args.per_trigger)
                     steady_by.setdefault(config, []).append(steady)
+                    ratios_by.setdefault(config, []).append(steady / paired)
                     walls.setdefault(config, []).append(wall)
                 spark.dataSource.register(arrow_rows_source())
                 arrow_path = f"{tmp}/rows.arrow"
@@ -383,10 +389,10 @@ def main() -> None:
                         floors.setdefault(config, []).append(
                             python_source_floor(spark, arrow_path, n, args.per_trigger, tmp, f"{config}-{r}", sink))
                 spark.conf.unset(CHECKPOINT_MANAGER_CONF)
-                drains += [bare_confluent(bootstrap, f"bare-{i}", n) for i in range(3, 6)]
                 bare = statistics.median(drains)
-                print(f"  bare confluent ShareConsumer   {bare:>10,.0f} rec/s (median of 6 drains: "
-                      f"{', '.join(f'{d:,.0f}' for d in drains)})")
+                print(f"  bare confluent ShareConsumer   {bare:>10,.0f} rec/s (median of {len(drains)} drains; "
+                      f"before Spark: {', '.join(f'{d:,.0f}' for d in drains[:3])}; paired with the queries: "
+                      f"{', '.join(f'{d:,.0f}' for d in drains[3:])})")
                 if warm_ups:
                     print(f"  (Spark: after {len(warm_ups)} unreported warm-up queries of the same records, "
                           f"{args.warm_up} into each sink; each rate the median of {args.runs} queries)")
@@ -395,13 +401,14 @@ def main() -> None:
                     steady, wall = statistics.median(steady_by[config]), statistics.median(walls[config])
                     rates[config] = steady
                     label = f"{sink}{', FS checkpoints' if config.endswith('-fs') else ''}"
-                    each = ", ".join(f"{r / bare:.2f}" for r in steady_by[config])
+                    each = ", ".join(f"{r:.2f}" for r in ratios_by[config])
                     print(f"  spark source -> {label:22s} {steady:>10,.0f} rec/s steady ({n / wall:,.0f} incl. "
-                          f"start-up, {wall:.1f} s)   ratio to bare: {steady / bare:.2f} (each query: {each})")
+                          f"start-up, {wall:.1f} s)   ratio to bare: {statistics.median(ratios_by[config]):.2f} "
+                          f"(each query to the drain before it: {each})")
                 for config, sink in configs:
                     floor = statistics.median(floors[config])
                     label = f"{sink}{', FS checkpoints' if config.endswith('-fs') else ''}"
-                    print(f"  no-work source -> {label:22s} {floor:>10,.0f} rec/s steady   ratio to bare: "
+                    print(f"  no-work source -> {label:22s} {floor:>10,.0f} rec/s steady   ratio to the bare median: "
                           f"{floor / bare:.2f}   (kafka-share source at {rates[config] / floor:.2f} of it)")
                 copy = spark_parquet_copy(spark, f"{tmp}/out-parquet-0", f"{tmp}/copy", n)
                 print(f"  spark parquet copy, no Kafka   {copy:>10,.0f} rec/s   (Spark's parquet writer alone; "
