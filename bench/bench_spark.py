@@ -10,8 +10,8 @@ N records (100-byte values) are produced once to a 3-partition topic. Then, each
     first with Spark's default checkpoint file manager, then again with the FileSystem-based one: on a
     local checkpoint directory without Hadoop's native library, the default forks `readlink` and `chmod`
     for every offset-log and commit-log file, tens of processes per micro-batch. Each query's ratio is to
-    the bare drain just before it, and the median of those ratios counts: this machine's speed drifts by
-    up to a factor of two within one run, and a pair sees the same stretch of it;
+    the bare drain just before it, and the median of those ratios counts: the bare rate has moved by 1.7x
+    within one run on a shared 2-core machine, and the two sides of a pair see the same stretch of it;
   * Spark alone copies the parquet output to parquet (no Kafka): the parquet sink's share of the cost;
   * a "no-work" Python streaming data source (it slices the same rows out of a memory-mapped Arrow
     file, in micro-batches of the same size, two tasks each) runs into each sink with each checkpoint
