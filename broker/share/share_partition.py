@@ -589,9 +589,7 @@ class SharePartition:
 
     def can_acquire(self) -> bool:
         """False only when the in-flight limit is reached and nothing in the cache is acquirable."""
-        if self.next_fetch_offset() <= self.end_offset:
-            return True
-        return self.in_flight_count < self.max_in_flight_records
+        return self.acquirable(1) > 0
 
     def acquire(
         self,
