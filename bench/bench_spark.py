@@ -115,6 +115,18 @@ class RssSampler:
                         self.peak_kb = max(self.peak_kb, int(line.split()[1]))
 
 
+def use_checkpoint_manager(spark: Any, config: str) -> None:
+    """The FileSystem-based checkpoint file manager for a "-fs" configuration, Spark's default otherwise."""
+    if config.endswith("-fs"):
+        spark.conf.set(CHECKPOINT_MANAGER_CONF, FS_CHECKPOINT_MANAGER)
+    else:
+        spark.conf.unset(CHECKPOINT_MANAGER_CONF)
+
+
+def label(config: str, sink: str) -> str:
+    return f"{sink}{', FS checkpoints' if config.endswith('-fs') else ''}"
+
+
 def spark_session() -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -366,10 +378,7 @@ def main() -> None:
                 ratios_by: dict[str, list[float]] = {}
                 walls: dict[str, list[float]] = {}
                 for group, config, sink in runs:
-                    if config.endswith("-fs"):
-                        spark.conf.set(CHECKPOINT_MANAGER_CONF, FS_CHECKPOINT_MANAGER)
-                    else:
-                        spark.conf.unset(CHECKPOINT_MANAGER_CONF)
+                    use_checkpoint_manager(spark, config)
                     paired = bare_confluent(bootstrap, f"bare-{group}", n)
                     drains.append(paired)
                     steady, wall = spark_source(spark, bootstrap, TOPIC, group, n, sink, tmp, args.per_trigger)
@@ -382,10 +391,7 @@ def main() -> None:
                 floors: dict[str, list[float]] = {}
                 for r in range(args.runs):
                     for config, sink in configs:
-                        if config.endswith("-fs"):
-                            spark.conf.set(CHECKPOINT_MANAGER_CONF, FS_CHECKPOINT_MANAGER)
-                        else:
-                            spark.conf.unset(CHECKPOINT_MANAGER_CONF)
+                        use_checkpoint_manager(spark, config)
                         floors.setdefault(config, []).append(
                             python_source_floor(spark, arrow_path, n, args.per_trigger, tmp, f"{config}-{r}", sink))
                 spark.conf.unset(CHECKPOINT_MANAGER_CONF)
@@ -400,15 +406,13 @@ def main() -> None:
                 for config, sink in configs:
                     steady, wall = statistics.median(steady_by[config]), statistics.median(walls[config])
                     rates[config] = steady
-                    label = f"{sink}{', FS checkpoints' if config.endswith('-fs') else ''}"
                     each = ", ".join(f"{r:.2f}" for r in ratios_by[config])
-                    print(f"  spark source -> {label:22s} {steady:>10,.0f} rec/s steady ({n / wall:,.0f} incl. "
+                    print(f"  spark source -> {label(config, sink):22s} {steady:>10,.0f} rec/s steady ({n / wall:,.0f} incl. "
                           f"start-up, {wall:.1f} s)   ratio to bare: {statistics.median(ratios_by[config]):.2f} "
                           f"(each query to the drain before it: {each})")
                 for config, sink in configs:
                     floor = statistics.median(floors[config])
-                    label = f"{sink}{', FS checkpoints' if config.endswith('-fs') else ''}"
-                    print(f"  no-work source -> {label:22s} {floor:>10,.0f} rec/s steady   ratio to the bare median: "
+                    print(f"  no-work source -> {label(config, sink):22s} {floor:>10,.0f} rec/s steady   ratio to the bare median: "
                           f"{floor / bare:.2f}   (kafka-share source at {rates[config] / floor:.2f} of it)")
                 copy = spark_parquet_copy(spark, f"{tmp}/out-parquet-0", f"{tmp}/copy", n)
                 print(f"  spark parquet copy, no Kafka   {copy:>10,.0f} rec/s   (Spark's parquet writer alone; "
