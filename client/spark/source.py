@@ -298,6 +298,20 @@ def read_task(task: RangeTask, options: SourceOptions) -> Iterator[pa.RecordBatc
         yield from _read_partition(topic, partition, ranges, options)
 
 
+def _read_spans(ranges: Sequence[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
+    """The task's ranges of one partition, in offset order, grouped into runs that follow on without a gap.
+
+    A run is read as one span: a fetch then stops only where the broker's size limit stops it, not at
+    each acquisition's edge, which would leave a short fetch behind at every edge."""
+    spans: list[list[tuple[int, int, int]]] = []
+    for r in ranges:
+        if spans and spans[-1][-1][1] + 1 == r[0]:
+            spans[-1].append(r)
+        else:
+            spans.append([r])
+    return spans
+
+
 def _read_partition(
     topic: str, partition: int, ranges: Sequence[tuple[int, int, int]], options: SourceOptions
 ) -> Iterator[pa.RecordBatch]:
@@ -309,13 +323,15 @@ def _read_partition(
     from shoal.client.spark.record_columns import decode_columns, record_sections
 
     reader = _offset_reader(options)
-    for index, step in reader.read_ranges(topic, partition, [(r[0], r[1]) for r in ranges]):
+    spans = _read_spans(ranges)
+    for index, step in reader.read_ranges(topic, partition, [(span[0][0], span[-1][1]) for span in spans]):
         for lo, hi in step.lost:
             report_lost(topic, partition, lo, hi, fail=options.fail_on_data_loss)
         if not step.batches:
             continue
+        span = spans[index]
         data, sections = record_sections(step.data, step.batches)
-        cols = decode_columns(data, sections, step.first, ranges[index][1])
+        cols = decode_columns(data, sections, step.first, span[-1][1])
         n = len(cols)
         if not n:
             continue
@@ -332,8 +348,21 @@ def _read_partition(
         ]
         if options.include_headers:
             arrays.append(_headers_column(step.data, step.batches, cols.batch_index, cols.record_index))
-        arrays.append(pa.repeat(pa.scalar(ranges[index][2], pa.int32()), n))
+        arrays.append(_delivery_counts(span, cols.offsets))
         yield pa.RecordBatch.from_arrays(arrays, names=_column_names(options))
+
+
+def _delivery_counts(span: Sequence[tuple[int, int, int]], offsets: Any) -> pa.Array:
+    """Each record's delivery count: that of the range of the span holding its offset."""
+    import numpy as np
+    import pyarrow as pa
+
+    counts = {r[2] for r in span}
+    if len(counts) == 1:
+        return pa.repeat(pa.scalar(counts.pop(), pa.int32()), len(offsets))
+    lasts = np.fromiter((r[1] for r in span), np.int64, len(span))
+    by_range = np.fromiter((r[2] for r in span), np.int32, len(span))
+    return pa.array(by_range[np.searchsorted(lasts, offsets)], pa.int32())
 
 
 def _column_names(options: SourceOptions) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import pickle
 
+import numpy as np
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -163,6 +164,28 @@ def test_planning_cuts_by_bytes_not_by_partition() -> None:
     small = {("t", p): [OffsetRange(0, 99, 1, 10_000)] for p in range(12)}
     assert len(plan_tasks(small, 8 * 1024 * 1024)) == 1
     assert len(plan_tasks(small, 8 * 1024 * 1024, min_partitions=12)) == 12
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.integers(1, 4)), min_size=1, max_size=12))
+def test_spans_join_ranges_that_follow_on_and_keep_each_offsets_delivery_count(
+    spec: list[tuple[int, int, int]],
+) -> None:
+    """A partition's ranges (gap before, length - 1, delivery count) in offset order: spans hold them all,
+    in order, with a gap between spans and none inside one, and every offset keeps its range's count."""
+    from shoal.client.spark.source import _delivery_counts, _read_spans
+
+    ranges, at = [], 0
+    for gap, extra, count in spec:
+        ranges.append((at + gap, at + gap + extra, count))
+        at += gap + extra + 1
+    spans = _read_spans(ranges)
+    assert [r for span in spans for r in span] == ranges
+    assert all(a[-1][1] + 1 < b[0][0] for a, b in zip(spans, spans[1:], strict=False))
+    for span in spans:
+        assert all(x[1] + 1 == y[0] for x, y in zip(span, span[1:], strict=False))
+        offsets = np.arange(span[0][0], span[-1][1] + 1, dtype=np.int64)
+        want = [count for first, last, count in span for _ in range(first, last + 1)]
+        assert _delivery_counts(span, offsets).to_pylist() == want
 
 
 @given(ranges_strategy, st.integers(1, 10**9))

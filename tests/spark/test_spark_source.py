@@ -376,6 +376,27 @@ def test_a_task_reads_its_ranges_in_fetches_of_max_partition_fetch_bytes(broker:
     assert fetches_small > 10 * len(ranges)
 
 
+def test_ranges_that_follow_on_are_read_as_one_span_keeping_each_ranges_delivery_count(broker: BrokerProcess) -> None:
+    """Acquisitions cut a partition into ranges that often follow on from each other: those are fetched as
+    one span (a fetch does not stop at each range's edge), and each record still gets the delivery count
+    of the range it belongs to."""
+    from shoal.client.spark.source import RangeTask, SourceOptions, read_task
+
+    topic = "spark-fetch-spans"
+    _prepare(broker, topic, "unused", 1)
+    produced = produce(broker.bootstrap, topic, 2000, extra={"batch.num.messages": 50})
+    value_at = {offset: value for _, offset, value in produced}
+    ranges = [(5, 480, 1), (481, 900, 3), (901, 901, 2), (902, 1200, 1), (1500, 1999, 2)]
+    options = SourceOptions.parse({
+        "kafka.bootstrap.servers": broker.bootstrap, "group.id": "unused", "subscribe": topic,
+        "kafka.max.partition.fetch.bytes": str(64 * 1024 * 1024),
+    })
+    batches = list(read_task(RangeTask([(topic, 0, ranges)]), options))
+    rows = [(r["offset"], r["value"], r["deliveryCount"]) for b in batches for r in b.to_pylist()]
+    assert rows == [(o, value_at[o], count) for first, last, count in ranges for o in range(first, last + 1)]
+    assert len(batches) == 2  # 5..1200 and 1500..1999: one fetch each
+
+
 def test_a_task_of_several_partitions_reads_each_in_offset_order(broker: BrokerProcess) -> None:
     """Tasks are cut by bytes, so one task may hold the ranges of several topic-partitions: its rows are
     those of each partition's ranges, a partition's in offset order, with their delivery counts."""
