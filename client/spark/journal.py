@@ -23,7 +23,11 @@ from shoal.client.spark.ranges import BatchRanges, ranges_from_json, ranges_to_j
 
 DEFAULT_JOURNAL_TOPIC = "kafka-share-journal"
 DISABLED = "none"
-_TOPIC_CONFIGS = {"cleanup.policy": "compact", "retention.ms": "-1"}
+# Every acquisition round of every query appends here, and compaction never cleans the active segment: with
+# the usual 1 GiB segments, a restarted driver could have a gigabyte to read before its first batch.
+# Small segments keep the partition near one record per query (Kafka allows 1 MiB and up).
+JOURNAL_SEGMENT_BYTES = 8 * 1024 * 1024
+_TOPIC_CONFIGS = {"cleanup.policy": "compact", "retention.ms": "-1", "segment.bytes": str(JOURNAL_SEGMENT_BYTES)}
 
 
 @dataclass(frozen=True)

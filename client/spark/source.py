@@ -416,7 +416,7 @@ class _Acquisitions:
     and has not settled yet (by seq), in checkpoint mode the next batch acquired ahead (on a worker thread
     that also sends the ACCEPTs, in order), and a thread renewing the locks of what is held meanwhile."""
 
-    def __init__(self, options: SourceOptions, member_id: str, logged: OffsetSet) -> None:
+    def __init__(self, options: SourceOptions, member_id: str, logged: OffsetSet, *, restarted: bool) -> None:
         from shoal.client.consumer.share_consumer import ShareConsumer
 
         self.options = options
@@ -429,8 +429,11 @@ class _Acquisitions:
                 options.bootstrap_servers, options.journal_topic, journal_key(options.group_id, member_id),
                 options.client_config,
             )
-            # A batch journaled (and accepted) by an earlier run of this query that Spark never logged.
-            self.recovered = self.journal.newest()
+            # A batch journaled (and accepted) by an earlier run of this query that Spark never logged. A
+            # query with no batch in the offset log has a member id of this run, under which nothing is
+            # journaled (batch 1 never is): the journal need not be read then.
+            if restarted:
+                self.recovered = self.journal.newest()
         self.consumer = ShareConsumer(
             options.bootstrap_servers,
             options.group_id,
@@ -804,7 +807,7 @@ class KafkaShareStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             _exit_on_sigterm()
             self._adopt_member(start)
             self._seed(start)
-            self._acq = _Acquisitions(self.options, self._member(), self._logged)
+            self._acq = _Acquisitions(self.options, self._member(), self._logged, restarted=int(start["seq"]) > 0)
         return self._acq
 
     def _adopt_member(self, start: Mapping[str, Any]) -> None:

@@ -525,6 +525,42 @@ def test_a_journaled_batch_holds_more_than_the_in_flight_limit(broker: BrokerPro
     _assert_all_accepted(broker, group, topic, 1000)
 
 
+def test_a_new_query_skips_the_journal_and_the_journal_stays_small(
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing can be journaled under the member id a new query makes up, so only a restarted query reads the
+    journal back; and the journal topic rolls small segments, which compaction can then clean."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from shoal.client.admin import RESOURCE_TOPIC
+    from shoal.client.spark.journal import JOURNAL_SEGMENT_BYTES, AcquisitionJournal
+    from shoal.client.spark.source import KafkaShareStreamReader
+
+    topic, group = "spark-journal-new-query", "spark-journal-new-query-group"
+    options = _one_partition_of(broker, topic, group, 100)
+    reads: list[bytes] = []
+    newest = AcquisitionJournal.newest
+    monkeypatch.setattr(AcquisitionJournal, "newest", lambda self: reads.append(self.key) or newest(self))
+
+    reader = KafkaShareStreamReader(options)
+    start = reader.initialOffset()
+    first = reader.latestOffset(start, ReadMaxRows(40))
+    reader.partitions(start, first)
+    reader.stop()
+    assert reads == []
+    restarted = KafkaShareStreamReader(options)
+    restarted.latestOffset(first, ReadMaxRows(40))
+    restarted.stop()
+    assert reads == [f"{group}/{first['member']}".encode()]
+
+    assert options.journal_topic is not None
+    with Admin(broker.bootstrap) as admin:
+        configs = admin.describe_configs(RESOURCE_TOPIC, options.journal_topic, ["cleanup.policy", "segment.bytes"])
+    assert {k: e.value for k, e in configs.entries.items()} == {
+        "cleanup.policy": "compact", "segment.bytes": str(JOURNAL_SEGMENT_BYTES),
+    }
+
+
 def test_a_batch_journaled_but_never_logged_is_the_next_batch_after_a_restart(broker: BrokerProcess) -> None:
     """The crash window the journal opens: batch 2 was acquired ahead, journaled and accepted, and the
     driver died before Spark wrote it to the offset log. The restarted query (same member id, from its last
