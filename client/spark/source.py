@@ -116,6 +116,7 @@ from shoal.client.spark.ranges import (
 from shoal.client.spark.worker_heap import freeze_long_lived
 
 if TYPE_CHECKING:
+    import numpy as np
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
@@ -298,18 +299,46 @@ def read_task(task: RangeTask, options: SourceOptions) -> Iterator[pa.RecordBatc
         yield from _read_partition(topic, partition, ranges, options)
 
 
-def _read_spans(ranges: Sequence[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
-    """The task's ranges of one partition, in offset order, grouped into runs that follow on without a gap.
+@dataclass(frozen=True)
+class _Span:
+    """A task's ranges of one partition that follow on without a gap, read as one: a fetch then stops only
+    where the broker's size limit stops it, not at each acquisition's edge, which would leave a short fetch
+    behind at every edge. `ends[i]` is the last offset of the i-th stretch of one delivery count and
+    `counts[i]` that count, so a record's count is one search away."""
 
-    A run is read as one span: a fetch then stops only where the broker's size limit stops it, not at
-    each acquisition's edge, which would leave a short fetch behind at every edge."""
-    spans: list[list[tuple[int, int, int]]] = []
-    for r in ranges:
-        if spans and spans[-1][-1][1] + 1 == r[0]:
-            spans[-1].append(r)
+    first: int
+    ends: np.ndarray[Any, np.dtype[np.int64]]
+    counts: np.ndarray[Any, np.dtype[np.int32]]
+
+    @property
+    def last(self) -> int:
+        return int(self.ends[-1])
+
+    def delivery_counts(self, offsets: np.ndarray[Any, np.dtype[np.int64]]) -> pa.Array:
+        import numpy as np
+        import pyarrow as pa
+
+        if len(self.counts) == 1:
+            return pa.repeat(pa.scalar(int(self.counts[0]), pa.int32()), len(offsets))
+        return pa.array(self.counts[np.searchsorted(self.ends, offsets)], pa.int32())
+
+
+def _read_spans(ranges: Sequence[tuple[int, int, int]]) -> list[_Span]:
+    """The spans of a partition's ranges (first, last, delivery count), given in offset order."""
+    import numpy as np
+
+    runs: list[tuple[int, list[int], list[int]]] = []  # first offset, stretch ends, their counts
+    for first, last, count in ranges:
+        if runs and runs[-1][1][-1] + 1 == first:
+            _, ends, counts = runs[-1]
+            if counts[-1] == count:
+                ends[-1] = last
+            else:
+                ends.append(last)
+                counts.append(count)
         else:
-            spans.append([r])
-    return spans
+            runs.append((first, [last], [count]))
+    return [_Span(first, np.array(ends, np.int64), np.array(counts, np.int32)) for first, ends, counts in runs]
 
 
 def _read_partition(
@@ -324,14 +353,14 @@ def _read_partition(
 
     reader = _offset_reader(options)
     spans = _read_spans(ranges)
-    for index, step in reader.read_ranges(topic, partition, [(span[0][0], span[-1][1]) for span in spans]):
+    for index, step in reader.read_ranges(topic, partition, [(span.first, span.last) for span in spans]):
         for lo, hi in step.lost:
             report_lost(topic, partition, lo, hi, fail=options.fail_on_data_loss)
         if not step.batches:
             continue
         span = spans[index]
         data, sections = record_sections(step.data, step.batches)
-        cols = decode_columns(data, sections, step.first, span[-1][1])
+        cols = decode_columns(data, sections, step.first, span.last)
         n = len(cols)
         if not n:
             continue
@@ -348,21 +377,8 @@ def _read_partition(
         ]
         if options.include_headers:
             arrays.append(_headers_column(step.data, step.batches, cols.batch_index, cols.record_index))
-        arrays.append(_delivery_counts(span, cols.offsets))
+        arrays.append(span.delivery_counts(cols.offsets))
         yield pa.RecordBatch.from_arrays(arrays, names=_column_names(options))
-
-
-def _delivery_counts(span: Sequence[tuple[int, int, int]], offsets: Any) -> pa.Array:
-    """Each record's delivery count: that of the range of the span holding its offset."""
-    import numpy as np
-    import pyarrow as pa
-
-    counts = {r[2] for r in span}
-    if len(counts) == 1:
-        return pa.repeat(pa.scalar(counts.pop(), pa.int32()), len(offsets))
-    lasts = np.fromiter((r[1] for r in span), np.int64, len(span))
-    by_range = np.fromiter((r[2] for r in span), np.int32, len(span))
-    return pa.array(by_range[np.searchsorted(lasts, offsets)], pa.int32())
 
 
 def _column_names(options: SourceOptions) -> list[str]:

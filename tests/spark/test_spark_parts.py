@@ -170,22 +170,22 @@ def test_planning_cuts_by_bytes_not_by_partition() -> None:
 def test_spans_join_ranges_that_follow_on_and_keep_each_offsets_delivery_count(
     spec: list[tuple[int, int, int]],
 ) -> None:
-    """A partition's ranges (gap before, length - 1, delivery count) in offset order: spans hold them all,
-    in order, with a gap between spans and none inside one, and every offset keeps its range's count."""
-    from shoal.client.spark.source import _delivery_counts, _read_spans
+    """A partition's ranges (gap before, length - 1, delivery count) in offset order: the spans cover the
+    same offsets in the same order, each without a gap and with one between spans, and every offset keeps
+    its range's count."""
+    from shoal.client.spark.source import _read_spans
 
     ranges, at = [], 0
     for gap, extra, count in spec:
         ranges.append((at + gap, at + gap + extra, count))
         at += gap + extra + 1
+    count_at = {o: count for first, last, count in ranges for o in range(first, last + 1)}
     spans = _read_spans(ranges)
-    assert [r for span in spans for r in span] == ranges
-    assert all(a[-1][1] + 1 < b[0][0] for a, b in zip(spans, spans[1:], strict=False))
-    for span in spans:
-        assert all(x[1] + 1 == y[0] for x, y in zip(span, span[1:], strict=False))
-        offsets = np.arange(span[0][0], span[-1][1] + 1, dtype=np.int64)
-        want = [count for first, last, count in span for _ in range(first, last + 1)]
-        assert _delivery_counts(span, offsets).to_pylist() == want
+    assert [o for s in spans for o in range(s.first, s.last + 1)] == list(count_at)
+    assert all(a.last + 1 < b.first for a, b in zip(spans, spans[1:], strict=False))
+    for s in spans:
+        offsets = np.arange(s.first, s.last + 1, dtype=np.int64)
+        assert s.delivery_counts(offsets).to_pylist() == [count_at[o] for o in offsets.tolist()]
 
 
 @given(ranges_strategy, st.integers(1, 10**9))

@@ -525,7 +525,7 @@ def test_a_journaled_batch_holds_more_than_the_in_flight_limit(broker: BrokerPro
     _assert_all_accepted(broker, group, topic, 1000)
 
 
-def test_a_new_query_skips_the_journal_and_the_journal_stays_small(
+def test_a_new_query_skips_the_journal_and_the_journal_topic_rolls_small_segments(
     broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Nothing can be journaled under the member id a new query makes up, so only a restarted query reads the
