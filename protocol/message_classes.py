@@ -4569,7 +4569,7 @@ class ShareAcknowledgeResponse(MessageBase):
 
 
 class ShareFetchRequest(MessageBase):
-    __slots__ = ("group_id", "member_id", "share_session_epoch", "max_wait_ms", "min_bytes", "max_bytes", "max_records", "batch_size", "share_acquire_mode", "is_renew_ack", "topics", "forgotten_topics_data")
+    __slots__ = ("group_id", "member_id", "share_session_epoch", "max_wait_ms", "min_bytes", "max_bytes", "max_records", "batch_size", "share_acquire_mode", "is_renew_ack", "shoal_headers_only", "topics", "forgotten_topics_data")
     group_id: str | None
     member_id: str | None
     share_session_epoch: int
@@ -4580,6 +4580,7 @@ class ShareFetchRequest(MessageBase):
     batch_size: int
     share_acquire_mode: int
     is_renew_ack: bool
+    shoal_headers_only: bool
     topics: list[ShareFetchRequest.FetchTopic]
     forgotten_topics_data: list[ShareFetchRequest.ForgottenTopic]
 
@@ -4597,6 +4598,7 @@ class ShareFetchRequest(MessageBase):
             batch_size: int = ...,
             share_acquire_mode: int = ...,
             is_renew_ack: bool = ...,
+            shoal_headers_only: bool = ...,
             topics: list[ShareFetchRequest.FetchTopic] = ...,
             forgotten_topics_data: list[ShareFetchRequest.ForgottenTopic] = ...,
         ) -> None: ...
@@ -4693,7 +4695,7 @@ class ShareFetchResponse(MessageBase):
             ) -> None: ...
 
     class PartitionData(MessageBase):
-        __slots__ = ("partition_index", "error_code", "error_message", "acknowledge_error_code", "acknowledge_error_message", "current_leader", "records", "acquired_records")
+        __slots__ = ("partition_index", "error_code", "error_message", "acknowledge_error_code", "acknowledge_error_message", "current_leader", "records", "shoal_batch_headers", "acquired_records")
         partition_index: int
         error_code: int
         error_message: str | None
@@ -4701,6 +4703,7 @@ class ShareFetchResponse(MessageBase):
         acknowledge_error_message: str | None
         current_leader: ShareFetchResponse.LeaderIdAndEpoch
         records: bytes | bytearray | memoryview | None
+        shoal_batch_headers: bytes
         acquired_records: list[ShareFetchResponse.AcquiredRecords]
 
         if TYPE_CHECKING:
@@ -4714,6 +4717,7 @@ class ShareFetchResponse(MessageBase):
                 acknowledge_error_message: str | None = ...,
                 current_leader: ShareFetchResponse.LeaderIdAndEpoch = ...,
                 records: bytes | bytearray | memoryview | None = ...,
+                shoal_batch_headers: bytes = ...,
                 acquired_records: list[ShareFetchResponse.AcquiredRecords] = ...,
             ) -> None: ...
 

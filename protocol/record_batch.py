@@ -137,6 +137,15 @@ def iter_batches(
         pos += header.size
 
 
+def iter_packed_headers(buf: bytes | bytearray | memoryview) -> Iterator[BatchHeader]:
+    """The batch headers of `buf`, HEADER_SIZE bytes each, back to back with no records after them (what
+    a Shoal broker answers a header-only ShareFetch with); raise InvalidRecordBatch on a cut one."""
+    if len(buf) % HEADER_SIZE:
+        raise InvalidRecordBatch(f"{len(buf)} bytes of batch headers is not a whole number of headers")
+    for pos in range(0, len(buf), HEADER_SIZE):
+        yield parse_batch_header(buf, pos, whole=False)
+
+
 def set_base_offset(buf: bytearray, pos: int, base_offset: int) -> None:
     """Assign the broker's offset; the CRC does not cover the base offset, so it stays valid."""
     struct.pack_into(">q", buf, pos + BASE_OFFSET_POS, base_offset)

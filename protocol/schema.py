@@ -66,6 +66,8 @@ class FieldSpec:
     default: Any
     flexible_override: Versions | None  # the header's ClientId stays a classic string in flexible versions
     struct: StructSpec | None = None
+    # A tagged field of Shoal's own ("shoalExtension"): Kafka's spec lacks it, and its brokers skip it.
+    extension: bool = False
 
 
 @dataclass(slots=True)
@@ -151,6 +153,7 @@ def _parse_fields(raw_fields: list[dict[str, Any]], structs: dict[str, StructSpe
                 default=_parse_default(raw.get("default"), elem, is_array),
                 flexible_override=Versions.parse(flex) if flex is not None else None,
                 struct=struct,
+                extension=bool(raw.get("shoalExtension", False)),
             )
         )
     return out

@@ -3,8 +3,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from tests.integration.external import SKIP_REASON, external_bootstrap
+
+# Property tests check invariants, not speed: a first example that pays for a lazy import (numpy, pyarrow)
+# on a loaded CI machine must not fail on hypothesis's default 200 ms deadline.
+settings.register_profile("shoal", deadline=None)
+settings.load_profile("shoal")
 
 BROKER_SUITES = [Path(__file__).parent / "integration", Path(__file__).parent / "spark"]
 

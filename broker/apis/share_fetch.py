@@ -240,7 +240,7 @@ class ShareFetchHandlers:
             if remaining_records <= 0 or ctx.connection.closed:
                 break
             acq = await leader.acquire(session.member_id, max_records=remaining_records, batch_size=batch_size,
-                                       max_bytes=per_partition_bytes, mode=mode)
+                                       max_bytes=per_partition_bytes, mode=mode, headers_only=req.shoal_headers_only)
             if acq.error_code != ErrorCode.NONE:
                 results.setdefault(tp, self._empty_partition(tp[1])).error_code = acq.error_code
                 continue
@@ -250,7 +250,10 @@ class ShareFetchHandlers:
                 continue
             got_any = True
             pd = results.setdefault(tp, self._empty_partition(tp[1]))
-            pd.records = acq.records
+            if req.shoal_headers_only:
+                pd.shoal_batch_headers = acq.records
+            else:
+                pd.records = acq.records
             pd.acquired_records = [SfAcquired(first_offset=r.first_offset, last_offset=r.last_offset,
                                               delivery_count=r.delivery_count) for r in acq.acquired]
             remaining_records -= sum(r.last_offset - r.first_offset + 1 for r in acq.acquired)

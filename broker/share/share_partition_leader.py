@@ -30,6 +30,7 @@ from shoal.iso_duration import parse_iso_duration_ms
 from shoal.persister.persister import Persister, SharePartitionKey, WriteStateRequest
 from shoal.protocol.acknowledge_type import AcknowledgeType
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.record_batch import HEADER_SIZE
 
 from .acquire_read import AcquireReadSize
 from .dead_letter import DeadLetterWriter, NotDeadLettered, Source
@@ -95,7 +96,7 @@ def _finished(task: asyncio.Task[Any]) -> None:
 
 @dataclass(slots=True)
 class Acquisition:
-    records: bytes
+    records: bytes  # whole stored batches, or only their headers when asked for (`headers_only`)
     acquired: list[AcquiredRange]
     error_code: int = ErrorCode.NONE
 
@@ -231,7 +232,7 @@ class SharePartitionLeader:
     # ---- acquisition --------------------------------------------------------------------------
 
     async def acquire(self, member_id: str, *, max_records: int, batch_size: int, max_bytes: int,
-                      mode: AcquireMode) -> Acquisition:
+                      mode: AcquireMode, headers_only: bool = False) -> Acquisition:
         async with self.lock:
             err = await self.ensure_loaded()
             sp = self.state
@@ -273,8 +274,10 @@ class SharePartitionLeader:
             self._publish()
             first, last = ranges[0].first_offset, ranges[-1].last_offset
             # Whole stored batches from the one holding the first acquired offset to the one holding the last.
-            # The views are adjacent slices of one read, so joining them copies the bytes once.
-            chosen = [view for h, view in batches if h.last_offset >= first and h.base_offset <= last]
+            # The views are adjacent slices of one read, so joining them copies the bytes once. `headers_only`
+            # sends each batch's header alone: the same acquisition, none of its payload.
+            chosen = [view[:HEADER_SIZE] if headers_only else view
+                      for h, view in batches if h.last_offset >= first and h.base_offset <= last]
             return Acquisition(b"".join(chosen), ranges)
 
     async def fetchable_bytes(self, enough: int) -> int:

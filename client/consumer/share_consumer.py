@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,14 +36,8 @@ from shoal.protocol import messages
 from shoal.protocol.acknowledge_type import AcknowledgeType
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
-from shoal.protocol.record_batch import (
-    HEADER_SIZE,
-    LENGTH_POS,
-    LOG_OVERHEAD,
-    InvalidRecordBatch,
-    parse_batch_header,
-)
-from shoal.protocol.records import iter_decoded_batches
+from shoal.protocol.record_batch import BatchHeader, InvalidRecordBatch, iter_packed_headers
+from shoal.protocol.records import iter_complete_batches, iter_decoded_batches
 from shoal.protocol.topic_id_partition import TopicIdPartition
 from shoal.protocol.uuids import MAX_MEMBER_ID_LENGTH, uuid_to_str
 
@@ -172,8 +166,9 @@ class AsyncShareConsumer:
         that rejoining takes over its assignment at once instead of waiting for its session to expire.
         Two live consumers must never share one. Default: a fresh random id.
 
-        `header_only`: acquire without decoding records; read the acquisitions with poll_ranges() and
-        settle them with acknowledge_range() (explicit mode only)."""
+        `header_only`: acquire without the records; read the acquisitions with poll_ranges() and settle
+        them with acknowledge_range() (explicit mode only). A Shoal broker then sends batch headers alone;
+        any other broker sends the records as usual, and only their batch headers are read."""
         if acknowledgement_mode not in ("implicit", "explicit"):
             raise ValueError("acknowledgement_mode must be 'implicit' or 'explicit'")
         if not group_id:
@@ -610,6 +605,8 @@ class AsyncShareConsumer:
                 # v1 brokers only know batch-optimised acquisition, which may round MaxRecords up to whole
                 # log batches; the surplus then waits in the buffer until its lock runs out.
                 share_acquire_mode=ACQUIRE_MODE_RECORD_LIMIT if strict and version >= 2 else 0,
+                # Shoal sends a header-only consumer batch headers, not records; other brokers ignore the tag.
+                shoal_headers_only=self.header_only,
                 topics=[req.FetchTopic(topic_id=tid, partitions=ps) for tid, ps in parts.items()],
                 forgotten_topics_data=[
                     req.ForgottenTopic(topic_id=tid, partitions=ps)
@@ -664,9 +661,11 @@ class AsyncShareConsumer:
                     if name is None or not p.acquired_records:
                         continue
                     self._topic_ids[name] = topic.topic_id
-                    fetched_bytes += len(p.records or b"")
+                    fetched_bytes += len(p.records or b"") + len(p.shoal_batch_headers)
                     if self.header_only:
-                        ranges = self._acquired_ranges(name, tp, node, p.records or b"", p.acquired_records)
+                        headers = (iter_packed_headers(p.shoal_batch_headers) if p.shoal_batch_headers
+                                   else (h for h, _ in iter_complete_batches(p.records or b"")))
+                        ranges = self._acquired_ranges(name, tp, node, headers, p.acquired_records)
                         fetched_records += sum(r.count for r in ranges)
                         self._ranges.extend((r, node, expires) for r in ranges)
                         continue
@@ -728,24 +727,15 @@ class AsyncShareConsumer:
         return out
 
     def _acquired_ranges(
-        self, topic: str, tp: TopicIdPartition, node: int, data: bytes, acquired: list[Any]
+        self, topic: str, tp: TopicIdPartition, node: int, headers: Iterator[BatchHeader], acquired: list[Any]
     ) -> list[AcquiredRange]:
         """The AcquiredRecords ranges cut down to the offsets of data batches, from batch headers alone.
         Offsets in control batches or in no batch at all are acknowledged as GAP."""
         spans: list[tuple[int, int, int]] = []  # (base offset, last offset, bytes) of each data batch
-        gaps: list[tuple[int, int]] = []
-        pos, end = 0, len(data)
         try:
-            while end - pos >= HEADER_SIZE:
-                length = int.from_bytes(data[pos + LENGTH_POS : pos + LENGTH_POS + 4], "big", signed=True)
-                if pos + LOG_OVERHEAD + length > end:
-                    break  # a fetch cut at its byte limit
-                header = parse_batch_header(data, pos)
-                if header.is_control:
-                    gaps.append((header.base_offset, header.last_offset))
-                else:
+            for header in headers:
+                if not header.is_control:
                     spans.append((header.base_offset, header.last_offset, header.size))
-                pos += header.size
         except InvalidRecordBatch as exc:
             log.warning("share fetch %s-%s: unreadable batch header: %s", topic, tp[1], exc)
         out: list[AcquiredRange] = []

@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from confluent_kafka import Producer as RdProducer
 
-from shoal.client import AcknowledgeType, Producer, ShareConsumer
+from shoal.client import AcknowledgeType, Producer, RecordMetadata, ShareConsumer
 from shoal.client.connection import BrokerConnection
 from shoal.client.security import ClientConfig
 from shoal.protocol.api_keys import ApiKey
@@ -50,6 +50,27 @@ def mock_cluster() -> Iterator[tuple[str, RdProducer]]:
     owner.flush(5)
 
 
+def _assign_then_produce(
+    bootstrap: str,
+    owner: RdProducer,
+    consumer: ShareConsumer,
+    topic: str,
+    prefix: bytes,
+    poll: Callable[[float], object],
+) -> list[RecordMetadata]:
+    """Create `topic`, wait (polling with `poll`) until `consumer` holds its 4 partitions, then produce 12
+    records across them: the mock starts a new share group at the log end."""
+    owner.produce(topic, b"__create__")  # the mock creates the topic (4 partitions) on first produce
+    assert owner.flush(10) == 0
+    consumer.subscribe([topic])
+    deadline = time.monotonic() + 30
+    while len(consumer.assignment()) < 4 and time.monotonic() < deadline:
+        poll(0.2)
+    assert consumer.assignment() == {(topic, p) for p in range(4)}
+    with Producer(bootstrap) as producer:
+        return [producer.send(topic, prefix + str(i).encode(), partition=i % 4).result(30) for i in range(12)]
+
+
 async def test_api_versions_fall_back_to_v0_against_the_mock(mock_cluster: tuple[str, RdProducer]) -> None:
     bootstrap, _ = mock_cluster
     host, port = bootstrap.split(",")[0].rsplit(":", 1)
@@ -65,16 +86,8 @@ async def test_api_versions_fall_back_to_v0_against_the_mock(mock_cluster: tuple
 def test_produce_and_share_consume_with_explicit_acks(mock_cluster: tuple[str, RdProducer]) -> None:
     bootstrap, owner = mock_cluster
     topic, group = "cl-mock", "cl-mock-g"
-    owner.produce(topic, b"__create__")  # the mock creates the topic (4 partitions) on first produce
-    assert owner.flush(10) == 0
     with ShareConsumer(bootstrap, group, acknowledgement_mode="explicit") as consumer:
-        consumer.subscribe([topic])
-        deadline = time.monotonic() + 30
-        while len(consumer.assignment()) < 4 and time.monotonic() < deadline:
-            consumer.poll(0.2)
-        assert consumer.assignment() == {(topic, p) for p in range(4)}
-        with Producer(bootstrap) as producer:
-            sent = [producer.send(topic, f"m{i}".encode(), partition=i % 4).result(30) for i in range(12)]
+        sent = _assign_then_produce(bootstrap, owner, consumer, topic, b"m", consumer.poll)
         assert {md.partition for md in sent} == {0, 1, 2, 3}
 
         got: dict[bytes, int] = {}
@@ -94,3 +107,26 @@ def test_produce_and_share_consume_with_explicit_acks(mock_cluster: tuple[str, R
         assert sorted(got) == sorted(f"m{i}".encode() for i in range(12))
         assert released is not None and got[released] == 2
         assert all(count == 1 for value, count in got.items() if value != released)
+
+
+def test_a_header_only_consumer_reads_ranges_from_the_records_a_broker_without_the_extension_sends(
+    mock_cluster: tuple[str, RdProducer],
+) -> None:
+    # The mock knows nothing of ShoalHeadersOnly: it skips the tag and answers with records, whose batch
+    # headers the consumer then reads itself.
+    bootstrap, owner = mock_cluster
+    topic, group = "cl-mock-headers", "cl-mock-headers-g"
+    with ShareConsumer(bootstrap, group, acknowledgement_mode="explicit", header_only=True) as consumer:
+        sent = _assign_then_produce(bootstrap, owner, consumer, topic, b"h", consumer.poll_ranges)
+        want = {(md.partition, md.offset) for md in sent}
+        got: set[tuple[int, int]] = set()
+        deadline = time.monotonic() + 30
+        while len(got) < 12 and time.monotonic() < deadline:
+            for rng in consumer.poll_ranges(0.5):
+                assert rng.delivery_count == 1 and rng.size > 0
+                got.update((rng.partition, o) for o in range(rng.first_offset, rng.last_offset + 1))
+                consumer.acknowledge_range(rng, AcknowledgeType.ACCEPT)
+            results = consumer.commit_sync(30)
+            assert all(err is None for err in results.values()), results
+        assert got == want
+        assert consumer.metrics()["bytes-fetched-total"] > 12 * len(b"h0")

@@ -16,8 +16,9 @@ from shoal.client import (
     ShareConsumer,
     ShareRecord,
 )
-from shoal.client.consumer.share_consumer import new_member_id
+from shoal.client.consumer.share_consumer import AcquiredRange, new_member_id
 from shoal.client.errors import ClientClosedError, IllegalStateError
+from shoal.protocol.record_batch import HEADER_SIZE
 
 from .broker_process import BrokerProcess
 from .conftest import FAST_HEARTBEAT
@@ -300,3 +301,39 @@ def test_rejoining_under_a_known_member_id_takes_over_its_assignment(broker: Bro
         for consumer in (new, other):
             if consumer is not None:
                 consumer.close()
+
+
+def test_a_header_only_consumer_receives_batch_headers_and_settles_whole_ranges(broker: BrokerProcess) -> None:
+    topic, group = "cl-headers-only", "cl-headers-only-g"
+    _setup(broker.bootstrap, topic, group, 0)
+    value = b"x" * 500
+    with Producer(broker.bootstrap, linger_ms=60_000, batch_size=1 << 20) as producer:
+        for _ in range(3):  # three log batches of 200 records each
+            futures = [producer.send(topic, value, partition=0) for _ in range(200)]
+            producer.flush(30)
+            for f in futures:
+                f.result(0)
+    with ShareConsumer(broker.bootstrap, group, acknowledgement_mode="explicit", header_only=True,
+                       max_poll_records=10_000) as consumer:
+        consumer.subscribe([topic])
+        ranges: list[AcquiredRange] = []
+        deadline = time.monotonic() + POLL_DEADLINE_S
+        while sum(r.count for r in ranges) < 600 and time.monotonic() < deadline:
+            ranges.extend(consumer.poll_ranges(0.5))
+        offsets = [o for r in ranges for o in range(r.first_offset, r.last_offset + 1)]
+        assert sorted(offsets) == list(range(600))
+        assert all(r.delivery_count == 1 for r in ranges)
+        # Each range is sized from its batches' lengths, though no record crossed the wire: each of the
+        # three batches came as its 61-byte header alone.
+        assert sum(r.size for r in ranges) > 600 * len(value)
+        assert consumer.metrics()["bytes-fetched-total"] == 3 * HEADER_SIZE
+        for r in ranges:
+            consumer.acknowledge_range(r, AcknowledgeType.ACCEPT)
+        results = consumer.commit_sync(30)
+        assert results and all(err is None for err in results.values())
+    # The ranges were accepted: a later member sees only what is produced after them.
+    _produce(broker.bootstrap, topic, [b"sentinel"])
+    with ShareConsumer(broker.bootstrap, group) as consumer:
+        consumer.subscribe([topic])
+        got = _poll_until_value(consumer, b"sentinel", accept=False)
+        assert [(r.offset, r.value) for r in got] == [(600, b"sentinel")]

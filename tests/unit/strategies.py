@@ -52,20 +52,27 @@ def _scalar(f: FieldSpec, version: int) -> st.SearchStrategy[Any]:
     return base
 
 
-def struct_strategy(codec: MessageCodec, s: StructSpec, version: int) -> st.SearchStrategy[MessageBase]:
+def struct_strategy(
+    codec: MessageCodec, s: StructSpec, version: int, *, extensions: bool = True
+) -> st.SearchStrategy[MessageBase]:
+    """Instances of `s`; without `extensions`, Shoal's own fields keep their defaults (as Kafka's spec has them)."""
     cls: type[MessageBase] = codec.cls if s.name == codec.spec.root.name else getattr(codec.cls, s.name)
     kwargs: dict[str, st.SearchStrategy[Any]] = {}
     for f in s.fields:
-        if version not in f.versions:
+        if version not in f.versions or (f.extension and not extensions):
             continue  # absent in this version: the class default is what decode yields
-        kwargs[f.attr] = field_strategy(codec, f, version)
+        kwargs[f.attr] = field_strategy(codec, f, version, extensions=extensions)
     return st.builds(cls, **kwargs)
 
 
-def field_strategy(codec: MessageCodec, f: FieldSpec, version: int) -> st.SearchStrategy[Any]:
+def field_strategy(
+    codec: MessageCodec, f: FieldSpec, version: int, *, extensions: bool = True
+) -> st.SearchStrategy[Any]:
     nullable = version in f.nullable
     if f.struct is not None:
-        elem = st.deferred(lambda: struct_strategy(codec, f.struct, version))  # type: ignore[arg-type]
+        elem = st.deferred(
+            lambda: struct_strategy(codec, f.struct, version, extensions=extensions)  # type: ignore[arg-type]
+        )
     else:
         elem = _scalar(f, version) if not f.is_array else _array_elem(f, version)
     if f.is_array:
@@ -86,5 +93,5 @@ def _array_elem(f: FieldSpec, version: int) -> st.SearchStrategy[Any]:
     return _scalar(f, version)
 
 
-def message_strategy(codec: MessageCodec, version: int) -> st.SearchStrategy[MessageBase]:
-    return struct_strategy(codec, codec.spec.root, version)
+def message_strategy(codec: MessageCodec, version: int, *, extensions: bool = True) -> st.SearchStrategy[MessageBase]:
+    return struct_strategy(codec, codec.spec.root, version, extensions=extensions)

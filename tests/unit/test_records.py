@@ -23,6 +23,7 @@ from shoal.protocol.record_batch import (
     InvalidRecordBatch,
     compute_crc,
     iter_batches,
+    iter_packed_headers,
     parse_batch_header,
     set_base_offset,
     set_log_append_time,
@@ -435,6 +436,25 @@ def test_decode_batches_control_and_partial() -> None:
         len(first),
         len(first) + len(marker),
     ]
+
+
+def test_packed_headers_read_back_as_the_batches_headers() -> None:
+    batches = [
+        encode_batch(SAMPLE[:2], base_offset=0),
+        encode_txn_marker(commit=True, producer_id=4, producer_epoch=0, coordinator_epoch=3, base_offset=2),
+        encode_batch(SAMPLE[2:], base_offset=3, compression=compression.ZSTD),
+    ]
+    packed = b"".join(bytes(b[:HEADER_SIZE]) for b in batches)
+    whole = [h for _, h in iter_batches(b"".join(batches))]
+    assert list(iter_packed_headers(packed)) == whole
+    assert [(h.base_offset, h.last_offset, h.size, h.is_control) for h in whole] == [
+        (0, 1, len(batches[0]), False),
+        (2, 2, len(batches[1]), True),
+        (3, 5, len(batches[2]), False),
+    ]
+    assert list(iter_packed_headers(b"")) == []
+    with pytest.raises(InvalidRecordBatch):
+        list(iter_packed_headers(packed[:-1]))
 
 
 # --------------------------------------------------------------------------------------------- interop
