@@ -22,6 +22,7 @@ from shoal.coordinator.share_coordinator_client import InProcessShareCoordinator
 from shoal.persister.default_persister import DefaultStatePersister
 from shoal.persister.persister import SharePartitionKey
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.record_batch import HEADER_SIZE, iter_packed_headers
 
 from .test_partition_log import append, cfg, make_batch
 from .test_share_coordinator import close_topic, make_coordinator, open_state_topic
@@ -144,3 +145,19 @@ async def test_passes_read_what_they_acquire_and_still_take_every_offset_once(tm
         assert plog.reads[0] < 16 << 20 and max(plog.reads[1:]) < 1 << 20
     finally:
         close_parts(parts)
+
+
+async def test_a_headers_only_acquisition_carries_each_batchs_header_alone(parts: Parts) -> None:
+    leader = parts.leader
+    got = await leader.acquire("m1", max_records=1, batch_size=500, max_bytes=1 << 20,
+                               mode=AcquireMode.BATCH_OPTIMIZED, headers_only=True)
+    assert [tuple(r) for r in got.acquired] == [(0, 4, 1)]
+    assert len(got.records) == HEADER_SIZE
+    (header,) = iter_packed_headers(got.records)
+    assert (header.base_offset, header.last_offset) == (0, 4)
+    # The same acquisition without it sends the whole stored batch, which starts with that header.
+    whole = await leader.acquire("m2", max_records=500, batch_size=500, max_bytes=1 << 20,
+                                 mode=AcquireMode.BATCH_OPTIMIZED)
+    assert [tuple(r) for r in whole.acquired] == [(5, 9, 1)]
+    (rest,) = iter_packed_headers(whole.records[:HEADER_SIZE])
+    assert (rest.base_offset, rest.last_offset, rest.size) == (5, 9, len(whole.records))
