@@ -13,20 +13,29 @@ previous one replayed; partition-wide work (snapshots of every key, topic deleti
 Cancel-safety: an operation runs in a task of its own, so a caller that goes away (a client
 disconnecting cancels its request task) does not stop it half-way; and once an append has started,
 it is finished and replayed even if the operation itself is cancelled (shutdown).
+
+Timers (Kafka's CoordinatorTimer): `schedule` runs an operation after a delay as a write on its key,
+under a timer key of its own that a later `schedule` replaces and `cancel` removes, so session expiry,
+rebalance deadlines and offset expiry go the same way as requests.
+
+`TransactionalCoordinatorRuntime` adds what `__consumer_offsets` needs for transactional offset commits:
+records appended in a producer's transactional batch and replayed with its producer id, and end-transaction
+markers replayed into the shard, at load in log order and live once a marker is durable.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
 
-from shoal.protocol.coordinator_records import CoordinatorRecord
+from shoal.protocol.coordinator_records import CoordinatorRecord, EndTransactionMarker
 
-from .record_log import CoordinatorRecordLog
+from .record_log import CoordinatorRecordLog, TransactionalRecordLog
 
 log = structlog.get_logger("shoal.coordinator_runtime")
 
@@ -39,8 +48,19 @@ class Shard(Protocol):
     def replay(self, offset: int, record: CoordinatorRecord) -> None: ...
 
 
+class TransactionalShard(Shard, Protocol):
+    """A shard whose records may be written in transactions: replayed with their producer id, they count
+    once that producer's COMMIT marker is replayed."""
+
+    def replay(self, offset: int, record: CoordinatorRecord, producer_id: int = -1) -> None: ...
+
+    def replay_end_transaction(self, producer_id: int, commit: bool) -> None: ...
+
+
 S = TypeVar("S", bound=Shard)
+TS = TypeVar("TS", bound=TransactionalShard)
 T = TypeVar("T")
+TimerKey = Hashable
 
 
 class PartitionGate:
@@ -103,6 +123,7 @@ class CoordinatorRuntime(Generic[S]):
         self.loaded: set[int] = set()
         self._gates = [PartitionGate() for _ in range(self.num_partitions)]
         self._operations: set[asyncio.Task[Any]] = set()
+        self._timers: dict[tuple[int, TimerKey], asyncio.TimerHandle] = {}
 
     def shard(self, partition: int) -> S:
         return self.shards[partition]
@@ -113,9 +134,9 @@ class CoordinatorRuntime(Generic[S]):
         """Rebuild the partition's shard from everything its log holds; returns the records replayed."""
         shard = self._new_shard(partition)
         n = 0
-        for offset, record in self.record_log.replay(partition):
+        for offset, replay in self._replays(partition, shard):
             try:
-                shard.replay(offset, record)
+                replay()
             except Exception:  # one unusable record must not keep the broker from starting
                 log.exception("skipping coordinator record that cannot be replayed", partition=partition, offset=offset)
             n += 1
@@ -124,6 +145,10 @@ class CoordinatorRuntime(Generic[S]):
         self.shards[partition] = shard
         self.loaded.add(partition)
         return n
+
+    def _replays(self, partition: int, shard: S) -> Iterator[tuple[int, Callable[[], None]]]:
+        for offset, record in self.record_log.replay(partition):
+            yield offset, functools.partial(shard.replay, offset, record)
 
     # ---- operations ----------------------------------------------------------------------------
 
@@ -164,6 +189,33 @@ class CoordinatorRuntime(Generic[S]):
         if cancelled:
             raise asyncio.CancelledError
 
+    # ---- timers ----------------------------------------------------------------------------------
+
+    def schedule(self, partition: int, timer: TimerKey, delay_s: float, key: Hashable,
+                 operation: Callable[[], Awaitable[None]]) -> None:
+        """Run `operation` after `delay_s` as a write holding `key`; replaces the timer of the same name."""
+        self.cancel(partition, timer)
+        loop = asyncio.get_running_loop()
+        self._timers[(partition, timer)] = loop.call_later(max(delay_s, 0.0), self._fire, partition, timer, key,
+                                                          operation)
+
+    def cancel(self, partition: int, timer: TimerKey) -> None:
+        handle = self._timers.pop((partition, timer), None)
+        if handle is not None:
+            handle.cancel()
+
+    def is_scheduled(self, partition: int, timer: TimerKey) -> bool:
+        return (partition, timer) in self._timers
+
+    def cancel_all_timers(self) -> None:
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+
+    def _fire(self, partition: int, timer: TimerKey, key: Hashable, operation: Callable[[], Awaitable[None]]) -> None:
+        self._timers.pop((partition, timer), None)
+        self.submit(partition, key, operation).add_done_callback(_log_timer_failure)
+
     def hold(self, partition: int, key: Hashable) -> contextlib.AbstractAsyncContextManager[None]:
         """Hold `key` as a write does, without writing: writes of that key wait until it is released."""
         return self._gates[partition].key(key)
@@ -200,6 +252,53 @@ class CoordinatorRuntime(Generic[S]):
                 # The caller left; the operation goes on, and nobody else will see how it ended.
                 task.add_done_callback(_log_orphan_failure)
             raise
+
+
+class TransactionalCoordinatorRuntime(CoordinatorRuntime[TS]):
+    """The runtime over `__consumer_offsets`: also transactional appends and end-transaction markers."""
+
+    def __init__(self, record_log: CoordinatorRecordLog, new_shard: Callable[[int], TS]):
+        super().__init__(record_log, new_shard)
+
+    def _replays(self, partition: int, shard: TS) -> Iterator[tuple[int, Callable[[], None]]]:
+        if not isinstance(self.record_log, TransactionalRecordLog):
+            yield from super()._replays(partition, shard)
+            return
+        for item in self.record_log.replay_transactional(partition):
+            if isinstance(item, EndTransactionMarker):
+                yield item.offset, functools.partial(shard.replay_end_transaction, item.producer_id, item.commit)
+            else:
+                yield item.offset, functools.partial(shard.replay, item.offset, item.record, item.producer_id)
+
+    async def append_transactional(self, partition: int, records: list[CoordinatorRecord], producer_id: int,
+                                   producer_epoch: int) -> None:
+        """`append` in the producer's transactional batch: replayed as pending until its marker."""
+        if not records:
+            return
+        record_log = self.record_log
+        assert isinstance(record_log, TransactionalRecordLog)
+        first = record_log.append_transactional_nowait(partition, records, producer_id, producer_epoch)
+        cancelled = False
+        while True:
+            try:
+                await record_log.flush(partition, first + len(records))
+                break
+            except asyncio.CancelledError:
+                cancelled = True  # the records are in the log: they must reach memory too
+        shard = self.shards[partition]
+        for i, record in enumerate(records):
+            shard.replay(first + i, record, producer_id)
+        if cancelled:
+            raise asyncio.CancelledError
+
+    def replay_end_transaction(self, partition: int, producer_id: int, commit: bool) -> None:
+        """The producer's marker is durable on the partition: its pending records count, or go."""
+        self.shards[partition].replay_end_transaction(producer_id, commit)
+
+
+def _log_timer_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("coordinator timer operation failed", exc_info=task.exception())
 
 
 def _log_orphan_failure(task: asyncio.Task[Any]) -> None:

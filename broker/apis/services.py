@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
     from shoal.coordinator.group_coordinator import GroupCoordinator
     from shoal.coordinator.share_coordinator import ShareCoordinator
+    from shoal.coordinator.share_group_coordinator import ShareGroupCoordinator
     from shoal.coordinator.transaction_coordinator import TransactionCoordinator
-    from shoal.coordinator.txn_offsets import TxnOffsetStore
     from shoal.persister.persister import Persister
     from shoal.protocol.messages import ApiVersionsResponse
 
@@ -109,7 +109,7 @@ class ShareFetchServices:
 @dataclass(frozen=True, slots=True)
 class ShareGroupServices:
     config: BrokerConfig
-    group_coordinator: GroupCoordinator | None
+    share_groups: ShareGroupCoordinator | None
     # Classic and KIP-848 consumer groups share the group-id space, ListGroups, DescribeGroups and DeleteGroups.
     classic_groups: ClassicGroupCoordinator | None
     consumer_groups: ConsumerGroupCoordinator | None
@@ -144,7 +144,8 @@ class ScramServices:
 class TransactionServices:
     topics: TopicRegistry
     transaction_coordinator: TransactionCoordinator
-    txn_offsets: TxnOffsetStore
+    # TxnOffsetCommit goes to the group coordinator, which keeps every committed offset.
+    group_coordinator: GroupCoordinator
     producer_ids: ProducerIdAllocator
 
 
@@ -157,10 +158,8 @@ class AclServices:
 class ClassicGroupServices:
     topics: TopicRegistry
     classic_groups: ClassicGroupCoordinator
-    # OffsetCommit/OffsetFetch/OffsetDelete of a KIP-848 group go to its coordinator.
-    consumer_groups: ConsumerGroupCoordinator | None
-    # Offsets of open transactions: OffsetFetch with RequireStable answers UNSTABLE_OFFSET_COMMIT for them.
-    txn_offsets: TxnOffsetStore | None = None
+    # OffsetCommit/OffsetFetch/OffsetDelete for every group type, and offsets pending in transactions.
+    group_coordinator: GroupCoordinator
 
 
 @dataclass(frozen=True, slots=True)

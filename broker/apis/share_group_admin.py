@@ -2,7 +2,7 @@
 answered for share groups (the only kind of group this broker hosts).
 
 Authorization happens here, as in Kafka's request layer; group changes go through
-`ShareGroupAdminServices.group_coordinator`, share-partition state through its `persister`.
+`ShareGroupAdminServices.share_groups`, share-partition state through its `persister`.
 """
 
 from __future__ import annotations

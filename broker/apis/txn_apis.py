@@ -16,9 +16,9 @@ import structlog
 
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.broker.storage.purgatory import LogKey
+from shoal.coordinator.classic_coordinator import OffsetToCommit
 from shoal.coordinator.transaction_coordinator import TopicPartition
 from shoal.coordinator.transaction_log import STATE_BY_NAME
-from shoal.coordinator.txn_offsets import TxnOffset
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -43,7 +43,6 @@ TxnOffsetCommitResponse = messages.TxnOffsetCommitResponse
 ToTopic = TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic
 ToPartition = TxnOffsetCommitResponse.TxnOffsetCommitResponsePartition
 CONSUMER_OFFSETS = "__consumer_offsets"
-OFFSET_METADATA_MAX_BYTES = 4096  # Kafka's offset.metadata.max.bytes
 MAX_GROUP_ID_BYTES = 32767  # an int16-length string in the OffsetCommit key
 DescribeTransactionsResponse = messages.DescribeTransactionsResponse
 DtState = DescribeTransactionsResponse.TransactionState
@@ -91,7 +90,7 @@ class BrokerMarkerWriter:
         await asyncio.gather(*flushes)
         for index in offsets_partitions:
             # The marker is durable: the transaction's offset commits there are now final (or dropped).
-            self.broker.txn_offsets.on_marker(index, producer_id, commit)
+            self.broker.group_coordinator.on_transaction_completed(index, producer_id, commit)
 
 
 class TransactionApis:
@@ -211,25 +210,32 @@ class TransactionApis:
         else:
             group_code = client_error(ApiKey.TXN_OFFSET_COMMIT, version, self.coordinator.check_offset_commit(
                 req.transactional_id, req.producer_id, req.producer_epoch, req.group_id))
-            offsets = []
+            offsets: list[OffsetToCommit] = []
+            where: list[tuple[str, int]] = []
             for name, p in wanted:
                 topic = self.services.topics.get(name)
                 if not ctx.authorize(Operation.READ, ResourceType.TOPIC, name):
                     codes[(name, p.partition_index)] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 elif topic is None or not 0 <= p.partition_index < len(topic.partitions):
                     codes[(name, p.partition_index)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                elif len((p.committed_metadata or "").encode()) > OFFSET_METADATA_MAX_BYTES:
-                    codes[(name, p.partition_index)] = ErrorCode.OFFSET_METADATA_TOO_LARGE
                 else:
                     codes[(name, p.partition_index)] = group_code
-                    offsets.append(TxnOffset(name, p.partition_index, p.committed_offset,
-                                             p.committed_leader_epoch if version >= 2 else -1,
-                                             p.committed_metadata or ""))
+                    offsets.append(OffsetToCommit(name, p.partition_index, p.committed_offset,
+                                                  p.committed_leader_epoch if version >= 2 else -1,
+                                                  p.committed_metadata or ""))
+                    where.append((name, p.partition_index))
+            if group_code == ErrorCode.NONE and offsets:
+                # KIP-447: from v3 the member's id, generation and instance id are checked by the group.
+                group_code, per = await self.services.group_coordinator.commit_transactional_offsets(
+                    req.group_id, req.producer_id, req.producer_epoch, req.member_id if version >= 3 else "",
+                    req.group_instance_id if version >= 3 else None, req.generation_id if version >= 3 else -1,
+                    offsets)
+                group_code = client_error(ApiKey.TXN_OFFSET_COMMIT, version, group_code)
+                for w, c in zip(where, per or [group_code] * len(where), strict=True):
+                    codes[w] = group_code if group_code != ErrorCode.NONE else c
             if group_code != ErrorCode.NONE:
                 log.info("txn_offset_commit refused", transactional_id=req.transactional_id, group_id=req.group_id,
                          error_code=group_code)
-            elif offsets:
-                await self.services.txn_offsets.commit(req.group_id, req.producer_id, req.producer_epoch, offsets)
         by_topic: dict[str, list[ToPartition]] = {}
         for (name, index), code in codes.items():
             by_topic.setdefault(name, []).append(ToPartition(partition_index=index, error_code=code))

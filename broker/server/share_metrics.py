@@ -30,7 +30,7 @@ class Broker(Protocol):
     """The parts of the broker the collector reads (the server's Broker has them)."""
 
     topics: TopicRegistry
-    group_coordinator: Any
+    share_groups: Any
     share_coordinator: Any
     share_partitions: Any
 
@@ -195,7 +195,7 @@ class ShareGroupCollector(Collector):
         counts = dict.fromkeys(GROUP_STATES, 0)
         partitions = 0
         rebalances = 0
-        coordinator = self.broker.group_coordinator
+        coordinator = self.broker.share_groups
         if coordinator is not None:
             rebalances = int(coordinator.rebalances)
             for group in list(coordinator.groups.values()):

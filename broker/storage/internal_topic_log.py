@@ -6,7 +6,13 @@ from collections.abc import Callable, Iterator
 
 import structlog
 
-from shoal.protocol.coordinator_records import CoordinatorRecord, decode_record, encode_record
+from shoal.protocol.coordinator_records import (
+    CoordinatorRecord,
+    EndTransactionMarker,
+    LoggedRecord,
+    decode_record,
+    encode_record,
+)
 from shoal.protocol.record_batch import InvalidRecordBatch, iter_batches
 from shoal.protocol.records import (
     CONTROL_COMMIT,
@@ -41,21 +47,18 @@ class InternalTopicLog:
         batch = bytearray(encode_batch([RecordInput(key=k, value=v) for k, v in map(encode_record, records)]))
         return plog.append(batch, list(iter_batches(batch))).base_offset
 
+    def append_transactional_nowait(self, partition: int, records: list[CoordinatorRecord], producer_id: int,
+                                    producer_epoch: int) -> int:
+        """Append records as one transactional batch of the producer (TxnOffsetCommit); its marker later
+        decides whether they count."""
+        plog = self.topic.partitions[partition]
+        batch = bytearray(encode_batch([RecordInput(key=k, value=v) for k, v in map(encode_record, records)],
+                                       producer_id=producer_id, producer_epoch=producer_epoch, is_transactional=True))
+        return plog.append(batch, list(iter_batches(batch))).base_offset
+
     async def flush(self, partition: int, end_offset: int) -> None:
         await self.topic.partitions[partition].flush(end_offset)
 
-    async def append_raw(self, partition: int, records: list[tuple[bytes, bytes | None]], *,
-                         producer_id: int = -1, producer_epoch: int = -1) -> int:
-        """Append (key, value) pairs as one batch and return its first offset once it is fsynced.
-
-        With a producer id the batch is transactional (TxnOffsetCommit): replay yields its records only
-        once that producer's COMMIT marker follows, and drops them after an ABORT."""
-        plog = self.topic.partitions[partition]
-        batch = bytearray(encode_batch([RecordInput(key=k, value=v) for k, v in records], producer_id=producer_id,
-                                       producer_epoch=producer_epoch, is_transactional=producer_id >= 0))
-        result = plog.append(batch, list(iter_batches(batch)))
-        await plog.flush(result.last_offset + 1)
-        return result.base_offset
 
     def replay(self, partition: int) -> Iterator[tuple[int, CoordinatorRecord]]:
         """Every readable coordinator record, oldest first; undecodable ones are skipped with a warning."""
@@ -67,6 +70,48 @@ class InternalTopicLog:
                             partition=partition, offset=offset, error=str(exc))
                 continue
             yield offset, decoded
+
+    def replay_transactional(self, partition: int) -> Iterator[LoggedRecord | EndTransactionMarker]:
+        """Every readable record and end-transaction marker in log order; a transactional record comes at
+        its own offset with its producer id (its marker decides later), not held back until the marker."""
+        plog = self.topic.partitions[partition]
+        offset = plog.log_start_offset
+        while offset < plog.log_end_offset:
+            data = plog.read(offset, _READ_CHUNK)
+            if not data:
+                break
+            last = None
+            for pos, header in iter_batches(data):
+                last = header.last_offset
+                if header.last_offset < offset:
+                    continue
+                try:
+                    records = decode_records(data, pos, header)
+                except InvalidRecordBatch as exc:
+                    log.error("skipping unreadable batch in internal topic", topic=self.topic.name,
+                              partition=partition, base_offset=header.base_offset,
+                              last_offset=header.last_offset, error=str(exc))
+                    continue
+                if header.is_control:
+                    if records:
+                        commit = control_record_type(records[0]) == CONTROL_COMMIT
+                        yield EndTransactionMarker(records[0].offset, header.producer_id, commit)
+                    continue
+                producer_id = header.producer_id if header.is_transactional else -1
+                for r in records:
+                    if r.offset < offset or r.key is None:
+                        continue
+                    value = None if r.value is None else bytes(r.value)
+                    try:
+                        decoded = decode_record(bytes(r.key), value, topic=self.topic.name)
+                    except ValueError as exc:  # DecodeError, or a value version no spec knows
+                        log.warning("skipping undecodable coordinator record", topic=self.topic.name,
+                                    partition=partition, offset=r.offset, error=str(exc))
+                        continue
+                    yield LoggedRecord(r.offset, decoded, producer_id)
+            if last is None:
+                break
+            offset = last + 1
 
     def replay_raw(self, partition: int, open_transactions: dict[int, list[tuple[int, bytes, bytes | None]]] | None = None,
                    start: int | None = None) -> Iterator[tuple[int, bytes, bytes | None]]:
@@ -150,11 +195,6 @@ class LazyInternalTopicLog:
 
     async def flush(self, partition: int, end_offset: int) -> None:
         await self._log_or_create().flush(partition, end_offset)
-
-    async def append_raw(self, partition: int, records: list[tuple[bytes, bytes | None]], *,
-                         producer_id: int = -1, producer_epoch: int = -1) -> int:
-        return await self._log_or_create().append_raw(partition, records, producer_id=producer_id,
-                                                      producer_epoch=producer_epoch)
 
     def replay(self, partition: int) -> Iterator[tuple[int, CoordinatorRecord]]:
         log_ = self._log()

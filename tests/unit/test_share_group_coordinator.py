@@ -1,4 +1,4 @@
-"""GroupCoordinator over a real `__consumer_offsets` (InternalTopicLog on PartitionLogs in tmp_path)."""
+"""ShareGroupCoordinator (share groups in the group coordinator) over a real `__consumer_offsets` (InternalTopicLog on PartitionLogs in tmp_path)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import pytest
 from shoal.broker.storage.internal_topic_log import InternalTopicLog
 from shoal.broker.storage.partition_log import LogConfig, PartitionLog
 from shoal.broker.storage.topic_registry import Topic
-from shoal.coordinator.group_coordinator import (
-    GroupCoordinator,
-    GroupCoordinatorConfig,
-    partition_for_group,
-)
 from shoal.coordinator.placement import java_string_hashcode
 from shoal.coordinator.share_group import can_compute_next_target_assignment
+from shoal.coordinator.share_group_coordinator import (
+    ShareGroupConfig,
+    ShareGroupCoordinator,
+    partition_for_group,
+)
 from shoal.persister.persister import ReadStateResult, SharePartitionKey, StateSummary, WriteStateRequest
 from shoal.protocol import coordinator_records as cr
 from shoal.protocol import messages
@@ -102,18 +102,18 @@ def close_log(log: InternalTopicLog) -> None:
 
 
 class Env:
-    def __init__(self, path: Path, config: GroupCoordinatorConfig | None = None) -> None:
+    def __init__(self, path: Path, config: ShareGroupConfig | None = None) -> None:
         self.path = path
         self.topics = Topics()
         self.persister = RecordingPersister()
         self.clock = Clock()
         # Assignment batching (KIP-1263) off unless a test turns it on, as in Kafka's request tests.
-        self.config = config or GroupCoordinatorConfig(assignment_interval_ms=0)
+        self.config = config or ShareGroupConfig(assignment_interval_ms=0)
         self.log = open_log(path)
         self.coord = self.new_coordinator()
 
-    def new_coordinator(self) -> GroupCoordinator:
-        return GroupCoordinator(self.log, self.topics, self.persister, self.config, clock=self.clock,
+    def new_coordinator(self) -> ShareGroupCoordinator:
+        return ShareGroupCoordinator(self.log, self.topics, self.persister, self.config, clock=self.clock,
                                 wall_clock=self.clock)
 
     async def hb(self, member: str, epoch: int, topics: list[str] | None = None, group: str = GROUP,
@@ -252,7 +252,7 @@ async def test_invalid_requests(env: Env) -> None:
 
 
 async def test_max_size(tmp_path: Path) -> None:
-    e = Env(tmp_path, GroupCoordinatorConfig(max_size=2, assignment_interval_ms=0))
+    e = Env(tmp_path, ShareGroupConfig(max_size=2, assignment_interval_ms=0))
     await e.coord.load()
     assert (await e.hb("a", 0, ["orders"])).error_code == 0
     b = await e.hb("b", 0, ["orders"])
@@ -290,9 +290,9 @@ async def test_session_timeout_explicit(env: Env) -> None:
 
 
 async def test_session_timeout_background_loop(tmp_path: Path) -> None:
-    config = GroupCoordinatorConfig(session_timeout_ms=50, maintenance_interval_ms=10, assignment_interval_ms=0)
+    config = ShareGroupConfig(session_timeout_ms=50, maintenance_interval_ms=10, assignment_interval_ms=0)
     log = open_log(tmp_path)
-    coord = GroupCoordinator(log, Topics(), RecordingPersister(), config)
+    coord = ShareGroupCoordinator(log, Topics(), RecordingPersister(), config)
     await coord.load()
     coord.start()
     req = Request(group_id=GROUP, member_id="a", member_epoch=0, subscribed_topic_names=["orders"])
@@ -511,7 +511,7 @@ async def test_failing_state_deletion_backs_off(env: Env) -> None:
 
 async def test_load_in_progress(tmp_path: Path) -> None:
     log = open_log(tmp_path)
-    coord = GroupCoordinator(log, Topics(), RecordingPersister())
+    coord = ShareGroupCoordinator(log, Topics(), RecordingPersister())
     req = Request(group_id=GROUP, member_id="a", member_epoch=0, subscribed_topic_names=["orders"])
     assert (await coord.heartbeat(req, "c", "/h")).error_code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
     close_log(log)
@@ -561,19 +561,19 @@ async def api_env(tmp_path: Path) -> Any:
     persister = RecordingPersister()
     offsets = broker.topics.get("__consumer_offsets")
     assert offsets is not None
-    broker.group_coordinator = GroupCoordinator(
+    broker.share_groups = ShareGroupCoordinator(
         InternalTopicLog(offsets), BrokerTopicMetadata(broker.topics), persister, group_configs=broker.group_configs
     )
-    await broker.group_coordinator.load()
+    await broker.share_groups.load()
     conn = KafkaConnection(broker, config.listeners()[0])
     conn.client_host = "10.0.0.1"
 
     def ctx(api_key: int, version: int) -> RequestContext:
         return RequestContext(messages.RequestHeader(api_key, version, 1, "cli"), conn)
 
-    apis = ShareGroupApis(ShareGroupServices(config, broker.group_coordinator, None, None))
+    apis = ShareGroupApis(ShareGroupServices(config, broker.share_groups, None, None))
     yield broker, apis, ctx, auth, (Operation, ResourceType)
-    await broker.group_coordinator.stop()
+    await broker.share_groups.stop()
     broker.topics.close()
 
 
@@ -587,7 +587,7 @@ async def test_api_heartbeat_describe_list(api_env: Any) -> None:
     req = Request(group_id="ag", member_id="m", member_epoch=0, subscribed_topic_names=["orders"])
     resp = roundtrip(await apis.share_group_heartbeat(ctx(76, 1), req), 76, 1)
     assert (resp.error_code, resp.member_epoch) == (0, 1)
-    await broker.group_coordinator.wait_for_background()
+    await broker.share_groups.wait_for_background()
     resp = roundtrip(await apis.share_group_heartbeat(ctx(76, 1), Request(group_id="ag", member_id="m", member_epoch=1)), 76, 1)
     assert [sorted(tp.partitions) for tp in resp.assignment.topic_partitions] == [[0, 1]]
 
@@ -631,7 +631,7 @@ async def test_api_disabled(api_env: Any) -> None:
     assert (await apis.share_group_heartbeat(ctx(76, 1), req)).error_code == ErrorCode.UNSUPPORTED_VERSION
     describe = messages.ShareGroupDescribeRequest(group_ids=["ag"])
     assert apis.share_group_describe(ctx(77, 1), describe).groups[0].error_code == ErrorCode.UNSUPPORTED_VERSION
-    assert broker.group_coordinator.group_ids() == []
+    assert broker.share_groups.group_ids() == []
 
 
 # ---- KIP-1263: the target assignment is recomputed at most once per share.assignment.interval.ms ----
@@ -663,7 +663,7 @@ def test_can_compute_next_target_assignment(timestamp: int, interval: int, now: 
 
 
 async def test_assignment_interval_batches_target_assignments(tmp_path: Path) -> None:
-    e = Env(tmp_path, GroupCoordinatorConfig(assignment_interval_ms=5000))
+    e = Env(tmp_path, ShareGroupConfig(assignment_interval_ms=5000))
     await e.coord.load()
     try:
         # The first target assignment is computed at once (there is none before it), at the wall clock.
@@ -703,7 +703,7 @@ async def test_assignment_interval_batches_target_assignments(tmp_path: Path) ->
 
 async def test_assignment_interval_group_config_wins(tmp_path: Path) -> None:
     e = Env(tmp_path)
-    e.coord = GroupCoordinator(e.log, e.topics, e.persister, GroupCoordinatorConfig(), clock=e.clock,
+    e.coord = ShareGroupCoordinator(e.log, e.topics, e.persister, ShareGroupConfig(), clock=e.clock,
                                wall_clock=e.clock, group_configs=IntervalConfigs({"batched": 15000, GROUP: 0}))
     await e.coord.load()
     try:
@@ -721,7 +721,7 @@ async def test_assignment_interval_group_config_wins(tmp_path: Path) -> None:
 
 
 async def test_assignment_timestamp_is_persisted(tmp_path: Path) -> None:
-    e = Env(tmp_path, GroupCoordinatorConfig(assignment_interval_ms=5000))
+    e = Env(tmp_path, ShareGroupConfig(assignment_interval_ms=5000))
     await e.coord.load()
     await e.hb("a", 0, ["orders"])
     await e.coord.wait_for_background()
