@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -114,3 +115,37 @@ async def test_operation_outlives_its_caller_and_keeps_its_key(
     reloaded = CoordinatorRuntime(rt.record_log, lambda _p: ReplayedOffsets())
     await reloaded.load(0)
     assert reloaded.shard(0).offsets == rt.shard(0).offsets
+
+
+# ---- timers ----------------------------------------------------------------------------------------
+
+
+async def test_timer_runs_as_an_operation_on_its_key_and_is_replaced_or_cancelled(
+    runtime: tuple[CoordinatorRuntime[ReplayedOffsets], PartitionLog],
+) -> None:
+    rt, _plog = runtime
+    await rt.load(0)
+    fired: list[str] = []
+    released = asyncio.Event()
+
+    def op(name: str) -> Any:
+        async def run() -> None:
+            fired.append(name)
+            await rt.append(0, [a_record(len(fired))])
+        return run
+
+    async def hold_key() -> None:
+        await released.wait()
+
+    holder = asyncio.ensure_future(rt.write(0, "k", hold_key))
+    await asyncio.sleep(0)
+    rt.schedule(0, "t1", 0, "k", op("first"))
+    rt.schedule(0, "t1", 0, "k", op("replacing"))  # the same timer again: only this one fires
+    rt.schedule(0, "t2", 0, "k", op("cancelled"))
+    rt.cancel(0, "t2")
+    await asyncio.sleep(0.01)
+    assert fired == [] and not rt.is_scheduled(0, "t1")  # fired, but waits for the key's writer
+    released.set()
+    await holder
+    await rt.drain()
+    assert fired == ["replacing"] and rt.shard(0).offsets == [0]
