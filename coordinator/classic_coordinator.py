@@ -55,7 +55,6 @@ class ClassicGroupConfig:
     max_session_timeout_ms: int = 1_800_000
     initial_rebalance_delay_ms: int = 3000
     max_size: int = 2**31 - 1
-    offset_metadata_max_bytes: int = 4096
 
 
 @dataclass(slots=True)

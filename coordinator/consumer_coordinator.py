@@ -16,7 +16,6 @@ consumer group, and the committed offsets, kept by id beside the groups, stay.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -71,8 +70,6 @@ class ConsumerGroupConfig:
     session_timeout_ms: int = 45000
     heartbeat_interval_ms: int = 5000
     max_size: int = 2**31 - 1
-    offset_metadata_max_bytes: int = 4096
-    maintenance_interval_ms: int = 1000
 
 
 class ConsumerTopicSource(Protocol):
@@ -129,7 +126,6 @@ class ConsumerGroupCoordinator:
         self.wall_ms = wall_ms
         self.groups: GroupsView[ConsumerGroup] = GroupsView(self.runtime.shards, self.partition_for, ConsumerGroup)
         self.loaded = False
-        self._maintenance: asyncio.Task[None] | None = None
 
     # ---- plumbing --------------------------------------------------------------------------------
 
@@ -175,25 +171,48 @@ class ConsumerGroupCoordinator:
         log.info("consumer groups loaded", groups=len(self.groups))
 
     def start(self) -> None:
-        if self._maintenance is None:
-            self._maintenance = asyncio.get_running_loop().create_task(self._maintenance_loop())
+        """Members restored from the log get a full session to come back (needs a running loop)."""
+        for group in self.groups.values():
+            for member in group.members.values():
+                self._arm_timers(group.group_id, member)
 
     async def stop(self) -> None:
-        if self._maintenance is not None:
-            self._maintenance.cancel()
-            await asyncio.gather(self._maintenance, return_exceptions=True)
-            self._maintenance = None
         await self.runtime.drain()  # operations already started finish
 
-    async def _maintenance_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.maintenance_interval_ms / 1000)
-            try:
-                await self.expire_members()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("consumer group maintenance failed")
+    # ---- timers: session and revocation timeouts (the runtime's keyed timers) ----------------------
+
+    def _arm_timers(self, group_id: str, member: ConsumerMember) -> None:
+        """(Re)start the member's session timer, and its revocation timer while it has partitions to give up."""
+        partition, member_id = self.partition_for(group_id), member.member_id
+        now = self.clock()
+        self.runtime.schedule(partition, ("consumer-session", group_id, member_id), member.session_deadline - now,
+                              group_id, lambda: self._on_timer(group_id, member_id))
+        if member.revocation_deadline is not None:
+            if not self.runtime.is_scheduled(partition, ("consumer-revocation", group_id, member_id)):
+                self.runtime.schedule(partition, ("consumer-revocation", group_id, member_id),
+                                      member.revocation_deadline - now, group_id,
+                                      lambda: self._on_timer(group_id, member_id))
+        else:
+            self.runtime.cancel(partition, ("consumer-revocation", group_id, member_id))
+
+    def _cancel_timers(self, group_id: str, member_id: str) -> None:
+        partition = self.partition_for(group_id)
+        for kind in ("consumer-session", "consumer-revocation"):
+            self.runtime.cancel(partition, (kind, group_id, member_id))
+
+    async def _on_timer(self, group_id: str, member_id: str) -> None:
+        """A timer fired (holding the group): the member goes if its session or revocation time is over."""
+        group = self.groups.get(group_id)
+        member = None if group is None else group.members.get(member_id)
+        if group is None or member is None:
+            return
+        now = self.clock()
+        if not _overdue(member, now):
+            self._arm_timers(group_id, member)  # a deadline moved (or the clock is not the loop's): wait on
+            return
+        log.info("consumer group member expired", group_id=group_id, member_id=member_id,
+                 reason="session" if member.session_deadline <= now else "revocation timeout")
+        await self._remove_member(group, member_id)
 
     # ---- ConsumerGroupHeartbeat ------------------------------------------------------------------
 
@@ -358,6 +377,9 @@ class ConsumerGroupCoordinator:
         else:
             live.revocation_deadline = None
         if replaced is not None:
+            self._cancel_timers(group_id, replaced.member_id)
+        self._arm_timers(group_id, live)
+        if replaced is not None:
             log.info("static member replaced", group_id=group_id, instance_id=req.instance_id,
                      old_member_id=replaced.member_id, member_id=member_id)
         if bump:
@@ -466,6 +488,7 @@ class ConsumerGroupCoordinator:
 
     async def _remove_member(self, group: ConsumerGroup, member_id: str) -> None:
         """The member's records go and the group epoch is bumped, so the others get its partitions."""
+        self._cancel_timers(group.group_id, member_id)
         records = group.member_tombstones(member_id)
         remaining = [m for mid, m in group.members.items() if mid != member_id]
         topics = self._subscribed_topics(remaining)
@@ -475,7 +498,8 @@ class ConsumerGroupCoordinator:
         await self._write(group.group_id, records)
 
     async def expire_members(self, now: float | None = None) -> list[tuple[str, str]]:
-        """Remove members whose session ended or whose revocation took longer than their rebalance timeout."""
+        """Remove every member whose session ended or whose revocation took longer than its rebalance
+        timeout, at once (the timers do this member by member; this sweep is for a clock of one's own)."""
         now = self.clock() if now is None else now
         expired: list[tuple[str, str]] = []
         for group_id in list(self.groups):

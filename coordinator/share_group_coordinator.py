@@ -51,6 +51,8 @@ __all__ = [
 
 log = structlog.get_logger("shoal.share_groups")
 
+_RETRY_TIMER = "share-retry"
+
 HeartbeatRequest = messages.ShareGroupHeartbeatRequest
 HeartbeatResponse = messages.ShareGroupHeartbeatResponse
 DescribeResponse = messages.ShareGroupDescribeResponse
@@ -69,7 +71,7 @@ class ShareGroupConfig:
     max_size: int = 200
     initialize_retry_interval_ms: int = 30000
     assignment_interval_ms: int = 1000  # group.share.assignment.interval.ms (KIP-1263)
-    # How often the background task looks for expired sessions and initialisations to retry.
+    # How often initialisations and state deletions that failed are looked at again (a runtime timer).
     maintenance_interval_ms: int = 1000
 
 
@@ -120,11 +122,11 @@ class ShareGroupCoordinator:
         self.groups = GroupsView(self.runtime.shards, self.partition_for, ShareGroup)
         self.loaded = False
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._maintenance: asyncio.Task[None] | None = None
+        self._started = False
         self._init_inflight: set[tuple[str, bytes, int]] = set()
         # Partitions of deleted topics whose persisted state still has to be deleted, per group.
         self._pending_state_deletes: dict[str, dict[bytes, set[int]]] = {}
-        # Background retries (state deletions, the maintenance loop itself) back off and log sparingly.
+        # Background retries (initialisations, state deletions) back off and log sparingly.
         self._retries = Backoff()
 
     # ---- placement, operations, writing -----------------------------------------------------------
@@ -187,15 +189,18 @@ class ShareGroupCoordinator:
         log.info("share groups loaded", groups=len(self.groups))
 
     def start(self) -> None:
-        """Start session expiry and initialisation retries (needs a running loop)."""
-        if self._maintenance is None:
-            self._maintenance = asyncio.get_running_loop().create_task(self._maintenance_loop())
+        """Session timers for the members restored from the log, and the retry timer (needs a running loop)."""
+        self._started = True
+        for group in self.groups.values():
+            for member in group.members.values():
+                self._arm_session(group.group_id, member.member_id, member.session_deadline - self.clock())
+        self._schedule_retries()
 
     async def stop(self) -> None:
+        self._started = False
+        for partition in range(self.runtime.num_partitions):
+            self.runtime.cancel(partition, _RETRY_TIMER)
         tasks = list(self._tasks)
-        if self._maintenance is not None:
-            tasks.append(self._maintenance)
-            self._maintenance = None
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -206,20 +211,43 @@ class ShareGroupCoordinator:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    async def _maintenance_loop(self) -> None:
-        interval = self.config.maintenance_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
+    # ---- timers: sessions and retries (the runtime's keyed timers) ----------------------------------
+
+    def _arm_session(self, group_id: str, member_id: str, delay_s: float) -> None:
+        self.runtime.schedule(self.partition_for(group_id), ("share-session", group_id, member_id), delay_s,
+                              group_id, lambda: self._on_session_timer(group_id, member_id))
+
+    async def _on_session_timer(self, group_id: str, member_id: str) -> None:
+        """The member's session timer fired (holding the group): it goes unless it heartbeat meanwhile."""
+        group = self.groups.get(group_id)
+        member = None if group is None else group.members.get(member_id)
+        if group is None or member is None:
+            return
+        remaining = member.session_deadline - self.clock()
+        if remaining > 0:
+            self._arm_session(group_id, member_id, remaining)  # the clock is not the loop's: wait on
+            return
+        await self._write(group_id, group.plan_remove_member(member_id, self.topics))
+        log.info("share group member session expired", group_id=group_id, member_id=member_id)
+
+    def _schedule_retries(self) -> None:
+        """Initialisations and state deletions that failed are retried on a timer of partition 0's (the
+        retry walks every group; each group's work then runs as that group's operation)."""
+        if not self._started:
+            return
+
+        async def retry() -> None:
             try:
-                await self.expire_members()
                 await self.retry_pending()
-                self._retries.succeeded("maintenance")
-            except asyncio.CancelledError:
-                raise
+                self._retries.succeeded("retry")
             except Exception:
-                suppressed = self._retries.failed("maintenance", self.clock())
+                suppressed = self._retries.failed("retry", self.clock())
                 if suppressed is not None:
-                    log.exception("share group maintenance failed", failures_not_logged=suppressed)
+                    log.exception("share group retries failed", failures_not_logged=suppressed)
+            finally:
+                self._schedule_retries()
+
+        self.runtime.schedule(0, _RETRY_TIMER, self.config.maintenance_interval_ms / 1000, _RETRY_TIMER, retry)
 
     # ---- heartbeat ---------------------------------------------------------------------------------
 
@@ -291,6 +319,7 @@ class ShareGroupCoordinator:
         await self._write(req.group_id, plan.records)
         live = self.groups[req.group_id]
         live.members[req.member_id].session_deadline = now + self.session_timeout(req.group_id)
+        self._arm_session(req.group_id, req.member_id, self.session_timeout(req.group_id))
         if plan.init is not None:
             self._mark_initializing(live, plan.init, now)
             self._spawn(self._initialize(plan.init))
@@ -309,13 +338,15 @@ class ShareGroupCoordinator:
         if member_id not in group.members:
             raise ShareGroupError(ErrorCode.UNKNOWN_MEMBER_ID, f"Member {member_id} is not a member of group {group_id}.")
         await self._write(group_id, group.plan_remove_member(member_id, self.topics))
+        self.runtime.cancel(self.partition_for(group_id), ("share-session", group_id, member_id))
         log.info("member left share group", group_id=group_id, member_id=member_id)
         return HeartbeatResponse(error_code=ErrorCode.NONE, member_id=member_id, member_epoch=LEAVE_GROUP_MEMBER_EPOCH)
 
     # ---- session timeouts ----------------------------------------------------------------------------
 
     async def expire_members(self, now: float | None = None) -> list[tuple[str, str]]:
-        """Remove members whose session deadline passed; returns the (group, member) pairs removed."""
+        """Remove every member whose session deadline passed, at once; returns the (group, member) pairs
+        removed (the session timers do this member by member; this sweep is for a clock of one's own)."""
         now = self.clock() if now is None else now
         expired: list[tuple[str, str]] = []
 

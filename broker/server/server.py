@@ -303,13 +303,11 @@ class Broker:
                 max_session_timeout_ms=int(cfg["group.max.session.timeout.ms"]),
                 initial_rebalance_delay_ms=int(cfg["group.initial.rebalance.delay.ms"]),
                 max_size=int(cfg["group.max.size"]),
-                offset_metadata_max_bytes=int(cfg["offset.metadata.max.bytes"]),
             ),
             consumer_config=ConsumerGroupConfig(
                 session_timeout_ms=int(cfg["group.consumer.session.timeout.ms"]),
                 heartbeat_interval_ms=int(cfg["group.consumer.heartbeat.interval.ms"]),
                 max_size=int(cfg["group.consumer.max.size"]),
-                offset_metadata_max_bytes=int(cfg["offset.metadata.max.bytes"]),
             ),
             offset_config=OffsetConfig(
                 metadata_max_bytes=int(cfg["offset.metadata.max.bytes"]),
