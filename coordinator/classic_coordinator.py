@@ -18,18 +18,17 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 
 from shoal.protocol import messages
-from shoal.protocol.coordinator_records import CoordinatorRecord, fits_key_string
+from shoal.protocol.coordinator_records import fits_key_string
 from shoal.protocol.errors import ErrorCode
 
 from .classic_group import ClassicGroup, ClassicGroupState, ClassicMember
 from .consumer_group import ConsumerGroup
-from .group_coordinator_shard import Group, GroupRuntime, GroupsView, group_runtime, load_all
-from .placement import coordinator_partition
+from .group_coordinator_shard import Group, GroupRuntime, GroupsOfOneType
 from .record_log import CoordinatorRecordLog
 
 log = structlog.get_logger("shoal.classic_groups")
@@ -46,7 +45,6 @@ Empty, Preparing, Completing, Stable, Dead = (
 NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000
 NO_OFFSET = -1
 
-T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -97,7 +95,7 @@ def _resolve(fut: asyncio.Future[Any], value: Any) -> None:
         fut.set_result(value)
 
 
-class ClassicGroupCoordinator:
+class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
     def __init__(
         self,
         record_log: CoordinatorRecordLog | GroupRuntime,
@@ -106,12 +104,10 @@ class ClassicGroupCoordinator:
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ):
-        # The group coordinator's runtime over `__consumer_offsets` (or one of its own, for tests).
-        self.runtime = group_runtime(record_log)
+        super().__init__(record_log, ClassicGroup)
         self.config = config or ClassicGroupConfig()
         self.clock = clock
         self.wall_ms = wall_ms
-        self.groups: GroupsView[ClassicGroup] = GroupsView(self.runtime.shards, self.partition_for, ClassicGroup)
         self.loaded = False
         self.rebalances = 0
         self._join_waiters: dict[tuple[str, str], asyncio.Future[Any]] = {}
@@ -120,22 +116,10 @@ class ClassicGroupCoordinator:
 
     # ---- plumbing --------------------------------------------------------------------------------
 
-    def partition_for(self, group_id: str) -> int:
-        return coordinator_partition(group_id, self.runtime.num_partitions)
-
     def _held(self, group_id: str) -> dict[str, Group]:
         """The groups of `group_id`'s shard, for creating or forgetting a group not yet (or no longer) in
         the log; call it from an operation holding `group_id`."""
-        return self.runtime.shard(self.partition_for(group_id)).groups
-
-    async def _run(self, group_id: str, operation: Callable[[], Awaitable[T]]) -> T:
-        """Run an operation on one group through the runtime: one at a time per group, to completion
-        even if the caller goes away."""
-        return await self.runtime.write(self.partition_for(group_id), group_id, operation)
-
-    async def _write(self, group_id: str, records: list[CoordinatorRecord]) -> None:
-        """Durably append, then replay into the group's shard (the same path `load` takes)."""
-        await self.runtime.append(self.partition_for(group_id), records)
+        return self.shard_of(group_id).groups
 
     def foreign_group(self, group_id: str) -> bool:
         """True when the id belongs to a group of another type that a join would not convert."""
@@ -143,7 +127,7 @@ class ClassicGroupCoordinator:
         return other is not None and not isinstance(other, ClassicGroup) and not _convertible(other)
 
     def _has_offsets(self, group_id: str) -> bool:
-        return self.runtime.shard(self.partition_for(group_id)).offsets.has_offsets(group_id)
+        return self.shard_of(group_id).offsets.has_offsets(group_id)
 
     def _schedule(self, key: tuple[str, ...], delay_s: float, work: Callable[[], Awaitable[None]]) -> None:
         """Run `work` after `delay_s` as an operation on the group `key[1]` names (a runtime timer)."""
@@ -167,7 +151,7 @@ class ClassicGroupCoordinator:
     async def load(self) -> None:
         """Rebuild every classic group from `__consumer_offsets` (partitions the group coordinator loaded
         already are not read again)."""
-        await load_all(self.runtime)
+        await self._load_shards()
         self.loaded = True
         log.info("classic groups loaded", groups=len(self.groups))
 
@@ -775,7 +759,7 @@ class ClassicGroupCoordinator:
             if group.state != Empty or group.members:
                 return ErrorCode.NON_EMPTY_GROUP
             try:
-                offsets = self.runtime.shard(self.partition_for(group_id)).offsets
+                offsets = self.shard_of(group_id).offsets
                 await self._write(group_id, offsets.delete_group_records(group_id) + group.tombstone_records())
             except Exception:
                 log.exception("classic group deletion failed", group_id=group_id)

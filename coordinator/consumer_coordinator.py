@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import structlog
 
@@ -41,13 +41,11 @@ from .consumer_group import (
     compile_regex,
     reconcile,
 )
-from .group_coordinator_shard import GroupRuntime, GroupsView, group_runtime, load_all
-from .placement import coordinator_partition
+from .group_coordinator_shard import GroupRuntime, GroupsOfOneType
 from .record_log import CoordinatorRecordLog
 
 log = structlog.get_logger("shoal.consumer_groups")
 
-T = TypeVar("T")
 
 HeartbeatResponse = messages.ConsumerGroupHeartbeatResponse
 _HbAssignment = HeartbeatResponse.Assignment
@@ -106,7 +104,7 @@ def _owned(req: Any) -> Assignment | None:
     return {bytes(t.topic_id): frozenset(t.partitions) for t in req.topic_partitions if t.partitions}
 
 
-class ConsumerGroupCoordinator:
+class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
     def __init__(
         self,
         record_log: CoordinatorRecordLog | GroupRuntime,
@@ -117,29 +115,15 @@ class ConsumerGroupCoordinator:
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ):
-        # The group coordinator's runtime over `__consumer_offsets` (or one of its own, for tests).
-        self.runtime = group_runtime(record_log)
+        super().__init__(record_log, ConsumerGroup)
         self.topics = topics
         self.config = config or ConsumerGroupConfig()
         self.assignors: list[ConsumerAssignor] = assignors or [UniformAssignor()]
         self.clock = clock
         self.wall_ms = wall_ms
-        self.groups: GroupsView[ConsumerGroup] = GroupsView(self.runtime.shards, self.partition_for, ConsumerGroup)
         self.loaded = False
 
     # ---- plumbing --------------------------------------------------------------------------------
-
-    def partition_for(self, group_id: str) -> int:
-        return coordinator_partition(group_id, self.runtime.num_partitions)
-
-    async def _run(self, group_id: str, operation: Callable[[], Awaitable[T]]) -> T:
-        """Run an operation on one group through the runtime: one at a time per group, to completion
-        even if the caller goes away."""
-        return await self.runtime.write(self.partition_for(group_id), group_id, operation)
-
-    async def _write(self, group_id: str, records: list[CoordinatorRecord]) -> None:
-        """Durably append, then replay into the group's shard (the same path `load` takes)."""
-        await self.runtime.append(self.partition_for(group_id), records)
 
     def foreign_group(self, group_id: str) -> bool:
         """True when the id belongs to a group of another type that a join would not convert."""
@@ -160,7 +144,7 @@ class ConsumerGroupCoordinator:
     async def load(self) -> None:
         """Rebuild every consumer group from `__consumer_offsets` (partitions the group coordinator loaded
         already are not read again)."""
-        await load_all(self.runtime)
+        await self._load_shards()
         for shard in self.runtime.shards:
             shard.consumer_epoch_bumps = 0  # the rebalance count starts now
         deadline = self.clock() + self.config.session_timeout_ms / 1000
@@ -565,7 +549,7 @@ class ConsumerGroupCoordinator:
             if group.members:
                 return ErrorCode.NON_EMPTY_GROUP
             try:
-                offsets = self.runtime.shard(self.partition_for(group_id)).offsets
+                offsets = self.shard_of(group_id).offsets
                 await self._write(group_id, offsets.delete_group_records(group_id) + group.delete_records())
             except Exception:
                 log.exception("consumer group deletion failed", group_id=group_id)

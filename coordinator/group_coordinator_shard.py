@@ -10,7 +10,7 @@ what a restart would rebuild.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Generic, TypeVar
 
 import structlog
@@ -21,6 +21,7 @@ from shoal.protocol.coordinator_records import NO_PRODUCER_ID, CoordinatorRecord
 from .classic_group import ClassicGroup, ClassicGroupState
 from .consumer_group import CONSUMER_RECORD_TYPES, ConsumerGroup
 from .offset_metadata_manager import OFFSET_COMMIT_TYPES, OffsetMetadataManager
+from .placement import coordinator_partition
 from .record_log import CoordinatorRecordLog
 from .runtime import TransactionalCoordinatorRuntime
 from .share_group import SHARE_RECORD_TYPES, ShareGroup
@@ -87,46 +88,37 @@ class GroupCoordinatorShard:
             del self.groups[group_id]
 
     def _replay_consumer(self, record: CoordinatorRecord) -> None:
-        group_id = record_group_id(record)
-        group = self.groups.get(group_id)
-        if isinstance(group, ClassicGroup) and not group.members:
-            # A classic group without members (one holding only offsets, or an empty one converted by a
-            # KIP-848 member's join) becomes the consumer group; its offsets stay where they are.
-            group = None
-            del self.groups[group_id]
-        if group is not None and not isinstance(group, ConsumerGroup):
-            log.warning("consumer group record for a group of another type skipped", group_id=group_id)
-            return
-        if group is None:
-            if record.value is None:
-                return
-            group = self.groups[group_id] = ConsumerGroup(group_id)
-        before = group.group_epoch
-        group.replay(record)
-        if group.group_epoch > before:
+        # A classic group without members (one holding only offsets, or an empty one converted by a
+        # KIP-848 member's join) becomes the consumer group; its offsets stay where they are.
+        if self._replay_epoch_group(record, ConsumerGroup, lambda g: not g.members):
             self.consumer_epoch_bumps += 1
-        if group.deleted:
-            del self.groups[group_id]
 
     def _replay_share(self, record: CoordinatorRecord) -> None:
+        # Only a simple group (offsets without a group) gives way to a share group.
+        if self._replay_epoch_group(record, ShareGroup, lambda g: g.is_simple):
+            self.share_epoch_bumps += 1
+
+    def _replay_epoch_group(self, record: CoordinatorRecord, kind: type[ConsumerGroup] | type[ShareGroup],
+                            replaces: Callable[[ClassicGroup], bool]) -> bool:
+        """Replay a record of a consumer or share group (KIP-848 records); True when the group epoch grew."""
         group_id = record_group_id(record)
         group = self.groups.get(group_id)
-        if isinstance(group, ClassicGroup) and not group.members and group.protocol_type is None:
-            group = None  # a simple group (offsets only) gives way, as for consumer groups
+        if isinstance(group, ClassicGroup) and replaces(group):
+            group = None
             del self.groups[group_id]
-        if group is not None and not isinstance(group, ShareGroup):
-            log.warning("share group record for a group of another type skipped", group_id=group_id)
-            return
         if group is None:
             if record.value is None:
-                return
-            group = self.groups[group_id] = ShareGroup(group_id)
+                return False  # tombstone for a group we no longer hold
+            group = self.groups[group_id] = kind(group_id)
+        elif not isinstance(group, kind):
+            log.warning("group record for a group of another type skipped", group_id=group_id,
+                        record_type=record.record_type)
+            return False
         before = group.group_epoch
         group.replay(record)
-        if group.group_epoch > before:
-            self.share_epoch_bumps += 1
         if group.deleted:
             del self.groups[group_id]
+        return group.group_epoch > before
 
 
 G = TypeVar("G", ClassicGroup, ConsumerGroup, ShareGroup)
@@ -177,3 +169,36 @@ async def load_all(runtime: GroupRuntime) -> None:
     for partition in range(runtime.num_partitions):
         if partition not in runtime.loaded:
             await runtime.load(partition)
+
+
+T = TypeVar("T")
+
+
+class GroupsOfOneType(Generic[G]):
+    """What the group coordinator's part for one group type (classic, consumer, share) stands on: the shared
+    runtime, its groups of that type, and the one way to run an operation on a group and write for it."""
+
+    def __init__(self, source: CoordinatorRecordLog | GroupRuntime, kind: type[G]):
+        # The group coordinator's runtime over `__consumer_offsets` (or one of its own, for tests).
+        self.runtime = group_runtime(source)
+        self.groups: GroupsView[G] = GroupsView(self.runtime.shards, self.partition_for, kind)
+
+    def partition_for(self, group_id: str) -> int:
+        return coordinator_partition(group_id, self.runtime.num_partitions)
+
+    def shard_of(self, group_id: str) -> GroupCoordinatorShard:
+        return self.runtime.shard(self.partition_for(group_id))
+
+    async def _run(self, group_id: str, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run an operation on one group through the runtime: one at a time per group, to completion
+        even if the caller goes away."""
+        return await self.runtime.write(self.partition_for(group_id), group_id, operation)
+
+    async def _write(self, group_id: str, records: list[CoordinatorRecord]) -> None:
+        """Durably append, then replay into the group's shard (the same path `load` takes); call it from
+        an operation holding the group."""
+        await self.runtime.append(self.partition_for(group_id), records)
+
+    async def _load_shards(self) -> None:
+        """Read the partitions the group coordinator has not loaded yet (all of them, in tests of one part)."""
+        await load_all(self.runtime)

@@ -11,21 +11,21 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import structlog
 
 from shoal.backoff import Backoff
 from shoal.persister.persister import Persister, SharePartitionKey
 from shoal.protocol import messages
-from shoal.protocol.coordinator_records import CoordinatorRecord, fits_key_string
+from shoal.protocol.coordinator_records import fits_key_string
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.uuids import MAX_MEMBER_ID_LENGTH
 
 from .assignor import ASSIGNOR_NAME, SimpleAssignor
-from .group_coordinator_shard import GroupRuntime, GroupsView, group_runtime, load_all
+from .group_coordinator_shard import GroupRuntime, GroupsOfOneType
 from .placement import coordinator_partition
 from .record_log import CoordinatorRecordLog
 from .share_group import (
@@ -41,8 +41,6 @@ from .share_group import (
     state_partition_metadata_record,
     target_metadata_record,
 )
-
-T = TypeVar("T")
 
 __all__ = [
     "DescribedGroup", "GroupConfigSource", "ShareGroupConfig", "ShareGroupCoordinator", "TopicMetadataSource",
@@ -98,7 +96,7 @@ def _error_response(code: ErrorCode, message: str | None = None) -> HeartbeatRes
     return HeartbeatResponse(error_code=code, error_message=message)
 
 
-class ShareGroupCoordinator:
+class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
     def __init__(
         self,
         record_log: CoordinatorRecordLog | GroupRuntime,
@@ -110,8 +108,7 @@ class ShareGroupCoordinator:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ):
-        # The group coordinator's runtime over `__consumer_offsets` (or one of its own, for tests).
-        self.runtime = group_runtime(record_log)
+        super().__init__(record_log, ShareGroup)
         self.topics = topics
         self.persister = persister
         self.config = config or ShareGroupConfig()
@@ -119,7 +116,6 @@ class ShareGroupCoordinator:
         self.clock = clock
         self.wall_clock = wall_clock  # seconds since the epoch; assignment timestamps are persisted
         self.assignor = SimpleAssignor()
-        self.groups = GroupsView(self.runtime.shards, self.partition_for, ShareGroup)
         self.loaded = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._started = False
@@ -130,17 +126,6 @@ class ShareGroupCoordinator:
         self._retries = Backoff()
 
     # ---- placement, operations, writing -----------------------------------------------------------
-
-    def partition_for(self, group_id: str) -> int:
-        return partition_for_group(group_id, self.runtime.num_partitions)
-
-    async def _run(self, group_id: str, operation: Callable[[], Awaitable[T]]) -> T:
-        """Run `operation` as the group's only one in progress, to completion whatever its caller does."""
-        return await self.runtime.write(self.partition_for(group_id), group_id, operation)
-
-    async def _write(self, group_id: str, records: list[CoordinatorRecord]) -> None:
-        """Durably append, then replay into memory (the same path `load` takes); from an operation only."""
-        await self.runtime.append(self.partition_for(group_id), records)
 
     def foreign_group(self, group_id: str) -> bool:
         """True when the id belongs to a group of another type: share requests for it are refused."""
@@ -177,7 +162,7 @@ class ShareGroupCoordinator:
     async def load(self) -> None:
         """Rebuild every share group from `__consumer_offsets` (partitions the group coordinator loaded
         already are not read again)."""
-        await load_all(self.runtime)
+        await self._load_shards()
         for shard in self.runtime.shards:
             shard.share_epoch_bumps = 0  # the rebalance count starts now
         now = self.clock()

@@ -13,10 +13,8 @@ ConsumerGroupHeartbeat racing for a new group id make one group.
 
 from __future__ import annotations
 
-import os
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +29,12 @@ from shoal.protocol.errors import ErrorCode
 from .broker_process import BrokerProcess
 from .kafka_wire import WireClient
 from .names import unique_name
+from .test_compaction import _wait_for
 
 OVERRIDES = ["group.consumer.heartbeat.interval.ms=300", "group.initial.rebalance.delay.ms=0",
              "offsets.topic.num.partitions=3", "transaction.state.log.num.partitions=3",
              "transaction.max.timeout.ms=60000"]
 MAX_POLLS = 600  # a hang guard, not a timing assertion
-_WAIT_S = float(os.environ.get("SHOAL_TEST_WAIT_S", "120"))
 NO_OFFSET = -1001  # librdkafka's OFFSET_INVALID: nothing committed
 
 
@@ -92,15 +90,6 @@ def _committed(bootstrap: str, group: str, topic: str, protocol: str = "classic"
         return int(consumer.committed([TopicPartition(topic, 0)], 30)[0].offset)
     finally:
         consumer.close()
-
-
-def _wait_for(check: Callable[[], str | None]) -> None:
-    deadline = time.monotonic() + _WAIT_S
-    problem = check()
-    while problem is not None and time.monotonic() < deadline:
-        time.sleep(0.5)
-        problem = check()
-    assert problem is None, problem
 
 
 def _txn_state(bootstrap: str, txn_id: str) -> str:
