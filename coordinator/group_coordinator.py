@@ -38,6 +38,7 @@ from .offset_metadata_manager import (
 )
 from .placement import coordinator_partition
 from .record_log import TransactionalRecordLog
+from .share_group import ShareGroup
 from .share_group_coordinator import GroupConfigSource, ShareGroupConfig, ShareGroupCoordinator
 
 log = structlog.get_logger("shoal.group_coordinator")
@@ -298,50 +299,63 @@ class GroupCoordinator:
         self.runtime.schedule(partition, _EXPIRY_TIMER, delay, _EXPIRY_TIMER, expire)
 
     async def expire_offsets(self, partition: int, now_ms: int | None = None) -> int:
-        """Kafka's cleanupGroupMetadata for one partition: offsets past `offsets.retention.minutes` go,
-        and an empty group left without offsets goes with them. Returns the offsets removed."""
+        """Kafka's cleanupGroupMetadata for one partition: offsets past `offsets.retention.minutes` go, and a
+        classic or consumer group that is empty once it has no offsets left goes with them (share groups
+        keep their persisted state and are deleted only by DeleteGroups). Returns the offsets removed."""
         now = self.wall_ms() if now_ms is None else now_ms
-        removed = 0
         shard = self.runtime.shard(partition)
-        for group_id in shard.offsets.group_ids():
+        removed = 0
+        candidates = sorted(set(shard.offsets.group_ids()) | {
+            gid for gid, g in shard.groups.items() if isinstance(g, ClassicGroup | ConsumerGroup)})
+        for group_id in candidates:
 
             async def expire(group_id: str = group_id) -> int:
                 group = shard.groups.get(group_id)
-                base: int | None = None
-                if isinstance(group, ClassicGroup):
-                    if group.state == ClassicGroupState.EMPTY:
-                        subscribed: set[str] = set()
-                        if group.protocol_type is not None and group.state_timestamp_ms >= 0:
-                            base = group.state_timestamp_ms  # retention runs from when it became empty
-                    elif group.protocol_type == "consumer" and group.state == ClassicGroupState.STABLE:
-                        found = group.subscribed_topics()
-                        if found is None:
-                            return 0
-                        subscribed = found
-                    else:
-                        return 0
-                elif isinstance(group, ConsumerGroup):
-                    subscribed = self.consumer.subscribed_topics_for_offsets(group)
-                elif group is None:
-                    subscribed = set()
-                else:
+                if isinstance(group, ShareGroup):
                     return 0
+                subscribed = self._retained_topics(group)
                 offsets = shard.offsets
-                gone = offsets.expired(group_id, now, self.offset_config.retention_ms, subscribed, base)
-                if not gone:
-                    return 0
+                gone = [] if subscribed is None else offsets.expired(
+                    group_id, now, self.offset_config.retention_ms, subscribed[0], subscribed[1])
                 records = [offset_tombstone(group_id, t, p) for t, p in gone]
-                if len(gone) == len(offsets.offsets(group_id)) and group is not None and not group.members:
-                    if isinstance(group, ClassicGroup) and group.protocol_type is not None:
-                        records += group.tombstone_records()
-                    elif isinstance(group, ConsumerGroup):
+                emptied = len(gone) == len(offsets.offsets(group_id)) and not offsets.has_open_transactions(group_id)
+                if emptied and group is not None and _is_empty(group):
+                    if isinstance(group, ConsumerGroup):
                         records += group.delete_records()
-                await self.runtime.append(partition, records)
-                if group is not None and group_id in shard.groups and isinstance(group, ClassicGroup) \
-                        and group.is_simple and not offsets.has_offsets(group_id):
+                    elif not group.is_simple:
+                        records += group.tombstone_records()
+                if records:
+                    await self.runtime.append(partition, records)
+                group = shard.groups.get(group_id)
+                if isinstance(group, ClassicGroup) and group.is_simple and not offsets.has_offsets(group_id):
                     del shard.groups[group_id]  # a simple group is only its offsets
-                log.info("expired offsets removed", group_id=group_id, offsets=len(gone))
+                if gone:
+                    log.info("expired offsets removed", group_id=group_id, offsets=len(gone))
                 return len(gone)
 
             removed += await self.runtime.write(partition, group_id, expire)
         return removed
+
+    def _retained_topics(self, group: Group | None) -> tuple[set[str], int | None] | None:
+        """Kafka's offsetExpirationCondition: the topics whose offsets never expire and the time retention
+        runs from (None: each offset's commit); None when no offset of the group may expire now."""
+        if group is None:
+            return set(), None
+        if isinstance(group, ConsumerGroup):
+            return self.consumer.subscribed_topics_for_offsets(group), None
+        if not isinstance(group, ClassicGroup):
+            return None
+        if group.state == ClassicGroupState.EMPTY:
+            # Retention runs from when the group became empty (for a simple group, from each commit).
+            empty_since = group.state_timestamp_ms if group.protocol_type is not None else -1
+            return set(), empty_since if empty_since >= 0 else None
+        if group.protocol_type == "consumer" and group.state == ClassicGroupState.STABLE:
+            subscribed = group.subscribed_topics()
+            return None if subscribed is None else (subscribed, None)
+        return None
+
+
+def _is_empty(group: ClassicGroup | ConsumerGroup) -> bool:
+    if isinstance(group, ClassicGroup):
+        return group.state == ClassicGroupState.EMPTY and not group.pending_members
+    return not group.members

@@ -76,6 +76,9 @@ class OffsetMetadataManager:
         return any((topic, partition) in self._pending.get(pid, {}).get(group_id, {})
                    for pid in self._open_by_group.get(group_id, ()))
 
+    def has_open_transactions(self, group_id: str) -> bool:
+        return bool(self._open_by_group.get(group_id))
+
     def group_ids(self) -> list[str]:
         return list(self._offsets)
 

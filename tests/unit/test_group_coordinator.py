@@ -227,9 +227,17 @@ async def test_offsets_expire_after_the_retention_except_subscribed_topics(env: 
     epoch = described.members[0].member_epoch
     assert (await env.gc.commit_offsets(GROUP, "m", None, epoch, _offsets(("orders", 0, 3), ("gone", 0, 4)), 9))[0] \
         == ErrorCode.NONE
+    # A consumer group whose only member left, without offsets: the next pass deletes it, as Kafka does.
+    left = messages.ConsumerGroupHeartbeatRequest(group_id="left", member_id="x", member_epoch=0,
+                                                  rebalance_timeout_ms=10_000, subscribed_topic_names=["orders"],
+                                                  topic_partitions=[])
+    await env.gc.consumer.heartbeat(left, 1, "c", "/h")
+    left.member_epoch = -1
+    assert (await env.gc.consumer.heartbeat(left, 1, "c", "/h")).error_code == ErrorCode.NONE
     partitions = range(env.gc.runtime.num_partitions)
     env.now_ms = NOW_MS + RETENTION_MS - 1
     assert sum([await env.gc.expire_offsets(p) for p in partitions]) == 0
+    assert "left" not in env.gc.consumer.groups and GROUP in env.gc.consumer.groups
     env.now_ms = NOW_MS + RETENTION_MS
     assert sum([await env.gc.expire_offsets(p) for p in partitions]) == 2
     assert env.committed("simple") is None and "simple" not in env.gc.classic.groups
