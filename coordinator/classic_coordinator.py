@@ -121,11 +121,6 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         the log; call it from an operation holding `group_id`."""
         return self.shard_of(group_id).groups
 
-    def foreign_group(self, group_id: str) -> bool:
-        """True when the id belongs to a group of another type that a join would not convert."""
-        other = self.groups.any_type(group_id)
-        return other is not None and not isinstance(other, ClassicGroup) and not _convertible(other)
-
     def _has_offsets(self, group_id: str) -> bool:
         return self.shard_of(group_id).offsets.has_offsets(group_id)
 

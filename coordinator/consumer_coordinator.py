@@ -125,11 +125,6 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
 
     # ---- plumbing --------------------------------------------------------------------------------
 
-    def foreign_group(self, group_id: str) -> bool:
-        """True when the id belongs to a group of another type that a join would not convert."""
-        other = self.groups.any_type(group_id)
-        return other is not None and not isinstance(other, ConsumerGroup) and not _convertible(other)
-
     @property
     def rebalances(self) -> int:
         return sum(shard.consumer_epoch_bumps for shard in self.runtime.shards)
