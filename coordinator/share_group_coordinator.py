@@ -127,10 +127,6 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
 
     # ---- placement, operations, writing -----------------------------------------------------------
 
-    def foreign_group(self, group_id: str) -> bool:
-        """True when the id belongs to a group of another type: share requests for it are refused."""
-        return self.groups.held_by_other_type(group_id)
-
     @property
     def rebalances(self) -> int:
         """Group epoch bumps since start."""
@@ -278,7 +274,7 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
     async def _heartbeat(self, req: HeartbeatRequest, client_id: str, client_host: str) -> HeartbeatResponse:
         group = self.groups.get(req.group_id)
         if group is None:
-            if self.foreign_group(req.group_id):
+            if self.groups.held_by_other_type(req.group_id):
                 raise ShareGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {req.group_id} is not a share group.")
             if req.member_epoch != JOIN_GROUP_MEMBER_EPOCH:
                 raise ShareGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Share group {req.group_id} not found.")
@@ -664,7 +660,7 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
         """
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, {}
-        if group_id not in self.groups and self.foreign_group(group_id):
+        if self.groups.held_by_other_type(group_id):
             return ErrorCode.GROUP_ID_NOT_FOUND, {}
 
         async def operation() -> tuple[int, dict[tuple[bytes, int], int]]:
