@@ -16,8 +16,8 @@ from shoal.protocol.uuids import ZERO_UUID
 
 if TYPE_CHECKING:
     from shoal.broker.apis.services import ApiTable, DiscoveryServices
+    from shoal.broker.common.config import Listener
     from shoal.broker.network.connection import RequestContext
-    from shoal.broker.server.config import Listener
 
 log = structlog.get_logger("shoal.metadata")
 

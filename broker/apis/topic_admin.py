@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from shoal.broker.common.config import CLUSTER_DEFAULT, DYNAMIC_KEYS, THIS_BROKER
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
-from shoal.broker.server.config import CLUSTER_DEFAULT, DYNAMIC_KEYS, THIS_BROKER
 from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
 from shoal.broker.storage.topic_registry import INTERNAL_TOPICS, validate_topic_config, validate_topic_name
 from shoal.protocol import messages

@@ -13,15 +13,17 @@ from typing import Any
 
 import structlog
 
-from shoal.broker.apis.broker import Api
+from shoal.broker.common.config import DYNAMIC_CONFIG_FILE, BrokerConfig, Listener
+from shoal.broker.common.metrics import BrokerMetrics
+from shoal.broker.common.purgatory import LogKey, Purgatory
 from shoal.broker.network.connection import KafkaConnection
+from shoal.broker.network.request_channel import Api
 from shoal.broker.security.acl_store import build_authorizer
 from shoal.broker.security.authorizer import Authorizer
 from shoal.broker.security.scram import ScramCredentialStore
 from shoal.broker.share.group_configs import GroupConfigs
 from shoal.broker.storage.log_cleaner_manager import CleanerConfig, LogCleanerManager
 from shoal.broker.storage.producer_state import ProducerIdAllocator
-from shoal.broker.storage.purgatory import LogKey, Purgatory
 from shoal.broker.storage.topic_registry import (
     CONSUMER_OFFSETS,
     SHARE_GROUP_STATE,
@@ -31,9 +33,6 @@ from shoal.broker.storage.topic_registry import (
 )
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
-
-from .config import DYNAMIC_CONFIG_FILE, BrokerConfig, Listener
-from .metrics import BrokerMetrics
 
 log = structlog.get_logger("shoal.broker")
 
@@ -394,7 +393,7 @@ class Broker:
 
     def _wire_share_metrics(self) -> None:
         """KIP-932 metrics: event hooks into the share coordinator and leaders, plus a scrape-time collector."""
-        from .share_metrics import ShareGroupCollector
+        from shoal.broker.common.share_metrics import ShareGroupCollector
 
         events = self.metrics.share
         self.share_coordinator.on_partition_load = events.observe_state_partition_load

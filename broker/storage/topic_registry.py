@@ -16,7 +16,7 @@ from pathlib import Path
 
 import structlog
 
-from shoal.broker.server.config import BrokerConfig, cleanup_policies, valid_cleanup_policy
+from shoal.broker.common.config import BrokerConfig, cleanup_policies, valid_cleanup_policy
 from shoal.protocol.errors import shorten
 from shoal.protocol.uuids import uuid_to_str as topic_id_to_str
 

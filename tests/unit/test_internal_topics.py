@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from shoal.broker.server.config import BrokerConfig
+from shoal.broker.common.config import BrokerConfig
 from shoal.broker.server.server import Broker
 from shoal.broker.storage.topic_registry import CONSUMER_OFFSETS, REGISTRY_FILE, SHARE_GROUP_STATE
 
