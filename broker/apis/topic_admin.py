@@ -177,6 +177,14 @@ class TopicAdmin:
             if not ctx.authorize(Operation.ALTER, ResourceType.TOPIC, t.name):
                 res.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 continue
+            if topic.internal:
+                # The coordinators place their keys by hash modulo this count: changing it would strand
+                # every key already written. Kafka's controller accepts the request; Shoal refuses it.
+                log.warning("refused partition creation on an internal topic", topic=t.name, count=t.count)
+                res.error_code = ErrorCode.INVALID_REQUEST
+                res.error_message = (f"The partition count of internal topic {t.name} cannot be changed: it is fixed "
+                                     f"when the topic is created ({len(topic.partitions)} partitions).")
+                continue
             if t.count <= len(topic.partitions):
                 res.error_code = ErrorCode.INVALID_PARTITIONS
                 res.error_message = f"Topic currently has {len(topic.partitions)} partitions, {t.count} would not be an increase."
