@@ -90,6 +90,14 @@ class TopicAdmin:
                 result.error_code = ErrorCode.TOPIC_ALREADY_EXISTS
                 result.error_message = f"Topic '{ct.name}' already exists."
                 continue
+            if ct.name in INTERNAL_TOPICS:
+                # `__transaction_state` is created on the first transactional producer, with
+                # transaction.state.log.num.partitions; a count chosen here would not be the one the
+                # running coordinator places keys by. Worded as Kafka refuses its metadata topic.
+                log.warning("refused creation of an internal topic", topic=ct.name)
+                result.error_code = ErrorCode.INVALID_REQUEST
+                result.error_message = f"Creation of internal topic {ct.name} is prohibited."
+                continue
             if ct.assignments:
                 count = len(ct.assignments)
                 if any(a.broker_ids != [self.services.node_id] for a in ct.assignments):

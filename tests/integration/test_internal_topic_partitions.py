@@ -23,7 +23,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewPartitions
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from shoal.coordinator.placement import coordinator_partition
 from shoal.protocol import messages
@@ -176,6 +176,11 @@ def test_create_partitions_refused_and_a_grown_data_dir_still_serves_every_group
     altered = alter_offsets(bs, SHARE_GROUP, TOPIC, {p: SHARE_START for p in range(PARTITIONS)})
     assert altered.error_code == ErrorCode.NONE
     assert all(p.error_code == ErrorCode.NONE for t in altered.responses for p in t.partitions)
+    # Nor may a client create `__transaction_state` (with a count of its own) before the broker does.
+    [future] = admin.create_topics([NewTopic("__transaction_state", 7, 1)], request_timeout=30).values()
+    with pytest.raises(KafkaException) as refused:
+        future.result(30)
+    assert refused.value.args[0].code() == KafkaError.INVALID_REQUEST
     _init_transactions(bs)
 
     # The stock admin client's request is refused for every internal topic, validate_only or not.
