@@ -181,6 +181,11 @@ def test_create_partitions_refused_and_a_grown_data_dir_still_serves_every_group
     with pytest.raises(KafkaException) as refused:
         future.result(30)
     assert refused.value.args[0].code() == KafkaError.INVALID_REQUEST
+    md = messages.MetadataRequest
+    with WireClient.connect(bs) as client:  # nor auto-create it with num.partitions
+        [auto] = client.request(ApiKey.METADATA, 12, md(topics=[md.MetadataRequestTopic(  # type: ignore[attr-defined]
+            name="__transaction_state", topic_id=b"\x00" * 16)], allow_auto_topic_creation=True)).topics
+    assert (auto.error_code, auto.partitions) == (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, [])
     _init_transactions(bs)
 
     # The stock admin client's request is refused for every internal topic, validate_only or not.
