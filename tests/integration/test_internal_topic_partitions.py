@@ -50,7 +50,10 @@ SHARE_START = 4
 
 @pytest.fixture
 def own_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path / "data", overrides=[*FAST_HEARTBEAT, *NO_JOIN_DELAY])
+    # Kafka's own counts: the moved-key ids below are chosen for 50 and 51 partitions.
+    counts = [f"{key}={CREATED}" for key in ("offsets.topic.num.partitions", "share.coordinator.state.topic.num.partitions",
+                                             "transaction.state.log.num.partitions")]
+    proc = BrokerProcess(tmp_path / "data", overrides=[*FAST_HEARTBEAT, *NO_JOIN_DELAY, *counts])
     yield proc
     proc.stop()
 
