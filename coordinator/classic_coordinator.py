@@ -29,6 +29,7 @@ from shoal.protocol.errors import ErrorCode
 from .classic_group import ClassicGroup, ClassicGroupState, ClassicMember
 from .consumer_group import ConsumerGroup
 from .group_coordinator_shard import Group, GroupRuntime, GroupsOfOneType
+from .placement import Placement
 from .record_log import CoordinatorRecordLog
 
 log = structlog.get_logger("shoal.classic_groups")
@@ -103,8 +104,9 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         *,
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        placement: Placement[str] | None = None,
     ):
-        super().__init__(record_log, ClassicGroup)
+        super().__init__(record_log, ClassicGroup, placement)
         self.config = config or ClassicGroupConfig()
         self.clock = clock
         self.wall_ms = wall_ms

@@ -42,6 +42,7 @@ from .consumer_group import (
     reconcile,
 )
 from .group_coordinator_shard import GroupRuntime, GroupsOfOneType
+from .placement import Placement
 from .record_log import CoordinatorRecordLog
 
 log = structlog.get_logger("shoal.consumer_groups")
@@ -114,8 +115,9 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
         assignors: list[ConsumerAssignor] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        placement: Placement[str] | None = None,
     ):
-        super().__init__(record_log, ConsumerGroup)
+        super().__init__(record_log, ConsumerGroup, placement)
         self.topics = topics
         self.config = config or ConsumerGroupConfig()
         self.assignors: list[ConsumerAssignor] = assignors or [UniformAssignor()]

@@ -36,7 +36,7 @@ from .offset_metadata_manager import (
     offset_commit_record,
     offset_tombstone,
 )
-from .placement import coordinator_partition
+from .placement import Placement
 from .record_log import TransactionalRecordLog
 from .share_group import ShareGroup
 from .share_group_coordinator import GroupConfigSource, ShareGroupConfig, ShareGroupCoordinator
@@ -70,15 +70,19 @@ class GroupCoordinator:
         group_configs: GroupConfigSource | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        placement: Placement[str] | None = None,
     ):
         self.runtime: GroupRuntime = group_runtime(record_log)
+        # Where a group id lives on `__consumer_offsets`, shared by the parts and the transaction coordinator.
+        self.placement = placement or Placement(self.runtime.num_partitions)
         self.offset_config = offset_config or OffsetConfig()
         self.wall_ms = wall_ms
         self.share = ShareGroupCoordinator(self.runtime, topics, persister, share_config, group_configs=group_configs,
-                                           clock=clock, wall_clock=lambda: wall_ms() / 1000)
-        self.classic = ClassicGroupCoordinator(self.runtime, classic_config, clock=clock, wall_ms=wall_ms)
+                                           clock=clock, wall_clock=lambda: wall_ms() / 1000, placement=self.placement)
+        self.classic = ClassicGroupCoordinator(self.runtime, classic_config, clock=clock, wall_ms=wall_ms,
+                                               placement=self.placement)
         self.consumer = ConsumerGroupCoordinator(self.runtime, topics, consumer_config, assignors=assignors,
-                                                 clock=clock, wall_ms=wall_ms)
+                                                 clock=clock, wall_ms=wall_ms, placement=self.placement)
 
     @property
     def loaded(self) -> bool:
@@ -88,7 +92,7 @@ class GroupCoordinator:
     # ---- plumbing ---------------------------------------------------------------------------------
 
     def partition_for(self, group_id: str) -> int:
-        return coordinator_partition(group_id, self.runtime.num_partitions)
+        return self.placement.partition_for(group_id)
 
     def _shard(self, group_id: str) -> GroupCoordinatorShard:
         return self.runtime.shard(self.partition_for(group_id))
@@ -106,7 +110,7 @@ class GroupCoordinator:
 
     async def load(self) -> None:
         """Read `__consumer_offsets` once into the shards, then let each group type set up its groups."""
-        await load_all(self.runtime)
+        await load_all(self.runtime, self.placement)
         await self.share.load()
         await self.consumer.load()
         await self.classic.load()
@@ -278,6 +282,8 @@ class GroupCoordinator:
         names = set(topics)
         for partition, shard in enumerate(self.runtime.shards):
             for group_id in shard.offsets.groups_with_topics(names):
+                if not self.placement.holds(partition, group_id):
+                    continue  # a copy Placement left out: its group lives elsewhere
 
                 async def delete(group_id: str = group_id, partition: int = partition) -> None:
                     gone = self.offsets_of(group_id).groups_with_topics(names).get(group_id, [])
@@ -305,8 +311,9 @@ class GroupCoordinator:
         now = self.wall_ms() if now_ms is None else now_ms
         shard = self.runtime.shard(partition)
         removed = 0
-        candidates = sorted(set(shard.offsets.group_ids()) | {
-            gid for gid, g in shard.groups.items() if isinstance(g, ClassicGroup | ConsumerGroup)})
+        candidates = sorted(gid for gid in set(shard.offsets.group_ids()) | {
+            gid for gid, g in shard.groups.items() if isinstance(g, ClassicGroup | ConsumerGroup)}
+            if self.placement.holds(partition, gid))
         for group_id in candidates:
 
             async def expire(group_id: str = group_id) -> int:

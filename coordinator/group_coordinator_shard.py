@@ -21,7 +21,7 @@ from shoal.protocol.coordinator_records import NO_PRODUCER_ID, CoordinatorRecord
 from .classic_group import ClassicGroup, ClassicGroupState
 from .consumer_group import CONSUMER_RECORD_TYPES, ConsumerGroup
 from .offset_metadata_manager import OFFSET_COMMIT_TYPES, OffsetMetadataManager
-from .placement import coordinator_partition
+from .placement import Placement
 from .record_log import CoordinatorRecordLog
 from .runtime import TransactionalCoordinatorRuntime
 from .share_group import SHARE_RECORD_TYPES, ShareGroup
@@ -125,7 +125,9 @@ G = TypeVar("G", ClassicGroup, ConsumerGroup, ShareGroup)
 
 
 class GroupsView(Mapping[str, G], Generic[G]):
-    """The groups of one type across every shard, read-only; a lookup goes straight to the group's partition."""
+    """The groups of one type across every shard, read-only. A lookup goes to the partition `partition_for`
+    names, and iteration yields a shard's group only where `partition_for` names that shard: the two agree
+    by construction, whatever partitions a data directory's records are in."""
 
     def __init__(self, shards: Sequence[GroupCoordinatorShard], partition_for: Callable[[str], int], kind: type[G]):
         self._shards = shards
@@ -139,11 +141,12 @@ class GroupsView(Mapping[str, G], Generic[G]):
         return group
 
     def __iter__(self) -> Iterator[str]:
-        for shard in self._shards:
-            yield from [gid for gid, g in shard.groups.items() if isinstance(g, self._kind)]
+        for partition, shard in enumerate(self._shards):
+            yield from [gid for gid, g in shard.groups.items()
+                        if isinstance(g, self._kind) and self._partition_for(gid) == partition]
 
     def __len__(self) -> int:
-        return sum(1 for shard in self._shards for g in shard.groups.values() if isinstance(g, self._kind))
+        return sum(1 for _ in self)
 
     def any_type(self, group_id: str) -> Group | None:
         """The group of that id, whatever its type."""
@@ -164,11 +167,14 @@ def group_runtime(source: CoordinatorRecordLog | GroupRuntime) -> GroupRuntime:
     return TransactionalCoordinatorRuntime(source, lambda _partition: GroupCoordinatorShard())
 
 
-async def load_all(runtime: GroupRuntime) -> None:
-    """Load every partition not loaded yet (the group coordinator loads them once for every group type)."""
-    for partition in range(runtime.num_partitions):
-        if partition not in runtime.loaded:
-            await runtime.load(partition)
+async def load_all(runtime: GroupRuntime, placement: Placement[str]) -> None:
+    """Load every partition not loaded yet (the group coordinator loads them once for every group type),
+    then settle where each group id lives: where replay found it (Placement)."""
+    unloaded = [p for p in range(runtime.num_partitions) if p not in runtime.loaded]
+    for partition in unloaded:
+        await runtime.load(partition)
+    if unloaded:
+        placement.settle([set(shard.groups) | set(shard.offsets.group_ids()) for shard in runtime.shards], "group")
 
 
 T = TypeVar("T")
@@ -178,13 +184,15 @@ class GroupsOfOneType(Generic[G]):
     """What the group coordinator's part for one group type (classic, consumer, share) stands on: the shared
     runtime, its groups of that type, and the one way to run an operation on a group and write for it."""
 
-    def __init__(self, source: CoordinatorRecordLog | GroupRuntime, kind: type[G]):
-        # The group coordinator's runtime over `__consumer_offsets` (or one of its own, for tests).
+    def __init__(self, source: CoordinatorRecordLog | GroupRuntime, kind: type[G], placement: Placement[str] | None):
+        # The group coordinator's runtime over `__consumer_offsets` (or one of its own, for tests), and where
+        # a group id lives on it, shared with everything else that writes or looks up group ids there.
         self.runtime = group_runtime(source)
+        self.placement = placement or Placement(self.runtime.num_partitions)
         self.groups: GroupsView[G] = GroupsView(self.runtime.shards, self.partition_for, kind)
 
     def partition_for(self, group_id: str) -> int:
-        return coordinator_partition(group_id, self.runtime.num_partitions)
+        return self.placement.partition_for(group_id)
 
     def shard_of(self, group_id: str) -> GroupCoordinatorShard:
         return self.runtime.shard(self.partition_for(group_id))
@@ -201,4 +209,4 @@ class GroupsOfOneType(Generic[G]):
 
     async def _load_shards(self) -> None:
         """Read the partitions the group coordinator has not loaded yet (all of them, in tests of one part)."""
-        await load_all(self.runtime)
+        await load_all(self.runtime, self.placement)

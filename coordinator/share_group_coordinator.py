@@ -26,7 +26,7 @@ from shoal.protocol.uuids import MAX_MEMBER_ID_LENGTH
 
 from .assignor import ASSIGNOR_NAME, SimpleAssignor
 from .group_coordinator_shard import GroupRuntime, GroupsOfOneType
-from .placement import coordinator_partition
+from .placement import Placement, coordinator_partition
 from .record_log import CoordinatorRecordLog
 from .share_group import (
     JOIN_GROUP_MEMBER_EPOCH,
@@ -107,8 +107,9 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
         group_configs: GroupConfigSource | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        placement: Placement[str] | None = None,
     ):
-        super().__init__(record_log, ShareGroup)
+        super().__init__(record_log, ShareGroup, placement)
         self.topics = topics
         self.persister = persister
         self.config = config or ShareGroupConfig()
