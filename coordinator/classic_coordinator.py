@@ -746,27 +746,6 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
 
     # ---- admin -------------------------------------------------------------------------------------
 
-    async def delete_group(self, group_id: str) -> int:
-        if not self.loaded:
-            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
-        async def operation() -> int:
-            group = self.groups.get(group_id)
-            if group is None or group.state == Dead:
-                return ErrorCode.GROUP_ID_NOT_FOUND
-            if group.state != Empty or group.members:
-                return ErrorCode.NON_EMPTY_GROUP
-            try:
-                offsets = self.shard_of(group_id).offsets
-                await self._write(group_id, offsets.delete_group_records(group_id) + group.tombstone_records())
-            except Exception:
-                log.exception("classic group deletion failed", group_id=group_id)
-                return ErrorCode.UNKNOWN_SERVER_ERROR
-            self._held(group_id).pop(group_id, None)
-            log.info("classic group deleted", group_id=group_id)
-            return ErrorCode.NONE
-
-        return await self._run(group_id, operation)
-
     def list_groups(self) -> list[tuple[str, str, str]]:
         """(group id, protocol type, state) of every classic group."""
         return [(gid, g.protocol_type or "", g.state.value) for gid, g in sorted(self.groups.items())]

@@ -536,26 +536,6 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
     def list_groups(self) -> list[tuple[str, str]]:
         return [(gid, g.state.value) for gid, g in sorted(self.groups.items())]
 
-    async def delete_group(self, group_id: str) -> int:
-        if not self.loaded:
-            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
-        async def operation() -> int:
-            group = self.groups.get(group_id)
-            if group is None:
-                return ErrorCode.GROUP_ID_NOT_FOUND
-            if group.members:
-                return ErrorCode.NON_EMPTY_GROUP
-            try:
-                offsets = self.shard_of(group_id).offsets
-                await self._write(group_id, offsets.delete_group_records(group_id) + group.delete_records())
-            except Exception:
-                log.exception("consumer group deletion failed", group_id=group_id)
-                return ErrorCode.UNKNOWN_SERVER_ERROR
-            log.info("consumer group deleted", group_id=group_id)
-            return ErrorCode.NONE
-
-        return await self._run(group_id, operation)
-
     # ---- offsets (the group coordinator's offset operations ask the group) ------------------------------
 
     @staticmethod

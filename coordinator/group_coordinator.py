@@ -275,6 +275,36 @@ class GroupCoordinator:
 
         return await self._run(group_id, operation)
 
+    # ---- DeleteGroups -----------------------------------------------------------------------------
+
+    async def delete_group(self, group_id: str) -> int:
+        """DeleteGroups: an empty group goes with its committed offsets (their tombstones first, as Kafka
+        writes them); a share group's persisted state is deleted by its part first."""
+        if not self.loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        if isinstance(self._group(group_id), ShareGroup):
+            return await self.share.delete_group(group_id)
+
+        async def operation() -> int:
+            group = self._group(group_id)
+            if group is None or isinstance(group, ShareGroup) or (
+                    isinstance(group, ClassicGroup) and group.state == ClassicGroupState.DEAD):
+                return ErrorCode.GROUP_ID_NOT_FOUND
+            if group.members or (isinstance(group, ClassicGroup) and group.state != ClassicGroupState.EMPTY):
+                return ErrorCode.NON_EMPTY_GROUP
+            records = self.offsets_of(group_id).delete_group_records(group_id)
+            records += group.tombstone_records() if isinstance(group, ClassicGroup) else group.delete_records()
+            try:
+                await self.runtime.append(self.partition_for(group_id), records)
+            except Exception:
+                log.exception("group deletion failed", group_id=group_id)
+                return ErrorCode.UNKNOWN_SERVER_ERROR
+            self._shard(group_id).groups.pop(group_id, None)  # a classic group never written has no record
+            log.info("group deleted", group_id=group_id)
+            return ErrorCode.NONE
+
+        return await self._run(group_id, operation)
+
     # ---- deleted topics and expiry ----------------------------------------------------------------
 
     async def on_topics_deleted(self, topics: Iterable[str]) -> None:

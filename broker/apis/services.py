@@ -121,6 +121,8 @@ class ShareGroupAdminServices(ShareGroupServices):
     group_configs: GroupConfigs
     persister: Persister
     share_partitions: SharePartitionLeaders
+    # DeleteGroups of every group type.
+    group_coordinator: GroupCoordinator | None
 
 
 @dataclass(frozen=True, slots=True)

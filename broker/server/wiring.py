@@ -64,7 +64,8 @@ def register_all(b: Broker) -> None:
     consumer_group_apis.register(b, ConsumerGroupServices(b.consumer_groups))
     leader_epochs.register(b, LeaderEpochServices(b.topics))
     share_group_admin.register(b, ShareGroupAdminServices(b.config, b.share_groups, b.classic_groups, b.consumer_groups, b.topics,
-                                                          b.group_configs, b.persister, b.share_partitions))
+                                                          b.group_configs, b.persister, b.share_partitions,
+                                                          b.group_coordinator))
     share_state_apis.register(b, ShareStateServices(b.share_coordinator))
     sasl_apis.register(b, SaslServices(b.config, b.scram_credentials))
     scram_apis.register(b, ScramServices(b.scram_credentials))

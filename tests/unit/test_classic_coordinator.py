@@ -161,7 +161,7 @@ async def test_commit_validation_and_offset_delete(env: Env) -> None:
     assert await env.gc.delete_offsets(GROUP, [("orders", 0), ("other", 0)]) == (
         ErrorCode.NONE, [ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC, ErrorCode.NONE])
     assert env.gc.fetch_offsets(GROUP, None, -1, [("other", [0])])[1][0][2] is None
-    assert await env.coord.delete_group(GROUP) == ErrorCode.NON_EMPTY_GROUP
+    assert await env.gc.delete_group(GROUP) == ErrorCode.NON_EMPTY_GROUP
 
 
 async def test_group_max_size_refuses_another_member(tmp_path: Path) -> None:

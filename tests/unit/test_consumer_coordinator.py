@@ -191,7 +191,7 @@ async def test_fencing_leave_and_session_expiry(env: Env) -> None:
     left = await env.beat("a", -1)
     assert (left.error_code, left.member_epoch) == (ErrorCode.NONE, -1)
     assert env.coord.describe(GROUP).group_state == "Empty"
-    assert await env.coord.delete_group(GROUP) == ErrorCode.NONE
+    assert await env.gc.delete_group(GROUP) == ErrorCode.NONE
     assert GROUP not in env.coord.groups
 
 
