@@ -14,7 +14,7 @@ to check the request, plans records, and lets the runtime append and replay them
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -38,6 +38,7 @@ from .offset_metadata_manager import (
 )
 from .placement import Placement
 from .record_log import TransactionalRecordLog
+from .runtime import CoordinatorResult
 from .share_group import ShareGroup
 from .share_group_coordinator import GroupConfigSource, ShareGroupConfig, ShareGroupCoordinator
 
@@ -103,8 +104,15 @@ class GroupCoordinator:
     def offsets_of(self, group_id: str) -> OffsetMetadataManager:
         return self._shard(group_id).offsets
 
-    async def _run(self, group_id: str, operation: Callable[[], Awaitable[T]]) -> T:
-        return await self.runtime.write(self.partition_for(group_id), group_id, operation)
+    async def _write_result(self, group_id: str, operation: Callable[[], CoordinatorResult[T]], failed: T,
+                            what: str) -> T:
+        """Run a planning operation on the group (the runtime appends its records, replays them and then
+        answers); `failed` is the answer when the write cannot be made durable."""
+        try:
+            return await self.runtime.write_result(self.partition_for(group_id), group_id, operation)
+        except Exception:
+            log.exception("group coordinator write failed", operation=what, group_id=group_id)
+            return failed
 
     # ---- lifecycle --------------------------------------------------------------------------------
 
@@ -183,23 +191,19 @@ class GroupCoordinator:
         if (code := self._not_ready(group_id)) != ErrorCode.NONE:
             return code, []
 
-        async def operation() -> tuple[int, list[int]]:
+        def operation() -> CoordinatorResult[tuple[int, list[int]]]:
             group = self._group(group_id)
             error = self._validate_commit(group, member_id, instance_id, generation_or_epoch, transactional=False,
                                           version=version)
             if error != ErrorCode.NONE:
-                return error, []
+                return CoordinatorResult([], (error, []))
             if isinstance(group, ClassicGroup):
                 self.classic.touch_member(group, member_id)
             codes, records = self._plan_commit(group_id, offsets)
-            try:
-                await self.runtime.append(self.partition_for(group_id), records)
-            except Exception:
-                log.exception("offset commit failed", group_id=group_id)
-                return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
-            return ErrorCode.NONE, codes
+            return CoordinatorResult(records, (ErrorCode.NONE, codes))
 
-        return await self._run(group_id, operation)
+        return await self._write_result(group_id, operation, (ErrorCode.COORDINATOR_NOT_AVAILABLE, []),
+                                        "offset commit")
 
     async def commit_transactional_offsets(self, group_id: str, producer_id: int, producer_epoch: int,
                                            member_id: str, instance_id: str | None, generation_id: int,
@@ -210,21 +214,16 @@ class GroupCoordinator:
         if (code := self._not_ready(group_id)) != ErrorCode.NONE:
             return code, []
 
-        async def operation() -> tuple[int, list[int]]:
+        def operation() -> CoordinatorResult[tuple[int, list[int]]]:
             error = self._validate_commit(self._group(group_id), member_id, instance_id, generation_id,
                                           transactional=True, version=-1)
             if error != ErrorCode.NONE:
-                return error, []
+                return CoordinatorResult([], (error, []))
             codes, records = self._plan_commit(group_id, offsets)
-            try:
-                await self.runtime.append_transactional(self.partition_for(group_id), records, producer_id,
-                                                        producer_epoch)
-            except Exception:
-                log.exception("transactional offset commit failed", group_id=group_id)
-                return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
-            return ErrorCode.NONE, codes
+            return CoordinatorResult(records, (ErrorCode.NONE, codes), producer_id, producer_epoch)
 
-        return await self._run(group_id, operation)
+        return await self._write_result(group_id, operation, (ErrorCode.COORDINATOR_NOT_AVAILABLE, []),
+                                        "transactional offset commit")
 
     def on_transaction_completed(self, partition: int, producer_id: int, commit: bool) -> None:
         """The producer's COMMIT or ABORT marker is durable on this `__consumer_offsets` partition."""
@@ -257,23 +256,23 @@ class GroupCoordinator:
         if (code := self._not_ready(group_id)) != ErrorCode.NONE:
             return code, []
 
-        async def operation() -> tuple[int, list[int]]:
+        def operation() -> CoordinatorResult[tuple[int, list[int]]]:
             group = self._group(group_id)
             subscribed: set[str] | None
             if isinstance(group, ClassicGroup) and group.state != ClassicGroupState.DEAD:
                 if group.state != ClassicGroupState.EMPTY and group.protocol_type != "consumer":
-                    return ErrorCode.NON_EMPTY_GROUP, []
+                    return CoordinatorResult([], (ErrorCode.NON_EMPTY_GROUP, []))
                 subscribed = self.classic.subscribed_topics_for_offsets(group)
             elif isinstance(group, ConsumerGroup):
                 subscribed = self.consumer.subscribed_topics_for_offsets(group)
             else:
-                return ErrorCode.GROUP_ID_NOT_FOUND, []
+                return CoordinatorResult([], (ErrorCode.GROUP_ID_NOT_FOUND, []))
             codes, records = plan_offset_deletes(group_id, self.offsets_of(group_id).offsets(group_id), partitions,
                                                  subscribed)
-            await self.runtime.append(self.partition_for(group_id), records)
-            return ErrorCode.NONE, codes
+            return CoordinatorResult(records, (ErrorCode.NONE, codes))
 
-        return await self._run(group_id, operation)
+        return await self._write_result(group_id, operation, (ErrorCode.COORDINATOR_NOT_AVAILABLE, []),
+                                        "offset deletion")
 
     # ---- DeleteGroups -----------------------------------------------------------------------------
 
@@ -285,25 +284,22 @@ class GroupCoordinator:
         if isinstance(self._group(group_id), ShareGroup):
             return await self.share.delete_group(group_id)
 
-        async def operation() -> int:
+        def operation() -> CoordinatorResult[int]:
             group = self._group(group_id)
             if group is None or isinstance(group, ShareGroup) or (
                     isinstance(group, ClassicGroup) and group.state == ClassicGroupState.DEAD):
-                return ErrorCode.GROUP_ID_NOT_FOUND
+                return CoordinatorResult([], ErrorCode.GROUP_ID_NOT_FOUND)
             if group.members or (isinstance(group, ClassicGroup) and group.state != ClassicGroupState.EMPTY):
-                return ErrorCode.NON_EMPTY_GROUP
+                return CoordinatorResult([], ErrorCode.NON_EMPTY_GROUP)
+            # The group's own tombstone is replayed even for a classic group never written: it goes too.
             records = self.offsets_of(group_id).delete_group_records(group_id)
             records += group.tombstone_records() if isinstance(group, ClassicGroup) else group.delete_records()
-            try:
-                await self.runtime.append(self.partition_for(group_id), records)
-            except Exception:
-                log.exception("group deletion failed", group_id=group_id)
-                return ErrorCode.UNKNOWN_SERVER_ERROR
-            self._shard(group_id).groups.pop(group_id, None)  # a classic group never written has no record
-            log.info("group deleted", group_id=group_id)
-            return ErrorCode.NONE
+            return CoordinatorResult(records, ErrorCode.NONE)
 
-        return await self._run(group_id, operation)
+        code: int = await self._write_result(group_id, operation, int(ErrorCode.UNKNOWN_SERVER_ERROR), "group deletion")
+        if code == ErrorCode.NONE:
+            log.info("group deleted", group_id=group_id)
+        return code
 
     # ---- deleted topics and expiry ----------------------------------------------------------------
 
@@ -315,11 +311,11 @@ class GroupCoordinator:
                 if not self.placement.holds(partition, group_id):
                     continue  # a copy Placement left out: its group lives elsewhere
 
-                async def delete(group_id: str = group_id, partition: int = partition) -> None:
+                def delete(group_id: str = group_id) -> CoordinatorResult[None]:
                     gone = self.offsets_of(group_id).groups_with_topics(names).get(group_id, [])
-                    await self.runtime.append(partition, [offset_tombstone(group_id, t, p) for t, p in gone])
+                    return CoordinatorResult([offset_tombstone(group_id, t, p) for t, p in gone], None)
 
-                await self._run(group_id, delete)
+                await self.runtime.write_result(partition, group_id, delete)
         log.info("offsets of deleted topics removed", topics=sorted(names))
 
     def _schedule_expiry(self, partition: int) -> None:
@@ -346,10 +342,10 @@ class GroupCoordinator:
             if self.placement.holds(partition, gid))
         for group_id in candidates:
 
-            async def expire(group_id: str = group_id) -> int:
+            def expire(group_id: str = group_id) -> CoordinatorResult[int]:
                 group = shard.groups.get(group_id)
                 if isinstance(group, ShareGroup):
-                    return 0
+                    return CoordinatorResult([], 0)
                 subscribed = self._retained_topics(group)
                 offsets = shard.offsets
                 gone = [] if subscribed is None else offsets.expired(
@@ -357,20 +353,13 @@ class GroupCoordinator:
                 records = [offset_tombstone(group_id, t, p) for t, p in gone]
                 emptied = len(gone) == len(offsets.offsets(group_id)) and not offsets.has_open_transactions(group_id)
                 if emptied and group is not None and _is_empty(group):
-                    if isinstance(group, ConsumerGroup):
-                        records += group.delete_records()
-                    elif not group.is_simple:
-                        records += group.tombstone_records()
-                if records:
-                    await self.runtime.append(partition, records)
-                group = shard.groups.get(group_id)
-                if isinstance(group, ClassicGroup) and group.is_simple and not offsets.has_offsets(group_id):
-                    del shard.groups[group_id]  # a simple group is only its offsets
+                    # Kafka's maybeDeleteGroup: an empty group without offsets goes (a simple one too).
+                    records += group.delete_records() if isinstance(group, ConsumerGroup) else group.tombstone_records()
                 if gone:
                     log.info("expired offsets removed", group_id=group_id, offsets=len(gone))
-                return len(gone)
+                return CoordinatorResult(records, len(gone))
 
-            removed += await self.runtime.write(partition, group_id, expire)
+            removed += await self.runtime.write_result(partition, group_id, expire)
         return removed
 
     def _retained_topics(self, group: Group | None) -> tuple[set[str], int | None] | None:

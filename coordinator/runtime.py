@@ -6,6 +6,10 @@ records and a response from its current state, the runtime appends the records t
 until they are durable, replays them into the shard (the same `replay` a restart runs), and only then is
 the response handed back. Memory therefore never holds anything the log does not, nor the reverse.
 
+`write_result` is the plain form (Kafka's scheduleWriteOperation): the operation only plans, returning a
+`CoordinatorResult` (the records and the response), and the runtime appends, replays and answers; `write`
+lets an operation that needs several steps (a rebalance that persists, then waits) append as it goes.
+
 Ordering is per partition and per key (`PartitionGate`): writes for different keys overlap so their
 appends share one fsync; writes for one key never overlap, because each plans from the state the
 previous one replayed; partition-wide work (snapshots of every key, topic deletion, pruning) runs alone.
@@ -29,11 +33,12 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable, Iterator
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
 
-from shoal.protocol.coordinator_records import CoordinatorRecord, EndTransactionMarker
+from shoal.protocol.coordinator_records import NO_PRODUCER_ID, CoordinatorRecord, EndTransactionMarker
 
 from .record_log import CoordinatorRecordLog, TransactionalRecordLog
 
@@ -48,6 +53,9 @@ class Shard(Protocol):
     def replay(self, offset: int, record: CoordinatorRecord) -> None: ...
 
 
+R = TypeVar("R")
+
+
 class TransactionalShard(Shard, Protocol):
     """A shard whose records may be written in transactions: replayed with their producer id, they count
     once that producer's COMMIT marker is replayed."""
@@ -55,6 +63,17 @@ class TransactionalShard(Shard, Protocol):
     def replay(self, offset: int, record: CoordinatorRecord, producer_id: int = -1) -> None: ...
 
     def replay_end_transaction(self, producer_id: int, commit: bool) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorResult(Generic[R]):
+    """What a planning operation returns: the records to write and the response once they are durable.
+    With a producer id the records go in that producer's transactional batch (TxnOffsetCommit)."""
+
+    records: list[CoordinatorRecord]
+    response: R
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = -1
 
 
 S = TypeVar("S", bound=Shard)
@@ -156,6 +175,21 @@ class CoordinatorRuntime(Generic[S]):
         """Run `operation` holding `key` in `partition`; it runs to completion even if the caller is
         cancelled. The operation plans from the shard and changes it only through `append`."""
         return await self._outlive_caller(self.submit(partition, key, operation))
+
+    async def write_result(self, partition: int, key: Hashable, operation: Callable[[], CoordinatorResult[T]]) -> T:
+        """Run a planning `operation` holding `key`: it reads the shard and returns the records and the
+        response; the runtime appends the records, replays them and only then answers."""
+        async def run() -> T:
+            result = operation()
+            await self._append_result(partition, result)
+            return result.response
+
+        return await self.write(partition, key, run)
+
+    async def _append_result(self, partition: int, result: CoordinatorResult[Any]) -> None:
+        if result.producer_id != NO_PRODUCER_ID:
+            raise TypeError("transactional records need a TransactionalCoordinatorRuntime")
+        await self.append(partition, result.records)
 
     def submit(self, partition: int, key: Hashable, operation: Callable[[], Awaitable[T]]) -> asyncio.Task[T]:
         """Start `operation` as `write` does, without waiting for it: for callers that start several
@@ -290,6 +324,12 @@ class TransactionalCoordinatorRuntime(CoordinatorRuntime[TS]):
             shard.replay(first + i, record, producer_id)
         if cancelled:
             raise asyncio.CancelledError
+
+    async def _append_result(self, partition: int, result: CoordinatorResult[Any]) -> None:
+        if result.producer_id == NO_PRODUCER_ID:
+            await self.append(partition, result.records)
+        else:
+            await self.append_transactional(partition, result.records, result.producer_id, result.producer_epoch)
 
     def replay_end_transaction(self, partition: int, producer_id: int, commit: bool) -> None:
         """The producer's marker is durable on the partition: its pending records count, or go."""

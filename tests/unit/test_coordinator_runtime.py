@@ -13,7 +13,7 @@ import pytest
 from shoal.broker.storage.internal_topic_log import InternalTopicLog
 from shoal.broker.storage.partition_log import LogConfig, PartitionLog
 from shoal.broker.storage.topic_registry import Topic
-from shoal.coordinator.runtime import CoordinatorRuntime, PartitionGate
+from shoal.coordinator.runtime import CoordinatorResult, CoordinatorRuntime, PartitionGate
 from shoal.coordinator.share_state import tombstone_record
 from shoal.persister.persister import SharePartitionKey
 from shoal.protocol.coordinator_records import CoordinatorRecord
@@ -149,3 +149,19 @@ async def test_timer_runs_as_an_operation_on_its_key_and_is_replaced_or_cancelle
     await holder
     await rt.drain()
     assert fired == ["replacing"] and rt.shard(0).offsets == [0]
+
+
+async def test_write_result_appends_and_replays_before_answering(
+    runtime: tuple[CoordinatorRuntime[ReplayedOffsets], PartitionLog],
+) -> None:
+    rt, plog = runtime
+    await rt.load(0)
+
+    def plan() -> CoordinatorResult[list[int]]:
+        return CoordinatorResult([a_record(0), a_record(1)], list(rt.shard(0).offsets))
+
+    assert await rt.write_result(0, "k", plan) == []  # the answer was planned before the write
+    assert rt.shard(0).offsets == [0, 1] and plog.flushed_offset == 2  # and given once it was durable
+    with pytest.raises(TypeError):  # a transactional batch needs the transactional runtime
+        await rt.write_result(0, "k", lambda: CoordinatorResult([a_record(2)], None, producer_id=5))
+    assert rt.shard(0).offsets == [0, 1]
