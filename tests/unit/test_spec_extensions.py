@@ -58,7 +58,7 @@ def _uvarint(n: int) -> bytes:
 
 
 def test_an_extension_field_travels_in_the_tagged_fields_a_kafka_peer_skips() -> None:
-    fields = {"group_id": "g", "member_id": "m", "share_session_epoch": 3, "max_wait_ms": 5, "min_bytes": 1,
+    fields: dict[str, Any] = {"group_id": "g", "member_id": "m", "share_session_epoch": 3, "max_wait_ms": 5, "min_bytes": 1,
               "max_bytes": 9, "max_records": 7, "batch_size": 2, "topics": [], "forgotten_topics_data": []}
     codec = messages.CODECS["ShareFetchRequest"]
     plain = bytes(codec.encode(messages.ShareFetchRequest(**fields), 1))
@@ -82,11 +82,11 @@ def _extension(struct: str, field: dict[str, Any], after: str | None = None) -> 
     return {"name": "ThingRequest", "fields": [addition]}
 
 
-NESTED = [{"name": "A", "type": "int32", "versions": "0+"},
+NESTED: list[dict[str, Any]] = [{"name": "A", "type": "int32", "versions": "0+"},
           {"name": "Items", "type": "[]Item", "versions": "0+", "fields": [
               {"name": "X", "type": "int32", "versions": "0+"},
               {"name": "Y", "type": "int32", "versions": "0+"}]}]
-TAGGED = {"name": "Extra", "type": "bool", "versions": "0+", "taggedVersions": "0+", "tag": MIN_EXTENSION_TAG}
+TAGGED: dict[str, Any] = {"name": "Extra", "type": "bool", "versions": "0+", "taggedVersions": "0+", "tag": MIN_EXTENSION_TAG}
 
 
 def test_merge_places_the_field_after_the_named_one_in_a_nested_struct() -> None:
