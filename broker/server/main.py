@@ -10,7 +10,8 @@ import sys
 
 import structlog
 
-from .config import BrokerConfig, ConfigError
+from shoal.broker.common.config import BrokerConfig, ConfigError
+
 from .logging_setup import configure_logging
 from .server import Broker
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import structlog
 
-from shoal.broker.storage.purgatory import SHARE_SESSION_SLOT, LogKey, ShareFetchKey, WakeKey
+from shoal.broker.common.purgatory import SHARE_SESSION_SLOT, LogKey, Purgatory, ShareFetchKey, WakeKey
 from shoal.persister.persister import SharePartitionKey
 from shoal.protocol.acknowledge_type import AcknowledgeType
 from shoal.protocol.errors import ErrorCode
@@ -32,8 +32,7 @@ from .share_partition_leader import PendingAcknowledgement, SharePartitionLeader
 from .share_session import FINAL_EPOCH, INITIAL_EPOCH, EpochAction, ShareSession, ShareSessionCache
 
 if TYPE_CHECKING:
-    from shoal.broker.server.share_metrics import ShareGroupMetrics
-    from shoal.broker.storage.purgatory import Purgatory
+    from shoal.broker.common.share_metrics import ShareGroupMetrics
     from shoal.broker.storage.topic_registry import TopicRegistry
 
     from .group_configs import GroupConfigs
