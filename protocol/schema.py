@@ -183,8 +183,20 @@ def parse_spec(doc: dict[str, Any]) -> MessageSpec:
     )
 
 
+# Kafka's spec files are JSON with whole-line `//` comments (the licence header, notes on versions).
+_COMMENT_LINE = re.compile(r"^[ \t]*//.*$", re.M)
+
+
+def read_spec_json(text: str) -> dict[str, Any]:
+    """A spec document from a file as Kafka writes them, comments and all."""
+    doc = json.loads(_COMMENT_LINE.sub("", text))
+    if not isinstance(doc, dict):
+        raise ValueError("a message spec is a JSON object")
+    return doc
+
+
 def load_spec(path: Path) -> MessageSpec:
-    return parse_spec(json.loads(path.read_text()))
+    return parse_spec(read_spec_json(path.read_text()))
 
 
 class ExtensionError(ValueError):
@@ -239,9 +251,9 @@ def merge_extension(doc: dict[str, Any], extension: dict[str, Any]) -> None:
 
 def load_all(directory: Path = SPEC_DIR, extensions: Path = EXTENSION_DIR) -> dict[str, MessageSpec]:
     """Every spec in `directory`, with the extensions in `extensions` merged in."""
-    docs = {p.stem: json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))}
+    docs = {p.stem: read_spec_json(p.read_text()) for p in sorted(directory.glob("*.json"))}
     for p in sorted(extensions.glob("*.json")):
         if p.stem not in docs:
             raise ExtensionError(f"{p.name}: no spec {p.stem} to extend")
-        merge_extension(docs[p.stem], json.loads(p.read_text()))
+        merge_extension(docs[p.stem], read_spec_json(p.read_text()))
     return {name: parse_spec(doc) for name, doc in docs.items()}

@@ -17,6 +17,7 @@ from shoal.protocol.schema import (
     ExtensionError,
     load_all,
     merge_extension,
+    read_spec_json,
 )
 
 
@@ -133,3 +134,16 @@ def test_an_extension_without_its_spec_is_refused(tmp_path: Path) -> None:
     loaded = load_all(specs, extensions)
     assert [(f.name, f.extension) for f in loaded["ThingRequest"].structs["Item"].fields] == \
         [("X", False), ("Y", False), ("Extra", True)]
+
+
+def test_a_spec_file_with_kafka_s_comment_lines_loads(tmp_path: Path) -> None:
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    body = json.dumps(_spec(NESTED), indent=2).splitlines()
+    # Comments as Kafka's files carry them: a header block, and notes between the lines of the object.
+    text = "\n".join(["// a licence header", "//", "", body[0], "  // Version 1 adds nothing.", *body[1:]])
+    (specs / "ThingRequest.json").write_text(text)
+    loaded = load_all(specs, tmp_path / "none")
+    assert [f.name for f in loaded["ThingRequest"].root.fields] == ["A", "Items"]
+    assert read_spec_json('{"about": "see http://example.com // not a comment"}') == \
+        {"about": "see http://example.com // not a comment"}
