@@ -321,7 +321,10 @@ class SharePartitionLeader:
     def start_acknowledge(self, member_id: str, batches: list[AckBatch]) -> PendingAcknowledgement:
         """Start an acknowledgement now; a fetch that waits for `applied` acquires with it in memory."""
         applied: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        return PendingAcknowledgement(applied, finish(self._acknowledge(member_id, batches, applied)))
+        done = finish(self._acknowledge(member_id, batches, applied))
+        # A task cancelled before it ever ran never reaches the `finally` that settles `applied`.
+        done.add_done_callback(lambda _done: None if applied.done() else applied.set_result(None))
+        return PendingAcknowledgement(applied, done)
 
     async def _acknowledge(self, member_id: str, batches: list[AckBatch], applied: asyncio.Future[None]) -> int:
         try:
