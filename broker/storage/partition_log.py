@@ -346,6 +346,19 @@ class PartitionLog:
         tmp.write_text(json.dumps(doc))
         os.replace(tmp, path)
 
+    def aborted_transactions(self, start: int, end: int) -> list[AbortedTxn]:
+        """Aborted transactions with records in [start, end), for the log cleaner."""
+        if self._producer_state is None and self.last_stable_offset == self.high_watermark and self._no_txn_file:
+            return []
+        return self.producer_state.aborted_between(start, end)
+
+    def forget_aborted(self, txns: list[AbortedTxn]) -> None:
+        """The log cleaner removed these transactions' ABORT markers (their batches went first)."""
+        gone = set(txns)
+        state = self.producer_state
+        state.aborted = [t for t in state.aborted if t not in gone]
+        self._save_txn_state()
+
     def append_marker(self, *, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
                       timestamp_ms: int) -> AppendResult:
         """Write a transaction's COMMIT or ABORT control batch and close the transaction here."""
