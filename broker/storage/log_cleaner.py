@@ -495,6 +495,8 @@ def _clean_group(plan: CleanPlan, group: list[SegmentSource], filt: _Filter, res
                     out, headers = bytearray(), []
         if out:
             new.append(out, headers)
+        gone = {(t.producer_id, t.first_offset, t.last_offset) for t in filt.dropped_aborted[dropped_before:]}
+        new.txn_entries = [e for src in group for e in src.segment.txn_entries if e[:3] not in gone]
         new.seal()
         new.fsync()
         result.bytes_written += new.size
