@@ -6,6 +6,8 @@ only then replayed into the shard, so what a client was told survives kill -9. E
 phases: PrepareCommit/PrepareAbort is written (and the client answered), then the COMMIT/ABORT markers
 go to every partition of the transaction, then CompleteCommit/CompleteAbort is written. A crash between
 the phases leaves a Prepare* record, which start-up finds and completes; markers are idempotent.
+The completion retries whatever fails, with a growing pause, until it is done: a transaction never stays
+in Prepare* while the broker runs (a partition deleted meanwhile gets no marker, as in Kafka).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ CONSUMER_OFFSETS = "__consumer_offsets"
 MAX_EPOCH = 32767
 MAX_KEY_BYTES = 32767
 _MARKER_RETRY_S = 0.5
+_MARKER_RETRY_MAX_S = 10.0
 # A producer starts its next transaction right after EndTxn is answered, while the markers of the last one
 # are still being written; its AddPartitionsToTxn waits this long for them before CONCURRENT_TRANSACTIONS.
 _COMPLETION_WAIT_S = 1.0
@@ -67,8 +70,9 @@ class MarkerWriter(Protocol):
     """Writes a transaction's control records; implemented by the broker over its partition logs."""
 
     async def write_markers(self, producer_id: int, producer_epoch: int, commit: bool,
-                            partitions: Iterable[TopicPartition]) -> None:
-        """Append and fsync a COMMIT or ABORT marker on each partition that still exists."""
+                            partitions: Iterable[TopicPartition]) -> set[TopicPartition]:
+        """Append and fsync a COMMIT or ABORT marker on each partition that still exists; returns the
+        partitions whose marker failed (to be retried). A deleted partition needs none."""
         ...
 
 
@@ -289,26 +293,46 @@ class TransactionCoordinator:
             return
         task = asyncio.get_running_loop().create_task(self._complete(transactional_id))
         self._completing[transactional_id] = task
-        task.add_done_callback(lambda _t: self._completing.pop(transactional_id, None))
+        task.add_done_callback(lambda t: self._completion_done(transactional_id, t))
+
+    def _completion_done(self, transactional_id: str, task: asyncio.Task[None]) -> None:
+        if self._completing.get(transactional_id) is task:
+            del self._completing[transactional_id]
+        if not task.cancelled() and task.exception() is not None:
+            # Not expected (_complete retries every failure), but never silent.
+            log.error("txn.completion_died", transactional_id=transactional_id, error=repr(task.exception()))
 
     async def _complete(self, transactional_id: str) -> None:
-        """Second phase: markers on every partition, then the Complete* record."""
+        """Second phase: markers on every partition, then the Complete* record; any failure is retried
+        (only the partitions still without a marker get one)."""
         meta = self._get(transactional_id)
         assert meta is not None
         commit = meta.state == TxnState.PREPARE_COMMIT
-        while True:
-            try:
-                await self.markers.write_markers(meta.producer_id, meta.producer_epoch, commit, meta.partitions)
-                break
-            except OSError as exc:
-                log.error("txn.markers_failed", transactional_id=transactional_id, error=repr(exc))
-                await asyncio.sleep(_MARKER_RETRY_S)
+        pending = set(meta.partitions)
+        delay = _MARKER_RETRY_S
 
         async def operation() -> None:
             done = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+            current = self._get(transactional_id)
+            if current is None or (current.producer_id, current.producer_epoch, current.state) != (
+                    meta.producer_id, meta.producer_epoch, meta.state):
+                return  # completed meanwhile (an admin abort repaired it, or expiry removed it)
             await self._write(meta.but(state=done, partitions=frozenset(), update_ms=self.clock()))
 
-        await self._holding(transactional_id, operation)
+        while True:
+            try:
+                if pending:
+                    pending = set(await self.markers.write_markers(meta.producer_id, meta.producer_epoch, commit,
+                                                                   pending))
+                if not pending:
+                    await self._holding(transactional_id, operation)
+                    break
+                error = f"no marker yet on {sorted(pending)}"
+            except Exception as exc:  # whatever it is, the transaction must not stay prepared
+                error = repr(exc)
+            log.error("txn.markers_failed", transactional_id=transactional_id, error=error, retry_in_s=delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _MARKER_RETRY_MAX_S)
         log.info("txn.completed", transactional_id=transactional_id, commit=commit,
                  partitions=len(meta.partitions))
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
+from shoal.broker.storage.partition_log import LogClosed
 from shoal.broker.storage.purgatory import LogKey
 from shoal.coordinator.transaction_coordinator import TopicPartition
 from shoal.coordinator.transaction_log import STATE_BY_NAME
@@ -73,25 +74,39 @@ class BrokerMarkerWriter:
         self.broker = broker
 
     async def write_markers(self, producer_id: int, producer_epoch: int, commit: bool,
-                            partitions: Iterable[TopicPartition]) -> None:
-        flushes = []
-        offsets_partitions = []
+                            partitions: Iterable[TopicPartition]) -> set[TopicPartition]:
         now = int(time.time() * 1000)
-        for topic_name, index in partitions:
+
+        async def one(topic_name: str, index: int) -> None:
             topic = self.broker.topics.get(topic_name)
             if topic is None or not 0 <= index < len(topic.partitions):
-                continue  # deleted since it joined the transaction: nothing to mark
+                return  # deleted since it joined the transaction: nothing to mark
             plog = topic.partitions[index]
-            result = plog.append_marker(producer_id=producer_id, producer_epoch=producer_epoch, commit=commit,
-                                        coordinator_epoch=0, timestamp_ms=now)
-            flushes.append(plog.flush(result.last_offset + 1))
+            try:
+                result = plog.append_marker(producer_id=producer_id, producer_epoch=producer_epoch,
+                                            commit=commit, coordinator_epoch=0, timestamp_ms=now)
+                self.broker.purgatory.notify(LogKey(topic.topic_id, index))
+                await plog.flush(result.last_offset + 1)
+            except LogClosed:
+                if self.broker.topics.get(topic_name) is not topic:
+                    # Deleted while its marker was written: Kafka skips markers for deleted partitions.
+                    log.info("txn.marker_partition_deleted", topic=topic_name, partition=index)
+                    return
+                raise
             if topic_name == CONSUMER_OFFSETS:
-                offsets_partitions.append(index)
-            self.broker.purgatory.notify(LogKey(topic.topic_id, index))
-        await asyncio.gather(*flushes)
-        for index in offsets_partitions:
-            # The marker is durable: the transaction's offset commits there are now final (or dropped).
-            self.broker.txn_offsets.on_marker(index, producer_id, commit)
+                # The marker is durable: the transaction's offset commits there are now final (or dropped).
+                self.broker.txn_offsets.on_marker(index, producer_id, commit)
+
+        parts = list(partitions)
+        results = await asyncio.gather(*(one(*tp) for tp in parts), return_exceptions=True)
+        failed: set[TopicPartition] = set()
+        for tp, result in zip(parts, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                raise result
+            if isinstance(result, BaseException):
+                log.warning("txn.marker_failed", topic=tp[0], partition=tp[1], error=repr(result))
+                failed.add(tp)
+        return failed
 
 
 class TransactionApis:

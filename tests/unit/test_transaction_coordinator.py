@@ -45,7 +45,7 @@ class LogMarkers:
         self.written: list[tuple[str, int]] = []
 
     async def write_markers(self, producer_id: int, producer_epoch: int, commit: bool,
-                            partitions: Iterable[tuple[str, int]]) -> None:
+                            partitions: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:
         for tp in sorted(partitions):
             if self.fail_after is not None and len(self.written) >= self.fail_after:
                 await asyncio.Event().wait()  # hangs here until the "crash" cancels it
@@ -54,6 +54,7 @@ class LogMarkers:
                                         coordinator_epoch=0, timestamp_ms=0)
             await plog.flush(result.last_offset + 1)
             self.written.append(tp)
+        return set()
 
 
 class Cluster:
@@ -187,6 +188,36 @@ def test_timed_out_transaction_is_aborted_and_producer_fenced(tmp_path: Path) ->
         await _settle(coord)
         assert coord.txns["slow"].state == TxnState.COMPLETE_ABORT
         assert await coord.end_txn("slow", init.producer_id, init.producer_epoch, True) == ErrorCode.PRODUCER_FENCED
+        cluster.close()
+
+    asyncio.run(run())
+
+
+def test_completion_retries_whatever_fails_until_every_marker_is_written(tmp_path: Path) -> None:
+    """A marker write failing with something other than an OSError (here a partition log closed under
+    it) must not end the completion: it retries until the partition is back, then completes."""
+
+    async def run() -> None:
+        cluster = Cluster(tmp_path)
+        markers = LogMarkers(cluster.logs)
+        coord = await cluster.coordinator(markers)
+        init = await coord.init_producer_id("app", 30_000)
+        pid, epoch = init.producer_id, init.producer_epoch
+        assert await coord.add_partitions("app", pid, epoch, list(cluster.logs)) == ErrorCode.NONE
+        for tp in cluster.logs:
+            cluster.produce_txn(tp, pid, epoch, 0)
+        cluster.logs[("t", 1)].close()  # its next append raises LogClosed
+        assert await coord.end_txn("app", pid, epoch, True) == ErrorCode.NONE
+        while ("t", 0) not in markers.written:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # the failed attempt is behind us
+        assert coord.txns["app"].state == TxnState.PREPARE_COMMIT
+        assert "app" in coord._completing  # still retrying, not dead
+        cluster.logs[("t", 1)] = PartitionLog.open(tmp_path / "t-1", LogConfig())
+        await asyncio.wait_for(_settle(coord), 60)
+        assert coord.txns["app"].state == TxnState.COMPLETE_COMMIT
+        for plog in cluster.logs.values():
+            assert plog.last_stable_offset == plog.log_end_offset
         cluster.close()
 
     asyncio.run(run())
