@@ -125,6 +125,8 @@ _KEYS: list[ConfigKey] = [
     ConfigKey("transaction.max.timeout.ms", int, 900000, "Largest transaction.timeout.ms a producer may ask for.", 1),
     ConfigKey("transaction.abort.timed.out.transaction.cleanup.interval.ms", int, 10000,
               "How often transactions open past their timeout are looked for and aborted.", 1),
+    ConfigKey("transaction.partition.verification.enable", _bool, True,
+              "Check a transactional batch's partition with the coordinator before appending it (KIP-890)."),
     ConfigKey("share.coordinator.state.topic.replication.factor", int, 1, "Accepted for compatibility."),
     ConfigKey("share.coordinator.state.topic.min.isr", int, 1, "Accepted for compatibility."),
     ConfigKey("share.coordinator.state.topic.segment.bytes", int, 104857600, "Segment size of __share_group_state.", 1),
