@@ -24,7 +24,7 @@ import structlog
 from shoal.coordinator.placement import coordinator_partition
 from shoal.coordinator.record_log import CoordinatorRecordLog
 from shoal.coordinator.runtime import CoordinatorRuntime
-from shoal.coordinator.transaction_log import TxnMetadata, TxnState, from_record, to_record
+from shoal.coordinator.transaction_log import TxnMetadata, TxnState, from_record, to_record, tombstone
 from shoal.protocol.coordinator_records import CoordinatorRecord
 from shoal.protocol.errors import ErrorCode
 
@@ -90,14 +90,18 @@ def _now_ms() -> int:
 class TransactionCoordinator:
     def __init__(self, record_log: CoordinatorRecordLog, markers: MarkerWriter,
                  allocate_producer_id: Callable[[], int], *, max_timeout_ms: int, offsets_partitions: int,
-                 clock: Callable[[], int] = _now_ms):
+                 clock: Callable[[], int] = _now_ms, transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000):
         self.runtime = CoordinatorRuntime(record_log, lambda _partition: TransactionShard())
         self.markers = markers
         self.allocate_producer_id = allocate_producer_id
         self.max_timeout_ms = max_timeout_ms
         self.offsets_partitions = offsets_partitions
         self.clock = clock
+        self.transactional_id_expiration_ms = transactional_id_expiration_ms
         self._completing: dict[str, asyncio.Task[None]] = {}
+        # Kafka's lastProducerEpoch (in memory, as in Kafka): the (producer id, epoch) a KIP-360
+        # InitProducerId bumped from, so a retry of that request gets the same answer, not PRODUCER_FENCED.
+        self._bumped_from: dict[str, tuple[int, int]] = {}
 
     # ---- load -----------------------------------------------------------------------------------
 
@@ -195,8 +199,14 @@ class TransactionCoordinator:
                 await self._write(meta)
                 return InitResult(ErrorCode.NONE, meta.producer_id, meta.producer_epoch)
             if producer_id >= 0 and (producer_id, producer_epoch) != (meta.producer_id, meta.producer_epoch):
-                # KIP-360: a producer re-initialising must still own the id and epoch it names.
-                return InitResult(ErrorCode.PRODUCER_FENCED)
+                if self._bumped_from.get(transactional_id) != (producer_id, producer_epoch) or meta.state not in (
+                        TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT):
+                    # KIP-360: a producer re-initialising must still own the id and epoch it names.
+                    return InitResult(ErrorCode.PRODUCER_FENCED)
+                if transactional_id not in self._completing:
+                    # A retry of the bump whose answer the producer never got (Kafka's lastProducerEpoch):
+                    # the same answer again.
+                    return InitResult(ErrorCode.NONE, meta.producer_id, meta.producer_epoch)
             if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT) or transactional_id in self._completing:
                 return InitResult(ErrorCode.CONCURRENT_TRANSACTIONS)
             if meta.state == TxnState.ONGOING:
@@ -210,6 +220,10 @@ class TransactionCoordinator:
             new = new.but(timeout_ms=timeout_ms, state=TxnState.EMPTY, partitions=frozenset(), start_ms=-1,
                           update_ms=now)
             await self._write(new)
+            if producer_id >= 0:
+                self._bumped_from[transactional_id] = (producer_id, producer_epoch)
+            else:
+                self._bumped_from.pop(transactional_id, None)
             return InitResult(ErrorCode.NONE, new.producer_id, new.producer_epoch)
 
         return await self._holding(transactional_id, operation)
@@ -358,6 +372,36 @@ class TransactionCoordinator:
             if await self._holding(meta.transactional_id, operation):
                 aborted.append(meta.transactional_id)
         return aborted
+
+    # ---- transactional id expiry -----------------------------------------------------------------
+
+    async def expire_transactional_ids(self) -> list[str]:
+        """Kafka's transactional.id.expiration.ms: an id with no transaction open or ending and no update
+        for that long is removed (a tombstone on `__transaction_state`); its next InitProducerId starts
+        afresh with a new producer id."""
+        now = self.clock()
+        horizon = now - self.transactional_id_expiration_ms
+        idle = (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
+        expired = []
+        for meta in list(self.txns.values()):
+            if meta.state not in idle or meta.update_ms > horizon:
+                continue
+
+            async def operation(meta: TxnMetadata = meta) -> bool:
+                current = self._get(meta.transactional_id)
+                if (current is None or current.state not in idle or current.update_ms > horizon
+                        or meta.transactional_id in self._completing):
+                    return False
+                await self.runtime.append(self.partition_for(meta.transactional_id),
+                                          [tombstone(meta.transactional_id)])
+                self._bumped_from.pop(meta.transactional_id, None)
+                return True
+
+            if await self._holding(meta.transactional_id, operation):
+                log.info("txn.transactional_id_expired", transactional_id=meta.transactional_id,
+                         producer_id=meta.producer_id, idle_ms=now - meta.update_ms)
+                expired.append(meta.transactional_id)
+        return expired
 
     # ---- Describe / List ------------------------------------------------------------------------
 

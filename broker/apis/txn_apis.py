@@ -149,9 +149,8 @@ class TransactionApis:
             ):
                 return InitProducerIdResponse(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, producer_id=-1,
                                               producer_epoch=-1)
-            if pid >= 0:
-                # An idempotent producer bumping its own epoch keeps its id.
-                return InitProducerIdResponse(error_code=ErrorCode.NONE, producer_id=pid, producer_epoch=(epoch + 1) & 0x7FFF)
+            # Kafka hands an idempotent producer a fresh producer id, whatever id and epoch it names: a
+            # client-chosen id could be another producer's.
             return InitProducerIdResponse(error_code=ErrorCode.NONE, producer_id=self.services.producer_ids.allocate(),
                                           producer_epoch=0)
         if req.transactional_id and not self._txn_authorized(ctx, req.transactional_id):

@@ -426,6 +426,12 @@ class PartitionLog:
         os.unlink(path)
         log.info("log.txn_state_migrated", dir=str(self.directory), aborted=len(aborted))
 
+    def expire_producers(self, now_ms: int, expiration_ms: int) -> int:
+        """Forget idle producers (producer.id.expiration.ms); a state never built has nothing to forget."""
+        if self._producer_state is None:
+            return 0
+        return self._producer_state.expire_producers(now_ms, expiration_ms)
+
     def aborted_transactions(self, start: int, end: int) -> list[AbortedTxn]:
         """Aborted transactions with records in [start, end), for the log cleaner."""
         if self._producer_state is None and not self._has_txns:

@@ -223,6 +223,63 @@ def test_completion_retries_whatever_fails_until_every_marker_is_written(tmp_pat
     asyncio.run(run())
 
 
+def test_a_retried_kip360_init_producer_id_gets_the_same_answer(tmp_path: Path) -> None:
+    async def run() -> None:
+        cluster = Cluster(tmp_path)
+        coord = await cluster.coordinator(LogMarkers(cluster.logs))
+        first = await coord.init_producer_id("app", 30_000)
+        pid, epoch = first.producer_id, first.producer_epoch
+        bumped = await coord.init_producer_id("app", 30_000, pid, epoch)
+        assert (bumped.error, bumped.producer_id, bumped.producer_epoch) == (ErrorCode.NONE, pid, epoch + 1)
+        # The response was lost; the producer sends the same request again.
+        retried = await coord.init_producer_id("app", 30_000, pid, epoch)
+        assert (retried.error, retried.producer_id, retried.producer_epoch) == (ErrorCode.NONE, pid, epoch + 1)
+        assert coord.txns["app"].producer_epoch == epoch + 1  # no second bump
+        # Once the producer moved on, the old epoch is a zombie's.
+        again = await coord.init_producer_id("app", 30_000, pid, epoch + 1)
+        assert again.producer_epoch == epoch + 2
+        assert (await coord.init_producer_id("app", 30_000, pid, epoch)).error == ErrorCode.PRODUCER_FENCED
+        assert (await coord.init_producer_id("app", 30_000, pid + 7, epoch + 2)).error == ErrorCode.PRODUCER_FENCED
+        cluster.close()
+
+    asyncio.run(run())
+
+
+def test_idle_transactional_ids_expire(tmp_path: Path) -> None:
+    async def run() -> None:
+        cluster = Cluster(tmp_path)
+        now = [1_000_000]
+        coord = await cluster.coordinator(LogMarkers(cluster.logs))
+        coord.clock = lambda: now[0]
+        coord.transactional_id_expiration_ms = 10_000
+        idle = await coord.init_producer_id("idle", 30_000)
+        busy = await coord.init_producer_id("busy", 30_000)
+        assert await coord.add_partitions("busy", busy.producer_id, busy.producer_epoch, [("t", 0)]) == 0
+        now[0] += 10_000
+        assert sorted(await coord.expire_transactional_ids()) == ["idle"]  # an open transaction never expires
+        assert "idle" not in coord.txns and "busy" in coord.txns
+        cluster.close()
+        cluster.open()
+        coord = await cluster.coordinator(LogMarkers(cluster.logs))
+        assert "idle" not in coord.txns and "busy" in coord.txns  # the tombstone replays
+        fresh = await coord.init_producer_id("idle", 30_000)
+        assert fresh.error == ErrorCode.NONE and fresh.producer_id != idle.producer_id
+        cluster.close()
+
+    asyncio.run(run())
+
+
+def test_idle_producers_expire_from_a_partition() -> None:
+    state = PartitionProducerState()
+    state.record(1, 0, 0, 1, 0, max_timestamp=1_000)
+    state.record(2, 0, 0, 1, 1, max_timestamp=1_000)
+    state.on_transactional_batch(2, 1)
+    state.record(3, 0, 0, 1, 2, max_timestamp=5_000)
+    assert state.expire_producers(now_ms=6_000, expiration_ms=5_000) == 1
+    # Producer 2 has an open transaction; producer 3 wrote recently.
+    assert sorted(state.producers) == [2, 3]
+
+
 # ---- producer state: LSO and aborted transactions ------------------------------------------------
 
 _events = st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["data", "commit", "abort"])), max_size=40)
