@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from shoal.broker.common.purgatory import LogKey
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.broker.storage.partition_log import LogClosed
-from shoal.broker.storage.purgatory import LogKey
 from shoal.coordinator.transaction_coordinator import TopicPartition
 from shoal.coordinator.transaction_log import STATE_BY_NAME
 from shoal.coordinator.txn_offsets import TxnOffset
@@ -28,8 +28,8 @@ from shoal.protocol.errors import ErrorCode
 if TYPE_CHECKING:
     from shoal.broker.apis.broker import Broker
     from shoal.broker.apis.services import ApiTable, TransactionServices
+    from shoal.broker.common.purgatory import Purgatory
     from shoal.broker.network.connection import RequestContext
-    from shoal.broker.storage.purgatory import Purgatory
     from shoal.broker.storage.topic_registry import TopicRegistry
     from shoal.coordinator.transaction_coordinator import TransactionCoordinator
     from shoal.coordinator.txn_offsets import TxnOffsetStore

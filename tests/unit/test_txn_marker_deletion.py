@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal.broker.server.config import BrokerConfig
+from shoal.broker.common.config import BrokerConfig
 from shoal.broker.server.server import Broker
 from shoal.coordinator.transaction_log import TxnState
 from shoal.coordinator.txn_offsets import TxnOffset
