@@ -445,3 +445,76 @@ def test_compaction_keeps_what_read_committed_consumers_see(
         assert _read_committed(reopened) == expected
         assert reopened.last_stable_offset == reopened.log_end_offset
         reopened.close()
+
+
+_txn_or_crash_op = st.one_of(
+    st.tuples(st.just("write"), st.sampled_from([None, 1, 2]), st.integers(0, 5),
+              st.one_of(st.none(), st.binary(min_size=1, max_size=4))),
+    # Ends one of the open transactions (whichever the index picks), committing or aborting it.
+    st.tuples(st.just("end"), st.integers(0, 1), st.booleans(), st.none()),
+    # A whole transaction of producer 3: its records, then its marker.
+    st.tuples(st.just("txn"), st.just(3), st.lists(st.integers(0, 5), min_size=1, max_size=3), st.booleans()),
+    st.tuples(st.just("clean"), st.none(), st.integers(0, 3), st.none()),
+    st.tuples(st.just("crash"), st.none(), st.booleans(), st.none()),
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(ops=st.lists(_txn_or_crash_op, min_size=10, max_size=50))
+def test_cleaning_and_crashes_keep_what_read_committed_consumers_see(
+    ops: list[tuple[str, int | None, object, object]],
+) -> None:
+    """Cleans at any time (days apart, so markers reach their delete horizon) and kill -9 after any of
+    them, even before the swapped-in segments' indexes were flushed: reopening always shows
+    read_committed consumers the same values and the same last stable offset."""
+    with tempfile.TemporaryDirectory() as tmp:
+        plog = PartitionLog.open(Path(tmp), _config())
+        w = _TxnWriter(plog)
+        open_txns: set[int] = set()
+        day = 0
+        for op, pid, arg, value in ops:
+            if op == "write":
+                assert isinstance(arg, int) and (value is None or isinstance(value, bytes))
+                w.write(b"k%d" % arg, value, pid)
+                if pid is not None:
+                    open_txns.add(pid)
+            elif op == "txn":
+                assert pid is not None and isinstance(arg, list)
+                for key in arg:
+                    w.write(b"k%d" % key, b"t", pid)
+                w.end(pid, commit=bool(value))
+            elif op == "end":
+                if open_txns:
+                    assert pid is not None
+                    chosen = sorted(open_txns)[pid % len(open_txns)]
+                    w.end(chosen, commit=bool(arg))
+                    open_txns.discard(chosen)
+            elif op == "clean":
+                plog.flush_sync()
+                before = (_read_committed(plog), plog.last_stable_offset)
+                assert isinstance(arg, int)
+                day += arg  # the cleaner's clock only moves on
+                plan = plan_clean(plog, NOW + day * DAY_MS, 1 << 20)
+                if plan is not None:
+                    result = clean(plan)
+                    if swap_in(plog, result):
+                        plog.write_cleaner_checkpoint(result.end_offset)
+                assert (_read_committed(plog), plog.last_stable_offset) == before
+            else:
+                # kill -9: no flush of what the swap left (indexes, directory), files just closed.
+                before = (_read_committed(plog), plog.last_stable_offset)
+                if arg:
+                    plog.flush_sync()
+                else:
+                    for task in list(plog._scheduled):
+                        task.cancel()
+                for seg in plog.segments:
+                    seg.close()
+                plog = PartitionLog.open(Path(tmp), _config())
+                w.plog = plog
+                assert (_read_committed(plog), plog.last_stable_offset) == before
+        expected = _read_committed(plog)
+        plog.close()
+        reopened = PartitionLog.open(Path(tmp), _config())
+        assert _read_committed(reopened) == expected
+        reopened.close()
