@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
     from shoal.broker.storage.producer_state import ProducerIdAllocator
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
+    from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
     from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
     from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
     from shoal.coordinator.group_coordinator import GroupCoordinator
@@ -152,7 +153,7 @@ class TransactionServices:
     # TxnOffsetCommit goes to the group coordinator, which keeps every committed offset.
     group_coordinator: GroupCoordinator
     producer_ids: ProducerIdAllocator
-    purgatory: Purgatory
+    markers: TransactionMarkerWriter
 
 
 @dataclass(frozen=True, slots=True)
