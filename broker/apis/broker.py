@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
     from shoal.broker.storage.producer_state import ProducerIdAllocator
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
+    from shoal.broker.upstream.forwarder import Forwarder
     from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
     from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
     from shoal.coordinator.group_coordinator import GroupCoordinator
@@ -58,6 +59,8 @@ class Broker(Protocol):
     classic_groups: ClassicGroupCoordinator | None
     # KIP-848 consumer groups (ConsumerGroupHeartbeat); None only in tests that wire share groups alone.
     consumer_groups: ConsumerGroupCoordinator | None
+    # Sidecar mode (upstream.bootstrap.servers set): the forwarding to the upstream; None when standalone.
+    upstream_forwarder: Forwarder | None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...

@@ -1,0 +1,229 @@
+"""Sidecar mode's handlers: the client's request is translated for the upstream and the upstream's answer
+for the client; the routing itself lives in `shoal.broker.upstream.forwarder`.
+
+Registered after the standalone handlers when `upstream.bootstrap.servers` is set, so they take the
+dispatch entries of the APIs they serve; every other API keeps its standalone handler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from shoal.broker.security.authorizer import Operation, ResourceType
+from shoal.broker.upstream.cluster import CoordinatorLookupFailed, UpstreamUnavailable
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.errors import ErrorCode
+
+if TYPE_CHECKING:
+    from shoal.broker.apis.services import ApiTable, UpstreamServices
+    from shoal.broker.network.connection import RequestContext
+
+log = structlog.get_logger("shoal.sidecar")
+
+_FETCH_LANE = "sidecar.fetch_lane"
+
+
+class SidecarHandlers:
+    def __init__(self, services: UpstreamServices):
+        self.services = services
+        self.forward = services.forwarder
+
+    def _lane(self, ctx: RequestContext) -> object:
+        """This client connection's own upstream connections for its fetches (see cluster.py)."""
+        conn = ctx.connection
+        lane = conn.attachments.get(_FETCH_LANE)
+        if lane is None:
+            lane = conn.attachments[_FETCH_LANE] = object()
+        return lane
+
+    def on_connection_closed(self, conn: Any) -> None:
+        lane = conn.attachments.get(_FETCH_LANE)
+        if lane is not None:
+            self.services.forwarder.cluster.close_lane(lane)
+
+    async def _guard(self, ctx: RequestContext, call: Awaitable[Any],
+                     on_error: Callable[[int], Any] | None = None) -> Any:
+        """Run a forwarded call. An unreachable upstream or a failed coordinator lookup becomes the API's
+        retriable error when it has a place for one, else a logged close (the client retries elsewhere)."""
+        api = messages.API_NAMES.get(ctx.header.api_key)
+        try:
+            return await call
+        except CoordinatorLookupFailed as exc:
+            code = exc.error_code
+            reason = str(exc)
+        except UpstreamUnavailable as exc:
+            code = ErrorCode.COORDINATOR_NOT_AVAILABLE if on_error is not None else ErrorCode.REQUEST_TIMED_OUT
+            reason = str(exc)
+        if on_error is not None:
+            log.warning("upstream request failed; answering a retriable error", api=api, error_code=code, error=reason)
+            return on_error(code)
+        log.warning("upstream request failed; closing the client connection", api=api, error=reason)
+        ctx.close_after_response()
+        return None
+
+    # ---- discovery ----------------------------------------------------------------------------
+
+    async def metadata(self, ctx: RequestContext, req: messages.MetadataRequest) -> messages.MetadataResponse | None:
+        response: messages.MetadataResponse | None = await self._guard(ctx, self.forward.metadata(req, ctx.api_version))
+        if response is None:
+            return None
+        node_id = self.services.node_id
+        lst = self.services.advertised_listener(ctx.connection.listener.name)
+        # Every partition is led by Shoal as far as the client knows; its leader epoch stays the upstream's.
+        response.brokers = [messages.MetadataResponse.MetadataResponseBroker(node_id=node_id, host=lst.host,
+                                                                              port=lst.port, rack=None)]
+        response.controller_id = node_id
+        response.cluster_id = self.services.cluster_id
+        for topic in response.topics:
+            if topic.name is not None and not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, topic.name):
+                topic.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                topic.partitions = []
+                continue
+            for p in topic.partitions:
+                if p.leader_id >= 0:
+                    p.leader_id = node_id
+                p.replica_nodes = [node_id]
+                p.isr_nodes = [node_id] if p.leader_id >= 0 else []
+                p.offline_replicas = []
+        return response
+
+    # ---- data path ----------------------------------------------------------------------------
+
+    async def produce(self, ctx: RequestContext, req: messages.ProduceRequest) -> messages.ProduceResponse | None:
+        denied = [t for t in req.topic_data if t.name and not ctx.authorize(Operation.WRITE, ResourceType.TOPIC, t.name)]
+        if denied:
+            return _all_partitions_error(req, ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+        response: messages.ProduceResponse | None = await self._guard(ctx, self.forward.produce(req, ctx.api_version))
+        return response
+
+    async def fetch(self, ctx: RequestContext, req: messages.FetchRequest) -> messages.FetchResponse | None:
+        if req.replica_id >= 0 or (req.replica_state is not None and req.replica_state.replica_id >= 0):
+            return messages.FetchResponse(error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER, session_id=0, responses=[])
+        response: messages.FetchResponse | None = await self._guard(
+            ctx, self.forward.fetch(req, ctx.api_version, self._lane(ctx)))
+        return response
+
+    async def list_offsets(self, ctx: RequestContext, req: messages.ListOffsetsRequest) -> Any:
+        return await self._guard(ctx, self.forward.list_offsets(req, ctx.api_version))
+
+    async def delete_records(self, ctx: RequestContext, req: messages.DeleteRecordsRequest) -> Any:
+        return await self._guard(ctx, self.forward.delete_records(req, ctx.api_version))
+
+    # ---- administration -----------------------------------------------------------------------
+
+    async def to_any_broker(self, ctx: RequestContext, req: Any) -> Any:
+        return await self._guard(ctx, self.forward.to_any_broker(ctx.header.api_key, req, ctx.api_version))
+
+    # ---- transactions -------------------------------------------------------------------------
+
+    async def init_producer_id(self, ctx: RequestContext, req: messages.InitProducerIdRequest) -> Any:
+        return await self._guard(ctx, self.forward.init_producer_id(req, ctx.api_version),
+                                 lambda code: messages.InitProducerIdResponse(error_code=code, producer_id=-1,
+                                                                              producer_epoch=-1))
+
+    async def add_partitions_to_txn(self, ctx: RequestContext, req: messages.AddPartitionsToTxnRequest) -> Any:
+        def error(code: int) -> Any:
+            if ctx.api_version >= 4:
+                return messages.AddPartitionsToTxnResponse(error_code=code, results_by_transaction=[])
+            result = messages.AddPartitionsToTxnResponse.AddPartitionsToTxnTopicResult
+            part = messages.AddPartitionsToTxnResponse.AddPartitionsToTxnPartitionResult
+            return messages.AddPartitionsToTxnResponse(results_by_topic_v3_and_below=[
+                result(name=t.name, results_by_partition=[part(partition_index=i, partition_error_code=code)
+                                                          for i in t.partitions])
+                for t in req.v3_and_below_topics])
+
+        return await self._guard(ctx, self.forward.add_partitions_to_txn(req, ctx.api_version), error)
+
+    async def add_offsets_to_txn(self, ctx: RequestContext, req: messages.AddOffsetsToTxnRequest) -> Any:
+        return await self._guard(
+            ctx, self.forward.txn_request(req.transactional_id, ApiKey.ADD_OFFSETS_TO_TXN, req, ctx.api_version),
+            lambda code: messages.AddOffsetsToTxnResponse(error_code=code))
+
+    async def end_txn(self, ctx: RequestContext, req: messages.EndTxnRequest) -> Any:
+        return await self._guard(
+            ctx, self.forward.txn_request(req.transactional_id, ApiKey.END_TXN, req, ctx.api_version),
+            lambda code: messages.EndTxnResponse(error_code=code))
+
+    async def txn_offset_commit(self, ctx: RequestContext, req: messages.TxnOffsetCommitRequest) -> Any:
+        # Kafka sends TxnOffsetCommit to the group's coordinator, not the transaction's.
+        def error(code: int) -> Any:
+            topic = messages.TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic
+            part = messages.TxnOffsetCommitResponse.TxnOffsetCommitResponsePartition
+            return messages.TxnOffsetCommitResponse(topics=[
+                topic(name=t.name, partitions=[part(partition_index=p.partition_index, error_code=code)
+                                               for p in t.partitions]) for t in req.topics])
+
+        return await self._guard(
+            ctx, self.forward.group_request(req.group_id, ApiKey.TXN_OFFSET_COMMIT, req, ctx.api_version), error)
+
+    # ---- groups -------------------------------------------------------------------------------
+
+    async def group_call(self, ctx: RequestContext, req: Any) -> Any:
+        """JoinGroup, SyncGroup, Heartbeat, LeaveGroup, ConsumerGroupHeartbeat: a top-level error code."""
+        cls = messages.RESPONSES[ctx.header.api_key].cls
+        return await self._guard(
+            ctx, self.forward.group_request(req.group_id, ctx.header.api_key, req, ctx.api_version),
+            lambda code: cls(error_code=code))
+
+    async def offset_commit(self, ctx: RequestContext, req: messages.OffsetCommitRequest) -> Any:
+        def error(code: int) -> Any:
+            topic = messages.OffsetCommitResponse.OffsetCommitResponseTopic
+            part = messages.OffsetCommitResponse.OffsetCommitResponsePartition
+            return messages.OffsetCommitResponse(topics=[
+                topic(name=t.name, topic_id=t.topic_id,
+                      partitions=[part(partition_index=p.partition_index, error_code=code) for p in t.partitions])
+                for t in req.topics])
+
+        return await self._guard(
+            ctx, self.forward.group_request(req.group_id, ApiKey.OFFSET_COMMIT, req, ctx.api_version), error)
+
+    async def offset_fetch(self, ctx: RequestContext, req: messages.OffsetFetchRequest) -> Any:
+        def error(code: int) -> Any:
+            if ctx.api_version >= 8:
+                group = messages.OffsetFetchResponse.OffsetFetchResponseGroup
+                return messages.OffsetFetchResponse(groups=[group(group_id=g.group_id, topics=[], error_code=code)
+                                                            for g in req.groups])
+            return messages.OffsetFetchResponse(topics=[], error_code=code)
+
+        return await self._guard(ctx, self.forward.offset_fetch(req, ctx.api_version), error)
+
+
+def _all_partitions_error(req: messages.ProduceRequest, code: int) -> messages.ProduceResponse:
+    topic = messages.ProduceResponse.TopicProduceResponse
+    part = messages.ProduceResponse.PartitionProduceResponse
+    return messages.ProduceResponse(responses=[
+        topic(name=t.name, topic_id=t.topic_id,
+              partition_responses=[part(index=p.index, error_code=code, base_offset=-1) for p in t.partition_data])
+        for t in req.topic_data], node_endpoints=[])
+
+
+def register(table: ApiTable, services: UpstreamServices) -> SidecarHandlers:
+    h = SidecarHandlers(services)
+    services.connection_listeners.append(h.on_connection_closed)
+    table.register(ApiKey.METADATA, 0, 13, h.metadata)
+    table.register(ApiKey.PRODUCE, 3, 13, h.produce)
+    table.register(ApiKey.FETCH, 4, 17, h.fetch)
+    table.register(ApiKey.LIST_OFFSETS, 1, 11, h.list_offsets)
+    table.register(ApiKey.DELETE_RECORDS, 0, 2, h.delete_records)
+    table.register(ApiKey.CREATE_TOPICS, 2, 7, h.to_any_broker)
+    table.register(ApiKey.DELETE_TOPICS, 1, 6, h.to_any_broker)
+    table.register(ApiKey.CREATE_PARTITIONS, 0, 3, h.to_any_broker)
+    table.register(ApiKey.DESCRIBE_CONFIGS, 1, 4, h.to_any_broker)
+    table.register(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1, h.to_any_broker)
+    table.register(ApiKey.INIT_PRODUCER_ID, 0, 5, h.init_producer_id)
+    table.register(ApiKey.ADD_PARTITIONS_TO_TXN, 0, 5, h.add_partitions_to_txn)
+    table.register(ApiKey.ADD_OFFSETS_TO_TXN, 0, 4, h.add_offsets_to_txn)
+    table.register(ApiKey.END_TXN, 0, 4, h.end_txn)
+    table.register(ApiKey.TXN_OFFSET_COMMIT, 0, 3, h.txn_offset_commit)
+    table.register(ApiKey.JOIN_GROUP, 0, 9, h.group_call)
+    table.register(ApiKey.SYNC_GROUP, 0, 5, h.group_call)
+    table.register(ApiKey.HEARTBEAT, 0, 4, h.group_call)
+    table.register(ApiKey.LEAVE_GROUP, 0, 5, h.group_call)
+    table.register(ApiKey.CONSUMER_GROUP_HEARTBEAT, 0, 1, h.group_call)
+    table.register(ApiKey.OFFSET_COMMIT, 2, 10, h.offset_commit)
+    table.register(ApiKey.OFFSET_FETCH, 1, 10, h.offset_fetch)
+    return h
