@@ -110,6 +110,9 @@ class SidecarHandlers:
     async def list_offsets(self, ctx: RequestContext, req: messages.ListOffsetsRequest) -> Any:
         return await self._guard(ctx, self.forward.list_offsets(req, ctx.api_version))
 
+    async def offset_for_leader_epoch(self, ctx: RequestContext, req: messages.OffsetForLeaderEpochRequest) -> Any:
+        return await self._guard(ctx, self.forward.offset_for_leader_epoch(req, ctx.api_version))
+
     async def delete_records(self, ctx: RequestContext, req: messages.DeleteRecordsRequest) -> Any:
         return await self._guard(ctx, self.forward.delete_records(req, ctx.api_version))
 
@@ -209,6 +212,7 @@ def register(table: ApiTable, services: UpstreamServices) -> SidecarHandlers:
     table.register(ApiKey.FETCH, 4, 17, h.fetch)
     table.register(ApiKey.LIST_OFFSETS, 1, 11, h.list_offsets)
     table.register(ApiKey.DELETE_RECORDS, 0, 2, h.delete_records)
+    table.register(ApiKey.OFFSET_FOR_LEADER_EPOCH, 2, 4, h.offset_for_leader_epoch)
     table.register(ApiKey.CREATE_TOPICS, 2, 7, h.to_any_broker)
     table.register(ApiKey.DELETE_TOPICS, 1, 6, h.to_any_broker)
     table.register(ApiKey.CREATE_PARTITIONS, 0, 3, h.to_any_broker)

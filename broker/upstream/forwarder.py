@@ -78,6 +78,11 @@ DELETE_RECORDS = _Shape("topics", "name", "partitions", "partition_index",
                         "topics", "name", "partitions", "partition_index", _DeleteRecords.DeleteRecordsTopicResult,
                         lambda i, code: _DeleteRecords.DeleteRecordsPartitionResult(
                             partition_index=i, error_code=code, low_watermark=-1))
+_Epochs = messages.OffsetForLeaderEpochResponse
+OFFSET_FOR_LEADER_EPOCH = _Shape("topics", "topic", "partitions", "partition",
+                                 "topics", "topic", "partitions", "partition", _Epochs.OffsetForLeaderTopicResult,
+                                 lambda i, code: _Epochs.EpochEndOffset(partition=i, error_code=code, leader_epoch=-1,
+                                                                        end_offset=-1))
 
 
 class Forwarder:
@@ -232,6 +237,16 @@ class Forwarder:
         template, topics = await self._forward_partitions(ApiKey.DELETE_RECORDS, req, version, DELETE_RECORDS, build,
                                                           SHARED_LANE)
         return _DeleteRecords(throttle_time_ms=getattr(template, "throttle_time_ms", 0) or 0, topics=topics)
+
+    async def offset_for_leader_epoch(self, req: messages.OffsetForLeaderEpochRequest,
+                                      version: int) -> messages.OffsetForLeaderEpochResponse:
+        """KIP-320: a consumer that saw the leader epoch change checks its position against the leader."""
+        def build(topics: list[Any]) -> MessageBase:
+            return messages.OffsetForLeaderEpochRequest(replica_id=-1, topics=topics)
+
+        template, topics = await self._forward_partitions(ApiKey.OFFSET_FOR_LEADER_EPOCH, req, version,
+                                                          OFFSET_FOR_LEADER_EPOCH, build, SHARED_LANE)
+        return _Epochs(throttle_time_ms=getattr(template, "throttle_time_ms", 0) or 0, topics=topics)
 
     # ---- cluster-wide requests -------------------------------------------------------------------
 
