@@ -88,6 +88,9 @@ OFFSET_FOR_LEADER_EPOCH = _Shape("topics", "topic", "partitions", "partition",
 class Forwarder:
     def __init__(self, cluster: UpstreamCluster):
         self.cluster = cluster
+        # The last high watermark, LSO and log start offset seen per partition, for the partitions a fetch
+        # answers before their leader did (see _forward_partitions).
+        self._watermarks: dict[tuple[str | None, int], tuple[int, int, int]] = {}
 
     # ---- per-partition requests ----------------------------------------------------------------
 
@@ -126,23 +129,47 @@ class Forwarder:
     async def _forward_partitions(self, api_key: int, req: MessageBase, version: int, shape: _Shape,
                                   build: Callable[[list[Any]], MessageBase], lane: Hashable,
                                   unknown_code: int = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                  enough: Callable[[Any], bool] | None = None,
+                                  pending: Callable[[str | None, int], MessageBase] | None = None,
                                   ) -> tuple[MessageBase, list[Any]]:
-        """Send each leader its part; returns (a template response, the merged response topics)."""
+        """Send each leader its part; returns (a template response, the merged response topics).
+
+        With `enough`, the answer does not wait for every leader: once one leader's response satisfies it,
+        the partitions of leaders still long-polling are answered by `pending` (no records). Their
+        responses are dropped when they come; a fetch changes nothing upstream, so nothing is lost."""
         by_node, unroutable = await self._split(req, shape)
         nodes = list(by_node)
-        results = await asyncio.gather(
-            *(self.cluster.send(node, api_key, build(by_node[node]), version, lane=lane) for node in nodes),
-            return_exceptions=True)
+        tasks = [asyncio.ensure_future(self.cluster.send(node, api_key, build(by_node[node]), version, lane=lane))
+                 for node in nodes]
+        if enough is None or len(tasks) < 2:
+            await asyncio.wait(tasks)
+        else:
+            waiting = set(tasks)
+            while waiting:
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if any(not t.exception() and enough(t.result()) for t in done):
+                    break
+            for t in waiting:
+                t.add_done_callback(_drop_result)
         found: dict[tuple[str | None, int], MessageBase] = {}
         template: MessageBase | None = None
         refresh = False
-        for node, result in zip(nodes, results, strict=True):
-            if isinstance(result, BaseException):
-                if not isinstance(result, UpstreamUnavailable):
-                    raise result
+        for node, task in zip(nodes, tasks, strict=True):
+            if not task.done():
+                assert pending is not None
+                for t in by_node[node]:
+                    name = self.cluster.topic_name(getattr(t, shape.req_name), getattr(t, "topic_id", None))
+                    for p in getattr(t, shape.req_parts):
+                        index = getattr(p, shape.req_index)
+                        found[(name, index)] = pending(name, index)
+                continue
+            error = task.exception()
+            if error is not None:
+                if not isinstance(error, UpstreamUnavailable):
+                    raise error
                 log.warning("upstream leader unreachable", node=node, api=messages.API_NAMES.get(api_key),
-                            error=str(result))
-                code = ErrorCode.REQUEST_TIMED_OUT if result.timed_out else UNREACHABLE
+                            error=str(error))
+                code = ErrorCode.REQUEST_TIMED_OUT if error.timed_out else UNREACHABLE
                 refresh = True
                 for t in by_node[node]:
                     name = self.cluster.topic_name(getattr(t, shape.req_name), getattr(t, "topic_id", None))
@@ -150,6 +177,7 @@ class Forwarder:
                         index = getattr(p, shape.req_index)
                         found[(name, index)] = shape.error_partition(index, code)
                 continue
+            result = task.result()
             template = template or result
             top_code = getattr(result, "error_code", ErrorCode.NONE) or ErrorCode.NONE
             for rt in getattr(result, shape.resp_topics):
@@ -212,12 +240,33 @@ class Forwarder:
                 isolation_level=req.isolation_level, session_id=0, session_epoch=-1, topics=topics,
                 forgotten_topics_data=[], rack_id=req.rack_id or "")
 
+        min_bytes = max(1, req.min_bytes)
+
+        def enough(response: Any) -> bool:
+            size = 0
+            for t in response.responses:
+                for p in t.partitions:
+                    if p.error_code:
+                        return True
+                    size += len(p.records or b"")
+            return response.error_code != ErrorCode.NONE or size >= min_bytes
+
+        def still_polling(name: str | None, index: int) -> MessageBase:
+            hw, lso, log_start = self._watermarks.get((name, index), (-1, -1, -1))
+            return _Fetch.PartitionData(partition_index=index, error_code=ErrorCode.NONE, high_watermark=hw,
+                                        last_stable_offset=lso, log_start_offset=log_start, records=None)
+
         unknown = ErrorCode.UNKNOWN_TOPIC_ID if version >= 13 else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        template, topics = await self._forward_partitions(ApiKey.FETCH, req, version, FETCH, build, lane, unknown)
+        template, topics = await self._forward_partitions(ApiKey.FETCH, req, version, FETCH, build, lane, unknown,
+                                                          enough, still_polling)
         for t in topics:
+            name = self.cluster.topic_name(t.topic, t.topic_id)  # type: ignore[attr-defined]
             for p in t.partitions:  # type: ignore[attr-defined]
                 p.current_leader = _Fetch.LeaderIdAndEpoch()
                 p.preferred_read_replica = -1
+                if p.error_code == ErrorCode.NONE and p.high_watermark >= 0:
+                    self._watermarks[(name, p.partition_index)] = (p.high_watermark, p.last_stable_offset,
+                                                                   p.log_start_offset)
         return _Fetch(throttle_time_ms=getattr(template, "throttle_time_ms", 0) or 0, error_code=ErrorCode.NONE,
                       session_id=0, responses=topics, node_endpoints=[])
 
@@ -313,6 +362,12 @@ class Forwarder:
         if response.error_code:
             raise CoordinatorLookupFailed(response.error_code)
         return list(response.results_by_transaction)
+
+
+def _drop_result(task: asyncio.Future[Any]) -> None:
+    """Retrieve the outcome of a sub-request nobody waits for any more (so asyncio does not warn)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _error_codes(response: Any) -> list[int]:

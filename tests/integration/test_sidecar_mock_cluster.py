@@ -1,5 +1,6 @@
 """Sidecar mode over librdkafka's mock cluster: three upstream brokers with the partition leaders spread
-over them, and a leader moved in the middle of a stream. The client knows only the sidecar."""
+over them (partition i on broker i + 1), and a leader moved in the middle of a stream. The client knows
+only the sidecar."""
 
 from __future__ import annotations
 
@@ -92,3 +93,27 @@ def test_a_leader_moved_mid_stream_costs_the_client_nothing_but_retries(mock: Mo
     consumer.close()
     # Nothing lost, nothing twice, each partition in order, across the moves on both paths.
     assert got == sent
+
+
+def test_a_fetch_over_several_leaders_answers_with_the_first_leader_that_has_records(
+        mock: MockCluster, sidecar: BrokerProcess) -> None:
+    topic = unique_name("spread")
+    mock.create_topic(topic, PARTITIONS)
+    producer = Producer({"bootstrap.servers": sidecar.bootstrap})
+    for i in range(5):
+        producer.produce(topic, value=f"only-p0-{i}".encode(), partition=0)
+    assert producer.flush(30) == 0
+    fetch = messages.FetchRequest
+    # Partitions 1 and 2 are empty and their leaders would hold the request for the whole (ten-minute) wait:
+    # the answer comes with partition 0's records instead, long before the client's own timeout.
+    with WireClient.connect(sidecar.bootstrap, timeout=60) as client:
+        response = client.request(ApiKey.FETCH, 11, fetch(
+            replica_id=-1, max_wait_ms=600_000, min_bytes=1, max_bytes=1 << 20, isolation_level=0, session_id=0,
+            session_epoch=-1, topics=[fetch.FetchTopic(topic=topic, partitions=[fetch.FetchPartition(
+                partition=p, current_leader_epoch=-1, fetch_offset=0, log_start_offset=-1,
+                partition_max_bytes=1 << 20) for p in range(PARTITIONS)])], forgotten_topics_data=[], rack_id=""))
+    parts = {p.partition_index: p for p in response.responses[0].partitions}
+    assert sorted(parts) == [0, 1, 2]
+    assert all(p.error_code == 0 for p in parts.values())
+    assert parts[0].high_watermark == 5 and len(parts[0].records or b"") > 0
+    assert not parts[1].records and not parts[2].records
