@@ -141,7 +141,9 @@ class Forwarder:
         nodes = list(by_node)
         tasks = [asyncio.ensure_future(self.cluster.send(node, api_key, build(by_node[node]), version, lane=lane))
                  for node in nodes]
-        if enough is None or len(tasks) < 2:
+        if not tasks:
+            pass  # every partition unroutable: each gets its error below
+        elif enough is None or len(tasks) < 2:
             await asyncio.wait(tasks)
         else:
             waiting = set(tasks)
