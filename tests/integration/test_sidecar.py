@@ -222,6 +222,26 @@ def test_consumer_by_assign_and_in_a_classic_group_through_the_sidecar(upstream:
     assert {tp.partition: tp.offset for tp in offsets.topic_partitions if tp.topic == topic} == {0: 100, 1: 100, 2: 100}
 
 
+def test_consumer_group_protocol_through_the_sidecar(upstream: BrokerProcess, sidecar: BrokerProcess) -> None:
+    """KIP-848: ConsumerGroupHeartbeat goes to the upstream's group coordinator; its assignment names the
+    upstream's topic ids, which the sidecar's Metadata also gives."""
+    topic = unique_name("kip848")
+    create_topic(upstream.bootstrap, topic, 2)
+    records = [(i % 2, f"k{i}".encode(), f"v{i}".encode()) for i in range(100)]
+    produce_direct(upstream.bootstrap, topic, records)
+    group = unique_name("kip848-group")
+    member = Consumer({"bootstrap.servers": sidecar.bootstrap, "group.id": group, "group.protocol": "consumer",
+                       "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    member.subscribe([topic])
+    got = _poll(member, 100)
+    member.commit(asynchronous=False)
+    member.close()
+    assert sorted(got) == sorted(records)
+    admin = AdminClient({"bootstrap.servers": upstream.bootstrap})
+    offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(30)
+    assert {tp.partition: tp.offset for tp in offsets.topic_partitions if tp.topic == topic} == {0: 50, 1: 50}
+
+
 def _poll(consumer: Consumer, expected: int) -> list[tuple[int, bytes | None, bytes | None]]:
     out: list[tuple[int, bytes | None, bytes | None]] = []
     idle = 0
