@@ -54,7 +54,8 @@ class UpstreamSettings:
 
 def jaas_credentials(line: str) -> tuple[str, str]:
     """username and password of a PlainLoginModule / ScramLoginModule line."""
-    options = dict(_JAAS_OPTION.findall(line))
+    # Quoted values as Kafka's JAAS parser reads them: a backslash escapes the next character.
+    options = {key: re.sub(r"\\(.)", r"\1", value) for key, value in _JAAS_OPTION.findall(line)}
     if "username" not in options or "password" not in options:
         raise UpstreamConfigError("upstream.sasl.jaas.config needs username=\"...\" and password=\"...\"")
     return options["username"], options["password"]
