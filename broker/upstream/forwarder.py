@@ -113,6 +113,9 @@ class Forwarder:
                     if part_topic is None:
                         part_topic = topics[id(t)] = copy.copy(t)
                         setattr(part_topic, shape.req_parts, [])
+                        # A topic the client named by id also gets its name, for an upstream older than ids.
+                        if not getattr(part_topic, shape.req_name):
+                            setattr(part_topic, shape.req_name, name)
                     getattr(part_topic, shape.req_parts).append(p)
             if not unroutable or attempt:
                 break

@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.records import RecordInput, encode_batch
 
 from .broker_process import BrokerProcess
 from .kafka_wire import WireClient
@@ -117,3 +118,31 @@ def test_a_fetch_over_several_leaders_answers_with_the_first_leader_that_has_rec
     assert all(p.error_code == 0 for p in parts.values())
     assert parts[0].high_watermark == 5 and len(parts[0].records or b"") > 0
     assert not parts[1].records and not parts[2].records
+
+
+def test_topic_id_requests_reach_an_upstream_that_only_knows_names(mock: MockCluster, sidecar: BrokerProcess) -> None:
+    """Produce v13 names topics by id only; the mock serves Produce up to v10, so the sidecar sends the name."""
+    topic = unique_name("by-id")
+    mock.create_topic(topic, 1)
+    produce = messages.ProduceRequest
+    fetch = messages.FetchRequest
+    with WireClient.connect(sidecar.bootstrap) as client:
+        md = client.request(ApiKey.METADATA, 12, messages.MetadataRequest(
+            topics=[messages.MetadataRequest.MetadataRequestTopic(name=topic)], allow_auto_topic_creation=False))
+        topic_id = md.topics[0].topic_id
+        assert topic_id != bytes(16)
+        produced = client.request(ApiKey.PRODUCE, 13, produce(acks=-1, timeout_ms=10_000, topic_data=[
+            produce.TopicProduceData(topic_id=topic_id, partition_data=[produce.PartitionProduceData(
+                index=0, records=encode_batch([RecordInput(b"k", b"found by id")]))])]))
+        fetched = client.request(ApiKey.FETCH, 13, fetch(
+            replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20, isolation_level=0, session_id=0,
+            session_epoch=-1, topics=[fetch.FetchTopic(topic_id=topic_id, partitions=[fetch.FetchPartition(
+                partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1, log_start_offset=-1,
+                partition_max_bytes=1 << 20)])], forgotten_topics_data=[], rack_id=""))
+    (pt,) = produced.responses
+    assert pt.topic_id == topic_id
+    assert [(p.index, p.error_code, p.base_offset) for p in pt.partition_responses] == [(0, 0, 0)]
+    (ft,) = fetched.responses
+    (part,) = ft.partitions
+    assert ft.topic_id == topic_id and part.error_code == 0 and part.high_watermark == 1
+    assert b"found by id" in bytes(part.records or b"")
