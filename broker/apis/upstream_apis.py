@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from shoal.broker.security.authorizer import Operation, ResourceType
-from shoal.broker.upstream.cluster import CoordinatorLookupFailed, UpstreamUnavailable
+from shoal.broker.upstream.cluster import CoordinatorLookupFailed, Lane, UpstreamUnavailable
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -32,13 +32,19 @@ class SidecarHandlers:
         self.services = services
         self.forward = services.forwarder
 
-    def _lane(self, ctx: RequestContext) -> object:
+    def _lane(self, ctx: RequestContext) -> Lane:
         """This client connection's own upstream connections for its fetches (see cluster.py)."""
         conn = ctx.connection
         lane = conn.attachments.get(_FETCH_LANE)
         if lane is None:
-            lane = conn.attachments[_FETCH_LANE] = object()
-        return lane
+            lane = conn.attachments[_FETCH_LANE] = Lane()
+        return lane  # type: ignore[no-any-return]
+
+    def _may(self, ctx: RequestContext, operation: Operation, name: str | None, topic_id: bytes | None) -> bool:
+        """Shoal's own ACLs on an upstream topic, named or given by id (an id Shoal cannot name yet is let
+        through: the upstream answers UNKNOWN_TOPIC_ID for it)."""
+        resolved = self.forward.cluster.topic_name(name, topic_id)
+        return resolved is None or ctx.authorize(operation, ResourceType.TOPIC, resolved)
 
     def on_connection_closed(self, conn: Any) -> None:
         lane = conn.attachments.get(_FETCH_LANE)
@@ -56,6 +62,8 @@ class SidecarHandlers:
             code = exc.error_code
             reason = str(exc)
         except UpstreamUnavailable as exc:
+            if ctx.connection.closed:
+                return None  # the client left while its request was upstream
             code = ErrorCode.COORDINATOR_NOT_AVAILABLE if on_error is not None else ErrorCode.REQUEST_TIMED_OUT
             reason = str(exc)
         if on_error is not None:
@@ -94,7 +102,7 @@ class SidecarHandlers:
     # ---- data path ----------------------------------------------------------------------------
 
     async def produce(self, ctx: RequestContext, req: messages.ProduceRequest) -> messages.ProduceResponse | None:
-        denied = [t for t in req.topic_data if t.name and not ctx.authorize(Operation.WRITE, ResourceType.TOPIC, t.name)]
+        denied = [t for t in req.topic_data if not self._may(ctx, Operation.WRITE, t.name, t.topic_id)]
         if denied:
             return _all_partitions_error(req, ErrorCode.TOPIC_AUTHORIZATION_FAILED)
         response: messages.ProduceResponse | None = await self._guard(ctx, self.forward.produce(req, ctx.api_version))
@@ -103,8 +111,22 @@ class SidecarHandlers:
     async def fetch(self, ctx: RequestContext, req: messages.FetchRequest) -> messages.FetchResponse | None:
         if req.replica_id >= 0 or (req.replica_state is not None and req.replica_state.replica_id >= 0):
             return messages.FetchResponse(error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER, session_id=0, responses=[])
-        response: messages.FetchResponse | None = await self._guard(
-            ctx, self.forward.fetch(req, ctx.api_version, self._lane(ctx)))
+        denied = [t for t in req.topics if not self._may(ctx, Operation.READ, t.topic, t.topic_id)]
+        response: messages.FetchResponse | None
+        if denied and len(denied) == len(req.topics):
+            response = messages.FetchResponse(error_code=ErrorCode.NONE, session_id=0, responses=[], node_endpoints=[])
+        else:
+            if denied:
+                req.topics = [t for t in req.topics if all(t is not d for d in denied)]
+            response = await self._guard(ctx, self.forward.fetch(req, ctx.api_version, self._lane(ctx)))
+            if response is None:
+                return None
+        # Kafka answers the partitions the principal may not read with TOPIC_AUTHORIZATION_FAILED.
+        data = messages.FetchResponse
+        response.responses += [data.FetchableTopicResponse(topic=t.topic, topic_id=t.topic_id, partitions=[
+            data.PartitionData(partition_index=p.partition, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                               high_watermark=-1, last_stable_offset=-1, log_start_offset=-1, records=None)
+            for p in t.partitions]) for t in denied]
         return response
 
     async def list_offsets(self, ctx: RequestContext, req: messages.ListOffsetsRequest) -> Any:

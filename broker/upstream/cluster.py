@@ -55,6 +55,15 @@ class UpstreamStartError(Exception):
     """Shoal cannot start in sidecar mode: the upstream is unreachable or refused the credentials."""
 
 
+class Lane:
+    """Upstream connections of their own for one client connection's requests (its fetches)."""
+
+    __slots__ = ("closed",)
+
+    def __init__(self) -> None:
+        self.closed = False
+
+
 @dataclass(frozen=True, slots=True)
 class Leadership:
     leader: int
@@ -134,6 +143,8 @@ class UpstreamCluster:
 
     def close_lane(self, lane: Hashable) -> None:
         """Close the connections of a lane whose client connection went away."""
+        if isinstance(lane, Lane):
+            lane.closed = True
         for key in [k for k in self._conns if k[1] == lane]:
             conn = self._conns.pop(key)
             asyncio.get_running_loop().create_task(conn.close())

@@ -31,6 +31,7 @@ from .cluster import (
     LEADERSHIP_ERRORS,
     SHARED_LANE,
     CoordinatorLookupFailed,
+    Lane,
     UpstreamCluster,
     UpstreamUnavailable,
 )
@@ -172,6 +173,8 @@ class Forwarder:
             if error is not None:
                 if not isinstance(error, UpstreamUnavailable):
                     raise error
+                if isinstance(lane, Lane) and lane.closed:
+                    raise error  # the client went away and its upstream connections with it: nobody to answer
                 log.warning("upstream leader unreachable", node=node, api=messages.API_NAMES.get(api_key),
                             error=str(error))
                 code = ErrorCode.REQUEST_TIMED_OUT if error.timed_out else UNREACHABLE

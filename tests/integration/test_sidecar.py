@@ -13,14 +13,19 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition as AioTopicPartition
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
     AdminClient,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
     NewTopic,
     OffsetSpec,
+    ResourcePatternType,
+    ResourceType,
 )
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KpTopicPartition
@@ -33,6 +38,7 @@ from .broker_process import BrokerProcess
 from .conftest import NO_JOIN_DELAY
 from .kafka_wire import WireClient
 from .names import unique_name
+from .test_security import sasl_plain
 
 SIDECAR_NODE_ID = 7  # not the upstream's node id, so a leaked upstream id would show
 PLAIN_JAAS = 'org.apache.kafka.common.security.plain.PlainLoginModule required user_shoal="shoal-secret";'
@@ -403,3 +409,71 @@ def test_sasl_to_the_upstream(tmp_path: Path, sasl_upstream: BrokerProcess) -> N
         assert read_upstream(sasl_upstream, topic, 1, 1) == {0: [(b"k", b"through SASL")]}
     finally:
         proc.stop()
+
+
+# ---- Shoal's own ACLs ---------------------------------------------------------------------------
+
+ACL_JAAS = 'org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="alice-secret";'
+
+
+@pytest.fixture(scope="module")
+def acl_sidecar(tmp_path_factory: pytest.TempPathFactory, upstream: BrokerProcess) -> Iterator[BrokerProcess]:
+    proc = BrokerProcess(tmp_path_factory.mktemp("acl-sidecar") / "data", overrides=[
+        f"upstream.bootstrap.servers={upstream.bootstrap}",
+        "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users=User:ANONYMOUS",
+        f"listener.name.sasl_plaintext.plain.sasl.jaas.config={ACL_JAAS}",
+    ], extra_listeners=["SASL_PLAINTEXT://127.0.0.1:0"]).start()
+    yield proc
+    proc.stop()
+
+
+def test_the_sidecars_acls_guard_the_upstream_topics(upstream: BrokerProcess, acl_sidecar: BrokerProcess) -> None:
+    readable, described = unique_name("acl-read"), unique_name("acl-describe")
+    for topic in (readable, described):
+        create_topic(upstream.bootstrap, topic, 1)
+        produce_direct(upstream.bootstrap, topic, [(0, b"k", b"secret")])
+    admin = AdminClient({"bootstrap.servers": acl_sidecar.bootstrap})  # ANONYMOUS is a super user
+    bindings = [AclBinding(ResourceType.TOPIC, readable, ResourcePatternType.LITERAL, "User:alice", "*", op,
+                           AclPermissionType.ALLOW) for op in (AclOperation.READ, AclOperation.DESCRIBE)]
+    bindings.append(AclBinding(ResourceType.TOPIC, described, ResourcePatternType.LITERAL, "User:alice", "*",
+                               AclOperation.DESCRIBE, AclPermissionType.ALLOW))
+    # The consumers' group ids (their coordinator lookups are authorized by group, not topic).
+    bindings.append(AclBinding(ResourceType.GROUP, "*", ResourcePatternType.LITERAL, "User:alice", "*",
+                               AclOperation.READ, AclPermissionType.ALLOW))
+    for future in admin.create_acls(bindings).values():
+        future.result(30)
+    alice = {"bootstrap.servers": acl_sidecar.address("SASL_PLAINTEXT"), "security.protocol": "SASL_PLAINTEXT",
+             "sasl.mechanism": "PLAIN", "sasl.username": "alice", "sasl.password": "alice-secret"}
+
+    reader = Consumer({**alice, "group.id": unique_name("unused"), "enable.auto.commit": False})
+    reader.assign([TopicPartition(readable, 0, 0)])
+    assert [(p, v) for p, _, v in _poll(reader, 1)] == [(0, b"secret")]
+    reader.close()
+
+    # DESCRIBE but not READ: the topic is visible, its records are not, whether named or given by id.
+    fetch = messages.FetchRequest
+    with WireClient.connect(acl_sidecar.address("SASL_PLAINTEXT")) as client:
+        assert sasl_plain(client, "alice", "alice-secret").error_code == ErrorCode.NONE
+        md = client.request(ApiKey.METADATA, 12, messages.MetadataRequest(
+            topics=[messages.MetadataRequest.MetadataRequestTopic(name=described)], allow_auto_topic_creation=False))
+        assert md.topics[0].error_code == ErrorCode.NONE
+        for version, by_name in ((12, True), (13, False)):
+            topic = fetch.FetchTopic(topic=described if by_name else "", topic_id=md.topics[0].topic_id,
+                                     partitions=[fetch.FetchPartition(
+                                         partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
+                                         log_start_offset=-1, partition_max_bytes=1 << 20)])
+            response = client.request(ApiKey.FETCH, version, fetch(
+                replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20, isolation_level=0, session_id=0,
+                session_epoch=-1, topics=[topic], forgotten_topics_data=[], rack_id=""))
+            (part,) = response.responses[0].partitions
+            assert (part.error_code, part.records) == (ErrorCode.TOPIC_AUTHORIZATION_FAILED, None)
+
+    # READ but not WRITE: the produce is refused and nothing reaches the upstream.
+    failures: list[KafkaError] = []
+    producer = Producer({**alice, "message.send.max.retries": 0})
+    producer.produce(readable, value=b"not allowed", partition=0,
+                     on_delivery=lambda err, _msg: failures.append(err) if err is not None else None)
+    producer.flush(30)
+    assert [f.code() for f in failures] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
+    assert read_upstream(upstream, readable, 1, 1) == {0: [(b"k", b"secret")]}
