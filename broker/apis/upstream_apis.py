@@ -190,6 +190,8 @@ class SidecarHandlers:
     async def group_call(self, ctx: RequestContext, req: Any) -> Any:
         """JoinGroup, SyncGroup, Heartbeat, LeaveGroup, ConsumerGroupHeartbeat: a top-level error code."""
         cls = messages.RESPONSES[ctx.header.api_key].cls
+        if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
+            return cls(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
         return await self._guard(
             ctx, self.forward.group_request(req.group_id, ctx.header.api_key, req, ctx.api_version),
             lambda code: cls(error_code=code))
@@ -203,8 +205,34 @@ class SidecarHandlers:
                       partitions=[part(partition_index=p.partition_index, error_code=code) for p in t.partitions])
                 for t in req.topics])
 
+        if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
+            return error(ErrorCode.GROUP_AUTHORIZATION_FAILED)
         return await self._guard(
             ctx, self.forward.group_request(req.group_id, ApiKey.OFFSET_COMMIT, req, ctx.api_version), error)
+
+    async def list_groups(self, ctx: RequestContext, req: messages.ListGroupsRequest) -> Any:
+        return await self._guard(ctx, self.forward.list_groups(req, ctx.api_version),
+                                 lambda code: messages.ListGroupsResponse(error_code=code, groups=[]))
+
+    async def describe_groups(self, ctx: RequestContext, req: messages.DescribeGroupsRequest) -> Any:
+        if any(not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, g) for g in req.groups):
+            return messages.DescribeGroupsResponse(groups=[messages.DescribeGroupsResponse.DescribedGroup(
+                group_id=g, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, group_state="", protocol_type="",
+                protocol_data="", members=[]) for g in req.groups])
+        return await self._guard(ctx, self.forward.describe_groups(req, ctx.api_version))
+
+    async def delete_groups(self, ctx: RequestContext, req: messages.DeleteGroupsRequest) -> Any:
+        if any(not ctx.authorize(Operation.DELETE, ResourceType.GROUP, g) for g in req.groups_names):
+            return messages.DeleteGroupsResponse(results=[messages.DeleteGroupsResponse.DeletableGroupResult(
+                group_id=g, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED) for g in req.groups_names])
+        return await self._guard(ctx, self.forward.delete_groups(req, ctx.api_version))
+
+    async def offset_delete(self, ctx: RequestContext, req: messages.OffsetDeleteRequest) -> Any:
+        if not ctx.authorize(Operation.DELETE, ResourceType.GROUP, req.group_id):
+            return messages.OffsetDeleteResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, topics=[])
+        return await self._guard(
+            ctx, self.forward.group_request(req.group_id, ApiKey.OFFSET_DELETE, req, ctx.api_version),
+            lambda code: messages.OffsetDeleteResponse(error_code=code, topics=[]))
 
     async def offset_fetch(self, ctx: RequestContext, req: messages.OffsetFetchRequest) -> Any:
         def error(code: int) -> Any:
@@ -214,6 +242,9 @@ class SidecarHandlers:
                                                             for g in req.groups])
             return messages.OffsetFetchResponse(topics=[], error_code=code)
 
+        groups = [g.group_id for g in req.groups] if ctx.api_version >= 8 else [req.group_id]
+        if any(not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, g) for g in groups):
+            return error(ErrorCode.GROUP_AUTHORIZATION_FAILED)
         return await self._guard(ctx, self.forward.offset_fetch(req, ctx.api_version), error)
 
 
@@ -252,4 +283,8 @@ def register(table: ApiTable, services: UpstreamServices) -> SidecarHandlers:
     table.register(ApiKey.CONSUMER_GROUP_HEARTBEAT, 0, 1, h.group_call)
     table.register(ApiKey.OFFSET_COMMIT, 2, 10, h.offset_commit)
     table.register(ApiKey.OFFSET_FETCH, 1, 10, h.offset_fetch)
+    table.register(ApiKey.OFFSET_DELETE, 0, 0, h.offset_delete)
+    table.register(ApiKey.LIST_GROUPS, 0, 5, h.list_groups)
+    table.register(ApiKey.DESCRIBE_GROUPS, 0, 6, h.describe_groups)
+    table.register(ApiKey.DELETE_GROUPS, 0, 2, h.delete_groups)
     return h

@@ -357,6 +357,38 @@ class Forwarder:
                                                                          error_code=exc.error_code)
         return response.groups[0]
 
+    async def list_groups(self, req: messages.ListGroupsRequest, version: int) -> messages.ListGroupsResponse:
+        """Every upstream broker lists the groups it coordinates: ask them all and join the lists."""
+        nodes = list(self.cluster.brokers) or [await self.cluster.any_node()]
+        answers = await asyncio.gather(*(self.cluster.send(node, ApiKey.LIST_GROUPS, req, version) for node in nodes))
+        error = next((a.error_code for a in answers if a.error_code), ErrorCode.NONE)
+        return messages.ListGroupsResponse(error_code=error, groups=[g for a in answers for g in a.groups])
+
+    async def describe_groups(self, req: messages.DescribeGroupsRequest, version: int) -> messages.DescribeGroupsResponse:
+        async def one(group_id: str) -> Any:
+            single = messages.DescribeGroupsRequest(
+                groups=[group_id], include_authorized_operations=req.include_authorized_operations)
+            try:
+                response = await self.group_request(group_id, ApiKey.DESCRIBE_GROUPS, single, version)
+            except CoordinatorLookupFailed as exc:
+                return messages.DescribeGroupsResponse.DescribedGroup(
+                    group_id=group_id, error_code=exc.error_code, group_state="", protocol_type="",
+                    protocol_data="", members=[])
+            return response.groups[0]
+
+        return messages.DescribeGroupsResponse(groups=list(await asyncio.gather(*(one(g) for g in req.groups))))
+
+    async def delete_groups(self, req: messages.DeleteGroupsRequest, version: int) -> messages.DeleteGroupsResponse:
+        async def one(group_id: str) -> Any:
+            try:
+                response = await self.group_request(group_id, ApiKey.DELETE_GROUPS,
+                                                    messages.DeleteGroupsRequest(groups_names=[group_id]), version)
+            except CoordinatorLookupFailed as exc:
+                return messages.DeleteGroupsResponse.DeletableGroupResult(group_id=group_id, error_code=exc.error_code)
+            return response.results[0]
+
+        return messages.DeleteGroupsResponse(results=list(await asyncio.gather(*(one(g) for g in req.groups_names))))
+
     async def add_partitions_to_txn(self, req: messages.AddPartitionsToTxnRequest, version: int) -> Any:
         if version < 4:
             return await self.txn_request(req.v3_and_below_transactional_id, ApiKey.ADD_PARTITIONS_TO_TXN, req, version)

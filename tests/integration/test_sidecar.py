@@ -227,6 +227,15 @@ def test_consumer_by_assign_and_in_a_classic_group_through_the_sidecar(upstream:
     offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(30)
     assert {tp.partition: tp.offset for tp in offsets.topic_partitions if tp.topic == topic} == {0: 100, 1: 100, 2: 100}
 
+    # The group administration through the sidecar acts on the upstream's group.
+    side_admin = AdminClient({"bootstrap.servers": sidecar.bootstrap})
+    listed = side_admin.list_consumer_groups().result(30)
+    assert group in {g.group_id for g in listed.valid}
+    described = side_admin.describe_consumer_groups([group])[group].result(30)
+    assert (described.group_id, described.members) == (group, [])
+    side_admin.delete_consumer_groups([group])[group].result(30)
+    assert group not in {g.group_id for g in admin.list_consumer_groups().result(30).valid}
+
 
 def test_consumer_group_protocol_through_the_sidecar(upstream: BrokerProcess, sidecar: BrokerProcess) -> None:
     """KIP-848: ConsumerGroupHeartbeat goes to the upstream's group coordinator; its assignment names the
