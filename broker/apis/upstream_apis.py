@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from shoal.broker.security.authorizer import Operation, ResourceType
+from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.broker.upstream.cluster import CoordinatorLookupFailed, Lane, UpstreamUnavailable
+from shoal.broker.upstream.forwarder import DELETE_RECORDS, LIST_OFFSETS
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("shoal.sidecar")
 
 _FETCH_LANE = "sidecar.fetch_lane"
+# ConfigResource types (Kafka's ConfigResource.Type codes) whose ACL resource is not the cluster.
+_CONFIG_TOPIC, _CONFIG_GROUP = 2, 32
 
 
 class SidecarHandlers:
@@ -130,25 +133,114 @@ class SidecarHandlers:
         return response
 
     async def list_offsets(self, ctx: RequestContext, req: messages.ListOffsetsRequest) -> Any:
-        return await self._guard(ctx, self.forward.list_offsets(req, ctx.api_version))
+        return await self._partly(
+            ctx, req, "topics", lambda t: ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, t.name),
+            lambda: self.forward.list_offsets(req, ctx.api_version), messages.ListOffsetsResponse, "topics",
+            lambda t: LIST_OFFSETS.topic_cls(name=t.name, partitions=[LIST_OFFSETS.error_partition(
+                p.partition_index, ErrorCode.TOPIC_AUTHORIZATION_FAILED) for p in t.partitions]))
 
     async def offset_for_leader_epoch(self, ctx: RequestContext, req: messages.OffsetForLeaderEpochRequest) -> Any:
         return await self._guard(ctx, self.forward.offset_for_leader_epoch(req, ctx.api_version))
 
     async def delete_records(self, ctx: RequestContext, req: messages.DeleteRecordsRequest) -> Any:
-        return await self._guard(ctx, self.forward.delete_records(req, ctx.api_version))
+        return await self._partly(
+            ctx, req, "topics", lambda t: ctx.authorize(Operation.DELETE, ResourceType.TOPIC, t.name),
+            lambda: self.forward.delete_records(req, ctx.api_version), messages.DeleteRecordsResponse, "topics",
+            lambda t: DELETE_RECORDS.topic_cls(name=t.name, partitions=[DELETE_RECORDS.error_partition(
+                p.partition_index, ErrorCode.TOPIC_AUTHORIZATION_FAILED) for p in t.partitions]))
 
     # ---- administration -----------------------------------------------------------------------
 
     async def to_any_broker(self, ctx: RequestContext, req: Any) -> Any:
         return await self._guard(ctx, self.forward.to_any_broker(ctx.header.api_key, req, ctx.api_version))
 
+    async def _partly(self, ctx: RequestContext, req: Any, items: str, allowed: Callable[[Any], bool],
+                      forward: Callable[[], Awaitable[Any]], response_cls: type[Any], results: str,
+                      refused: Callable[[Any], Any]) -> Any:
+        """Forward the items of a request the principal may act on; the others are answered here with their
+        authorization error, as Kafka answers each item of these requests on its own."""
+        denied = [item for item in getattr(req, items) if not allowed(item)]
+        if denied:
+            setattr(req, items, [item for item in getattr(req, items) if all(item is not d for d in denied)])
+        if getattr(req, items) or not denied:
+            response = await self._guard(ctx, forward())
+            if response is None:
+                return None
+        else:
+            response = response_cls(**{results: []})
+        getattr(response, results).extend(refused(item) for item in denied)
+        return response
+
+    async def create_topics(self, ctx: RequestContext, req: messages.CreateTopicsRequest) -> Any:
+        cluster_ok = ctx.authorize(Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME)
+        result = messages.CreateTopicsResponse.CreatableTopicResult
+        return await self._partly(
+            ctx, req, "topics", lambda t: cluster_ok or ctx.authorize(Operation.CREATE, ResourceType.TOPIC, t.name),
+            lambda: self.forward.to_any_broker(ApiKey.CREATE_TOPICS, req, ctx.api_version),
+            messages.CreateTopicsResponse, "topics",
+            lambda t: result(name=t.name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, num_partitions=-1,
+                             replication_factor=-1, configs=[]))
+
+    async def delete_topics(self, ctx: RequestContext, req: messages.DeleteTopicsRequest) -> Any:
+        result = messages.DeleteTopicsResponse.DeletableTopicResult
+        forward = lambda: self.forward.to_any_broker(ApiKey.DELETE_TOPICS, req, ctx.api_version)  # noqa: E731
+        if ctx.api_version < 6:
+            return await self._partly(
+                ctx, req, "topic_names", lambda n: ctx.authorize(Operation.DELETE, ResourceType.TOPIC, n), forward,
+                messages.DeleteTopicsResponse, "responses",
+                lambda n: result(name=n, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED))
+        return await self._partly(
+            ctx, req, "topics", lambda t: self._may(ctx, Operation.DELETE, t.name, t.topic_id), forward,
+            messages.DeleteTopicsResponse, "responses",
+            lambda t: result(name=t.name, topic_id=t.topic_id, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED))
+
+    async def create_partitions(self, ctx: RequestContext, req: messages.CreatePartitionsRequest) -> Any:
+        result = messages.CreatePartitionsResponse.CreatePartitionsTopicResult
+        return await self._partly(
+            ctx, req, "topics", lambda t: ctx.authorize(Operation.ALTER, ResourceType.TOPIC, t.name),
+            lambda: self.forward.to_any_broker(ApiKey.CREATE_PARTITIONS, req, ctx.api_version),
+            messages.CreatePartitionsResponse, "results",
+            lambda t: result(name=t.name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED))
+
+    async def describe_configs(self, ctx: RequestContext, req: messages.DescribeConfigsRequest) -> Any:
+        result = messages.DescribeConfigsResponse.DescribeConfigsResult
+        return await self._partly(
+            ctx, req, "resources", lambda r: self._may_config(ctx, Operation.DESCRIBE_CONFIGS, r),
+            lambda: self.forward.to_any_broker(ApiKey.DESCRIBE_CONFIGS, req, ctx.api_version),
+            messages.DescribeConfigsResponse, "results",
+            lambda r: result(error_code=_config_denied(r), resource_type=r.resource_type,
+                             resource_name=r.resource_name, configs=[]))
+
+    async def incremental_alter_configs(self, ctx: RequestContext, req: messages.IncrementalAlterConfigsRequest) -> Any:
+        result = messages.IncrementalAlterConfigsResponse.AlterConfigsResourceResponse
+        return await self._partly(
+            ctx, req, "resources", lambda r: self._may_config(ctx, Operation.ALTER_CONFIGS, r),
+            lambda: self.forward.to_any_broker(ApiKey.INCREMENTAL_ALTER_CONFIGS, req, ctx.api_version),
+            messages.IncrementalAlterConfigsResponse, "responses",
+            lambda r: result(error_code=_config_denied(r), resource_type=r.resource_type,
+                             resource_name=r.resource_name))
+
+    @staticmethod
+    def _may_config(ctx: RequestContext, operation: Operation, resource: Any) -> bool:
+        if resource.resource_type == _CONFIG_TOPIC:
+            return ctx.authorize(operation, ResourceType.TOPIC, resource.resource_name)
+        if resource.resource_type == _CONFIG_GROUP:
+            return ctx.authorize(operation, ResourceType.GROUP, resource.resource_name)
+        return ctx.authorize(operation, ResourceType.CLUSTER, CLUSTER_NAME)
+
     # ---- transactions -------------------------------------------------------------------------
 
     async def init_producer_id(self, ctx: RequestContext, req: messages.InitProducerIdRequest) -> Any:
-        return await self._guard(ctx, self.forward.init_producer_id(req, ctx.api_version),
-                                 lambda code: messages.InitProducerIdResponse(error_code=code, producer_id=-1,
-                                                                              producer_epoch=-1))
+        def error(code: int) -> Any:
+            return messages.InitProducerIdResponse(error_code=code, producer_id=-1, producer_epoch=-1)
+
+        if req.transactional_id:
+            if not _may_txn(ctx, req.transactional_id):
+                return error(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        elif not ctx.authorize(Operation.IDEMPOTENT_WRITE, ResourceType.CLUSTER, CLUSTER_NAME) \
+                and not ctx.authorize_any(Operation.WRITE, ResourceType.TOPIC):
+            return error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
+        return await self._guard(ctx, self.forward.init_producer_id(req, ctx.api_version), error)
 
     async def add_partitions_to_txn(self, ctx: RequestContext, req: messages.AddPartitionsToTxnRequest) -> Any:
         def error(code: int) -> Any:
@@ -161,14 +253,24 @@ class SidecarHandlers:
                                                           for i in t.partitions])
                 for t in req.v3_and_below_topics])
 
+        ids = [t.transactional_id for t in req.transactions] if ctx.api_version >= 4 \
+            else [req.v3_and_below_transactional_id]
+        if any(not _may_txn(ctx, txn_id) for txn_id in ids):
+            return error(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
         return await self._guard(ctx, self.forward.add_partitions_to_txn(req, ctx.api_version), error)
 
     async def add_offsets_to_txn(self, ctx: RequestContext, req: messages.AddOffsetsToTxnRequest) -> Any:
+        if not _may_txn(ctx, req.transactional_id):
+            return messages.AddOffsetsToTxnResponse(error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
+            return messages.AddOffsetsToTxnResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
         return await self._guard(
             ctx, self.forward.txn_request(req.transactional_id, ApiKey.ADD_OFFSETS_TO_TXN, req, ctx.api_version),
             lambda code: messages.AddOffsetsToTxnResponse(error_code=code))
 
     async def end_txn(self, ctx: RequestContext, req: messages.EndTxnRequest) -> Any:
+        if not _may_txn(ctx, req.transactional_id):
+            return messages.EndTxnResponse(error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
         return await self._guard(
             ctx, self.forward.txn_request(req.transactional_id, ApiKey.END_TXN, req, ctx.api_version),
             lambda code: messages.EndTxnResponse(error_code=code))
@@ -182,6 +284,10 @@ class SidecarHandlers:
                 topic(name=t.name, partitions=[part(partition_index=p.partition_index, error_code=code)
                                                for p in t.partitions]) for t in req.topics])
 
+        if not _may_txn(ctx, req.transactional_id):
+            return error(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
+            return error(ErrorCode.GROUP_AUTHORIZATION_FAILED)
         return await self._guard(
             ctx, self.forward.group_request(req.group_id, ApiKey.TXN_OFFSET_COMMIT, req, ctx.api_version), error)
 
@@ -248,6 +354,18 @@ class SidecarHandlers:
         return await self._guard(ctx, self.forward.offset_fetch(req, ctx.api_version), error)
 
 
+def _may_txn(ctx: RequestContext, transactional_id: str) -> bool:
+    return ctx.authorize(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, transactional_id)
+
+
+def _config_denied(resource: Any) -> int:
+    if resource.resource_type == _CONFIG_TOPIC:
+        return ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    if resource.resource_type == _CONFIG_GROUP:
+        return ErrorCode.GROUP_AUTHORIZATION_FAILED
+    return ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+
+
 def _all_partitions_error(req: messages.ProduceRequest, code: int) -> messages.ProduceResponse:
     topic = messages.ProduceResponse.TopicProduceResponse
     part = messages.ProduceResponse.PartitionProduceResponse
@@ -266,11 +384,11 @@ def register(table: ApiTable, services: UpstreamServices) -> SidecarHandlers:
     table.register(ApiKey.LIST_OFFSETS, 1, 11, h.list_offsets)
     table.register(ApiKey.DELETE_RECORDS, 0, 2, h.delete_records)
     table.register(ApiKey.OFFSET_FOR_LEADER_EPOCH, 2, 4, h.offset_for_leader_epoch)
-    table.register(ApiKey.CREATE_TOPICS, 2, 7, h.to_any_broker)
-    table.register(ApiKey.DELETE_TOPICS, 1, 6, h.to_any_broker)
-    table.register(ApiKey.CREATE_PARTITIONS, 0, 3, h.to_any_broker)
-    table.register(ApiKey.DESCRIBE_CONFIGS, 1, 4, h.to_any_broker)
-    table.register(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1, h.to_any_broker)
+    table.register(ApiKey.CREATE_TOPICS, 2, 7, h.create_topics)
+    table.register(ApiKey.DELETE_TOPICS, 1, 6, h.delete_topics)
+    table.register(ApiKey.CREATE_PARTITIONS, 0, 3, h.create_partitions)
+    table.register(ApiKey.DESCRIBE_CONFIGS, 1, 4, h.describe_configs)
+    table.register(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1, h.incremental_alter_configs)
     table.register(ApiKey.INIT_PRODUCER_ID, 0, 5, h.init_producer_id)
     table.register(ApiKey.ADD_PARTITIONS_TO_TXN, 0, 5, h.add_partitions_to_txn)
     table.register(ApiKey.ADD_OFFSETS_TO_TXN, 0, 4, h.add_offsets_to_txn)

@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition as AioTopicPartition
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import (
     AclBinding,
     AclOperation,
@@ -486,3 +493,30 @@ def test_the_sidecars_acls_guard_the_upstream_topics(upstream: BrokerProcess, ac
     producer.flush(30)
     assert [f.code() for f in failures] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
     assert read_upstream(upstream, readable, 1, 1) == {0: [(b"k", b"secret")]}
+
+
+def test_the_sidecars_acls_guard_upstream_administration_and_transactions(upstream: BrokerProcess,
+                                                                          acl_sidecar: BrokerProcess) -> None:
+    existing, wanted = unique_name("acl-admin"), unique_name("acl-new")
+    create_topic(upstream.bootstrap, existing, 1)
+    alice = {"bootstrap.servers": acl_sidecar.address("SASL_PLAINTEXT"), "security.protocol": "SASL_PLAINTEXT",
+             "sasl.mechanism": "PLAIN", "sasl.username": "alice", "sasl.password": "alice-secret"}
+    admin = AdminClient(alice)
+    with pytest.raises(KafkaException) as created:
+        admin.create_topics([NewTopic(wanted, 1, 1)])[wanted].result(30)
+    assert created.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    with pytest.raises(KafkaException) as deleted:
+        admin.delete_topics([existing])[existing].result(30)
+    assert deleted.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    resource = ConfigResource(ConfigResource.Type.TOPIC, existing)
+    with pytest.raises(KafkaException) as described:
+        admin.describe_configs([resource])[resource].result(30)
+    assert described.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    up = AdminClient({"bootstrap.servers": upstream.bootstrap})
+    topics = up.list_topics(timeout=30).topics
+    assert existing in topics and wanted not in topics
+
+    producer = Producer({**alice, "transactional.id": unique_name("acl-tid")})
+    with pytest.raises(KafkaException) as init:
+        producer.init_transactions(30)
+    assert init.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
