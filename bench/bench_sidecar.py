@@ -4,9 +4,11 @@ straight to its upstream (a standalone Shoal broker process).
 One upstream and one sidecar (`upstream.bootstrap.servers` pointing at the upstream), both their own
 processes on loopback. confluent-kafka produces N records (100-byte values, acks=1, linger 5 ms) and
 reads them back with an assigned Consumer, once against the upstream directly and once through the
-sidecar, each on its own topic. Prints the rates and the ratios sidecar / direct.
+sidecar, each on its own topic, alternating the two (and which goes first) for `--rounds` rounds (the machine's load moves the
+figures between runs; alternating exposes both paths to it alike). Prints the median rates and the ratios
+sidecar / direct of the medians.
 
-Usage: python bench/bench_sidecar.py [--records 300000] [--value-bytes 100] [--partitions 4]
+Usage: python bench/bench_sidecar.py [--records 300000] [--value-bytes 100] [--partitions 4] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 
@@ -26,6 +29,7 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     value = os.urandom(args.value_bytes)
     n, parts = args.records, args.partitions
@@ -37,15 +41,20 @@ def main() -> int:
     try:
         sidecar, side_addr = start_shoal(os.path.join(base, "sidecar"),
                                          [*small, "node.id=2", f"upstream.bootstrap.servers={up_addr}"])
-        results: dict[str, Result] = {}
-        for label, addr in (("direct", up_addr), ("sidecar", side_addr)):
-            topic = f"bench-{label}"
-            create_topic(addr, topic, parts)
-            results[f"produce {label}"] = produce(addr, topic, n, value, parts, "1")
-            results[f"consume {label}"] = fetch(addr, topic, n, parts, args.value_bytes)
-        print(f"{n:,} records x {args.value_bytes} B over {parts} partitions, upstream: one standalone Shoal")
+        runs: dict[str, list[Result]] = {}
+        for round_ in range(args.rounds):
+            order = [("direct", up_addr), ("sidecar", side_addr)]
+            for label, addr in order if round_ % 2 == 0 else order[::-1]:  # neither path always goes first
+                topic = f"bench-{label}-{round_}"
+                create_topic(addr, topic, parts)
+                runs.setdefault(f"produce {label}", []).append(produce(addr, topic, n, value, parts, "1"))
+                runs.setdefault(f"consume {label}", []).append(fetch(addr, topic, n, parts, args.value_bytes))
+        results = {label: sorted(rs, key=lambda r: r.rate)[len(rs) // 2] for label, rs in runs.items()}
+        print(f"{n:,} records x {args.value_bytes} B over {parts} partitions, upstream: one standalone Shoal; "
+              f"median of {args.rounds} rounds")
         for label, r in results.items():
-            print(line(label, r))
+            spread = statistics.pstdev([x.rate for x in runs[label]]) / r.rate if len(runs[label]) > 1 else 0.0
+            print(line(label, r) + f"  spread {spread:.0%}")
         produce_ratio = results["produce sidecar"].rate / results["produce direct"].rate
         consume_ratio = results["consume sidecar"].rate / results["consume direct"].rate
         print(f"  produce through the sidecar / produce direct: {produce_ratio:.2f}")
