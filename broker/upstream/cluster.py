@@ -92,7 +92,8 @@ class UpstreamCluster:
         try:
             await self.refresh_metadata()
         except AuthenticationError as exc:
-            raise UpstreamStartError(f"upstream {where} refused Shoal's credentials: {exc}") from exc
+            # A refused SASL login, or a TLS handshake that failed (an untrusted certificate either way round).
+            raise UpstreamStartError(f"authentication with upstream {where} failed: {exc}") from exc
         except UpstreamUnavailable as exc:
             raise UpstreamStartError(f"upstream {where} is unreachable: {exc}") from exc
         except KafkaError as exc:

@@ -45,7 +45,7 @@ from .broker_process import BrokerProcess
 from .conftest import NO_JOIN_DELAY
 from .kafka_wire import WireClient
 from .names import unique_name
-from .test_security import sasl_plain
+from .test_security import make_pki, sasl_plain
 
 SIDECAR_NODE_ID = 7  # not the upstream's node id, so a leaked upstream id would show
 PLAIN_JAAS = 'org.apache.kafka.common.security.plain.PlainLoginModule required user_shoal="shoal-secret";'
@@ -413,7 +413,7 @@ def test_wrong_upstream_credentials_stop_start_up(tmp_path: Path, sasl_upstream:
     with pytest.raises(RuntimeError, match="exited with 1"):
         proc.start()
     proc.stop()
-    assert "refused Shoal's credentials" in proc.log_text()
+    assert f"authentication with upstream {sasl_upstream.address('SASL_PLAINTEXT')} failed" in proc.log_text()
 
 
 def test_sasl_to_the_upstream(tmp_path: Path, sasl_upstream: BrokerProcess) -> None:
@@ -520,3 +520,52 @@ def test_the_sidecars_acls_guard_upstream_administration_and_transactions(upstre
     with pytest.raises(KafkaException) as init:
         producer.init_transactions(30)
     assert init.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+
+# ---- TLS to the upstream ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerProcess, dict[str, Path]]]:
+    pki = make_pki(tmp_path_factory.mktemp("sidecar-pki"))
+    # Kafka's PEM keystore: the client's certificate and key in one file.
+    pki["alice.pem"] = pki["alice.crt"].with_name("alice.pem")
+    pki["alice.pem"].write_text(pki["alice.crt"].read_text() + pki["alice.key"].read_text())
+    pki["other-ca.pem"] = pki["ca.pem"].with_name("other-ca.pem")
+    proc = BrokerProcess(tmp_path_factory.mktemp("tls-upstream") / "data", overrides=[
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SSL:SSL",
+        f"ssl.keystore.location={pki['server.pem']}", f"ssl.truststore.location={pki['ca.pem']}",
+        "listener.name.ssl.ssl.client.auth=required",
+    ], extra_listeners=["SSL://127.0.0.1:0"]).start()
+    yield proc, pki
+    proc.stop()
+
+
+def _tls_sidecar(tmp_path: Path, upstream: BrokerProcess, pki: dict[str, Path], ca: str) -> BrokerProcess:
+    return BrokerProcess(tmp_path / "data", overrides=[
+        f"upstream.bootstrap.servers={upstream.address('SSL')}", "upstream.security.protocol=SSL",
+        f"upstream.ssl.truststore.location={pki[ca]}", "upstream.ssl.truststore.type=PEM",
+        f"upstream.ssl.keystore.location={pki['alice.pem']}", "upstream.ssl.keystore.type=PEM"])
+
+
+def test_tls_with_a_client_certificate_to_the_upstream(tmp_path: Path,
+                                                       tls_upstream: tuple[BrokerProcess, dict[str, Path]]) -> None:
+    upstream_, pki = tls_upstream
+    proc = _tls_sidecar(tmp_path, upstream_, pki, "ca.pem").start()
+    try:
+        topic = unique_name("tls")
+        create_topic(proc.bootstrap, topic, 1)
+        produce_direct(proc.bootstrap, topic, [(0, b"k", b"through TLS")])
+        assert read_upstream(upstream_, topic, 1, 1) == {0: [(b"k", b"through TLS")]}
+    finally:
+        proc.stop()
+
+
+def test_an_untrusted_upstream_certificate_stops_start_up(tmp_path: Path,
+                                                           tls_upstream: tuple[BrokerProcess, dict[str, Path]]) -> None:
+    upstream_, pki = tls_upstream
+    proc = _tls_sidecar(tmp_path, upstream_, pki, "other-ca.pem")
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        proc.start()
+    proc.stop()
+    assert f"authentication with upstream {upstream_.address('SSL')} failed" in proc.log_text()
