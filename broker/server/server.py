@@ -238,9 +238,10 @@ class Broker:
         UpstreamConfigError) with the reason when it cannot, and the broker does not start."""
         from shoal.broker.upstream.cluster import UpstreamCluster
         from shoal.broker.upstream.forwarder import Forwarder
+        from shoal.broker.upstream.metrics import UpstreamMetrics
         from shoal.broker.upstream.settings import parse_upstream
 
-        cluster = UpstreamCluster(parse_upstream(self.config.upstream))
+        cluster = UpstreamCluster(parse_upstream(self.config.upstream), UpstreamMetrics(self.metrics.registry))
         try:
             await cluster.start()
         except BaseException:

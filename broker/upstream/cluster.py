@@ -26,6 +26,7 @@ from shoal.protocol.codec import DecodeError, MessageBase
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.uuids import ZERO_UUID
 
+from .metrics import UpstreamMetrics
 from .settings import UpstreamSettings
 
 log = structlog.get_logger("shoal.upstream")
@@ -71,8 +72,9 @@ class Leadership:
 
 
 class UpstreamCluster:
-    def __init__(self, settings: UpstreamSettings):
+    def __init__(self, settings: UpstreamSettings, metrics: UpstreamMetrics | None = None):
         self.settings = settings
+        self.metrics = metrics or UpstreamMetrics()
         self.config = settings.client
         self.brokers: dict[int, tuple[str, int]] = {}
         self.cluster_id: str | None = None
@@ -176,15 +178,23 @@ class UpstreamCluster:
     async def send(self, node_id: int, api_key: int, body: MessageBase, wanted_version: int, *,
                    lane: Hashable = SHARED_LANE, expect_response: bool = True,
                    timeout_ms: int | None = None) -> Any:
+        labels = {"api": messages.API_NAMES.get(api_key, str(api_key)), "broker": str(node_id)}
+        started = time.monotonic()
         try:
             conn = await self.connection(node_id, lane)
             version = self.version_for(conn, api_key, wanted_version)
-            return await conn.request(api_key, body, version=version, expect_response=expect_response,
-                                      timeout_ms=timeout_ms)
+            response = await conn.request(api_key, body, version=version, expect_response=expect_response,
+                                          timeout_ms=timeout_ms)
         except KafkaTimeoutError as exc:
+            self.metrics.request_failures.labels(**labels).inc()
             raise UpstreamUnavailable(str(exc), timed_out=True) from exc
-        except (KafkaConnectionError, DecodeError) as exc:
+        except (KafkaConnectionError, DecodeError, UpstreamUnavailable) as exc:
+            self.metrics.request_failures.labels(**labels).inc()
+            if isinstance(exc, UpstreamUnavailable):
+                raise
             raise UpstreamUnavailable(str(exc)) from exc
+        self.metrics.request_latency.labels(**labels).observe(time.monotonic() - started)
+        return response
 
     async def any_node(self) -> int:
         """A broker to send cluster-wide requests to (any broker forwards to the controller)."""
@@ -211,6 +221,7 @@ class UpstreamCluster:
     def request_refresh(self) -> None:
         """Re-read leadership in the background (coalesced): a leader moved or a topic changed."""
         if self._refresh is None or self._refresh.done():
+            self.metrics.metadata_refreshes.inc()
             self._refresh = asyncio.get_running_loop().create_task(self._background_refresh())
 
     async def _background_refresh(self) -> None:

@@ -195,6 +195,7 @@ class Forwarder:
                         rp.error_code = top_code
                     if rp.error_code in LEADERSHIP_ERRORS:
                         refresh = True
+                        self.cluster.metrics.leadership_errors.inc()
                     found[(name, getattr(rp, shape.resp_index))] = rp
         if refresh:
             self.cluster.request_refresh()

@@ -21,6 +21,7 @@ from shoal.protocol.errors import ErrorCode
 from shoal.protocol.record_batch import BatchHeader, parse_batch_header
 
 from .cluster import LEADERSHIP_ERRORS, UpstreamCluster, UpstreamUnavailable
+from .metrics import UpstreamMetrics
 
 _LENGTH_END = 12  # base offset (8) and batch length (4): enough to know a batch's size
 
@@ -46,8 +47,9 @@ class BatchCache:
     """Recent upstream batches, by partition and base offset, within `max_bytes` (least recently read
     partitions are dropped first, oldest batches first)."""
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, metrics: UpstreamMetrics | None = None):
         self.max_bytes = max_bytes
+        self.metrics = metrics
         self.size = 0
         self.hits = 0
         self.misses = 0
@@ -71,8 +73,12 @@ class BatchCache:
             self._partitions.move_to_end(key)
         if found:
             self.hits += 1
+            if self.metrics is not None:
+                self.metrics.cache_hits.inc()
         else:
             self.misses += 1
+            if self.metrics is not None:
+                self.metrics.cache_misses.inc()
         return found
 
     def put(self, key: tuple[str, int], batches: list[tuple[BatchHeader, bytes]]) -> None:

@@ -45,6 +45,7 @@ from .broker_process import BrokerProcess
 from .conftest import NO_JOIN_DELAY
 from .kafka_wire import WireClient
 from .names import unique_name
+from .test_metrics import scrape
 from .test_security import make_pki, sasl_plain
 
 SIDECAR_NODE_ID = 7  # not the upstream's node id, so a leaked upstream id would show
@@ -202,6 +203,17 @@ def test_upstream_errors_reach_the_client(upstream: BrokerProcess, sidecar: Brok
     assert part.high_watermark == 1
     assert missing.topics[0].partitions[0].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     assert duplicate.topics[0].error_code == ErrorCode.TOPIC_ALREADY_EXISTS
+
+
+def test_upstream_requests_show_in_the_sidecars_metrics(upstream: BrokerProcess, sidecar: BrokerProcess) -> None:
+    topic = unique_name("metrics")
+    create_topic(sidecar.bootstrap, topic, 1)
+    before, _ = scrape(sidecar)
+    produce_direct(sidecar.bootstrap, topic, [(0, b"k", b"v")])
+    after, types = scrape(sidecar)
+    key = ("shoal_upstream_request_latency_seconds_count", (("api", "Produce"), ("broker", "1")))
+    assert after[key] > before.get(key, 0)
+    assert types["shoal_upstream_request_failures"] == "counter"
 
 
 # ---- consume ------------------------------------------------------------------------------------

@@ -9,9 +9,11 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from prometheus_client import CollectorRegistry
 
 from shoal.broker.storage.partition_source import OffsetOutOfRange, SourceRead, undeliverable
 from shoal.broker.upstream.cluster import UpstreamCluster
+from shoal.broker.upstream.metrics import UpstreamMetrics
 from shoal.broker.upstream.partition_reader import BatchCache, UpstreamPartitionSource
 from shoal.broker.upstream.settings import parse_upstream
 from shoal.protocol.records import decode_batches
@@ -50,9 +52,10 @@ def _values(read: SourceRead) -> list[bytes]:
 
 async def _source(upstream: BrokerProcess, topic: str, cache_bytes: int = 1 << 20
                   ) -> tuple[UpstreamCluster, UpstreamPartitionSource]:
-    cluster = UpstreamCluster(parse_upstream({"bootstrap.servers": upstream.bootstrap}))
+    metrics = UpstreamMetrics(CollectorRegistry())
+    cluster = UpstreamCluster(parse_upstream({"bootstrap.servers": upstream.bootstrap}), metrics)
     await cluster.start()
-    return cluster, UpstreamPartitionSource(cluster, BatchCache(cache_bytes), topic, 0)
+    return cluster, UpstreamPartitionSource(cluster, BatchCache(cache_bytes, metrics), topic, 0)
 
 
 def test_reads_come_from_the_upstream_once_and_then_from_the_cache(upstream: BrokerProcess) -> None:
@@ -69,6 +72,8 @@ def test_reads_come_from_the_upstream_once_and_then_from_the_cache(upstream: Bro
             # Four share consumers reading the same stretch: the cache answers, with the very same bytes.
             again = await asyncio.gather(*(source.read(o, 1 << 20) for o in (3, 5, 5, 9)))
             assert source.upstream_reads == 1 and source.cache.hits == 4
+            # What the sidecar's /metrics shows.
+            assert cluster.metrics.registry.get_sample_value("shoal_upstream_batch_cache_hits_total") == 4
             assert [bytes(v) for _, v in again[0].batches] == [bytes(v) for _, v in first.batches]
             assert _values(again[1]) == [f"r{i}".encode() for i in range(5, 10)]
             # A budget smaller than the run still gets at least one batch, then stops.
