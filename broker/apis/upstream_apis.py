@@ -102,6 +102,29 @@ class SidecarHandlers:
                 p.offline_replicas = []
         return response
 
+    async def describe_topic_partitions(self, ctx: RequestContext,
+                                        req: messages.DescribeTopicPartitionsRequest) -> Any:
+        """KIP-966's paged topic description, from the upstream, with Shoal as every partition's leader."""
+        response = await self._guard(
+            ctx, self.forward.to_any_broker(ApiKey.DESCRIBE_TOPIC_PARTITIONS, req, ctx.api_version))
+        if response is None:
+            return None
+        node_id = self.services.node_id
+        for topic in response.topics:
+            if not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, topic.name):
+                topic.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                topic.partitions = []
+                continue
+            for p in topic.partitions:
+                if p.leader_id >= 0:
+                    p.leader_id = node_id
+                p.replica_nodes = [node_id]
+                p.isr_nodes = [node_id] if p.leader_id >= 0 else []
+                p.eligible_leader_replicas = []
+                p.last_known_elr = []
+                p.offline_replicas = []
+        return response
+
     # ---- data path ----------------------------------------------------------------------------
 
     async def produce(self, ctx: RequestContext, req: messages.ProduceRequest) -> messages.ProduceResponse | None:
@@ -316,6 +339,14 @@ class SidecarHandlers:
         return await self._guard(
             ctx, self.forward.group_request(req.group_id, ApiKey.OFFSET_COMMIT, req, ctx.api_version), error)
 
+    async def consumer_group_describe(self, ctx: RequestContext, req: messages.ConsumerGroupDescribeRequest) -> Any:
+        if any(not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, g) for g in req.group_ids):
+            return messages.ConsumerGroupDescribeResponse(groups=[
+                messages.ConsumerGroupDescribeResponse.DescribedGroup(
+                    group_id=g, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, group_state="", assignor_name="",
+                    members=[]) for g in req.group_ids])
+        return await self._guard(ctx, self.forward.consumer_group_describe(req, ctx.api_version))
+
     async def list_groups(self, ctx: RequestContext, req: messages.ListGroupsRequest) -> Any:
         return await self._guard(ctx, self.forward.list_groups(req, ctx.api_version),
                                  lambda code: messages.ListGroupsResponse(error_code=code, groups=[]))
@@ -405,4 +436,6 @@ def register(table: ApiTable, services: UpstreamServices) -> SidecarHandlers:
     table.register(ApiKey.LIST_GROUPS, 0, 5, h.list_groups)
     table.register(ApiKey.DESCRIBE_GROUPS, 0, 6, h.describe_groups)
     table.register(ApiKey.DELETE_GROUPS, 0, 2, h.delete_groups)
+    table.register(ApiKey.CONSUMER_GROUP_DESCRIBE, 0, 1, h.consumer_group_describe)
+    table.register(ApiKey.DESCRIBE_TOPIC_PARTITIONS, 0, 0, h.describe_topic_partitions)
     return h

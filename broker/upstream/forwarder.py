@@ -379,6 +379,21 @@ class Forwarder:
 
         return messages.DescribeGroupsResponse(groups=list(await asyncio.gather(*(one(g) for g in req.groups))))
 
+    async def consumer_group_describe(self, req: messages.ConsumerGroupDescribeRequest,
+                                      version: int) -> messages.ConsumerGroupDescribeResponse:
+        async def one(group_id: str) -> Any:
+            single = messages.ConsumerGroupDescribeRequest(
+                group_ids=[group_id], include_authorized_operations=req.include_authorized_operations)
+            try:
+                response = await self.group_request(group_id, ApiKey.CONSUMER_GROUP_DESCRIBE, single, version)
+            except CoordinatorLookupFailed as exc:
+                return messages.ConsumerGroupDescribeResponse.DescribedGroup(
+                    group_id=group_id, error_code=exc.error_code, group_state="", assignor_name="", members=[])
+            return response.groups[0]
+
+        return messages.ConsumerGroupDescribeResponse(
+            groups=list(await asyncio.gather(*(one(g) for g in req.group_ids))))
+
     async def delete_groups(self, req: messages.DeleteGroupsRequest, version: int) -> messages.DeleteGroupsResponse:
         async def one(group_id: str) -> Any:
             try:

@@ -128,6 +128,14 @@ def test_metadata_names_only_the_sidecar_and_the_upstream_topics(upstream: Broke
     assert t.topic_id == up.topics[0].topic_id
     (c,) = found.coordinators
     assert (c.error_code, c.node_id, c.port) == (ErrorCode.NONE, SIDECAR_NODE_ID, sidecar.port)
+    # KIP-966's DescribeTopicPartitions (newer admin clients' describeTopics) tells the same story.
+    with WireClient.connect(sidecar.bootstrap) as client:
+        described = client.request(ApiKey.DESCRIBE_TOPIC_PARTITIONS, 0, messages.DescribeTopicPartitionsRequest(
+            topics=[messages.DescribeTopicPartitionsRequest.TopicRequest(name=topic)], response_partition_limit=100))
+    (dt,) = described.topics
+    assert (dt.error_code, dt.topic_id) == (ErrorCode.NONE, t.topic_id)
+    assert [(p.partition_index, p.leader_id, p.replica_nodes) for p in dt.partitions] == \
+        [(i, SIDECAR_NODE_ID, [SIDECAR_NODE_ID]) for i in range(3)]
 
 
 # ---- produce ------------------------------------------------------------------------------------
@@ -269,8 +277,13 @@ def test_consumer_group_protocol_through_the_sidecar(upstream: BrokerProcess, si
     member.subscribe([topic])
     got = _poll(member, 100)
     member.commit(asynchronous=False)
+    with WireClient.connect(sidecar.bootstrap) as client:
+        described = client.request(ApiKey.CONSUMER_GROUP_DESCRIBE, 0, messages.ConsumerGroupDescribeRequest(
+            group_ids=[group], include_authorized_operations=False))
     member.close()
     assert sorted(got) == sorted(records)
+    (dg,) = described.groups
+    assert (dg.error_code, dg.group_id, len(dg.members)) == (ErrorCode.NONE, group, 1)
     admin = AdminClient({"bootstrap.servers": upstream.bootstrap})
     offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(30)
     assert {tp.partition: tp.offset for tp in offsets.topic_partitions if tp.topic == topic} == {0: 50, 1: 50}
