@@ -353,6 +353,13 @@ def test_kafka_python_through_the_sidecar(upstream: BrokerProcess, sidecar: Brok
     consumer.close()
     assert values == list(range(50))
     assert sum(len(v) for v in read_upstream(upstream, topic, 2, 50).values()) == 50
+    # acks=0: no answer is owed, and none comes; the records still reach the upstream leader.
+    fire_and_forget = KafkaProducer(bootstrap_servers=sidecar.bootstrap, acks=0)
+    for i in range(50, 60):
+        fire_and_forget.send(topic, key=b"kp", value=str(i).encode(), partition=0)
+    fire_and_forget.flush(30)
+    fire_and_forget.close()
+    assert sum(len(v) for v in read_upstream(upstream, topic, 2, 60).values()) == 60
 
 
 def test_aiokafka_through_the_sidecar(upstream: BrokerProcess, sidecar: BrokerProcess) -> None:
