@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
     from shoal.coordinator.group_coordinator import GroupCoordinator
     from shoal.coordinator.share_coordinator import ShareCoordinator
+    from shoal.coordinator.share_group_coordinator import ShareGroupCoordinator
     from shoal.coordinator.transaction_coordinator import TransactionCoordinator
-    from shoal.coordinator.txn_offsets import TxnOffsetStore
     from shoal.persister.persister import Persister
     from shoal.protocol.messages import ApiVersionsResponse, RequestHeader
 
@@ -49,11 +49,13 @@ class Broker(Protocol):
     connection_listeners: list[Callable[[Any], None]]
     # Share-group parts, wired in start() once the internal topics exist (before any request is served).
     share_coordinator: ShareCoordinator
+    # Every group type and every committed offset on __consumer_offsets; share_groups, classic_groups and
+    # consumer_groups are its parts for each group type.
     group_coordinator: GroupCoordinator
+    share_groups: ShareGroupCoordinator
     persister: Persister
     share_partitions: SharePartitionLeaders
     transaction_coordinator: TransactionCoordinator
-    txn_offsets: TxnOffsetStore
     producer_ids: ProducerIdAllocator
     # Classic consumer groups (JoinGroup/SyncGroup); None only in tests that wire share groups alone.
     classic_groups: ClassicGroupCoordinator | None

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
     from shoal.coordinator.group_coordinator import GroupCoordinator
     from shoal.coordinator.share_coordinator import ShareCoordinator
+    from shoal.coordinator.share_group_coordinator import ShareGroupCoordinator
     from shoal.coordinator.transaction_coordinator import TransactionCoordinator
-    from shoal.coordinator.txn_offsets import TxnOffsetStore
     from shoal.persister.persister import Persister
     from shoal.protocol.messages import ApiVersionsResponse
 
@@ -64,6 +64,9 @@ class ProduceServices:
     topics: TopicRegistry
     purgatory: Purgatory
     metrics: BrokerMetrics
+    # KIP-890 part 1: (transactional id, producer id, epoch, (topic, partition)) -> the coordinator's
+    # answer to "is this partition in the producer's open transaction?"; None when verification is off.
+    verify_txn_partition: Callable[[str, int, int, tuple[str, int]], int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +113,7 @@ class ShareFetchServices:
 @dataclass(frozen=True, slots=True)
 class ShareGroupServices:
     config: BrokerConfig
-    group_coordinator: GroupCoordinator | None
+    share_groups: ShareGroupCoordinator | None
     # Classic and KIP-848 consumer groups share the group-id space, ListGroups, DescribeGroups and DeleteGroups.
     classic_groups: ClassicGroupCoordinator | None
     consumer_groups: ConsumerGroupCoordinator | None
@@ -122,6 +125,8 @@ class ShareGroupAdminServices(ShareGroupServices):
     group_configs: GroupConfigs
     persister: Persister
     share_partitions: SharePartitionLeaders
+    # DeleteGroups of every group type.
+    group_coordinator: GroupCoordinator | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +150,10 @@ class ScramServices:
 class TransactionServices:
     topics: TopicRegistry
     transaction_coordinator: TransactionCoordinator
-    txn_offsets: TxnOffsetStore
+    # TxnOffsetCommit goes to the group coordinator, which keeps every committed offset.
+    group_coordinator: GroupCoordinator
     producer_ids: ProducerIdAllocator
+    purgatory: Purgatory
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,10 +165,8 @@ class AclServices:
 class ClassicGroupServices:
     topics: TopicRegistry
     classic_groups: ClassicGroupCoordinator
-    # OffsetCommit/OffsetFetch/OffsetDelete of a KIP-848 group go to its coordinator.
-    consumer_groups: ConsumerGroupCoordinator | None
-    # Offsets of open transactions: OffsetFetch with RequireStable answers UNSTABLE_OFFSET_COMMIT for them.
-    txn_offsets: TxnOffsetStore | None = None
+    # OffsetCommit/OffsetFetch/OffsetDelete for every group type, and offsets pending in transactions.
+    group_coordinator: GroupCoordinator
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """ShareGroupHeartbeat, ShareGroupDescribe and ListGroups: the client-facing side of the group coordinator.
 
 Authorization happens here (as in Kafka's request layer); membership logic lives in
-`shoal.coordinator.group_coordinator`, given to the handlers as `ShareGroupServices.group_coordinator`.
+`shoal.coordinator.share_group_coordinator`, given to the handlers as `ShareGroupServices.share_groups`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
-from shoal.coordinator.group_coordinator import GroupCoordinator
+from shoal.coordinator.share_group_coordinator import ShareGroupCoordinator
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -63,8 +63,8 @@ class ShareGroupHandlers:
         self.services = services
 
     @property
-    def coordinator(self) -> GroupCoordinator | None:
-        return self.services.group_coordinator
+    def coordinator(self) -> ShareGroupCoordinator | None:
+        return self.services.share_groups
 
     def _enabled(self) -> bool:
         return bool(self.services.config["group.share.enable"])
