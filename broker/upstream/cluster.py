@@ -9,7 +9,6 @@ connection's fetches get a lane of their own (closed with it); everything else s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 from collections.abc import Hashable, Iterable
@@ -290,9 +289,6 @@ class UpstreamCluster:
     def forget_coordinator(self, key_type: int, key: str) -> None:
         self._coordinators.pop((key_type, key), None)
 
-    def connected_lanes(self) -> int:
-        return sum(1 for c in self._conns.values() if c.connected)
-
 
 class CoordinatorLookupFailed(Exception):
     """The upstream's FindCoordinator answered an error; the client gets that code for its request."""
@@ -300,7 +296,3 @@ class CoordinatorLookupFailed(Exception):
     def __init__(self, error_code: int):
         super().__init__(f"upstream FindCoordinator error {error_code}")
         self.error_code = error_code
-
-
-def suppress_unavailable() -> contextlib.AbstractContextManager[None]:
-    return contextlib.suppress(UpstreamUnavailable)
