@@ -8,7 +8,7 @@ passes it to the module's `register(table, services)`. Handlers never see the wh
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from shoal.broker.security.scram import ScramCredentialStore
     from shoal.broker.share.group_configs import GroupConfigs
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
+    from shoal.broker.share.share_topics import ShareTopicView
     from shoal.broker.storage.producer_state import ProducerIdAllocator
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
     from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
@@ -102,7 +103,8 @@ class AlterConfigsServices:
 class ShareFetchServices:
     config: BrokerConfig
     node_id: int
-    topics: TopicRegistry
+    # Where share partitions' topics and records come from: the local logs, or the upstream's (sidecar mode).
+    topics: ShareTopicView
     purgatory: Purgatory
     group_configs: GroupConfigs
     metrics: BrokerMetrics
@@ -191,3 +193,6 @@ class UpstreamServices:
     advertised_listener: Callable[[str], Listener]
     # The sidecar's handlers close a client connection's upstream fetch connections with it.
     connection_listeners: list[Callable[[Any], None]]
+    # The standalone DescribeConfigs and IncrementalAlterConfigs handlers, by API key: share groups are the
+    # sidecar's own, so their GROUP configs are answered here, not by the upstream.
+    local_config_handlers: dict[int, Callable[..., Any]] = field(default_factory=dict)

@@ -7,6 +7,7 @@ dispatch entries of the APIs they serve; every other API keeps its standalone ha
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -225,7 +226,34 @@ class SidecarHandlers:
             messages.CreatePartitionsResponse, "results",
             lambda t: result(name=t.name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED))
 
+    async def _groups_here(self, ctx: RequestContext, req: Any, results: str,
+                           upstream: Callable[[Any], Awaitable[Any]]) -> Any:
+        """Config requests: GROUP resources go to the sidecar's own handler (share groups live here), the
+        rest to the upstream; the answers are joined."""
+        local = self.services.local_config_handlers.get(ctx.header.api_key)
+        groups = [r for r in req.resources if r.resource_type == _CONFIG_GROUP]
+        if local is None or not groups:
+            return await upstream(req)
+        others = [r for r in req.resources if r.resource_type != _CONFIG_GROUP]
+        req.resources = groups
+        answered = local(ctx, req)
+        if inspect.isawaitable(answered):  # the standalone handlers may be plain functions
+            answered = await answered
+        if not others or answered is None:
+            return answered
+        req.resources = others
+        response = await upstream(req)
+        if response is not None:
+            getattr(response, results).extend(getattr(answered, results))
+        return response
+
     async def describe_configs(self, ctx: RequestContext, req: messages.DescribeConfigsRequest) -> Any:
+        return await self._groups_here(ctx, req, "results", lambda rest: self._describe_configs(ctx, rest))
+
+    async def incremental_alter_configs(self, ctx: RequestContext, req: messages.IncrementalAlterConfigsRequest) -> Any:
+        return await self._groups_here(ctx, req, "responses", lambda rest: self._incremental_alter_configs(ctx, rest))
+
+    async def _describe_configs(self, ctx: RequestContext, req: messages.DescribeConfigsRequest) -> Any:
         result = messages.DescribeConfigsResponse.DescribeConfigsResult
         return await self._partly(
             ctx, req, "resources", lambda r: self._may_config(ctx, Operation.DESCRIBE_CONFIGS, r),
@@ -234,7 +262,8 @@ class SidecarHandlers:
             lambda r: result(error_code=_config_denied(r), resource_type=r.resource_type,
                              resource_name=r.resource_name, configs=[]))
 
-    async def incremental_alter_configs(self, ctx: RequestContext, req: messages.IncrementalAlterConfigsRequest) -> Any:
+    async def _incremental_alter_configs(self, ctx: RequestContext,
+                                         req: messages.IncrementalAlterConfigsRequest) -> Any:
         result = messages.IncrementalAlterConfigsResponse.AlterConfigsResourceResponse
         return await self._partly(
             ctx, req, "resources", lambda r: self._may_config(ctx, Operation.ALTER_CONFIGS, r),

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from shoal.broker.security.scram import ScramCredentialStore
     from shoal.broker.share.group_configs import GroupConfigs
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
+    from shoal.broker.share.share_topics import ShareTopicView
     from shoal.broker.storage.producer_state import ProducerIdAllocator
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
     from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
@@ -56,6 +57,8 @@ class Broker(Protocol):
     share_groups: ShareGroupCoordinator
     persister: Persister
     share_partitions: SharePartitionLeaders
+    # Where share groups find topics and read records: the local logs, or the upstream's in sidecar mode.
+    share_topics: ShareTopicView
     transaction_coordinator: TransactionCoordinator
     transaction_markers: TransactionMarkerWriter
     producer_ids: ProducerIdAllocator

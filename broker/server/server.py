@@ -42,7 +42,9 @@ if TYPE_CHECKING:
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
     from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
     from shoal.broker.upstream.cluster import UpstreamCluster
+    from shoal.broker.share.share_topics import ShareTopicView
     from shoal.broker.upstream.forwarder import Forwarder
+    from shoal.broker.upstream.topics import UpstreamTopics
     from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
     from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
     from shoal.coordinator.group_coordinator import GroupCoordinator
@@ -55,6 +57,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("shoal.broker")
 
 _REQUEST_DRAIN_S = 10.0  # how long stop() waits for running requests
+# Sidecar mode: recent upstream batches kept for share partitions' reads (shared by all of them).
+UPSTREAM_BATCH_CACHE_BYTES = 64 << 20
 
 
 class Broker:
@@ -115,6 +119,7 @@ class Broker:
         # Sidecar mode: the upstream cluster and the forwarding to it, set up in start().
         self.upstream_cluster: UpstreamCluster | None = None
         self.upstream_forwarder: Forwarder | None = None
+        self.upstream_topics: UpstreamTopics | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -321,6 +326,8 @@ class Broker:
                     log.exception("final flush failed", topic=topic.name)
                 await plog.stop_background()
         self.topics.close()
+        if self.upstream_topics is not None:
+            await self.upstream_topics.stop()
         if self.upstream_cluster is not None:
             await self.upstream_cluster.close()
         self.metrics.stop()
@@ -346,6 +353,23 @@ class Broker:
         # One placement per internal topic, shared by everything that writes or looks up its keys.
         self.offsets_placement = Placement(self.coordinator_partitions(CONSUMER_OFFSETS, len(offsets_topic.partitions)),
                                            topic=CONSUMER_OFFSETS)
+        # One code path for share groups in both modes: only where topics and records come from differs.
+        topic_metadata: BrokerTopicMetadata | UpstreamTopics
+        if self.upstream_cluster is not None:
+            from shoal.broker.upstream.partition_reader import BatchCache
+            from shoal.broker.upstream.topics import UpstreamTopics
+
+            upstream_topics = UpstreamTopics(self.upstream_cluster,
+                                             BatchCache(UPSTREAM_BATCH_CACHE_BYTES, self.upstream_cluster.metrics))
+            upstream_topics.start()
+            self.upstream_topics = upstream_topics
+            self.share_topics: ShareTopicView = upstream_topics
+            topic_metadata = upstream_topics
+        else:
+            from shoal.broker.share.share_topics import LocalShareTopics
+
+            self.share_topics = LocalShareTopics(self.topics)
+            topic_metadata = BrokerTopicMetadata(self.topics)
         self.share_coordinator = ShareCoordinator(
             InternalTopicLog(state_topic),
             snapshot_update_records_per_snapshot=int(cfg["share.coordinator.snapshot.update.records.per.snapshot"]),
@@ -366,7 +390,7 @@ class Broker:
         self._wire_share_metrics()
         coordinator = self.group_coordinator = GroupCoordinator(
             InternalTopicLog(offsets_topic),
-            BrokerTopicMetadata(self.topics),
+            topic_metadata,
             self.persister,
             share_config=ShareGroupConfig(
                 session_timeout_ms=int(cfg["group.share.session.timeout.ms"]),
@@ -402,7 +426,10 @@ class Broker:
         self.metrics.registry.register(ShareGroupCollector(self, self.metrics.share))
         started = time.monotonic()
         await self.share_coordinator.load()
-        await self.share_coordinator.delete_orphaned_state()
+        if self.upstream_cluster is None:
+            # Sidecar mode keeps the state of topics its upstream metadata does not name (yet): a topic missed
+            # in one metadata read must not lose its share groups' state.
+            await self.share_coordinator.delete_orphaned_state()
         await coordinator.load()
         log.info("coordinators loaded", seconds=round(time.monotonic() - started, 3))
         coordinator.start()
@@ -528,8 +555,8 @@ class Broker:
             log.exception("deleting the share state of a deleted topic failed", topic=topic.name)
 
     def _partition_count(self, topic_id: bytes) -> int | None:
-        topic = self.topics.get_by_id(topic_id)
-        return None if topic is None else len(topic.partitions)
+        topic = self.share_topics.topic_by_id(topic_id)  # the upstream's topics in sidecar mode
+        return None if topic is None else topic[1]
 
     def on_group_config_changed(self, group_id: str) -> None:
         # The group coordinator reads session timeout and heartbeat interval afresh on every heartbeat.

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from shoal.broker.apis import (
     acl_apis,
@@ -44,6 +45,8 @@ from shoal.broker.apis.services import (
     UpstreamServices,
 )
 
+from shoal.protocol.api_keys import ApiKey
+
 if TYPE_CHECKING:
     from .broker_view import (
         Broker,  # what wiring reads of the server's Broker (importing that would be a cycle)
@@ -63,7 +66,7 @@ def register_all(b: Broker) -> None:
     topic_admin.register(b, TopicAdminServices(b.config, b.node_id, b.topics, b.group_configs, budget,
                                                b.on_topic_created, b.delete_topic, b.on_log_start_moved))
     alter_configs.register(b, AlterConfigsServices(b.config, b.node_id, b.topics, b.group_configs, b.on_group_config_changed))
-    share_fetch.register(b, ShareFetchServices(b.config, b.node_id, b.topics, b.purgatory, b.group_configs,
+    share_fetch.register(b, ShareFetchServices(b.config, b.node_id, b.share_topics, b.purgatory, b.group_configs,
                                                b.metrics, b.share_partitions, b.connection_listeners))
     share_group_apis.register(b, ShareGroupServices(b.config, b.share_groups, b.classic_groups, b.consumer_groups))
     classic_group_apis.register(b, ClassicGroupServices(b.topics, b.classic_groups, b.group_coordinator))
@@ -80,5 +83,6 @@ def register_all(b: Broker) -> None:
                                              b.transaction_markers))
     if b.upstream_forwarder is not None:
         # Sidecar mode: these handlers replace the standalone ones for the APIs the upstream serves.
+        local_configs: dict[int, Callable[..., Any]] = {key: b.apis[key].handler for key in (ApiKey.DESCRIBE_CONFIGS, ApiKey.INCREMENTAL_ALTER_CONFIGS)}
         upstream_apis.register(b, UpstreamServices(b.node_id, b.cluster_id, b.upstream_forwarder,
-                                                   b.advertised_listener, b.connection_listeners))
+                                                   b.advertised_listener, b.connection_listeners, local_configs))

@@ -1,6 +1,8 @@
 """Share-partition leaders: the asyncio shell around each share partition's state machine.
 
-A leader loads its state through the persister on first use, reads the log for acquisitions, arms
+A leader loads its state through the persister on first use, reads its partition's records for
+acquisitions through the log seam (`PartitionSource`: the local log standalone, the upstream in sidecar
+mode), arms
 the acquisition-lock timer, and persists every state change before it is reported: an
 acknowledgement is answered only after WriteShareGroupState succeeded, and rolled back if it failed.
 
@@ -26,6 +28,14 @@ import structlog
 from shoal.backoff import Backoff
 from shoal.broker.common.purgatory import ShareFetchKey
 from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
+from shoal.broker.storage.partition_source import (
+    EARLIEST,
+    LATEST,
+    LocalPartitionSource,
+    PartitionSource,
+    SourceUnavailable,
+    undeliverable,
+)
 from shoal.iso_duration import parse_iso_duration_ms
 from shoal.persister.persister import Persister, SharePartitionKey, WriteStateRequest
 from shoal.protocol.acknowledge_type import AcknowledgeType
@@ -46,7 +56,6 @@ from .share_partition import (
 
 if TYPE_CHECKING:
     from shoal.broker.common.purgatory import Purgatory
-    from shoal.protocol.record_batch import BatchHeader
 
 log = structlog.get_logger("shoal.share_partition")
 
@@ -113,7 +122,7 @@ class SharePartitionLeader:
     def __init__(
         self,
         key: SharePartitionKey,
-        plog: PartitionLog,
+        source: PartitionSource,
         persister: Persister,
         group_configs: GroupConfigs,
         purgatory: Purgatory,
@@ -128,7 +137,9 @@ class SharePartitionLeader:
         # that is not on disk, and a dead-letter record for it could be written twice after a crash.
         self._state_durable = True
         self.key = key
-        self.plog = plog
+        self.source = source
+        # The local log behind the source (dead letters copy records from it); None in sidecar mode.
+        self.plog: PartitionLog | None = source.plog if isinstance(source, LocalPartitionSource) else None
         self.persister = persister
         self.group_configs = group_configs
         self.purgatory = purgatory
@@ -167,11 +178,16 @@ class SharePartitionLeader:
                             partition=self.key.partition, error_code=result.error_code, error=result.error_message,
                             failures_not_logged=suppressed)
             return map_persister_error(result.error_code)
-        self._load_failures.succeeded("load")
         start = result.start_offset
-        if start < 0:
-            start = self._reset_offset()
-        start = max(start, self.plog.log_start_offset)
+        try:
+            if start < 0:
+                start = await self._reset_offset()
+            start = max(start, await self.source.list_offset(EARLIEST))
+        except SourceUnavailable as exc:
+            log.warning("share partition's log unavailable", group=self.key.group_id,
+                        partition=self.key.partition, error=str(exc))
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        self._load_failures.succeeded("load")
         group = self.key.group_id
         self.state = SharePartition(
             group,
@@ -207,16 +223,14 @@ class SharePartitionLeader:
                  batches=len(result.state_batches), dead_letters_pending=self._dead_letter_recovering)
         return ErrorCode.NONE
 
-    def _reset_offset(self) -> int:
+    async def _reset_offset(self) -> int:
         """Resolve an uninitialised start offset through the group's share.auto.offset.reset."""
         policy = self.group_configs.get(self.key.group_id, "share.auto.offset.reset")
         if policy == "earliest":
-            return self.plog.log_start_offset
+            return await self.source.list_offset(EARLIEST)
         if policy.startswith("by_duration:"):
-            target = now_ms() - parse_iso_duration_ms(policy.split(":", 1)[1])
-            found = self.plog.offset_for_timestamp(target)
-            return found[0] if found is not None else self.plog.high_watermark
-        return self.plog.high_watermark
+            return await self.source.list_offset(now_ms() - parse_iso_duration_ms(policy.split(":", 1)[1]))
+        return await self.source.list_offset(LATEST)
 
     def apply_group_config(self) -> None:
         """Dynamic group configs change lock duration and limits for what comes next."""
@@ -250,23 +264,27 @@ class SharePartitionLeader:
                 return Acquisition(b"", [])
             read_committed = self.group_configs.get(self.key.group_id, "share.isolation.level") == "read_committed"
             while True:
-                # read_committed acquires only below the last stable offset (KIP-932).
-                limit = self.plog.last_stable_offset if read_committed else self.plog.high_watermark
                 fetch_offset = sp.next_fetch_offset()
-                if fetch_offset >= limit:
-                    return Acquisition(b"", [])
                 try:
                     read_bytes = self._read_size.bytes_for(sp.acquirable(max_records), max_bytes)
-                    batches = self.plog.read_batch_headers(fetch_offset, read_bytes, max_offset=limit)
-                except OffsetOutOfRange:
+                    read = await self.source.read(fetch_offset, read_bytes, read_committed=read_committed)
+                except OffsetOutOfRange as exc:
                     # The log start moved past the fetch offset: archive what is gone and start again from the log
                     # start. Only then, as in Kafka; records still acquired below it can be acknowledged until then.
-                    sp.on_log_start_offset_moved(self.plog.log_start_offset)
+                    sp.on_log_start_offset_moved(exc.log_start_offset)
                     return Acquisition(b"", [])
+                except SourceUnavailable as exc:
+                    log.warning("share partition's log unavailable", group=self.key.group_id,
+                                partition=self.key.partition, error=str(exc))
+                    return Acquisition(b"", [], ErrorCode.NOT_LEADER_OR_FOLLOWER)
+                # read_committed acquires only below the last stable offset (KIP-932).
+                limit = read.last_stable_offset if read_committed else read.high_watermark
+                batches = [(h, v) for h, v in read.batches if h.base_offset < limit]
                 if not batches:
                     return Acquisition(b"", [])
                 self._read_size.observe(h for h, _ in batches)
-                skipped = self._undeliverable(batches, read_committed)
+                skipped = undeliverable(read) if read_committed else {
+                    (h.base_offset, h.last_offset) for h, _ in batches if h.is_control}
                 if skipped:
                     sp.archive_undeliverable(sorted(skipped))
                     batches = [(h, v) for h, v in batches if (h.base_offset, h.last_offset) not in skipped]
@@ -297,21 +315,12 @@ class SharePartitionLeader:
             sp = self.state
             if not sp.can_acquire():
                 return 0
-            offset = sp.next_fetch_offset()
-            if self.group_configs.get(self.key.group_id, "share.isolation.level") == "read_committed" \
-                    and offset >= self.plog.last_stable_offset:
-                return 0  # only an open transaction's records lie ahead: nothing to acquire yet
-            return self.plog.bytes_from(offset, enough)
-
-    def _undeliverable(self, batches: list[tuple[BatchHeader, memoryview]], read_committed: bool) -> set[tuple[int, int]]:
-        """(first, last) offsets of control batches, and of aborted transactions' batches under read_committed."""
-        out: set[tuple[int, int]] = set()
-        state = self.plog.producer_state if read_committed and any(h.is_transactional for h, _ in batches) else None
-        for h, _ in batches:
-            if h.is_control or (state is not None and h.is_transactional
-                                and state.is_aborted(h.producer_id, h.base_offset)):
-                out.add((h.base_offset, h.last_offset))
-        return out
+            read_committed = self.group_configs.get(self.key.group_id, "share.isolation.level") == "read_committed"
+            try:
+                # read_committed: 0 when only an open transaction's records lie ahead (nothing to acquire yet).
+                return await self.source.bytes_from(sp.next_fetch_offset(), enough, read_committed=read_committed)
+            except SourceUnavailable:
+                return enough  # the fetch reports it
 
     # ---- acknowledgement and release ------------------------------------------------------------
 
@@ -487,6 +496,10 @@ class SharePartitionLeader:
         topic = writer.topics.get_by_id(self.key.topic_id) if writer is not None else None
         if writer is None or topic is None:
             return
+        if self.plog is None:
+            log.warning("records archived without a dead-letter record: no local log to copy them from",
+                        group=group, topic=topic.name, partition=self.key.partition)
+            return
         source = Source(group, topic.name, self.key.partition, self.plog, sp.delivery_count_limit)
         try:
             written = await writer.write(source, runs, skip_existing=recovering)
@@ -562,10 +575,10 @@ class SharePartitionLeaders:
     def get(self, key: SharePartitionKey) -> SharePartitionLeader | None:
         return self._leaders.get(key)
 
-    def get_or_create(self, key: SharePartitionKey, plog: PartitionLog) -> SharePartitionLeader:
+    def get_or_create(self, key: SharePartitionKey, source: PartitionSource) -> SharePartitionLeader:
         leader = self._leaders.get(key)
-        if leader is None or leader.plog is not plog:
-            leader = SharePartitionLeader(key, plog, self.persister, self.group_configs, self.purgatory,
+        if leader is None or leader.source is not source:
+            leader = SharePartitionLeader(key, source, self.persister, self.group_configs, self.purgatory,
                                           dead_letters=self.dead_letters)
             leader.on_load = self.on_load
             self._leaders[key] = leader

@@ -33,7 +33,8 @@ from .share_session import FINAL_EPOCH, INITIAL_EPOCH, EpochAction, ShareSession
 
 if TYPE_CHECKING:
     from shoal.broker.common.share_metrics import ShareGroupMetrics
-    from shoal.broker.storage.topic_registry import TopicRegistry
+
+    from .share_topics import ShareTopicView
 
     from .group_configs import GroupConfigs
 
@@ -146,7 +147,7 @@ def _completed(code: int) -> tuple[asyncio.Future[None], asyncio.Future[int]]:
 
 
 class SharePartitionManager:
-    def __init__(self, *, topics: TopicRegistry, leaders: SharePartitionLeaders, purgatory: Purgatory,
+    def __init__(self, *, topics: ShareTopicView, leaders: SharePartitionLeaders, purgatory: Purgatory,
                  group_configs: GroupConfigs, metrics: ShareGroupMetrics, max_sessions: int,
                  broker_max_bytes: int):
         self.topics = topics
@@ -317,19 +318,20 @@ class SharePartitionManager:
 
     def _leader_for(self, authorize: TopicReadAuthorizer, group_id: str,
                     tp: TopicIdPartition) -> tuple[SharePartitionLeader | None, int]:
-        topic = self.topics.get_by_id(tp.topic_id)
+        topic = self.topics.topic_by_id(tp.topic_id)
         if topic is None:
             return None, ErrorCode.UNKNOWN_TOPIC_ID
-        if not authorize(topic.name):
+        if not authorize(topic[0]):
             return None, ErrorCode.TOPIC_AUTHORIZATION_FAILED
-        if not 0 <= tp.partition < len(topic.partitions):
+        source = self.topics.source(tp.topic_id, tp.partition)
+        if source is None:
             return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         key = SharePartitionKey(group_id, tp.topic_id, tp.partition)
-        return self.leaders.get_or_create(key, topic.partitions[tp.partition]), ErrorCode.NONE
+        return self.leaders.get_or_create(key, source), ErrorCode.NONE
 
     def _count_fetch(self, topic_id: bytes, *, failed: bool) -> None:
-        topic = self.topics.get_by_id(topic_id)
-        name = topic.name if topic is not None else "unknown"
+        topic = self.topics.topic_by_id(topic_id)
+        name = topic[0] if topic is not None else "unknown"
         self.metrics.share_fetch_requests.labels(topic=name).inc()
         if failed:
             self.metrics.failed_share_fetch_requests.labels(topic=name).inc()
@@ -369,20 +371,20 @@ class SharePartitionManager:
         if leader is None:
             return _Ack(tp, *_completed(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
         started: PendingAcknowledgement = leader.start_acknowledge(member, batches)
-        topic = self.topics.get_by_id(tp.topic_id)
-        name = topic.name if topic is not None else "unknown"
+        topic = self.topics.topic_by_id(tp.topic_id)
+        name = topic[0] if topic is not None else "unknown"
         return _Ack(tp, started.applied, asyncio.ensure_future(self._counted(name, batches, started.done)))
 
     def _ack_check(self, authorize: TopicReadAuthorizer, tp: TopicIdPartition, batches: list[AckBatch],
                    rules: AckRules) -> int:
         if not validate_ack_batches(batches, rules):
             return ErrorCode.INVALID_REQUEST
-        topic = self.topics.get_by_id(tp.topic_id)
+        topic = self.topics.topic_by_id(tp.topic_id)
         if topic is None:
             return ErrorCode.UNKNOWN_TOPIC_ID
-        if not authorize(topic.name):
+        if not authorize(topic[0]):
             return ErrorCode.TOPIC_AUTHORIZATION_FAILED
-        if not 0 <= tp.partition < len(topic.partitions):
+        if not 0 <= tp.partition < topic[1]:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         return ErrorCode.NONE
 

@@ -16,7 +16,16 @@ from shoal.protocol.record_batch import BatchHeader
 
 from .partition_log import OffsetOutOfRange, PartitionLog
 
-__all__ = ["LocalPartitionSource", "OffsetOutOfRange", "PartitionSource", "SourceRead", "undeliverable"]
+__all__ = ["EARLIEST", "LATEST", "LocalPartitionSource", "OffsetOutOfRange", "PartitionSource", "SourceRead",
+           "SourceUnavailable", "undeliverable"]
+
+# ListOffsets' special timestamps (Kafka's ListOffsetsRequest.EARLIEST_TIMESTAMP and LATEST_TIMESTAMP).
+EARLIEST = -2
+LATEST = -1
+
+
+class SourceUnavailable(Exception):
+    """The source cannot be read now (an upstream unreachable or without a leader); retriable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +48,16 @@ class PartitionSource(Protocol):
         when `fetch_offset` lies outside the log."""
         ...
 
+    async def bytes_from(self, offset: int, enough: int, *, read_committed: bool = False) -> int:
+        """Bytes readable from `offset` on, counted up to at least `enough` (what a long poll weighs against
+        MinBytes); 0 at or past the end (the last stable offset when `read_committed`)."""
+        ...
+
+    async def list_offset(self, timestamp: int) -> int:
+        """The log start offset for EARLIEST, the high watermark for LATEST, else the first offset whose
+        record's timestamp is at or after `timestamp` (the high watermark when there is none)."""
+        ...
+
 
 class LocalPartitionSource:
     """The local log as a `PartitionSource`."""
@@ -49,12 +68,29 @@ class LocalPartitionSource:
     async def read(self, fetch_offset: int, max_bytes: int, *, read_committed: bool = False) -> SourceRead:
         plog = self.plog
         limit = plog.last_stable_offset if read_committed else plog.high_watermark
+        if fetch_offset >= limit:
+            # Nothing to read yet (read_committed: only an open transaction's records lie ahead).
+            return SourceRead([], plog.high_watermark, plog.last_stable_offset, plog.log_start_offset)
         batches = plog.read_batch_headers(fetch_offset, max_bytes, max_offset=limit)
         aborted: list[tuple[int, int]] = []
         if read_committed and batches and plog.producer_state.aborted:
             end = batches[-1][0].last_offset + 1
             aborted = [(t.producer_id, t.first_offset) for t in plog.producer_state.aborted_between(fetch_offset, end)]
         return SourceRead(batches, plog.high_watermark, plog.last_stable_offset, plog.log_start_offset, aborted)
+
+    async def bytes_from(self, offset: int, enough: int, *, read_committed: bool = False) -> int:
+        if read_committed and offset >= self.plog.last_stable_offset:
+            return 0
+        return self.plog.bytes_from(offset, enough)
+
+    async def list_offset(self, timestamp: int) -> int:
+        plog = self.plog
+        if timestamp == EARLIEST:
+            return plog.log_start_offset
+        if timestamp == LATEST:
+            return plog.high_watermark
+        found = plog.offset_for_timestamp(timestamp)
+        return found[0] if found is not None else plog.high_watermark
 
 
 def undeliverable(read: SourceRead) -> set[tuple[int, int]]:

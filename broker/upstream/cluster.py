@@ -17,6 +17,7 @@ from typing import Any
 
 import structlog
 
+from shoal.broker.storage.partition_source import SourceUnavailable
 from shoal.client.connection import BrokerConnection
 from shoal.client.errors import AuthenticationError, KafkaConnectionError, KafkaError, KafkaTimeoutError
 from shoal.protocol import messages
@@ -43,7 +44,7 @@ LEADERSHIP_ERRORS = frozenset({
 COORDINATOR_ERRORS = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE})
 
 
-class UpstreamUnavailable(Exception):
+class UpstreamUnavailable(SourceUnavailable):
     """The upstream could not be reached or did not answer; `timed_out` tells a timeout from a refusal."""
 
     def __init__(self, message: str, *, timed_out: bool = False):
@@ -79,6 +80,8 @@ class UpstreamCluster:
         self.cluster_id: str | None = None
         self.leaders: dict[tuple[str, int], Leadership] = {}
         self.topic_names: dict[bytes, str] = {}
+        self.topic_ids: dict[str, bytes] = {}
+        self.partition_counts: dict[str, int] = {}
         self._conns: dict[tuple[int, Hashable], BrokerConnection] = {}
         self._connecting: dict[tuple[int, Hashable], asyncio.Task[BrokerConnection]] = {}
         self._coordinators: dict[tuple[int, str], int] = {}
@@ -237,13 +240,20 @@ class UpstreamCluster:
         if full:
             self.leaders.clear()
             self.topic_names.clear()
+            self.topic_ids.clear()
+            self.partition_counts.clear()
         for topic in response.topics:
             if topic.error_code not in (ErrorCode.NONE, ErrorCode.LEADER_NOT_AVAILABLE) or topic.name is None:
                 continue
             for key in [k for k in self.leaders if k[0] == topic.name]:
                 del self.leaders[key]
             if topic.topic_id and topic.topic_id != ZERO_UUID:
+                old = self.topic_ids.get(topic.name)
+                if old is not None and old != topic.topic_id:
+                    self.topic_names.pop(old, None)  # the topic was deleted and created again
                 self.topic_names[topic.topic_id] = topic.name
+                self.topic_ids[topic.name] = topic.topic_id
+            self.partition_counts[topic.name] = len(topic.partitions)
             for p in topic.partitions:
                 epoch = p.leader_epoch if p.leader_epoch is not None else -1
                 self.leaders[(topic.name, p.partition_index)] = Leadership(p.leader_id, epoch)

@@ -14,7 +14,7 @@ import bisect
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from shoal.broker.storage.partition_source import OffsetOutOfRange, SourceRead
+from shoal.broker.storage.partition_source import EARLIEST, LATEST, OffsetOutOfRange, SourceRead
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -24,6 +24,9 @@ from .cluster import LEADERSHIP_ERRORS, UpstreamCluster, UpstreamUnavailable
 from .metrics import UpstreamMetrics
 
 _LENGTH_END = 12  # base offset (8) and batch length (4): enough to know a batch's size
+# An upstream read asks for at least this much: a share acquisition is sized to the records one pass may
+# take, and the cache keeps the rest for the next pass and the other consumers of the partition.
+MIN_UPSTREAM_READ_BYTES = 1 << 20
 
 
 @dataclass(slots=True)
@@ -117,7 +120,9 @@ class BatchCache:
 class UpstreamPartitionSource:
     """One upstream topic-partition as a `PartitionSource`."""
 
-    def __init__(self, cluster: UpstreamCluster, cache: BatchCache, topic: str, partition: int):
+    def __init__(self, cluster: UpstreamCluster, cache: BatchCache, topic: str, partition: int, *,
+                 min_read_bytes: int = 0):
+        self.min_read_bytes = min_read_bytes
         self.cluster = cluster
         self.cache = cache
         self.key = (topic, partition)
@@ -132,10 +137,12 @@ class UpstreamPartitionSource:
             cached = self.cache.get(self.key, fetch_offset, max_bytes, self.high_watermark)
             if cached:
                 return SourceRead(cached, self.high_watermark, self.last_stable_offset, self.log_start_offset)
+        wanted = max_bytes
+        max_bytes = max(max_bytes, self.min_read_bytes)
         flight = (fetch_offset, max_bytes, read_committed)
         running = self._inflight.get(flight)
         if running is not None:
-            return await asyncio.shield(running)
+            return _trimmed(await asyncio.shield(running), wanted)
         future: asyncio.Future[SourceRead] = asyncio.get_running_loop().create_future()
         self._inflight[flight] = future
         try:
@@ -146,11 +153,37 @@ class UpstreamPartitionSource:
             raise
         else:
             future.set_result(result)
-            return result
+            return _trimmed(result, wanted)
         finally:
             del self._inflight[flight]
 
-    async def _fetch(self, fetch_offset: int, max_bytes: int, read_committed: bool) -> SourceRead:
+    async def bytes_from(self, offset: int, enough: int, *, read_committed: bool = False) -> int:
+        try:
+            read = await self.read(offset, enough, read_committed=read_committed)
+        except OffsetOutOfRange:
+            return enough  # the acquisition that follows moves past it
+        limit = read.last_stable_offset if read_committed else read.high_watermark
+        return sum(len(data) for header, data in read.batches if header.base_offset < limit)
+
+    async def list_offset(self, timestamp: int) -> int:
+        """ListOffsets on the partition's upstream leader."""
+        topic, partition = self.key
+        leader = await self._leader()
+        req = messages.ListOffsetsRequest
+        body = req(replica_id=-1, isolation_level=0, timeout_ms=0, topics=[req.ListOffsetsTopic(
+            name=topic, partitions=[req.ListOffsetsPartition(partition_index=partition, current_leader_epoch=-1,
+                                                             timestamp=timestamp)])])
+        response = await self.cluster.send(leader, ApiKey.LIST_OFFSETS, body, 7)
+        (part,) = [p for t in response.topics for p in t.partitions]
+        if part.error_code != ErrorCode.NONE:
+            if part.error_code in LEADERSHIP_ERRORS:
+                self.cluster.request_refresh()
+            raise UpstreamUnavailable(f"upstream ListOffsets of {topic}-{partition}: error {part.error_code}")
+        if part.offset < 0 and timestamp not in (EARLIEST, LATEST):
+            return await self.list_offset(LATEST)  # no record that late: the end of the log
+        return int(part.offset)
+
+    async def _leader(self) -> int:
         topic, partition = self.key
         leader = self.cluster.leader(topic, partition)
         if leader < 0:
@@ -158,6 +191,11 @@ class UpstreamPartitionSource:
             leader = self.cluster.leader(topic, partition)
             if leader < 0:
                 raise UpstreamUnavailable(f"no upstream leader for {topic}-{partition}")
+        return leader
+
+    async def _fetch(self, fetch_offset: int, max_bytes: int, read_committed: bool) -> SourceRead:
+        topic, partition = self.key
+        leader = await self._leader()
         req = messages.FetchRequest
         body = req(replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=max_bytes,
                    isolation_level=1 if read_committed else 0, session_id=0, session_epoch=-1,
@@ -182,6 +220,20 @@ class UpstreamPartitionSource:
         aborted = [(a.producer_id, a.first_offset) for a in part.aborted_transactions or []] if read_committed else []
         return SourceRead([(h, memoryview(data)) for h, data in batches], self.high_watermark,
                           self.last_stable_offset, self.log_start_offset, aborted)
+
+
+def _trimmed(read: SourceRead, max_bytes: int) -> SourceRead:
+    """The read cut to `max_bytes` (at least one batch): an upstream read may be larger than asked."""
+    total, keep = 0, 0
+    for _header, data in read.batches:
+        if keep and total + len(data) > max_bytes:
+            break
+        total += len(data)
+        keep += 1
+    if keep == len(read.batches):
+        return read
+    return SourceRead(read.batches[:keep], read.high_watermark, read.last_stable_offset, read.log_start_offset,
+                      read.aborted)
 
 
 def whole_batches(records: bytes | bytearray | memoryview) -> list[tuple[BatchHeader, bytes]]:

@@ -176,7 +176,7 @@ async def test_a_restart_between_the_steps_writes_each_dead_letter_once(tmp_path
     assert await first.persister.initialize_state(key, 0, -1) == 0  # as the group coordinator does
     leaders = first.share_partitions
     assert leaders is not None and leaders.dead_letters is not None
-    leader = leaders.get_or_create(key, topic.partitions[0])
+    leader = leaders.get_or_create(key, first.share_topics.source(topic.topic_id, 0))  # type: ignore[arg-type]
     acquired = await leader.acquire("m", max_records=10, batch_size=10, max_bytes=1 << 20, mode=AcquireMode.BATCH_OPTIMIZED)
     assert [(r.first_offset, r.last_offset) for r in acquired.acquired] == [(0, 2)]
     leader._dead_letter_task = asyncio.get_running_loop().create_future()  # the crash: it never runs
@@ -191,7 +191,7 @@ async def test_a_restart_between_the_steps_writes_each_dead_letter_once(tmp_path
         dlq_log = second.topics.get("dlq.src").partitions[0]  # type: ignore[union-attr]
         src = second.topics.get("src")
         assert src is not None and second.share_partitions is not None
-        again = second.share_partitions.get_or_create(key, src.partitions[0])
+        again = second.share_partitions.get_or_create(key, second.share_topics.source(src.topic_id, 0))  # type: ignore[arg-type]
         assert await again.ensure_loaded() == 0
         for _ in range(2000):
             if again.state is not None and again.state.archiving_count == 0:

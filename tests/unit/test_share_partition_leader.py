@@ -17,6 +17,7 @@ from shoal.broker.share.group_configs import GroupConfigs
 from shoal.broker.share.share_partition import AckBatch, AcquireMode, RecordState
 from shoal.broker.share.share_partition_leader import Acquisition, SharePartitionLeader
 from shoal.broker.storage.partition_log import PartitionLog
+from shoal.broker.storage.partition_source import LocalPartitionSource
 from shoal.broker.storage.topic_registry import Topic
 from shoal.coordinator.share_coordinator_client import InProcessShareCoordinatorClient
 from shoal.persister.default_persister import DefaultStatePersister
@@ -48,7 +49,7 @@ async def open_parts(tmp_path: Path, batches: list[list[bytes]], plog: Partition
     for values in batches:
         append(plog, make_batch(values))
     group_configs = GroupConfigs(tmp_path, BrokerConfig.from_strings({"log.dirs": str(tmp_path)}))
-    return Parts(SharePartitionLeader(KEY, plog, persister, group_configs, Purgatory()), plog, state_topic)
+    return Parts(SharePartitionLeader(KEY, LocalPartitionSource(plog), persister, group_configs, Purgatory()), plog, state_topic)
 
 
 def close_parts(parts: Parts) -> None:
