@@ -8,6 +8,13 @@ sidecar, each on its own topic, alternating the two (and which goes first) for `
 figures between runs; alternating exposes both paths to it alike). Prints the median rates and the ratios
 sidecar / direct of the medians.
 
+Share consumption: a confluent-kafka ShareConsumer pointed at the sidecar drains the topic produced
+straight to the upstream (the sidecar acquires from the upstream's records through its batch cache),
+against the plain Consumer reading that topic from the upstream. Two share rates: from the subscription
+to the last record (the group's join and first heartbeat included, as the plain consumer's assign is), and
+from the first record received to the last (as bench_share.py counts; librdkafka's ShareConsumer fetches in
+the background, so records may be waiting already when the first poll returns: this one flatters).
+
 Usage: python bench/bench_sidecar.py [--records 300000] [--value-bytes 100] [--partitions 4] [--rounds 3]
 """
 
@@ -19,9 +26,32 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 
 from bench_produce_fetch import Result, create_topic, fetch, line, produce
+from bench_share import ConsumerGroup
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from peers import start_shoal, stop
+
+
+def share_consume(bootstrap: str, topic: str, group: str, records: int, value_bytes: int) -> tuple[Result, Result]:
+    """One ShareConsumer (implicit acknowledgement) drains `records` from the earliest offset: (from the
+    subscription, from the first record)."""
+    entry = ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.incremental_alter_configs([ConfigResource(ResourceType.GROUP, group,
+                                                             incremental_configs=[entry])]).values():
+        f.result(30)
+    started = time.perf_counter()
+    cg = ConsumerGroup(bootstrap, group, topic, 1)
+    try:
+        cg.running.set()
+        if not cg.wait(lambda: cg.records >= records, 600):
+            raise RuntimeError(f"only {cg.records}/{records} share-consumed from {bootstrap}")
+        whole, streaming = cg.last_record_at - started, cg.last_record_at - cg.first_record_at
+    finally:
+        cg.close()
+    return Result(cg.records, whole, cg.records * value_bytes), Result(cg.records, streaming, cg.records * value_bytes)
 
 
 def main() -> int:
@@ -49,6 +79,11 @@ def main() -> int:
                 create_topic(addr, topic, parts)
                 runs.setdefault(f"produce {label}", []).append(produce(addr, topic, n, value, parts, "1"))
                 runs.setdefault(f"consume {label}", []).append(fetch(addr, topic, n, parts, args.value_bytes))
+                if label == "direct":
+                    group = f"bench-share-{round_}-{time.time_ns()}"
+                    whole, streaming = share_consume(side_addr, topic, group, n, args.value_bytes)
+                    runs.setdefault("share consume sidecar", []).append(whole)
+                    runs.setdefault("share sidecar, 1st rec on", []).append(streaming)
         results = {label: sorted(rs, key=lambda r: r.rate)[len(rs) // 2] for label, rs in runs.items()}
         print(f"{n:,} records x {args.value_bytes} B over {parts} partitions, upstream: one standalone Shoal; "
               f"median of {args.rounds} rounds")
@@ -59,6 +94,10 @@ def main() -> int:
         consume_ratio = results["consume sidecar"].rate / results["consume direct"].rate
         print(f"  produce through the sidecar / produce direct: {produce_ratio:.2f}")
         print(f"  consume through the sidecar / consume direct: {consume_ratio:.2f}")
+        share_ratio = results["share consume sidecar"].rate / results["consume direct"].rate
+        streaming_ratio = results["share sidecar, 1st rec on"].rate / results["consume direct"].rate
+        print(f"  share consume through the sidecar / plain consume direct: {share_ratio:.2f} "
+              f"(from the first record: {streaming_ratio:.2f})")
     finally:
         if sidecar is not None:
             stop(sidecar)

@@ -68,7 +68,7 @@ class LocalPartitionSource:
     async def read(self, fetch_offset: int, max_bytes: int, *, read_committed: bool = False) -> SourceRead:
         plog = self.plog
         limit = plog.last_stable_offset if read_committed else plog.high_watermark
-        if fetch_offset >= limit:
+        if limit <= fetch_offset <= plog.high_watermark:
             # Nothing to read yet (read_committed: only an open transaction's records lie ahead).
             return SourceRead([], plog.high_watermark, plog.last_stable_offset, plog.log_start_offset)
         batches = plog.read_batch_headers(fetch_offset, max_bytes, max_offset=limit)

@@ -1,5 +1,5 @@
-"""The log seam's local side: `LocalPartitionSource` over a real `PartitionLog`, and which batches a reader
-must not hand out under read_committed."""
+"""The log seam's local side: `LocalPartitionSource` over a real `PartitionLog`, which batches a reader
+must not hand out under read_committed, and how an upstream read is cut to what a reader asked for."""
 
 from __future__ import annotations
 
@@ -7,10 +7,20 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shoal.broker.storage.partition_log import LogConfig, PartitionLog
-from shoal.broker.storage.partition_source import LocalPartitionSource, OffsetOutOfRange, undeliverable
-from shoal.protocol.record_batch import iter_batches
+from shoal.broker.storage.partition_source import (
+    EARLIEST,
+    LATEST,
+    LocalPartitionSource,
+    OffsetOutOfRange,
+    SourceRead,
+    undeliverable,
+)
+from shoal.broker.upstream.partition_reader import _trimmed
+from shoal.protocol.record_batch import iter_batches, parse_batch_header
 from shoal.protocol.records import RecordInput, encode_batch
 
 
@@ -58,3 +68,38 @@ def test_read_committed_stops_at_the_open_transaction_and_names_the_aborted_one(
     assert [h.base_offset for h, _ in everything.batches] == [0, 2, 3, 4, 5, 6]
     assert everything.aborted == []
     assert undeliverable(everything) == {(3, 3), (5, 5)}  # markers only: read_uncommitted hands out the rest
+
+
+def test_local_source_offsets_and_readable_bytes(tmp_path: Path) -> None:
+    plog = PartitionLog.open(tmp_path / "t-0", LogConfig())
+    for i in range(3):
+        _append(plog, encode_batch([RecordInput(None, f"v{i}".encode(), timestamp=1_000 * (i + 1))]))
+    _append(plog, _txn(9, [b"open"], 0))  # 3, still open: the last stable offset stays at 3
+    source = LocalPartitionSource(plog)
+    assert asyncio.run(source.list_offset(EARLIEST)) == 0
+    assert asyncio.run(source.list_offset(LATEST)) == 4
+    assert asyncio.run(source.list_offset(2_000)) == 1
+    assert asyncio.run(source.list_offset(10_000)) == 3  # the open record, written "now"
+    assert asyncio.run(source.list_offset(1 << 62)) == 4  # no record that late: the end of the log
+    assert asyncio.run(source.bytes_from(1, 1 << 20)) == len(plog.read(1, 1 << 20))
+    assert asyncio.run(source.bytes_from(3, 1 << 20, read_committed=True)) == 0
+    assert asyncio.run(source.bytes_from(3, 1 << 20)) > 0
+    assert asyncio.run(source.read(3, 1 << 20, read_committed=True)).batches == []
+
+
+@given(st.lists(st.integers(min_value=70, max_value=500), max_size=12), st.integers(min_value=1, max_value=3_000))
+def test_an_upstream_read_is_cut_to_what_was_asked_yet_never_to_nothing(sizes: list[int], max_bytes: int) -> None:
+    batches = []
+    offset = 0
+    for size in sizes:
+        data = encode_batch([RecordInput(None, b"x" * size)], base_offset=offset)
+        batches.append((parse_batch_header(data, 0), memoryview(data)))
+        offset += 1
+    read = SourceRead(batches, offset, offset, 0)
+    cut = _trimmed(read, max_bytes)
+    assert cut.batches == batches[: len(cut.batches)]  # a prefix, in order
+    assert bool(cut.batches) == bool(batches)  # at least one batch when there is one
+    total = sum(len(v) for _, v in cut.batches)
+    assert total <= max_bytes or len(cut.batches) == 1
+    if len(cut.batches) < len(batches):  # stopped only where the next batch would not fit
+        assert total + len(batches[len(cut.batches)][1]) > max_bytes
