@@ -124,7 +124,8 @@ class ShareGroupServices:
 
 @dataclass(frozen=True, slots=True)
 class ShareGroupAdminServices(ShareGroupServices):
-    topics: TopicRegistry
+    # The topics share groups read: the local registry's, or the upstream's in sidecar mode.
+    topics: ShareTopicView
     group_configs: GroupConfigs
     persister: Persister
     share_partitions: SharePartitionLeaders

@@ -14,6 +14,7 @@ import structlog
 
 from shoal.broker.apis.share_group_apis import GROUP_OPERATIONS, ShareGroupHandlers
 from shoal.broker.security.authorizer import Operation, ResourceType
+from shoal.broker.storage.partition_source import LATEST, SourceUnavailable
 from shoal.coordinator.classic_group import ClassicGroup, ClassicGroupState
 from shoal.persister.persister import SharePartitionKey, StateSummary
 from shoal.protocol import messages
@@ -123,20 +124,20 @@ class ShareGroupAdmin(ShareGroupHandlers):
             if initialized is None:
                 return failed(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} not found.")
             for tid, parts in initialized.items():
-                topic = self.services.topics.get_by_id(tid)
+                found = self.services.topics.topic_by_id(tid)
                 # Topics the caller may not describe are left out, as are deleted ones.
-                if topic is not None and ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, topic.name):
-                    wanted.append((topic.name, tid, sorted(parts), ErrorCode.NONE))
+                if found is not None and ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, found[0]):
+                    wanted.append((found[0], tid, sorted(parts), ErrorCode.NONE))
             wanted.sort()
         else:
             for t in g.topics:
-                topic = self.services.topics.get(t.topic_name)
+                named = self.services.topics.topic_by_name(t.topic_name)
                 if not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, t.topic_name):
                     wanted.append((t.topic_name, None, list(t.partitions), ErrorCode.TOPIC_AUTHORIZATION_FAILED))
-                elif topic is None:
+                elif named is None:
                     wanted.append((t.topic_name, None, list(t.partitions), ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
                 else:
-                    wanted.append((t.topic_name, topic.topic_id, list(t.partitions), ErrorCode.NONE))
+                    wanted.append((t.topic_name, named[0], list(t.partitions), ErrorCode.NONE))
 
         topics = []
         for name, wanted_id, wanted_parts, error in wanted:
@@ -147,8 +148,8 @@ class ShareGroupAdmin(ShareGroupHandlers):
                     for p in wanted_parts
                 ]))
                 continue
-            topic = self.services.topics.get_by_id(wanted_id)
-            count = 0 if topic is None else len(topic.partitions)
+            found = self.services.topics.topic_by_id(wanted_id)
+            count = 0 if found is None else found[1]
             rows = await asyncio.gather(*(
                 self._describe_partition(group_id, wanted_id, p, count) for p in wanted_parts))
             topics.append(_DTopic(topic_name=name, topic_id=wanted_id, partitions=list(rows)))
@@ -163,8 +164,14 @@ class ShareGroupAdmin(ShareGroupHandlers):
             # Kafka reports "no state" (and persister trouble) as an unknown start offset, not an error.
             return _DPartition(partition_index=partition, start_offset=UNKNOWN_START_OFFSET, leader_epoch=0,
                                lag=UNKNOWN_LAG, error_code=ErrorCode.NONE)
-        topic = self.services.topics.get_by_id(topic_id)
-        latest = topic.partitions[partition].high_watermark if topic is not None else summary.start_offset
+        source = self.services.topics.source(topic_id, partition)
+        try:
+            latest = await source.list_offset(LATEST) if source is not None else summary.start_offset
+        except SourceUnavailable:
+            latest = -1  # the upstream cannot say now: the lag is unknown
+        if latest < 0:
+            return _DPartition(partition_index=partition, start_offset=summary.start_offset,
+                               leader_epoch=summary.leader_epoch, lag=UNKNOWN_LAG, error_code=ErrorCode.NONE)
         return _DPartition(partition_index=partition, start_offset=summary.start_offset,
                            leader_epoch=summary.leader_epoch, lag=compute_lag(latest, summary),
                            error_code=ErrorCode.NONE)
@@ -188,21 +195,21 @@ class ShareGroupAdmin(ShareGroupHandlers):
         offsets: dict[bytes, dict[int, int]] = {}
         ids: dict[str, bytes] = {}
         for t in req.topics:
-            topic = self.services.topics.get(t.topic_name)
+            topic = self.services.topics.topic_by_name(t.topic_name)
             allowed = ctx.authorize(Operation.READ, ResourceType.TOPIC, t.topic_name)
             if topic is not None:
-                ids[t.topic_name] = topic.topic_id
+                ids[t.topic_name] = topic[0]
             for p in t.partitions:
                 where = (t.topic_name, p.partition_index)
                 if not allowed:
                     early[where] = (ErrorCode.TOPIC_AUTHORIZATION_FAILED, None)
-                elif topic is None or not 0 <= p.partition_index < len(topic.partitions):
+                elif topic is None or not 0 <= p.partition_index < topic[1]:
                     early[where] = (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                     "The topic-partition does not exist.")
                 elif p.start_offset < UNKNOWN_START_OFFSET:
                     early[where] = (ErrorCode.INVALID_REQUEST, "The start offset must be -1 or more.")
                 else:
-                    offsets.setdefault(topic.topic_id, {})[p.partition_index] = p.start_offset
+                    offsets.setdefault(topic[0], {})[p.partition_index] = p.start_offset
 
         group_error: int = ErrorCode.NONE
         errors: dict[tuple[bytes, int], int] = {}
@@ -255,13 +262,13 @@ class ShareGroupAdmin(ShareGroupHandlers):
         early: dict[str, int] = {}
         ids: dict[str, bytes] = {}
         for t in req.topics:
-            topic = self.services.topics.get(t.topic_name)
+            named = self.services.topics.topic_by_name(t.topic_name)
             if not ctx.authorize(Operation.READ, ResourceType.TOPIC, t.topic_name):
                 early[t.topic_name] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
-            elif topic is None:
+            elif named is None:
                 early[t.topic_name] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             else:
-                ids[t.topic_name] = topic.topic_id
+                ids[t.topic_name] = named[0]
         group_error, errors = await coordinator.delete_offsets(group_id, set(ids.values()))
         if group_error != ErrorCode.NONE:
             message = "The group has active members." if group_error == ErrorCode.NON_EMPTY_GROUP else None

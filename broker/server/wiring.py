@@ -72,7 +72,8 @@ def register_all(b: Broker) -> None:
     classic_group_apis.register(b, ClassicGroupServices(b.topics, b.classic_groups, b.group_coordinator))
     consumer_group_apis.register(b, ConsumerGroupServices(b.consumer_groups))
     leader_epochs.register(b, LeaderEpochServices(b.topics))
-    share_group_admin.register(b, ShareGroupAdminServices(b.config, b.share_groups, b.classic_groups, b.consumer_groups, b.topics,
+    share_group_admin.register(b, ShareGroupAdminServices(b.config, b.share_groups, b.classic_groups, b.consumer_groups,
+                                                          b.share_topics,
                                                           b.group_configs, b.persister, b.share_partitions,
                                                           b.group_coordinator))
     share_state_apis.register(b, ShareStateServices(b.share_coordinator))

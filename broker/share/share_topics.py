@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 
 
 class ShareTopicView(Protocol):
+    def topic_by_name(self, name: str) -> tuple[bytes, int] | None:
+        """(topic id, partition count) of the topic, None when unknown."""
+        ...
+
     def topic_by_id(self, topic_id: bytes) -> tuple[str, int] | None:
         """(name, partition count) of the topic, None when unknown."""
         ...
@@ -34,6 +38,10 @@ class LocalShareTopics:
         self.registry = registry
         # One source per log, so a leader can tell a recreated topic's log from the one it read.
         self._sources: weakref.WeakKeyDictionary[PartitionLog, LocalPartitionSource] = weakref.WeakKeyDictionary()
+
+    def topic_by_name(self, name: str) -> tuple[bytes, int] | None:
+        topic = self.registry.get(name)
+        return None if topic is None else (topic.topic_id, len(topic.partitions))
 
     def topic_by_id(self, topic_id: bytes) -> tuple[str, int] | None:
         topic = self.registry.get_by_id(topic_id)

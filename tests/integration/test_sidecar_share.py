@@ -12,11 +12,14 @@ from typing import Any
 import pytest
 from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
 
+from shoal.protocol.errors import ErrorCode
+
 from .broker_process import BrokerProcess
 from .conftest import FAST_HEARTBEAT, NO_JOIN_DELAY
 from .names import unique_name
 from .share_clients import create_topic, produce, set_group_config
 from .test_metrics import scrape
+from .test_share_admin import alter_offsets, consume_and_ack, describe_offsets, offsets_by_partition
 
 POLL_DEADLINE_S = 45.0
 
@@ -174,3 +177,30 @@ def test_a_second_group_reads_the_partition_from_the_sidecars_cache(upstream: Br
         consumer.close()
     after, _ = scrape(sidecar)
     assert after[(hits, ())] > before.get((hits, ()), 0)
+
+
+def test_share_group_offsets_are_described_and_altered_on_the_sidecar(upstream: BrokerProcess,
+                                                                      sidecar: BrokerProcess) -> None:
+    topic, group = _setup(upstream, sidecar)
+    produce(upstream.bootstrap, topic, 100)
+    seen = consume_and_ack(sidecar.bootstrap, group, [topic], accept_below=50, want=100)
+    assert {(topic, o) for o in range(100)} <= set(seen)
+    # The start offset is the sidecar's share state; the lag is counted to the upstream's high watermark.
+    described = describe_offsets(sidecar.bootstrap, group)
+    assert offsets_by_partition(described) == {(topic, 0): (50, 50, 0)}
+    assert offsets_by_partition(describe_offsets(sidecar.bootstrap, group, {topic: [0, 3]}))[(topic, 3)][2] == \
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    deadline = time.monotonic() + 30
+    while True:  # the closed member's leave may still be on its way
+        altered = alter_offsets(sidecar.bootstrap, group, topic, {0: 90})
+        if altered.error_code != ErrorCode.NON_EMPTY_GROUP or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert altered.error_code == ErrorCode.NONE
+    assert [p.error_code for t in altered.responses for p in t.partitions] == [ErrorCode.NONE]
+    assert offsets_by_partition(describe_offsets(sidecar.bootstrap, group)) == {(topic, 0): (90, 10, 0)}
+    consumer = _consumer(sidecar, group, topic)
+    try:
+        assert sorted(o for _p, o, _v, _d in _poll(consumer, 10)) == list(range(90, 100))
+    finally:
+        consumer.close()
