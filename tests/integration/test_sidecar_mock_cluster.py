@@ -4,11 +4,12 @@ only the sidecar."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import AcknowledgeType, Consumer, KafkaError, Producer, ShareConsumer, TopicPartition
 
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -18,6 +19,7 @@ from .broker_process import BrokerProcess
 from .kafka_wire import WireClient
 from .names import unique_name
 from .rdkafka_mock import MockCluster
+from .share_clients import set_group_config
 
 PARTITIONS = 3
 
@@ -146,3 +148,46 @@ def test_topic_id_requests_reach_an_upstream_that_only_knows_names(mock: MockClu
     (part,) = ft.partitions
     assert ft.topic_id == topic_id and part.error_code == 0 and part.high_watermark == 1
     assert b"found by id" in bytes(part.records or b"")
+
+
+def test_share_consumer_on_the_sidecar_reads_the_mock_clusters_partitions(mock: MockCluster,
+                                                                          sidecar: BrokerProcess) -> None:
+    """Share groups over an upstream that is not Shoal: each partition read from its own upstream leader;
+    the leaders move while the share consumer drains them, and what is produced after the move is read
+    from the new leaders."""
+    topic, group = unique_name("share-mock"), unique_name("share-mock-g")
+    mock.create_topic(topic, PARTITIONS)
+    set_group_config(sidecar.bootstrap, group, share_auto_offset_reset="earliest")
+    producer = Producer({"bootstrap.servers": mock.bootstrap, "linger.ms": 2})
+
+    def produce(first: int, count: int) -> None:
+        for i in range(first, first + count):
+            producer.produce(topic, value=f"s-{i}".encode(), partition=i % PARTITIONS)
+        assert producer.flush(30) == 0
+
+    produce(0, 150)
+
+    consumer = ShareConsumer({"bootstrap.servers": sidecar.bootstrap, "group.id": group,
+                              "share.acknowledgement.mode": "explicit", "max.poll.records": 50})
+    consumer.subscribe([topic])
+    got: list[tuple[int, int, int]] = []
+    moved = False
+    try:
+        deadline = time.monotonic() + 60
+        while len(got) < 300 and time.monotonic() < deadline:
+            msgs = [m for m in consumer.poll(0.5) if m.error() is None]
+            for m in msgs:
+                got.append((m.partition(), m.offset(), m.delivery_count()))
+                consumer.acknowledge(m, AcknowledgeType.ACCEPT)
+            if msgs:
+                assert all(err is None for err in consumer.commit_sync(30).values())
+            if got and not moved:
+                for p in range(PARTITIONS):  # every leader moves to the next broker
+                    mock.set_leader(topic, p, (p + 1) % 3 + 1)
+                moved = True
+                produce(150, 150)
+    finally:
+        consumer.close()
+    assert moved
+    assert sorted((p, o) for p, o, _d in got) == sorted((i % PARTITIONS, i // PARTITIONS) for i in range(300))
+    assert all(d == 1 for _p, _o, d in got)  # accepted once, never handed out again
