@@ -197,3 +197,5 @@ class UpstreamServices:
     # The standalone DescribeConfigs and IncrementalAlterConfigs handlers, by API key: share groups are the
     # sidecar's own, so their GROUP configs are answered here, not by the upstream.
     local_config_handlers: dict[int, Callable[..., Any]] = field(default_factory=dict)
+    # Where share fetches park: a produce through the sidecar wakes those waiting on its partitions.
+    purgatory: Purgatory | None = None

@@ -13,12 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from shoal.broker.common.purgatory import LogKey
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.broker.upstream.cluster import CoordinatorLookupFailed, Lane, UpstreamUnavailable
 from shoal.broker.upstream.forwarder import DELETE_RECORDS, LIST_OFFSETS
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.uuids import ZERO_UUID
 
 if TYPE_CHECKING:
     from shoal.broker.apis.services import ApiTable, UpstreamServices
@@ -133,7 +135,21 @@ class SidecarHandlers:
         if denied:
             return _all_partitions_error(req, ErrorCode.TOPIC_AUTHORIZATION_FAILED)
         response: messages.ProduceResponse | None = await self._guard(ctx, self.forward.produce(req, ctx.api_version))
+        self._wake_share_fetches(req)
         return response
+
+    def _wake_share_fetches(self, req: messages.ProduceRequest) -> None:
+        """Share fetches parked on these partitions look again (records produced straight to the upstream
+        are found when their long poll ends)."""
+        purgatory = self.services.purgatory
+        if purgatory is None:
+            return
+        cluster = self.forward.cluster
+        for t in req.topic_data:
+            topic_id = t.topic_id if t.topic_id and t.topic_id != ZERO_UUID else cluster.topic_ids.get(t.name or "")
+            if topic_id is not None:
+                for p in t.partition_data:
+                    purgatory.notify(LogKey(topic_id, p.index))
 
     async def fetch(self, ctx: RequestContext, req: messages.FetchRequest) -> messages.FetchResponse | None:
         if req.replica_id >= 0 or (req.replica_state is not None and req.replica_state.replica_id >= 0):

@@ -86,4 +86,5 @@ def register_all(b: Broker) -> None:
         # Sidecar mode: these handlers replace the standalone ones for the APIs the upstream serves.
         local_configs: dict[int, Callable[..., Any]] = {key: b.apis[key].handler for key in (ApiKey.DESCRIBE_CONFIGS, ApiKey.INCREMENTAL_ALTER_CONFIGS)}
         upstream_apis.register(b, UpstreamServices(b.node_id, b.cluster_id, b.upstream_forwarder,
-                                                   b.advertised_listener, b.connection_listeners, local_configs))
+                                                   b.advertised_listener, b.connection_listeners, local_configs,
+                                                   b.purgatory))
