@@ -80,6 +80,19 @@ _KEYS: list[ConfigKey] = [
     ConfigKey("auto.create.topics.enable", _bool, True, "Create a topic when Metadata asks for an unknown one."),
     ConfigKey("delete.topic.enable", _bool, True, "Allow DeleteTopics."),
     ConfigKey("log.segment.bytes", int, 1073741824, "Size at which a segment is rolled.", 14),
+    ConfigKey("log.roll.ms", int, None, "Default segment.ms: roll the active segment after this long; unset uses log.roll.hours.", 1),
+    ConfigKey("log.roll.hours", int, 168, "Default segment.ms in hours.", 1),
+    ConfigKey("log.roll.jitter.ms", int, None, "Default segment.jitter.ms; unset uses log.roll.jitter.hours.", 0),
+    ConfigKey("log.roll.jitter.hours", int, 0, "Default segment.jitter.ms in hours.", 0),
+    ConfigKey("log.index.size.max.bytes", int, 10485760, "Default segment.index.bytes: a full index rolls the segment.", 4),
+    ConfigKey("log.segment.delete.delay.ms", int, 60000, "Default file.delete.delay.ms.", 0),
+    ConfigKey("log.preallocate", _bool, False, "Default preallocate: reserve disk space for new segments."),
+    ConfigKey("compression.type", str, "producer", "Default compression.type of topics."),
+    ConfigKey("compression.gzip.level", int, -1, "Default gzip level of recompressed batches."),
+    ConfigKey("compression.lz4.level", int, 9, "Default lz4 level of recompressed batches.", 1),
+    ConfigKey("compression.zstd.level", int, 3, "Default zstd level of recompressed batches.", -131072),
+    ConfigKey("log.local.retention.ms", int, -2, "Tiered storage: accepted, no effect on this broker.", -2),
+    ConfigKey("log.local.retention.bytes", int, -2, "Tiered storage: accepted, no effect on this broker.", -2),
     ConfigKey("log.retention.ms", int, -2, "Retention by time; -1 keeps forever, unset falls back to hours."),
     ConfigKey("log.retention.minutes", int, -2, "Retention by time in minutes."),
     ConfigKey("log.retention.hours", int, 168, "Retention by time in hours."),
@@ -346,6 +359,8 @@ class BrokerConfig:
             values["node.id"] = values["broker.id"]
         if values["log.message.timestamp.type"] not in ("CreateTime", "LogAppendTime"):
             raise ConfigError("log.message.timestamp.type must be CreateTime or LogAppendTime")
+        if values["compression.type"] not in ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"):
+            raise ConfigError("compression.type must be uncompressed, zstd, lz4, snappy, gzip or producer")
         if not valid_cleanup_policy(values["log.cleanup.policy"]):
             raise ConfigError("log.cleanup.policy must be delete, compact or compact,delete")
         if values["log.format"] not in ("console", "json"):

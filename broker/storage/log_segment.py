@@ -15,6 +15,7 @@ import contextlib
 import os
 import struct
 import threading
+import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,6 +108,8 @@ class LogSegment:
         # rollingBasedTimestamp); None when unknown (a sealed segment opened from its indexes).
         self.first_timestamp: int | None = None
         self.sealed = False
+        # When this object was made: the time a segment without record timestamps rolls by (segment.ms).
+        self.created_ms = int(time.time() * 1000)
         # Bytes known to be on stable storage; the partition log's flush advances it.
         self.flushed_size = 0
         self.indexes_persisted = False
@@ -487,6 +490,10 @@ class LogSegment:
             return NO_TIMESTAMP
         head = os.pread(self.fd, HEADER_SIZE, 0)
         return int(_PREFIX.unpack_from(head, MAX_TIMESTAMP_POS)[0]) if len(head) == HEADER_SIZE else NO_TIMESTAMP
+
+    def index_entries(self) -> tuple[int, int]:
+        """(offset index entries, time index entries) held in memory, for segment.index.bytes."""
+        return len(self._idx_offsets), len(self._time_stamps)
 
     def last_modified_ms(self) -> int:
         return int(os.fstat(self.fd).st_mtime * 1000)
