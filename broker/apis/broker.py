@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from shoal.broker.server.metrics import BrokerMetrics
     from shoal.broker.share.group_configs import GroupConfigs
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
+    from shoal.broker.storage.client_quotas import ClientQuotaStore
     from shoal.broker.storage.producer_state import ProducerIdAllocator
     from shoal.broker.storage.purgatory import Purgatory
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
@@ -55,6 +56,7 @@ class Broker(Protocol):
     topics: TopicRegistry
     purgatory: Purgatory
     group_configs: GroupConfigs
+    client_quotas: ClientQuotaStore
     apis: dict[int, Api]
     # Connections are typed loosely here: the network layer imports this module.
     connection_listeners: list[Callable[[Any], None]]
@@ -97,3 +99,5 @@ class Broker(Protocol):
     def on_log_start_moved(self, topic: Topic, partition: int) -> None: ...
 
     def advertised_listener(self, name: str) -> Listener: ...
+
+    def finalized_features(self) -> dict[str, int]: ...

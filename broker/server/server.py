@@ -19,6 +19,7 @@ from shoal.broker.security.acl_store import build_authorizer
 from shoal.broker.security.authorizer import Authorizer
 from shoal.broker.security.scram import ScramCredentialStore
 from shoal.broker.share.group_configs import GroupConfigs
+from shoal.broker.storage.client_quotas import ClientQuotaStore
 from shoal.broker.storage.log_cleaner_manager import CleanerConfig, LogCleanerManager
 from shoal.broker.storage.producer_state import ProducerIdAllocator
 from shoal.broker.storage.purgatory import LogKey, Purgatory
@@ -77,6 +78,7 @@ class Broker:
         self.started_at = time.time()
         config.load_dynamic(Path(config["log.dirs"]) / DYNAMIC_CONFIG_FILE)
         self.group_configs = GroupConfigs(Path(config["log.dirs"]), config)
+        self.client_quotas = ClientQuotaStore(Path(config["log.dirs"]))
         # Share-group parts, wired in start() once the internal topics exist.
         self.share_coordinator: Any = None
         self.group_coordinator: Any = None
@@ -467,6 +469,10 @@ class Broker:
     def on_log_start_moved(self, topic: Topic, partition: int) -> None:
         for callback in self.topic_listeners:
             callback("log_start_moved", topic, partition)
+
+    def finalized_features(self) -> dict[str, int]:
+        # share.version 2 (Kafka 4.4) adds dead-letter topics for share groups (KIP-1191); ApiVersions agrees.
+        return {"share.version": 2 if self.config["group.share.enable"] else 0}
 
     def advertised_listener(self, name: str) -> Listener:
         for lst in self.advertised:
