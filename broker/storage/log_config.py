@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from shoal.broker.server.config import CLUSTER_DEFAULT, THIS_BROKER, cleanup_policies, valid_cleanup_policy
+from shoal.broker.server.config import (
+    CLUSTER_DEFAULT,
+    KEYS,
+    THIS_BROKER,
+    cleanup_policies,
+    valid_cleanup_policy,
+)
 from shoal.protocol.compression import GZIP, LZ4, NONE, SNAPPY, ZSTD
 from shoal.protocol.errors import shorten
 from shoal.protocol.recompress import recompress_batch
@@ -303,13 +309,12 @@ def _broker_synonyms(spec: TopicConfigDef, broker: BrokerConfig) -> list[tuple[s
         elif syn.name in broker.explicit:
             out.append((syn.name, _text(value), SOURCE_STATIC_BROKER, syn.factor))
     for syn in spec.synonyms:
-        try:
-            value = broker[syn.name]
-        except KeyError:
+        key = KEYS.get(syn.name)
+        if key is None:
             continue
-        if value is None or (syn.name in ("log.retention.ms", "log.retention.minutes") and value == -2):
-            continue  # unset: the next synonym gives the default
-        out.append((syn.name, _text(value), SOURCE_DEFAULT, syn.factor))
+        if key.default is None or (syn.name in ("log.retention.ms", "log.retention.minutes") and key.default == -2):
+            continue  # no default of its own: the next synonym gives it
+        out.append((syn.name, _text(key.default), SOURCE_DEFAULT, syn.factor))
         break
     return out
 
