@@ -11,6 +11,7 @@ durable and complete" and lets a restart skip the CRC scan for it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import struct
@@ -40,6 +41,8 @@ LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
 TMP_SUFFIX = ".tmp"
+# A retired segment's files wait under this suffix for file.delete.delay.ms before they are removed.
+DELETED_SUFFIX = ".deleted"
 # Log compaction writes `<base>.log.cleaned`, renames it to `<base>.<end>.log.swap` once complete and
 # durable (the commit point: it replaces every segment with a base in [base, end)), then to `<base>.log`.
 CLEANED_SUFFIX = LOG_SUFFIX + ".cleaned"
@@ -519,8 +522,35 @@ class LogSegment:
                     with contextlib.suppress(FileNotFoundError):
                         p.unlink()
 
+    def delete_later(self, delay_ms: int) -> None:
+        """Kafka's file.delete.delay.ms: close the segment and rename its files to `*.deleted` now, remove them
+        after `delay_ms` (at once without a running event loop; a restart removes any left behind)."""
+        with self._file_lock:
+            self.deleted = True
+            self.close()
+            renamed: list[Path] = []
+            for path in (self.log_path, self.index_path, self.time_index_path):
+                target = path.with_name(path.name + DELETED_SUFFIX)
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(path, target)
+                    renamed.append(target)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or delay_ms <= 0:
+            _unlink_all(renamed)
+        else:
+            loop.call_later(delay_ms / 1000, _unlink_all, renamed)
+
     def __repr__(self) -> str:
         return (
             f"LogSegment(base={self.base_offset}, next={self.next_offset}, size={self.size}, "
             f"sealed={self.sealed})"
         )
+
+
+def _unlink_all(paths: list[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()

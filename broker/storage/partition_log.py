@@ -29,6 +29,7 @@ from shoal.broker.storage.log_config import roll_jitter_ms
 from shoal.broker.storage.log_roll import first_record_with_timestamp, preallocate, roll_due
 from shoal.broker.storage.log_segment import (
     CLEANED_SUFFIX,
+    DELETED_SUFFIX,
     INDEX_SUFFIX,
     INT32_MAX,
     LOG_SUFFIX,
@@ -193,8 +194,8 @@ class PartitionLog:
         bases: list[int] = []
         for entry in os.scandir(self.directory):
             name = entry.name
-            if name.endswith(TMP_SUFFIX):
-                os.unlink(entry.path)  # an atomic write that never got renamed
+            if name.endswith((TMP_SUFFIX, DELETED_SUFFIX)):
+                os.unlink(entry.path)  # an atomic write that never got renamed, or a retired segment's file
             elif name.endswith(LOG_SUFFIX) and name[: -len(LOG_SUFFIX)].isdigit():
                 bases.append(int(name[: -len(LOG_SUFFIX)]))
         bases.sort()
@@ -749,7 +750,7 @@ class PartitionLog:
         while len(self.segments) > 1 and predicate(self.segments[0], self.segments[1].base_offset):
             seg = self.segments.pop(0)
             self._bases.pop(0)
-            seg.delete()
+            seg.delete_later(self.config.file_delete_delay_ms)
             deleted += 1
         if deleted:
             first = self.segments[0].base_offset

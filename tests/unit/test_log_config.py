@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -228,3 +229,28 @@ def test_quota_filters_match_as_kafka(tmp_path: Path) -> None:
     assert store.alter((("user", "b"),), [QuotaOp("producer_byte_rate", 1.0, False)], True) is None
     assert names([("user", 0, "b")]) == set()
     assert len(ClientQuotaStore(tmp_path).describe([], False)) == 4
+
+
+async def test_file_delete_delay_keeps_retired_files_for_a_while(tmp_path: Path) -> None:
+    plog = PartitionLog.open(tmp_path / "t-0", LogConfig(retention_ms=1000, file_delete_delay_ms=50))
+    now = int(time.time() * 1000)
+    _append(plog, [now - 60_000])
+    assert plog.enforce_retention(now) == 1
+    # Renamed at once (the segment is gone from the log), removed only after the delay.
+    assert sorted(p.name for p in (tmp_path / "t-0").glob("*.deleted")) == ["00000000000000000000.log.deleted"]
+    assert plog.log_start_offset == 1
+    deadline = time.monotonic() + 30
+    while list((tmp_path / "t-0").glob("*.deleted")) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert not list((tmp_path / "t-0").glob("*.deleted"))
+    plog.close()
+
+
+def test_leftover_deleted_files_are_removed_on_open(tmp_path: Path) -> None:
+    directory = tmp_path / "t-0"
+    plog = PartitionLog.open(directory, LogConfig())
+    _append(plog, [1000])
+    plog.close()
+    (directory / "00000000000000000000.log.deleted").write_bytes(b"old")
+    PartitionLog.open(directory, LogConfig()).close()
+    assert not list(directory.glob("*.deleted"))
