@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING
 import structlog
 
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
-from shoal.broker.server.config import CLUSTER_DEFAULT, THIS_BROKER, BrokerConfig, ConfigError
+from shoal.broker.server.config import (
+    CLUSTER_DEFAULT,
+    DYNAMIC_AT_RESTART,
+    DYNAMIC_LOG_KEYS,
+    DYNAMIC_NO_EFFECT,
+    THIS_BROKER,
+    BrokerConfig,
+    ConfigError,
+)
 from shoal.broker.share.group_configs import InvalidGroupConfig, validation_context
 from shoal.broker.storage.log_config import LIST_TYPED, apply_list_op
 from shoal.broker.storage.topic_registry import validate_topic_config
@@ -175,6 +183,14 @@ class AlterConfigs:
             return
         self.services.config.apply_dynamic(THIS_BROKER if name else CLUSTER_DEFAULT, changes)
         log.info("dynamic broker config changed", resource=name or "<cluster default>", changes=dict(changes))
+        keys = {key for key, _value in changes}
+        if keys & DYNAMIC_LOG_KEYS:
+            self.services.topics.refresh_configs()
+        for key in sorted(keys):
+            if key in DYNAMIC_NO_EFFECT:
+                log.info("dynamic broker config has no effect on this broker", key=key, reason=DYNAMIC_NO_EFFECT[key])
+            elif key in DYNAMIC_AT_RESTART:
+                log.info("dynamic broker config takes effect when the broker restarts", key=key)
 
 
 def register(table: ApiTable, services: AlterConfigsServices) -> AlterConfigs:

@@ -331,7 +331,7 @@ class TopicAdmin:
                            ((key, text, SOURCE_DYNAMIC_DEFAULT_BROKER),))
                     for key, text in sorted(cfg.dynamic_values(CLUSTER_DEFAULT).items())]
         out: list[_Entry] = []
-        for key, static in cfg.items():
+        for key, static in [*cfg.items(), *((k, None) for k in cfg.dynamic_only_keys())]:
             level = cfg.dynamic_source(key)
             synonyms: list[tuple[str, str | None, int]] = []
             for lvl, src in ((THIS_BROKER, SOURCE_DYNAMIC_BROKER), (CLUSTER_DEFAULT, SOURCE_DYNAMIC_DEFAULT_BROKER)):

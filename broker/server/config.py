@@ -266,6 +266,10 @@ class BrokerConfig:
                 return self._effective_dynamic(key, self._dynamic[level][key])
         return self._values[key]
 
+    def dynamic_only_keys(self) -> list[str]:
+        """Keys set dynamically that the broker has no static setting for (those without effect here)."""
+        return sorted({k for level in self._dynamic.values() for k in level} - set(self._values))
+
     # ---- dynamic broker configs ----------------------------------------------------------------------
 
     def dynamic_source(self, key: str) -> str | None:
@@ -480,18 +484,73 @@ SHARE_BOUNDS: dict[str, tuple[str, str]] = {
 # Broker keys IncrementalAlterConfigs may change at runtime, for the whole cluster (resource name "") or
 # for this broker (its id): those of Kafka 4.4's GroupCoordinatorConfig.RECONFIGURABLE_CONFIGS that
 # Shoal has. Kafka made the two KIP-1191 keys dynamic in 4.4 (KAFKA-20410).
-DYNAMIC_KEYS = frozenset({
+_GROUP_DYNAMIC_KEYS = frozenset({
     "group.share.assignment.interval.ms",
     "errors.deadletterqueue.topic.name.prefix",
     "errors.deadletterqueue.auto.create.topics.enable",
 })
+# Kafka's DynamicLogConfig: the broker keys that give topics their defaults. A change reaches every topic
+# that does not set the key itself, at once.
+DYNAMIC_LOG_KEYS = frozenset({
+    "log.segment.bytes", "log.roll.ms", "log.roll.jitter.ms", "log.index.size.max.bytes",
+    "log.flush.interval.messages", "log.flush.interval.ms", "log.retention.bytes", "log.retention.ms",
+    "message.max.bytes", "log.index.interval.bytes", "log.cleaner.delete.retention.ms",
+    "log.cleaner.min.compaction.lag.ms", "log.cleaner.max.compaction.lag.ms", "log.segment.delete.delay.ms",
+    "log.cleaner.min.cleanable.ratio", "log.cleanup.policy", "compression.type", "compression.gzip.level",
+    "compression.lz4.level", "compression.zstd.level", "log.preallocate", "log.message.timestamp.type",
+    "log.message.timestamp.before.max.ms", "log.message.timestamp.after.max.ms", "log.local.retention.ms",
+    "log.local.retention.bytes",
+})
+# Kafka's LogCleaner keys: dynamic there; here the cleaner reads them when the broker starts.
+DYNAMIC_AT_RESTART = frozenset({
+    "log.cleaner.threads", "log.cleaner.dedupe.buffer.size", "log.cleaner.io.buffer.load.factor",
+    "log.cleaner.io.buffer.size", "log.cleaner.io.max.bytes.per.second", "log.cleaner.backoff.ms",
+})
+_NO_THREADS = "this broker runs one event loop and has no such thread pool"
+_NO_KERBEROS = "this broker offers no GSSAPI (Kerberos) or OAUTHBEARER login"
+# Keys Kafka changes at runtime that mean nothing on this broker: accepted, kept and described, and logged
+# as having no effect, with the reason.
+DYNAMIC_NO_EFFECT: dict[str, str] = {
+    "num.io.threads": _NO_THREADS, "num.network.threads": _NO_THREADS, "background.threads": _NO_THREADS,
+    "num.recovery.threads.per.data.dir": _NO_THREADS,
+    "num.replica.fetchers": "this broker holds the only replica of every partition",
+    "unclean.leader.election.enable": "this broker holds the only replica of every partition",
+    "min.insync.replicas": "this broker holds the only replica of every partition",
+    "log.message.downconversion.enable": "Kafka 4 no longer down-converts records; the key is a no-op",
+    "metric.reporters": "metrics are served by the Prometheus endpoint (metrics.port)",
+    "max.connections": "connections are not capped by count",
+    "max.connection.creation.rate": "connections are not rate-limited",
+    "producer.id.expiration.ms": "producer ids are kept while the log holds their batches",
+    "transaction.partition.verification.enable": "transactional produce is not verified with the coordinator",
+    "sasl.kerberos.service.name": _NO_KERBEROS, "sasl.kerberos.kinit.cmd": _NO_KERBEROS,
+    "sasl.kerberos.ticket.renew.window.factor": _NO_KERBEROS, "sasl.kerberos.ticket.renew.jitter": _NO_KERBEROS,
+    "sasl.kerberos.min.time.before.relogin": _NO_KERBEROS, "sasl.kerberos.principal.to.local.rules": _NO_KERBEROS,
+    "sasl.login.refresh.window.factor": _NO_KERBEROS, "sasl.login.refresh.window.jitter": _NO_KERBEROS,
+    "sasl.login.refresh.min.period.seconds": _NO_KERBEROS, "sasl.login.refresh.buffer.seconds": _NO_KERBEROS,
+}
+DYNAMIC_KEYS = _GROUP_DYNAMIC_KEYS | DYNAMIC_LOG_KEYS | DYNAMIC_AT_RESTART | frozenset(DYNAMIC_NO_EFFECT)
+_CHOICES = {
+    "compression.type": ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
+    "log.message.timestamp.type": ("CreateTime", "LogAppendTime"),
+}
 THIS_BROKER, CLUSTER_DEFAULT = "broker", "cluster"
 DYNAMIC_CONFIG_FILE = "shoal-broker-configs.json"
 
 
 def _parse_dynamic(key: str, text: str) -> Any:
     """A dynamic value parsed and checked as Kafka's ConfigDef does, with its messages."""
-    spec = KEYS[key]
+    spec = KEYS.get(key)
+    if spec is None:
+        return text  # a key without effect here: kept as given
+    if key in _CHOICES and text not in _CHOICES[key]:
+        raise ConfigError(f"Invalid value {text} for configuration {key}: String must be one of: {', '.join(_CHOICES[key])}")
+    if key == "log.cleanup.policy" and not valid_cleanup_policy(text):
+        raise ConfigError(f"Invalid value {text} for configuration {key}: String must be one of: compact, delete")
+    if spec.parse is float:
+        try:
+            return float(text.strip())
+        except ValueError:
+            raise ConfigError(f"Invalid value {text} for configuration {key}: Not a number of type DOUBLE") from None
     if spec.parse is int:
         try:
             value: Any = int(text.strip())

@@ -215,6 +215,14 @@ class TopicRegistry:
         self._apply(topic)
         self._save()
 
+    def refresh_configs(self) -> None:
+        """The broker's topic defaults changed (a dynamic broker config): every topic takes them up at once."""
+        for topic in self.by_name.values():
+            cfg = self.log_config(topic.configs)
+            for plog in topic.partitions:
+                plog.config = cfg
+            self._apply(topic)
+
     def delete(self, topic: Topic) -> None:
         self.by_name.pop(topic.name, None)
         self.by_id.pop(topic.topic_id, None)

@@ -355,3 +355,32 @@ def test_append_and_subtract_on_cleanup_policy(admin: AdminClient) -> None:
     with pytest.raises(KafkaException) as info:
         admin.incremental_alter_configs([bad])[bad].result(30)
     assert info.value.args[0].code() == KafkaError.INVALID_CONFIG
+
+
+def test_dynamic_broker_defaults_reach_topics(tmp_path: Path) -> None:
+    """A broker's log default changed at runtime applies to every topic that does not set the key, as in
+    Kafka's DynamicLogConfig; keys Kafka treats as dynamic that mean nothing here are accepted."""
+    broker = BrokerProcess(tmp_path / "data").start()
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        plain, own = unique("dyn"), unique("own")
+        create(admin, plain)
+        create(admin, own, {"max.message.bytes": "1000000"})
+
+        def set_broker(key: str, value: str) -> None:
+            resource = ConfigResource(ResourceType.BROKER, "1", incremental_configs=[
+                ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)])
+            admin.incremental_alter_configs([resource])[resource].result(30)
+
+        set_broker("message.max.bytes", "2000")
+        entry = describe(admin, plain)["max.message.bytes"]
+        assert (entry.value, entry.source) == ("2000", 2)  # DYNAMIC_BROKER_CONFIG
+        err = produce_one(broker.bootstrap, plain, os.urandom(5000), **{"compression.type": "none"})
+        assert err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE
+        assert produce_one(broker.bootstrap, own, os.urandom(5000), **{"compression.type": "none"}) is None
+        set_broker("sasl.kerberos.min.time.before.relogin", "60000")
+        assert "key=sasl.kerberos.min.time.before.relogin" in broker.log_text()
+        with pytest.raises(KafkaException):
+            set_broker("compression.type", "brotli")
+    finally:
+        broker.stop()
