@@ -152,6 +152,12 @@ _KEYS: list[ConfigKey] = [
     # KIP-848 consumer groups
     ConfigKey("group.consumer.session.timeout.ms", int, 45000, "Consumer-group member session timeout.", 1),
     ConfigKey("group.consumer.heartbeat.interval.ms", int, 5000, "Consumer-group member heartbeat interval.", 1),
+    ConfigKey("group.consumer.min.session.timeout.ms", int, 45000, "Lower bound for a group's consumer.session.timeout.ms.", 1),
+    ConfigKey("group.consumer.max.session.timeout.ms", int, 60000, "Upper bound for a group's consumer.session.timeout.ms.", 1),
+    ConfigKey("group.consumer.min.heartbeat.interval.ms", int, 5000,
+              "Lower bound for a group's consumer.heartbeat.interval.ms.", 1),
+    ConfigKey("group.consumer.max.heartbeat.interval.ms", int, 15000,
+              "Upper bound for a group's consumer.heartbeat.interval.ms.", 1),
     ConfigKey("group.consumer.max.size", int, 2**31 - 1, "Members per consumer group.", 1),
     ConfigKey("group.consumer.assignors", str, "uniform,range",
               "Server-side assignors (names or Kafka class names); the first is the default."),

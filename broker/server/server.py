@@ -325,6 +325,7 @@ class Broker:
                 heartbeat_interval_ms=int(cfg["group.consumer.heartbeat.interval.ms"]),
                 max_size=int(cfg["group.consumer.max.size"]),
                 offset_metadata_max_bytes=int(cfg["offset.metadata.max.bytes"]),
+                group_override=self._consumer_group_override,
             ),
             assignors=parse_assignors(str(cfg["group.consumer.assignors"])),
             foreign_group=lambda group_id: group_id in self.group_coordinator.groups
@@ -469,6 +470,10 @@ class Broker:
     def on_log_start_moved(self, topic: Topic, partition: int) -> None:
         for callback in self.topic_listeners:
             callback("log_start_moved", topic, partition)
+
+    def _consumer_group_override(self, group_id: str, key: str) -> int | None:
+        value = self.group_configs.explicit(group_id).get(key)
+        return None if value is None else int(value)
 
     def finalized_features(self) -> dict[str, int]:
         # share.version 2 (Kafka 4.4) adds dead-letter topics for share groups (KIP-1191); ApiVersions agrees.

@@ -384,3 +384,30 @@ def test_dynamic_broker_defaults_reach_topics(tmp_path: Path) -> None:
             set_broker("compression.type", "brotli")
     finally:
         broker.stop()
+
+
+def test_kip848_group_configs_are_accepted_and_applied(broker: BrokerProcess, admin: AdminClient) -> None:
+    """consumer.session.timeout.ms / consumer.heartbeat.interval.ms per group, within the broker's bounds."""
+    topic, group = unique("cg"), unique("cgroup")
+    create(admin, topic)
+
+    def set_group(key: str, value: str) -> None:
+        resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+            ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)])
+        admin.incremental_alter_configs([resource])[resource].result(30)
+
+    set_group("consumer.heartbeat.interval.ms", "7000")
+    set_group("consumer.session.timeout.ms", "50000")
+    with pytest.raises(KafkaException) as info:
+        set_group("consumer.session.timeout.ms", "70000")  # above group.consumer.max.session.timeout.ms
+    assert info.value.args[0].code() == KafkaError.INVALID_CONFIG
+    described = admin.describe_configs([ConfigResource(ResourceType.GROUP, group)])[
+        ConfigResource(ResourceType.GROUP, group)].result(30)
+    assert described["consumer.session.timeout.ms"].value == "50000"
+    with WireClient.connect(broker.bootstrap) as wire:
+        hb = messages.ConsumerGroupHeartbeatRequest
+        resp = wire.request(ApiKey.CONSUMER_GROUP_HEARTBEAT, 0, hb(
+            group_id=group, member_id=uuid.uuid4().hex, member_epoch=0, instance_id=None, rack_id=None,
+            rebalance_timeout_ms=30000, subscribed_topic_names=[topic], server_assignor=None, topic_partitions=[]))
+        assert resp.error_code == ErrorCode.NONE
+        assert resp.heartbeat_interval_ms == 7000  # the group's own, not the broker's 5000
