@@ -131,6 +131,7 @@ class TopicAdmin:
                     configs[c.name] = c.value
             if bad is not None:
                 result.error_code, result.error_message = ErrorCode.INVALID_CONFIG, bad
+                log.info("topic config refused", topic=shorten(ct.name), reason=bad)
                 continue
             result.num_partitions = count
             result.replication_factor = 1

@@ -59,10 +59,10 @@ def _valid_ip(name: str | None) -> bool:
     except ValueError:
         pass
     try:
-        socket.inet_aton(name)  # a host name would need a lookup; Kafka resolves it, we refuse it
+        socket.inet_aton(name)  # the short IPv4 forms Java's InetAddress also reads
         return True
-    except OSError:
-        return False
+    except (OSError, ValueError):
+        return False  # a host name would need a DNS lookup on the request path: refused
 
 
 def validate_entity(entity: Entity) -> str | None:
