@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 from confluent_kafka import ElectionType, TopicCollection, TopicPartition
-from confluent_kafka.admin import AclOperation, AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
 from kafka import TopicPartition as KpTopicPartition
 from kafka.admin import KafkaAdminClient
 from kafka.errors import InvalidReplicationAssignmentError, NoReassignmentInProgressError
@@ -22,6 +30,7 @@ from shoal.protocol.errors import ErrorCode
 
 from .broker_process import BrokerProcess
 from .kafka_wire import WireClient
+from .test_security import sasl_plain
 
 NEW_APIS = (ApiKey.ALTER_CONFIGS, ApiKey.DESCRIBE_LOG_DIRS, ApiKey.ELECT_LEADERS, ApiKey.ALTER_PARTITION_REASSIGNMENTS,
             ApiKey.LIST_PARTITION_REASSIGNMENTS, ApiKey.DESCRIBE_CLIENT_QUOTAS, ApiKey.ALTER_CLIENT_QUOTAS,
@@ -201,3 +210,50 @@ def test_authorized_operations_are_reported_when_asked(broker: BrokerProcess, ad
                                                    include_cluster_authorized_operations=True,
                                                    include_topic_authorized_operations=True))
         assert resp.cluster_authorized_operations > 0 and resp.topics[0].topic_authorized_operations > 0
+
+
+def test_cluster_rights_are_checked_and_reported(tmp_path: Path) -> None:
+    """With an authorizer: bob without rights is refused the cluster APIs and sees no cluster operations;
+    granted ALTER on the cluster, he may elect leaders and sees ALTER (and the DESCRIBE it implies)."""
+    jaas = 'org.apache.kafka.common.security.plain.PlainLoginModule required user_bob="bob-secret";'
+    broker = BrokerProcess(tmp_path / "data", overrides=[
+        "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users=User:ANONYMOUS", f"listener.name.sasl_plaintext.plain.sasl.jaas.config={jaas}",
+    ], extra_listeners=["SASL_PLAINTEXT://127.0.0.1:0"]).start()
+    try:
+        name = unique("acl")
+        superuser = AdminClient({"bootstrap.servers": broker.bootstrap})  # held: its futures die with it
+        superuser.create_topics([NewTopic(name, 1, 1)])[name].result(30)
+        host, port = broker.address("SASL_PLAINTEXT").rsplit(":", 1)
+
+        def as_bob() -> WireClient:
+            wire = WireClient(host, int(port))
+            assert sasl_plain(wire, "bob", "bob-secret").error_code == ErrorCode.NONE
+            return wire
+
+        el = messages.ElectLeadersRequest
+        elect = el(election_type=0, timeout_ms=1000, topic_partitions=[
+            el.TopicPartitions(topic=name, partitions=[0])])  # type: ignore[attr-defined]
+        with as_bob() as wire:
+            cluster = wire.request(ApiKey.DESCRIBE_CLUSTER, 1, messages.DescribeClusterRequest(
+                include_cluster_authorized_operations=True))
+            assert cluster.cluster_authorized_operations == 0
+            assert wire.request(ApiKey.ELECT_LEADERS, 2, elect).error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            logdirs = wire.request(ApiKey.DESCRIBE_LOG_DIRS, 4, messages.DescribeLogDirsRequest(topics=None))
+            assert logdirs.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED and logdirs.results == []
+            quotas = wire.request(ApiKey.DESCRIBE_CLIENT_QUOTAS, 1, messages.DescribeClientQuotasRequest(
+                components=[], strict=False))
+            assert quotas.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        grant = AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, "User:bob", "*",
+                           AclOperation.ALTER, AclPermissionType.ALLOW)
+        for future in superuser.create_acls([grant]).values():
+            future.result(30)
+        with as_bob() as wire:
+            cluster = wire.request(ApiKey.DESCRIBE_CLUSTER, 1, messages.DescribeClusterRequest(
+                include_cluster_authorized_operations=True))
+            ops = {op for op in range(32) if cluster.cluster_authorized_operations & (1 << op)}
+            assert ops == {int(AclOperation.ALTER.value), int(AclOperation.DESCRIBE.value)}
+            [result] = wire.request(ApiKey.ELECT_LEADERS, 2, elect).replica_election_results
+            assert [p.error_code for p in result.partition_result] == [ErrorCode.ELECTION_NOT_NEEDED]
+    finally:
+        broker.stop()
