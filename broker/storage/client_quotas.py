@@ -14,6 +14,8 @@ from pathlib import Path
 
 import structlog
 
+from shoal.protocol.errors import shorten
+
 log = structlog.get_logger("shoal.quotas")
 
 FILE_NAME = "shoal-client-quotas.json"
@@ -72,18 +74,18 @@ def validate_entity(entity: Entity) -> str | None:
     seen: set[str] = set()
     for entity_type, name in entity:
         if entity_type in seen:
-            return f"Invalid client quota entity, duplicate entity entry {entity_type}"
+            return f"Invalid client quota entity, duplicate entity entry {shorten(entity_type)}"
         seen.add(entity_type)
         if entity_type not in ENTITY_TYPES:
-            return f"Unhandled client quota entity type: {entity_type}"
+            return f"Unhandled client quota entity type: {shorten(entity_type)}"
         if name is not None and not name:
-            return f"Empty {entity_type} not supported"
+            return f"Empty {shorten(entity_type)} not supported"
     if IP in seen:
         if seen & {USER, CLIENT_ID}:
             return "Invalid quota entity combination, IP entity should not be combined with User or ClientId"
         ip = dict(entity)[IP]
         if not _valid_ip(ip):
-            return f"{ip} is not a valid IP or resolvable host."
+            return f"{shorten(str(ip))} is not a valid IP or resolvable host."
     return None
 
 
@@ -93,7 +95,7 @@ def validate_op(entity: Entity, op: QuotaOp) -> str | None:
     keys = _IP_KEYS if any(t == IP for t, _n in entity) else _USER_CLIENT_KEYS
     kind = keys.get(op.key)
     if kind is None:
-        return f"Invalid configuration key {op.key}"
+        return f"Invalid configuration key {shorten(op.key)}"
     if op.value <= 0.0:
         return f"Quota {op.key} must be greater than 0"
     if kind in _LIMITS:
@@ -152,9 +154,9 @@ class ClientQuotaStore:
             if not entity_type:
                 raise QuotaRequestError("Invalid empty entity type.")
             if entity_type in exact or entity_type in typed:
-                raise QuotaRequestError(f"Entity type {entity_type} cannot appear more than once in the filter.")
+                raise QuotaRequestError(f"Entity type {shorten(entity_type)} cannot appear more than once in the filter.")
             if entity_type not in ENTITY_TYPES:
-                raise QuotaRequestError(f"Unsupported entity type {entity_type}", unsupported=True)
+                raise QuotaRequestError(f"Unsupported entity type {shorten(entity_type)}", unsupported=True)
             if match_type == MATCH_EXACT:
                 if match is None:
                     raise QuotaRequestError("Request specified MATCH_TYPE_EXACT, but set match string to null.")
