@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
-from shoal.broker.server.config import (
+from shoal.broker.common.config import (
     CLUSTER_DEFAULT,
     DYNAMIC_AT_RESTART,
     DYNAMIC_LOG_KEYS,
@@ -17,6 +16,7 @@ from shoal.broker.server.config import (
     BrokerConfig,
     ConfigError,
 )
+from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.broker.share.group_configs import InvalidGroupConfig, validation_context
 from shoal.broker.storage.log_config import LIST_TYPED, apply_list_op
 from shoal.broker.storage.topic_registry import validate_topic_config

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from shoal.broker.server.config import (
+from shoal.broker.common.config import (
     CLUSTER_DEFAULT,
     KEYS,
     THIS_BROKER,
@@ -27,7 +27,7 @@ from shoal.protocol.recompress import recompress_batch
 from shoal.protocol.record_batch import BatchHeader, iter_batches
 
 if TYPE_CHECKING:
-    from shoal.broker.server.config import BrokerConfig
+    from shoal.broker.common.config import BrokerConfig
 
 log = structlog.get_logger("shoal.topic_configs")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import structlog
 
-from shoal.broker.server.config import BrokerConfig
+from shoal.broker.common.config import BrokerConfig
 from shoal.protocol.errors import shorten
 from shoal.protocol.uuids import uuid_to_str as topic_id_to_str
 
@@ -40,6 +40,12 @@ SHARE_GROUP_STATE = "__share_group_state"
 TRANSACTION_STATE = "__transaction_state"
 INTERNAL_TOPICS = frozenset({CONSUMER_OFFSETS, SHARE_GROUP_STATE, TRANSACTION_STATE})
 __all__ = ["validate_topic_config"]  # re-exported: the handlers validate through the registry's module
+# The broker setting that gives each internal topic its partition count, once, when the topic is created.
+INTERNAL_TOPIC_PARTITIONS_KEYS = {
+    CONSUMER_OFFSETS: "offsets.topic.num.partitions",
+    SHARE_GROUP_STATE: "share.coordinator.state.topic.num.partitions",
+    TRANSACTION_STATE: "transaction.state.log.num.partitions",
+}
 _LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_NAME_LENGTH = 249
 
@@ -60,6 +66,9 @@ class Topic:
     topic_id: bytes
     partitions: list[PartitionLog]
     configs: dict[str, str] = field(default_factory=dict)
+    # The partition count the topic was created with (None: a registry written before it was kept). An
+    # internal topic's coordinators place their keys by it, whatever partitions were added later.
+    created_partitions: int | None = None
     # What produce checks and rewrites, from the topic's configs and the broker's defaults.
     policy: ProducePolicy = field(default_factory=ProducePolicy)
 
@@ -85,7 +94,9 @@ class TopicRegistry:
         doc = json.loads(path.read_text())
         for entry in doc["topics"]:
             topic_id = uuid.UUID(entry["id"]).bytes
-            topic = Topic(entry["name"], topic_id, [], dict(entry.get("configs", {})))
+            created = entry.get("created_partitions")
+            topic = Topic(entry["name"], topic_id, [], dict(entry.get("configs", {})),
+                          created if isinstance(created, int) and created > 0 else None)
             self._apply(topic)
             cfg = self.log_config(topic.configs)
             topic.partitions = [
@@ -102,6 +113,7 @@ class TopicRegistry:
                     "id": str(uuid.UUID(bytes=t.topic_id)),
                     "partitions": len(t.partitions),
                     "configs": t.configs,
+                    **({} if t.created_partitions is None else {"created_partitions": t.created_partitions}),
                 }
                 for t in self.by_name.values()
             ]
@@ -190,7 +202,7 @@ class TopicRegistry:
         configs = dict(configs or {})
         cfg = self.log_config(configs)
         partitions = [PartitionLog.open(self.partition_dir(name, p), cfg) for p in range(num_partitions)]
-        topic = Topic(name, topic_id, partitions, configs)
+        topic = Topic(name, topic_id, partitions, configs, num_partitions)
         self._apply(topic)
         self._index(topic)
         self._save()
@@ -201,6 +213,11 @@ class TopicRegistry:
         cfg = self.log_config(topic.configs)
         for p in range(len(topic.partitions), total):
             topic.partitions.append(PartitionLog.open(self.partition_dir(topic.name, p), cfg))
+        self._save()
+
+    def set_created_partitions(self, topic: Topic, count: int) -> None:
+        """Record the creation-time partition count of a topic whose registry entry predates it."""
+        topic.created_partitions = count
         self._save()
 
     def alter_configs(self, topic: Topic, changes: list[tuple[str, str | None]]) -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.broker.server.config import BrokerConfig
+from shoal.broker.common.config import BrokerConfig
 from shoal.broker.storage.client_quotas import ClientQuotaStore, QuotaOp, QuotaRequestError
 from shoal.broker.storage.log_config import (
     INTERNAL_SEGMENT_BYTES,
