@@ -64,6 +64,9 @@ class ProduceServices:
     topics: TopicRegistry
     purgatory: Purgatory
     metrics: BrokerMetrics
+    # KIP-890 part 1: (transactional id, producer id, epoch, (topic, partition)) -> the coordinator's
+    # answer to "is this partition in the producer's open transaction?"; None when verification is off.
+    verify_txn_partition: Callable[[str, int, int, tuple[str, int]], int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +161,7 @@ class TransactionServices:
     transaction_coordinator: TransactionCoordinator
     txn_offsets: TxnOffsetStore
     producer_ids: ProducerIdAllocator
+    purgatory: Purgatory
 
 
 @dataclass(frozen=True, slots=True)

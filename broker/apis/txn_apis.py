@@ -1,5 +1,6 @@
 """Transactions: InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit, DescribeTransactions,
-ListTransactions and DescribeProducers, plus the marker writer the transaction coordinator uses.
+ListTransactions, DescribeProducers and WriteTxnMarkers (what Admin.abortTransaction sends to repair a
+hanging transaction), plus the marker writer the transaction coordinator uses.
 
 The coordinator decides; this module checks topics and ACLs first (as Kafka's request layer does) and
 maps PRODUCER_FENCED to INVALID_PRODUCER_EPOCH for request versions older than KIP-588.
@@ -16,6 +17,7 @@ import structlog
 
 from shoal.broker.common.purgatory import LogKey
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
+from shoal.broker.storage.partition_log import LogClosed
 from shoal.coordinator.transaction_coordinator import TopicPartition
 from shoal.coordinator.transaction_log import STATE_BY_NAME
 from shoal.coordinator.txn_offsets import TxnOffset
@@ -26,8 +28,11 @@ from shoal.protocol.errors import ErrorCode
 if TYPE_CHECKING:
     from shoal.broker.apis.broker import Broker
     from shoal.broker.apis.services import ApiTable, TransactionServices
+    from shoal.broker.common.purgatory import Purgatory
     from shoal.broker.network.connection import RequestContext
+    from shoal.broker.storage.topic_registry import TopicRegistry
     from shoal.coordinator.transaction_coordinator import TransactionCoordinator
+    from shoal.coordinator.txn_offsets import TxnOffsetStore
 
 log = structlog.get_logger("shoal.txn")
 
@@ -54,6 +59,10 @@ DescribeProducersResponse = messages.DescribeProducersResponse
 DpTopic = DescribeProducersResponse.TopicResponse
 DpPartition = DescribeProducersResponse.PartitionResponse
 DpProducer = DescribeProducersResponse.ProducerState
+WriteTxnMarkersResponse = messages.WriteTxnMarkersResponse
+WmResult = WriteTxnMarkersResponse.WritableTxnMarkerResult
+WmTopic = WriteTxnMarkersResponse.WritableTxnMarkerTopicResult
+WmPartition = WriteTxnMarkersResponse.WritableTxnMarkerPartitionResult
 
 # First version of each API whose clients understand PRODUCER_FENCED (KIP-588).
 _FENCED_SINCE = {ApiKey.INIT_PRODUCER_ID: 4, ApiKey.ADD_PARTITIONS_TO_TXN: 2, ApiKey.ADD_OFFSETS_TO_TXN: 2,
@@ -66,6 +75,31 @@ def client_error(api: ApiKey, version: int, code: int) -> int:
     return code
 
 
+async def write_marker(topics: TopicRegistry, purgatory: Purgatory, txn_offsets: TxnOffsetStore, topic_name: str,
+                       index: int, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int = 0,
+                       ) -> bool:
+    """Append and fsync one COMMIT or ABORT marker; False if the partition does not exist (or was
+    deleted while its marker was written)."""
+    topic = topics.get(topic_name)
+    if topic is None or not 0 <= index < len(topic.partitions):
+        return False
+    plog = topic.partitions[index]
+    try:
+        result = plog.append_marker(producer_id=producer_id, producer_epoch=producer_epoch, commit=commit,
+                                    coordinator_epoch=coordinator_epoch, timestamp_ms=int(time.time() * 1000))
+        purgatory.notify(LogKey(topic.topic_id, index))
+        await plog.flush(result.last_offset + 1)
+    except LogClosed:
+        if topics.get(topic_name) is not topic:
+            log.info("txn.marker_partition_deleted", topic=topic_name, partition=index)
+            return False
+        raise
+    if topic_name == CONSUMER_OFFSETS:
+        # The marker is durable: the transaction's offset commits there are now final (or dropped).
+        txn_offsets.on_marker(index, producer_id, commit)
+    return True
+
+
 class BrokerMarkerWriter:
     """Writes COMMIT/ABORT control batches to the broker's partition logs for the coordinator."""
 
@@ -73,25 +107,22 @@ class BrokerMarkerWriter:
         self.broker = broker
 
     async def write_markers(self, producer_id: int, producer_epoch: int, commit: bool,
-                            partitions: Iterable[TopicPartition]) -> None:
-        flushes = []
-        offsets_partitions = []
-        now = int(time.time() * 1000)
-        for topic_name, index in partitions:
-            topic = self.broker.topics.get(topic_name)
-            if topic is None or not 0 <= index < len(topic.partitions):
-                continue  # deleted since it joined the transaction: nothing to mark
-            plog = topic.partitions[index]
-            result = plog.append_marker(producer_id=producer_id, producer_epoch=producer_epoch, commit=commit,
-                                        coordinator_epoch=0, timestamp_ms=now)
-            flushes.append(plog.flush(result.last_offset + 1))
-            if topic_name == CONSUMER_OFFSETS:
-                offsets_partitions.append(index)
-            self.broker.purgatory.notify(LogKey(topic.topic_id, index))
-        await asyncio.gather(*flushes)
-        for index in offsets_partitions:
-            # The marker is durable: the transaction's offset commits there are now final (or dropped).
-            self.broker.txn_offsets.on_marker(index, producer_id, commit)
+                            partitions: Iterable[TopicPartition]) -> set[TopicPartition]:
+        b = self.broker
+        parts = list(partitions)
+        # A partition deleted since it joined the transaction (or while its marker was written) needs no
+        # marker: Kafka skips markers for deleted partitions.
+        results = await asyncio.gather(*(write_marker(b.topics, b.purgatory, b.txn_offsets, topic, index, producer_id,
+                                                      producer_epoch, commit) for topic, index in parts),
+                                       return_exceptions=True)
+        failed: set[TopicPartition] = set()
+        for tp, result in zip(parts, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                raise result
+            if isinstance(result, BaseException):
+                log.warning("txn.marker_failed", topic=tp[0], partition=tp[1], error=repr(result))
+                failed.add(tp)
+        return failed
 
 
 class TransactionApis:
@@ -118,9 +149,8 @@ class TransactionApis:
             ):
                 return InitProducerIdResponse(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, producer_id=-1,
                                               producer_epoch=-1)
-            if pid >= 0:
-                # An idempotent producer bumping its own epoch keeps its id.
-                return InitProducerIdResponse(error_code=ErrorCode.NONE, producer_id=pid, producer_epoch=(epoch + 1) & 0x7FFF)
+            # Kafka hands an idempotent producer a fresh producer id, whatever id and epoch it names: a
+            # client-chosen id could be another producer's.
             return InitProducerIdResponse(error_code=ErrorCode.NONE, producer_id=self.services.producer_ids.allocate(),
                                           producer_epoch=0)
         if req.transactional_id and not self._txn_authorized(ctx, req.transactional_id):
@@ -235,6 +265,53 @@ class TransactionApis:
             by_topic.setdefault(name, []).append(ToPartition(partition_index=index, error_code=code))
         return TxnOffsetCommitResponse(topics=[ToTopic(name=n, partitions=ps) for n, ps in by_topic.items()])
 
+    # ---- WriteTxnMarkers ------------------------------------------------------------------------
+
+    async def write_txn_markers(self, ctx: RequestContext, req: messages.WriteTxnMarkersRequest) -> messages.WriteTxnMarkersResponse:
+        """Markers written on request: Kafka's coordinators send these to partition leaders; on one broker
+        the coordinator writes its own, so what arrives here is Admin.abortTransaction closing a hanging
+        transaction (CLUSTER_ACTION required, as in Kafka)."""
+        authorized = ctx.authorize(Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME)
+        out = []
+        for marker in req.markers:
+            wanted = [(t.name, index) for t in marker.topics for index in t.partition_indexes]
+            codes = await asyncio.gather(*(self._requested_marker(authorized, marker, name, index)
+                                           for name, index in wanted))
+            by_topic: dict[str, list[WmPartition]] = {}
+            for (name, index), code in zip(wanted, codes, strict=True):
+                by_topic.setdefault(name, []).append(WmPartition(partition_index=index, error_code=code))
+            out.append(WmResult(producer_id=marker.producer_id,
+                                topics=[WmTopic(name=n, partitions=ps) for n, ps in by_topic.items()]))
+        return WriteTxnMarkersResponse(markers=out)
+
+    async def _requested_marker(self, authorized: bool, marker: messages.WriteTxnMarkersRequest.WritableTxnMarker,
+                                name: str, index: int) -> int:
+        if not authorized:
+            return ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        topic = self.services.topics.get(name)
+        if topic is None or not 0 <= index < len(topic.partitions):
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        entry = topic.partitions[index].producer_state.producers.get(marker.producer_id)
+        if entry is not None and marker.producer_epoch < entry.epoch:
+            # Kafka's ProducerStateManager refuses a marker older than the producer's epoch.
+            log.info("write_txn_markers refused", topic=name, partition=index, producer_id=marker.producer_id,
+                     producer_epoch=marker.producer_epoch, current_epoch=entry.epoch)
+            return ErrorCode.INVALID_PRODUCER_EPOCH
+        try:
+            written = await write_marker(self.services.topics, self.services.purgatory, self.services.txn_offsets,
+                                         name, index, marker.producer_id, marker.producer_epoch,
+                                         marker.transaction_result, max(0, marker.coordinator_epoch))
+        except OSError as exc:
+            log.error("write_txn_markers failed", topic=name, partition=index, error=repr(exc))
+            return ErrorCode.KAFKA_STORAGE_ERROR
+        except LogClosed:
+            written = False
+        if not written:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        log.info("txn.marker_written_on_request", topic=name, partition=index, producer_id=marker.producer_id,
+                 producer_epoch=marker.producer_epoch, commit=marker.transaction_result)
+        return ErrorCode.NONE
+
     # ---- Describe / List ------------------------------------------------------------------------
 
     def describe_transactions(self, ctx: RequestContext, req: messages.DescribeTransactionsRequest) -> messages.DescribeTransactionsResponse:
@@ -285,4 +362,5 @@ def register(table: ApiTable, services: TransactionServices) -> TransactionApis:
     table.register(ApiKey.TXN_OFFSET_COMMIT, 0, 3, h.txn_offset_commit)
     table.register(ApiKey.DESCRIBE_TRANSACTIONS, 0, 0, h.describe_transactions)
     table.register(ApiKey.LIST_TRANSACTIONS, 0, 1, h.list_transactions)
+    table.register(ApiKey.WRITE_TXN_MARKERS, 1, 1, h.write_txn_markers)
     return h

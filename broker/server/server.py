@@ -398,6 +398,7 @@ class Broker:
             max_timeout_ms=int(self.config["transaction.max.timeout.ms"]),
             offsets_placement=self.offsets_placement,
             placement=Placement(self.coordinator_partitions(TRANSACTION_STATE, num_partitions), topic=TRANSACTION_STATE),
+            transactional_id_expiration_ms=int(self.config["transactional.id.expiration.ms"]),
         )
         offsets_topic = self.topics.get(CONSUMER_OFFSETS)
         assert offsets_topic is not None
@@ -407,6 +408,8 @@ class Broker:
         await self.transaction_coordinator.load()
         self.transaction_coordinator.start()
         self._background.append(self.loop.create_task(self._abort_timed_out_transactions()))
+        self._background.append(self.loop.create_task(self._expire_transactional_ids()))
+        self._background.append(self.loop.create_task(self._expire_producer_ids()))
 
     def _create_transaction_state(self) -> Topic:
         topic = self.topics.create(TRANSACTION_STATE, int(self.config["transaction.state.log.num.partitions"]),
@@ -433,6 +436,28 @@ class Broker:
                 await self.transaction_coordinator.prune()
             except Exception:
                 log.exception("aborting timed-out transactions failed")
+
+    async def _expire_transactional_ids(self) -> None:
+        interval = int(self.config["transaction.remove.expired.transaction.cleanup.interval.ms"]) / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.transaction_coordinator.expire_transactional_ids()
+            except Exception:
+                log.exception("expiring transactional ids failed")
+
+    async def _expire_producer_ids(self) -> None:
+        interval = int(self.config["producer.id.expiration.check.interval.ms"]) / 1000
+        expiration_ms = int(self.config["producer.id.expiration.ms"])
+        while True:
+            await asyncio.sleep(interval)
+            now_ms = int(time.time() * 1000)
+            expired = 0
+            for topic in list(self.topics.by_name.values()):
+                for plog in topic.partitions:
+                    expired += plog.expire_producers(now_ms, expiration_ms)
+            if expired:
+                log.info("producer ids expired", count=expired)
 
     def _wire_share_metrics(self) -> None:
         """KIP-932 metrics: event hooks into the share coordinator and leaders, plus a scrape-time collector."""

@@ -53,7 +53,10 @@ def register_all(b: Broker) -> None:
     budget = PartitionBudget(b.config, b.topics)
     metadata.register(b, DiscoveryServices(b.config, b.node_id, b.cluster_id, b.topics, budget,
                                            b.api_version_entries, b.advertised_listener, b.on_topic_created))
-    produce.register(b, ProduceServices(b.config, b.topics, b.purgatory, b.metrics))
+    coordinator = b.transaction_coordinator
+    verify = (lambda txn_id, pid, epoch, tp: coordinator.verify_partitions(txn_id, pid, epoch, [tp])[tp]) if (
+        b.config["transaction.partition.verification.enable"]) else None
+    produce.register(b, ProduceServices(b.config, b.topics, b.purgatory, b.metrics, verify))
     fetch.register(b, FetchServices(b.config, b.topics, b.purgatory))
     topic_admin.register(b, TopicAdminServices(b.config, b.node_id, b.topics, b.group_configs, budget,
                                                b.on_topic_created, b.delete_topic, b.on_log_start_moved))
@@ -73,4 +76,5 @@ def register_all(b: Broker) -> None:
     sasl_apis.register(b, SaslServices(b.config, b.scram_credentials))
     scram_apis.register(b, ScramServices(b.scram_credentials))
     acl_apis.register(b, AclServices(b.authorizer))
-    txn_apis.register(b, TransactionServices(b.topics, b.transaction_coordinator, b.txn_offsets, b.producer_ids))
+    txn_apis.register(b, TransactionServices(b.topics, b.transaction_coordinator, b.txn_offsets, b.producer_ids,
+                                             b.purgatory))
