@@ -159,6 +159,9 @@ _KEYS: list[ConfigKey] = [
     ConfigKey("group.initial.rebalance.delay.ms", int, 3000, "Wait for more members before a new group's first rebalance.", 0),
     ConfigKey("group.max.size", int, 2**31 - 1, "Members per classic group.", 1),
     ConfigKey("offset.metadata.max.bytes", int, 4096, "Largest metadata string of a committed offset.", 0),
+    ConfigKey("offsets.retention.minutes", int, 10080,
+              "How long committed offsets of a group without members (or of topics it no longer reads) are kept.", 1),
+    ConfigKey("offsets.retention.check.interval.ms", int, 600000, "How often expired committed offsets are removed.", 1),
     # KIP-848 consumer groups
     ConfigKey("group.consumer.session.timeout.ms", int, 45000, "Consumer-group member session timeout.", 1),
     ConfigKey("group.consumer.heartbeat.interval.ms", int, 5000, "Consumer-group member heartbeat interval.", 1),

@@ -19,7 +19,6 @@ from shoal.broker.storage.topic_registry import Topic
 from shoal.coordinator.placement import Placement
 from shoal.coordinator.transaction_coordinator import TransactionCoordinator
 from shoal.coordinator.transaction_log import TxnMetadata, TxnState, from_record, to_record
-from shoal.coordinator.txn_offsets import TxnOffset, TxnOffsetStore
 from shoal.protocol.coordinator_records import (
     SHARE_GROUP_STATE,
     SHARE_SNAPSHOT,
@@ -30,7 +29,6 @@ from shoal.protocol.coordinator_records import (
     key_class,
 )
 from shoal.protocol.errors import ErrorCode
-from shoal.protocol.messages import CODECS
 from shoal.protocol.record_batch import iter_batches
 from shoal.protocol.records import RecordInput, encode_batch
 
@@ -307,48 +305,6 @@ def test_lso_is_the_first_offset_of_the_oldest_open_transaction(events: list[tup
     for pid, first, last in aborted:
         assert state.is_aborted(pid, first) and state.is_aborted(pid, last)
         assert any(t.producer_id == pid for t in state.aborted_between(first, first + 1))
-
-
-# ---- transactional offset commits ----------------------------------------------------------------
-
-
-def test_txn_offsets_pending_until_marker_and_replayed(tmp_path: Path) -> None:
-    async def run() -> None:
-        offsets = Topic("__consumer_offsets", b"\x03" * 16,
-                        [PartitionLog.open(tmp_path / f"co-{i}", LogConfig()) for i in range(2)])
-        log = InternalTopicLog(offsets)
-        done: list[list[Any]] = []
-        store = TxnOffsetStore(log, done.append)
-        p = store.partition_for("g")
-        await store.commit("g", 7, 0, [TxnOffset("in", 0, 42, -1, "")])
-        await store.commit("g", 8, 0, [TxnOffset("in", 1, 5, -1, "")])
-        assert store.has_pending("g", "in", 0) and not store.has_pending("g", "in", 2)
-        assert list(log.replay_raw(p)) == []  # nothing final before a marker
-        plog = offsets.partitions[p]
-        await plog.flush(plog.append_marker(producer_id=7, producer_epoch=0, commit=True, coordinator_epoch=0,
-                                            timestamp_ms=0).last_offset + 1)
-        store.on_marker(p, 7, True)
-        key, value = done[0][0]
-        committed = (CODECS["OffsetCommitKey"].decode(key, 0, 2)[0], CODECS["OffsetCommitValue"].decode(value, 3, 2)[0])
-        assert (committed[0].group, committed[0].topic, committed[0].partition, committed[1].offset) == ("g", "in", 0, 42)
-        assert [(k, v) for _o, k, v in log.replay_raw(p)] == done[0]
-        # Producer 8 is still open: a restart finds its offsets pending, and an abort drops them.
-        for plog in offsets.partitions:
-            plog.close()
-        offsets.partitions = [PartitionLog.open(tmp_path / f"co-{i}", LogConfig()) for i in range(2)]
-        store = TxnOffsetStore(InternalTopicLog(offsets), done.append)
-        store.load()
-        assert store.has_pending("g", "in", 1) and not store.has_pending("g", "in", 0)
-        plog = offsets.partitions[p]
-        await plog.flush(plog.append_marker(producer_id=8, producer_epoch=0, commit=False, coordinator_epoch=0,
-                                            timestamp_ms=0).last_offset + 1)
-        store.on_marker(p, 8, False)
-        assert len(done) == 1 and not store.has_pending("g", "in", 1)
-        assert [(k, v) for _o, k, v in InternalTopicLog(offsets).replay_raw(p)] == done[0]
-        for plog in offsets.partitions:
-            plog.close()
-
-    asyncio.run(run())
 
 
 def test_prune_keeps_every_latest_state(tmp_path: Path, monkeypatch: Any) -> None:

@@ -15,8 +15,8 @@ import pytest
 
 from shoal.broker.common.config import BrokerConfig
 from shoal.broker.server.server import Broker
+from shoal.coordinator.classic_coordinator import OffsetToCommit
 from shoal.coordinator.transaction_log import TxnState
-from shoal.coordinator.txn_offsets import TxnOffset
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.record_batch import iter_batches
 from shoal.protocol.records import RecordInput, encode_batch
@@ -51,8 +51,10 @@ async def test_a_topic_deleted_while_its_marker_is_written(broker: Broker, segme
         batch = bytearray(encode_batch([RecordInput(value=b"x")], producer_id=pid, producer_epoch=epoch,
                                        base_sequence=0, is_transactional=True))
         topic.partitions[0].append(batch, list(iter_batches(batch)))
-    await broker.txn_offsets.commit("grp", pid, epoch, [TxnOffset("kept", 0, 5, -1, "")])
-    assert broker.txn_offsets.has_pending("grp", "kept", 0)
+    groups = broker.group_coordinator
+    assert await groups.commit_transactional_offsets("grp", pid, epoch, "", None, -1,
+                                                     [OffsetToCommit("kept", 0, 5, -1, "")]) == (0, [0])
+    assert groups.has_pending_offset("grp", "kept", 0)
 
     doomed_log = doomed.partitions[0]
     end = doomed_log.log_end_offset
@@ -66,6 +68,7 @@ async def test_a_topic_deleted_while_its_marker_is_written(broker: Broker, segme
             await asyncio.sleep(0.01)
 
     await asyncio.wait_for(completed(), 60)
-    assert not broker.txn_offsets.has_pending("grp", "kept", 0)
+    assert not groups.has_pending_offset("grp", "kept", 0)
+    assert groups.fetch_offsets("grp", None, -1, [("kept", [0])])[1][0][2].offset == 5  # type: ignore[union-attr]
     kept_log = kept.partitions[0]
     assert kept_log.last_stable_offset == kept_log.log_end_offset
