@@ -312,11 +312,15 @@ def _broker_synonyms(spec: TopicConfigDef, broker: BrokerConfig) -> list[tuple[s
         key = KEYS.get(syn.name)
         if key is None:
             continue
-        if key.default is None or (syn.name in ("log.retention.ms", "log.retention.minutes") and key.default == -2):
-            continue  # no default of its own: the next synonym gives it
+        if key.default is None or _UNSET_DEFAULTS.get(syn.name) == key.default:
+            continue  # no default of its own: the next synonym (or the topic key's own default) gives it
         out.append((syn.name, _text(key.default), SOURCE_DEFAULT, syn.factor))
         break
     return out
+
+
+# Broker defaults that stand for "not set": Kafka leaves these keys null.
+_UNSET_DEFAULTS = {"log.retention.ms": -2, "log.retention.minutes": -2, "log.flush.interval.ms": -1}
 
 
 def _scaled(text: str | None, factor: int) -> str | None:

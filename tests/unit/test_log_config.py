@@ -21,6 +21,7 @@ from shoal.broker.storage.log_config import (
     TOPIC_CONFIGS,
     ProducePolicy,
     apply_list_op,
+    effective_configs,
     needs_recompression,
     recompress,
     resolve,
@@ -254,3 +255,17 @@ def test_leftover_deleted_files_are_removed_on_open(tmp_path: Path) -> None:
     (directory / "00000000000000000000.log.deleted").write_bytes(b"old")
     PartitionLog.open(directory, LogConfig()).close()
     assert not list(directory.glob("*.deleted"))
+
+
+def test_flush_ms_default_is_kafkas_not_the_brokers_unset_marker() -> None:
+    value = resolve("flush.ms", {}, BrokerConfig.from_strings({}))
+    assert (value.value, value.source) == (str((1 << 63) - 1), SOURCE_DEFAULT)
+    assert validate_topic_config("flush.ms", value.value) is None  # a described value can be set back
+    static = resolve("flush.ms", {}, BrokerConfig.from_strings({"log.flush.interval.ms": "1000"}))
+    assert (static.value, static.source) == ("1000", SOURCE_STATIC_BROKER)
+
+
+def test_every_described_default_can_be_set_back() -> None:
+    # Tools copy a topic's described configs onto another topic: each value must pass validation.
+    for key, value in effective_configs({}, BrokerConfig.from_strings({})).items():
+        assert value.value is not None and validate_topic_config(key, value.value) is None, (key, value)
