@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from shoal.broker.storage.producer_state import ProducerIdAllocator
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
     from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
+    from shoal.broker.upstream.forwarder import Forwarder
     from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
     from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
     from shoal.coordinator.group_coordinator import GroupCoordinator
@@ -62,6 +63,8 @@ class Broker(Protocol):
     producer_ids: ProducerIdAllocator
     classic_groups: ClassicGroupCoordinator
     consumer_groups: ConsumerGroupCoordinator
+    # Sidecar mode (upstream.bootstrap.servers set): the forwarding to the upstream; None when standalone.
+    upstream_forwarder: Forwarder | None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...

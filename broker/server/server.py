@@ -42,6 +42,8 @@ from .adapters import BrokerTopicMetadata
 if TYPE_CHECKING:
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
     from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
+    from shoal.broker.upstream.cluster import UpstreamCluster
+    from shoal.broker.upstream.forwarder import Forwarder
     from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
     from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
     from shoal.coordinator.group_coordinator import GroupCoordinator
@@ -112,6 +114,9 @@ class Broker:
         # request is served before. `stop` stops only what was started.
         self._coordinators_started = False
         self.producer_ids = ProducerIdAllocator(Path(config["log.dirs"]) / "shoal-producer-ids")
+        # Sidecar mode: the upstream cluster and the forwarding to it, set up in start().
+        self.upstream_cluster: UpstreamCluster | None = None
+        self.upstream_forwarder: Forwarder | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -221,6 +226,8 @@ class Broker:
         from .wiring import register_all
 
         self._loop = loop = asyncio.get_running_loop()
+        if self.config.upstream:
+            await self._start_upstream()
         self.topics.data_dir.mkdir(parents=True, exist_ok=True)
         self.topics.load()
         self.ensure_internal_topics()
@@ -250,6 +257,23 @@ class Broker:
         for topic in self.topics.by_name.values():
             for plog in topic.partitions:
                 plog.start_background(loop)
+
+    async def _start_upstream(self) -> None:
+        """Sidecar mode: reach the upstream before serving anyone; raises UpstreamStartError (or
+        UpstreamConfigError) with the reason when it cannot, and the broker does not start."""
+        from shoal.broker.upstream.cluster import UpstreamCluster
+        from shoal.broker.upstream.forwarder import Forwarder
+        from shoal.broker.upstream.metrics import UpstreamMetrics
+        from shoal.broker.upstream.settings import parse_upstream
+
+        cluster = UpstreamCluster(parse_upstream(self.config.upstream), UpstreamMetrics(self.metrics.registry))
+        try:
+            await cluster.start()
+        except BaseException:
+            await cluster.close()
+            raise
+        self.upstream_cluster = cluster
+        self.upstream_forwarder = Forwarder(cluster)
 
     async def _retention_loop(self) -> None:
         interval = int(self.config["log.retention.check.interval.ms"]) / 1000
@@ -299,6 +323,8 @@ class Broker:
                     log.exception("final flush failed", topic=topic.name)
                 await plog.stop_background()
         self.topics.close()
+        if self.upstream_cluster is not None:
+            await self.upstream_cluster.close()
         self.metrics.stop()
 
     async def _start_share_groups(self) -> None:

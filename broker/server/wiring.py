@@ -22,6 +22,7 @@ from shoal.broker.apis import (
     share_state_apis,
     topic_admin,
     txn_apis,
+    upstream_apis,
 )
 from shoal.broker.apis.services import (
     AclServices,
@@ -42,6 +43,7 @@ from shoal.broker.apis.services import (
     ShareStateServices,
     TopicAdminServices,
     TransactionServices,
+    UpstreamServices,
 )
 
 if TYPE_CHECKING:
@@ -80,3 +82,7 @@ def register_all(b: Broker) -> None:
     acl_apis.register(b, AclServices(b.authorizer))
     txn_apis.register(b, TransactionServices(b.topics, b.transaction_coordinator, b.group_coordinator, b.producer_ids,
                                              b.transaction_markers))
+    if b.upstream_forwarder is not None:
+        # Sidecar mode: these handlers replace the standalone ones for the APIs the upstream serves.
+        upstream_apis.register(b, UpstreamServices(b.node_id, b.cluster_id, b.upstream_forwarder,
+                                                   b.advertised_listener, b.connection_listeners))
