@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from shoal.broker.apis.topic_admin import partition_budget_problem
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.broker.storage.topic_registry import INTERNAL_TOPICS, Topic, validate_topic_name
 from shoal.protocol import messages
@@ -145,7 +144,7 @@ class DiscoveryHandlers:
         ):
             return None, ErrorCode.TOPIC_AUTHORIZATION_FAILED
         count = int(self.services.config["num.partitions"])
-        too_many = partition_budget_problem(self.services.budget, count)
+        too_many = self.services.budget.problem(count)
         if too_many is not None:
             log.warning("refused topic auto-creation", topic=name, reason=too_many)
             return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from shoal.broker.share.group_configs import GroupConfigs
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
     from shoal.broker.storage.client_quotas import ClientQuotaStore
+    from shoal.broker.storage.partition_budget import PartitionBudget
     from shoal.broker.storage.producer_state import ProducerIdAllocator
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
     from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
@@ -38,14 +39,6 @@ class ApiTable(Protocol):
     """The dispatch table handlers are registered in (the server's `Broker.register`)."""
 
     def register(self, key: int, min_version: int, max_version: int, handler: Callable[..., Any]) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionBudget:
-    """What `topic_admin.partition_budget_problem` reads: the per-request bound and the partitions held."""
-
-    config: BrokerConfig
-    topics: TopicRegistry
 
 
 @dataclass(frozen=True, slots=True)

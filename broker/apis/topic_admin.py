@@ -3,7 +3,6 @@ ListOffsets, DescribeConfigs and InitProducerId."""
 
 from __future__ import annotations
 
-import resource
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,7 +29,7 @@ from shoal.protocol.records import decode_batch
 from shoal.protocol.uuids import ZERO_UUID
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.services import ApiTable, PartitionBudget, TopicAdminServices
+    from shoal.broker.apis.services import ApiTable, TopicAdminServices
     from shoal.broker.network.connection import RequestContext
 
 log = structlog.get_logger("shoal.admin")
@@ -120,7 +119,7 @@ class TopicAdmin:
             if count <= 0:
                 result.error_code, result.error_message = ErrorCode.INVALID_PARTITIONS, "Number of partitions must be larger than 0."
                 continue
-            too_many = partition_budget_problem(self.services.budget, count, added)
+            too_many = self.services.budget.problem(count, added)
             if too_many is not None:
                 log.warning("refused topic creation", topic=shorten(ct.name), partitions=count, reason=too_many)
                 result.error_code, result.error_message = ErrorCode.POLICY_VIOLATION, too_many
@@ -209,7 +208,7 @@ class TopicAdmin:
                 res.error_code = ErrorCode.INVALID_PARTITIONS
                 res.error_message = f"Topic currently has {len(topic.partitions)} partitions, {t.count} would not be an increase."
                 continue
-            too_many = partition_budget_problem(self.services.budget, t.count - len(topic.partitions), added)
+            too_many = self.services.budget.problem(t.count - len(topic.partitions), added)
             if too_many is not None:
                 log.warning("refused partition creation", topic=t.name, count=t.count, reason=too_many)
                 res.error_code, res.error_message = ErrorCode.POLICY_VIOLATION, too_many
@@ -430,31 +429,6 @@ def _record_at_or_after(plog: PartitionLog, timestamp_ms: int) -> tuple[int, int
         if rec.offset >= plog.log_start_offset and timestamp_ms <= rec.timestamp < 1 << 63:
             return rec.offset, rec.timestamp
     return found
-
-
-def partition_budget_problem(budget: PartitionBudget, adding: int, added_so_far: int = 0) -> str | None:
-    """Why `adding` more partitions cannot be created, or None: Kafka's per-request bound and our file budget."""
-    per_request = int(budget.config["max.partitions.per.request"])
-    if added_so_far + adding > per_request:
-        return (f"Unable to perform excessively large batch operation: {added_so_far + adding} partitions "
-                f"in one request exceed max.partitions.per.request={per_request}.")
-    limit = broker_partition_limit(int(budget.config["max.partitions"]))
-    held = budget.topics.partition_count
-    if held + added_so_far + adding > limit:
-        return (f"Unable to create {adding} partitions: the broker holds {held} and its limit is {limit} "
-                f"(max.partitions, bounded by the open-file limit).")
-    return None
-
-
-def broker_partition_limit(configured: int) -> int:
-    """max.partitions, or with -1 what the open-file limit allows: every partition keeps its segment open."""
-    if configured >= 0:
-        return configured
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return 1 << 20
-    # Leave a quarter (at least 256) for connections, index files and the internal topics' extra segments.
-    return max(0, soft - max(256, soft // 4))
 
 
 def register(table: ApiTable, services: TopicAdminServices) -> TopicAdmin:

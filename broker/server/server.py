@@ -357,12 +357,11 @@ class Broker:
                                 state_key_string, topic=SHARE_GROUP_STATE),
         )
         self.persister = DefaultStatePersister(InProcessShareCoordinatorClient(self.share_coordinator))
-        from shoal.broker.apis.services import PartitionBudget
-        from shoal.broker.apis.topic_admin import partition_budget_problem
         from shoal.broker.share.dead_letter import DeadLetterWriter
+        from shoal.broker.storage.partition_budget import PartitionBudget
 
         dead_letters = DeadLetterWriter(self.topics, self.config, self.group_configs, self.on_topic_created,
-                                        partition_budget=lambda n: partition_budget_problem(PartitionBudget(self.config, self.topics), n))
+                                        partition_budget=PartitionBudget(self.config, self.topics).problem)
         self.share_partitions = SharePartitionLeaders(self.persister, self.group_configs, self.purgatory,
                                                       dead_letters=dead_letters)
         self._wire_share_metrics()

@@ -33,7 +33,6 @@ from shoal.broker.apis.services import (
     DiscoveryServices,
     FetchServices,
     LeaderEpochServices,
-    PartitionBudget,
     ProduceServices,
     SaslServices,
     ScramServices,
@@ -45,6 +44,7 @@ from shoal.broker.apis.services import (
     TransactionServices,
     UpstreamServices,
 )
+from shoal.broker.storage.partition_budget import PartitionBudget
 
 if TYPE_CHECKING:
     from .broker_view import (
