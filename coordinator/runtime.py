@@ -36,7 +36,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Generator, Hashable, Iterator
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Hashable,
+    Iterator,
+)
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
