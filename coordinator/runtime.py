@@ -275,9 +275,17 @@ class CoordinatorRuntime(Generic[S]):
         writes and wait for them together (shielded, so that their cancellation does not reach here)."""
         return self._start(self._holding_key(partition, key, operation))
 
+    def submit_steps(self, partition: int, key: Hashable, operation: Callable[[], Steps[T]]) -> asyncio.Task[T]:
+        """`submit` for an operation that writes in steps (`write_steps`)."""
+        return self.submit(partition, key, functools.partial(self._run_steps, partition, operation))
+
     async def write_exclusive(self, partition: int, operation: Callable[[], Awaitable[T]]) -> T:
         """Like `write`, holding the whole partition (for work that reads or changes every key)."""
         return await self._outlive_caller(self._start(self._holding_partition(partition, operation)))
+
+    async def write_exclusive_steps(self, partition: int, operation: Callable[[], Steps[T]]) -> T:
+        """`write_steps` holding the whole partition (a rewrite of every live key)."""
+        return await self.write_exclusive(partition, functools.partial(self._run_steps, partition, operation))
 
     async def append(self, partition: int, records: list[CoordinatorRecord]) -> None:
         """Append records durably, then replay them into the partition's shard.
