@@ -14,7 +14,14 @@ import pytest
 from shoal.broker.storage.internal_topic_log import InternalTopicLog
 from shoal.broker.storage.partition_log import LogConfig, PartitionLog
 from shoal.broker.storage.topic_registry import Topic
-from shoal.coordinator.runtime import Answer, AsyncSteps, CoordinatorResult, CoordinatorRuntime, PartitionGate, Steps
+from shoal.coordinator.runtime import (
+    Answer,
+    AsyncSteps,
+    CoordinatorResult,
+    CoordinatorRuntime,
+    PartitionGate,
+    Steps,
+)
 from shoal.coordinator.share_state import tombstone_record
 from shoal.persister.persister import SharePartitionKey
 from shoal.protocol.coordinator_records import CoordinatorRecord
