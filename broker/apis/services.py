@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
     from shoal.broker.storage.producer_state import ProducerIdAllocator
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
+    from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
+    from shoal.broker.upstream.forwarder import Forwarder
     from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
     from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
     from shoal.coordinator.group_coordinator import GroupCoordinator
@@ -152,7 +154,7 @@ class TransactionServices:
     # TxnOffsetCommit goes to the group coordinator, which keeps every committed offset.
     group_coordinator: GroupCoordinator
     producer_ids: ProducerIdAllocator
-    purgatory: Purgatory
+    markers: TransactionMarkerWriter
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,3 +179,15 @@ class ConsumerGroupServices:
 @dataclass(frozen=True, slots=True)
 class LeaderEpochServices:
     topics: TopicRegistry
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamServices:
+    """Sidecar mode: what the forwarding handlers use (only built when upstream.bootstrap.servers is set)."""
+
+    node_id: int
+    cluster_id: str
+    forwarder: Forwarder
+    advertised_listener: Callable[[str], Listener]
+    # The sidecar's handlers close a client connection's upstream fetch connections with it.
+    connection_listeners: list[Callable[[Any], None]]

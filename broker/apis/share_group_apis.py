@@ -17,7 +17,6 @@ from shoal.protocol.errors import ErrorCode
 if TYPE_CHECKING:
     from shoal.broker.apis.services import ApiTable, ShareGroupServices
     from shoal.broker.network.connection import RequestContext
-    from shoal.broker.storage.topic_registry import TopicRegistry
 
 HeartbeatResponse = messages.ShareGroupHeartbeatResponse
 DescribeResponse = messages.ShareGroupDescribeResponse
@@ -34,25 +33,6 @@ KNOWN_GROUP_TYPES = frozenset({"classic", "consumer", "share", "streams"})
 # Operations Kafka reports for a GROUP resource (AclEntry.supportedOperations).
 GROUP_OPERATIONS = (Operation.READ, Operation.DESCRIBE, Operation.DELETE, Operation.DESCRIBE_CONFIGS,
                     Operation.ALTER_CONFIGS)
-
-
-class BrokerTopicMetadata:
-    """The coordinator's view of topics, read live from the broker's registry."""
-
-    def __init__(self, registry: TopicRegistry):
-        self.registry = registry
-
-    def topic_by_name(self, name: str) -> tuple[bytes, int] | None:
-        topic = self.registry.get(name)
-        return None if topic is None else (topic.topic_id, len(topic.partitions))
-
-    def topic_by_id(self, topic_id: bytes) -> tuple[str, int] | None:
-        topic = self.registry.get_by_id(topic_id)
-        return None if topic is None else (topic.name, len(topic.partitions))
-
-    def topic_names(self) -> list[str]:
-        """User topics (what a regex subscription may match; internal topics never are)."""
-        return [name for name, topic in self.registry.by_name.items() if not topic.internal]
 
 
 class ShareGroupHandlers:

@@ -1,6 +1,6 @@
 """Transactions: InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit, DescribeTransactions,
 ListTransactions, DescribeProducers and WriteTxnMarkers (what Admin.abortTransaction sends to repair a
-hanging transaction), plus the marker writer the transaction coordinator uses.
+hanging transaction), with the markers written by `storage/transaction_markers.py`.
 
 The coordinator decides; this module checks topics and ACLs first (as Kafka's request layer does) and
 maps PRODUCER_FENCED to INVALID_PRODUCER_EPOCH for request versions older than KIP-588.
@@ -9,13 +9,10 @@ maps PRODUCER_FENCED to INVALID_PRODUCER_EPOCH for request versions older than K
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import structlog
 
-from shoal.broker.common.purgatory import LogKey
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.broker.storage.partition_log import LogClosed
 from shoal.coordinator.classic_coordinator import OffsetToCommit
@@ -26,12 +23,8 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Broker
     from shoal.broker.apis.services import ApiTable, TransactionServices
-    from shoal.broker.common.purgatory import Purgatory
     from shoal.broker.network.connection import RequestContext
-    from shoal.broker.storage.topic_registry import TopicRegistry
-    from shoal.coordinator.group_coordinator import GroupCoordinator
     from shoal.coordinator.transaction_coordinator import TransactionCoordinator
 
 log = structlog.get_logger("shoal.txn")
@@ -47,7 +40,6 @@ EndTxnResponse = messages.EndTxnResponse
 TxnOffsetCommitResponse = messages.TxnOffsetCommitResponse
 ToTopic = TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic
 ToPartition = TxnOffsetCommitResponse.TxnOffsetCommitResponsePartition
-CONSUMER_OFFSETS = "__consumer_offsets"
 MAX_GROUP_ID_BYTES = 32767  # an int16-length string in the OffsetCommit key
 DescribeTransactionsResponse = messages.DescribeTransactionsResponse
 DtState = DescribeTransactionsResponse.TransactionState
@@ -72,56 +64,6 @@ def client_error(api: ApiKey, version: int, code: int) -> int:
     if code == ErrorCode.PRODUCER_FENCED and version < _FENCED_SINCE[api]:
         return ErrorCode.INVALID_PRODUCER_EPOCH
     return code
-
-
-async def write_marker(topics: TopicRegistry, purgatory: Purgatory, groups: GroupCoordinator, topic_name: str,
-                       index: int, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int = 0,
-                       ) -> bool:
-    """Append and fsync one COMMIT or ABORT marker; False if the partition does not exist (or was
-    deleted while its marker was written)."""
-    topic = topics.get(topic_name)
-    if topic is None or not 0 <= index < len(topic.partitions):
-        return False
-    plog = topic.partitions[index]
-    try:
-        result = plog.append_marker(producer_id=producer_id, producer_epoch=producer_epoch, commit=commit,
-                                    coordinator_epoch=coordinator_epoch, timestamp_ms=int(time.time() * 1000))
-        purgatory.notify(LogKey(topic.topic_id, index))
-        await plog.flush(result.last_offset + 1)
-    except LogClosed:
-        if topics.get(topic_name) is not topic:
-            log.info("txn.marker_partition_deleted", topic=topic_name, partition=index)
-            return False
-        raise
-    if topic_name == CONSUMER_OFFSETS:
-        # The marker is durable: the transaction's offset commits there are now final (or dropped).
-        groups.on_transaction_completed(index, producer_id, commit)
-    return True
-
-
-class BrokerMarkerWriter:
-    """Writes COMMIT/ABORT control batches to the broker's partition logs for the coordinator."""
-
-    def __init__(self, broker: Broker):
-        self.broker = broker
-
-    async def write_markers(self, producer_id: int, producer_epoch: int, commit: bool,
-                            partitions: Iterable[TopicPartition]) -> set[TopicPartition]:
-        b = self.broker
-        parts = list(partitions)
-        # A partition deleted since it joined the transaction (or while its marker was written) needs no
-        # marker: Kafka skips markers for deleted partitions.
-        results = await asyncio.gather(*(write_marker(b.topics, b.purgatory, b.group_coordinator, topic, index, producer_id,
-                                                      producer_epoch, commit) for topic, index in parts),
-                                       return_exceptions=True)
-        failed: set[TopicPartition] = set()
-        for tp, result in zip(parts, results, strict=True):
-            if isinstance(result, asyncio.CancelledError):
-                raise result
-            if isinstance(result, BaseException):
-                log.warning("txn.marker_failed", topic=tp[0], partition=tp[1], error=repr(result))
-                failed.add(tp)
-        return failed
 
 
 class TransactionApis:
@@ -304,9 +246,8 @@ class TransactionApis:
                      producer_epoch=marker.producer_epoch, current_epoch=entry.epoch)
             return ErrorCode.INVALID_PRODUCER_EPOCH
         try:
-            written = await write_marker(self.services.topics, self.services.purgatory, self.services.group_coordinator,
-                                         name, index, marker.producer_id, marker.producer_epoch,
-                                         marker.transaction_result, max(0, marker.coordinator_epoch))
+            written = await self.services.markers.write_marker(name, index, marker.producer_id, marker.producer_epoch,
+                                                               marker.transaction_result, max(0, marker.coordinator_epoch))
         except OSError as exc:
             log.error("write_txn_markers failed", topic=name, partition=index, error=repr(exc))
             return ErrorCode.KAFKA_STORAGE_ERROR

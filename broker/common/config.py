@@ -221,6 +221,9 @@ _KEYS: list[ConfigKey] = [
 
 SUPPORTED_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 LISTENER_PREFIX = "listener.name."
+# Keys under this prefix configure Shoal's client connections to an upstream cluster (sidecar mode);
+# `upstream.bootstrap.servers` turns the mode on. They are kept as text for the upstream client to parse.
+UPSTREAM_PREFIX = "upstream."
 # Keys that make sense per listener (Kafka's ListenerName.configPrefix overrides).
 _PER_LISTENER = ("ssl.", "sasl.", "connections.max.reauth.ms")
 
@@ -255,6 +258,8 @@ class BrokerConfig:
         self.notes = notes or []
         # listener name (upper case) -> key -> parsed value, from `listener.name.<listener>.<key>`.
         self.per_listener = per_listener or {}
+        # `upstream.<key>` settings with the prefix removed (sidecar mode); empty in standalone mode.
+        self.upstream: dict[str, str] = {}
         # Values set at runtime (IncrementalAlterConfigs on BROKER), per level, as text; see DYNAMIC_KEYS.
         self._dynamic: dict[str, dict[str, str]] = {THIS_BROKER: {}, CLUSTER_DEFAULT: {}}
         self._dynamic_path: Path | None = None
@@ -337,6 +342,10 @@ class BrokerConfig:
         values: dict[str, Any] = {k.name: k.default for k in _KEYS}
         per_listener: dict[str, dict[str, Any]] = {}
         notes: list[ConfigNote] = []
+        upstream = {k[len(UPSTREAM_PREFIX):]: v for k, v in raw.items() if k.startswith(UPSTREAM_PREFIX)}
+        raw = {k: v for k, v in raw.items() if not k.startswith(UPSTREAM_PREFIX)}
+        if upstream and not upstream.get("bootstrap.servers", "").strip():
+            raise ConfigError("upstream.* keys need upstream.bootstrap.servers (the upstream cluster's brokers)")
         unknown = sorted(k for k in set(raw) - set(KEYS) if _listener_key(k) is None)
         strangers = [k for k in unknown if ignored_reason(k) is None]
         if strangers and strict:
@@ -364,6 +373,7 @@ class BrokerConfig:
         if values["log.format"] not in ("console", "json"):
             raise ConfigError("log.format must be console or json")
         config = cls(values, set(raw) - set(unknown), per_listener, notes)
+        config.upstream = upstream
         config.listeners()  # validate early
         config._validate_security()
         config._validate_share_bounds()

@@ -9,13 +9,14 @@ import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from shoal.broker.common.config import DYNAMIC_CONFIG_FILE, BrokerConfig, Listener
 from shoal.broker.common.metrics import BrokerMetrics
 from shoal.broker.common.purgatory import LogKey, Purgatory
+from shoal.broker.common.share_metrics import ShareGroupCollector
 from shoal.broker.network.connection import KafkaConnection
 from shoal.broker.network.request_channel import Api
 from shoal.broker.security.acl_store import build_authorizer
@@ -35,12 +36,42 @@ from shoal.broker.storage.topic_registry import (
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 
+from .adapters import BrokerTopicMetadata
+
+if TYPE_CHECKING:
+    from shoal.broker.share.share_partition_leader import SharePartitionLeaders
+    from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
+    from shoal.broker.upstream.cluster import UpstreamCluster
+    from shoal.broker.upstream.forwarder import Forwarder
+    from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
+    from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
+    from shoal.coordinator.group_coordinator import GroupCoordinator
+    from shoal.coordinator.placement import Placement
+    from shoal.coordinator.share_coordinator import ShareCoordinator
+    from shoal.coordinator.share_group_coordinator import ShareGroupCoordinator
+    from shoal.coordinator.transaction_coordinator import TransactionCoordinator
+    from shoal.persister.persister import Persister
+
 log = structlog.get_logger("shoal.broker")
 
 _REQUEST_DRAIN_S = 10.0  # how long stop() waits for running requests
 
 
 class Broker:
+    # Wired in start() (see __init__).
+    share_coordinator: ShareCoordinator
+    # The group coordinator: every group type and committed offsets on __consumer_offsets; its parts for
+    # share, classic and KIP-848 consumer groups.
+    group_coordinator: GroupCoordinator
+    share_groups: ShareGroupCoordinator
+    classic_groups: ClassicGroupCoordinator
+    consumer_groups: ConsumerGroupCoordinator
+    persister: Persister
+    share_partitions: SharePartitionLeaders
+    transaction_coordinator: TransactionCoordinator
+    transaction_markers: TransactionMarkerWriter
+    offsets_placement: Placement  # where each group id lives on __consumer_offsets
+
     def __init__(self, config: BrokerConfig):
         self.config = config
         self.node_id = int(config["node.id"])
@@ -77,19 +108,13 @@ class Broker:
         self.started_at = time.time()
         config.load_dynamic(Path(config["log.dirs"]) / DYNAMIC_CONFIG_FILE)
         self.group_configs = GroupConfigs(Path(config["log.dirs"]), config)
-        # Share-group parts, wired in start() once the internal topics exist.
-        self.share_coordinator: Any = None
-        # The group coordinator (every group type and committed offsets on __consumer_offsets), and its parts
-        # for share, classic and KIP-848 consumer groups.
-        self.group_coordinator: Any = None
-        self.share_groups: Any = None
-        self.classic_groups: Any = None
-        self.consumer_groups: Any = None
-        self.persister: Any = None
-        self.share_partitions: Any = None
-        self.transaction_coordinator: Any = None
-        self.offsets_placement: Any = None  # where each group id lives on __consumer_offsets
+        # The coordinators and share-group parts are wired in start(), once the internal topics exist; no
+        # request is served before. `stop` stops only what was started.
+        self._coordinators_started = False
         self.producer_ids = ProducerIdAllocator(Path(config["log.dirs"]) / "shoal-producer-ids")
+        # Sidecar mode: the upstream cluster and the forwarding to it, set up in start().
+        self.upstream_cluster: UpstreamCluster | None = None
+        self.upstream_forwarder: Forwarder | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -199,11 +224,14 @@ class Broker:
         from .wiring import register_all
 
         self._loop = loop = asyncio.get_running_loop()
+        if self.config.upstream:
+            await self._start_upstream()
         self.topics.data_dir.mkdir(parents=True, exist_ok=True)
         self.topics.load()
         self.ensure_internal_topics()
         await self._start_share_groups()
         await self._start_transactions()
+        self._coordinators_started = True
         register_all(self)
         for listener in self.config.listeners():
             if listener.security_protocol in ("SSL", "SASL_SSL"):
@@ -228,6 +256,23 @@ class Broker:
             for plog in topic.partitions:
                 plog.start_background(loop)
 
+    async def _start_upstream(self) -> None:
+        """Sidecar mode: reach the upstream before serving anyone; raises UpstreamStartError (or
+        UpstreamConfigError) with the reason when it cannot, and the broker does not start."""
+        from shoal.broker.upstream.cluster import UpstreamCluster
+        from shoal.broker.upstream.forwarder import Forwarder
+        from shoal.broker.upstream.metrics import UpstreamMetrics
+        from shoal.broker.upstream.settings import parse_upstream
+
+        cluster = UpstreamCluster(parse_upstream(self.config.upstream), UpstreamMetrics(self.metrics.registry))
+        try:
+            await cluster.start()
+        except BaseException:
+            await cluster.close()
+            raise
+        self.upstream_cluster = cluster
+        self.upstream_forwarder = Forwarder(cluster)
+
     async def _retention_loop(self) -> None:
         interval = int(self.config["log.retention.check.interval.ms"]) / 1000
         while True:
@@ -247,11 +292,11 @@ class Broker:
             conn.close()
         for task in self._background:
             task.cancel()
-        if self.group_coordinator is not None:
+        if self._coordinators_started:
             self.group_coordinator.classic.unload()
         await asyncio.sleep(0)  # let the closed connections' callbacks run (they wake long polls, release)
         running = set(self._requests)
-        if self.share_partitions is not None:
+        if self._coordinators_started:
             running |= self.share_partitions.changes_in_progress()
         if running:
             # Work that started (a state write, an fsync) finishes before the logs close. Closing the
@@ -261,11 +306,9 @@ class Broker:
                 task.cancel()
             if stuck:
                 log.warning("requests still running at shutdown were cancelled", count=len(stuck))
-        if self.group_coordinator is not None:
+        if self._coordinators_started:
             await self.group_coordinator.stop()
-        if self.share_coordinator is not None:
             await self.share_coordinator.stop()
-        if self.transaction_coordinator is not None:
             await self.transaction_coordinator.stop()
         for server in self._servers:
             await server.wait_closed()
@@ -278,10 +321,11 @@ class Broker:
                     log.exception("final flush failed", topic=topic.name)
                 await plog.stop_background()
         self.topics.close()
+        if self.upstream_cluster is not None:
+            await self.upstream_cluster.close()
         self.metrics.stop()
 
     async def _start_share_groups(self) -> None:
-        from shoal.broker.apis.share_group_apis import BrokerTopicMetadata
         from shoal.broker.share.share_partition_leader import SharePartitionLeaders
         from shoal.broker.storage.internal_topic_log import InternalTopicLog
         from shoal.coordinator.classic_coordinator import ClassicGroupConfig
@@ -354,6 +398,8 @@ class Broker:
         self.share_groups = coordinator.share
         self.classic_groups = coordinator.classic
         self.consumer_groups = coordinator.consumer
+        # The scrape-time collector reads every part above, from prometheus_client's thread.
+        self.metrics.registry.register(ShareGroupCollector(self, self.metrics.share))
         started = time.monotonic()
         await self.share_coordinator.load()
         await self.share_coordinator.delete_orphaned_state()
@@ -363,17 +409,23 @@ class Broker:
         self.topic_listeners.append(self._share_groups_on_topic_event)
         self._background.append(self.loop.create_task(self._share_coordinator_housekeeping()))
 
+    def _on_marker_durable(self, topic: str, partition: int, producer_id: int, commit: bool) -> None:
+        if topic == CONSUMER_OFFSETS:
+            # The transaction's offset commits on this partition are now final (or dropped).
+            self.group_coordinator.on_transaction_completed(partition, producer_id, commit)
+
     async def _start_transactions(self) -> None:
-        from shoal.broker.apis.txn_apis import BrokerMarkerWriter
         from shoal.broker.storage.internal_topic_log import LazyInternalTopicLog
+        from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
         from shoal.coordinator.placement import Placement
         from shoal.coordinator.transaction_coordinator import TransactionCoordinator
 
         num_partitions = int(self.config["transaction.state.log.num.partitions"])
         txn_log = LazyInternalTopicLog(lambda: self.topics.get(TRANSACTION_STATE), self._create_transaction_state,
                                        num_partitions)
+        self.transaction_markers = TransactionMarkerWriter(self.topics, self.purgatory, self._on_marker_durable)
         self.transaction_coordinator = TransactionCoordinator(
-            txn_log, BrokerMarkerWriter(self), self.producer_ids.allocate,
+            txn_log, self.transaction_markers, self.producer_ids.allocate,
             max_timeout_ms=int(self.config["transaction.max.timeout.ms"]),
             offsets_placement=self.offsets_placement,
             placement=Placement(self.coordinator_partitions(TRANSACTION_STATE, num_partitions), topic=TRANSACTION_STATE),
@@ -425,16 +477,13 @@ class Broker:
                 log.info("producer ids expired", count=expired)
 
     def _wire_share_metrics(self) -> None:
-        """KIP-932 metrics: event hooks into the share coordinator and leaders, plus a scrape-time collector."""
-        from shoal.broker.common.share_metrics import ShareGroupCollector
-
+        """KIP-932 metrics: event hooks into the share coordinator and leaders (set before they load)."""
         events = self.metrics.share
         self.share_coordinator.on_partition_load = events.observe_state_partition_load
         self.share_coordinator.on_write = events.observe_state_write
         self.share_partitions.on_load = events.observe_partition_load
         if self.share_partitions.dead_letters is not None:
             self.share_partitions.dead_letters.on_written = events.record_dead_letters
-        self.metrics.registry.register(ShareGroupCollector(self, events))
 
     async def _share_coordinator_housekeeping(self) -> None:
         cold_ms = int(self.config["share.coordinator.cold.partition.snapshot.interval.ms"])
@@ -484,7 +533,7 @@ class Broker:
 
     def on_group_config_changed(self, group_id: str) -> None:
         # The group coordinator reads session timeout and heartbeat interval afresh on every heartbeat.
-        if self.share_partitions is not None:
+        if self._coordinators_started:
             self.share_partitions.group_config_changed(group_id)
 
     # ---- topic lifecycle hooks (share groups subscribe to these) --------------------------------

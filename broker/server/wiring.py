@@ -21,6 +21,7 @@ from shoal.broker.apis import (
     share_state_apis,
     topic_admin,
     txn_apis,
+    upstream_apis,
 )
 from shoal.broker.apis.services import (
     AclServices,
@@ -40,10 +41,13 @@ from shoal.broker.apis.services import (
     ShareStateServices,
     TopicAdminServices,
     TransactionServices,
+    UpstreamServices,
 )
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Broker  # the server's Broker (importing it here would be a cycle)
+    from .broker_view import (
+        Broker,  # what wiring reads of the server's Broker (importing that would be a cycle)
+    )
 
 
 def register_all(b: Broker) -> None:
@@ -62,8 +66,7 @@ def register_all(b: Broker) -> None:
     share_fetch.register(b, ShareFetchServices(b.config, b.node_id, b.topics, b.purgatory, b.group_configs,
                                                b.metrics, b.share_partitions, b.connection_listeners))
     share_group_apis.register(b, ShareGroupServices(b.config, b.share_groups, b.classic_groups, b.consumer_groups))
-    if b.classic_groups is not None:
-        classic_group_apis.register(b, ClassicGroupServices(b.topics, b.classic_groups, b.group_coordinator))
+    classic_group_apis.register(b, ClassicGroupServices(b.topics, b.classic_groups, b.group_coordinator))
     consumer_group_apis.register(b, ConsumerGroupServices(b.consumer_groups))
     leader_epochs.register(b, LeaderEpochServices(b.topics))
     share_group_admin.register(b, ShareGroupAdminServices(b.config, b.share_groups, b.classic_groups, b.consumer_groups, b.topics,
@@ -74,4 +77,8 @@ def register_all(b: Broker) -> None:
     scram_apis.register(b, ScramServices(b.scram_credentials))
     acl_apis.register(b, AclServices(b.authorizer))
     txn_apis.register(b, TransactionServices(b.topics, b.transaction_coordinator, b.group_coordinator, b.producer_ids,
-                                             b.purgatory))
+                                             b.transaction_markers))
+    if b.upstream_forwarder is not None:
+        # Sidecar mode: these handlers replace the standalone ones for the APIs the upstream serves.
+        upstream_apis.register(b, UpstreamServices(b.node_id, b.cluster_id, b.upstream_forwarder,
+                                                   b.advertised_listener, b.connection_listeners))
