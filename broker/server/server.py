@@ -319,7 +319,8 @@ class Broker:
         from shoal.broker.share.dead_letter import DeadLetterWriter
 
         dead_letters = DeadLetterWriter(self.topics, self.config, self.group_configs, self.on_topic_created,
-                                        partition_budget=lambda n: partition_budget_problem(PartitionBudget(self.config, self.topics), n))
+                                        partition_budget=lambda n: partition_budget_problem(PartitionBudget(self.config, self.topics), n),
+                                        purgatory=self.purgatory)
         self.share_partitions = SharePartitionLeaders(self.persister, self.group_configs, self.purgatory,
                                                       dead_letters=dead_letters)
         self._wire_share_metrics()

@@ -40,6 +40,7 @@ from .share_partition import (
     AckOutcome,
     AcquiredRange,
     AcquireMode,
+    ArchivingRun,
     FetchedBatch,
     SharePartition,
 )
@@ -240,45 +241,58 @@ class SharePartitionLeader:
                 return Acquisition(b"", [], err)
             if not sp.can_acquire():
                 return Acquisition(b"", [])
-            read_committed = self.group_configs.get(self.key.group_id, "share.isolation.level") == "read_committed"
-            while True:
-                # read_committed acquires only below the last stable offset (KIP-932).
-                limit = self.plog.last_stable_offset if read_committed else self.plog.high_watermark
-                fetch_offset = sp.next_fetch_offset()
-                if fetch_offset >= limit:
-                    return Acquisition(b"", [])
-                try:
-                    read_bytes = self._read_size.bytes_for(sp.acquirable(max_records), max_bytes)
-                    batches = self.plog.read_batch_headers(fetch_offset, read_bytes, max_offset=limit)
-                except OffsetOutOfRange:
-                    # The log start moved past the fetch offset: archive what is gone and start again from the log
-                    # start. Only then, as in Kafka; records still acquired below it can be acknowledged until then.
-                    sp.on_log_start_offset_moved(self.plog.log_start_offset)
-                    return Acquisition(b"", [])
-                if not batches:
-                    return Acquisition(b"", [])
-                self._read_size.observe(h for h, _ in batches)
-                skipped = self._undeliverable(batches, read_committed)
-                if skipped:
-                    sp.archive_undeliverable(sorted(skipped))
-                    batches = [(h, v) for h, v in batches if (h.base_offset, h.last_offset) not in skipped]
-                fetched = [FetchedBatch(h.base_offset, h.last_offset) for h, _ in batches]
-                ranges = sp.acquire(member_id, fetched, max_records=max_records, batch_size=batch_size,
-                                    now_ms=now_ms(), mode=mode, fetch_offset=fetch_offset) if fetched else []
-                if ranges:
-                    break
-                if not skipped or not sp.can_acquire():
-                    return Acquisition(b"", [])
-                # Only markers or aborted records were read: read on rather than wait for new data.
-            self._arm_timer()
-            self._publish()
-            first, last = ranges[0].first_offset, ranges[-1].last_offset
-            # Whole stored batches from the one holding the first acquired offset to the one holding the last.
-            # The views are adjacent slices of one read, so joining them copies the bytes once. `headers_only`
-            # sends each batch's header alone: the same acquisition, none of its payload.
-            chosen = [view[:HEADER_SIZE] if headers_only else view
-                      for h, view in batches if h.last_offset >= first and h.base_offset <= last]
-            return Acquisition(b"".join(chosen), ranges)
+            archiving = sp.archiving_count
+            try:
+                return self._acquire(sp, member_id, max_records=max_records, batch_size=batch_size,
+                                     max_bytes=max_bytes, mode=mode, headers_only=headers_only)
+            finally:
+                if sp.archiving_count > archiving and self.state is sp:
+                    # Records over a lowered delivery count limit went to ARCHIVING: like an
+                    # acknowledgement's, the change is persisted first, then dead-lettered (`_write`).
+                    finish(self._persist_standing(sp))
+
+    def _acquire(self, sp: SharePartition, member_id: str, *, max_records: int, batch_size: int, max_bytes: int,
+                 mode: AcquireMode, headers_only: bool) -> Acquisition:
+        """The acquisition itself, under `lock`, once the state is loaded."""
+        read_committed = self.group_configs.get(self.key.group_id, "share.isolation.level") == "read_committed"
+        while True:
+            # read_committed acquires only below the last stable offset (KIP-932).
+            limit = self.plog.last_stable_offset if read_committed else self.plog.high_watermark
+            fetch_offset = sp.next_fetch_offset()
+            if fetch_offset >= limit:
+                return Acquisition(b"", [])
+            try:
+                read_bytes = self._read_size.bytes_for(sp.acquirable(max_records), max_bytes)
+                batches = self.plog.read_batch_headers(fetch_offset, read_bytes, max_offset=limit)
+            except OffsetOutOfRange:
+                # The log start moved past the fetch offset: archive what is gone and start again from the log
+                # start. Only then, as in Kafka; records still acquired below it can be acknowledged until then.
+                sp.on_log_start_offset_moved(self.plog.log_start_offset)
+                return Acquisition(b"", [])
+            if not batches:
+                return Acquisition(b"", [])
+            self._read_size.observe(h for h, _ in batches)
+            skipped = self._undeliverable(batches, read_committed)
+            if skipped:
+                sp.archive_undeliverable(sorted(skipped))
+                batches = [(h, v) for h, v in batches if (h.base_offset, h.last_offset) not in skipped]
+            fetched = [FetchedBatch(h.base_offset, h.last_offset) for h, _ in batches]
+            ranges = sp.acquire(member_id, fetched, max_records=max_records, batch_size=batch_size,
+                                now_ms=now_ms(), mode=mode, fetch_offset=fetch_offset) if fetched else []
+            if ranges:
+                break
+            if not skipped or not sp.can_acquire():
+                return Acquisition(b"", [])
+            # Only markers or aborted records were read: read on rather than wait for new data.
+        self._arm_timer()
+        self._publish()
+        first, last = ranges[0].first_offset, ranges[-1].last_offset
+        # Whole stored batches from the one holding the first acquired offset to the one holding the last.
+        # The views are adjacent slices of one read, so joining them copies the bytes once. `headers_only`
+        # sends each batch's header alone: the same acquisition, none of its payload.
+        chosen = [view[:HEADER_SIZE] if headers_only else view
+                  for h, view in batches if h.last_offset >= first and h.base_offset <= last]
+        return Acquisition(b"".join(chosen), ranges)
 
     async def fetchable_bytes(self, enough: int) -> int:
         """Log bytes from the next fetch offset on, counted up to `enough`: what a long poll weighs
@@ -459,14 +473,14 @@ class SharePartitionLeader:
             self._dead_letter_task = None
             raise
 
-    async def _write_dead_letters(self, sp: SharePartition, runs: list[tuple[int, int, int]],
+    async def _write_dead_letters(self, sp: SharePartition, runs: list[ArchivingRun],
                                   recovering: bool) -> None:
         writer = self.dead_letters
         group = self.key.group_id
         topic = writer.topics.get_by_id(self.key.topic_id) if writer is not None else None
         if writer is None or topic is None:
             return
-        source = Source(group, topic.name, self.key.partition, self.plog, sp.delivery_count_limit)
+        source = Source(group, topic.name, self.key.partition, self.plog)
         try:
             written = await writer.write(source, runs, skip_existing=recovering)
             log.debug("records dead-lettered", group=group, topic=topic.name, partition=self.key.partition,
