@@ -234,6 +234,8 @@ class SharePartitionLeader:
 
     async def acquire(self, member_id: str, *, max_records: int, batch_size: int, max_bytes: int,
                       mode: AcquireMode, headers_only: bool = False) -> Acquisition:
+        # read_committed reads the last stable offset: a first build of the producer state runs in slices.
+        await self.plog.load_producer_state(only_for_transactions=True)
         async with self.lock:
             err = await self.ensure_loaded()
             sp = self.state
@@ -297,6 +299,7 @@ class SharePartitionLeader:
     async def fetchable_bytes(self, enough: int) -> int:
         """Log bytes from the next fetch offset on, counted up to `enough`: what a long poll weighs
         against MinBytes before acquiring anything (`enough` when loading failed: a fetch reports why)."""
+        await self.plog.load_producer_state(only_for_transactions=True)
         async with self.lock:
             if await self.ensure_loaded() != ErrorCode.NONE or self.state is None:
                 return enough
