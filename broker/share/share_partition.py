@@ -325,6 +325,7 @@ class SharePartition:
         delivery_count_limit: int = 5,
         max_in_flight_records: int = 2000,
         leader_epoch: int = 0,
+        dead_letter: bool = False,
     ) -> None:
         if start_offset < 0:
             raise ValueError("start_offset must be resolved (share.auto.offset.reset) before loading")
@@ -339,7 +340,7 @@ class SharePartition:
         self.max_in_flight_records = max_in_flight_records
         # KIP-1191: the group has a dead-letter topic, so rejected records and those at the delivery
         # count limit pass through ARCHIVING (persisted) until the leader has written them there.
-        self.dead_letter = False
+        self.dead_letter = dead_letter
         # Redelivery throttling kicks in from this delivery count on.
         self.throttle_threshold = max(2, -(-delivery_count_limit // 2))
         self._state_epoch = state_epoch
@@ -360,6 +361,7 @@ class SharePartition:
 
     def _load(self, state_batches: Sequence[PersistedStateBatch]) -> None:
         prev_last = self._spso - 1
+        over_limit: list[tuple[int, int]] = []
         for pb in sorted(state_batches, key=lambda b: b.first_offset):
             first = max(pb.first_offset, prev_last + 1)
             last = pb.last_offset
@@ -371,13 +373,25 @@ class SharePartition:
             elif state not in (_AVAILABLE, _ACKNOWLEDGED, _ARCHIVING, _ARCHIVED):
                 raise ValueError(f"unknown persisted delivery state {state}")
             count = pb.delivery_count
+            member = None
             if state == _AVAILABLE and count >= self.delivery_count_limit:
-                state = _ARCHIVED
-            self._insert(len(self._batches), _Batch(first, last, state, None, count, 0))
+                # At the limit (lowered since the write): never delivered again, dead-lettered if the group
+                # has a dead-letter topic. Unlike what was loaded as it is, that change is still to be written.
+                state, member = self._failed(_CAUSE_DELIVERY_LIMIT)
+                if state == _ARCHIVING:
+                    over_limit.append((first, last))
+            self._insert(len(self._batches), _Batch(first, last, state, member, count, 0))
             prev_last = last
         self._end = prev_last
         self._advance()
         self._dirty.clear()
+        for lo, hi in over_limit:
+            self._mark_dirty(lo, hi)
+
+    @property
+    def unwritten(self) -> bool:
+        """Changes not handed to ``write_state`` yet (after a load: records sent to ARCHIVING by it)."""
+        return self._full_write or bool(self._dirty)
 
     # ------------------------------------------------------------------ properties
 

@@ -42,6 +42,7 @@ from .share_partition import (
     AcquireMode,
     ArchivingRun,
     FetchedBatch,
+    RecordState,
     SharePartition,
 )
 
@@ -177,9 +178,14 @@ class SharePartitionLeader:
             delivery_count_limit=self.group_configs.get_int(group, "share.delivery.count.limit"),
             max_in_flight_records=self.group_configs.get_int(group, "share.partition.max.record.locks"),
             leader_epoch=LEADER_EPOCH,
+            dead_letter=self._dead_letter_enabled(),
         )
-        self.state.dead_letter = self._dead_letter_enabled()
-        self._dead_letter_recovering = self.state.archiving_count > 0
+        # Only ARCHIVING found on disk may already be in the dead-letter topic (a crash mid-way).
+        self._dead_letter_recovering = any(b.delivery_state == RecordState.ARCHIVING for b in result.state_batches)
+        if result.start_offset >= 0 and self.state.unwritten:
+            # The load sent records over a lowered delivery limit to ARCHIVING: durable before they are
+            # dead-lettered. A failed write leaves them for the next write, and dead-lettering waits for it.
+            await self._persist_standing(self.state)
         if result.start_offset < 0:
             # Record the offset share.auto.offset.reset chose, so a restart resumes from it instead of
             # resolving "latest" again and skipping what was produced in between.

@@ -496,3 +496,38 @@ def test_a_share_consumer_long_polling_the_dead_letter_topic_is_woken(broker: Br
         assert all(v is None for v in reader.commit_sync(30).values())
     finally:
         reader.close()
+
+
+def test_records_over_a_limit_lowered_while_the_broker_was_down_are_dead_lettered(fresh_broker: BrokerProcess) -> None:
+    """The limit goes down, then the broker restarts before the share partition is used again: loading its
+    state must dead-letter the AVAILABLE record already over the new limit, not archive it silently."""
+    fresh_broker.start()
+    bs = fresh_broker.bootstrap
+    topic, group = _name("dp"), _name("dg")
+    dlq = f"dlq.{topic}"
+    create_topic(bs, topic, 1)
+    _create_dlq_topic(bs, dlq)
+    set_group_config(bs, group, share_auto_offset_reset="earliest", share_delivery_count_limit="5",
+                     errors_deadletterqueue_topic_name=dlq)
+    produce(bs, topic, 1)
+    consumer = share_consumer(bs, group, [topic], share_acknowledgement_mode="explicit")
+    try:
+        for attempt in (1, 2):
+            assert _delivered_once(consumer, AcknowledgeType.RELEASE).delivery_count() == attempt
+    finally:
+        consumer.close()
+    set_group_config(bs, group, share_delivery_count_limit="2")
+    fresh_broker.stop()
+    fresh_broker.start()
+    bs = fresh_broker.bootstrap
+    produce(bs, topic, 1, prefix="after")
+    consumer = share_consumer(bs, group, [topic], share_acknowledgement_mode="explicit")
+    try:
+        later = _delivered_once(consumer, AcknowledgeType.ACCEPT)
+        assert (later.offset(), later.value()) == (1, b"after-0")
+    finally:
+        consumer.close()
+    [record] = _dead_letters(bs, dlq, 1)
+    headers = _headers(record)
+    assert (headers["__dlq.errors.offset"], headers["__dlq.errors.message"]) == \
+        ("0", "Offset delivery count exceeded the threshold.")

@@ -116,6 +116,21 @@ def test_available_records_over_a_lowered_limit_go_through_archiving() -> None:
     assert (0, 1, RecordState.ARCHIVING, 2) in [astuple(b) for b in snapshot.state_batches]
 
 
+def test_a_load_under_a_lowered_limit_sends_available_records_over_it_to_archiving() -> None:
+    """Released under a higher limit, loaded again under a lower one: ARCHIVING, to be written."""
+    batches = [PersistedStateBatch(0, 1, RecordState.AVAILABLE, 2), PersistedStateBatch(2, 2, RecordState.AVAILABLE, 1)]
+    sp = SharePartition("g", TOPIC_ID, 0, start_offset=0, state_epoch=0, delivery_count_limit=2,
+                        state_batches=batches, dead_letter=True)
+    assert sp.archiving_runs() == [(0, 1, 2, False)]
+    assert sp.unwritten
+    assert [astuple(b) for b in sp.write_state().state_batches] == [(0, 1, RecordState.ARCHIVING, 2)]
+    assert not sp.unwritten
+    # Without a dead-letter topic they are archived, as before, and nothing is left to write.
+    plain = SharePartition("g", TOPIC_ID, 0, start_offset=0, state_epoch=0, delivery_count_limit=2,
+                           state_batches=batches)
+    assert plain.archiving_runs() == [] and plain.start_offset == 2 and not plain.unwritten
+
+
 def test_without_a_dead_letter_topic_records_are_archived_at_once() -> None:
     sp = SharePartition("g", TOPIC_ID, 0, start_offset=0, state_epoch=0, state_batches=[])
     sp.acquire("m", [FetchedBatch(0, 0)], max_records=10, batch_size=10, now_ms=0)
