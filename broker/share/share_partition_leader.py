@@ -341,7 +341,8 @@ class SharePartitionLeader:
                 return err
             if any(AcknowledgeType.RENEW in b.ack_types for b in batches) and not self.group_configs.get_bool(
                     self.key.group_id, "share.renew.acknowledge.enable"):
-                # KIP-1240: the group refuses RENEW; the records stay as they are.
+                # KIP-1240: the group refuses RENEW; the records stay as they are. INVALID_RECORD_STATE is
+                # what Kafka 4.3 answers (its ShareConsumerRenewTest.testRenewAcknowledgementDisabled).
                 return ErrorCode.INVALID_RECORD_STATE
             outcome = sp.acknowledge(member_id, batches, now_ms=now_ms(), until_written=True)
             if outcome.error_code != ErrorCode.NONE:
