@@ -241,8 +241,11 @@ class SharePartitionLeader:
 
     @property
     def idle(self) -> bool:
-        """Nothing is loading, acquiring, acknowledging or writing."""
-        return not self.lock.locked() and self.writes_in_flight == 0
+        """Nothing is loading, acquiring, acknowledging, writing or dead-lettering. Records in ARCHIVING keep
+        the share partition in memory: dropped, their dead-letter records would wait for the next load,
+        which an idle group may never bring."""
+        busy = self._dead_letter_task is not None or (self.state is not None and self.state.archiving_count > 0)
+        return not self.lock.locked() and self.writes_in_flight == 0 and not busy
 
     # ---- acquisition --------------------------------------------------------------------------
 

@@ -249,6 +249,10 @@ async def test_a_restart_between_the_steps_writes_each_dead_letter_once(tmp_path
     assert [(r.first_offset, r.last_offset) for r in acquired.acquired] == [(0, 2)]
     leader._dead_letter_task = asyncio.get_running_loop().create_future()  # the crash: it never runs
     assert await leader.acknowledge("m", [AckBatch(0, 2, [REJECT, REJECT, ACCEPT])]) == 0
+    # Dead-lettering is pending: the group going idle must not drop the share partition from memory.
+    assert not leader.idle
+    leaders.drop_idle_group("g")
+    assert leaders.get(key) is leader
     source = Source("g", "src", 0, topic.partitions[0])
     assert await leaders.dead_letters.write(source, [(0, 0, 1, True)], skip_existing=False) == 1
     await first.stop()
