@@ -152,6 +152,8 @@ __all__ = [
     "TxnOffsetCommitResponse",
     "WriteShareGroupStateRequest",
     "WriteShareGroupStateResponse",
+    "WriteTxnMarkersRequest",
+    "WriteTxnMarkersResponse",
 ]
 
 
@@ -5585,4 +5587,99 @@ class WriteShareGroupStateResponse(MessageBase):
                 partition: int = ...,
                 error_code: int = ...,
                 error_message: str | None = ...,
+            ) -> None: ...
+
+
+class WriteTxnMarkersRequest(MessageBase):
+    __slots__ = ("markers",)
+    markers: list[WriteTxnMarkersRequest.WritableTxnMarker]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            markers: list[WriteTxnMarkersRequest.WritableTxnMarker] = ...,
+        ) -> None: ...
+
+    class WritableTxnMarker(MessageBase):
+        __slots__ = ("producer_id", "producer_epoch", "transaction_result", "topics", "coordinator_epoch")
+        producer_id: int
+        producer_epoch: int
+        transaction_result: bool
+        topics: list[WriteTxnMarkersRequest.WritableTxnMarkerTopic]
+        coordinator_epoch: int
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                producer_id: int = ...,
+                producer_epoch: int = ...,
+                transaction_result: bool = ...,
+                topics: list[WriteTxnMarkersRequest.WritableTxnMarkerTopic] = ...,
+                coordinator_epoch: int = ...,
+            ) -> None: ...
+
+    class WritableTxnMarkerTopic(MessageBase):
+        __slots__ = ("name", "partition_indexes")
+        name: str
+        partition_indexes: list[int]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                partition_indexes: list[int] = ...,
+            ) -> None: ...
+
+
+class WriteTxnMarkersResponse(MessageBase):
+    __slots__ = ("markers",)
+    markers: list[WriteTxnMarkersResponse.WritableTxnMarkerResult]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            markers: list[WriteTxnMarkersResponse.WritableTxnMarkerResult] = ...,
+        ) -> None: ...
+
+    class WritableTxnMarkerResult(MessageBase):
+        __slots__ = ("producer_id", "topics")
+        producer_id: int
+        topics: list[WriteTxnMarkersResponse.WritableTxnMarkerTopicResult]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                producer_id: int = ...,
+                topics: list[WriteTxnMarkersResponse.WritableTxnMarkerTopicResult] = ...,
+            ) -> None: ...
+
+    class WritableTxnMarkerTopicResult(MessageBase):
+        __slots__ = ("name", "partitions")
+        name: str
+        partitions: list[WriteTxnMarkersResponse.WritableTxnMarkerPartitionResult]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                partitions: list[WriteTxnMarkersResponse.WritableTxnMarkerPartitionResult] = ...,
+            ) -> None: ...
+
+    class WritableTxnMarkerPartitionResult(MessageBase):
+        __slots__ = ("partition_index", "error_code")
+        partition_index: int
+        error_code: int
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                partition_index: int = ...,
+                error_code: int = ...,
             ) -> None: ...

@@ -60,7 +60,7 @@ def test_producer_ids_never_repeat_across_restarts(tmp_path: Path) -> None:
 
 
 def _big_transactional_log(directory: Path) -> None:
-    """About 12 MiB: an open transaction first (so the partition has a transaction file and its last
+    """About 12 MiB: an open transaction first (so the partition keeps transaction files and its last
     stable offset needs the producer state), then idempotent batches of 256 KiB."""
     plog = PartitionLog.open(directory, LogConfig())
     txn = bytearray(encode_batch([RecordInput(value=b"t")], producer_id=3, producer_epoch=0, base_sequence=0,
