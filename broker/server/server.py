@@ -361,7 +361,8 @@ class Broker:
         from shoal.broker.storage.partition_budget import PartitionBudget
 
         dead_letters = DeadLetterWriter(self.topics, self.config, self.group_configs, self.on_topic_created,
-                                        partition_budget=PartitionBudget(self.config, self.topics).problem)
+                                        partition_budget=PartitionBudget(self.config, self.topics).problem,
+                                        purgatory=self.purgatory)
         self.share_partitions = SharePartitionLeaders(self.persister, self.group_configs, self.purgatory,
                                                       dead_letters=dead_letters)
         self._wire_share_metrics()

@@ -23,7 +23,7 @@ import os
 import shutil
 import time
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,6 +167,7 @@ class PartitionLog:
         self.cleaner_checkpoint = 0
         self.tombstone_horizon_ms: int | None = None
         self._producer_state: PartitionProducerState | None = None
+        self._producer_state_loading: asyncio.Task[None] | None = None  # see load_producer_state
         # Whether this partition ever held a transactional batch (then it keeps transaction files).
         self._has_txns = False
         # Open and aborted transactions recovered at open, until the producer state is first built.
@@ -296,8 +297,53 @@ class PartitionLog:
             self._producer_state = self._rebuild_producer_state()
         return self._producer_state
 
+    async def load_producer_state(self, *, only_for_transactions: bool = False) -> None:
+        """Build the producer state now if it is not built yet, one chunk of the log's tail at a time with
+        a turn for the event loop after each, so that the first touch of a partition after a restart does
+        not stall every other request while up to 64 MiB are read. Callers on the request path await this
+        before they use `producer_state` or `last_stable_offset`.
+
+        `only_for_transactions`: skip it when `last_stable_offset` would not build the state (the
+        partition never saw a transaction).
+        """
+        if self._producer_state is not None:
+            return
+        if only_for_transactions and not self._has_txns:
+            return
+        if self._producer_state_loading is None:
+            # One build, shared by every request that arrives while it runs.
+            self._producer_state_loading = asyncio.get_running_loop().create_task(self._load_producer_state())
+        await asyncio.shield(self._producer_state_loading)
+
+    async def _load_producer_state(self) -> None:
+        steps = self._rebuild_steps()
+        try:
+            while True:
+                next(steps)
+                await asyncio.sleep(0)
+                if self._producer_state is not None:
+                    return  # something needed it meanwhile and built it in one go: that one stands
+        except StopIteration as done:
+            if self._producer_state is None:
+                self._producer_state = done.value
+        except Exception:
+            # Retention or a deletion changed the log mid-way: the next use builds it in one go.
+            log.warning("log.producer_state_load_abandoned", dir=str(self.directory), exc_info=True)
+        finally:
+            self._producer_state_loading = None
+
     def _rebuild_producer_state(self) -> PartitionProducerState:
-        """Sequences from the tail of the log; open and aborted transactions as recovered at open."""
+        steps = self._rebuild_steps()
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                state: PartitionProducerState = done.value
+                return state
+
+    def _rebuild_steps(self) -> Generator[None, None, PartitionProducerState]:
+        """Sequences from the tail of the log, and open and aborted transactions as recovered at open;
+        pauses (yields) after each chunk it reads and returns the state."""
         state = PartitionProducerState()
         start = self.log_end_offset
         covered = 0
@@ -314,6 +360,7 @@ class PartitionLog:
             for pos, header in iter_batches(data):
                 self._track_batch(state, data, pos, header)
                 offset = header.last_offset + 1
+            yield
         ongoing, aborted = self._txn_seed or ({}, [])
         self._txn_seed = None
         state.ongoing = dict(ongoing)
