@@ -8,8 +8,11 @@ first in odd ones), each build gets a fresh broker and the same confluent-kafka 
 
 - produce acks=1 and acks=all: N records of 100 B to a 4-partition topic, linger.ms=5;
 - plain consume: an assigned Consumer drains the acks=1 topic;
-- share consume: one ShareConsumer (implicit acknowledgement) drains the same topic;
-- produce-to-delivery latency at a fixed offered load (bench_latency.py), plain and share: p50/p99/p99.9.
+- share consume: one ShareConsumer (implicit acknowledgement) drains the same topic; both consume rates run
+  from the first record received to the last;
+- produce-to-delivery latency at a fixed offered load (bench_latency.py), plain and share: p50/p99/p99.9;
+- for each throughput figure, the broker's CPU time per record while it ran (from /proc): on a machine
+  shared with other work, rates swing with the cores others take, CPU time per record much less.
 
 It prints every run and, per figure, new/baseline: the median of the paired rounds' ratios (for latency the
 ratio is of milliseconds, so below 1 is better). The machine is shared, so only paired ratios mean much.
@@ -29,12 +32,14 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench_latency import create_topic as latency_topic
 from bench_latency import delivery_latency
-from bench_produce_fetch import create_topic, fetch, produce
+from bench_produce_fetch import create_topic, produce
 from bench_share import ConsumerGroup
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from peers import start_shoal, stop
 
@@ -43,6 +48,7 @@ PARTITIONS = 4
 VALUE = os.urandom(100)
 # Figures where a larger number is better; the latency percentiles are better smaller.
 THROUGHPUT = ("produce acks=1", "produce acks=all", "plain consume", "share consume")
+# Per-record broker CPU and latency figures are better smaller.
 
 
 def git(*args: str, cwd: Path = BENCH) -> str:
@@ -75,13 +81,15 @@ def export_working_tree(dest: Path) -> None:
 
 def make_venv(src: Path, venv: Path) -> str:
     """A venv holding Shoal built from `src` and reaching this interpreter's packages for its dependencies."""
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = str(venv / "bin" / "python")
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
     # A path line in a .pth adds that directory only: this venv's own editable Shoal (if any) is not loaded.
     Path(site, "_bench_release_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", str(src)], check=True)
+    # This interpreter's pip installs into the venv (no pip bootstrapped into each venv).
+    subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", str(src)],
+                   check=True)
     return python
 
 
@@ -91,6 +99,29 @@ def describe_build(python: str, cwd: Path) -> str:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run([python, "-c", code], cwd=cwd, env=env, check=True, capture_output=True,
                           text=True).stdout.strip()
+
+
+def plain_drain(bootstrap: str, topic: str, records: int) -> float:
+    """Records/s of an assigned Consumer draining `topic` from offset 0, timed like share_drain (first
+    record received to last), so the two compare the read paths and not the consumers' start-up."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "release-unused", "enable.auto.commit": False,
+                         "fetch.max.bytes": 52_428_800, "max.partition.fetch.bytes": 10_485_760})
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        got = 0
+        first = last = 0.0
+        deadline = time.monotonic() + 300
+        while got < records and time.monotonic() < deadline:
+            batch = [m for m in consumer.consume(10_000, 1.0) if m.error() is None]
+            if batch:
+                last = time.perf_counter()
+                first = first or last
+                got += len(batch)
+    finally:
+        consumer.close()
+    if got < records:
+        raise RuntimeError(f"plain consumer got {got} of {records}")
+    return records / (last - first)
 
 
 def share_drain(bootstrap: str, topic: str, records: int) -> float:
@@ -111,18 +142,32 @@ def share_drain(bootstrap: str, topic: str, records: int) -> float:
         cg.close()
 
 
+def broker_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and its threads so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_build(python: str, work: Path, args: argparse.Namespace) -> dict[str, float]:
     data_dir = Path(tempfile.mkdtemp(prefix="data-", dir=work))
     proc, bootstrap = start_shoal(str(data_dir), python=python)
     out: dict[str, float] = {}
+
+    def measure(figure: str, work: Callable[[], float]) -> None:
+        """The figure, and the broker's CPU time per record while it ran (steadier than rates on a busy
+        machine: it does not count the time the broker waited for a core)."""
+        before = broker_cpu_seconds(proc.pid)
+        out[figure] = work()
+        out[f"{figure} broker us/rec"] = (broker_cpu_seconds(proc.pid) - before) / args.records * 1e6
+
     try:
         n = args.records
         create_topic(bootstrap, "release-acks1", PARTITIONS)
-        out["produce acks=1"] = produce(bootstrap, "release-acks1", n, VALUE, PARTITIONS, "1").rate
-        out["plain consume"] = fetch(bootstrap, "release-acks1", n, PARTITIONS, len(VALUE)).rate
-        out["share consume"] = share_drain(bootstrap, "release-acks1", n)
+        measure("produce acks=1", lambda: produce(bootstrap, "release-acks1", n, VALUE, PARTITIONS, "1").rate)
+        measure("plain consume", lambda: plain_drain(bootstrap, "release-acks1", n))
+        measure("share consume", lambda: share_drain(bootstrap, "release-acks1", n))
         create_topic(bootstrap, "release-acksall", PARTITIONS)
-        out["produce acks=all"] = produce(bootstrap, "release-acksall", n, VALUE, PARTITIONS, "all").rate
+        measure("produce acks=all", lambda: produce(bootstrap, "release-acksall", n, VALUE, PARTITIONS, "all").rate)
         if args.latency_seconds > 0:
             for kind in ("plain", "share"):
                 topic = f"release-latency-{kind}"
@@ -166,7 +211,8 @@ def main() -> int:
                 started = time.monotonic()
                 result = run_build(builds[name], work, args)
                 runs[name].append(result)
-                figures = "  ".join(f"{k}={v:,.2f}" if "ms" in k else f"{k}={v:,.0f}" for k, v in result.items())
+                figures = "  ".join(f"{k}={v:,.2f}" if "ms" in k or "us/rec" in k else f"{k}={v:,.0f}"
+                                    for k, v in result.items())
                 print(f"round {r + 1} {name:<8} ({time.monotonic() - started:.0f} s): {figures}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -178,7 +224,7 @@ def main() -> int:
         base = [run[key] for run in runs["baseline"]]
         new = [run[key] for run in runs["new"]]
         ratios = [n / b for n, b in zip(new, base, strict=True)]
-        fmt = "{:,.2f}" if "ms" in key else "{:,.0f}"
+        fmt = "{:,.2f}" if "ms" in key or "us/rec" in key else "{:,.0f}"
         better = "higher is better" if key in THROUGHPUT else "lower is better"
         print(f"  {key:<24} {' '.join(fmt.format(v) for v in base):>28} {' '.join(fmt.format(v) for v in new):>28}"
               f" {' '.join(f'{x:.2f}' for x in ratios):>20} {statistics.median(ratios):>7.2f}  ({better})")
