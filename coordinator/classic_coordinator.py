@@ -35,7 +35,7 @@ from .classic_group import (
     record_group_id,
 )
 from .group_shard import GroupsView
-from .placement import coordinator_partition
+from .placement import Placement
 from .record_log import CoordinatorRecordLog
 from .runtime import CoordinatorRuntime
 
@@ -114,10 +114,12 @@ class ClassicGroupCoordinator:
         foreign_group: Callable[[str], bool] = lambda _group_id: False,
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        placement: Placement[str] | None = None,
     ):
         # The shard asks `self.foreign_group` each time, so a later rebinding of it is seen.
         self.runtime = CoordinatorRuntime(record_log, lambda _p: ClassicGroupShard(lambda g: self.foreign_group(g)))
         self.config = config or ClassicGroupConfig()
+        self.placement = placement or Placement(self.runtime.num_partitions)  # shared on `__consumer_offsets`
         # True when the id belongs to a group of another type (a share group): such ids are refused.
         self.foreign_group = foreign_group
         self.clock = clock
@@ -134,7 +136,7 @@ class ClassicGroupCoordinator:
     # ---- plumbing --------------------------------------------------------------------------------
 
     def partition_for(self, group_id: str) -> int:
-        return coordinator_partition(group_id, self.runtime.num_partitions)
+        return self.placement.partition_for(group_id)
 
     def _held(self, group_id: str) -> dict[str, ClassicGroup]:
         """The groups of `group_id`'s shard, for creating or forgetting a group not yet (or no longer) in
@@ -188,6 +190,7 @@ class ClassicGroupCoordinator:
         """Rebuild every classic group and its offsets from `__consumer_offsets`."""
         for partition in range(self.runtime.num_partitions):
             await self.runtime.load(partition)
+        self.placement.settle([shard.groups for shard in self.runtime.shards], "classic group")
         self.loaded = True
         log.info("classic groups loaded", groups=len(self.groups),
                  offsets=sum(len(g.offsets) for g in self.groups.values()))

@@ -40,7 +40,7 @@ from .consumer_group import (
     reconcile,
 )
 from .group_shard import GroupsView
-from .placement import coordinator_partition
+from .placement import Placement
 from .record_log import CoordinatorRecordLog
 from .runtime import CoordinatorRuntime
 
@@ -118,8 +118,10 @@ class ConsumerGroupCoordinator:
         foreign_group: Callable[[str], bool] = lambda _group_id: False,
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        placement: Placement[str] | None = None,
     ):
         self.runtime = CoordinatorRuntime(record_log, lambda _partition: ConsumerGroupShard())
+        self.placement = placement or Placement(self.runtime.num_partitions)  # shared on `__consumer_offsets`
         self.topics = topics
         self.config = config or ConsumerGroupConfig()
         self.assignors: list[ConsumerAssignor] = assignors or [UniformAssignor()]
@@ -134,7 +136,7 @@ class ConsumerGroupCoordinator:
     # ---- plumbing --------------------------------------------------------------------------------
 
     def partition_for(self, group_id: str) -> int:
-        return coordinator_partition(group_id, self.runtime.num_partitions)
+        return self.placement.partition_for(group_id)
 
     async def _run(self, group_id: str, operation: Callable[[], Awaitable[T]]) -> T:
         """Run an operation on one group through the runtime: one at a time per group, to completion
@@ -161,6 +163,7 @@ class ConsumerGroupCoordinator:
         for partition in range(self.runtime.num_partitions):
             await self.runtime.load(partition)
             self.runtime.shard(partition).epoch_bumps = 0  # the rebalance count starts now
+        self.placement.settle([shard.groups for shard in self.runtime.shards], "consumer group")
         deadline = self.clock() + self.config.session_timeout_ms / 1000
         for group in self.groups.values():
             for member in group.members.values():

@@ -26,7 +26,7 @@ from shoal.protocol.uuids import MAX_MEMBER_ID_LENGTH
 
 from .assignor import ASSIGNOR_NAME, SimpleAssignor
 from .group_shard import GroupShard, GroupsView
-from .placement import coordinator_partition
+from .placement import Placement, coordinator_partition
 from .record_log import CoordinatorRecordLog
 from .runtime import CoordinatorRuntime
 from .share_group import (
@@ -108,8 +108,11 @@ class GroupCoordinator:
         group_configs: GroupConfigSource | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        placement: Placement[str] | None = None,
     ):
         self.runtime = CoordinatorRuntime(record_log, lambda _partition: GroupShard())
+        # Shared with the other users of `__consumer_offsets`, so all place a group id alike.
+        self.placement = placement or Placement(self.runtime.num_partitions)
         self.topics = topics
         self.persister = persister
         self.config = config or GroupCoordinatorConfig()
@@ -132,7 +135,7 @@ class GroupCoordinator:
     # ---- placement, operations, writing -----------------------------------------------------------
 
     def partition_for(self, group_id: str) -> int:
-        return partition_for_group(group_id, self.runtime.num_partitions)
+        return self.placement.partition_for(group_id)
 
     async def _run(self, group_id: str, operation: Callable[[], Awaitable[T]]) -> T:
         """Run `operation` as the group's only one in progress, to completion whatever its caller does."""
@@ -176,6 +179,7 @@ class GroupCoordinator:
             await self.runtime.load(partition)
             self.runtime.shard(partition).epoch_bumps = 0  # the rebalance count starts now
             await asyncio.sleep(0)  # let the loop breathe between partitions
+        self.placement.settle([shard.groups for shard in self.runtime.shards], "share group")
         now = self.clock()
         for group in self.groups.values():
             deadline = now + self.session_timeout(group.group_id)

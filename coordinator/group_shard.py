@@ -46,7 +46,9 @@ class HoldsGroups(Protocol[G]):
 
 
 class GroupsView(Mapping[str, G], Generic[G]):
-    """Every shard's groups as one read-only map; a lookup goes straight to the group's partition."""
+    """Every shard's groups as one read-only map. A lookup goes to the partition `partition_for` names, and
+    iteration yields a shard's group only where `partition_for` names that shard: the two agree by
+    construction, whatever partitions a data directory's records are in."""
 
     def __init__(self, shards: Sequence[HoldsGroups[G]], partition_for: Callable[[str], int]):
         self._shards = shards
@@ -56,8 +58,10 @@ class GroupsView(Mapping[str, G], Generic[G]):
         return self._shards[self._partition_for(group_id)].groups[group_id]
 
     def __iter__(self) -> Iterator[str]:
-        for shard in self._shards:
-            yield from shard.groups
+        for partition, shard in enumerate(self._shards):
+            for group_id in shard.groups:
+                if self._partition_for(group_id) == partition:
+                    yield group_id
 
     def __len__(self) -> int:
-        return sum(len(shard.groups) for shard in self._shards)
+        return sum(1 for _ in self)

@@ -19,7 +19,7 @@ from typing import Protocol, TypeVar
 
 import structlog
 
-from shoal.coordinator.placement import coordinator_partition
+from shoal.coordinator.placement import Placement
 from shoal.coordinator.record_log import CoordinatorRecordLog
 from shoal.coordinator.runtime import CoordinatorRuntime
 from shoal.coordinator.transaction_log import TxnMetadata, TxnState, from_record, to_record
@@ -85,13 +85,16 @@ def _now_ms() -> int:
 
 class TransactionCoordinator:
     def __init__(self, record_log: CoordinatorRecordLog, markers: MarkerWriter,
-                 allocate_producer_id: Callable[[], int], *, max_timeout_ms: int, offsets_partitions: int,
-                 clock: Callable[[], int] = _now_ms):
+                 allocate_producer_id: Callable[[], int], *, max_timeout_ms: int,
+                 offsets_placement: Placement[str], clock: Callable[[], int] = _now_ms,
+                 placement: Placement[str] | None = None):
         self.runtime = CoordinatorRuntime(record_log, lambda _partition: TransactionShard())
+        self.placement = placement or Placement(self.runtime.num_partitions)
         self.markers = markers
         self.allocate_producer_id = allocate_producer_id
         self.max_timeout_ms = max_timeout_ms
-        self.offsets_partitions = offsets_partitions
+        # Where the group coordinators keep a group: a transaction's offsets partition must be that one.
+        self.offsets_placement = offsets_placement
         self.clock = clock
         self._completing: dict[str, asyncio.Task[None]] = {}
 
@@ -101,11 +104,13 @@ class TransactionCoordinator:
         """Replay `__transaction_state` into the shards."""
         for partition in range(self.runtime.num_partitions):
             await self.runtime.load(partition)
+        self.placement.settle([shard.txns for shard in self.runtime.shards], "transactional id")
 
     @property
     def txns(self) -> dict[str, TxnMetadata]:
         """Every transactional id's state (a snapshot over all shards)."""
-        return {tid: meta for shard in self.runtime.shards for tid, meta in shard.txns.items()}
+        return {tid: meta for p, shard in enumerate(self.runtime.shards) for tid, meta in shard.txns.items()
+                if self.placement.holds(p, tid)}
 
     def _get(self, transactional_id: str) -> TxnMetadata | None:
         return self.runtime.shard(self.partition_for(transactional_id)).txns.get(transactional_id)
@@ -129,10 +134,10 @@ class TransactionCoordinator:
     # ---- helpers --------------------------------------------------------------------------------
 
     def partition_for(self, transactional_id: str) -> int:
-        return coordinator_partition(transactional_id, self.runtime.num_partitions)
+        return self.placement.partition_for(transactional_id)
 
     def offsets_partition(self, group_id: str) -> TopicPartition:
-        return CONSUMER_OFFSETS, coordinator_partition(group_id, self.offsets_partitions)
+        return CONSUMER_OFFSETS, self.offsets_placement.partition_for(group_id)
 
     async def _holding(self, transactional_id: str, operation: Callable[[], Awaitable[T]]) -> T:
         """Run `operation` as the only one changing this transactional id."""

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import structlog
 
-from shoal.coordinator.placement import coordinator_partition
+from shoal.coordinator.placement import Placement
 from shoal.protocol.codec import DecodeError
 from shoal.protocol.messages import CODECS
 
@@ -54,8 +54,11 @@ class TxnOffset:
 
 class TxnOffsetStore:
     def __init__(self, record_log: TransactionalRecordLog, on_committed: Callable[[list[RawRecord]], None],
-                 wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)):
+                 wall_ms: Callable[[], int] = lambda: int(time.time() * 1000), *,
+                 placement: Placement[str] | None = None):
         self.log = record_log
+        # The group coordinators' placement: the offsets go to the partition whose shard holds the group.
+        self.placement = placement or Placement(record_log.num_partitions)
         # Hands offsets made final by a COMMIT marker to the group coordinator's in-memory state.
         self.on_committed = on_committed
         self.wall_ms = wall_ms
@@ -64,7 +67,7 @@ class TxnOffsetStore:
         self._pending_keys: dict[int, dict[int, set[tuple[str, str, int]]]] = {}
 
     def partition_for(self, group_id: str) -> int:
-        return coordinator_partition(group_id, self.log.num_partitions)
+        return self.placement.partition_for(group_id)
 
     def load(self) -> None:
         """Pending offsets of transactions still open: read from where the oldest of them starts."""
@@ -110,7 +113,8 @@ class TxnOffsetStore:
         """Whether an open transaction holds an offset for this group and partition (OffsetFetch
         with RequireStable answers UNSTABLE_OFFSET_COMMIT then)."""
         wanted = (group_id, topic, partition)
-        return any(wanted in keys for keys in self._pending_keys.get(self.partition_for(group_id), {}).values())
+        # Every partition: an open transaction's offsets are wherever they were written.
+        return any(wanted in keys for by_producer in self._pending_keys.values() for keys in by_producer.values())
 
     def on_marker(self, partition: int, producer_id: int, commit: bool) -> None:
         """The transaction's marker is durable on this partition: its offsets become final or go away."""

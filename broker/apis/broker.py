@@ -9,18 +9,18 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from shoal.broker.common.config import BrokerConfig, Listener
+    from shoal.broker.common.metrics import BrokerMetrics
+    from shoal.broker.common.purgatory import Purgatory
+    from shoal.broker.network.request_channel import Api
     from shoal.broker.security.authorizer import Authorizer
     from shoal.broker.security.scram import ScramCredentialStore
-    from shoal.broker.server.config import BrokerConfig, Listener
-    from shoal.broker.server.metrics import BrokerMetrics
     from shoal.broker.share.group_configs import GroupConfigs
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
     from shoal.broker.storage.producer_state import ProducerIdAllocator
-    from shoal.broker.storage.purgatory import Purgatory
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
     from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
     from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
@@ -30,18 +30,6 @@ if TYPE_CHECKING:
     from shoal.coordinator.txn_offsets import TxnOffsetStore
     from shoal.persister.persister import Persister
     from shoal.protocol.messages import ApiVersionsResponse, RequestHeader
-
-
-@dataclass(frozen=True, slots=True)
-class Api:
-    """A handler for one API key over a version range; `handler(ctx, body)` returns the response body."""
-
-    key: int
-    name: str
-    min_version: int
-    max_version: int
-    handler: Callable[..., Any]
-    is_async: bool
 
 
 class Broker(Protocol):

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from shoal.broker.common.purgatory import LogKey
 from shoal.broker.security.authorizer import Operation, ResourceType
-from shoal.broker.storage.purgatory import LogKey
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from shoal.broker.common.config import BrokerConfig, Listener
+    from shoal.broker.common.metrics import BrokerMetrics
+    from shoal.broker.common.purgatory import Purgatory
     from shoal.broker.security.authorizer import Authorizer
     from shoal.broker.security.scram import ScramCredentialStore
-    from shoal.broker.server.config import BrokerConfig, Listener
-    from shoal.broker.server.metrics import BrokerMetrics
     from shoal.broker.share.group_configs import GroupConfigs
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
     from shoal.broker.storage.producer_state import ProducerIdAllocator
-    from shoal.broker.storage.purgatory import Purgatory
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
     from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
     from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from shoal.broker.common.purgatory import SHARE_SESSION_SLOT, LogKey, ShareFetchKey, WakeKey
 from shoal.broker.security.authorizer import Operation, ResourceType
 from shoal.broker.share.share_partition import AckBatch, AcquireMode
 from shoal.broker.share.share_partition_leader import SharePartitionLeader
@@ -18,7 +19,6 @@ from shoal.broker.share.share_session import (
     ShareSession,
     ShareSessionCache,
 )
-from shoal.broker.storage.purgatory import SHARE_SESSION_SLOT, LogKey, ShareFetchKey, WakeKey
 from shoal.persister.persister import SharePartitionKey
 from shoal.protocol import messages
 from shoal.protocol.acknowledge_type import AcknowledgeType

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from shoal.broker.common.purgatory import LogKey
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
-from shoal.broker.storage.purgatory import LogKey
 from shoal.coordinator.transaction_coordinator import TopicPartition
 from shoal.coordinator.transaction_log import STATE_BY_NAME
 from shoal.coordinator.txn_offsets import TxnOffset

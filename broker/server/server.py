@@ -13,17 +13,20 @@ from typing import Any
 
 import structlog
 
-from shoal.broker.apis.broker import Api
+from shoal.broker.common.config import DYNAMIC_CONFIG_FILE, BrokerConfig, Listener
+from shoal.broker.common.metrics import BrokerMetrics
+from shoal.broker.common.purgatory import LogKey, Purgatory
 from shoal.broker.network.connection import KafkaConnection
+from shoal.broker.network.request_channel import Api
 from shoal.broker.security.acl_store import build_authorizer
 from shoal.broker.security.authorizer import Authorizer
 from shoal.broker.security.scram import ScramCredentialStore
 from shoal.broker.share.group_configs import GroupConfigs
 from shoal.broker.storage.log_cleaner_manager import CleanerConfig, LogCleanerManager
 from shoal.broker.storage.producer_state import ProducerIdAllocator
-from shoal.broker.storage.purgatory import LogKey, Purgatory
 from shoal.broker.storage.topic_registry import (
     CONSUMER_OFFSETS,
+    INTERNAL_TOPIC_PARTITIONS_KEYS,
     SHARE_GROUP_STATE,
     TRANSACTION_STATE,
     Topic,
@@ -31,9 +34,6 @@ from shoal.broker.storage.topic_registry import (
 )
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
-
-from .config import DYNAMIC_CONFIG_FILE, BrokerConfig, Listener
-from .metrics import BrokerMetrics
 
 log = structlog.get_logger("shoal.broker")
 
@@ -86,6 +86,7 @@ class Broker:
         self.share_partitions: Any = None
         self.transaction_coordinator: Any = None
         self.txn_offsets: Any = None
+        self.offsets_placement: Any = None  # where each group id lives on __consumer_offsets
         # Offsets a transaction's COMMIT made final, for the group coordinator that serves OffsetFetch.
         self.committed_offset_listeners: list[Callable[[list[Any]], None]] = []
         self.producer_ids = ProducerIdAllocator(Path(config["log.dirs"]) / "shoal-producer-ids")
@@ -153,19 +154,44 @@ class Broker:
                 "segment.bytes": str(self.config["share.coordinator.state.topic.segment.bytes"])}
 
     def ensure_internal_topics(self) -> None:
-        for name, key in (
-            (CONSUMER_OFFSETS, "offsets.topic.num.partitions"),
-            (SHARE_GROUP_STATE, "share.coordinator.state.topic.num.partitions"),
-        ):
+        for name in (CONSUMER_OFFSETS, SHARE_GROUP_STATE, TRANSACTION_STATE):
+            topic = self.topics.get(name)
+            if topic is not None and topic.created_partitions is None:
+                self._record_created_partitions(topic)
+        for name in (CONSUMER_OFFSETS, SHARE_GROUP_STATE):
             wanted = self.internal_topic_configs(name)
             topic = self.topics.get(name)
             if topic is None:
-                self.topics.create(name, int(self.config[key]), wanted)
+                self.topics.create(name, int(self.config[INTERNAL_TOPIC_PARTITIONS_KEYS[name]]), wanted)
                 continue
             # A data directory from an older version may lack these: add what is missing, keep what is set.
             missing: list[tuple[str, str | None]] = [(k, v) for k, v in wanted.items() if k not in topic.configs]
             if missing:
                 self.topics.alter_configs(topic, missing)
+
+    def _record_created_partitions(self, topic: Topic) -> None:
+        """A registry written before creation counts were kept: the count the topic was created with is
+        its current one, unless partitions were added since (which only CreatePartitions did, before it was
+        refused); the broker created it with its setting, so a larger current count means the setting's."""
+        configured = int(self.config[INTERNAL_TOPIC_PARTITIONS_KEYS[topic.name]])
+        created = min(len(topic.partitions), configured)
+        if created < len(topic.partitions):
+            log.warning("internal topic has more partitions than it was created with; its coordinator keeps "
+                        "placing keys by the count it was created with", topic=topic.name,
+                        partitions=len(topic.partitions), created_partitions=created)
+        self.topics.set_created_partitions(topic, created)
+
+    def coordinator_partitions(self, name: str, default: int) -> int:
+        """The partition count an internal topic's coordinator places keys by: the one it was created with."""
+        topic = self.topics.get(name)
+        if topic is None:
+            return default
+        created = topic.created_partitions
+        if created is None or not 1 <= created <= len(topic.partitions):
+            log.warning("internal topic's creation partition count is unusable; using its current count",
+                        topic=name, created_partitions=created, partitions=len(topic.partitions))
+            return len(topic.partitions)
+        return created
 
     async def start(self) -> None:
         from shoal.broker.security.tls import server_context
@@ -266,19 +292,26 @@ class Broker:
         from shoal.coordinator.consumer_assignors import parse_assignors
         from shoal.coordinator.consumer_coordinator import ConsumerGroupConfig, ConsumerGroupCoordinator
         from shoal.coordinator.group_coordinator import GroupCoordinator, GroupCoordinatorConfig
+        from shoal.coordinator.placement import Placement
         from shoal.coordinator.share_coordinator import ShareCoordinator
         from shoal.coordinator.share_coordinator_client import InProcessShareCoordinatorClient
+        from shoal.coordinator.share_state import state_key_string
         from shoal.persister.default_persister import DefaultStatePersister
 
         state_topic = self.topics.get(SHARE_GROUP_STATE)
         offsets_topic = self.topics.get(CONSUMER_OFFSETS)
         assert state_topic is not None and offsets_topic is not None
         cfg = self.config
+        # One placement per internal topic, shared by everything that writes or looks up its keys.
+        self.offsets_placement = Placement(self.coordinator_partitions(CONSUMER_OFFSETS, len(offsets_topic.partitions)),
+                                           topic=CONSUMER_OFFSETS)
         self.share_coordinator = ShareCoordinator(
             InternalTopicLog(state_topic),
             snapshot_update_records_per_snapshot=int(cfg["share.coordinator.snapshot.update.records.per.snapshot"]),
             cold_snapshot_interval_ms=int(cfg["share.coordinator.cold.partition.snapshot.interval.ms"]),
             partition_count=self._partition_count,
+            placement=Placement(self.coordinator_partitions(SHARE_GROUP_STATE, len(state_topic.partitions)),
+                                state_key_string, topic=SHARE_GROUP_STATE),
         )
         self.persister = DefaultStatePersister(InProcessShareCoordinatorClient(self.share_coordinator))
         from shoal.broker.apis.services import PartitionBudget
@@ -302,6 +335,7 @@ class Broker:
                 assignment_interval_ms=int(cfg["group.share.assignment.interval.ms"]),
             ),
             group_configs=self.group_configs,
+            placement=self.offsets_placement,
         )
         self.classic_groups = ClassicGroupCoordinator(
             InternalTopicLog(offsets_topic),
@@ -314,6 +348,7 @@ class Broker:
             ),
             # One group id, one group type: each coordinator refuses the others' ids.
             foreign_group=lambda group_id: group_id in self.group_coordinator.groups or group_id in consumer.groups,
+            placement=self.offsets_placement,
         )
         consumer = self.consumer_groups = ConsumerGroupCoordinator(
             InternalTopicLog(offsets_topic),
@@ -327,6 +362,7 @@ class Broker:
             assignors=parse_assignors(str(cfg["group.consumer.assignors"])),
             foreign_group=lambda group_id: group_id in self.group_coordinator.groups
             or group_id in self.classic_groups.groups,
+            placement=self.offsets_placement,
         )
         self.group_coordinator.foreign_group = lambda group_id: group_id in self.classic_groups.groups \
             or group_id in consumer.groups
@@ -347,6 +383,7 @@ class Broker:
     async def _start_transactions(self) -> None:
         from shoal.broker.apis.txn_apis import BrokerMarkerWriter
         from shoal.broker.storage.internal_topic_log import InternalTopicLog, LazyInternalTopicLog
+        from shoal.coordinator.placement import Placement
         from shoal.coordinator.transaction_coordinator import TransactionCoordinator
         from shoal.coordinator.txn_offsets import TxnOffsetStore
 
@@ -356,11 +393,13 @@ class Broker:
         self.transaction_coordinator = TransactionCoordinator(
             txn_log, BrokerMarkerWriter(self), self.producer_ids.allocate,
             max_timeout_ms=int(self.config["transaction.max.timeout.ms"]),
-            offsets_partitions=int(self.config["offsets.topic.num.partitions"]),
+            offsets_placement=self.offsets_placement,
+            placement=Placement(self.coordinator_partitions(TRANSACTION_STATE, num_partitions), topic=TRANSACTION_STATE),
         )
         offsets_topic = self.topics.get(CONSUMER_OFFSETS)
         assert offsets_topic is not None
-        self.txn_offsets = TxnOffsetStore(InternalTopicLog(offsets_topic), self._on_txn_offsets_committed)
+        self.txn_offsets = TxnOffsetStore(InternalTopicLog(offsets_topic), self._on_txn_offsets_committed,
+                                          placement=self.offsets_placement)
         self.txn_offsets.load()
         await self.transaction_coordinator.load()
         self.transaction_coordinator.start()
@@ -394,7 +433,7 @@ class Broker:
 
     def _wire_share_metrics(self) -> None:
         """KIP-932 metrics: event hooks into the share coordinator and leaders, plus a scrape-time collector."""
-        from .share_metrics import ShareGroupCollector
+        from shoal.broker.common.share_metrics import ShareGroupCollector
 
         events = self.metrics.share
         self.share_coordinator.on_partition_load = events.observe_state_partition_load

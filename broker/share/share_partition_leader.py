@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import structlog
 
 from shoal.backoff import Backoff
+from shoal.broker.common.purgatory import ShareFetchKey
 from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
-from shoal.broker.storage.purgatory import ShareFetchKey
 from shoal.iso_duration import parse_iso_duration_ms
 from shoal.persister.persister import Persister, SharePartitionKey, WriteStateRequest
 from shoal.protocol.acknowledge_type import AcknowledgeType
@@ -45,7 +45,7 @@ from .share_partition import (
 )
 
 if TYPE_CHECKING:
-    from shoal.broker.storage.purgatory import Purgatory
+    from shoal.broker.common.purgatory import Purgatory
     from shoal.protocol.record_batch import BatchHeader
 
 log = structlog.get_logger("shoal.share_partition")

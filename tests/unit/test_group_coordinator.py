@@ -544,9 +544,9 @@ class DenyingAuthorizer:
 async def api_env(tmp_path: Path) -> Any:
     from shoal.broker.apis.services import ShareGroupServices
     from shoal.broker.apis.share_group_apis import BrokerTopicMetadata, ShareGroupApis
+    from shoal.broker.common.config import BrokerConfig
     from shoal.broker.network.connection import KafkaConnection, RequestContext
     from shoal.broker.security.authorizer import Operation, ResourceType
-    from shoal.broker.server.config import BrokerConfig
     from shoal.broker.server.server import Broker
 
     config = BrokerConfig.from_strings({"log.dirs": str(tmp_path / "data"), "offsets.topic.num.partitions": "3",

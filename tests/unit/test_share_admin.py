@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from shoal.broker.apis.share_group_admin import compute_lag
-from shoal.broker.server.share_metrics import WindowedMax
+from shoal.broker.common.share_metrics import WindowedMax
 from shoal.persister.persister import StateSummary
 from shoal.protocol.errors import ErrorCode
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from shoal.broker.server.config import BrokerConfig
+from shoal.broker.common.config import BrokerConfig
+from shoal.broker.common.purgatory import Purgatory
 from shoal.broker.share.group_configs import GroupConfigs
 from shoal.broker.share.share_partition import AckBatch, AcquireMode, RecordState
 from shoal.broker.share.share_partition_leader import Acquisition, SharePartitionLeader
 from shoal.broker.storage.partition_log import PartitionLog
-from shoal.broker.storage.purgatory import Purgatory
 from shoal.broker.storage.topic_registry import Topic
 from shoal.coordinator.share_coordinator_client import InProcessShareCoordinatorClient
 from shoal.persister.default_persister import DefaultStatePersister

@@ -16,6 +16,7 @@ from shoal.broker.storage.internal_topic_log import InternalTopicLog
 from shoal.broker.storage.partition_log import LogConfig, PartitionLog
 from shoal.broker.storage.producer_state import PartitionProducerState
 from shoal.broker.storage.topic_registry import Topic
+from shoal.coordinator.placement import Placement
 from shoal.coordinator.transaction_coordinator import TransactionCoordinator
 from shoal.coordinator.transaction_log import TxnMetadata, TxnState, from_record, to_record
 from shoal.coordinator.txn_offsets import TxnOffset, TxnOffsetStore
@@ -77,7 +78,7 @@ class Cluster:
 
     async def coordinator(self, markers: LogMarkers) -> TransactionCoordinator:
         coord = TransactionCoordinator(InternalTopicLog(self.state_topic), markers, self.allocate,
-                                       max_timeout_ms=MAX_TIMEOUT, offsets_partitions=3)
+                                       max_timeout_ms=MAX_TIMEOUT, offsets_placement=Placement(3))
         await coord.load()
         return coord
 
