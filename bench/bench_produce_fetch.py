@@ -92,7 +92,9 @@ def produce(bootstrap: str, topic: str, records: int, value: bytes, partitions: 
     return Result(records, elapsed, records * len(value))
 
 
-def fetch(bootstrap: str, topic: str, records: int, partitions: int, value_bytes: int) -> Result:
+def fetch(bootstrap: str, topic: str, records: int, partitions: int, value_bytes: int, *, exact: bool = True) -> Result:
+    """Drain the topic with an assigned Consumer; `exact=False` (a peer) reads what its watermarks report even
+    when they do not add up to `records` (Tansu's memory engine has been seen to report a few thousand less)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -108,7 +110,10 @@ def fetch(bootstrap: str, topic: str, records: int, partitions: int, value_bytes
         marks = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in range(partitions)]
         available = sum(high - low for low, high in marks)
         if sum(high for _low, high in marks) != records:
-            raise RuntimeError(f"{bootstrap}: partitions end at {marks}, expected {records} records in all")
+            if exact:
+                raise RuntimeError(f"{bootstrap}: partitions end at {marks}, expected {records} records in all")
+            print(f"  note: {bootstrap} reports partitions ending at {marks}, not {records} records in all; "
+                  f"reading the {available:,} it reports", flush=True)
         started = time.perf_counter()
         consumer.assign([TopicPartition(topic, p, low) for p, (low, _high) in enumerate(marks)])
         got = 0
@@ -151,7 +156,8 @@ def main() -> int:
         for name, bootstrap in peers:
             (create_topic if name == "shoal" else auto_create_topic)(bootstrap, "bench-acks1", parts)
             results[f"{name} produce acks=1"] = produce(bootstrap, "bench-acks1", n, value, parts, "1")
-            results[f"{name} fetch"] = fetch(bootstrap, "bench-acks1", n, parts, args.value_bytes)
+            results[f"{name} fetch"] = fetch(bootstrap, "bench-acks1", n, parts, args.value_bytes,
+                                             exact=name != "tansu")
         create_topic(shoal_bootstrap, "bench-acksall", parts)
         results["shoal produce acks=all"] = produce(shoal_bootstrap, "bench-acksall", n, value, parts, "all")
     finally:
