@@ -8,6 +8,7 @@ left out. Printed: p50, p99 and p99.9 in milliseconds, for Shoal, librdkafka's m
 (plain only: it has no share groups) in the same run.
 
 Usage: python bench/bench_latency.py [--rate 10000] [--seconds 8] [--warm-up 2] [--peers mock,tansu]
+       [--kinds plain,share] [--linger-ms 0]
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def _consume(bootstrap: str, topic: str, kind: str, group: str, expected: int, c
 
 
 def delivery_latency(bootstrap: str, topic: str, kind: str, *, rate: int = 10_000, seconds: float = 8.0,
-                     warm_up: float = 2.0, group: str | None = None) -> Latency:
+                     warm_up: float = 2.0, group: str | None = None, linger_ms: float = 0) -> Latency:
     """Produce at `rate` for `seconds` and measure produce-to-delivery latency with a `kind` consumer
     ("plain" or "share") in a child process; the topic must exist."""
     group = group or f"latency-{topic}"
@@ -127,7 +128,7 @@ def delivery_latency(bootstrap: str, topic: str, kind: str, *, rate: int = 10_00
     total = int(rate * seconds)
     proc = ctx.Process(target=_consume, args=(bootstrap, topic, kind, group, total, child), daemon=True)
     proc.start()
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": linger_ms,
                          "queue.buffering.max.messages": 1_000_000})
     try:
         deadline = time.monotonic() + 120
@@ -177,6 +178,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--warm-up", type=float, default=2.0)
     parser.add_argument("--peers", default="mock,tansu")
+    parser.add_argument("--kinds", default="plain,share")
+    parser.add_argument("--linger-ms", type=float, default=0.0, help="the producer's linger.ms")
     args = parser.parse_args()
     peers = {p for p in args.peers.split(",") if p}
 
@@ -193,12 +196,13 @@ def main() -> int:
                 brokers["tansu"] = tansu
         results: dict[str, Latency] = {}
         for name, (_proc, bootstrap) in brokers.items():
-            kinds = ("plain",) if name == "tansu" else ("plain", "share")
+            kinds = [k for k in args.kinds.split(",") if k and not (name == "tansu" and k == "share")]
             for kind in kinds:
                 topic = f"latency-{kind}"
                 create_topic(bootstrap, topic, share_group=f"latency-{topic}" if kind == "share" else None)
                 results[f"{name} {kind}"] = delivery_latency(bootstrap, topic, kind, rate=args.rate,
-                                                             seconds=args.seconds, warm_up=args.warm_up)
+                                                             seconds=args.seconds, warm_up=args.warm_up,
+                                                             linger_ms=args.linger_ms)
                 print(f"  {name + ' ' + kind:<14} {results[f'{name} {kind}'].line()}", flush=True)
     finally:
         for proc, _bootstrap in brokers.values():
@@ -206,7 +210,7 @@ def main() -> int:
         shutil.rmtree(data_dir, ignore_errors=True)
 
     print(f"\nproduce-to-delivery latency at {args.rate:,} rec/s, {args.seconds:g} s ({args.warm_up:g} s warm-up "
-          "left out), acks=all, linger.ms=0, 4 partitions, 100 B values")
+          f"left out), acks=all, linger.ms={args.linger_ms:g}, 4 partitions, 100 B values")
     for label, r in results.items():
         print(f"  {label:<14} {r.line()}")
     for kind in ("plain", "share"):
