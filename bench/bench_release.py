@@ -10,7 +10,8 @@ first in odd ones), each build gets a fresh broker and the same confluent-kafka 
 - plain consume: an assigned Consumer drains the acks=1 topic;
 - share consume: one ShareConsumer (implicit acknowledgement) drains the same topic; both consume rates run
   from the first record received to the last;
-- produce-to-delivery latency at a fixed offered load (bench_latency.py), plain and share: p50/p99/p99.9;
+- produce-to-delivery latency at a fixed offered load (bench_latency.py, linger.ms=5), plain and share:
+  p50/p99/p99.9;
 - for each throughput figure, the broker's CPU time per record while it ran (from /proc): on a machine
   shared with other work, rates swing with the cores others take, CPU time per record much less.
 
