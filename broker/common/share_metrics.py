@@ -40,7 +40,7 @@ class Broker(Protocol):
     @property
     def topics(self) -> TopicsById: ...
 
-    group_coordinator: Any
+    share_groups: Any
     share_coordinator: Any
     share_partitions: Any
 
@@ -205,7 +205,7 @@ class ShareGroupCollector(Collector):
         counts = dict.fromkeys(GROUP_STATES, 0)
         partitions = 0
         rebalances = 0
-        coordinator = self.broker.group_coordinator
+        coordinator = self.broker.share_groups
         if coordinator is not None:
             rebalances = int(coordinator.rebalances)
             for group in list(coordinator.groups.values()):

@@ -324,6 +324,9 @@ def test_wheel_holds_every_module_the_broker_imports_at_start_up(
     # The protocol specs are data the codec loads at start-up.
     specs = {p.name for p in (REPO / "protocol" / "specs").glob("*.json")}
     assert specs and {f"shoal/protocol/specs/{s}" for s in specs} <= names
+    # So are Shoal's extensions of them: without these the codec would not match the generated classes.
+    extensions = {p.name for p in (REPO / "protocol" / "extensions").glob("*.json")}
+    assert extensions and {f"shoal/protocol/extensions/{s}" for s in extensions} <= names
 
 
 def test_sigterm_stops_the_broker_cleanly(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     "shoal.broker.storage": 2,
     "shoal.persister": 2,
     "shoal.broker.security": 3,
+    "shoal.broker.upstream": 3,
     "shoal.broker.share": 4,
     "shoal.coordinator": 4,
     "shoal.broker.network": 5,

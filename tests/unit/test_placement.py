@@ -9,19 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator, OffsetToCommit
-from shoal.coordinator.group_shard import GroupsView
+from shoal.coordinator.classic_coordinator import OffsetToCommit
+from shoal.coordinator.classic_group import ClassicGroup
+from shoal.coordinator.group_coordinator import GroupCoordinator
+from shoal.coordinator.group_coordinator_shard import GroupCoordinatorShard, GroupsView
 from shoal.coordinator.placement import Placement, coordinator_partition
 from shoal.coordinator.transaction_coordinator import TransactionCoordinator
-from shoal.coordinator.txn_offsets import TxnOffset, TxnOffsetStore
 
-from .test_group_coordinator import close_log, open_log
-
-
-class Shard:
-    def __init__(self, groups: dict[str, Any]) -> None:
-        self.groups = groups
-
+from .test_group_coordinator import Topics
+from .test_share_group_coordinator import RecordingPersister, close_log, open_log
 
 keys = st.text(min_size=1, max_size=6)
 
@@ -33,12 +29,13 @@ def test_lookups_and_iteration_agree_whatever_partitions_hold_the_keys(
         created: int, added: int, held: list[tuple[str, int]], probes: list[str]) -> None:
     """Keys in any partitions (as replay of a data directory may find them): after `settle`, every key held
     somewhere is seen exactly once, a lookup finds the copy iteration yields, and a key at home stays there."""
-    shards = [Shard({}) for _ in range(created + added)]
+    shards = [GroupCoordinatorShard() for _ in range(created + added)]
     for key, partition in held:
-        shards[partition % len(shards)].groups[key] = (key, partition % len(shards))
+        # The group's generation names the partition holding it, so a lookup shows which copy it found.
+        shards[partition % len(shards)].groups[key] = ClassicGroup(key, generation_id=partition % len(shards))
     placement: Placement[str] = Placement(created)
-    placement.settle([s.groups for s in shards])
-    view: GroupsView[tuple[str, int]] = GroupsView(shards, placement.partition_for)
+    placement.settle([set(s.groups) for s in shards])
+    view: GroupsView[ClassicGroup] = GroupsView(shards, placement.partition_for, ClassicGroup)
 
     listed = list(view)
     assert len(listed) == len(set(listed)) == len(view)
@@ -46,7 +43,7 @@ def test_lookups_and_iteration_agree_whatever_partitions_hold_the_keys(
     assert set(listed) == everywhere  # nothing held is lost
     for key in listed:
         owner = placement.partition_for(key)
-        assert view[key] == (key, owner) and key in shards[owner].groups
+        assert view[key].generation_id == owner and key in shards[owner].groups
         if key in shards[placement.home(key)].groups:
             assert owner == placement.home(key)  # the home copy wins
     for key in probes:
@@ -68,12 +65,16 @@ def test_a_key_found_away_from_home_stays_there() -> None:
     assert placement.settle(shards) == 0  # a second settle (another coordinator) finds it placed
 
 
-async def _commit(coord: ClassicGroupCoordinator, group: str, offset: int) -> None:
+def _coordinator(log: Any, placement: Placement[str] | None = None) -> GroupCoordinator:
+    return GroupCoordinator(log, Topics(), RecordingPersister(), placement=placement)
+
+
+async def _commit(coord: GroupCoordinator, group: str, offset: int) -> None:
     assert await coord.commit_offsets(group, "", None, -1, [OffsetToCommit("t", 0, offset, -1, None)], 8) == (0, [0])
 
 
-def _fetch(coord: ClassicGroupCoordinator, group: str) -> int | None:
-    committed = coord.fetch_offsets(group, [("t", [0])])[1][0][2]
+def _fetch(coord: GroupCoordinator, group: str) -> int | None:
+    committed = coord.fetch_offsets(group, None, -1, [("t", [0])])[1][0][2]
     return None if committed is None else committed.offset
 
 
@@ -84,7 +85,7 @@ async def test_groups_written_under_another_count_load_and_stay_where_they_are(t
               coordinator_partition(g, 4) != coordinator_partition(g, 5)]
     assert len(groups) >= 3
     log = open_log(tmp_path, partitions=4)
-    coord = ClassicGroupCoordinator(log)
+    coord = _coordinator(log)
     await coord.load()
     for i, group in enumerate(groups):
         await _commit(coord, group, i + 10)
@@ -93,9 +94,9 @@ async def test_groups_written_under_another_count_load_and_stay_where_they_are(t
 
     log = open_log(tmp_path, partitions=5)
     placement: Placement[str] = Placement(5)
-    coord = ClassicGroupCoordinator(log, placement=placement)
+    coord = _coordinator(log, placement)
     await coord.load()
-    assert sorted(coord.groups) == sorted(groups)
+    assert sorted(coord.classic.groups) == sorted(groups)
     assert [_fetch(coord, g) for g in groups] == [i + 10 for i in range(len(groups))]
     assert placement.misplaced == {g: coordinator_partition(g, 4) for g in groups}
     # Later writes go to the partition the group's records are in, so the next load agrees.
@@ -108,10 +109,10 @@ async def test_groups_written_under_another_count_load_and_stay_where_they_are(t
     assert [rec.key.group for _o, rec in log.replay(4)] == [fresh]
     await coord.stop()
 
-    again = ClassicGroupCoordinator(log, placement=Placement(5))
+    again = _coordinator(log, Placement(5))
     await again.load()
     assert _fetch(again, groups[0]) == 99 and _fetch(again, fresh) == 5
-    assert sorted(again.groups) == sorted([*groups, fresh])
+    assert sorted(again.classic.groups) == sorted([*groups, fresh])
     await again.stop()
     close_log(log)
 
@@ -122,13 +123,16 @@ async def test_transactional_offsets_go_where_the_group_coordinator_keeps_the_gr
     placement: Placement[str] = Placement(3)
     placement.settle([{}, {}, {}, {group: None}])  # replay found the group in a fourth partition
     log = open_log(tmp_path, partitions=4)
-    store = TxnOffsetStore(log, lambda _records: None, placement=placement)
+    groups = _coordinator(log, placement)
+    await groups.load()
     coordinator = TransactionCoordinator(log, _NoMarkers(), lambda: 1, max_timeout_ms=1000,
                                          offsets_placement=placement)
     assert coordinator.offsets_partition(group) == ("__consumer_offsets", 3) == (
-        "__consumer_offsets", store.partition_for(group))
-    await store.commit(group, producer_id=7, producer_epoch=0, offsets=[TxnOffset("t", 0, 5, -1, "")])
-    assert store.pending[3][7] and store.has_pending(group, "t", 0)
+        "__consumer_offsets", groups.partition_for(group))
+    assert await groups.commit_transactional_offsets(group, 7, 0, "", None, -1, [OffsetToCommit("t", 0, 5, -1, "")]) \
+        == (0, [0])
+    assert groups.runtime.shard(3).offsets.has_pending(group, "t", 0) and groups.has_pending_offset(group, "t", 0)
+    await groups.stop()
     close_log(log)
 
 

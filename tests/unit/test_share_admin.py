@@ -13,7 +13,7 @@ from shoal.broker.common.share_metrics import WindowedMax
 from shoal.persister.persister import StateSummary
 from shoal.protocol.errors import ErrorCode
 
-from .test_group_coordinator import GROUP, T_ORDERS, T_OTHER, Env, close_log
+from .test_share_group_coordinator import GROUP, T_ORDERS, T_OTHER, Env, close_log
 
 
 @pytest.fixture
