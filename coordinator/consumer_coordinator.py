@@ -69,6 +69,17 @@ class ConsumerGroupConfig:
     session_timeout_ms: int = 45000
     heartbeat_interval_ms: int = 5000
     max_size: int = 2**31 - 1
+    # A group's own consumer.session.timeout.ms / consumer.heartbeat.interval.ms (its dynamic group
+    # config), or None to use the values above.
+    group_override: Callable[[str, str], int | None] | None = None
+
+    def session_timeout_for(self, group_id: str) -> int:
+        own = self.group_override(group_id, "consumer.session.timeout.ms") if self.group_override else None
+        return self.session_timeout_ms if own is None else own
+
+    def heartbeat_interval_for(self, group_id: str) -> int:
+        own = self.group_override(group_id, "consumer.heartbeat.interval.ms") if self.group_override else None
+        return self.heartbeat_interval_ms if own is None else own
 
 
 class ConsumerTopicSource(Protocol):
@@ -350,10 +361,11 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
         await self._write(group_id, records)
         live = self.groups[group_id].members[member_id]
         now = self.clock()
-        live.session_deadline = now + self.config.session_timeout_ms / 1000
+        session_timeout_ms = self.config.session_timeout_for(group_id)
+        live.session_deadline = now + session_timeout_ms / 1000
         if live.state == MemberState.UNREVOKED_PARTITIONS:
             if live.revocation_deadline is None:
-                timeout = live.rebalance_timeout_ms if live.rebalance_timeout_ms > 0 else self.config.session_timeout_ms
+                timeout = live.rebalance_timeout_ms if live.rebalance_timeout_ms > 0 else session_timeout_ms
                 live.revocation_deadline = now + timeout / 1000
         else:
             live.revocation_deadline = None
@@ -369,7 +381,7 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
                            or result.assigned != member.assigned or old is None)
         return HeartbeatResponse(
             error_code=ErrorCode.NONE, member_id=member_id, member_epoch=live.member_epoch,
-            heartbeat_interval_ms=self.config.heartbeat_interval_ms,
+            heartbeat_interval_ms=self.config.heartbeat_interval_for(group_id),
             assignment=_hb_assignment(live.assigned) if send_assignment else None,
         )
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from shoal.broker.security.scram import ScramCredentialStore
     from shoal.broker.share.group_configs import GroupConfigs
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
+    from shoal.broker.storage.client_quotas import ClientQuotaStore
     from shoal.broker.storage.producer_state import ProducerIdAllocator
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
     from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
@@ -87,6 +88,17 @@ class TopicAdminServices:
     on_topic_created: Callable[[Topic], None]
     delete_topic: Callable[[Topic], None]
     on_log_start_moved: Callable[[Topic, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterAdminServices:
+    config: BrokerConfig
+    node_id: int
+    topics: TopicRegistry
+    client_quotas: ClientQuotaStore
+    advertised_listener: Callable[[str], Listener]
+    # Finalized feature levels by name, as ApiVersions reports them.
+    finalized_features: Callable[[], dict[str, int]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,8 +30,11 @@ from pathlib import Path
 import structlog
 
 from shoal.backoff import Backoff
+from shoal.broker.storage.log_config import roll_jitter_ms
+from shoal.broker.storage.log_roll import first_record_with_timestamp, preallocate, roll_due
 from shoal.broker.storage.log_segment import (
     CLEANED_SUFFIX,
+    DELETED_SUFFIX,
     INDEX_SUFFIX,
     INT32_MAX,
     LOG_SUFFIX,
@@ -96,6 +99,12 @@ class LogConfig:
     min_compaction_lag_ms: int = 0
     max_compaction_lag_ms: int = 2**63 - 1
     delete_retention_ms: int = 24 * 3600 * 1000
+    # Time-based roll (segment.ms less a random jitter below segment.jitter.ms), index size, preallocation.
+    segment_ms: int = 7 * 24 * 3600 * 1000
+    segment_jitter_ms: int = 0
+    segment_index_bytes: int = 10 * 1024 * 1024
+    preallocate: bool = False
+    file_delete_delay_ms: int = 60_000
 
     def __post_init__(self) -> None:
         # Index entries store file positions as int32.
@@ -162,6 +171,7 @@ class PartitionLog:
         self._has_txns = False
         # Open and aborted transactions recovered at open, until the producer state is first built.
         self._txn_seed: tuple[dict[int, int], list[AbortedTxn]] | None = None
+        self._roll_jitter_ms = roll_jitter_ms(config.segment_jitter_ms, config.segment_ms)
 
     # -- open / recovery ---------------------------------------------------------------------------
 
@@ -198,8 +208,8 @@ class PartitionLog:
         bases: list[int] = []
         for entry in os.scandir(self.directory):
             name = entry.name
-            if name.endswith(TMP_SUFFIX):
-                os.unlink(entry.path)  # an atomic write that never got renamed
+            if name.endswith((TMP_SUFFIX, DELETED_SUFFIX)):
+                os.unlink(entry.path)  # an atomic write that never got renamed, or a retired segment's file
             elif name.endswith(LOG_SUFFIX) and name[: -len(LOG_SUFFIX)].isdigit():
                 bases.append(int(name[: -len(LOG_SUFFIX)]))
         bases.sort()
@@ -486,6 +496,7 @@ class PartitionLog:
             seg.size + len(batches) > self.config.segment_bytes
             or last_offset - seg.base_offset > INT32_MAX
             or self._compaction_roll_due(seg, headers)
+            or roll_due(seg, self.config.segment_ms, self.config.segment_index_bytes, headers, self._roll_jitter_ms)
         ):
             seg = self._roll(base_offset)
         # Built before the write, so the rebuild does not see these batches too.
@@ -536,6 +547,9 @@ class PartitionLog:
         seg = LogSegment.create(
             self.directory, base_offset, index_interval_bytes=self.config.index_interval_bytes
         )
+        self._roll_jitter_ms = roll_jitter_ms(self.config.segment_jitter_ms, self.config.segment_ms)
+        if self.config.preallocate:
+            preallocate(seg, self.config.segment_bytes)
         self._add_segment(seg)
         self._dir_dirty = True
         # Like Kafka, flush the sealed segment soon so its indexes reach disk and reopen stays cheap.
@@ -769,13 +783,17 @@ class PartitionLog:
         self._check_open()
         if self.log_start_offset >= self.log_end_offset:
             return -1, -1
-        best_ts, best_offset = -1, -1
+        best_ts, best_seg = -1, None
         for seg in self.segments:
             if seg.max_timestamp > best_ts and seg.next_offset > self.log_start_offset:
-                best_ts, best_offset = seg.max_timestamp, seg.offset_of_max_timestamp
-        if best_ts < 0:
+                best_ts, best_seg = seg.max_timestamp, seg
+        if best_seg is None:
             return -1, -1
-        return max(best_offset, self.log_start_offset), best_ts
+        # KAFKA-16310: the first record carrying the largest timestamp, found in the first batch with it.
+        header = best_seg.find_timestamp(best_ts, self.log_start_offset)
+        if header is None:
+            return max(best_seg.offset_of_max_timestamp, self.log_start_offset), best_ts
+        return first_record_with_timestamp(self.read_batch_headers, self.log_start_offset, header, best_ts), best_ts
 
     # -- deletion ----------------------------------------------------------------------------------
 
@@ -814,6 +832,7 @@ class PartitionLog:
                 return now_ms - newest > retention_ms
 
             deleted += self._delete_leading(expired)
+            deleted += self._roll_to_delete(expired)
         if self.config.retention_bytes >= 0:
             excess = self.size_bytes() - self.config.retention_bytes
 
@@ -825,7 +844,17 @@ class PartitionLog:
                 return True
 
             deleted += self._delete_leading(over_size)
+            deleted += self._roll_to_delete(over_size)
         return deleted
+
+    def _roll_to_delete(self, predicate: _SegmentPredicate) -> int:
+        """As Kafka does, roll a non-empty active segment that retention would delete, then delete it: a
+        topic smaller than one segment still ages out."""
+        seg = self.active
+        if len(self.segments) == 1 and seg.size > 0 and predicate(seg, self.log_end_offset):
+            self._roll(self.log_end_offset)
+            return self._delete_leading(lambda old, _nxt: old is seg)
+        return 0
 
     def _delete_leading(self, predicate: _SegmentPredicate) -> int:
         """Delete sealed segments from the front while `predicate(segment, next segment base)` holds."""
@@ -833,7 +862,7 @@ class PartitionLog:
         while len(self.segments) > 1 and predicate(self.segments[0], self.segments[1].base_offset):
             seg = self.segments.pop(0)
             self._bases.pop(0)
-            seg.delete()
+            seg.delete_later(self.config.file_delete_delay_ms)
             with contextlib.suppress(FileNotFoundError):
                 (self.directory / segment_file_name(seg.base_offset, SNAPSHOT_SUFFIX)).unlink()
             deleted += 1

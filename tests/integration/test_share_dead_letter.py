@@ -373,9 +373,9 @@ def test_dead_letter_broker_keys_change_at_runtime(fresh_broker: BrokerProcess) 
     own = _describe_broker(bs, "1")
     assert own["errors.deadletterqueue.topic.name.prefix"] == ("gone.", ConfigSource.DYNAMIC_BROKER_CONFIG.value, False)
     assert own["errors.deadletterqueue.auto.create.topics.enable"] == ("true", default, False)
-    assert own["log.retention.ms"][2]
+    assert own["auto.create.topics.enable"][2]
     # Keys Kafka does not change at runtime, and another broker's id, are refused as Kafka refuses them.
-    for name, key, message in (("", "log.retention.ms", "Cannot update these configs dynamically"),
+    for name, key, message in (("", "auto.create.topics.enable", "Cannot update these configs dynamically"),
                                ("7", "errors.deadletterqueue.topic.name.prefix", "Unexpected broker id"),
                                ("--7", "errors.deadletterqueue.topic.name.prefix", "Node id must be an integer"),
                                ("", "errors.deadletterqueue.auto.create.topics.enable", "either true or false")):
