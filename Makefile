@@ -10,7 +10,7 @@ STRICT_PACKAGES := -p shoal.protocol -p shoal.coordinator -p shoal.persister
 
 .PHONY: run test check install install-test lint typecheck unit integration bench clean generate
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py protocol/_record_walk.c
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e .
