@@ -277,7 +277,7 @@ class ShareGroupCollector(Collector):
             available.add_metric(values, sp.available_count)
             acquired.add_metric(values, sp.acquired_count)
             archived.add_metric(values, sp.archived_count)
-            latest = leader.plog.high_watermark
+            latest = leader.plog.high_watermark if leader.plog is not None else spso  # sidecar: no local log
             lag.add_metric(values, max(0, latest - spso - leader.published_delivery_complete))
             lock_start = leader.published_oldest_lock_ms
             oldest.add_metric(values, 0 if lock_start is None else max(0.0, now - lock_start))

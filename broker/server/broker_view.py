@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from shoal.broker.share.group_configs import GroupConfigs
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
     from shoal.broker.share.share_topics import ShareTopicView
+    from shoal.broker.storage.client_quotas import ClientQuotaStore
     from shoal.broker.storage.producer_state import ProducerIdAllocator
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
     from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
@@ -46,6 +47,7 @@ class Broker(Protocol):
     topics: TopicRegistry
     purgatory: Purgatory
     group_configs: GroupConfigs
+    client_quotas: ClientQuotaStore
     apis: dict[int, Api]
     # Connections are typed loosely here: the network layer imports this module.
     connection_listeners: list[Callable[[Any], None]]
@@ -93,3 +95,5 @@ class Broker(Protocol):
     def on_log_start_moved(self, topic: Topic, partition: int) -> None: ...
 
     def advertised_listener(self, name: str) -> Listener: ...
+
+    def finalized_features(self) -> dict[str, int]: ...

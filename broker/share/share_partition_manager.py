@@ -34,9 +34,8 @@ from .share_session import FINAL_EPOCH, INITIAL_EPOCH, EpochAction, ShareSession
 if TYPE_CHECKING:
     from shoal.broker.common.share_metrics import ShareGroupMetrics
 
-    from .share_topics import ShareTopicView
-
     from .group_configs import GroupConfigs
+    from .share_topics import ShareTopicView
 
 log = structlog.get_logger("shoal.share_partition_manager")
 

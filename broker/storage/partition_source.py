@@ -67,6 +67,8 @@ class LocalPartitionSource:
 
     async def read(self, fetch_offset: int, max_bytes: int, *, read_committed: bool = False) -> SourceRead:
         plog = self.plog
+        # The last stable offset and aborted transactions need the producer state (built lazily, in slices).
+        await plog.load_producer_state(only_for_transactions=True)
         limit = plog.last_stable_offset if read_committed else plog.high_watermark
         if limit <= fetch_offset <= plog.high_watermark:
             # Nothing to read yet (read_committed: only an open transaction's records lie ahead).
@@ -79,6 +81,7 @@ class LocalPartitionSource:
         return SourceRead(batches, plog.high_watermark, plog.last_stable_offset, plog.log_start_offset, aborted)
 
     async def bytes_from(self, offset: int, enough: int, *, read_committed: bool = False) -> int:
+        await self.plog.load_producer_state(only_for_transactions=True)
         if read_committed and offset >= self.plog.last_stable_offset:
             return 0
         return self.plog.bytes_from(offset, enough)
