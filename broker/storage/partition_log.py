@@ -171,6 +171,13 @@ class AppendOrigin(enum.Enum):
     REPLICATION = "replication"
 
 
+# The log line of a refused append, by origin (operators grep for "rejected produce").
+_REJECTED = {
+    AppendOrigin.CLIENT: "rejected produce",
+    AppendOrigin.COORDINATOR: "rejected coordinator append",
+    AppendOrigin.REPLICATION: "rejected replicated append",
+}
+
 # KIP-890 part 1: (transactional id, producer id, epoch, (topic, partition)) -> the transaction coordinator's
 # answer to "is this partition in the producer's open transaction?" (an ErrorCode).
 TransactionVerifier = Callable[[str, int, int, tuple[str, int]], int]
@@ -618,13 +625,13 @@ class PartitionLog:
             if origin is AppendOrigin.REPLICATION:
                 headers = list(iter_batches(buf, check_crc=True))
             else:
-                buf, headers = self._validate(buf, policy, stamp, from_client=client)
+                buf, headers = self._validate(buf, policy, stamp, origin)
         except InvalidRecordBatch as exc:
             # Kafka separates a batch that breaks the rules (INVALID_RECORD, not retried) from damaged bytes.
             code = (ErrorCode.INVALID_TIMESTAMP if isinstance(exc, InvalidTimestamp)
                     else ErrorCode.INVALID_RECORD if isinstance(exc, InvalidRecord) else ErrorCode.CORRUPT_MESSAGE)
-            log.warning("rejected append", topic=ctx.topic, partition=ctx.partition, origin=origin.value,
-                        error=str(exc), error_code=int(code))
+            log.warning(_REJECTED[origin], topic=ctx.topic, partition=ctx.partition, error=str(exc),
+                        error_code=int(code))
             raise AppendRefused(code, str(exc)) from exc
         # Only idempotent batches need the producer state; touching it first rebuilds it from the log's tail.
         idempotent = [h for _p, h in headers if h.producer_id >= 0 and h.base_sequence >= 0 and not h.is_control]
@@ -653,8 +660,8 @@ class PartitionLog:
             ctx.purgatory.notify(LogKey(ctx.topic_id, ctx.partition))
         return result
 
-    def _validate(self, buf: bytearray, policy: ProducePolicy, stamp: bool, *,
-                  from_client: bool) -> tuple[bytearray, list[tuple[int, BatchHeader]]]:
+    def _validate(self, buf: bytearray, policy: ProducePolicy, stamp: bool,
+                  origin: AppendOrigin) -> tuple[bytearray, list[tuple[int, BatchHeader]]]:
         """Kafka's LogValidator over the batches in `buf`: their size against max.message.bytes, CRC and
         records, timestamps (CreateTime), keys of a compacted topic; then the topic's compression.type.
         Returns the batches to append (`buf`, or its recompressed copy) and their headers."""
@@ -663,20 +670,20 @@ class PartitionLog:
         )
         headers = list(iter_batches(buf))
         for pos, header in headers:
-            self._check_size(header, policy)
+            self._check_size(header, policy, origin)
             validate_batch_for_append(buf, pos, header, timestamp_bounds=bounds, require_keys=self.config.compact,
-                                      from_client=from_client)
+                                      from_client=origin is AppendOrigin.CLIENT)
         # As Kafka, control batches (transaction markers) are never compressed by the broker.
         if needs_recompression(headers, policy) and not any(h.is_control for _p, h in headers):
             buf, headers = recompress(buf, headers, policy)
             for _pos, header in headers:
-                self._check_size(header, policy)
+                self._check_size(header, policy, origin)
         return buf, headers
 
-    def _check_size(self, header: BatchHeader, policy: ProducePolicy) -> None:
+    def _check_size(self, header: BatchHeader, policy: ProducePolicy, origin: AppendOrigin) -> None:
         too_large = batch_too_large(header, policy)
         if too_large is not None:
-            log.info("rejected append", topic=self.context.topic, partition=self.context.partition, error=too_large)
+            log.info(_REJECTED[origin], topic=self.context.topic, partition=self.context.partition, error=too_large)
             raise AppendRefused(ErrorCode.MESSAGE_TOO_LARGE, too_large)
 
     def _verify_transaction(self, records: bytes | bytearray | memoryview | None, transactional_id: str | None,
