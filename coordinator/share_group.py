@@ -18,8 +18,11 @@ from shoal.protocol import coordinator_records as cr
 from shoal.protocol.codec import MessageBase
 from shoal.protocol.coordinator_records import CoordinatorRecord
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.messages import ShareGroupStatePartitionMetadataValue
 
 from .assignor import SimpleAssignor
+
+_PartitionsInfo = ShareGroupStatePartitionMetadataValue.TopicPartitionsInfo
 
 LEAVE_GROUP_MEMBER_EPOCH = -1
 JOIN_GROUP_MEMBER_EPOCH = 0
@@ -204,7 +207,7 @@ def state_partition_metadata_record(
     t = cr.SHARE_GROUP_STATE_PARTITION_METADATA
     cls = cr.value_class(t)
 
-    def infos(m: Mapping[bytes, TopicInit]) -> list[Any]:
+    def infos(m: Mapping[bytes, TopicInit]) -> list[_PartitionsInfo]:
         return [cls.TopicPartitionsInfo(topic_id=tid, topic_name=ti.name, partitions=sorted(ti.partitions))
                 for tid, ti in sorted(m.items()) if ti.partitions]
 
@@ -220,7 +223,17 @@ def tombstone(record_type: int, group_id: str, member_id: str | None = None) -> 
     return _rec(record_type, _key(record_type, group_id, member_id), None)
 
 
-def _to_assignment(tps: Iterable[Any] | None) -> TopicAssignment:
+class _AssignedPartitions(Protocol):
+    """A topic's partitions in an assignment record: the target's and the current member's records use
+    structs of the same fields under different names."""
+
+    @property
+    def topic_id(self) -> bytes: ...
+    @property
+    def partitions(self) -> list[int]: ...
+
+
+def _to_assignment(tps: Iterable[_AssignedPartitions] | None) -> TopicAssignment:
     out: TopicAssignment = {}
     for tp in tps or ():
         if tp.partitions:
