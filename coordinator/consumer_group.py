@@ -94,8 +94,18 @@ def _tps(assignment: Assignment, cls: type) -> list[object]:
     return [cls(topic_id=tid, partitions=sorted(ps)) for tid, ps in sorted(assignment.items()) if ps]
 
 
-def _from_tps(items: Iterable[object] | None) -> Assignment:
-    return {bytes(t.topic_id): frozenset(t.partitions) for t in items or () if t.partitions}  # type: ignore[attr-defined]  # record structs of several specs share these two fields
+class AssignedPartitions(Protocol):
+    """A topic's partitions in an assignment record: the records of several specs (target and current
+    assignments, consumer and share groups) use structs of these two fields under different names."""
+
+    @property
+    def topic_id(self) -> bytes: ...
+    @property
+    def partitions(self) -> list[int]: ...
+
+
+def _from_tps(items: Iterable[AssignedPartitions] | None) -> Assignment:
+    return {bytes(t.topic_id): frozenset(t.partitions) for t in items or () if t.partitions}
 
 
 _RE2_OPTIONS = re2.Options()

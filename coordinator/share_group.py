@@ -21,6 +21,7 @@ from shoal.protocol.errors import ErrorCode
 from shoal.protocol.messages import ShareGroupStatePartitionMetadataValue
 
 from .assignor import SimpleAssignor
+from .consumer_group import AssignedPartitions
 
 _PartitionsInfo = ShareGroupStatePartitionMetadataValue.TopicPartitionsInfo
 
@@ -223,17 +224,7 @@ def tombstone(record_type: int, group_id: str, member_id: str | None = None) -> 
     return _rec(record_type, _key(record_type, group_id, member_id), None)
 
 
-class _AssignedPartitions(Protocol):
-    """A topic's partitions in an assignment record: the target's and the current member's records use
-    structs of the same fields under different names."""
-
-    @property
-    def topic_id(self) -> bytes: ...
-    @property
-    def partitions(self) -> list[int]: ...
-
-
-def _to_assignment(tps: Iterable[_AssignedPartitions] | None) -> TopicAssignment:
+def _to_assignment(tps: Iterable[AssignedPartitions] | None) -> TopicAssignment:
     out: TopicAssignment = {}
     for tp in tps or ():
         if tp.partitions:
