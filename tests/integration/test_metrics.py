@@ -2,25 +2,43 @@
 
 from __future__ import annotations
 
+import re
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
 from .broker_process import BrokerProcess
+from .share_clients import Consumed, poll_until, set_group_config, share_consumer
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+METRICS_DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+# The millisecond families of the previous release, kept one more release as aliases of these.
+DEPRECATED_MS = {
+    "shoal_group_coordinator_partition_load_time_ms": "shoal_group_coordinator_partition_load_time_seconds",
+    "shoal_group_coordinator_partition_load_time_max_ms": "shoal_group_coordinator_partition_load_time_max_seconds",
+    "shoal_share_coordinator_partition_load_time_ms": "shoal_share_coordinator_partition_load_time_seconds",
+    "shoal_share_coordinator_partition_load_time_max_ms": "shoal_share_coordinator_partition_load_time_max_seconds",
+    "shoal_share_coordinator_write_latency_ms": "shoal_share_coordinator_write_latency_seconds",
+    "shoal_share_coordinator_write_latency_max_ms": "shoal_share_coordinator_write_latency_max_seconds",
+    "shoal_share_partition_oldest_acquired_age_ms": "shoal_share_partition_oldest_acquired_age_seconds",
+}
+
+
+def scrape_text(broker: BrokerProcess) -> str:
+    assert broker.metrics_port is not None
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=10) as resp:
+        assert resp.status == 200
+        return str(resp.read().decode())
 
 
 def scrape(broker: BrokerProcess) -> tuple[Samples, dict[str, str]]:
     """Every sample by (name, sorted labels), and each family's type."""
-    assert broker.metrics_port is not None
-    with urllib.request.urlopen(f"http://127.0.0.1:{broker.metrics_port}/metrics", timeout=10) as resp:
-        assert resp.status == 200
-        text = resp.read().decode()
+    text = scrape_text(broker)
     samples: Samples = {}
     types: dict[str, str] = {}
     for family in text_string_to_metric_families(text):
@@ -95,3 +113,50 @@ def test_metrics_reflect_traffic(broker: BrokerProcess) -> None:
     assert value("shoal_log_bytes_in_total", topic=topic) > 50_000
     assert types["shoal_connections"] == "gauge"
     assert ("shoal_connections", ()) in samples
+
+
+def test_metric_names_follow_prometheus_conventions_and_docs_map_each_to_kafka(broker: BrokerProcess) -> None:
+    """Base units (seconds, bytes), `_total` on counters; the ms names of the previous release only as
+    deprecated aliases; and docs/metrics.md has a row for every family, naming Kafka's JMX bean (or saying
+    Kafka has none)."""
+    topic, group = f"names-{uuid.uuid4().hex[:8]}", f"names-{uuid.uuid4().hex[:8]}"
+    produce_and_fetch(broker, topic, 10)
+    # A share partition in memory, so its scrape-time gauges are exported too.
+    set_group_config(broker.bootstrap, group, share_auto_offset_reset="earliest")
+    consumer = share_consumer(broker.bootstrap, group, [topic])
+    try:
+        poll_until(consumer, lambda: len(got) > 0, got := Consumed(), timeout=60)
+    finally:
+        consumer.close()
+    assert len(got) > 0
+    text = scrape_text(broker)
+    parsed = {family.name: family for family in text_string_to_metric_families(text)}
+    helps = dict(re.findall(r"^# HELP (\S+) (.*)$", text, re.M))
+    families = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+    # (prometheus_client also writes each counter's and histogram's creation time as a `_created` gauge.)
+    shoal = {name: kind for name, kind in families.items() if name.startswith("shoal_") and not name.endswith("_created")}
+    assert len(shoal) > 20
+    for name, kind in shoal.items():
+        if kind == "counter":
+            # Whether or not the TYPE line carries `_total`, the samples do (a labelled counter that has
+            # counted nothing yet has none).
+            base = name.removesuffix("_total")
+            assert {s.name for s in parsed[base].samples} <= {f"{base}_total", f"{base}_created"}, name
+        if name in DEPRECATED_MS:
+            assert helps[name].startswith("Deprecated alias of "), (name, helps[name])
+            assert DEPRECATED_MS[name] in shoal and shoal[DEPRECATED_MS[name]] == kind
+            continue
+        # Time is in seconds, sizes in bytes: no other unit suffix.
+        assert not re.search(r"_(ms|millis|milliseconds|us|kb|mb)(_|$)", name), name
+        if re.search(r"latency|_time|duration|_age", name):
+            assert name.endswith(("_seconds", "_max_seconds")), name
+    documented = METRICS_DOC.read_text()
+    rows = [line for line in documented.splitlines() if line.startswith("| ")]
+    for name in shoal:
+        exported = f"{name.removesuffix('_total')}_total" if shoal[name] == "counter" else name
+        mentions = [row for row in rows if re.search(rf"(?<![a-z_]){exported}(?:_sum|_count|_bucket)?(?![a-z_])", row)]
+        assert mentions, f"docs/metrics.md has no row for {exported}"
+        if name in DEPRECATED_MS:
+            continue
+        assert any("kafka." in row or "…" in row or "no JMX bean" in row for row in mentions), (
+            f"docs/metrics.md does not map {exported} to a Kafka JMX name")
