@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import urllib.request
@@ -17,6 +18,7 @@ from .share_clients import Consumed, poll_until, set_group_config, share_consume
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 METRICS_DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+DASHBOARD = Path(__file__).resolve().parents[2] / "docker" / "grafana" / "shoal-dashboard.json"
 # The millisecond families of the previous release, kept one more release as aliases of these.
 DEPRECATED_MS = {
     "shoal_group_coordinator_partition_load_time_ms": "shoal_group_coordinator_partition_load_time_seconds",
@@ -115,21 +117,27 @@ def test_metrics_reflect_traffic(broker: BrokerProcess) -> None:
     assert ("shoal_connections", ()) in samples
 
 
+def scrape_with_a_share_partition(broker: BrokerProcess) -> str:
+    """The endpoint's text after some traffic, with a share partition in memory (its gauges are read at
+    scrape time, so they exist only then)."""
+    topic, group = f"names-{uuid.uuid4().hex[:8]}", f"names-{uuid.uuid4().hex[:8]}"
+    produce_and_fetch(broker, topic, 10)
+    set_group_config(broker.bootstrap, group, share_auto_offset_reset="earliest")
+    consumer = share_consumer(broker.bootstrap, group, [topic])
+    got = Consumed()
+    try:
+        poll_until(consumer, lambda: len(got) > 0, got, timeout=60)
+    finally:
+        consumer.close()
+    assert len(got) > 0
+    return scrape_text(broker)
+
+
 def test_metric_names_follow_prometheus_conventions_and_docs_map_each_to_kafka(broker: BrokerProcess) -> None:
     """Base units (seconds, bytes), `_total` on counters; the ms names of the previous release only as
     deprecated aliases; and docs/metrics.md has a row for every family, naming Kafka's JMX bean (or saying
     Kafka has none)."""
-    topic, group = f"names-{uuid.uuid4().hex[:8]}", f"names-{uuid.uuid4().hex[:8]}"
-    produce_and_fetch(broker, topic, 10)
-    # A share partition in memory, so its scrape-time gauges are exported too.
-    set_group_config(broker.bootstrap, group, share_auto_offset_reset="earliest")
-    consumer = share_consumer(broker.bootstrap, group, [topic])
-    try:
-        poll_until(consumer, lambda: len(got) > 0, got := Consumed(), timeout=60)
-    finally:
-        consumer.close()
-    assert len(got) > 0
-    text = scrape_text(broker)
+    text = scrape_with_a_share_partition(broker)
     parsed = {family.name: family for family in text_string_to_metric_families(text)}
     helps = dict(re.findall(r"^# HELP (\S+) (.*)$", text, re.M))
     families = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
@@ -160,3 +168,30 @@ def test_metric_names_follow_prometheus_conventions_and_docs_map_each_to_kafka(b
             continue
         assert any("kafka." in row or "…" in row or "no JMX bean" in row for row in mentions), (
             f"docs/metrics.md does not map {exported} to a Kafka JMX name")
+
+
+def test_dashboard_queries_exported_families_with_request_panels_per_api(broker: BrokerProcess) -> None:
+    """The Grafana dashboard reads only families the broker exports under their current names, and has
+    request rate, latency percentiles, errors and connections per API next to the share-group panels."""
+    text = scrape_with_a_share_partition(broker)
+    exported = {name.removesuffix("_total") for name in re.findall(r"^# TYPE (\S+) ", text, re.M)}
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = {panel["title"]: [target["expr"] for target in panel.get("targets", [])] for panel in dashboard["panels"]}
+    names = {m for e in sum(exprs.values(), []) for m in re.findall(r"shoal_\w+", e)}
+    # A sample name is its family's, or the family's plus _total, _bucket, _sum or _count.
+    used = {n if n in exported else re.sub(r"_(total|bucket|sum|count)$", "", n) for n in names}
+    assert used and used <= exported, sorted(used - exported)
+    assert not used & set(DEPRECATED_MS), sorted(used & set(DEPRECATED_MS))
+
+    def panel(*words: str) -> list[str]:
+        [found] = [e for title, e in exprs.items() if all(w.lower() in title.lower() for w in words)]
+        return found
+
+    assert any(re.search(r"sum by \(api\) \(rate\(shoal_requests_total", e) for e in panel("request rate"))
+    latency = panel("request latency")
+    assert {q for e in latency for q in re.findall(r"histogram_quantile\((0\.\d+), sum by \(le, api\) "
+                                                   r"\(rate\(shoal_request_latency_seconds_bucket", e)} >= {"0.5", "0.99"}
+    assert any("sum by (api) (rate(shoal_request_errors_total" in e for e in panel("request errors"))
+    assert any(e.startswith("shoal_connections") for e in panel("connections"))
+    titles = [p["title"] for p in dashboard["panels"]]
+    assert titles.index("Requests (by API)") < titles.index("Group coordinator (share groups)")
