@@ -73,19 +73,31 @@ read -r -a COMPOSE <<<"$(compose_cli)"
 export SHOAL_COMPOSE="${COMPOSE[*]}"
 test_stack=("${COMPOSE[@]}" -p "$TEST_PROJECT" -f docker/docker-compose.test.yml)
 
+# The images a rebuild replaces stay behind untagged (on vfs each costs its full size); remember what the
+# tags named so that those, and only those, can be removed at the end.
+IMAGES=(shoal-broker:local shoal-tests:local shoal-spark-orders-job:local)
+old_ids=$(docker image inspect --format '{{.Id}}' "${IMAGES[@]}" 2>/dev/null || true)
+remove_replaced_images() {
+    local current id
+    current=$(docker image inspect --format '{{.Id}}' "${IMAGES[@]}" 2>/dev/null || true)
+    for id in $old_ids; do
+        grep -qx "$id" <<<"$current" || docker rmi "$id" >/dev/null 2>&1 || true
+    done
+}
+
 log "building images"
 "${test_stack[@]}" build
-"${COMPOSE[@]}" -p shoal -f docker/docker-compose.yml build shoal spark-orders-job
 
 status=0
 cleanup() { "${test_stack[@]}" down -v --remove-orphans >/dev/null 2>&1 || true; }
-trap cleanup EXIT
+trap 'cleanup; remove_replaced_images' EXIT
 cleanup  # a stack left over from an interrupted run
 log "running the test stack"
 "${test_stack[@]}" up --no-build --exit-code-from tests || status=$?
 cleanup
 log "test stack exit code: $status"
 
+# It builds the main stack's images itself (`up --build`), so it also runs on its own.
 log "running tests/compose against the main stack"
 SHOAL_COMPOSE_TESTS=1 "$PYTEST" -q -p no:cacheprovider tests/compose || status=$?
 exit "$status"
