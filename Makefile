@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip
 # protocol/, coordinator/ and persister/ are also checked with --strict.
 STRICT_PACKAGES := -p shoal.protocol -p shoal.coordinator -p shoal.persister
 
-.PHONY: run test install install-test lint typecheck unit integration bench clean generate compose-test compose-up compose-down
+.PHONY: run test check install install-test lint typecheck unit integration bench clean generate compose-test compose-up compose-down
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,14 +27,20 @@ install-test: $(VENV)/.installed-test
 run: install
 	$(VENV)/bin/shoal-broker config/server.properties
 
-test: install-test
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy shoal
-	$(VENV)/bin/mypy --strict $(STRICT_PACKAGES)
-	$(VENV)/bin/pytest -q -p no:cacheprovider tests
+# Workers for the suite: the Spark tests share one worker (one JVM), each other module runs on one worker
+# (its broker starts once). Most integration tests wait on brokers and timers, so a third worker pays off
+# even on two cores.
+TEST_WORKERS ?= 3
+
+test: lint
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup tests
+
+# The quick loop: lint, types and the unit tests.
+check: lint
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests/unit
 
 unit: install-test
-	$(VENV)/bin/pytest -q tests/unit
+	$(VENV)/bin/pytest -q -n 2 --dist loadgroup tests/unit
 
 integration: install-test
 	$(VENV)/bin/pytest -q tests/integration

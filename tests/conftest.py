@@ -12,10 +12,32 @@ from tests.integration.external import SKIP_REASON, external_bootstrap
 settings.register_profile("shoal", deadline=None)
 settings.load_profile("shoal")
 
-BROKER_SUITES = [Path(__file__).parent / "integration", Path(__file__).parent / "spark"]
+SPARK_SUITE = Path(__file__).parent / "spark"
+BROKER_SUITES = [Path(__file__).parent / "integration", SPARK_SUITE]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    group_for_xdist(items)
+    skip_unless_external(items)
+
+
+def group_for_xdist(items: list[pytest.Item]) -> None:
+    """Under `pytest -n N --dist loadgroup`: every test that uses the SparkSession on one worker, so one JVM
+    serves them all, and each other module on one worker, so its module-scoped broker starts once.
+
+    The Spark suite is the longest, so it goes first: a worker starts on it at once while the others work
+    through the rest. Spark tests that run a job in a process (and JVM) of their own need no session and
+    go to any worker.
+    """
+    def uses_session(item: pytest.Item) -> bool:
+        return "spark" in getattr(item, "fixturenames", ())
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("spark" if uses_session(item) else item.nodeid.split("::")[0]))
+    items.sort(key=lambda item: (not uses_session(item), not item.path.is_relative_to(SPARK_SUITE)))
+
+
+def skip_unless_external(items: list[pytest.Item]) -> None:
     """With SHOAL_BOOTSTRAP set, tests that need a broker of their own are skipped, saying why."""
     if external_bootstrap() is None:
         return

@@ -5,34 +5,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import signal
 import sys
-from typing import Any
 
 import structlog
 
 from .config import BrokerConfig, ConfigError
+from .logging_setup import configure_logging
 from .server import Broker
 
 READY_PREFIX = "SHOAL_READY "
-
-
-def configure_logging(fmt: str, level: str) -> None:
-    numeric = getattr(logging, level.upper(), logging.INFO)
-    renderer: Any = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso"),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
-    )
 
 
 def log_config_notes(config: BrokerConfig) -> None:

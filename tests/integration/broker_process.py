@@ -15,6 +15,14 @@ from typing import IO, Any
 
 READY_PREFIX = "SHOAL_READY "
 
+# Internal topics with a few partitions instead of Kafka's 50: each partition is a directory, a log and a
+# coordinator shard to create and load at every start. A test about those counts overrides them.
+SMALL_INTERNAL_TOPICS = (
+    "offsets.topic.num.partitions=4",
+    "share.coordinator.state.topic.num.partitions=4",
+    "transaction.state.log.num.partitions=4",
+)
+
 
 class BrokerProcess:
     def __init__(self, data_dir: Path, overrides: Iterable[str] = (), log_path: Path | None = None,
@@ -57,7 +65,8 @@ class BrokerProcess:
         else:
             args += ["--override", f"listeners={listener}", "--override", f"log.dirs={self.data_dir}"]
         args += ["--override", "metrics.port=0"]
-        for item in self.overrides:
+        # The test's own overrides come after these defaults, so they win.
+        for item in [*SMALL_INTERNAL_TOPICS, *self.overrides]:
             args += ["--override", item]
         if self.command is not None:
             args = self.command

@@ -27,7 +27,6 @@ from .share_clients import create_topic, set_group_config
 GAP, ACCEPT, RELEASE, REJECT = 0, 1, 2, 3
 AVAILABLE, ACKNOWLEDGED, ARCHIVED = 0, 2, 4
 STATE_TOPIC = "__share_group_state"
-STATE_PARTITIONS = 50  # share.coordinator.state.topic.num.partitions default
 WAIT_S = 30.0  # upper bound for things that happen "soon" (assignment, releases); never asserted on
 
 Ack = tuple[int, int, list[int]]  # first offset, last offset, acknowledge types
@@ -116,11 +115,21 @@ class StateRecord:
     batches: list[StateBatch] = field(default_factory=list)
 
 
+def state_partition_count(client: WireClient) -> int:
+    """The partition count `__share_group_state` was created with (share.coordinator.state.topic.num.partitions)."""
+    md = messages.MetadataRequest
+    resp = client.request(ApiKey.METADATA, 12, md(topics=[md.MetadataRequestTopic(topic_id=bytes(16), name=STATE_TOPIC)],  # type: ignore[attr-defined]
+                                                  allow_auto_topic_creation=False))
+    [topic] = resp.topics
+    assert topic.error_code == ErrorCode.NONE, topic.error_code
+    return len(topic.partitions)
+
+
 def state_records(client: WireClient, group: str, topic_id: bytes, partition: int) -> list[StateRecord]:
     """Every ShareSnapshot/ShareUpdate written for one share partition, read back with a plain Fetch from the
     `__share_group_state` partition the share coordinator places the key on."""
     key = SharePartitionKey(group, topic_id, partition)
-    sp = state_partition_for(key, STATE_PARTITIONS)
+    sp = state_partition_for(key, state_partition_count(client))
     fr = messages.FetchRequest
     out: list[StateRecord] = []
     offset = 0
