@@ -21,12 +21,24 @@ TEST_PROJECT=shoal-test
 
 log() { echo "compose-test: $*" >&2; }
 
+# An engine this script started is stopped again at the end (KEEP_DOCKERD=1 leaves it running), so a CI
+# job leaves no daemon behind; the images and the build cache stay on disk for the next run.
+started_dockerd=
+stop_engine() {
+    [ -n "$started_dockerd" ] && [ -z "${KEEP_DOCKERD:-}" ] || return 0
+    kill "$started_dockerd" 2>/dev/null || return 0
+    for _ in $(seq 60); do kill -0 "$started_dockerd" 2>/dev/null || return 0; sleep 1; done
+    log "dockerd ($started_dockerd) still running after 60 s"
+}
+trap stop_engine EXIT
+
 start_engine() {
     docker info >/dev/null 2>&1 && return 0
     command -v dockerd >/dev/null || { log "no Docker engine and no dockerd (apt-get install docker.io docker-compose debootstrap)"; exit 2; }
     log "starting dockerd $DOCKERD_ARGS (log: $DOCKERD_LOG)"
     # shellcheck disable=SC2086
     nohup dockerd $DOCKERD_ARGS >"$DOCKERD_LOG" 2>&1 &
+    started_dockerd=$!
     for _ in $(seq 120); do
         docker info >/dev/null 2>&1 && return 0
         sleep 1
@@ -90,7 +102,7 @@ log "building images"
 
 status=0
 cleanup() { "${test_stack[@]}" down -v --remove-orphans >/dev/null 2>&1 || true; }
-trap 'cleanup; remove_replaced_images' EXIT
+trap 'cleanup; remove_replaced_images; stop_engine' EXIT
 cleanup  # a stack left over from an interrupted run
 log "running the test stack"
 "${test_stack[@]}" up --no-build --exit-code-from tests || status=$?
