@@ -44,8 +44,8 @@ class _ResponseStream(asyncio.BufferedProtocol):
         self._can_write: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports (the broker's loop, in sidecar mode) are not asyncio.Transport subclasses.
+        self.transport = transport  # type: ignore[assignment]
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.frames.get_buffer()

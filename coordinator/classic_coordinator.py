@@ -1,12 +1,14 @@
-"""The classic-group coordinator: JoinGroup/SyncGroup/Heartbeat/LeaveGroup, committed offsets, and
-the timers that drive rebalances (join and sync deadlines, the initial rebalance delay, sessions).
+"""Classic groups in the group coordinator: JoinGroup/SyncGroup/Heartbeat/LeaveGroup, the checks a
+classic group makes on offset commits, and the timers that drive rebalances (join and sync deadlines,
+the initial rebalance delay, sessions).
 
 It follows Kafka's GroupMetadataManager for classic groups. Every operation on a group, a request's
-or a timer's, runs through the coordinator runtime holding the group's key: one at a time per group,
-and to completion even if its caller goes away. Persisted changes (see `classic_group`) are appended
-to the group's `__consumer_offsets` partition, fsynced, and only then replayed into the partition's
-shard and answered. JoinGroup and SyncGroup answers that must wait for other members are futures
-completed when the phase ends, awaited after the operation has released the group.
+or a timer's (the runtime's keyed timers), runs through the group coordinator's runtime holding the
+group's key: one at a time per group, and to completion even if its caller goes away. Persisted changes
+(see `classic_group`) are appended to the group's `__consumer_offsets` partition, fsynced, and only then
+replayed into the partition's shard and answered. JoinGroup and SyncGroup answers that must wait for
+other members are futures completed when the phase ends, awaited after the operation has released the
+group. A JoinGroup for the id of a KIP-848 group without members converts it, as Kafka does.
 """
 
 from __future__ import annotations
@@ -14,30 +16,21 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 
 from shoal.protocol import messages
-from shoal.protocol.coordinator_records import CoordinatorRecord, fits_key_string
+from shoal.protocol.coordinator_records import fits_key_string
 from shoal.protocol.errors import ErrorCode
 
-from .classic_group import (
-    ClassicGroup,
-    ClassicGroupShard,
-    ClassicGroupState,
-    ClassicMember,
-    CommittedOffset,
-    offset_commit_record,
-    plan_offset_deletes,
-    record_group_id,
-)
-from .group_shard import GroupsView
-from .placement import coordinator_partition
+from .classic_group import ClassicGroup, ClassicGroupState, ClassicMember
+from .consumer_group import ConsumerGroup
+from .group_coordinator_shard import Group, GroupRuntime, GroupsOfOneType
+from .placement import Placement
 from .record_log import CoordinatorRecordLog
-from .runtime import CoordinatorRuntime
 
 log = structlog.get_logger("shoal.classic_groups")
 
@@ -53,7 +46,6 @@ Empty, Preparing, Completing, Stable, Dead = (
 NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000
 NO_OFFSET = -1
 
-T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -62,7 +54,6 @@ class ClassicGroupConfig:
     max_session_timeout_ms: int = 1_800_000
     initial_rebalance_delay_ms: int = 3000
     max_size: int = 2**31 - 1
-    offset_metadata_max_bytes: int = 4096
 
 
 @dataclass(slots=True)
@@ -105,92 +96,61 @@ def _resolve(fut: asyncio.Future[Any], value: Any) -> None:
         fut.set_result(value)
 
 
-class ClassicGroupCoordinator:
+class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
     def __init__(
         self,
-        record_log: CoordinatorRecordLog,
+        record_log: CoordinatorRecordLog | GroupRuntime,
         config: ClassicGroupConfig | None = None,
         *,
-        foreign_group: Callable[[str], bool] = lambda _group_id: False,
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        placement: Placement[str] | None = None,
     ):
-        # The shard asks `self.foreign_group` each time, so a later rebinding of it is seen.
-        self.runtime = CoordinatorRuntime(record_log, lambda _p: ClassicGroupShard(lambda g: self.foreign_group(g)))
+        super().__init__(record_log, ClassicGroup, placement)
         self.config = config or ClassicGroupConfig()
-        # True when the id belongs to a group of another type (a share group): such ids are refused.
-        self.foreign_group = foreign_group
         self.clock = clock
         self.wall_ms = wall_ms
-        self.groups: GroupsView[ClassicGroup] = GroupsView(self.runtime.shards, self.partition_for)
         self.loaded = False
         self.rebalances = 0
         self._join_waiters: dict[tuple[str, str], asyncio.Future[Any]] = {}
         self._sync_waiters: dict[tuple[str, str], asyncio.Future[Any]] = {}
-        self._timers: dict[tuple[str, ...], asyncio.TimerHandle] = {}
         self._pending_deadlines: dict[tuple[str, str], float] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
 
     # ---- plumbing --------------------------------------------------------------------------------
 
-    def partition_for(self, group_id: str) -> int:
-        return coordinator_partition(group_id, self.runtime.num_partitions)
-
-    def _held(self, group_id: str) -> dict[str, ClassicGroup]:
+    def _held(self, group_id: str) -> dict[str, Group]:
         """The groups of `group_id`'s shard, for creating or forgetting a group not yet (or no longer) in
         the log; call it from an operation holding `group_id`."""
-        return self.runtime.shard(self.partition_for(group_id)).groups
+        return self.shard_of(group_id).groups
 
-    async def _run(self, group_id: str, operation: Callable[[], Awaitable[T]]) -> T:
-        """Run an operation on one group through the runtime: one at a time per group, to completion
-        even if the caller goes away."""
-        return await self.runtime.write(self.partition_for(group_id), group_id, operation)
-
-    async def _write(self, group_id: str, records: list[CoordinatorRecord]) -> None:
-        """Durably append, then replay into the group's shard (the same path `load` takes)."""
-        await self.runtime.append(self.partition_for(group_id), records)
-
-    def apply_transactional_offsets(self, records: list[CoordinatorRecord]) -> None:
-        """Offsets a transaction's COMMIT marker made final (their records are already durable, in the
-        producer's transactional batch): into the group's shard, as replay does at start-up."""
-        for record in records:
-            self.runtime.shard(self.partition_for(record_group_id(record))).replay(-1, record)
+    def _has_offsets(self, group_id: str) -> bool:
+        return self.shard_of(group_id).offsets.has_offsets(group_id)
 
     def _schedule(self, key: tuple[str, ...], delay_s: float, work: Callable[[], Awaitable[None]]) -> None:
-        """Run `work` after `delay_s` as an operation on the group `key[1]` names."""
-        self._cancel(key)
-        loop = asyncio.get_running_loop()
-        self._timers[key] = loop.call_later(max(delay_s, 0.0), self._fire, key, work)
-
-    def _fire(self, key: tuple[str, ...], work: Callable[[], Awaitable[None]]) -> None:
-        self._timers.pop(key, None)
-        self._spawn(self._run(key[1], work))
+        """Run `work` after `delay_s` as an operation on the group `key[1]` names (a runtime timer)."""
+        self.runtime.schedule(self.partition_for(key[1]), ("classic", *key), delay_s, key[1], work)
 
     def _cancel(self, key: tuple[str, ...]) -> None:
-        handle = self._timers.pop(key, None)
-        if handle is not None:
-            handle.cancel()
+        self.runtime.cancel(self.partition_for(key[1]), ("classic", *key))
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _is_scheduled(self, key: tuple[str, ...]) -> bool:
+        return self.runtime.is_scheduled(self.partition_for(key[1]), ("classic", *key))
 
     def _forget_if_unused(self, group: ClassicGroup) -> None:
         """A group that never got past creation (no members, offsets or generation) is not kept."""
-        if (group.state == Empty and not group.members and not group.pending_members and not group.offsets
-                and group.generation_id == 0 and self.groups.get(group.group_id) is group):
+        if (group.state == Empty and not group.members and not group.pending_members
+                and not self._has_offsets(group.group_id) and group.generation_id == 0
+                and self.groups.get(group.group_id) is group):
             del self._held(group.group_id)[group.group_id]
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
     async def load(self) -> None:
-        """Rebuild every classic group and its offsets from `__consumer_offsets`."""
-        for partition in range(self.runtime.num_partitions):
-            await self.runtime.load(partition)
+        """Rebuild every classic group from `__consumer_offsets` (partitions the group coordinator loaded
+        already are not read again)."""
+        await self._load_shards()
         self.loaded = True
-        log.info("classic groups loaded", groups=len(self.groups),
-                 offsets=sum(len(g.offsets) for g in self.groups.values()))
+        log.info("classic groups loaded", groups=len(self.groups))
 
     def start(self) -> None:
         """Members restored from the log get a full session to come back (needs a running loop)."""
@@ -201,9 +161,7 @@ class ClassicGroupCoordinator:
     def unload(self) -> None:
         """Shutdown: no more timers, and requests waiting for a rebalance are told NOT_COORDINATOR (as Kafka
         answers when it unloads a group), so the broker does not wait for phases that will not end."""
-        for handle in self._timers.values():
-            handle.cancel()
-        self._timers.clear()
+        self.runtime.cancel_all_timers()
         for (_group_id, member_id), waiter in list(self._join_waiters.items()):
             _resolve(waiter, _join_error(ErrorCode.NOT_COORDINATOR, member_id))
         for waiter in self._sync_waiters.values():
@@ -213,10 +171,6 @@ class ClassicGroupCoordinator:
 
     async def stop(self) -> None:
         self.unload()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         await self.runtime.drain()  # operations already started finish (and replay what they appended)
         self.unload()  # and any timer or waiter they left behind goes too
 
@@ -230,7 +184,7 @@ class ClassicGroupCoordinator:
         member.heartbeat_deadline = deadline
         group_id, member_id = group.group_id, member.member_id
         key = ("hb", group_id, member_id)
-        if sooner or key not in self._timers:
+        if sooner or not self._is_scheduled(key):
             self._schedule(key, timeout, lambda: self._on_heartbeat_deadline(group_id, member_id))
 
     async def _on_heartbeat_deadline(self, group_id: str, member_id: str) -> None:
@@ -274,8 +228,6 @@ class ClassicGroupCoordinator:
             return _join_error(ErrorCode.INVALID_SESSION_TIMEOUT, req.member_id)
         if not self.loaded:
             return _join_error(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, req.member_id)
-        if self.foreign_group(req.group_id):
-            return _join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         async def operation() -> None:
             try:
@@ -291,9 +243,18 @@ class ClassicGroupCoordinator:
     async def _join(self, req: JoinRequest, waiter: asyncio.Future[Any]) -> None:
         group = self.groups.get(req.group_id)
         if group is None:
+            other = self.groups.any_type(req.group_id)
+            if other is not None and not _convertible(other):
+                _resolve(waiter, _join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL))
+                return
             if req.member_id:
                 _resolve(waiter, _join_error(ErrorCode.UNKNOWN_MEMBER_ID, req.member_id))
                 return
+            if isinstance(other, ConsumerGroup):
+                # A KIP-848 group without members gives way to this classic group; its offsets stay
+                # (Kafka's maybeDeleteEmptyConsumerGroup).
+                await self._write(req.group_id, other.delete_records())
+                log.info("empty consumer group converted to a classic group", group_id=req.group_id)
             group = self._held(req.group_id)[req.group_id] = ClassicGroup(req.group_id)
         if not self._accepts_joining_member(group, req.member_id):
             _resolve(waiter, _join_error(ErrorCode.GROUP_MAX_SIZE_REACHED, req.member_id))
@@ -749,136 +710,50 @@ class ClassicGroupCoordinator:
 
         return await self._run(group_id, operation)
 
-    # ---- offsets -----------------------------------------------------------------------------------
+    # ---- offsets (the group coordinator's offset operations ask the group) ----------------------------
 
-    def _validate_offset_commit(self, group: ClassicGroup, member_id: str, instance_id: str | None,
-                                generation_id: int) -> int:
+    @classmethod
+    def validate_offset_commit(cls, group: ClassicGroup, member_id: str, instance_id: str | None,
+                               generation_id: int, *, transactional: bool) -> int:
+        """Kafka's ClassicGroup.validateOffsetCommit, for OffsetCommit and (KIP-447) TxnOffsetCommit."""
         if group.state == Dead:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if generation_id < 0 and group.state == Empty:
             return ErrorCode.NONE  # a consumer without group management, or an admin client
         if generation_id >= 0 or member_id or instance_id is not None:
-            error = self._validate_member(group, member_id, instance_id)
+            error = cls._validate_member(group, member_id, instance_id)
             if error != ErrorCode.NONE:
                 return error
             if generation_id != group.generation_id:
                 return ErrorCode.ILLEGAL_GENERATION
-        elif group.state != Empty:
+        elif not transactional and group.state != Empty:
             return ErrorCode.UNKNOWN_MEMBER_ID
-        if group.state == Completing:
+        if not transactional and group.state == Completing:
             return ErrorCode.REBALANCE_IN_PROGRESS
         return ErrorCode.NONE
 
-    async def commit_offsets(
-        self, group_id: str, member_id: str, instance_id: str | None, generation_id: int,
-        offsets: list[OffsetToCommit], version: int,
-    ) -> tuple[int, list[int]]:
-        """OffsetCommit: a group-level error (applied to every partition) or one code per offset."""
-        if not valid_group_id(group_id):
-            return ErrorCode.INVALID_GROUP_ID, []
-        if not self.loaded:
-            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
-        if self.foreign_group(group_id):
-            return ErrorCode.GROUP_ID_NOT_FOUND, []
-        async def operation() -> tuple[int, list[int]]:
-            group = self.groups.get(group_id)
-            if group is None:
-                if generation_id >= 0:
-                    return (ErrorCode.GROUP_ID_NOT_FOUND if version >= 9 else ErrorCode.ILLEGAL_GENERATION), []
-                group = self._held(group_id)[group_id] = ClassicGroup(group_id)
-            error = self._validate_offset_commit(group, member_id, instance_id, generation_id)
-            if error != ErrorCode.NONE:
-                self._forget_if_unused(group)
-                return error, []
-            member = group.members.get(member_id)
-            if member is not None:
-                self._arm_heartbeat(group, member)
-            now_ms = self.wall_ms()
-            codes: list[int] = []
-            records: list[CoordinatorRecord] = []
-            limit = self.config.offset_metadata_max_bytes
-            for o in offsets:
-                metadata = o.metadata or ""
-                if len(metadata.encode()) > limit:
-                    codes.append(ErrorCode.OFFSET_METADATA_TOO_LARGE)
-                    continue
-                codes.append(ErrorCode.NONE)
-                records.append(offset_commit_record(
-                    group_id, o.topic, o.partition, CommittedOffset(o.offset, o.leader_epoch, metadata, now_ms)))
-            try:
-                await self._write(group_id, records)
-            except Exception:
-                log.exception("offset commit failed", group_id=group_id)
-                self._forget_if_unused(group)
-                return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
-            self._forget_if_unused(group)
-            return ErrorCode.NONE, codes
+    def touch_member(self, group: ClassicGroup, member_id: str) -> None:
+        """An offset commit from a member counts as its heartbeat."""
+        member = group.members.get(member_id)
+        if member is not None:
+            self._arm_heartbeat(group, member)
 
-        return await self._run(group_id, operation)
-
-    def fetch_offsets(
-        self, group_id: str, wanted: list[tuple[str, list[int]]] | None
-    ) -> tuple[int, list[tuple[str, int, CommittedOffset | None]]]:
-        """OffsetFetch: (topic, partition, committed or None) for `wanted`, or every committed offset."""
-        if not valid_group_id(group_id):
-            return ErrorCode.INVALID_GROUP_ID, []
-        if not self.loaded:
-            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
-        if self.foreign_group(group_id):
-            return ErrorCode.GROUP_ID_NOT_FOUND, []
-        group = self.groups.get(group_id)
-        offsets = {} if group is None else group.offsets
-        if wanted is None:
-            return ErrorCode.NONE, [(t, p, c) for (t, p), c in sorted(offsets.items())]
-        return ErrorCode.NONE, [(t, p, offsets.get((t, p))) for t, parts in wanted for p in parts]
-
-    async def delete_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> tuple[int, list[int]]:
-        """OffsetDelete: refused per partition while the group's members subscribe to the topic."""
-        if not valid_group_id(group_id):
-            return ErrorCode.INVALID_GROUP_ID, []
-        if not self.loaded:
-            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
-        async def operation() -> tuple[int, list[int]]:
-            group = self.groups.get(group_id)
-            if group is None or group.state == Dead:
-                return ErrorCode.GROUP_ID_NOT_FOUND, []
-            subscribed: set[str] | None = set()
-            if group.state != Empty:
-                if group.protocol_type != "consumer":
-                    return ErrorCode.NON_EMPTY_GROUP, []
-                subscribed = group.subscribed_topics()
-            codes, records = plan_offset_deletes(group_id, group.offsets, partitions, subscribed)
-            await self._write(group_id, records)
-            self._forget_if_unused(group)
-            return ErrorCode.NONE, codes
-
-        return await self._run(group_id, operation)
+    @staticmethod
+    def subscribed_topics_for_offsets(group: ClassicGroup) -> set[str] | None:
+        """Topics whose offsets OffsetDelete refuses: none while Empty; None (all) when the members'
+        subscriptions cannot be read."""
+        return set() if group.state == Empty else group.subscribed_topics()
 
     # ---- admin -------------------------------------------------------------------------------------
-
-    async def delete_group(self, group_id: str) -> int:
-        if not self.loaded:
-            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
-        async def operation() -> int:
-            group = self.groups.get(group_id)
-            if group is None or group.state == Dead:
-                return ErrorCode.GROUP_ID_NOT_FOUND
-            if group.state != Empty or group.members:
-                return ErrorCode.NON_EMPTY_GROUP
-            try:
-                await self._write(group_id, group.tombstone_records())
-            except Exception:
-                log.exception("classic group deletion failed", group_id=group_id)
-                return ErrorCode.UNKNOWN_SERVER_ERROR
-            self._held(group_id).pop(group_id, None)
-            log.info("classic group deleted", group_id=group_id)
-            return ErrorCode.NONE
-
-        return await self._run(group_id, operation)
 
     def list_groups(self) -> list[tuple[str, str, str]]:
         """(group id, protocol type, state) of every classic group."""
         return [(gid, g.protocol_type or "", g.state.value) for gid, g in sorted(self.groups.items())]
+
+
+def _convertible(group: object) -> bool:
+    """A KIP-848 group a JoinGroup may take over: it has no members."""
+    return isinstance(group, ConsumerGroup) and not group.members
 
 
 def _sync_error(code: int, _member_id: str = "") -> Any:

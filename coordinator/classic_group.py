@@ -1,4 +1,4 @@
-"""The classic consumer group (JoinGroup/SyncGroup protocol) and its committed offsets, free of I/O.
+"""The classic consumer group (JoinGroup/SyncGroup protocol), free of I/O.
 
 A classic group lives mostly in memory: who is waiting to join, who still has to sync, and the
 rebalance phase are not persisted (as in Kafka, a restart resumes a group in Stable or Empty). What
@@ -7,16 +7,17 @@ is persisted are Kafka's two record kinds on `__consumer_offsets`:
 - GroupMetadata (key type 2): generation, protocol, leader and each member with its subscription
   and assignment, written when a rebalance ends (the leader's SyncGroup), when the group becomes
   empty, and when a static member is replaced;
-- OffsetCommit (key type 1): one record per committed partition.
+- OffsetCommit (key type 1): one record per committed partition, kept by the shard's
+  `OffsetMetadataManager` beside the group, not in it.
 
 Writers build those records from the group; the coordinator runtime appends them durably and only
-then replays them into the partition's `ClassicGroupShard`, the same `replay` that rebuilds every group
-at start-up.
+then replays them into the partition's `GroupCoordinatorShard`, the same `replay` that rebuilds every
+group at start-up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Container
+from collections.abc import Collection, Container
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -24,16 +25,14 @@ from shoal.protocol import coordinator_records as cr
 from shoal.protocol.coordinator_records import CoordinatorRecord
 from shoal.protocol.errors import ErrorCode
 
-# Kafka's offset-commit key has versions 0 (legacy) and 1; both are offset commits.
-CLASSIC_RECORD_TYPES = frozenset({0, cr.OFFSET_COMMIT, cr.GROUP_METADATA})
-# The value versions Kafka 4.x writes: static membership needs GroupMetadataValue v3; leader epochs v3.
+from .offset_metadata_manager import offset_tombstone
+
+# The value version Kafka 4.x writes: static membership needs GroupMetadataValue v3.
 GROUP_METADATA_VALUE_VERSION = 3
-OFFSET_COMMIT_VALUE_VERSION = 3
 CONSUMER_PROTOCOL_TYPE = "consumer"
 
 _GroupValue = cr.value_class(cr.GROUP_METADATA)
 _MemberMetadata = _GroupValue.MemberMetadata
-_OffsetValue = cr.value_class(cr.OFFSET_COMMIT)
 
 
 class ClassicGroupState(Enum):
@@ -71,14 +70,6 @@ class ClassicMember:
         return self.protocols == protocols
 
 
-@dataclass(slots=True)
-class CommittedOffset:
-    offset: int
-    leader_epoch: int
-    metadata: str
-    commit_timestamp: int
-
-
 @dataclass
 class ClassicGroup:
     group_id: str
@@ -91,7 +82,6 @@ class ClassicGroup:
     static_members: dict[str, str] = field(default_factory=dict)  # group.instance.id -> member id
     pending_members: set[str] = field(default_factory=set)  # got MEMBER_ID_REQUIRED, not joined yet
     pending_sync: set[str] = field(default_factory=set)  # joined this generation, not synced yet
-    offsets: dict[tuple[str, int], CommittedOffset] = field(default_factory=dict)
     state_timestamp_ms: int = -1
     # Initial rebalance delay: members joined during the current delay window, and time left after it.
     new_member_added: bool = False
@@ -225,22 +215,18 @@ class ClassicGroup:
         return CoordinatorRecord(cr.GROUP_METADATA, key, value, GROUP_METADATA_VALUE_VERSION)
 
     def tombstone_records(self) -> list[CoordinatorRecord]:
-        """DeleteGroups: every committed offset, then the group itself."""
-        records = [offset_tombstone(self.group_id, t, p) for t, p in sorted(self.offsets)]
-        records.append(CoordinatorRecord(cr.GROUP_METADATA, cr.key_class(cr.GROUP_METADATA)(group=self.group_id), None))
-        return records
+        """The group's own record goes (DeleteGroups writes the offsets' tombstones before it)."""
+        return [CoordinatorRecord(cr.GROUP_METADATA, cr.key_class(cr.GROUP_METADATA)(group=self.group_id), None)]
+
+    @property
+    def is_simple(self) -> bool:
+        """A group that only holds offsets (assign() + commit): no protocol, no members (Kafka's isSimpleGroup)."""
+        return self.protocol_type is None and not self.members and not self.pending_members
 
     # ---- replay: how persisted changes reach memory (at start-up and after each write) ----------------
 
     def replay(self, record: CoordinatorRecord) -> None:
-        if record.record_type != cr.GROUP_METADATA:
-            where = (record.key.topic, record.key.partition)
-            v = record.value
-            if v is None:
-                self.offsets.pop(where, None)
-            else:
-                self.offsets[where] = CommittedOffset(v.offset, v.leader_epoch, v.metadata or "", v.commit_timestamp)
-            return
+        """A GroupMetadata record (or its tombstone)."""
         v = record.value
         if v is None:
             self.state = ClassicGroupState.DEAD
@@ -267,46 +253,6 @@ class ClassicGroup:
         self.static_members = {m.group_instance_id: mid for mid, m in kept.items() if m.group_instance_id is not None}
         self.pending_sync = set()
         self.state = ClassicGroupState.STABLE if kept else ClassicGroupState.EMPTY
-
-
-class ClassicGroupShard:
-    """The classic groups whose records live on one `__consumer_offsets` partition. Their persisted
-    state changes only by `replay`, when the coordinator runtime loads the partition and after each
-    durable append; the rebalance phase in between lives only in memory."""
-
-    __slots__ = ("foreign_group", "groups")
-
-    def __init__(self, foreign_group: Callable[[str], bool]) -> None:
-        # True for ids of groups of another type: their offsets are theirs, not a classic group's.
-        self.foreign_group = foreign_group
-        self.groups: dict[str, ClassicGroup] = {}
-
-    def replay(self, offset: int, record: CoordinatorRecord) -> None:
-        if record.record_type not in CLASSIC_RECORD_TYPES:
-            return
-        group_id = record_group_id(record)
-        if self.foreign_group(group_id):
-            return
-        group = self.groups.get(group_id)
-        if group is None:
-            if record.value is None:
-                return  # tombstone for a group we no longer hold
-            group = self.groups[group_id] = ClassicGroup(group_id)
-        group.replay(record)
-        if group.state == ClassicGroupState.DEAD:
-            del self.groups[group_id]
-
-
-def offset_commit_record(group_id: str, topic: str, partition: int, committed: CommittedOffset) -> CoordinatorRecord:
-    key = cr.key_class(cr.OFFSET_COMMIT)(group=group_id, topic=topic, partition=partition)
-    value = _OffsetValue(offset=committed.offset, leader_epoch=committed.leader_epoch, metadata=committed.metadata,
-                         commit_timestamp=committed.commit_timestamp, expire_timestamp=-1)
-    return CoordinatorRecord(cr.OFFSET_COMMIT, key, value, OFFSET_COMMIT_VALUE_VERSION)
-
-
-def offset_tombstone(group_id: str, topic: str, partition: int) -> CoordinatorRecord:
-    key = cr.key_class(cr.OFFSET_COMMIT)(group=group_id, topic=topic, partition=partition)
-    return CoordinatorRecord(cr.OFFSET_COMMIT, key, None)
 
 
 def plan_offset_deletes(group_id: str, committed: Container[tuple[str, int]], partitions: list[tuple[str, int]],

@@ -1,5 +1,5 @@
-"""The KIP-848 consumer-group coordinator: ConsumerGroupHeartbeat, ConsumerGroupDescribe, the group's
-committed offsets, session and revocation timeouts.
+"""KIP-848 consumer groups in the group coordinator: ConsumerGroupHeartbeat, ConsumerGroupDescribe,
+session and revocation timeouts, and the checks a consumer group makes on offset commits and fetches.
 
 Each heartbeat is handled under the group's lock as in Kafka's GroupMetadataManager: the member is
 validated and updated, the group epoch is bumped when membership, subscriptions or the subscribed
@@ -7,17 +7,20 @@ topics changed, a new target assignment is computed by the server-side assignor 
 moved past the assignment epoch, and the member's current assignment is reconciled towards its
 target (`consumer_group.reconcile`). Each operation runs through the coordinator runtime: the planned
 records are appended to the group's `__consumer_offsets` partition, fsynced, replayed into the
-partition's `ConsumerGroupShard`, and only then answered.
+partition's `GroupCoordinatorShard`, and only then answered.
+
+A group id names one group of any type. As in Kafka, a member joining (epoch 0) a classic group without
+members converts it: the classic group's record is tombstoned in the same write that creates the
+consumer group, and the committed offsets, kept by id beside the groups, stay.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import structlog
 
@@ -25,12 +28,11 @@ from shoal.protocol import messages
 from shoal.protocol.coordinator_records import CoordinatorRecord, fits_key_string
 from shoal.protocol.errors import ErrorCode
 
-from .classic_group import CommittedOffset, offset_commit_record, plan_offset_deletes
+from .classic_group import ClassicGroup
 from .consumer_assignors import ConsumerAssignor, UniformAssignor
 from .consumer_group import (
     Assignment,
     ConsumerGroup,
-    ConsumerGroupShard,
     ConsumerMember,
     MemberState,
     Reconciled,
@@ -39,14 +41,12 @@ from .consumer_group import (
     compile_regex,
     reconcile,
 )
-from .group_shard import GroupsView
-from .placement import coordinator_partition
+from .group_coordinator_shard import GroupRuntime, GroupsOfOneType
+from .placement import Placement
 from .record_log import CoordinatorRecordLog
-from .runtime import CoordinatorRuntime
 
 log = structlog.get_logger("shoal.consumer_groups")
 
-T = TypeVar("T")
 
 HeartbeatResponse = messages.ConsumerGroupHeartbeatResponse
 _HbAssignment = HeartbeatResponse.Assignment
@@ -69,8 +69,6 @@ class ConsumerGroupConfig:
     session_timeout_ms: int = 45000
     heartbeat_interval_ms: int = 5000
     max_size: int = 2**31 - 1
-    offset_metadata_max_bytes: int = 4096
-    maintenance_interval_ms: int = 1000
 
 
 class ConsumerTopicSource(Protocol):
@@ -107,47 +105,31 @@ def _owned(req: Any) -> Assignment | None:
     return {bytes(t.topic_id): frozenset(t.partitions) for t in req.topic_partitions if t.partitions}
 
 
-class ConsumerGroupCoordinator:
+class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
     def __init__(
         self,
-        record_log: CoordinatorRecordLog,
+        record_log: CoordinatorRecordLog | GroupRuntime,
         topics: ConsumerTopicSource,
         config: ConsumerGroupConfig | None = None,
         *,
         assignors: list[ConsumerAssignor] | None = None,
-        foreign_group: Callable[[str], bool] = lambda _group_id: False,
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        placement: Placement[str] | None = None,
     ):
-        self.runtime = CoordinatorRuntime(record_log, lambda _partition: ConsumerGroupShard())
+        super().__init__(record_log, ConsumerGroup, placement)
         self.topics = topics
         self.config = config or ConsumerGroupConfig()
         self.assignors: list[ConsumerAssignor] = assignors or [UniformAssignor()]
-        # True when the id belongs to a group of another type (classic or share): such ids are refused.
-        self.foreign_group = foreign_group
         self.clock = clock
         self.wall_ms = wall_ms
-        self.groups: GroupsView[ConsumerGroup] = GroupsView(self.runtime.shards, self.partition_for)
         self.loaded = False
-        self._maintenance: asyncio.Task[None] | None = None
 
     # ---- plumbing --------------------------------------------------------------------------------
 
-    def partition_for(self, group_id: str) -> int:
-        return coordinator_partition(group_id, self.runtime.num_partitions)
-
-    async def _run(self, group_id: str, operation: Callable[[], Awaitable[T]]) -> T:
-        """Run an operation on one group through the runtime: one at a time per group, to completion
-        even if the caller goes away."""
-        return await self.runtime.write(self.partition_for(group_id), group_id, operation)
-
-    async def _write(self, group_id: str, records: list[CoordinatorRecord]) -> None:
-        """Durably append, then replay into the group's shard (the same path `load` takes)."""
-        await self.runtime.append(self.partition_for(group_id), records)
-
     @property
     def rebalances(self) -> int:
-        return sum(shard.epoch_bumps for shard in self.runtime.shards)
+        return sum(shard.consumer_epoch_bumps for shard in self.runtime.shards)
 
     def assignor(self, name: str | None) -> ConsumerAssignor | None:
         if name is None:
@@ -157,10 +139,11 @@ class ConsumerGroupCoordinator:
     # ---- lifecycle -------------------------------------------------------------------------------
 
     async def load(self) -> None:
-        """Rebuild every consumer group (and its offsets) from `__consumer_offsets`."""
-        for partition in range(self.runtime.num_partitions):
-            await self.runtime.load(partition)
-            self.runtime.shard(partition).epoch_bumps = 0  # the rebalance count starts now
+        """Rebuild every consumer group from `__consumer_offsets` (partitions the group coordinator loaded
+        already are not read again)."""
+        await self._load_shards()
+        for shard in self.runtime.shards:
+            shard.consumer_epoch_bumps = 0  # the rebalance count starts now
         deadline = self.clock() + self.config.session_timeout_ms / 1000
         for group in self.groups.values():
             for member in group.members.values():
@@ -169,25 +152,48 @@ class ConsumerGroupCoordinator:
         log.info("consumer groups loaded", groups=len(self.groups))
 
     def start(self) -> None:
-        if self._maintenance is None:
-            self._maintenance = asyncio.get_running_loop().create_task(self._maintenance_loop())
+        """Members restored from the log get a full session to come back (needs a running loop)."""
+        for group in self.groups.values():
+            for member in group.members.values():
+                self._arm_timers(group.group_id, member)
 
     async def stop(self) -> None:
-        if self._maintenance is not None:
-            self._maintenance.cancel()
-            await asyncio.gather(self._maintenance, return_exceptions=True)
-            self._maintenance = None
         await self.runtime.drain()  # operations already started finish
 
-    async def _maintenance_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.maintenance_interval_ms / 1000)
-            try:
-                await self.expire_members()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("consumer group maintenance failed")
+    # ---- timers: session and revocation timeouts (the runtime's keyed timers) ----------------------
+
+    def _arm_timers(self, group_id: str, member: ConsumerMember) -> None:
+        """(Re)start the member's session timer, and its revocation timer while it has partitions to give up."""
+        partition, member_id = self.partition_for(group_id), member.member_id
+        now = self.clock()
+        self.runtime.schedule(partition, ("consumer-session", group_id, member_id), member.session_deadline - now,
+                              group_id, lambda: self._on_timer(group_id, member_id))
+        if member.revocation_deadline is not None:
+            if not self.runtime.is_scheduled(partition, ("consumer-revocation", group_id, member_id)):
+                self.runtime.schedule(partition, ("consumer-revocation", group_id, member_id),
+                                      member.revocation_deadline - now, group_id,
+                                      lambda: self._on_timer(group_id, member_id))
+        else:
+            self.runtime.cancel(partition, ("consumer-revocation", group_id, member_id))
+
+    def _cancel_timers(self, group_id: str, member_id: str) -> None:
+        partition = self.partition_for(group_id)
+        for kind in ("consumer-session", "consumer-revocation"):
+            self.runtime.cancel(partition, (kind, group_id, member_id))
+
+    async def _on_timer(self, group_id: str, member_id: str) -> None:
+        """A timer fired (holding the group): the member goes if its session or revocation time is over."""
+        group = self.groups.get(group_id)
+        member = None if group is None else group.members.get(member_id)
+        if group is None or member is None:
+            return
+        now = self.clock()
+        if not _overdue(member, now):
+            self._arm_timers(group_id, member)  # a deadline moved (or the clock is not the loop's): wait on
+            return
+        log.info("consumer group member expired", group_id=group_id, member_id=member_id,
+                 reason="session" if member.session_deadline <= now else "revocation timeout")
+        await self._remove_member(group, member_id)
 
     # ---- ConsumerGroupHeartbeat ------------------------------------------------------------------
 
@@ -197,8 +203,6 @@ class ConsumerGroupCoordinator:
             return _error(ErrorCode.INVALID_REQUEST, invalid)
         if not self.loaded:
             return _error(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
-        if self.foreign_group(req.group_id):
-            return _error(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {req.group_id} is not a consumer group.")
         async def operation() -> Any:
             try:
                 if req.member_epoch in (LEAVE_GROUP_MEMBER_EPOCH, LEAVE_GROUP_STATIC_MEMBER_EPOCH):
@@ -253,13 +257,21 @@ class ConsumerGroupCoordinator:
                                      + ", ".join(a.name for a in self.assignors) + ".")
         group_id = req.group_id
         group = self.groups.get(group_id)
+        records: list[CoordinatorRecord] = []
         if group is None:
+            other = self.groups.any_type(group_id)
+            if other is not None and not _convertible(other):
+                raise ConsumerGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} is not a consumer group.")
             if req.member_epoch != JOIN_GROUP_MEMBER_EPOCH:
                 raise ConsumerGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} not found.")
+            if isinstance(other, ClassicGroup):
+                # An empty classic group becomes this consumer group; its offsets stay (Kafka's
+                # maybeDeleteEmptyClassicGroup).
+                records += other.tombstone_records()
+                log.info("empty classic group converted to a consumer group", group_id=group_id)
             group = ConsumerGroup(group_id)
         member_id = req.member_id or str(uuid.uuid4())
         old = group.members.get(member_id)
-        records: list[CoordinatorRecord] = []
         bump = False
         # A static member (group.instance.id) that left with epoch -2 is replaced by its successor, which
         # takes over its assignment without a rebalance.
@@ -345,6 +357,9 @@ class ConsumerGroupCoordinator:
                 live.revocation_deadline = now + timeout / 1000
         else:
             live.revocation_deadline = None
+        if replaced is not None:
+            self._cancel_timers(group_id, replaced.member_id)
+        self._arm_timers(group_id, live)
         if replaced is not None:
             log.info("static member replaced", group_id=group_id, instance_id=req.instance_id,
                      old_member_id=replaced.member_id, member_id=member_id)
@@ -454,6 +469,7 @@ class ConsumerGroupCoordinator:
 
     async def _remove_member(self, group: ConsumerGroup, member_id: str) -> None:
         """The member's records go and the group epoch is bumped, so the others get its partitions."""
+        self._cancel_timers(group.group_id, member_id)
         records = group.member_tombstones(member_id)
         remaining = [m for mid, m in group.members.items() if mid != member_id]
         topics = self._subscribed_topics(remaining)
@@ -463,7 +479,8 @@ class ConsumerGroupCoordinator:
         await self._write(group.group_id, records)
 
     async def expire_members(self, now: float | None = None) -> list[tuple[str, str]]:
-        """Remove members whose session ended or whose revocation took longer than their rebalance timeout."""
+        """Remove every member whose session ended or whose revocation took longer than its rebalance
+        timeout, at once (the timers do this member by member; this sweep is for a clock of one's own)."""
         now = self.clock() if now is None else now
         expired: list[tuple[str, str]] = []
         for group_id in list(self.groups):
@@ -519,30 +536,32 @@ class ConsumerGroupCoordinator:
     def list_groups(self) -> list[tuple[str, str]]:
         return [(gid, g.state.value) for gid, g in sorted(self.groups.items())]
 
-    async def delete_group(self, group_id: str) -> int:
-        if not self.loaded:
-            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
-        async def operation() -> int:
-            group = self.groups.get(group_id)
-            if group is None:
-                return ErrorCode.GROUP_ID_NOT_FOUND
-            if group.members:
-                return ErrorCode.NON_EMPTY_GROUP
-            try:
-                await self._write(group_id, group.delete_records())
-            except Exception:
-                log.exception("consumer group deletion failed", group_id=group_id)
-                return ErrorCode.UNKNOWN_SERVER_ERROR
-            log.info("consumer group deleted", group_id=group_id)
+    # ---- offsets (the group coordinator's offset operations ask the group) ------------------------------
+
+    @staticmethod
+    def validate_offset_commit(group: ConsumerGroup, member_id: str, member_epoch: int, *, transactional: bool,
+                               version: int) -> int:
+        """Kafka's ConsumerGroup.validateOffsetCommit: without a member only while the group has no members
+        (or, for TxnOffsetCommit, with no member fields at all); otherwise the member must exist and use its
+        current epoch (STALE_MEMBER_EPOCH, which the caller maps for older versions)."""
+        if member_epoch < 0 and not group.members:
             return ErrorCode.NONE
+        if transactional and member_epoch < 0 and not member_id:
+            return ErrorCode.NONE
+        member = group.members.get(member_id)
+        if member is None:
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        if not transactional and version < 9:
+            return ErrorCode.UNSUPPORTED_VERSION  # KIP-848 members commit with OffsetCommit v9+
+        if member_epoch != member.member_epoch:
+            return ErrorCode.STALE_MEMBER_EPOCH
+        return ErrorCode.NONE
 
-        return await self._run(group_id, operation)
-
-    # ---- offsets ---------------------------------------------------------------------------------
-
-    def _validate_member_epoch(self, group: ConsumerGroup, member_id: str, member_epoch: int) -> int:
-        """Kafka's ConsumerGroup offset validation: without a member only when it has no members;
-        otherwise the member must exist and use its current epoch."""
+    @staticmethod
+    def validate_offset_fetch(group: ConsumerGroup, member_id: str | None, member_epoch: int) -> int:
+        """OffsetFetch v9+ names the member: it must exist and use its current epoch."""
+        if member_id is None:
+            return ErrorCode.NONE
         if member_epoch < 0 and not member_id:
             return ErrorCode.NONE if not group.members else ErrorCode.UNKNOWN_MEMBER_ID
         member = group.members.get(member_id)
@@ -552,70 +571,15 @@ class ConsumerGroupCoordinator:
             return ErrorCode.STALE_MEMBER_EPOCH
         return ErrorCode.NONE
 
-    async def commit_offsets(self, group_id: str, member_id: str, member_epoch: int,
-                             offsets: list[tuple[str, int, int, int, str | None]], version: int) -> tuple[int, list[int]]:
-        """OffsetCommit for a consumer group: (topic, partition, offset, leader epoch, metadata) rows."""
-        if not self.loaded:
-            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
-        async def operation() -> tuple[int, list[int]]:
-            group = self.groups.get(group_id)
-            if group is None:
-                return ErrorCode.GROUP_ID_NOT_FOUND, []
-            if version < 9 and (member_id or member_epoch >= 0):
-                return ErrorCode.UNSUPPORTED_VERSION, []
-            error = self._validate_member_epoch(group, member_id, member_epoch)
-            if error != ErrorCode.NONE:
-                return error, []
-            now_ms = self.wall_ms()
-            codes: list[int] = []
-            records: list[CoordinatorRecord] = []
-            for topic, partition, offset, leader_epoch, metadata in offsets:
-                text = metadata or ""
-                if len(text.encode()) > self.config.offset_metadata_max_bytes:
-                    codes.append(ErrorCode.OFFSET_METADATA_TOO_LARGE)
-                    continue
-                codes.append(ErrorCode.NONE)
-                records.append(offset_commit_record(group_id, topic, partition,
-                                                    CommittedOffset(offset, leader_epoch, text, now_ms)))
-            try:
-                await self._write(group_id, records)
-            except Exception:
-                log.exception("offset commit failed", group_id=group_id)
-                return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
-            return ErrorCode.NONE, codes
+    @staticmethod
+    def subscribed_topics_for_offsets(group: ConsumerGroup) -> set[str]:
+        """Topics whose offsets OffsetDelete refuses and expiry keeps: those the members subscribe to."""
+        return {t.name for t in group.subscribed_topics.values()} if group.members else set()
 
-        return await self._run(group_id, operation)
 
-    def fetch_offsets(self, group_id: str, member_id: str | None, member_epoch: int,
-                      wanted: list[tuple[str, list[int]]] | None
-                      ) -> tuple[int, list[tuple[str, int, CommittedOffset | None]]]:
-        if not self.loaded:
-            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
-        group = self.groups.get(group_id)
-        if group is None:
-            return ErrorCode.GROUP_ID_NOT_FOUND, []
-        if member_id is not None:
-            error = self._validate_member_epoch(group, member_id, member_epoch)
-            if error != ErrorCode.NONE:
-                return error, []
-        if wanted is None:
-            return ErrorCode.NONE, [(t, p, c) for (t, p), c in sorted(group.offsets.items())]
-        return ErrorCode.NONE, [(t, p, group.offsets.get((t, p))) for t, parts in wanted for p in parts]
-
-    async def delete_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> tuple[int, list[int]]:
-        """OffsetDelete: refused per partition for topics the members subscribe to."""
-        if not self.loaded:
-            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
-        async def operation() -> tuple[int, list[int]]:
-            group = self.groups.get(group_id)
-            if group is None:
-                return ErrorCode.GROUP_ID_NOT_FOUND, []
-            subscribed = {t.name for t in group.subscribed_topics.values()} if group.members else set()
-            codes, records = plan_offset_deletes(group_id, group.offsets, partitions, subscribed)
-            await self._write(group_id, records)
-            return ErrorCode.NONE, codes
-
-        return await self._run(group_id, operation)
+def _convertible(group: object) -> bool:
+    """A classic group a KIP-848 join may take over: it has no members (only offsets, or all left)."""
+    return isinstance(group, ClassicGroup) and not group.members and not group.pending_sync
 
 
 def _copy(m: ConsumerMember) -> ConsumerMember:

@@ -3,9 +3,10 @@
 The persisted state is Kafka's consumer-group records on `__consumer_offsets`:
 ConsumerGroupMetadata (group epoch, type 3), ConsumerGroupPartitionMetadata (subscribed topics, 4),
 ConsumerGroupMemberMetadata (5), ConsumerGroupTargetAssignmentMetadata (assignment epoch, 6),
-ConsumerGroupTargetAssignmentMember (7), ConsumerGroupCurrentMemberAssignment (8), plus the offset
-commits (type 1) of the group. Writers plan records from the group, append them durably, and only
-then `replay` them here; `replay` is also what rebuilds every group at start-up.
+ConsumerGroupTargetAssignmentMember (7), ConsumerGroupCurrentMemberAssignment (8); the group's offset
+commits (type 1) are kept beside it by the shard's `OffsetMetadataManager`. Writers plan records from
+the group, append them durably, and only then `replay` them here; `replay` is also what rebuilds every
+group at start-up.
 
 Reconciliation follows Kafka's CurrentAssignmentBuilder: a member first gives up the partitions it
 loses (it keeps its epoch while it revokes), and a partition goes to its new owner only once no
@@ -23,8 +24,6 @@ import re2
 
 from shoal.protocol import coordinator_records as cr
 from shoal.protocol.coordinator_records import CoordinatorRecord
-
-from .classic_group import CommittedOffset, offset_tombstone
 
 CONSUMER_GROUP_METADATA = 3
 CONSUMER_GROUP_PARTITION_METADATA = 4
@@ -171,7 +170,6 @@ class ConsumerGroup:
     members: dict[str, ConsumerMember] = field(default_factory=dict)
     target: dict[str, Assignment] = field(default_factory=dict)
     subscribed_topics: dict[bytes, SubscribedTopic] = field(default_factory=dict)
-    offsets: dict[tuple[str, int], CommittedOffset] = field(default_factory=dict)
     deleted: bool = False
 
     # ---- views ---------------------------------------------------------------------------------------
@@ -252,23 +250,15 @@ class ConsumerGroup:
             CONSUMER_GROUP_MEMBER_METADATA)]
 
     def delete_records(self) -> list[CoordinatorRecord]:
-        """DeleteGroups of an empty group: offsets, then the group's own records."""
-        records = [offset_tombstone(self.group_id, t, p) for t, p in sorted(self.offsets)]
-        records += [CoordinatorRecord(t, _key(t, self.group_id), None) for t in (
+        """An empty group's own records go (DeleteGroups writes the offsets' tombstones before them)."""
+        return [CoordinatorRecord(t, _key(t, self.group_id), None) for t in (
             CONSUMER_GROUP_TARGET_ASSIGNMENT_METADATA, CONSUMER_GROUP_PARTITION_METADATA, CONSUMER_GROUP_METADATA)]
-        return records
 
     # ---- replay ----------------------------------------------------------------------------------------
 
     def replay(self, record: CoordinatorRecord) -> None:
         t, v = record.record_type, record.value
-        if t in (0, cr.OFFSET_COMMIT):
-            where = (record.key.topic, record.key.partition)
-            if v is None:
-                self.offsets.pop(where, None)
-            else:
-                self.offsets[where] = CommittedOffset(v.offset, v.leader_epoch, v.metadata or "", v.commit_timestamp)
-        elif t == CONSUMER_GROUP_METADATA:
+        if t == CONSUMER_GROUP_METADATA:
             if v is None:
                 self.deleted = True
             else:
@@ -308,33 +298,3 @@ class ConsumerGroup:
             m.state = MemberState(v.state) if v.state in MemberState._value2member_map_ else MemberState.UNKNOWN
             m.assigned = _from_tps(v.assigned_partitions)
             m.pending_revocation = _from_tps(v.partitions_pending_revocation)
-
-
-@dataclass(slots=True)
-class ConsumerGroupShard:
-    """The consumer groups whose records live on one `__consumer_offsets` partition. It changes only by
-    `replay`, when the coordinator runtime loads the partition and after each durable append."""
-
-    groups: dict[str, ConsumerGroup] = field(default_factory=dict)
-    epoch_bumps: int = 0  # group epoch bumps replayed (the rebalance count)
-
-    def replay(self, offset: int, record: CoordinatorRecord) -> None:
-        if record.record_type not in CONSUMER_RECORD_TYPES and record.record_type not in (0, cr.OFFSET_COMMIT):
-            return  # classic and share groups' records
-        group_id = record_group_id(record)
-        group = self.groups.get(group_id)
-        if group is None:
-            if record.value is None or record.record_type not in CONSUMER_RECORD_TYPES:
-                return  # offsets of groups of other types, tombstones of groups gone
-            group = self.groups[group_id] = ConsumerGroup(group_id)
-        before = group.group_epoch
-        group.replay(record)
-        if group.group_epoch > before:
-            self.epoch_bumps += 1
-        if group.deleted:
-            del self.groups[group_id]
-
-
-def record_group_id(record: CoordinatorRecord) -> str:
-    key = record.key
-    return str(key.group if hasattr(key, "group") else key.group_id)

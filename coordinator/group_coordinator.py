@@ -1,758 +1,387 @@
-"""The share-group coordinator: membership, assignment and share-partition state initialisation.
+"""The group coordinator: every group on `__consumer_offsets` (classic, KIP-848 consumer and share groups)
+and every committed offset, over one runtime whose shards are `GroupCoordinatorShard`s, as Kafka's
+GroupCoordinatorService over GroupCoordinatorShard.
 
-Share-group records live in `__consumer_offsets` on the group's partition (placed like Kafka places
-groups). Each change is planned by the pure model in `share_group` and run through the coordinator
-runtime: appended durably, replayed into the partition's `GroupShard` and only then answered, one
-operation at a time per group.
+The group types' protocols live in `classic`, `consumer` and `share` (Kafka's GroupMetadataManager
+split by type); they share this runtime, so one group id names one group and its operations are
+ordered under one key whatever API they come from. The offset operations live here (Kafka's
+OffsetMetadataManager): OffsetCommit, TxnOffsetCommit (KIP-447 fencing), OffsetFetch, OffsetDelete, the
+end-transaction markers of transactional commits, offset expiry (`offsets.retention.minutes`) and the
+removal of a deleted topic's offsets (Kafka's onPartitionsDeleted). Each asks the group holding the id
+to check the request, plans records, and lets the runtime append and replay them before answering.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TypeVar
 
 import structlog
 
-from shoal.backoff import Backoff
-from shoal.persister.persister import Persister, SharePartitionKey
-from shoal.protocol import messages
-from shoal.protocol.coordinator_records import CoordinatorRecord, fits_key_string
+from shoal.persister.persister import Persister
+from shoal.protocol.coordinator_records import CoordinatorRecord
 from shoal.protocol.errors import ErrorCode
-from shoal.protocol.uuids import MAX_MEMBER_ID_LENGTH
 
-from .assignor import ASSIGNOR_NAME, SimpleAssignor
-from .group_shard import GroupShard, GroupsView
-from .placement import coordinator_partition
-from .record_log import CoordinatorRecordLog
-from .runtime import CoordinatorRuntime
-from .share_group import (
-    JOIN_GROUP_MEMBER_EPOCH,
-    LEAVE_GROUP_MEMBER_EPOCH,
-    GroupState,
-    InitRequest,
-    ShareGroup,
-    ShareGroupError,
-    TopicInit,
-    TopicMetadataSource,
-    group_epoch_record,
-    state_partition_metadata_record,
-    target_metadata_record,
+from .classic_coordinator import ClassicGroupConfig, ClassicGroupCoordinator, OffsetToCommit, valid_group_id
+from .classic_group import ClassicGroup, ClassicGroupState, plan_offset_deletes
+from .consumer_assignors import ConsumerAssignor
+from .consumer_coordinator import ConsumerGroupConfig, ConsumerGroupCoordinator, ConsumerTopicSource
+from .consumer_group import ConsumerGroup
+from .group_coordinator_shard import Group, GroupCoordinatorShard, GroupRuntime, group_runtime, load_all
+from .offset_metadata_manager import (
+    CommittedOffset,
+    OffsetMetadataManager,
+    offset_commit_record,
+    offset_tombstone,
 )
-
-T = TypeVar("T")
-
-__all__ = [
-    "DescribedGroup", "GroupConfigSource", "GroupCoordinator", "GroupCoordinatorConfig", "TopicMetadataSource",
-    "partition_for_group",
-]
+from .placement import Placement
+from .record_log import TransactionalRecordLog
+from .runtime import CoordinatorResult
+from .share_group import ShareGroup
+from .share_group_coordinator import GroupConfigSource, ShareGroupConfig, ShareGroupCoordinator
 
 log = structlog.get_logger("shoal.group_coordinator")
 
-HeartbeatRequest = messages.ShareGroupHeartbeatRequest
-HeartbeatResponse = messages.ShareGroupHeartbeatResponse
-DescribeResponse = messages.ShareGroupDescribeResponse
-_HbAssignment = HeartbeatResponse.Assignment
-_HbTopicPartitions = HeartbeatResponse.TopicPartitions
-DescribedGroup = DescribeResponse.DescribedGroup
-_DMember = DescribeResponse.Member
-_DAssignment = DescribeResponse.Assignment
-_DTopicPartitions = DescribeResponse.TopicPartitions
+T = TypeVar("T")
+OffsetRow = tuple[str, int, CommittedOffset | None]
+_EXPIRY_TIMER = "offsets-expiry"
 
 
 @dataclass(slots=True)
-class GroupCoordinatorConfig:
-    session_timeout_ms: int = 45000
-    heartbeat_interval_ms: int = 5000
-    max_size: int = 200
-    initialize_retry_interval_ms: int = 30000
-    assignment_interval_ms: int = 1000  # group.share.assignment.interval.ms (KIP-1263)
-    # How often the background task looks for expired sessions and initialisations to retry.
-    maintenance_interval_ms: int = 1000
-
-
-class GroupConfigSource(Protocol):
-    """Dynamic per-group configs (`share.session.timeout.ms`, `share.heartbeat.interval.ms`), with broker fallbacks."""
-
-    def get_int(self, group_id: str, key: str) -> int: ...
-
-
-def partition_for_group(group_id: str, num_partitions: int) -> int:
-    """A group's records live on the `__consumer_offsets` partition Kafka would pick for it."""
-    return coordinator_partition(group_id, num_partitions)
-
-
-def _response_assignment(assignment: dict[bytes, frozenset[int]] | None) -> HeartbeatResponse.Assignment | None:
-    if assignment is None:
-        return None
-    return _HbAssignment(topic_partitions=[
-        _HbTopicPartitions(topic_id=tid, partitions=sorted(ps)) for tid, ps in sorted(assignment.items())
-    ])
-
-
-def _error_response(code: ErrorCode, message: str | None = None) -> HeartbeatResponse:
-    return HeartbeatResponse(error_code=code, error_message=message)
+class OffsetConfig:
+    metadata_max_bytes: int = 4096  # offset.metadata.max.bytes
+    retention_ms: int = 7 * 24 * 3600 * 1000  # offsets.retention.minutes
+    retention_check_interval_ms: int = 600_000  # offsets.retention.check.interval.ms
 
 
 class GroupCoordinator:
     def __init__(
         self,
-        record_log: CoordinatorRecordLog,
-        topics: TopicMetadataSource,
+        record_log: TransactionalRecordLog,
+        topics: ConsumerTopicSource,
         persister: Persister,
-        config: GroupCoordinatorConfig | None = None,
         *,
+        share_config: ShareGroupConfig | None = None,
+        classic_config: ClassicGroupConfig | None = None,
+        consumer_config: ConsumerGroupConfig | None = None,
+        offset_config: OffsetConfig | None = None,
+        assignors: list[ConsumerAssignor] | None = None,
         group_configs: GroupConfigSource | None = None,
         clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        placement: Placement[str] | None = None,
     ):
-        self.runtime = CoordinatorRuntime(record_log, lambda _partition: GroupShard())
-        self.topics = topics
-        self.persister = persister
-        self.config = config or GroupCoordinatorConfig()
-        self.group_configs = group_configs
-        self.clock = clock
-        self.wall_clock = wall_clock  # seconds since the epoch; assignment timestamps are persisted
-        # True when the id belongs to a group of another type (a classic group): such ids are refused.
-        self.foreign_group: Callable[[str], bool] = lambda _group_id: False
-        self.assignor = SimpleAssignor()
-        self.groups = GroupsView(self.runtime.shards, self.partition_for)
-        self.loaded = False
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._maintenance: asyncio.Task[None] | None = None
-        self._init_inflight: set[tuple[str, bytes, int]] = set()
-        # Partitions of deleted topics whose persisted state still has to be deleted, per group.
-        self._pending_state_deletes: dict[str, dict[bytes, set[int]]] = {}
-        # Background retries (state deletions, the maintenance loop itself) back off and log sparingly.
-        self._retries = Backoff()
-
-    # ---- placement, operations, writing -----------------------------------------------------------
-
-    def partition_for(self, group_id: str) -> int:
-        return partition_for_group(group_id, self.runtime.num_partitions)
-
-    async def _run(self, group_id: str, operation: Callable[[], Awaitable[T]]) -> T:
-        """Run `operation` as the group's only one in progress, to completion whatever its caller does."""
-        return await self.runtime.write(self.partition_for(group_id), group_id, operation)
-
-    async def _write(self, group_id: str, records: list[CoordinatorRecord]) -> None:
-        """Durably append, then replay into memory (the same path `load` takes); from an operation only."""
-        await self.runtime.append(self.partition_for(group_id), records)
+        self.runtime: GroupRuntime = group_runtime(record_log)
+        # Where a group id lives on `__consumer_offsets`, shared by the parts and the transaction coordinator.
+        self.placement = placement or Placement(self.runtime.num_partitions)
+        self.offset_config = offset_config or OffsetConfig()
+        self.wall_ms = wall_ms
+        self.share = ShareGroupCoordinator(self.runtime, topics, persister, share_config, group_configs=group_configs,
+                                           clock=clock, wall_clock=lambda: wall_ms() / 1000, placement=self.placement)
+        self.classic = ClassicGroupCoordinator(self.runtime, classic_config, clock=clock, wall_ms=wall_ms,
+                                               placement=self.placement)
+        self.consumer = ConsumerGroupCoordinator(self.runtime, topics, consumer_config, assignors=assignors,
+                                                 clock=clock, wall_ms=wall_ms, placement=self.placement)
 
     @property
-    def rebalances(self) -> int:
-        """Group epoch bumps since start."""
-        return sum(shard.epoch_bumps for shard in self.runtime.shards)
+    def loaded(self) -> bool:
+        """Every partition of `__consumer_offsets` has been read."""
+        return len(self.runtime.loaded) == self.runtime.num_partitions
 
-    def session_timeout(self, group_id: str) -> float:
-        """Seconds a member may stay silent (group config `share.session.timeout.ms` wins)."""
-        if self.group_configs is not None:
-            return self.group_configs.get_int(group_id, "share.session.timeout.ms") / 1000
-        return self.config.session_timeout_ms / 1000
+    # ---- plumbing ---------------------------------------------------------------------------------
 
-    def heartbeat_interval_ms(self, group_id: str) -> int:
-        if self.group_configs is not None:
-            return self.group_configs.get_int(group_id, "share.heartbeat.interval.ms")
-        return self.config.heartbeat_interval_ms
+    def partition_for(self, group_id: str) -> int:
+        return self.placement.partition_for(group_id)
 
-    def assignment_interval_ms(self, group_id: str) -> int:
-        if self.group_configs is not None:
-            return self.group_configs.get_int(group_id, "share.assignment.interval.ms")
-        return self.config.assignment_interval_ms
+    def _shard(self, group_id: str) -> GroupCoordinatorShard:
+        return self.runtime.shard(self.partition_for(group_id))
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _group(self, group_id: str) -> Group | None:
+        return self._shard(group_id).groups.get(group_id)
 
-    # ---- lifecycle ---------------------------------------------------------------------------------
+    def offsets_of(self, group_id: str) -> OffsetMetadataManager:
+        return self._shard(group_id).offsets
+
+    async def _write_result(self, group_id: str, operation: Callable[[], CoordinatorResult[T]], failed: T,
+                            what: str) -> T:
+        """Run a planning operation on the group (the runtime appends its records, replays them and then
+        answers); `failed` is the answer when the write cannot be made durable."""
+        try:
+            return await self.runtime.write_result(self.partition_for(group_id), group_id, operation)
+        except Exception:
+            log.exception("group coordinator write failed", operation=what, group_id=group_id)
+            return failed
+
+    # ---- lifecycle --------------------------------------------------------------------------------
 
     async def load(self) -> None:
-        """Rebuild every share group from `__consumer_offsets`."""
-        for partition in range(self.runtime.num_partitions):
-            await self.runtime.load(partition)
-            self.runtime.shard(partition).epoch_bumps = 0  # the rebalance count starts now
-            await asyncio.sleep(0)  # let the loop breathe between partitions
-        now = self.clock()
-        for group in self.groups.values():
-            deadline = now + self.session_timeout(group.group_id)
-            for member in group.members.values():
-                member.session_deadline = deadline
-        self.loaded = True
-        log.info("share groups loaded", groups=len(self.groups))
+        """Read `__consumer_offsets` once into the shards, then let each group type set up its groups."""
+        await load_all(self.runtime, self.placement)
+        await self.share.load()
+        await self.consumer.load()
+        await self.classic.load()
+        log.info("group coordinator loaded", groups=sum(len(s.groups) for s in self.runtime.shards),
+                 offsets=sum(len(s.offsets.offsets(g)) for s in self.runtime.shards for g in s.offsets.group_ids()))
 
     def start(self) -> None:
-        """Start session expiry and initialisation retries (needs a running loop)."""
-        if self._maintenance is None:
-            self._maintenance = asyncio.get_running_loop().create_task(self._maintenance_loop())
+        """Timers and background work (needs a running loop)."""
+        self.classic.start()
+        self.consumer.start()
+        self.share.start()
+        for partition in range(self.runtime.num_partitions):
+            self._schedule_expiry(partition)
 
     async def stop(self) -> None:
-        tasks = list(self._tasks)
-        if self._maintenance is not None:
-            tasks.append(self._maintenance)
-            self._maintenance = None
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await self.runtime.drain()  # operations already started finish
+        self.classic.unload()
+        await self.share.stop()
+        await self.consumer.stop()
+        await self.classic.stop()
+        self.runtime.cancel_all_timers()
+        await self.runtime.drain()
 
-    async def wait_for_background(self) -> None:
-        """Wait until spawned work (initialisations, topic refreshes) has finished."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+    # ---- OffsetCommit -----------------------------------------------------------------------------
 
-    async def _maintenance_loop(self) -> None:
-        interval = self.config.maintenance_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.expire_members()
-                await self.retry_pending()
-                self._retries.succeeded("maintenance")
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                suppressed = self._retries.failed("maintenance", self.clock())
-                if suppressed is not None:
-                    log.exception("share group maintenance failed", failures_not_logged=suppressed)
-
-    # ---- heartbeat ---------------------------------------------------------------------------------
-
-    async def heartbeat(self, req: HeartbeatRequest, client_id: str, client_host: str) -> HeartbeatResponse:
-        """ShareGroupHeartbeat (KIP-932): join with epoch 0, leave with -1, otherwise keep-alive."""
-        invalid = self._validate(req)
-        if invalid is not None:
-            return _error_response(ErrorCode.INVALID_REQUEST, invalid)
-        if not self.loaded:
-            return _error_response(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
-
-        async def operation() -> HeartbeatResponse:
-            try:
-                if req.member_epoch == LEAVE_GROUP_MEMBER_EPOCH:
-                    return await self._leave(req.group_id, req.member_id)
-                return await self._heartbeat(req, client_id, client_host)
-            except ShareGroupError as exc:
-                return _error_response(exc.code, exc.message)
-            except Exception:
-                log.exception("share group heartbeat failed", group_id=req.group_id)
-                return _error_response(ErrorCode.COORDINATOR_NOT_AVAILABLE, "the group coordinator could not write")
-
-        return await self._run(req.group_id, operation)
-
-    @staticmethod
-    def _validate(req: HeartbeatRequest) -> str | None:
-        if not req.member_id:
-            return "MemberId can't be empty."
-        if len(req.member_id) > MAX_MEMBER_ID_LENGTH:
-            return f"MemberId can't be longer than {MAX_MEMBER_ID_LENGTH} characters."
-        if not req.group_id:
-            return "GroupId can't be empty."
-        if not fits_key_string(req.group_id):
-            return "GroupId can't be longer than 32767 bytes."
-        if req.rack_id is not None and req.rack_id == "":
-            return "RackId can't be empty."
-        if req.member_epoch == JOIN_GROUP_MEMBER_EPOCH and not req.subscribed_topic_names:
-            return "SubscribedTopicNames must be set in first request."
-        if req.member_epoch < LEAVE_GROUP_MEMBER_EPOCH:
-            return f"MemberEpoch is {req.member_epoch}, but must be greater than or equal to -1."
-        return None
-
-    async def _heartbeat(self, req: HeartbeatRequest, client_id: str, client_host: str) -> HeartbeatResponse:
-        group = self.groups.get(req.group_id)
+    def _validate_commit(self, group: Group | None, member_id: str, instance_id: str | None, generation: int,
+                         *, transactional: bool, version: int) -> int:
+        """Kafka's validateOffsetCommit / validateTransactionalOffsetCommit, asked of the group's type."""
         if group is None:
-            if self.foreign_group(req.group_id):
-                raise ShareGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {req.group_id} is not a share group.")
-            if req.member_epoch != JOIN_GROUP_MEMBER_EPOCH:
-                raise ShareGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Share group {req.group_id} not found.")
-            group = ShareGroup(req.group_id)
-        if group.deleting_group:
-            raise ShareGroupError(ErrorCode.COORDINATOR_NOT_AVAILABLE, "the group is being deleted")
-        now = self.clock()
-        plan = group.plan_heartbeat(
-            member_id=req.member_id,
-            member_epoch=req.member_epoch,
-            rack_id=req.rack_id,
-            subscribed_topic_names=req.subscribed_topic_names,
-            client_id=client_id,
-            client_host=client_host,
-            topics=self.topics,
-            assignor=self.assignor,
-            max_size=self.config.max_size,
-            now=now,
-            init_retry_interval=self.config.initialize_retry_interval_ms / 1000,
-            now_ms=int(self.wall_clock() * 1000),
-            assignment_interval_ms=self.assignment_interval_ms(req.group_id),
-        )
-        await self._write(req.group_id, plan.records)
-        live = self.groups[req.group_id]
-        live.members[req.member_id].session_deadline = now + self.session_timeout(req.group_id)
-        if plan.init is not None:
-            self._mark_initializing(live, plan.init, now)
-            self._spawn(self._initialize(plan.init))
-        return HeartbeatResponse(
-            error_code=ErrorCode.NONE,
-            member_id=plan.member_id,
-            member_epoch=plan.member_epoch,
-            heartbeat_interval_ms=self.heartbeat_interval_ms(req.group_id),
-            assignment=_response_assignment(plan.assignment),
-        )
+            if generation < 0:
+                return ErrorCode.NONE  # offsets without a group (assign() + commit, admin clients)
+            if transactional:
+                return ErrorCode.ILLEGAL_GENERATION
+            return ErrorCode.GROUP_ID_NOT_FOUND if version >= 9 else ErrorCode.ILLEGAL_GENERATION
+        if isinstance(group, ClassicGroup):
+            return self.classic.validate_offset_commit(group, member_id, instance_id, generation,
+                                                       transactional=transactional)
+        if isinstance(group, ConsumerGroup):
+            code = self.consumer.validate_offset_commit(group, member_id, generation, transactional=transactional,
+                                                        version=version)
+            if code == ErrorCode.STALE_MEMBER_EPOCH and (transactional or version < 9):
+                return ErrorCode.ILLEGAL_GENERATION  # what clients before KIP-848 understand
+            return code
+        return ErrorCode.GROUP_ID_NOT_FOUND  # share groups have no committed offsets
 
-    async def _leave(self, group_id: str, member_id: str) -> HeartbeatResponse:
-        group = self.groups.get(group_id)
-        if group is None:
-            raise ShareGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Share group {group_id} not found.")
-        if member_id not in group.members:
-            raise ShareGroupError(ErrorCode.UNKNOWN_MEMBER_ID, f"Member {member_id} is not a member of group {group_id}.")
-        await self._write(group_id, group.plan_remove_member(member_id, self.topics))
-        log.info("member left share group", group_id=group_id, member_id=member_id)
-        return HeartbeatResponse(error_code=ErrorCode.NONE, member_id=member_id, member_epoch=LEAVE_GROUP_MEMBER_EPOCH)
-
-    # ---- session timeouts ----------------------------------------------------------------------------
-
-    async def expire_members(self, now: float | None = None) -> list[tuple[str, str]]:
-        """Remove members whose session deadline passed; returns the (group, member) pairs removed."""
-        now = self.clock() if now is None else now
-        expired: list[tuple[str, str]] = []
-
-        async def expire(group_id: str, candidates: list[str]) -> None:
-            for member_id in candidates:
-                current = self.groups.get(group_id)
-                member = None if current is None else current.members.get(member_id)
-                if current is None or member is None or member.session_deadline > now:
-                    continue
-                await self._write(group_id, current.plan_remove_member(member_id, self.topics))
-                expired.append((group_id, member_id))
-                log.info("share group member session expired", group_id=group_id, member_id=member_id)
-
-        for group_id in list(self.groups):
-            group = self.groups.get(group_id)
-            if group is None or not any(m.session_deadline <= now for m in group.members.values()):
+    def _plan_commit(self, group_id: str, offsets: list[OffsetToCommit]) -> tuple[list[int], list[CoordinatorRecord]]:
+        now_ms = self.wall_ms()
+        codes: list[int] = []
+        records: list[CoordinatorRecord] = []
+        for o in offsets:
+            metadata = o.metadata or ""
+            if len(metadata.encode()) > self.offset_config.metadata_max_bytes:
+                codes.append(ErrorCode.OFFSET_METADATA_TOO_LARGE)
                 continue
-            await self._run(group_id, functools.partial(expire, group_id, sorted(group.members)))
-        return expired
+            codes.append(ErrorCode.NONE)
+            records.append(offset_commit_record(group_id, o.topic, o.partition,
+                                                CommittedOffset(o.offset, o.leader_epoch, metadata, now_ms)))
+        return codes, records
 
-    # ---- share-partition state initialisation ----------------------------------------------------------
-
-    def _mark_initializing(self, group: ShareGroup, req: InitRequest, now: float) -> None:
-        for tid, parts in req.topics.items():
-            info = group.initializing.get(tid)
-            if info is not None:
-                info.timestamp = now
-            for p in parts:
-                self._init_inflight.add((req.group_id, tid, p))
-
-    async def _initialize(self, req: InitRequest) -> None:
-        """Create persisted state for new share partitions, then record them as initialised."""
-        keys = [(tid, p) for tid, parts in sorted(req.topics.items()) for p in sorted(parts)]
-        try:
-            results = await asyncio.gather(
-                *(self.persister.initialize_state(SharePartitionKey(req.group_id, tid, p), req.state_epoch, -1)
-                  for tid, p in keys),
-                return_exceptions=True,
-            )
-            done: dict[bytes, set[int]] = {}
-            failed = 0
-            first_error: object = None
-            for (tid, p), result in zip(keys, results, strict=True):
-                if isinstance(result, BaseException) or result != ErrorCode.NONE:
-                    failed += 1
-                    first_error = result if first_error is None else first_error
-                else:
-                    done.setdefault(tid, set()).add(p)
-            if failed:
-                # One line per group, and repeated failures back off and are logged sparingly.
-                suppressed = self._retries.failed(("initialize", req.group_id), self.clock())
-                if suppressed is not None:
-                    log.warning("share partition state initialisation failed", group_id=req.group_id,
-                                partitions=failed, error=repr(first_error), failures_not_logged=suppressed)
-            else:
-                self._retries.succeeded(("initialize", req.group_id))
-
-            async def record_outcome() -> None:
-                group = self.groups.get(req.group_id)
-                if group is None:
-                    return
-                if done:
-                    record = group.initialized_record(done)
-                    if record is not None:
-                        await self._write(req.group_id, [record])
-                if failed:
-                    # Failed partitions stay "initializing"; they are retried once the interval passed.
-                    now = self.clock()
-                    for tid in req.topics:
-                        info = group.initializing.get(tid)
-                        if info is not None:
-                            info.timestamp = now
-
-            await self._run(req.group_id, record_outcome)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("share partition initialisation failed", group_id=req.group_id)
-        finally:
-            for tid, p in keys:
-                self._init_inflight.discard((req.group_id, tid, p))
-
-    async def retry_pending(self, now: float | None = None) -> None:
-        """Retry stale initialisations and leftover state deletions."""
-        now = self.clock() if now is None else now
-        interval = self.config.initialize_retry_interval_ms / 1000
-        for group_id in list(self.groups):
-            group = self.groups.get(group_id)
-            if group is None or group.deleting_group or not self._retries.ready(("initialize", group_id), now):
-                continue
-            topics: dict[bytes, set[int]] = {}
-            for tid, info in group.initializing.items():
-                if now - info.timestamp < interval or self.topics.topic_by_id(tid) is None:
-                    continue
-                parts = {p for p in info.partitions if (group_id, tid, p) not in self._init_inflight}
-                if parts:
-                    topics[tid] = parts
-            if topics:
-                req = InitRequest(group_id, group.group_epoch, topics)
-                self._mark_initializing(group, req, now)
-                self._spawn(self._initialize(req))
-        for group_id in list(self._pending_state_deletes):
-            if self._retries.ready(("delete-state", group_id), now):
-                await self._delete_topic_state(group_id)
-
-    # ---- topic changes -------------------------------------------------------------------------------
-
-    def on_topics_changed(self, event: str | None = None, *_args: Any) -> None:
-        """Broker hook (topic created/deleted, partitions added); the work runs as a task."""
-        if event == "log_start_moved":
-            return  # not a metadata change
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        self._spawn(self.refresh_topic_metadata())
-
-    async def refresh_topic_metadata(self) -> None:
-        """Handle deleted topics, bump epochs of groups whose subscribed metadata changed, start
-        initialising new partitions."""
-        if not self.loaded:
-            return
-        now = self.clock()
-
-        async def refresh(group_id: str) -> None:
-            group = self.groups.get(group_id)
-            if group is None or group.deleting_group:
-                return
-            await self._move_deleted_topics(group)
-            group = self.groups[group_id]
-            records = group.plan_metadata_refresh(self.topics)
-            missing = group.uninitialized_partitions(
-                group.subscribed_topic_names(), self.topics, now, self.config.initialize_retry_interval_ms / 1000
-            ) if group.members else {}
-            if missing:
-                records.append(group.initializing_record(missing))
-            await self._write(group_id, records)
-            if missing:
-                live = self.groups[group_id]
-                req = InitRequest(group_id, live.group_epoch, {tid: set(ti.partitions) for tid, ti in missing.items()})
-                self._mark_initializing(live, req, now)
-                self._spawn(self._initialize(req))
-
-        for group_id in list(self.groups):
-            await self._run(group_id, functools.partial(refresh, group_id))
-            if group_id in self._pending_state_deletes:
-                await self._delete_topic_state(group_id)
-
-    async def _move_deleted_topics(self, group: ShareGroup) -> None:
-        """Forget deleted topics (caller holds the lock), as Kafka does: they leave every state map of the
-        group, and their persisted state is tombstoned by the share coordinator when the topic goes, so
-        there is nothing left to delete and nothing to retry."""
-        def alive(tid: bytes) -> bool:
-            return self.topics.topic_by_id(tid) is not None
-
-        phases = (group.initializing, group.initialized, group.deleting)
-        if all(alive(tid) for phase in phases for tid in phase):
-            return
-        initializing = {tid: ti for tid, ti in group.initializing.items() if alive(tid)}
-        initialized = {tid: ti for tid, ti in group.initialized.items() if alive(tid)}
-        deleting = {tid: name for tid, name in group.deleting.items() if alive(tid)}
-        await self._write(group.group_id, [state_partition_metadata_record(group.group_id, initializing, initialized, deleting)])
-        pending = self._pending_state_deletes.get(group.group_id)
-        if pending is not None:
-            for tid in [tid for tid in pending if not alive(tid)]:
-                del pending[tid]
-            if not pending:
-                self._pending_state_deletes.pop(group.group_id, None)
-                self._retries.forget(("delete-state", group.group_id))
-
-    async def _delete_topic_state(self, group_id: str) -> None:
-        """Phase two: delete the persisted state, then drop the topics from "deleting"."""
-        pending = self._pending_state_deletes.get(group_id, {})
-        finished: set[bytes] = set()
-        for tid, parts in list(pending.items()):
-            if await self._delete_state(group_id, {tid: parts}, retrying=True) == ErrorCode.NONE:
-                finished.add(tid)
-        if finished == set(pending):
-            self._retries.succeeded(("delete-state", group_id))
-        if not finished:
-            return
-        for tid in finished:
-            pending.pop(tid, None)
-        if not pending:
-            self._pending_state_deletes.pop(group_id, None)
-
-        async def forget_deleted() -> None:
-            group = self.groups.get(group_id)
-            if group is None or not finished & set(group.deleting):
-                return
-            deleting = {tid: name for tid, name in group.deleting.items() if tid not in finished}
-            await self._write(group_id, [state_partition_metadata_record(group_id, group.initializing, group.initialized, deleting)])
-
-        await self._run(group_id, forget_deleted)
-
-    async def _delete_state(self, group_id: str, topics: dict[bytes, set[int]], *, retrying: bool = False) -> int:
-        """Delete the persisted state of the partitions; a topic deleted meanwhile counts as done (its state
-        was tombstoned with it). Failures of background retries back off and are logged sparingly."""
-        keys = [SharePartitionKey(group_id, tid, p) for tid, parts in sorted(topics.items()) for p in sorted(parts)]
-        results = await asyncio.gather(*(self.persister.delete_state(k) for k in keys), return_exceptions=True)
-        for key, result in zip(keys, results, strict=True):
-            if isinstance(result, BaseException) or result != ErrorCode.NONE:
-                if result == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and self.topics.topic_by_id(key.topic_id) is None:
-                    continue
-                code = result if isinstance(result, int) and not isinstance(result, bool) else ErrorCode.UNKNOWN_SERVER_ERROR
-                suppressed = self._retries.failed(("delete-state", group_id), self.clock()) if retrying else 0
-                if suppressed is not None:
-                    log.warning("share partition state deletion failed", group_id=group_id, partition=key.partition,
-                                error=repr(result), failures_not_logged=suppressed)
-                return code
-        return ErrorCode.NONE
-
-    # ---- admin ---------------------------------------------------------------------------------------
-
-    def describe(self, group_ids: Iterable[str]) -> list[DescribeResponse.DescribedGroup]:
-        """ShareGroupDescribe v1 bodies, one per requested group."""
-        out = []
-        for group_id in group_ids:
-            group = self.groups.get(group_id)
-            if group is None:
-                out.append(DescribedGroup(group_id=group_id, error_code=ErrorCode.GROUP_ID_NOT_FOUND,
-                                          error_message=f"Group {group_id} not found.", members=[]))
-                continue
-            members = []
-            for m in sorted(group.members.values(), key=lambda x: x.member_id):
-                tps = []
-                for tid, ps in sorted(m.assigned_partitions.items()):
-                    meta = self.topics.topic_by_id(tid)
-                    if meta is not None:
-                        tps.append(_DTopicPartitions(topic_id=tid, topic_name=meta[0], partitions=sorted(ps)))
-                members.append(_DMember(
-                    member_id=m.member_id, rack_id=m.rack_id, member_epoch=m.member_epoch, client_id=m.client_id,
-                    client_host=m.client_host, subscribed_topic_names=sorted(m.subscribed_topic_names),
-                    assignment=_DAssignment(topic_partitions=tps),
-                ))
-            out.append(DescribedGroup(
-                error_code=ErrorCode.NONE, group_id=group_id, group_state=group.state.value,
-                group_epoch=group.group_epoch, assignment_epoch=group.assignment_epoch,
-                assignor_name=ASSIGNOR_NAME, members=members,
-            ))
-        return out
-
-    def list_groups(self) -> list[tuple[str, str]]:
-        return [(gid, g.state.value) for gid, g in sorted(self.groups.items())]
-
-    def group_ids(self) -> list[str]:
-        return sorted(self.groups)
-
-    def is_empty(self, group_id: str) -> bool:
-        group = self.groups.get(group_id)
-        return group is None or not group.members
-
-    def groups_by_state(self) -> dict[str, int]:
-        counts = {s.value: 0 for s in GroupState}
-        for g in self.groups.values():
-            counts[g.state.value] += 1
-        return counts
-
-    def assigned_partitions(self, group_id: str, member_id: str) -> dict[bytes, frozenset[int]]:
-        """The member's current assignment (empty if unknown) — for share-fetch validation."""
-        group = self.groups.get(group_id)
-        member = None if group is None else group.members.get(member_id)
-        return {} if member is None else dict(member.assigned_partitions)
-
-    async def delete_group(self, group_id: str) -> int:
-        """DeleteGroups for a share group: must be empty; its persisted share state goes first."""
+    def _not_ready(self, group_id: str) -> int:
+        if not valid_group_id(group_id):
+            return ErrorCode.INVALID_GROUP_ID
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        return ErrorCode.NONE
 
-        async def operation() -> int:
-            group = self.groups.get(group_id)
-            if group is None:
-                return ErrorCode.GROUP_ID_NOT_FOUND
-            if group.members:
-                return ErrorCode.NON_EMPTY_GROUP
-            # Everything with state becomes "deleting" first, so a crash mid-way leaves a trace to retry.
-            targets: dict[bytes, set[int]] = {}
-            names: dict[bytes, str] = {}
-            for phase in (group.initialized, group.initializing):
-                for tid, info in phase.items():
-                    targets.setdefault(tid, set()).update(info.partitions)
-                    names[tid] = info.name
-            for tid, name in group.deleting.items():
-                meta = self.topics.topic_by_id(tid)
-                if meta is not None:
-                    targets.setdefault(tid, set()).update(range(meta[1]))
-                names.setdefault(tid, name)
-            for tid, parts in self._pending_state_deletes.get(group_id, {}).items():
-                targets.setdefault(tid, set()).update(parts)
+    async def commit_offsets(self, group_id: str, member_id: str, instance_id: str | None,
+                             generation_or_epoch: int, offsets: list[OffsetToCommit],
+                             version: int) -> tuple[int, list[int]]:
+        """OffsetCommit: a group-level error (applied to every partition) or one code per offset."""
+        if (code := self._not_ready(group_id)) != ErrorCode.NONE:
+            return code, []
+
+        def operation() -> CoordinatorResult[tuple[int, list[int]]]:
+            group = self._group(group_id)
+            error = self._validate_commit(group, member_id, instance_id, generation_or_epoch, transactional=False,
+                                          version=version)
+            if error != ErrorCode.NONE:
+                return CoordinatorResult([], (error, []))
+            if isinstance(group, ClassicGroup):
+                self.classic.touch_member(group, member_id)
+            codes, records = self._plan_commit(group_id, offsets)
+            return CoordinatorResult(records, (ErrorCode.NONE, codes))
+
+        return await self._write_result(group_id, operation, (ErrorCode.COORDINATOR_NOT_AVAILABLE, []),
+                                        "offset commit")
+
+    async def commit_transactional_offsets(self, group_id: str, producer_id: int, producer_epoch: int,
+                                           member_id: str, instance_id: str | None, generation_id: int,
+                                           offsets: list[OffsetToCommit]) -> tuple[int, list[int]]:
+        """TxnOffsetCommit: written in the producer's transactional batch, pending until its marker. The
+        member fields (v3, KIP-447) are checked against the group: a zombie of an older generation is
+        fenced."""
+        if (code := self._not_ready(group_id)) != ErrorCode.NONE:
+            return code, []
+
+        def operation() -> CoordinatorResult[tuple[int, list[int]]]:
+            error = self._validate_commit(self._group(group_id), member_id, instance_id, generation_id,
+                                          transactional=True, version=-1)
+            if error != ErrorCode.NONE:
+                return CoordinatorResult([], (error, []))
+            codes, records = self._plan_commit(group_id, offsets)
+            return CoordinatorResult(records, (ErrorCode.NONE, codes), producer_id, producer_epoch)
+
+        return await self._write_result(group_id, operation, (ErrorCode.COORDINATOR_NOT_AVAILABLE, []),
+                                        "transactional offset commit")
+
+    def on_transaction_completed(self, partition: int, producer_id: int, commit: bool) -> None:
+        """The producer's COMMIT or ABORT marker is durable on this `__consumer_offsets` partition."""
+        self.runtime.replay_end_transaction(partition, producer_id, commit)
+
+    def has_pending_offset(self, group_id: str, topic: str, partition: int) -> bool:
+        return self.offsets_of(group_id).has_pending(group_id, topic, partition)
+
+    # ---- OffsetFetch / OffsetDelete ---------------------------------------------------------------
+
+    def fetch_offsets(self, group_id: str, member_id: str | None, member_epoch: int,
+                      wanted: list[tuple[str, list[int]]] | None) -> tuple[int, list[OffsetRow]]:
+        """OffsetFetch: (topic, partition, committed or None) for `wanted`, or every committed offset."""
+        if (code := self._not_ready(group_id)) != ErrorCode.NONE:
+            return code, []
+        group = self._group(group_id)
+        if isinstance(group, ConsumerGroup):
+            error = self.consumer.validate_offset_fetch(group, member_id, member_epoch)
+            if error != ErrorCode.NONE:
+                return error, []
+        elif group is not None and not isinstance(group, ClassicGroup):
+            return ErrorCode.GROUP_ID_NOT_FOUND, []
+        offsets = self.offsets_of(group_id).offsets(group_id)
+        if wanted is None:
+            return ErrorCode.NONE, [(t, p, c) for (t, p), c in sorted(offsets.items())]
+        return ErrorCode.NONE, [(t, p, offsets.get((t, p))) for t, parts in wanted for p in parts]
+
+    async def delete_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> tuple[int, list[int]]:
+        """OffsetDelete: refused per partition while the group's members subscribe to the topic."""
+        if (code := self._not_ready(group_id)) != ErrorCode.NONE:
+            return code, []
+
+        def operation() -> CoordinatorResult[tuple[int, list[int]]]:
+            group = self._group(group_id)
+            subscribed: set[str] | None
+            if isinstance(group, ClassicGroup) and group.state != ClassicGroupState.DEAD:
+                if group.state != ClassicGroupState.EMPTY and group.protocol_type != "consumer":
+                    return CoordinatorResult([], (ErrorCode.NON_EMPTY_GROUP, []))
+                subscribed = self.classic.subscribed_topics_for_offsets(group)
+            elif isinstance(group, ConsumerGroup):
+                subscribed = self.consumer.subscribed_topics_for_offsets(group)
+            else:
+                return CoordinatorResult([], (ErrorCode.GROUP_ID_NOT_FOUND, []))
+            codes, records = plan_offset_deletes(group_id, self.offsets_of(group_id).offsets(group_id), partitions,
+                                                 subscribed)
+            return CoordinatorResult(records, (ErrorCode.NONE, codes))
+
+        return await self._write_result(group_id, operation, (ErrorCode.COORDINATOR_NOT_AVAILABLE, []),
+                                        "offset deletion")
+
+    # ---- DeleteGroups -----------------------------------------------------------------------------
+
+    async def delete_group(self, group_id: str) -> int:
+        """DeleteGroups: an empty group goes with its committed offsets (their tombstones first, as Kafka
+        writes them); a share group's persisted state is deleted by its part first."""
+        if not self.loaded:
+            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        if isinstance(self._group(group_id), ShareGroup):
+            return await self.share.delete_group(group_id)
+
+        def operation() -> CoordinatorResult[int]:
+            group = self._group(group_id)
+            if group is None or isinstance(group, ShareGroup) or (
+                    isinstance(group, ClassicGroup) and group.state == ClassicGroupState.DEAD):
+                return CoordinatorResult([], ErrorCode.GROUP_ID_NOT_FOUND)
+            if group.members or (isinstance(group, ClassicGroup) and group.state != ClassicGroupState.EMPTY):
+                return CoordinatorResult([], ErrorCode.NON_EMPTY_GROUP)
+            # The group's own tombstone is replayed even for a classic group never written: it goes too.
+            records = self.offsets_of(group_id).delete_group_records(group_id)
+            records += group.tombstone_records() if isinstance(group, ClassicGroup) else group.delete_records()
+            return CoordinatorResult(records, ErrorCode.NONE)
+
+        code: int = await self._write_result(group_id, operation, int(ErrorCode.UNKNOWN_SERVER_ERROR), "group deletion")
+        if code == ErrorCode.NONE:
+            log.info("group deleted", group_id=group_id)
+        return code
+
+    # ---- deleted topics and expiry ----------------------------------------------------------------
+
+    async def on_topics_deleted(self, topics: Iterable[str]) -> None:
+        """The topics are gone: their committed offsets go too, in every group (Kafka's onPartitionsDeleted)."""
+        names = set(topics)
+        for partition, shard in enumerate(self.runtime.shards):
+            for group_id in shard.offsets.groups_with_topics(names):
+                if not self.placement.holds(partition, group_id):
+                    continue  # a copy Placement left out: its group lives elsewhere
+
+                def delete(group_id: str = group_id) -> CoordinatorResult[None]:
+                    gone = self.offsets_of(group_id).groups_with_topics(names).get(group_id, [])
+                    return CoordinatorResult([offset_tombstone(group_id, t, p) for t, p in gone], None)
+
+                await self.runtime.write_result(partition, group_id, delete)
+        log.info("offsets of deleted topics removed", topics=sorted(names))
+
+    def _schedule_expiry(self, partition: int) -> None:
+        delay = self.offset_config.retention_check_interval_ms / 1000
+
+        async def expire() -> None:
             try:
-                if names:
-                    await self._write(group_id, [state_partition_metadata_record(group_id, {}, {}, names)])
-                    group = self.groups[group_id]
-                group.deleting_group = True
-                code = await self._delete_state(group_id, targets) if targets else ErrorCode.NONE
-                if code != ErrorCode.NONE:
-                    return code
-                await self._write(group_id, group.plan_delete())
-            except Exception:
-                log.exception("share group deletion failed", group_id=group_id)
-                return ErrorCode.UNKNOWN_SERVER_ERROR
+                await self.expire_offsets(partition)
             finally:
-                group.deleting_group = False
-            self._pending_state_deletes.pop(group_id, None)
-            log.info("share group deleted", group_id=group_id)
-            return ErrorCode.NONE
+                self._schedule_expiry(partition)
 
-        return await self._run(group_id, operation)
+        # The timer holds a key of its own; each group's expiry then runs as that group's operation.
+        self.runtime.schedule(partition, _EXPIRY_TIMER, delay, _EXPIRY_TIMER, expire)
 
+    async def expire_offsets(self, partition: int, now_ms: int | None = None) -> int:
+        """Kafka's cleanupGroupMetadata for one partition: offsets past `offsets.retention.minutes` go, and a
+        classic or consumer group that is empty once it has no offsets left goes with them (share groups
+        keep their persisted state and are deleted only by DeleteGroups). Returns the offsets removed."""
+        now = self.wall_ms() if now_ms is None else now_ms
+        shard = self.runtime.shard(partition)
+        removed = 0
+        candidates = sorted(gid for gid in set(shard.offsets.group_ids()) | {
+            gid for gid, g in shard.groups.items() if isinstance(g, ClassicGroup | ConsumerGroup)}
+            if self.placement.holds(partition, gid))
+        for group_id in candidates:
 
-    # ---- share-group offsets admin (Describe/Alter/DeleteShareGroupOffsets) ---------------------------
+            def expire(group_id: str = group_id) -> CoordinatorResult[int]:
+                group = shard.groups.get(group_id)
+                if isinstance(group, ShareGroup):
+                    return CoordinatorResult([], 0)
+                subscribed = self._retained_topics(group)
+                offsets = shard.offsets
+                gone = [] if subscribed is None else offsets.expired(
+                    group_id, now, self.offset_config.retention_ms, subscribed[0], subscribed[1])
+                records = [offset_tombstone(group_id, t, p) for t, p in gone]
+                emptied = len(gone) == len(offsets.offsets(group_id)) and not offsets.has_open_transactions(group_id)
+                if emptied and group is not None and _is_empty(group):
+                    # Kafka's maybeDeleteGroup: an empty group without offsets goes (a simple one too).
+                    records += group.delete_records() if isinstance(group, ConsumerGroup) else group.tombstone_records()
+                if gone:
+                    log.info("expired offsets removed", group_id=group_id, offsets=len(gone))
+                return CoordinatorResult(records, len(gone))
 
-    def initialized_partitions(self, group_id: str) -> dict[bytes, set[int]] | None:
-        """Partitions with initialised share state, per topic id; None when the group does not exist."""
-        group = self.groups.get(group_id)
+            removed += await self.runtime.write_result(partition, group_id, expire)
+        return removed
+
+    def _retained_topics(self, group: Group | None) -> tuple[set[str], int | None] | None:
+        """Kafka's offsetExpirationCondition: the topics whose offsets never expire and the time retention
+        runs from (None: each offset's commit); None when no offset of the group may expire now."""
         if group is None:
+            return set(), None
+        if isinstance(group, ConsumerGroup):
+            return self.consumer.subscribed_topics_for_offsets(group), None
+        if not isinstance(group, ClassicGroup):
             return None
-        return {tid: set(info.partitions) for tid, info in group.initialized.items() if info.partitions}
+        if group.state == ClassicGroupState.EMPTY:
+            # Retention runs from when the group became empty (for a simple group, from each commit).
+            empty_since = group.state_timestamp_ms if group.protocol_type is not None else -1
+            return set(), empty_since if empty_since >= 0 else None
+        if group.protocol_type == "consumer" and group.state == ClassicGroupState.STABLE:
+            subscribed = group.subscribed_topics()
+            return None if subscribed is None else (subscribed, None)
+        return None
 
-    async def alter_offsets(
-        self, group_id: str, offsets: dict[bytes, dict[int, int]], *, min_state_epoch: int = 0
-    ) -> tuple[int, dict[tuple[bytes, int], int]]:
-        """AlterShareGroupOffsets: re-initialise each partition's state at the given start offset.
 
-        As in Kafka the group epoch stays as it is and is the state epoch of the re-initialisation
-        (raised to `min_state_epoch`, the highest state epoch the share coordinator holds, so the
-        re-initialisation is not fenced). The group is created (empty) when it does not exist yet, so
-        the offsets are what its first consumers start from. Returns the group-level error and a
-        per-partition error map.
-        """
-        if not self.loaded:
-            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, {}
-        if group_id not in self.groups and self.foreign_group(group_id):
-            return ErrorCode.GROUP_ID_NOT_FOUND, {}
-
-        async def operation() -> tuple[int, dict[tuple[bytes, int], int]]:
-            existing = self.groups.get(group_id)
-            group = existing or ShareGroup(group_id)
-            if group.members:
-                return ErrorCode.NON_EMPTY_GROUP, {}
-            if group.deleting_group:
-                return ErrorCode.COORDINATOR_NOT_AVAILABLE, {}
-            epoch = max(group.group_epoch, min_state_epoch)
-            if existing is None:
-                # A new, empty group, whose (empty) target assignment is current at its epoch.
-                await self._write(group_id, [
-                    group_epoch_record(group_id, epoch, group.metadata_hash),
-                    target_metadata_record(group_id, epoch),
-                ])
-            keys = [(tid, p, offset) for tid, parts in sorted(offsets.items()) for p, offset in sorted(parts.items())]
-            results = await asyncio.gather(
-                *(self.persister.initialize_state(SharePartitionKey(group_id, tid, p), epoch, offset)
-                  for tid, p, offset in keys),
-                return_exceptions=True,
-            )
-            errors: dict[tuple[bytes, int], int] = {}
-            done: dict[bytes, set[int]] = {}
-            for (tid, p, _offset), result in zip(keys, results, strict=True):
-                if isinstance(result, BaseException):
-                    log.warning("share offsets alteration failed", group_id=group_id, partition=p, error=repr(result))
-                    errors[(tid, p)] = ErrorCode.UNKNOWN_SERVER_ERROR
-                else:
-                    errors[(tid, p)] = int(result)
-                    if result == ErrorCode.NONE:
-                        done.setdefault(tid, set()).add(p)
-            if done:
-                group = self.groups[group_id]
-                initializing = {tid: TopicInit(ti.name, set(ti.partitions), ti.timestamp)
-                                for tid, ti in group.initializing.items()}
-                initialized = {tid: TopicInit(ti.name, set(ti.partitions)) for tid, ti in group.initialized.items()}
-                for tid, parts in done.items():
-                    meta = self.topics.topic_by_id(tid)
-                    name = meta[0] if meta is not None else group.deleting.get(tid, "")
-                    if tid in initializing:
-                        initializing[tid].partitions -= parts
-                        if not initializing[tid].partitions:
-                            del initializing[tid]
-                    initialized.setdefault(tid, TopicInit(name, set())).partitions |= parts
-                deleting = {tid: n for tid, n in group.deleting.items() if tid not in done}
-                await self._write(group_id, [state_partition_metadata_record(group_id, initializing, initialized, deleting)])
-            log.info("share group offsets altered", group_id=group_id, state_epoch=epoch,
-                     partitions=sum(len(ps) for ps in done.values()))
-            return ErrorCode.NONE, errors
-
-        return await self._run(group_id, operation)
-
-    async def delete_offsets(self, group_id: str, topic_ids: Iterable[bytes]) -> tuple[int, dict[bytes, int]]:
-        """DeleteShareGroupOffsets: forget the topics' share state so the next consumption starts from
-        `share.auto.offset.reset`. Two-phase like Kafka: the topics move to "deleting" first, their
-        persisted state is deleted, then they leave "deleting"; a failure leaves a trace that
-        `retry_pending` completes."""
-        if not self.loaded:
-            return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, {}
-
-        async def operation() -> tuple[int, dict[bytes, int]]:
-            group = self.groups.get(group_id)
-            if group is None:
-                return ErrorCode.GROUP_ID_NOT_FOUND, {}
-            if group.members:
-                return ErrorCode.NON_EMPTY_GROUP, {}
-            if group.deleting_group:
-                return ErrorCode.COORDINATOR_NOT_AVAILABLE, {}
-            # As Kafka: an initialised topic has its initialised partitions deleted, a topic still being
-            # deleted is deleted again (every partition), and any other topic has no state to delete.
-            targets: dict[bytes, set[int]] = {}
-            names: dict[bytes, str] = {}
-            errors: dict[bytes, int] = {}
-            for tid in topic_ids:
-                meta = self.topics.topic_by_id(tid)
-                if tid in group.initialized:
-                    targets[tid] = set(group.initialized[tid].partitions)
-                    names[tid] = group.initialized[tid].name
-                elif tid in group.deleting:
-                    targets[tid] = set(range(meta[1])) if meta is not None else set()
-                    names[tid] = group.deleting[tid]
-                else:
-                    errors[tid] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-            if not targets:
-                return ErrorCode.NONE, errors
-            initialized = {t: ti for t, ti in group.initialized.items() if t not in targets}
-            deleting = dict(group.deleting) | names
-            await self._write(group_id, [
-                state_partition_metadata_record(group_id, group.initializing, initialized, deleting)
-            ])
-            for tid, parts in sorted(targets.items()):
-                errors[tid] = await self._delete_state(group_id, {tid: parts}) if parts else ErrorCode.NONE
-            finished = {tid for tid in targets if errors[tid] == ErrorCode.NONE}
-            pending = self._pending_state_deletes.setdefault(group_id, {})
-            for tid in set(targets) - finished:
-                pending.setdefault(tid, set()).update(targets[tid])
-            if not pending:
-                self._pending_state_deletes.pop(group_id, None)
-            if finished:
-                group = self.groups[group_id]
-                remaining = {tid: n for tid, n in group.deleting.items() if tid not in finished}
-                await self._write(group_id, [
-                    state_partition_metadata_record(group_id, group.initializing, group.initialized, remaining)
-                ])
-            log.info("share group offsets deleted", group_id=group_id, topics=len(finished))
-            return ErrorCode.NONE, errors
-
-        return await self._run(group_id, operation)
+def _is_empty(group: ClassicGroup | ConsumerGroup) -> bool:
+    if isinstance(group, ClassicGroup):
+        return group.state == ClassicGroupState.EMPTY and not group.pending_members
+    return not group.members

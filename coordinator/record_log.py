@@ -7,9 +7,16 @@ in-memory state; on start-up it replays everything the topic still holds.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from shoal.protocol.coordinator_records import CoordinatorRecord
+from shoal.protocol.coordinator_records import (
+    NO_PRODUCER_ID,
+    CoordinatorRecord,
+    EndTransactionMarker,
+    LoggedRecord,
+)
+
+__all__ = ["NO_PRODUCER_ID", "CoordinatorRecordLog", "EndTransactionMarker", "LoggedRecord", "TransactionalRecordLog"]
 
 
 class CoordinatorRecordLog(Protocol):
@@ -37,4 +44,18 @@ class CoordinatorRecordLog(Protocol):
 
     def delete_before(self, partition: int, offset: int) -> None:
         """Drop records below `offset` (pruning of records no longer needed)."""
+        ...
+
+
+@runtime_checkable
+class TransactionalRecordLog(CoordinatorRecordLog, Protocol):
+    """`__consumer_offsets`, which also holds transactional offset commits and their markers."""
+
+    def append_transactional_nowait(self, partition: int, records: list[CoordinatorRecord], producer_id: int,
+                                    producer_epoch: int) -> int:
+        """Append records as one transactional batch of the producer (not yet durable); returns the first offset."""
+        ...
+
+    def replay_transactional(self, partition: int) -> Iterator[LoggedRecord | EndTransactionMarker]:
+        """Every record and end-transaction marker, in log order, transactional records at their own offset."""
         ...

@@ -6,6 +6,10 @@ records and a response from its current state, the runtime appends the records t
 until they are durable, replays them into the shard (the same `replay` a restart runs), and only then is
 the response handed back. Memory therefore never holds anything the log does not, nor the reverse.
 
+`write_result` is the plain form (Kafka's scheduleWriteOperation): the operation only plans, returning a
+`CoordinatorResult` (the records and the response), and the runtime appends, replays and answers; `write`
+lets an operation that needs several steps (a rebalance that persists, then waits) append as it goes.
+
 Ordering is per partition and per key (`PartitionGate`): writes for different keys overlap so their
 appends share one fsync; writes for one key never overlap, because each plans from the state the
 previous one replayed; partition-wide work (snapshots of every key, topic deletion, pruning) runs alone.
@@ -13,20 +17,30 @@ previous one replayed; partition-wide work (snapshots of every key, topic deleti
 Cancel-safety: an operation runs in a task of its own, so a caller that goes away (a client
 disconnecting cancels its request task) does not stop it half-way; and once an append has started,
 it is finished and replayed even if the operation itself is cancelled (shutdown).
+
+Timers (Kafka's CoordinatorTimer): `schedule` runs an operation after a delay as a write on its key,
+under a timer key of its own that a later `schedule` replaces and `cancel` removes, so session expiry,
+rebalance deadlines and offset expiry go the same way as requests.
+
+`TransactionalCoordinatorRuntime` adds what `__consumer_offsets` needs for transactional offset commits:
+records appended in a producer's transactional batch and replayed with its producer id, and end-transaction
+markers replayed into the shard, at load in log order and live once a marker is durable.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable, Iterator
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
 
-from shoal.protocol.coordinator_records import CoordinatorRecord
+from shoal.protocol.coordinator_records import NO_PRODUCER_ID, CoordinatorRecord, EndTransactionMarker
 
-from .record_log import CoordinatorRecordLog
+from .record_log import CoordinatorRecordLog, TransactionalRecordLog
 
 log = structlog.get_logger("shoal.coordinator_runtime")
 
@@ -39,8 +53,33 @@ class Shard(Protocol):
     def replay(self, offset: int, record: CoordinatorRecord) -> None: ...
 
 
+R = TypeVar("R")
+
+
+class TransactionalShard(Shard, Protocol):
+    """A shard whose records may be written in transactions: replayed with their producer id, they count
+    once that producer's COMMIT marker is replayed."""
+
+    def replay(self, offset: int, record: CoordinatorRecord, producer_id: int = -1) -> None: ...
+
+    def replay_end_transaction(self, producer_id: int, commit: bool) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorResult(Generic[R]):
+    """What a planning operation returns: the records to write and the response once they are durable.
+    With a producer id the records go in that producer's transactional batch (TxnOffsetCommit)."""
+
+    records: list[CoordinatorRecord]
+    response: R
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = -1
+
+
 S = TypeVar("S", bound=Shard)
+TS = TypeVar("TS", bound=TransactionalShard)
 T = TypeVar("T")
+TimerKey = Hashable
 
 
 class PartitionGate:
@@ -103,6 +142,7 @@ class CoordinatorRuntime(Generic[S]):
         self.loaded: set[int] = set()
         self._gates = [PartitionGate() for _ in range(self.num_partitions)]
         self._operations: set[asyncio.Task[Any]] = set()
+        self._timers: dict[tuple[int, TimerKey], asyncio.TimerHandle] = {}
 
     def shard(self, partition: int) -> S:
         return self.shards[partition]
@@ -113,9 +153,9 @@ class CoordinatorRuntime(Generic[S]):
         """Rebuild the partition's shard from everything its log holds; returns the records replayed."""
         shard = self._new_shard(partition)
         n = 0
-        for offset, record in self.record_log.replay(partition):
+        for offset, replay in self._replays(partition, shard):
             try:
-                shard.replay(offset, record)
+                replay()
             except Exception:  # one unusable record must not keep the broker from starting
                 log.exception("skipping coordinator record that cannot be replayed", partition=partition, offset=offset)
             n += 1
@@ -125,12 +165,31 @@ class CoordinatorRuntime(Generic[S]):
         self.loaded.add(partition)
         return n
 
+    def _replays(self, partition: int, shard: S) -> Iterator[tuple[int, Callable[[], None]]]:
+        for offset, record in self.record_log.replay(partition):
+            yield offset, functools.partial(shard.replay, offset, record)
+
     # ---- operations ----------------------------------------------------------------------------
 
     async def write(self, partition: int, key: Hashable, operation: Callable[[], Awaitable[T]]) -> T:
         """Run `operation` holding `key` in `partition`; it runs to completion even if the caller is
         cancelled. The operation plans from the shard and changes it only through `append`."""
         return await self._outlive_caller(self.submit(partition, key, operation))
+
+    async def write_result(self, partition: int, key: Hashable, operation: Callable[[], CoordinatorResult[T]]) -> T:
+        """Run a planning `operation` holding `key`: it reads the shard and returns the records and the
+        response; the runtime appends the records, replays them and only then answers."""
+        async def run() -> T:
+            result = operation()
+            await self._append_result(partition, result)
+            return result.response
+
+        return await self.write(partition, key, run)
+
+    async def _append_result(self, partition: int, result: CoordinatorResult[Any]) -> None:
+        if result.producer_id != NO_PRODUCER_ID:
+            raise TypeError("transactional records need a TransactionalCoordinatorRuntime")
+        await self.append(partition, result.records)
 
     def submit(self, partition: int, key: Hashable, operation: Callable[[], Awaitable[T]]) -> asyncio.Task[T]:
         """Start `operation` as `write` does, without waiting for it: for callers that start several
@@ -163,6 +222,33 @@ class CoordinatorRuntime(Generic[S]):
             shard.replay(first + i, record)
         if cancelled:
             raise asyncio.CancelledError
+
+    # ---- timers ----------------------------------------------------------------------------------
+
+    def schedule(self, partition: int, timer: TimerKey, delay_s: float, key: Hashable,
+                 operation: Callable[[], Awaitable[None]]) -> None:
+        """Run `operation` after `delay_s` as a write holding `key`; replaces the timer of the same name."""
+        self.cancel(partition, timer)
+        loop = asyncio.get_running_loop()
+        self._timers[(partition, timer)] = loop.call_later(max(delay_s, 0.0), self._fire, partition, timer, key,
+                                                          operation)
+
+    def cancel(self, partition: int, timer: TimerKey) -> None:
+        handle = self._timers.pop((partition, timer), None)
+        if handle is not None:
+            handle.cancel()
+
+    def is_scheduled(self, partition: int, timer: TimerKey) -> bool:
+        return (partition, timer) in self._timers
+
+    def cancel_all_timers(self) -> None:
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+
+    def _fire(self, partition: int, timer: TimerKey, key: Hashable, operation: Callable[[], Awaitable[None]]) -> None:
+        self._timers.pop((partition, timer), None)
+        self.submit(partition, key, operation).add_done_callback(_log_timer_failure)
 
     def hold(self, partition: int, key: Hashable) -> contextlib.AbstractAsyncContextManager[None]:
         """Hold `key` as a write does, without writing: writes of that key wait until it is released."""
@@ -200,6 +286,59 @@ class CoordinatorRuntime(Generic[S]):
                 # The caller left; the operation goes on, and nobody else will see how it ended.
                 task.add_done_callback(_log_orphan_failure)
             raise
+
+
+class TransactionalCoordinatorRuntime(CoordinatorRuntime[TS]):
+    """The runtime over `__consumer_offsets`: also transactional appends and end-transaction markers."""
+
+    def __init__(self, record_log: CoordinatorRecordLog, new_shard: Callable[[int], TS]):
+        super().__init__(record_log, new_shard)
+
+    def _replays(self, partition: int, shard: TS) -> Iterator[tuple[int, Callable[[], None]]]:
+        if not isinstance(self.record_log, TransactionalRecordLog):
+            yield from super()._replays(partition, shard)
+            return
+        for item in self.record_log.replay_transactional(partition):
+            if isinstance(item, EndTransactionMarker):
+                yield item.offset, functools.partial(shard.replay_end_transaction, item.producer_id, item.commit)
+            else:
+                yield item.offset, functools.partial(shard.replay, item.offset, item.record, item.producer_id)
+
+    async def append_transactional(self, partition: int, records: list[CoordinatorRecord], producer_id: int,
+                                   producer_epoch: int) -> None:
+        """`append` in the producer's transactional batch: replayed as pending until its marker."""
+        if not records:
+            return
+        record_log = self.record_log
+        assert isinstance(record_log, TransactionalRecordLog)
+        first = record_log.append_transactional_nowait(partition, records, producer_id, producer_epoch)
+        cancelled = False
+        while True:
+            try:
+                await record_log.flush(partition, first + len(records))
+                break
+            except asyncio.CancelledError:
+                cancelled = True  # the records are in the log: they must reach memory too
+        shard = self.shards[partition]
+        for i, record in enumerate(records):
+            shard.replay(first + i, record, producer_id)
+        if cancelled:
+            raise asyncio.CancelledError
+
+    async def _append_result(self, partition: int, result: CoordinatorResult[Any]) -> None:
+        if result.producer_id == NO_PRODUCER_ID:
+            await self.append(partition, result.records)
+        else:
+            await self.append_transactional(partition, result.records, result.producer_id, result.producer_epoch)
+
+    def replay_end_transaction(self, partition: int, producer_id: int, commit: bool) -> None:
+        """The producer's marker is durable on the partition: its pending records count, or go."""
+        self.shards[partition].replay_end_transaction(producer_id, commit)
+
+
+def _log_timer_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("coordinator timer operation failed", exc_info=task.exception())
 
 
 def _log_orphan_failure(task: asyncio.Task[Any]) -> None:

@@ -39,6 +39,7 @@ from shoal.protocol.share_state_rpcs import (
 )
 from shoal.protocol.uuids import ZERO_UUID
 
+from .placement import Placement
 from .record_log import CoordinatorRecordLog
 from .runtime import CoordinatorRuntime
 from .share_state import (
@@ -48,7 +49,7 @@ from .share_state import (
     cold_snapshot_record,
     initialize_record,
     state_batches_problem,
-    state_partition_for,
+    state_key_string,
     tombstone_record,
     write_record,
 )
@@ -102,10 +103,13 @@ class ShareCoordinator:
         cold_snapshot_interval_ms: int = 300_000,
         clock_ms: Callable[[], int] = _wall_clock_ms,
         partition_count: Callable[[bytes], int | None] | None = None,
+        placement: Placement[SharePartitionKey] | None = None,
     ):
         """`partition_count(topic_id)` gives a topic's partition count or None if it does not exist; when
-        given, state RPCs for unknown topics/partitions answer UNKNOWN_TOPIC_OR_PARTITION."""
+        given, state RPCs for unknown topics/partitions answer UNKNOWN_TOPIC_OR_PARTITION. `placement` puts
+        keys by the partition count the state topic was created with (by default, its current count)."""
         self.num_partitions = record_log.num_partitions
+        self.placement = placement or Placement(self.num_partitions, state_key_string)
         self.updates_per_snapshot = snapshot_update_records_per_snapshot
         self.runtime = CoordinatorRuntime(record_log, lambda _partition: self._new_map())
         self.cold_snapshot_interval_ms = cold_snapshot_interval_ms
@@ -141,6 +145,7 @@ class ShareCoordinator:
             if self.on_partition_load is not None:
                 self.on_partition_load((time.perf_counter() - started) * 1000)
             log.debug("share state partition loaded", partition=p, records=n, keys=len(self.maps[p].states))
+        self.placement.settle([m.states for m in self.maps], "share partition")
 
     async def stop(self) -> None:
         """Let writes in progress finish (they were started, so they are completed, not dropped)."""
@@ -150,7 +155,7 @@ class ShareCoordinator:
         return ShareStateMap(updates_per_snapshot=self.updates_per_snapshot)
 
     def partition_for(self, key: SharePartitionKey) -> int:
-        return state_partition_for(key, self.num_partitions)
+        return self.placement.partition_for(key)
 
     # ---- the write path --------------------------------------------------------------------------
 

@@ -31,9 +31,14 @@ StateBatchT = TypeVar("StateBatchT", ShareSnapshotValue.StateBatch, ShareUpdateV
 # ---- partitioning --------------------------------------------------------------------------------
 
 
+def state_key_string(key: SharePartitionKey) -> str:
+    """The string Kafka hashes to place a share-partition key: group:topic-id:partition."""
+    return f"{key.group_id}:{uuid_to_str(key.topic_id)}:{key.partition}"
+
+
 def state_partition_for(key: SharePartitionKey, num_partitions: int) -> int:
-    """The `__share_group_state` partition holding a key: Utils.abs(hashCode) % n, where abs(MIN_VALUE) is 0."""
-    return coordinator_partition(f"{key.group_id}:{uuid_to_str(key.topic_id)}:{key.partition}", num_partitions)
+    """The home `__share_group_state` partition of a key: Utils.abs(hashCode) % n, where abs(MIN_VALUE) is 0."""
+    return coordinator_partition(state_key_string(key), num_partitions)
 
 
 # ---- the batch combiner --------------------------------------------------------------------------

@@ -6,6 +6,8 @@ only then replayed into the shard, so what a client was told survives kill -9. E
 phases: PrepareCommit/PrepareAbort is written (and the client answered), then the COMMIT/ABORT markers
 go to every partition of the transaction, then CompleteCommit/CompleteAbort is written. A crash between
 the phases leaves a Prepare* record, which start-up finds and completes; markers are idempotent.
+The completion retries whatever fails, with a growing pause, until it is done: a transaction never stays
+in Prepare* while the broker runs (a partition deleted meanwhile gets no marker, as in Kafka).
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from typing import Protocol, TypeVar
 
 import structlog
 
-from shoal.coordinator.placement import coordinator_partition
+from shoal.coordinator.placement import Placement
 from shoal.coordinator.record_log import CoordinatorRecordLog
 from shoal.coordinator.runtime import CoordinatorRuntime
-from shoal.coordinator.transaction_log import TxnMetadata, TxnState, from_record, to_record
+from shoal.coordinator.transaction_log import TxnMetadata, TxnState, from_record, to_record, tombstone
 from shoal.protocol.coordinator_records import CoordinatorRecord
 from shoal.protocol.errors import ErrorCode
 
@@ -33,6 +35,7 @@ CONSUMER_OFFSETS = "__consumer_offsets"
 MAX_EPOCH = 32767
 MAX_KEY_BYTES = 32767
 _MARKER_RETRY_S = 0.5
+_MARKER_RETRY_MAX_S = 10.0
 # A producer starts its next transaction right after EndTxn is answered, while the markers of the last one
 # are still being written; its AddPartitionsToTxn waits this long for them before CONCURRENT_TRANSACTIONS.
 _COMPLETION_WAIT_S = 1.0
@@ -67,8 +70,9 @@ class MarkerWriter(Protocol):
     """Writes a transaction's control records; implemented by the broker over its partition logs."""
 
     async def write_markers(self, producer_id: int, producer_epoch: int, commit: bool,
-                            partitions: Iterable[TopicPartition]) -> None:
-        """Append and fsync a COMMIT or ABORT marker on each partition that still exists."""
+                            partitions: Iterable[TopicPartition]) -> set[TopicPartition]:
+        """Append and fsync a COMMIT or ABORT marker on each partition that still exists; returns the
+        partitions whose marker failed (to be retried). A deleted partition needs none."""
         ...
 
 
@@ -85,15 +89,23 @@ def _now_ms() -> int:
 
 class TransactionCoordinator:
     def __init__(self, record_log: CoordinatorRecordLog, markers: MarkerWriter,
-                 allocate_producer_id: Callable[[], int], *, max_timeout_ms: int, offsets_partitions: int,
-                 clock: Callable[[], int] = _now_ms):
+                 allocate_producer_id: Callable[[], int], *, max_timeout_ms: int,
+                 offsets_placement: Placement[str], clock: Callable[[], int] = _now_ms,
+                 placement: Placement[str] | None = None,
+                 transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000):
         self.runtime = CoordinatorRuntime(record_log, lambda _partition: TransactionShard())
+        self.placement = placement or Placement(self.runtime.num_partitions)
         self.markers = markers
         self.allocate_producer_id = allocate_producer_id
         self.max_timeout_ms = max_timeout_ms
-        self.offsets_partitions = offsets_partitions
+        # Where the group coordinators keep a group: a transaction's offsets partition must be that one.
+        self.offsets_placement = offsets_placement
         self.clock = clock
+        self.transactional_id_expiration_ms = transactional_id_expiration_ms
         self._completing: dict[str, asyncio.Task[None]] = {}
+        # Kafka's lastProducerEpoch (in memory, as in Kafka): the (producer id, epoch) a KIP-360
+        # InitProducerId bumped from, so a retry of that request gets the same answer, not PRODUCER_FENCED.
+        self._bumped_from: dict[str, tuple[int, int]] = {}
 
     # ---- load -----------------------------------------------------------------------------------
 
@@ -101,11 +113,13 @@ class TransactionCoordinator:
         """Replay `__transaction_state` into the shards."""
         for partition in range(self.runtime.num_partitions):
             await self.runtime.load(partition)
+        self.placement.settle([shard.txns for shard in self.runtime.shards], "transactional id")
 
     @property
     def txns(self) -> dict[str, TxnMetadata]:
         """Every transactional id's state (a snapshot over all shards)."""
-        return {tid: meta for shard in self.runtime.shards for tid, meta in shard.txns.items()}
+        return {tid: meta for p, shard in enumerate(self.runtime.shards) for tid, meta in shard.txns.items()
+                if self.placement.holds(p, tid)}
 
     def _get(self, transactional_id: str) -> TxnMetadata | None:
         return self.runtime.shard(self.partition_for(transactional_id)).txns.get(transactional_id)
@@ -129,10 +143,10 @@ class TransactionCoordinator:
     # ---- helpers --------------------------------------------------------------------------------
 
     def partition_for(self, transactional_id: str) -> int:
-        return coordinator_partition(transactional_id, self.runtime.num_partitions)
+        return self.placement.partition_for(transactional_id)
 
     def offsets_partition(self, group_id: str) -> TopicPartition:
-        return CONSUMER_OFFSETS, coordinator_partition(group_id, self.offsets_partitions)
+        return CONSUMER_OFFSETS, self.offsets_placement.partition_for(group_id)
 
     async def _holding(self, transactional_id: str, operation: Callable[[], Awaitable[T]]) -> T:
         """Run `operation` as the only one changing this transactional id."""
@@ -191,8 +205,14 @@ class TransactionCoordinator:
                 await self._write(meta)
                 return InitResult(ErrorCode.NONE, meta.producer_id, meta.producer_epoch)
             if producer_id >= 0 and (producer_id, producer_epoch) != (meta.producer_id, meta.producer_epoch):
-                # KIP-360: a producer re-initialising must still own the id and epoch it names.
-                return InitResult(ErrorCode.PRODUCER_FENCED)
+                if self._bumped_from.get(transactional_id) != (producer_id, producer_epoch) or meta.state not in (
+                        TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT):
+                    # KIP-360: a producer re-initialising must still own the id and epoch it names.
+                    return InitResult(ErrorCode.PRODUCER_FENCED)
+                if transactional_id not in self._completing:
+                    # A retry of the bump whose answer the producer never got (Kafka's lastProducerEpoch):
+                    # the same answer again.
+                    return InitResult(ErrorCode.NONE, meta.producer_id, meta.producer_epoch)
             if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT) or transactional_id in self._completing:
                 return InitResult(ErrorCode.CONCURRENT_TRANSACTIONS)
             if meta.state == TxnState.ONGOING:
@@ -206,6 +226,10 @@ class TransactionCoordinator:
             new = new.but(timeout_ms=timeout_ms, state=TxnState.EMPTY, partitions=frozenset(), start_ms=-1,
                           update_ms=now)
             await self._write(new)
+            if producer_id >= 0:
+                self._bumped_from[transactional_id] = (producer_id, producer_epoch)
+            else:
+                self._bumped_from.pop(transactional_id, None)
             return InitResult(ErrorCode.NONE, new.producer_id, new.producer_epoch)
 
         return await self._holding(transactional_id, operation)
@@ -289,26 +313,46 @@ class TransactionCoordinator:
             return
         task = asyncio.get_running_loop().create_task(self._complete(transactional_id))
         self._completing[transactional_id] = task
-        task.add_done_callback(lambda _t: self._completing.pop(transactional_id, None))
+        task.add_done_callback(lambda t: self._completion_done(transactional_id, t))
+
+    def _completion_done(self, transactional_id: str, task: asyncio.Task[None]) -> None:
+        if self._completing.get(transactional_id) is task:
+            del self._completing[transactional_id]
+        if not task.cancelled() and task.exception() is not None:
+            # Not expected (_complete retries every failure), but never silent.
+            log.error("txn.completion_died", transactional_id=transactional_id, error=repr(task.exception()))
 
     async def _complete(self, transactional_id: str) -> None:
-        """Second phase: markers on every partition, then the Complete* record."""
+        """Second phase: markers on every partition, then the Complete* record; any failure is retried
+        (only the partitions still without a marker get one)."""
         meta = self._get(transactional_id)
         assert meta is not None
         commit = meta.state == TxnState.PREPARE_COMMIT
-        while True:
-            try:
-                await self.markers.write_markers(meta.producer_id, meta.producer_epoch, commit, meta.partitions)
-                break
-            except OSError as exc:
-                log.error("txn.markers_failed", transactional_id=transactional_id, error=repr(exc))
-                await asyncio.sleep(_MARKER_RETRY_S)
+        pending = set(meta.partitions)
+        delay = _MARKER_RETRY_S
 
         async def operation() -> None:
             done = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+            current = self._get(transactional_id)
+            if current is None or (current.producer_id, current.producer_epoch, current.state) != (
+                    meta.producer_id, meta.producer_epoch, meta.state):
+                return  # completed meanwhile (an admin abort repaired it, or expiry removed it)
             await self._write(meta.but(state=done, partitions=frozenset(), update_ms=self.clock()))
 
-        await self._holding(transactional_id, operation)
+        while True:
+            try:
+                if pending:
+                    pending = set(await self.markers.write_markers(meta.producer_id, meta.producer_epoch, commit,
+                                                                   pending))
+                if not pending:
+                    await self._holding(transactional_id, operation)
+                    break
+                error = f"no marker yet on {sorted(pending)}"
+            except Exception as exc:  # whatever it is, the transaction must not stay prepared
+                error = repr(exc)
+            log.error("txn.markers_failed", transactional_id=transactional_id, error=error, retry_in_s=delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _MARKER_RETRY_MAX_S)
         log.info("txn.completed", transactional_id=transactional_id, commit=commit,
                  partitions=len(meta.partitions))
 
@@ -334,6 +378,36 @@ class TransactionCoordinator:
             if await self._holding(meta.transactional_id, operation):
                 aborted.append(meta.transactional_id)
         return aborted
+
+    # ---- transactional id expiry -----------------------------------------------------------------
+
+    async def expire_transactional_ids(self) -> list[str]:
+        """Kafka's transactional.id.expiration.ms: an id with no transaction open or ending and no update
+        for that long is removed (a tombstone on `__transaction_state`); its next InitProducerId starts
+        afresh with a new producer id."""
+        now = self.clock()
+        horizon = now - self.transactional_id_expiration_ms
+        idle = (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
+        expired = []
+        for meta in list(self.txns.values()):
+            if meta.state not in idle or meta.update_ms > horizon:
+                continue
+
+            async def operation(meta: TxnMetadata = meta) -> bool:
+                current = self._get(meta.transactional_id)
+                if (current is None or current.state not in idle or current.update_ms > horizon
+                        or meta.transactional_id in self._completing):
+                    return False
+                await self.runtime.append(self.partition_for(meta.transactional_id),
+                                          [tombstone(meta.transactional_id)])
+                self._bumped_from.pop(meta.transactional_id, None)
+                return True
+
+            if await self._holding(meta.transactional_id, operation):
+                log.info("txn.transactional_id_expired", transactional_id=meta.transactional_id,
+                         producer_id=meta.producer_id, idle_ms=now - meta.update_ms)
+                expired.append(meta.transactional_id)
+        return expired
 
     # ---- Describe / List ------------------------------------------------------------------------
 

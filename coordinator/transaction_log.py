@@ -72,6 +72,12 @@ def to_record(meta: TxnMetadata) -> CoordinatorRecord:
                              value, _VALUE_VERSION)
 
 
+def tombstone(transactional_id: str) -> CoordinatorRecord:
+    """The record that removes a transactional id (Kafka writes one when the id expires)."""
+    return CoordinatorRecord(TRANSACTION_LOG, messages.TransactionLogKey(transactional_id=transactional_id), None,
+                             _VALUE_VERSION)
+
+
 def from_record(record: CoordinatorRecord) -> tuple[str, TxnMetadata | None]:
     """(transactional id, metadata or None for a tombstone); DecodeError for a state no Kafka has."""
     transactional_id: str = record.key.transactional_id

@@ -106,3 +106,24 @@ def decode_record(key: bytes, value: bytes | None, *, topic: str) -> Coordinator
     version = int.from_bytes(value[0:2], "big", signed=True)
     value_obj, _ = value_codec.decode(value, version, 2)
     return CoordinatorRecord(record_type, key_obj, value_obj, version)
+
+
+NO_PRODUCER_ID = -1
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedRecord:
+    """A coordinator record at its offset; `producer_id` is set when it was written in a transaction."""
+
+    offset: int
+    record: CoordinatorRecord
+    producer_id: int = NO_PRODUCER_ID
+
+
+@dataclass(frozen=True, slots=True)
+class EndTransactionMarker:
+    """A COMMIT or ABORT control record of a producer's transaction."""
+
+    offset: int
+    producer_id: int
+    commit: bool

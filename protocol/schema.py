@@ -1,6 +1,10 @@
 """The message-spec model: Kafka's JSON message specs parsed into typed descriptions.
 
 Nothing here encodes bytes; `codec.py` compiles these descriptions into functions.
+
+`specs/` holds Kafka's specs and nothing of Shoal's. Shoal's own additions, tagged fields a Kafka peer
+skips, live in `extensions/`, one file per message they extend, and are merged in when the specs are
+loaded (by the codec at start-up and by `generate.py` alike); each merged field is marked `extension`.
 """
 
 from __future__ import annotations
@@ -9,9 +13,12 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 SPEC_DIR = Path(__file__).parent / "specs"
+EXTENSION_DIR = Path(__file__).parent / "extensions"
+# Tags of Shoal's own fields start here, far above any tag Kafka gives out.
+MIN_EXTENSION_TAG = 10000
 
 PRIMITIVES = frozenset(
     {"bool", "int8", "int16", "uint16", "int32", "uint32", "int64", "float64", "string", "bytes", "records", "uuid"}
@@ -176,9 +183,77 @@ def parse_spec(doc: dict[str, Any]) -> MessageSpec:
     )
 
 
+# Kafka's spec files are JSON with whole-line `//` comments (the licence header, notes on versions).
+_COMMENT_LINE = re.compile(r"^[ \t]*//.*$", re.M)
+
+
+def read_spec_json(text: str) -> dict[str, Any]:
+    """A spec document from a file as Kafka writes them, comments and all."""
+    doc = json.loads(_COMMENT_LINE.sub("", text))
+    if not isinstance(doc, dict):
+        raise ValueError("a message spec is a JSON object")
+    return doc
+
+
 def load_spec(path: Path) -> MessageSpec:
-    return parse_spec(json.loads(path.read_text()))
+    return parse_spec(read_spec_json(path.read_text()))
 
 
-def load_all(directory: Path = SPEC_DIR) -> dict[str, MessageSpec]:
-    return {p.stem: load_spec(p) for p in sorted(directory.glob("*.json"))}
+class ExtensionError(ValueError):
+    """An extension file that cannot be merged into its Kafka spec."""
+
+
+def _struct_fields(doc: dict[str, Any], struct: str) -> list[dict[str, Any]] | None:
+    """The field list of `struct` in a spec document: the message itself, a struct declared inline at any
+    depth, or a common struct."""
+    if struct == doc["name"]:
+        return cast("list[dict[str, Any]]", doc.get("fields", []))
+    pending = [doc.get("fields", [])]
+    while pending:
+        for raw in pending.pop():
+            if raw["type"].removeprefix("[]") == struct and "fields" in raw:
+                return cast("list[dict[str, Any]]", raw["fields"])
+            pending.append(raw.get("fields", []))
+    for common in doc.get("commonStructs", []):
+        if common["name"] == struct:
+            return cast("list[dict[str, Any]]", common["fields"])
+    return None
+
+
+def merge_extension(doc: dict[str, Any], extension: dict[str, Any]) -> None:
+    """Add an extension document's fields to the spec document `doc`, in place.
+
+    Every field must be tagged, with a tag of its own from MIN_EXTENSION_TAG on, and a name the struct
+    does not have yet: an untagged or clashing field would break the wire format Kafka's peers expect.
+    """
+    where = f"extension of {doc['name']}"
+    if extension.get("name") != doc["name"]:
+        raise ExtensionError(f"{where}: names {extension.get('name')!r}")
+    for addition in extension.get("fields", []):
+        struct, raw = addition["struct"], dict(addition["field"])
+        fields = _struct_fields(doc, struct)
+        if fields is None:
+            raise ExtensionError(f"{where}: no struct {struct!r}")
+        tag = raw.get("tag")
+        if not isinstance(tag, int) or tag < MIN_EXTENSION_TAG or "taggedVersions" not in raw:
+            raise ExtensionError(f"{where}: {raw.get('name')!r} must be tagged, with a tag from {MIN_EXTENSION_TAG} on")
+        if any(f["name"] == raw["name"] for f in fields):
+            raise ExtensionError(f"{where}: {struct} already has a field {raw['name']!r}")
+        if any(f.get("tag") == tag for f in fields):
+            raise ExtensionError(f"{where}: {struct} already uses tag {tag}")
+        after = addition.get("after")
+        names = [f["name"] for f in fields]
+        if after is not None and after not in names:
+            raise ExtensionError(f"{where}: {struct} has no field {after!r} to follow")
+        raw["shoalExtension"] = True
+        fields.insert(len(fields) if after is None else names.index(after) + 1, raw)
+
+
+def load_all(directory: Path = SPEC_DIR, extensions: Path = EXTENSION_DIR) -> dict[str, MessageSpec]:
+    """Every spec in `directory`, with the extensions in `extensions` merged in."""
+    docs = {p.stem: read_spec_json(p.read_text()) for p in sorted(directory.glob("*.json"))}
+    for p in sorted(extensions.glob("*.json")):
+        if p.stem not in docs:
+            raise ExtensionError(f"{p.name}: no spec {p.stem} to extend")
+        merge_extension(docs[p.stem], read_spec_json(p.read_text()))
+    return {name: parse_spec(doc) for name, doc in docs.items()}

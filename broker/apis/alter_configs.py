@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from shoal.broker.common.config import CLUSTER_DEFAULT, THIS_BROKER, BrokerConfig, ConfigError
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
-from shoal.broker.server.config import CLUSTER_DEFAULT, THIS_BROKER, BrokerConfig, ConfigError
 from shoal.broker.share.group_configs import InvalidGroupConfig, validation_context
 from shoal.broker.storage.topic_registry import validate_topic_config
 from shoal.protocol import messages

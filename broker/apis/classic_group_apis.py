@@ -1,8 +1,9 @@
 """JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch and OffsetDelete: the
-client-facing side of the classic-group coordinator (its services' `classic_groups`).
+client-facing side of classic groups (`classic_groups`) and of every group's committed offsets (the
+`group_coordinator`, whatever type of group holds the id).
 
 Authorization and topic existence are checked here, as in Kafka's request layer; group logic lives
-in `shoal.coordinator.classic_coordinator`.
+in `shoal.coordinator.classic_coordinator`, offsets in `shoal.coordinator.group_coordinator`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from typing import TYPE_CHECKING
 
 from shoal.broker.security.authorizer import Operation, ResourceType
 from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator, JoinRequest, OffsetToCommit
-from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -132,14 +132,8 @@ class ClassicGroupApis:
         codes: dict[tuple[int, int], int] = {}
         if group_ok and not req.group_id:
             codes = {w: ErrorCode.INVALID_GROUP_ID for w in where}
-        elif to_commit and (consumer := self._consumer_group_coordinator(req.group_id)) is not None:
-            group_error, per = await consumer.commit_offsets(
-                req.group_id, req.member_id or "", req.generation_id_or_member_epoch,
-                [(o.topic, o.partition, o.offset, o.leader_epoch, o.metadata) for o in to_commit], version)
-            codes = {w: (group_error if group_error != ErrorCode.NONE else c)
-                     for w, c in zip(where, per or [group_error] * len(where), strict=True)}
         elif to_commit:
-            group_error, per = await self.coordinator.commit_offsets(
+            group_error, per = await self.services.group_coordinator.commit_offsets(
                 req.group_id, req.member_id or "", req.group_instance_id if version >= 7 else None,
                 req.generation_id_or_member_epoch, to_commit, version)
             codes = {w: (group_error if group_error != ErrorCode.NONE else c)
@@ -152,11 +146,6 @@ class ClassicGroupApis:
             topics.append(_CommitTopic(name=t.name, topic_id=t.topic_id if version >= 10 else ZERO_UUID,
                                        partitions=parts))
         return CommitResponse(topics=topics)
-
-    def _consumer_group_coordinator(self, group_id: str) -> ConsumerGroupCoordinator | None:
-        """The KIP-848 coordinator when `group_id` is one of its groups (offsets then follow its member epochs)."""
-        consumer = self.services.consumer_groups
-        return consumer if consumer is not None and group_id in consumer.groups else None
 
     def offset_fetch(self, ctx: RequestContext, req: messages.OffsetFetchRequest) -> messages.OffsetFetchResponse:
         version = ctx.api_version
@@ -199,20 +188,16 @@ class ClassicGroupApis:
                 if not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, name):
                     refused[name] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 wanted.append((name, list(t.partition_indexes)))
-        consumer = self._consumer_group_coordinator(group_id)
-        if consumer is not None:
-            error, rows = consumer.fetch_offsets(group_id, member[0], member[1], wanted)
-        else:
-            error, rows = self.coordinator.fetch_offsets(group_id, wanted)
+        offsets = self.services.group_coordinator
+        error, rows = offsets.fetch_offsets(group_id, member[0], member[1], wanted)
         if error != ErrorCode.NONE:
             return _FetchGroup(group_id=group_id, topics=[], error_code=error)
-        pending = self.services.txn_offsets if require_stable else None
         grouped: dict[str, list[_FetchPartitionV8]] = {}
         for name, partition, committed in rows:
             if topics is None and not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, name):
                 continue  # all-topics fetch: what the caller may not see is left out
             code = refused.get(name, ErrorCode.NONE)
-            if code == ErrorCode.NONE and pending is not None and pending.has_pending(group_id, name, partition):
+            if code == ErrorCode.NONE and require_stable and offsets.has_pending_offset(group_id, name, partition):
                 # An open transaction holds an offset here: the caller retries until its marker is written.
                 code = ErrorCode.UNSTABLE_OFFSET_COMMIT
             if committed is None or code != ErrorCode.NONE:
@@ -251,9 +236,7 @@ class ClassicGroupApis:
                     early[(t.name, p.partition_index)] = code
                 else:
                     wanted.append((t.name, p.partition_index))
-        consumer = self._consumer_group_coordinator(req.group_id)
-        owner = consumer if consumer is not None else self.coordinator
-        group_error, codes = await owner.delete_offsets(req.group_id, wanted)
+        group_error, codes = await self.services.group_coordinator.delete_offsets(req.group_id, wanted)
         if group_error != ErrorCode.NONE:
             return DeleteResponse(error_code=group_error, topics=[])
         decided = dict(early) | dict(zip(wanted, codes, strict=True))

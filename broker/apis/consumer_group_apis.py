@@ -58,7 +58,7 @@ class ConsumerGroupApis:
             elif not coordinator.loaded:
                 out.append(DescribedGroup(group_id=group_id, error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
                                           members=[]))
-            elif group_id not in coordinator.groups and coordinator.foreign_group(group_id):
+            elif coordinator.groups.held_by_other_type(group_id):
                 out.append(DescribedGroup(group_id=group_id, error_code=ErrorCode.GROUP_ID_NOT_FOUND,
                                           error_message=f"Group {group_id} is not a consumer group.", members=[]))
             else:

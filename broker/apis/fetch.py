@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from shoal.broker.common.purgatory import LogKey
 from shoal.broker.security.authorizer import Operation, ResourceType
 from shoal.broker.storage.partition_log import OffsetOutOfRange
-from shoal.broker.storage.purgatory import LogKey
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode

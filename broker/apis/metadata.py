@@ -8,7 +8,7 @@ import structlog
 
 from shoal.broker.apis.topic_admin import partition_budget_problem
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
-from shoal.broker.storage.topic_registry import Topic, validate_topic_name
+from shoal.broker.storage.topic_registry import INTERNAL_TOPICS, Topic, validate_topic_name
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -16,8 +16,8 @@ from shoal.protocol.uuids import ZERO_UUID
 
 if TYPE_CHECKING:
     from shoal.broker.apis.services import ApiTable, DiscoveryServices
+    from shoal.broker.common.config import Listener
     from shoal.broker.network.connection import RequestContext
-    from shoal.broker.server.config import Listener
 
 log = structlog.get_logger("shoal.metadata")
 
@@ -120,6 +120,11 @@ class DiscoveryHandlers:
         if validate_topic_name(name) is not None:
             return None, ErrorCode.INVALID_TOPIC_EXCEPTION
         if not enabled:
+            return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        if name in INTERNAL_TOPICS:
+            # Only the broker creates an internal topic (`__transaction_state` on the first transactional
+            # producer), with the partition count its coordinator places keys by, never num.partitions.
+            log.info("not auto-creating an internal topic", topic=name)
             return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         if not ctx.authorize(Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME) and not ctx.authorize(
             Operation.CREATE, ResourceType.TOPIC, name

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from shoal.broker.common.purgatory import LogKey
 from shoal.broker.security.authorizer import Operation, ResourceType
-from shoal.broker.storage.purgatory import LogKey
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
-from shoal.protocol.record_batch import InvalidRecordBatch, iter_batches
+from shoal.protocol.record_batch import InvalidRecordBatch, iter_batches, parse_batch_header
 from shoal.protocol.records import InvalidRecord, InvalidTimestamp, TimestampBounds, validate_batch_for_append
 
 if TYPE_CHECKING:
@@ -98,6 +98,10 @@ class ProduceHandler:
                                                    error_message=f"Cannot append to internal topic {topic.name}"))
                     continue
                 plog = topic.partitions[pd.index]
+                refused = self._verify_transaction(req.transactional_id, topic_name, pd.index, plog, pd.records)
+                if refused != ErrorCode.NONE:
+                    parts.append(PartitionResponse(index=pd.index, error_code=refused, base_offset=-1))
+                    continue
                 resp = self._append(topic.topic_id, topic_name, pd.index, plog, pd.records)
                 parts.append(resp)
                 if resp.error_code == ErrorCode.NONE and acks == -1:
@@ -116,6 +120,35 @@ class ProduceHandler:
         if acks == 0:
             return None
         return ProduceResponse(responses=responses)
+
+    def _verify_transaction(self, transactional_id: str | None, topic_name: str, index: int, plog: PartitionLog,
+                            records: bytes | bytearray | memoryview | None) -> int:
+        """KIP-890 part 1 (Kafka's ReplicaManager transaction verification): the first transactional batch
+        of a producer on a partition is appended only if the coordinator has the partition in that
+        producer's open transaction, so a late retry after an abort or a fenced producer's write cannot
+        open a transaction no one will end."""
+        if not records:
+            return ErrorCode.NONE
+        try:
+            header = parse_batch_header(records, 0, whole=False)
+        except InvalidRecordBatch:
+            return ErrorCode.NONE  # _append answers with the right error
+        if not header.is_transactional:
+            return ErrorCode.NONE
+        if transactional_id is None:
+            # Kafka refuses transactional records without a transactional id the same way.
+            return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        verify = self.services.verify_txn_partition
+        if verify is None or header.producer_id in plog.producer_state.ongoing:
+            return ErrorCode.NONE
+        code = verify(transactional_id, header.producer_id, header.producer_epoch, (topic_name, index))
+        if code == ErrorCode.PRODUCER_FENCED:
+            code = ErrorCode.INVALID_PRODUCER_EPOCH  # what Produce has always answered a fenced producer
+        if code != ErrorCode.NONE:
+            log.info("transactional produce refused by verification", transactional_id=transactional_id,
+                     topic=topic_name, partition=index, producer_id=header.producer_id,
+                     producer_epoch=header.producer_epoch, error_code=int(code))
+        return code
 
     def _append(
         self, topic_id: bytes, topic_name: str, index: int, plog: PartitionLog, records: bytes | bytearray | memoryview | None

@@ -12,21 +12,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from shoal.broker.common.config import BrokerConfig, Listener
+    from shoal.broker.common.metrics import BrokerMetrics
+    from shoal.broker.common.purgatory import Purgatory
     from shoal.broker.security.authorizer import Authorizer
     from shoal.broker.security.scram import ScramCredentialStore
-    from shoal.broker.server.config import BrokerConfig, Listener
-    from shoal.broker.server.metrics import BrokerMetrics
     from shoal.broker.share.group_configs import GroupConfigs
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
     from shoal.broker.storage.producer_state import ProducerIdAllocator
-    from shoal.broker.storage.purgatory import Purgatory
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
+    from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
+    from shoal.broker.upstream.forwarder import Forwarder
     from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
     from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
     from shoal.coordinator.group_coordinator import GroupCoordinator
     from shoal.coordinator.share_coordinator import ShareCoordinator
+    from shoal.coordinator.share_group_coordinator import ShareGroupCoordinator
     from shoal.coordinator.transaction_coordinator import TransactionCoordinator
-    from shoal.coordinator.txn_offsets import TxnOffsetStore
     from shoal.persister.persister import Persister
     from shoal.protocol.messages import ApiVersionsResponse
 
@@ -63,6 +65,9 @@ class ProduceServices:
     topics: TopicRegistry
     purgatory: Purgatory
     metrics: BrokerMetrics
+    # KIP-890 part 1: (transactional id, producer id, epoch, (topic, partition)) -> the coordinator's
+    # answer to "is this partition in the producer's open transaction?"; None when verification is off.
+    verify_txn_partition: Callable[[str, int, int, tuple[str, int]], int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +114,7 @@ class ShareFetchServices:
 @dataclass(frozen=True, slots=True)
 class ShareGroupServices:
     config: BrokerConfig
-    group_coordinator: GroupCoordinator | None
+    share_groups: ShareGroupCoordinator | None
     # Classic and KIP-848 consumer groups share the group-id space, ListGroups, DescribeGroups and DeleteGroups.
     classic_groups: ClassicGroupCoordinator | None
     consumer_groups: ConsumerGroupCoordinator | None
@@ -121,6 +126,8 @@ class ShareGroupAdminServices(ShareGroupServices):
     group_configs: GroupConfigs
     persister: Persister
     share_partitions: SharePartitionLeaders
+    # DeleteGroups of every group type.
+    group_coordinator: GroupCoordinator | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +151,10 @@ class ScramServices:
 class TransactionServices:
     topics: TopicRegistry
     transaction_coordinator: TransactionCoordinator
-    txn_offsets: TxnOffsetStore
+    # TxnOffsetCommit goes to the group coordinator, which keeps every committed offset.
+    group_coordinator: GroupCoordinator
     producer_ids: ProducerIdAllocator
+    markers: TransactionMarkerWriter
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,10 +166,8 @@ class AclServices:
 class ClassicGroupServices:
     topics: TopicRegistry
     classic_groups: ClassicGroupCoordinator
-    # OffsetCommit/OffsetFetch/OffsetDelete of a KIP-848 group go to its coordinator.
-    consumer_groups: ConsumerGroupCoordinator | None
-    # Offsets of open transactions: OffsetFetch with RequireStable answers UNSTABLE_OFFSET_COMMIT for them.
-    txn_offsets: TxnOffsetStore | None = None
+    # OffsetCommit/OffsetFetch/OffsetDelete for every group type, and offsets pending in transactions.
+    group_coordinator: GroupCoordinator
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,3 +179,15 @@ class ConsumerGroupServices:
 @dataclass(frozen=True, slots=True)
 class LeaderEpochServices:
     topics: TopicRegistry
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamServices:
+    """Sidecar mode: what the forwarding handlers use (only built when upstream.bootstrap.servers is set)."""
+
+    node_id: int
+    cluster_id: str
+    forwarder: Forwarder
+    advertised_listener: Callable[[str], Listener]
+    # The sidecar's handlers close a client connection's upstream fetch connections with it.
+    connection_listeners: list[Callable[[Any], None]]

@@ -2,7 +2,7 @@
 answered for share groups (the only kind of group this broker hosts).
 
 Authorization happens here, as in Kafka's request layer; group changes go through
-`ShareGroupAdminServices.group_coordinator`, share-partition state through its `persister`.
+`ShareGroupAdminServices.share_groups`, share-partition state through its `persister`.
 """
 
 from __future__ import annotations
@@ -293,17 +293,12 @@ class ShareGroupAdmin(ShareGroupHandlers):
                 code = ErrorCode.GROUP_AUTHORIZATION_FAILED
             elif not group_id:
                 code = ErrorCode.INVALID_GROUP_ID
-            elif (code := self._coordinator_error()) == ErrorCode.NONE and (
-                    (classic := self.services.classic_groups) is not None and group_id in classic.groups):
-                code = await classic.delete_group(group_id)
-            elif code == ErrorCode.NONE and (
-                    (consumer := self.services.consumer_groups) is not None and group_id in consumer.groups):
-                code = await consumer.delete_group(group_id)
-            elif code == ErrorCode.NONE:
-                coordinator = self.coordinator
-                assert coordinator is not None
-                code = await coordinator.delete_group(group_id)
-                if code == ErrorCode.NONE:
+            elif (code := self._coordinator_error()) == ErrorCode.NONE:
+                groups = self.services.group_coordinator
+                assert groups is not None and self.coordinator is not None
+                share = group_id in self.coordinator.groups
+                code = await groups.delete_group(group_id)
+                if code == ErrorCode.NONE and share:
                     # Dynamic configs and in-memory share partitions die with the group.
                     self.services.group_configs.delete_group(group_id)
                     self.services.share_partitions.drop_group(group_id)

@@ -1,7 +1,7 @@
 """ShareGroupHeartbeat, ShareGroupDescribe and ListGroups: the client-facing side of the group coordinator.
 
 Authorization happens here (as in Kafka's request layer); membership logic lives in
-`shoal.coordinator.group_coordinator`, given to the handlers as `ShareGroupServices.group_coordinator`.
+`shoal.coordinator.share_group_coordinator`, given to the handlers as `ShareGroupServices.share_groups`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
-from shoal.coordinator.group_coordinator import GroupCoordinator
+from shoal.coordinator.share_group_coordinator import ShareGroupCoordinator
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -17,7 +17,6 @@ from shoal.protocol.errors import ErrorCode
 if TYPE_CHECKING:
     from shoal.broker.apis.services import ApiTable, ShareGroupServices
     from shoal.broker.network.connection import RequestContext
-    from shoal.broker.storage.topic_registry import TopicRegistry
 
 HeartbeatResponse = messages.ShareGroupHeartbeatResponse
 DescribeResponse = messages.ShareGroupDescribeResponse
@@ -36,25 +35,6 @@ GROUP_OPERATIONS = (Operation.READ, Operation.DESCRIBE, Operation.DELETE, Operat
                     Operation.ALTER_CONFIGS)
 
 
-class BrokerTopicMetadata:
-    """The coordinator's view of topics, read live from the broker's registry."""
-
-    def __init__(self, registry: TopicRegistry):
-        self.registry = registry
-
-    def topic_by_name(self, name: str) -> tuple[bytes, int] | None:
-        topic = self.registry.get(name)
-        return None if topic is None else (topic.topic_id, len(topic.partitions))
-
-    def topic_by_id(self, topic_id: bytes) -> tuple[str, int] | None:
-        topic = self.registry.get_by_id(topic_id)
-        return None if topic is None else (topic.name, len(topic.partitions))
-
-    def topic_names(self) -> list[str]:
-        """User topics (what a regex subscription may match; internal topics never are)."""
-        return [name for name, topic in self.registry.by_name.items() if not topic.internal]
-
-
 class ShareGroupHandlers:
     """What the share-group APIs (here and in share_group_admin) have in common: the coordinator and
     the group.share.enable switch."""
@@ -63,8 +43,8 @@ class ShareGroupHandlers:
         self.services = services
 
     @property
-    def coordinator(self) -> GroupCoordinator | None:
-        return self.services.group_coordinator
+    def coordinator(self) -> ShareGroupCoordinator | None:
+        return self.services.share_groups
 
     def _enabled(self) -> bool:
         return bool(self.services.config["group.share.enable"])

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from shoal.broker.common.config import CLUSTER_DEFAULT, DYNAMIC_KEYS, THIS_BROKER
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
-from shoal.broker.server.config import CLUSTER_DEFAULT, DYNAMIC_KEYS, THIS_BROKER
 from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
 from shoal.broker.storage.topic_registry import INTERNAL_TOPICS, validate_topic_config, validate_topic_name
 from shoal.protocol import messages
@@ -89,6 +89,14 @@ class TopicAdmin:
             if self.services.topics.get(ct.name) is not None:
                 result.error_code = ErrorCode.TOPIC_ALREADY_EXISTS
                 result.error_message = f"Topic '{ct.name}' already exists."
+                continue
+            if ct.name in INTERNAL_TOPICS:
+                # `__transaction_state` is created on the first transactional producer, with
+                # transaction.state.log.num.partitions; a count chosen here would not be the one the
+                # running coordinator places keys by. Worded as Kafka refuses its metadata topic.
+                log.warning("refused creation of an internal topic", topic=ct.name)
+                result.error_code = ErrorCode.INVALID_REQUEST
+                result.error_message = f"Creation of internal topic {ct.name} is prohibited."
                 continue
             if ct.assignments:
                 count = len(ct.assignments)
@@ -176,6 +184,14 @@ class TopicAdmin:
                 continue
             if not ctx.authorize(Operation.ALTER, ResourceType.TOPIC, t.name):
                 res.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                continue
+            if topic.internal:
+                # The coordinators place their keys by hash modulo this count: changing it would strand
+                # every key already written. Kafka's controller accepts the request; Shoal refuses it.
+                log.warning("refused partition creation on an internal topic", topic=t.name, count=t.count)
+                res.error_code = ErrorCode.INVALID_REQUEST
+                res.error_message = (f"The partition count of internal topic {t.name} cannot be changed: it is fixed "
+                                     f"when the topic is created ({len(topic.partitions)} partitions).")
                 continue
             if t.count <= len(topic.partitions):
                 res.error_code = ErrorCode.INVALID_PARTITIONS

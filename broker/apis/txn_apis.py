@@ -1,5 +1,6 @@
 """Transactions: InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit, DescribeTransactions,
-ListTransactions and DescribeProducers, plus the marker writer the transaction coordinator uses.
+ListTransactions, DescribeProducers and WriteTxnMarkers (what Admin.abortTransaction sends to repair a
+hanging transaction), with the markers written by `storage/transaction_markers.py`.
 
 The coordinator decides; this module checks topics and ACLs first (as Kafka's request layer does) and
 maps PRODUCER_FENCED to INVALID_PRODUCER_EPOCH for request versions older than KIP-588.
@@ -8,23 +9,20 @@ maps PRODUCER_FENCED to INVALID_PRODUCER_EPOCH for request versions older than K
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import structlog
 
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
-from shoal.broker.storage.purgatory import LogKey
+from shoal.broker.storage.partition_log import LogClosed
+from shoal.coordinator.classic_coordinator import OffsetToCommit
 from shoal.coordinator.transaction_coordinator import TopicPartition
 from shoal.coordinator.transaction_log import STATE_BY_NAME
-from shoal.coordinator.txn_offsets import TxnOffset
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Broker
     from shoal.broker.apis.services import ApiTable, TransactionServices
     from shoal.broker.network.connection import RequestContext
     from shoal.coordinator.transaction_coordinator import TransactionCoordinator
@@ -42,8 +40,6 @@ EndTxnResponse = messages.EndTxnResponse
 TxnOffsetCommitResponse = messages.TxnOffsetCommitResponse
 ToTopic = TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic
 ToPartition = TxnOffsetCommitResponse.TxnOffsetCommitResponsePartition
-CONSUMER_OFFSETS = "__consumer_offsets"
-OFFSET_METADATA_MAX_BYTES = 4096  # Kafka's offset.metadata.max.bytes
 MAX_GROUP_ID_BYTES = 32767  # an int16-length string in the OffsetCommit key
 DescribeTransactionsResponse = messages.DescribeTransactionsResponse
 DtState = DescribeTransactionsResponse.TransactionState
@@ -54,6 +50,10 @@ DescribeProducersResponse = messages.DescribeProducersResponse
 DpTopic = DescribeProducersResponse.TopicResponse
 DpPartition = DescribeProducersResponse.PartitionResponse
 DpProducer = DescribeProducersResponse.ProducerState
+WriteTxnMarkersResponse = messages.WriteTxnMarkersResponse
+WmResult = WriteTxnMarkersResponse.WritableTxnMarkerResult
+WmTopic = WriteTxnMarkersResponse.WritableTxnMarkerTopicResult
+WmPartition = WriteTxnMarkersResponse.WritableTxnMarkerPartitionResult
 
 # First version of each API whose clients understand PRODUCER_FENCED (KIP-588).
 _FENCED_SINCE = {ApiKey.INIT_PRODUCER_ID: 4, ApiKey.ADD_PARTITIONS_TO_TXN: 2, ApiKey.ADD_OFFSETS_TO_TXN: 2,
@@ -64,34 +64,6 @@ def client_error(api: ApiKey, version: int, code: int) -> int:
     if code == ErrorCode.PRODUCER_FENCED and version < _FENCED_SINCE[api]:
         return ErrorCode.INVALID_PRODUCER_EPOCH
     return code
-
-
-class BrokerMarkerWriter:
-    """Writes COMMIT/ABORT control batches to the broker's partition logs for the coordinator."""
-
-    def __init__(self, broker: Broker):
-        self.broker = broker
-
-    async def write_markers(self, producer_id: int, producer_epoch: int, commit: bool,
-                            partitions: Iterable[TopicPartition]) -> None:
-        flushes = []
-        offsets_partitions = []
-        now = int(time.time() * 1000)
-        for topic_name, index in partitions:
-            topic = self.broker.topics.get(topic_name)
-            if topic is None or not 0 <= index < len(topic.partitions):
-                continue  # deleted since it joined the transaction: nothing to mark
-            plog = topic.partitions[index]
-            result = plog.append_marker(producer_id=producer_id, producer_epoch=producer_epoch, commit=commit,
-                                        coordinator_epoch=0, timestamp_ms=now)
-            flushes.append(plog.flush(result.last_offset + 1))
-            if topic_name == CONSUMER_OFFSETS:
-                offsets_partitions.append(index)
-            self.broker.purgatory.notify(LogKey(topic.topic_id, index))
-        await asyncio.gather(*flushes)
-        for index in offsets_partitions:
-            # The marker is durable: the transaction's offset commits there are now final (or dropped).
-            self.broker.txn_offsets.on_marker(index, producer_id, commit)
 
 
 class TransactionApis:
@@ -118,9 +90,8 @@ class TransactionApis:
             ):
                 return InitProducerIdResponse(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, producer_id=-1,
                                               producer_epoch=-1)
-            if pid >= 0:
-                # An idempotent producer bumping its own epoch keeps its id.
-                return InitProducerIdResponse(error_code=ErrorCode.NONE, producer_id=pid, producer_epoch=(epoch + 1) & 0x7FFF)
+            # Kafka hands an idempotent producer a fresh producer id, whatever id and epoch it names: a
+            # client-chosen id could be another producer's.
             return InitProducerIdResponse(error_code=ErrorCode.NONE, producer_id=self.services.producer_ids.allocate(),
                                           producer_epoch=0)
         if req.transactional_id and not self._txn_authorized(ctx, req.transactional_id):
@@ -211,29 +182,82 @@ class TransactionApis:
         else:
             group_code = client_error(ApiKey.TXN_OFFSET_COMMIT, version, self.coordinator.check_offset_commit(
                 req.transactional_id, req.producer_id, req.producer_epoch, req.group_id))
-            offsets = []
+            offsets: list[OffsetToCommit] = []
+            where: list[tuple[str, int]] = []
             for name, p in wanted:
                 topic = self.services.topics.get(name)
                 if not ctx.authorize(Operation.READ, ResourceType.TOPIC, name):
                     codes[(name, p.partition_index)] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 elif topic is None or not 0 <= p.partition_index < len(topic.partitions):
                     codes[(name, p.partition_index)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                elif len((p.committed_metadata or "").encode()) > OFFSET_METADATA_MAX_BYTES:
-                    codes[(name, p.partition_index)] = ErrorCode.OFFSET_METADATA_TOO_LARGE
                 else:
                     codes[(name, p.partition_index)] = group_code
-                    offsets.append(TxnOffset(name, p.partition_index, p.committed_offset,
-                                             p.committed_leader_epoch if version >= 2 else -1,
-                                             p.committed_metadata or ""))
+                    offsets.append(OffsetToCommit(name, p.partition_index, p.committed_offset,
+                                                  p.committed_leader_epoch if version >= 2 else -1,
+                                                  p.committed_metadata or ""))
+                    where.append((name, p.partition_index))
+            if group_code == ErrorCode.NONE and offsets:
+                # KIP-447: from v3 the member's id, generation and instance id are checked by the group.
+                group_code, per = await self.services.group_coordinator.commit_transactional_offsets(
+                    req.group_id, req.producer_id, req.producer_epoch, req.member_id if version >= 3 else "",
+                    req.group_instance_id if version >= 3 else None, req.generation_id if version >= 3 else -1,
+                    offsets)
+                group_code = client_error(ApiKey.TXN_OFFSET_COMMIT, version, group_code)
+                for w, c in zip(where, per or [group_code] * len(where), strict=True):
+                    codes[w] = group_code if group_code != ErrorCode.NONE else c
             if group_code != ErrorCode.NONE:
                 log.info("txn_offset_commit refused", transactional_id=req.transactional_id, group_id=req.group_id,
                          error_code=group_code)
-            elif offsets:
-                await self.services.txn_offsets.commit(req.group_id, req.producer_id, req.producer_epoch, offsets)
         by_topic: dict[str, list[ToPartition]] = {}
         for (name, index), code in codes.items():
             by_topic.setdefault(name, []).append(ToPartition(partition_index=index, error_code=code))
         return TxnOffsetCommitResponse(topics=[ToTopic(name=n, partitions=ps) for n, ps in by_topic.items()])
+
+    # ---- WriteTxnMarkers ------------------------------------------------------------------------
+
+    async def write_txn_markers(self, ctx: RequestContext, req: messages.WriteTxnMarkersRequest) -> messages.WriteTxnMarkersResponse:
+        """Markers written on request: Kafka's coordinators send these to partition leaders; on one broker
+        the coordinator writes its own, so what arrives here is Admin.abortTransaction closing a hanging
+        transaction (CLUSTER_ACTION required, as in Kafka)."""
+        authorized = ctx.authorize(Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME)
+        out = []
+        for marker in req.markers:
+            wanted = [(t.name, index) for t in marker.topics for index in t.partition_indexes]
+            codes = await asyncio.gather(*(self._requested_marker(authorized, marker, name, index)
+                                           for name, index in wanted))
+            by_topic: dict[str, list[WmPartition]] = {}
+            for (name, index), code in zip(wanted, codes, strict=True):
+                by_topic.setdefault(name, []).append(WmPartition(partition_index=index, error_code=code))
+            out.append(WmResult(producer_id=marker.producer_id,
+                                topics=[WmTopic(name=n, partitions=ps) for n, ps in by_topic.items()]))
+        return WriteTxnMarkersResponse(markers=out)
+
+    async def _requested_marker(self, authorized: bool, marker: messages.WriteTxnMarkersRequest.WritableTxnMarker,
+                                name: str, index: int) -> int:
+        if not authorized:
+            return ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        topic = self.services.topics.get(name)
+        if topic is None or not 0 <= index < len(topic.partitions):
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        entry = topic.partitions[index].producer_state.producers.get(marker.producer_id)
+        if entry is not None and marker.producer_epoch < entry.epoch:
+            # Kafka's ProducerStateManager refuses a marker older than the producer's epoch.
+            log.info("write_txn_markers refused", topic=name, partition=index, producer_id=marker.producer_id,
+                     producer_epoch=marker.producer_epoch, current_epoch=entry.epoch)
+            return ErrorCode.INVALID_PRODUCER_EPOCH
+        try:
+            written = await self.services.markers.write_marker(name, index, marker.producer_id, marker.producer_epoch,
+                                                               marker.transaction_result, max(0, marker.coordinator_epoch))
+        except OSError as exc:
+            log.error("write_txn_markers failed", topic=name, partition=index, error=repr(exc))
+            return ErrorCode.KAFKA_STORAGE_ERROR
+        except LogClosed:
+            written = False
+        if not written:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        log.info("txn.marker_written_on_request", topic=name, partition=index, producer_id=marker.producer_id,
+                 producer_epoch=marker.producer_epoch, commit=marker.transaction_result)
+        return ErrorCode.NONE
 
     # ---- Describe / List ------------------------------------------------------------------------
 
@@ -285,4 +309,5 @@ def register(table: ApiTable, services: TransactionServices) -> TransactionApis:
     table.register(ApiKey.TXN_OFFSET_COMMIT, 0, 3, h.txn_offset_commit)
     table.register(ApiKey.DESCRIBE_TRANSACTIONS, 0, 0, h.describe_transactions)
     table.register(ApiKey.LIST_TRANSACTIONS, 0, 1, h.list_transactions)
+    table.register(ApiKey.WRITE_TXN_MARKERS, 1, 1, h.write_txn_markers)
     return h

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from shoal.broker.common.purgatory import ConnectionClosedKey
 from shoal.broker.security.authorizer import ANONYMOUS, Operation, Principal, ResourceType
 from shoal.broker.security.sasl import (
     PRE_AUTH_APIS,
@@ -27,15 +28,14 @@ from shoal.broker.security.sasl import (
 )
 from shoal.broker.security.scram import AuthenticationFailed
 from shoal.broker.security.tls import TlsSession, principal_from_certificate
-from shoal.broker.storage.purgatory import ConnectionClosedKey
 from shoal.protocol import messages
 from shoal.protocol.codec import MessageBase
 
 from .framing import FrameSizeError, Rejected, decode_body, decode_header, next_frame
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Api, Broker
-    from shoal.broker.server.config import Listener
+    from shoal.broker.common.config import Listener
+    from shoal.broker.network.request_channel import Api, RequestChannel
 
 log = structlog.get_logger("shoal.connection")
 
@@ -87,7 +87,7 @@ class _Slot:
 class KafkaConnection(asyncio.Protocol):
     """Frames are `int32 size` + request; handlers may finish out of order, responses never leave out of order."""
 
-    def __init__(self, broker: Broker, listener: Listener):
+    def __init__(self, broker: RequestChannel, listener: Listener):
         self.broker = broker
         self.listener = listener
         self.principal: Principal = ANONYMOUS

@@ -18,7 +18,7 @@ from shoal.protocol.codec import DecodeError, MessageBase
 from shoal.protocol.frames import FrameSizeError
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Api
+    from shoal.broker.network.request_channel import Api
 
 
 def next_frame(buf: bytearray, max_size: int) -> bytes | None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from shoal.broker.server.config import ConfigError
+from shoal.broker.common.config import ConfigError
 
 from .authorizer import (
     STANDARD_AUTHORIZER_CLASSES,
@@ -29,7 +29,7 @@ from .authorizer import (
 )
 
 if TYPE_CHECKING:
-    from shoal.broker.server.config import BrokerConfig
+    from shoal.broker.common.config import BrokerConfig
 
 log = structlog.get_logger("shoal.acls")
 

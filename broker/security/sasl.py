@@ -23,7 +23,7 @@ from .authorizer import Principal
 from .scram import AuthenticationFailed
 
 if TYPE_CHECKING:
-    from shoal.broker.server.config import BrokerConfig
+    from shoal.broker.common.config import BrokerConfig
 
 log = structlog.get_logger("shoal.sasl")
 

@@ -14,7 +14,7 @@ import ssl
 import tempfile
 from typing import Any
 
-from shoal.broker.server.config import BrokerConfig, ConfigError
+from shoal.broker.common.config import BrokerConfig, ConfigError
 
 from .authorizer import Principal
 

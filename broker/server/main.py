@@ -10,7 +10,8 @@ import sys
 
 import structlog
 
-from .config import BrokerConfig, ConfigError
+from shoal.broker.common.config import BrokerConfig, ConfigError
+
 from .logging_setup import configure_logging
 from .server import Broker
 
@@ -41,9 +42,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def serve(config: BrokerConfig) -> None:
+async def serve(config: BrokerConfig) -> int:
+    from shoal.broker.upstream.cluster import UpstreamStartError
+    from shoal.broker.upstream.settings import UpstreamConfigError
+
     broker = Broker(config)
-    await broker.start()
+    try:
+        await broker.start()
+    except (UpstreamStartError, UpstreamConfigError) as exc:
+        # Sidecar mode without a usable upstream: say why and exit, rather than serve clients nothing.
+        structlog.get_logger("shoal").error("cannot start in sidecar mode", error=str(exc))
+        print(f"shoal-broker: {exc}", file=sys.stderr)
+        return 1
     ready = {
         "node_id": broker.node_id,
         "listeners": [{"name": lst.name, "host": lst.host, "port": lst.port} for lst in broker.bound],
@@ -60,6 +70,7 @@ async def serve(config: BrokerConfig) -> None:
     await stop.wait()
     structlog.get_logger("shoal").info("broker stopping")
     await broker.stop()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,10 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import uvloop
 
-        uvloop.run(serve(config))
+        return uvloop.run(serve(config))
     except ImportError:
-        asyncio.run(serve(config))
-    return 0
+        return asyncio.run(serve(config))
 
 
 if __name__ == "__main__":

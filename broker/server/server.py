@@ -9,21 +9,25 @@ import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from shoal.broker.apis.broker import Api
+from shoal.broker.common.config import DYNAMIC_CONFIG_FILE, BrokerConfig, Listener
+from shoal.broker.common.metrics import BrokerMetrics
+from shoal.broker.common.purgatory import LogKey, Purgatory
+from shoal.broker.common.share_metrics import ShareGroupCollector
 from shoal.broker.network.connection import KafkaConnection
+from shoal.broker.network.request_channel import Api
 from shoal.broker.security.acl_store import build_authorizer
 from shoal.broker.security.authorizer import Authorizer
 from shoal.broker.security.scram import ScramCredentialStore
 from shoal.broker.share.group_configs import GroupConfigs
 from shoal.broker.storage.log_cleaner_manager import CleanerConfig, LogCleanerManager
 from shoal.broker.storage.producer_state import ProducerIdAllocator
-from shoal.broker.storage.purgatory import LogKey, Purgatory
 from shoal.broker.storage.topic_registry import (
     CONSUMER_OFFSETS,
+    INTERNAL_TOPIC_PARTITIONS_KEYS,
     SHARE_GROUP_STATE,
     TRANSACTION_STATE,
     Topic,
@@ -32,8 +36,21 @@ from shoal.broker.storage.topic_registry import (
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 
-from .config import DYNAMIC_CONFIG_FILE, BrokerConfig, Listener
-from .metrics import BrokerMetrics
+from .adapters import BrokerTopicMetadata
+
+if TYPE_CHECKING:
+    from shoal.broker.share.share_partition_leader import SharePartitionLeaders
+    from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
+    from shoal.broker.upstream.cluster import UpstreamCluster
+    from shoal.broker.upstream.forwarder import Forwarder
+    from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
+    from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
+    from shoal.coordinator.group_coordinator import GroupCoordinator
+    from shoal.coordinator.placement import Placement
+    from shoal.coordinator.share_coordinator import ShareCoordinator
+    from shoal.coordinator.share_group_coordinator import ShareGroupCoordinator
+    from shoal.coordinator.transaction_coordinator import TransactionCoordinator
+    from shoal.persister.persister import Persister
 
 log = structlog.get_logger("shoal.broker")
 
@@ -41,6 +58,20 @@ _REQUEST_DRAIN_S = 10.0  # how long stop() waits for running requests
 
 
 class Broker:
+    # Wired in start() (see __init__).
+    share_coordinator: ShareCoordinator
+    # The group coordinator: every group type and committed offsets on __consumer_offsets; its parts for
+    # share, classic and KIP-848 consumer groups.
+    group_coordinator: GroupCoordinator
+    share_groups: ShareGroupCoordinator
+    classic_groups: ClassicGroupCoordinator
+    consumer_groups: ConsumerGroupCoordinator
+    persister: Persister
+    share_partitions: SharePartitionLeaders
+    transaction_coordinator: TransactionCoordinator
+    transaction_markers: TransactionMarkerWriter
+    offsets_placement: Placement  # where each group id lives on __consumer_offsets
+
     def __init__(self, config: BrokerConfig):
         self.config = config
         self.node_id = int(config["node.id"])
@@ -77,18 +108,13 @@ class Broker:
         self.started_at = time.time()
         config.load_dynamic(Path(config["log.dirs"]) / DYNAMIC_CONFIG_FILE)
         self.group_configs = GroupConfigs(Path(config["log.dirs"]), config)
-        # Share-group parts, wired in start() once the internal topics exist.
-        self.share_coordinator: Any = None
-        self.group_coordinator: Any = None
-        self.classic_groups: Any = None
-        self.consumer_groups: Any = None
-        self.persister: Any = None
-        self.share_partitions: Any = None
-        self.transaction_coordinator: Any = None
-        self.txn_offsets: Any = None
-        # Offsets a transaction's COMMIT made final, for the group coordinator that serves OffsetFetch.
-        self.committed_offset_listeners: list[Callable[[list[Any]], None]] = []
+        # The coordinators and share-group parts are wired in start(), once the internal topics exist; no
+        # request is served before. `stop` stops only what was started.
+        self._coordinators_started = False
         self.producer_ids = ProducerIdAllocator(Path(config["log.dirs"]) / "shoal-producer-ids")
+        # Sidecar mode: the upstream cluster and the forwarding to it, set up in start().
+        self.upstream_cluster: UpstreamCluster | None = None
+        self.upstream_forwarder: Forwarder | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -153,19 +179,44 @@ class Broker:
                 "segment.bytes": str(self.config["share.coordinator.state.topic.segment.bytes"])}
 
     def ensure_internal_topics(self) -> None:
-        for name, key in (
-            (CONSUMER_OFFSETS, "offsets.topic.num.partitions"),
-            (SHARE_GROUP_STATE, "share.coordinator.state.topic.num.partitions"),
-        ):
+        for name in (CONSUMER_OFFSETS, SHARE_GROUP_STATE, TRANSACTION_STATE):
+            topic = self.topics.get(name)
+            if topic is not None and topic.created_partitions is None:
+                self._record_created_partitions(topic)
+        for name in (CONSUMER_OFFSETS, SHARE_GROUP_STATE):
             wanted = self.internal_topic_configs(name)
             topic = self.topics.get(name)
             if topic is None:
-                self.topics.create(name, int(self.config[key]), wanted)
+                self.topics.create(name, int(self.config[INTERNAL_TOPIC_PARTITIONS_KEYS[name]]), wanted)
                 continue
             # A data directory from an older version may lack these: add what is missing, keep what is set.
             missing: list[tuple[str, str | None]] = [(k, v) for k, v in wanted.items() if k not in topic.configs]
             if missing:
                 self.topics.alter_configs(topic, missing)
+
+    def _record_created_partitions(self, topic: Topic) -> None:
+        """A registry written before creation counts were kept: the count the topic was created with is
+        its current one, unless partitions were added since (which only CreatePartitions did, before it was
+        refused); the broker created it with its setting, so a larger current count means the setting's."""
+        configured = int(self.config[INTERNAL_TOPIC_PARTITIONS_KEYS[topic.name]])
+        created = min(len(topic.partitions), configured)
+        if created < len(topic.partitions):
+            log.warning("internal topic has more partitions than it was created with; its coordinator keeps "
+                        "placing keys by the count it was created with", topic=topic.name,
+                        partitions=len(topic.partitions), created_partitions=created)
+        self.topics.set_created_partitions(topic, created)
+
+    def coordinator_partitions(self, name: str, default: int) -> int:
+        """The partition count an internal topic's coordinator places keys by: the one it was created with."""
+        topic = self.topics.get(name)
+        if topic is None:
+            return default
+        created = topic.created_partitions
+        if created is None or not 1 <= created <= len(topic.partitions):
+            log.warning("internal topic's creation partition count is unusable; using its current count",
+                        topic=name, created_partitions=created, partitions=len(topic.partitions))
+            return len(topic.partitions)
+        return created
 
     async def start(self) -> None:
         from shoal.broker.security.tls import server_context
@@ -173,11 +224,14 @@ class Broker:
         from .wiring import register_all
 
         self._loop = loop = asyncio.get_running_loop()
+        if self.config.upstream:
+            await self._start_upstream()
         self.topics.data_dir.mkdir(parents=True, exist_ok=True)
         self.topics.load()
         self.ensure_internal_topics()
         await self._start_share_groups()
         await self._start_transactions()
+        self._coordinators_started = True
         register_all(self)
         for listener in self.config.listeners():
             if listener.security_protocol in ("SSL", "SASL_SSL"):
@@ -202,6 +256,23 @@ class Broker:
             for plog in topic.partitions:
                 plog.start_background(loop)
 
+    async def _start_upstream(self) -> None:
+        """Sidecar mode: reach the upstream before serving anyone; raises UpstreamStartError (or
+        UpstreamConfigError) with the reason when it cannot, and the broker does not start."""
+        from shoal.broker.upstream.cluster import UpstreamCluster
+        from shoal.broker.upstream.forwarder import Forwarder
+        from shoal.broker.upstream.metrics import UpstreamMetrics
+        from shoal.broker.upstream.settings import parse_upstream
+
+        cluster = UpstreamCluster(parse_upstream(self.config.upstream), UpstreamMetrics(self.metrics.registry))
+        try:
+            await cluster.start()
+        except BaseException:
+            await cluster.close()
+            raise
+        self.upstream_cluster = cluster
+        self.upstream_forwarder = Forwarder(cluster)
+
     async def _retention_loop(self) -> None:
         interval = int(self.config["log.retention.check.interval.ms"]) / 1000
         while True:
@@ -221,11 +292,11 @@ class Broker:
             conn.close()
         for task in self._background:
             task.cancel()
-        if self.classic_groups is not None:
-            self.classic_groups.unload()
+        if self._coordinators_started:
+            self.group_coordinator.classic.unload()
         await asyncio.sleep(0)  # let the closed connections' callbacks run (they wake long polls, release)
         running = set(self._requests)
-        if self.share_partitions is not None:
+        if self._coordinators_started:
             running |= self.share_partitions.changes_in_progress()
         if running:
             # Work that started (a state write, an fsync) finishes before the logs close. Closing the
@@ -235,16 +306,10 @@ class Broker:
                 task.cancel()
             if stuck:
                 log.warning("requests still running at shutdown were cancelled", count=len(stuck))
-        if self.group_coordinator is not None:
+        if self._coordinators_started:
             await self.group_coordinator.stop()
-        if self.share_coordinator is not None:
             await self.share_coordinator.stop()
-        if self.transaction_coordinator is not None:
             await self.transaction_coordinator.stop()
-        if self.classic_groups is not None:
-            await self.classic_groups.stop()
-        if self.consumer_groups is not None:
-            await self.consumer_groups.stop()
         for server in self._servers:
             await server.wait_closed()
         await self.log_cleaner.stop()
@@ -256,29 +321,38 @@ class Broker:
                     log.exception("final flush failed", topic=topic.name)
                 await plog.stop_background()
         self.topics.close()
+        if self.upstream_cluster is not None:
+            await self.upstream_cluster.close()
         self.metrics.stop()
 
     async def _start_share_groups(self) -> None:
-        from shoal.broker.apis.share_group_apis import BrokerTopicMetadata
         from shoal.broker.share.share_partition_leader import SharePartitionLeaders
         from shoal.broker.storage.internal_topic_log import InternalTopicLog
-        from shoal.coordinator.classic_coordinator import ClassicGroupConfig, ClassicGroupCoordinator
+        from shoal.coordinator.classic_coordinator import ClassicGroupConfig
         from shoal.coordinator.consumer_assignors import parse_assignors
-        from shoal.coordinator.consumer_coordinator import ConsumerGroupConfig, ConsumerGroupCoordinator
-        from shoal.coordinator.group_coordinator import GroupCoordinator, GroupCoordinatorConfig
+        from shoal.coordinator.consumer_coordinator import ConsumerGroupConfig
+        from shoal.coordinator.group_coordinator import GroupCoordinator, OffsetConfig
+        from shoal.coordinator.placement import Placement
         from shoal.coordinator.share_coordinator import ShareCoordinator
         from shoal.coordinator.share_coordinator_client import InProcessShareCoordinatorClient
+        from shoal.coordinator.share_group_coordinator import ShareGroupConfig
+        from shoal.coordinator.share_state import state_key_string
         from shoal.persister.default_persister import DefaultStatePersister
 
         state_topic = self.topics.get(SHARE_GROUP_STATE)
         offsets_topic = self.topics.get(CONSUMER_OFFSETS)
         assert state_topic is not None and offsets_topic is not None
         cfg = self.config
+        # One placement per internal topic, shared by everything that writes or looks up its keys.
+        self.offsets_placement = Placement(self.coordinator_partitions(CONSUMER_OFFSETS, len(offsets_topic.partitions)),
+                                           topic=CONSUMER_OFFSETS)
         self.share_coordinator = ShareCoordinator(
             InternalTopicLog(state_topic),
             snapshot_update_records_per_snapshot=int(cfg["share.coordinator.snapshot.update.records.per.snapshot"]),
             cold_snapshot_interval_ms=int(cfg["share.coordinator.cold.partition.snapshot.interval.ms"]),
             partition_count=self._partition_count,
+            placement=Placement(self.coordinator_partitions(SHARE_GROUP_STATE, len(state_topic.partitions)),
+                                state_key_string, topic=SHARE_GROUP_STATE),
         )
         self.persister = DefaultStatePersister(InProcessShareCoordinatorClient(self.share_coordinator))
         from shoal.broker.apis.services import PartitionBudget
@@ -290,81 +364,78 @@ class Broker:
         self.share_partitions = SharePartitionLeaders(self.persister, self.group_configs, self.purgatory,
                                                       dead_letters=dead_letters)
         self._wire_share_metrics()
-        self.group_coordinator = GroupCoordinator(
+        coordinator = self.group_coordinator = GroupCoordinator(
             InternalTopicLog(offsets_topic),
             BrokerTopicMetadata(self.topics),
             self.persister,
-            GroupCoordinatorConfig(
+            share_config=ShareGroupConfig(
                 session_timeout_ms=int(cfg["group.share.session.timeout.ms"]),
                 heartbeat_interval_ms=int(cfg["group.share.heartbeat.interval.ms"]),
                 max_size=int(cfg["group.share.max.size"]),
                 initialize_retry_interval_ms=int(cfg["group.share.initialize.retry.interval.ms"]),
                 assignment_interval_ms=int(cfg["group.share.assignment.interval.ms"]),
             ),
-            group_configs=self.group_configs,
-        )
-        self.classic_groups = ClassicGroupCoordinator(
-            InternalTopicLog(offsets_topic),
-            ClassicGroupConfig(
+            classic_config=ClassicGroupConfig(
                 min_session_timeout_ms=int(cfg["group.min.session.timeout.ms"]),
                 max_session_timeout_ms=int(cfg["group.max.session.timeout.ms"]),
                 initial_rebalance_delay_ms=int(cfg["group.initial.rebalance.delay.ms"]),
                 max_size=int(cfg["group.max.size"]),
-                offset_metadata_max_bytes=int(cfg["offset.metadata.max.bytes"]),
             ),
-            # One group id, one group type: each coordinator refuses the others' ids.
-            foreign_group=lambda group_id: group_id in self.group_coordinator.groups or group_id in consumer.groups,
-        )
-        consumer = self.consumer_groups = ConsumerGroupCoordinator(
-            InternalTopicLog(offsets_topic),
-            BrokerTopicMetadata(self.topics),
-            ConsumerGroupConfig(
+            consumer_config=ConsumerGroupConfig(
                 session_timeout_ms=int(cfg["group.consumer.session.timeout.ms"]),
                 heartbeat_interval_ms=int(cfg["group.consumer.heartbeat.interval.ms"]),
                 max_size=int(cfg["group.consumer.max.size"]),
-                offset_metadata_max_bytes=int(cfg["offset.metadata.max.bytes"]),
+            ),
+            offset_config=OffsetConfig(
+                metadata_max_bytes=int(cfg["offset.metadata.max.bytes"]),
+                retention_ms=int(cfg["offsets.retention.minutes"]) * 60_000,
+                retention_check_interval_ms=int(cfg["offsets.retention.check.interval.ms"]),
             ),
             assignors=parse_assignors(str(cfg["group.consumer.assignors"])),
-            foreign_group=lambda group_id: group_id in self.group_coordinator.groups
-            or group_id in self.classic_groups.groups,
+            group_configs=self.group_configs,
+            placement=self.offsets_placement,
         )
-        self.group_coordinator.foreign_group = lambda group_id: group_id in self.classic_groups.groups \
-            or group_id in consumer.groups
+        self.share_groups = coordinator.share
+        self.classic_groups = coordinator.classic
+        self.consumer_groups = coordinator.consumer
+        # The scrape-time collector reads every part above, from prometheus_client's thread.
+        self.metrics.registry.register(ShareGroupCollector(self, self.metrics.share))
         started = time.monotonic()
         await self.share_coordinator.load()
         await self.share_coordinator.delete_orphaned_state()
-        await self.group_coordinator.load()
-        # Consumer groups first: the classic coordinator leaves the records of their ids alone.
-        await self.consumer_groups.load()
-        await self.classic_groups.load()
-        self.classic_groups.start()
-        self.consumer_groups.start()
+        await coordinator.load()
         log.info("coordinators loaded", seconds=round(time.monotonic() - started, 3))
-        self.group_coordinator.start()
+        coordinator.start()
         self.topic_listeners.append(self._share_groups_on_topic_event)
         self._background.append(self.loop.create_task(self._share_coordinator_housekeeping()))
 
+    def _on_marker_durable(self, topic: str, partition: int, producer_id: int, commit: bool) -> None:
+        if topic == CONSUMER_OFFSETS:
+            # The transaction's offset commits on this partition are now final (or dropped).
+            self.group_coordinator.on_transaction_completed(partition, producer_id, commit)
+
     async def _start_transactions(self) -> None:
-        from shoal.broker.apis.txn_apis import BrokerMarkerWriter
-        from shoal.broker.storage.internal_topic_log import InternalTopicLog, LazyInternalTopicLog
+        from shoal.broker.storage.internal_topic_log import LazyInternalTopicLog
+        from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
+        from shoal.coordinator.placement import Placement
         from shoal.coordinator.transaction_coordinator import TransactionCoordinator
-        from shoal.coordinator.txn_offsets import TxnOffsetStore
 
         num_partitions = int(self.config["transaction.state.log.num.partitions"])
         txn_log = LazyInternalTopicLog(lambda: self.topics.get(TRANSACTION_STATE), self._create_transaction_state,
                                        num_partitions)
+        self.transaction_markers = TransactionMarkerWriter(self.topics, self.purgatory, self._on_marker_durable)
         self.transaction_coordinator = TransactionCoordinator(
-            txn_log, BrokerMarkerWriter(self), self.producer_ids.allocate,
+            txn_log, self.transaction_markers, self.producer_ids.allocate,
             max_timeout_ms=int(self.config["transaction.max.timeout.ms"]),
-            offsets_partitions=int(self.config["offsets.topic.num.partitions"]),
+            offsets_placement=self.offsets_placement,
+            placement=Placement(self.coordinator_partitions(TRANSACTION_STATE, num_partitions), topic=TRANSACTION_STATE),
+            transactional_id_expiration_ms=int(self.config["transactional.id.expiration.ms"]),
         )
-        offsets_topic = self.topics.get(CONSUMER_OFFSETS)
-        assert offsets_topic is not None
-        self.txn_offsets = TxnOffsetStore(InternalTopicLog(offsets_topic), self._on_txn_offsets_committed)
-        self.txn_offsets.load()
         await self.transaction_coordinator.load()
         self.transaction_coordinator.start()
         self._background.append(self.loop.create_task(self._abort_timed_out_transactions()))
+        self._background.append(self.loop.create_task(self._expire_transactional_ids()))
+        self._background.append(self.loop.create_task(self._expire_producer_ids()))
 
     def _create_transaction_state(self) -> Topic:
         topic = self.topics.create(TRANSACTION_STATE, int(self.config["transaction.state.log.num.partitions"]),
@@ -372,15 +443,6 @@ class Broker:
         log.info("transaction state topic created", partitions=len(topic.partitions))
         self.on_topic_created(topic)
         return topic
-
-    def _on_txn_offsets_committed(self, records: list[Any]) -> None:
-        if self.classic_groups is not None:
-            from shoal.protocol.coordinator_records import decode_record
-
-            self.classic_groups.apply_transactional_offsets(
-                [decode_record(key, value, topic=CONSUMER_OFFSETS) for key, value in records])
-        for callback in self.committed_offset_listeners:
-            callback(records)
 
     async def _abort_timed_out_transactions(self) -> None:
         interval = int(self.config["transaction.abort.timed.out.transaction.cleanup.interval.ms"]) / 1000
@@ -392,17 +454,36 @@ class Broker:
             except Exception:
                 log.exception("aborting timed-out transactions failed")
 
-    def _wire_share_metrics(self) -> None:
-        """KIP-932 metrics: event hooks into the share coordinator and leaders, plus a scrape-time collector."""
-        from .share_metrics import ShareGroupCollector
+    async def _expire_transactional_ids(self) -> None:
+        interval = int(self.config["transaction.remove.expired.transaction.cleanup.interval.ms"]) / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.transaction_coordinator.expire_transactional_ids()
+            except Exception:
+                log.exception("expiring transactional ids failed")
 
+    async def _expire_producer_ids(self) -> None:
+        interval = int(self.config["producer.id.expiration.check.interval.ms"]) / 1000
+        expiration_ms = int(self.config["producer.id.expiration.ms"])
+        while True:
+            await asyncio.sleep(interval)
+            now_ms = int(time.time() * 1000)
+            expired = 0
+            for topic in list(self.topics.by_name.values()):
+                for plog in topic.partitions:
+                    expired += plog.expire_producers(now_ms, expiration_ms)
+            if expired:
+                log.info("producer ids expired", count=expired)
+
+    def _wire_share_metrics(self) -> None:
+        """KIP-932 metrics: event hooks into the share coordinator and leaders (set before they load)."""
         events = self.metrics.share
         self.share_coordinator.on_partition_load = events.observe_state_partition_load
         self.share_coordinator.on_write = events.observe_state_write
         self.share_partitions.on_load = events.observe_partition_load
         if self.share_partitions.dead_letters is not None:
             self.share_partitions.dead_letters.on_written = events.record_dead_letters
-        self.metrics.registry.register(ShareGroupCollector(self, events))
 
     async def _share_coordinator_housekeeping(self) -> None:
         cold_ms = int(self.config["share.coordinator.cold.partition.snapshot.interval.ms"])
@@ -424,10 +505,21 @@ class Broker:
             task = self.loop.create_task(self._delete_share_state(topic))
             self._background.append(task)
             task.add_done_callback(self._background.remove)
+        if event == "deleted":
+            # Committed offsets of the topic go, in every group (Kafka's onPartitionsDeleted).
+            task = self.loop.create_task(self._delete_committed_offsets(topic))
+            self._background.append(task)
+            task.add_done_callback(self._background.remove)
         if event in ("created", "deleted"):
-            self.group_coordinator.on_topics_changed()
+            self.share_groups.on_topics_changed()
         if event == "log_start_moved":
             self.purgatory.notify(LogKey(topic.topic_id, args[0]))
+
+    async def _delete_committed_offsets(self, topic: Topic) -> None:
+        try:
+            await self.group_coordinator.on_topics_deleted([topic.name])
+        except Exception:  # offsets left behind expire with offsets.retention.minutes
+            log.exception("deleting the committed offsets of a deleted topic failed", topic=topic.name)
 
     async def _delete_share_state(self, topic: Topic) -> None:
         try:
@@ -441,7 +533,7 @@ class Broker:
 
     def on_group_config_changed(self, group_id: str) -> None:
         # The group coordinator reads session timeout and heartbeat interval afresh on every heartbeat.
-        if self.share_partitions is not None:
+        if self._coordinators_started:
             self.share_partitions.group_config_changed(group_id)
 
     # ---- topic lifecycle hooks (share groups subscribe to these) --------------------------------

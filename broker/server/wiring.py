@@ -21,6 +21,7 @@ from shoal.broker.apis import (
     share_state_apis,
     topic_admin,
     txn_apis,
+    upstream_apis,
 )
 from shoal.broker.apis.services import (
     AclServices,
@@ -40,10 +41,13 @@ from shoal.broker.apis.services import (
     ShareStateServices,
     TopicAdminServices,
     TransactionServices,
+    UpstreamServices,
 )
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.broker import Broker  # the server's Broker (importing it here would be a cycle)
+    from .broker_view import (
+        Broker,  # what wiring reads of the server's Broker (importing that would be a cycle)
+    )
 
 
 def register_all(b: Broker) -> None:
@@ -51,22 +55,30 @@ def register_all(b: Broker) -> None:
     budget = PartitionBudget(b.config, b.topics)
     metadata.register(b, DiscoveryServices(b.config, b.node_id, b.cluster_id, b.topics, budget,
                                            b.api_version_entries, b.advertised_listener, b.on_topic_created))
-    produce.register(b, ProduceServices(b.config, b.topics, b.purgatory, b.metrics))
+    coordinator = b.transaction_coordinator
+    verify = (lambda txn_id, pid, epoch, tp: coordinator.verify_partitions(txn_id, pid, epoch, [tp])[tp]) if (
+        b.config["transaction.partition.verification.enable"]) else None
+    produce.register(b, ProduceServices(b.config, b.topics, b.purgatory, b.metrics, verify))
     fetch.register(b, FetchServices(b.config, b.topics, b.purgatory))
     topic_admin.register(b, TopicAdminServices(b.config, b.node_id, b.topics, b.group_configs, budget,
                                                b.on_topic_created, b.delete_topic, b.on_log_start_moved))
     alter_configs.register(b, AlterConfigsServices(b.config, b.node_id, b.topics, b.group_configs, b.on_group_config_changed))
     share_fetch.register(b, ShareFetchServices(b.config, b.node_id, b.topics, b.purgatory, b.group_configs,
                                                b.metrics, b.share_partitions, b.connection_listeners))
-    share_group_apis.register(b, ShareGroupServices(b.config, b.group_coordinator, b.classic_groups, b.consumer_groups))
-    if b.classic_groups is not None:
-        classic_group_apis.register(b, ClassicGroupServices(b.topics, b.classic_groups, b.consumer_groups, b.txn_offsets))
+    share_group_apis.register(b, ShareGroupServices(b.config, b.share_groups, b.classic_groups, b.consumer_groups))
+    classic_group_apis.register(b, ClassicGroupServices(b.topics, b.classic_groups, b.group_coordinator))
     consumer_group_apis.register(b, ConsumerGroupServices(b.consumer_groups))
     leader_epochs.register(b, LeaderEpochServices(b.topics))
-    share_group_admin.register(b, ShareGroupAdminServices(b.config, b.group_coordinator, b.classic_groups, b.consumer_groups, b.topics,
-                                                          b.group_configs, b.persister, b.share_partitions))
+    share_group_admin.register(b, ShareGroupAdminServices(b.config, b.share_groups, b.classic_groups, b.consumer_groups, b.topics,
+                                                          b.group_configs, b.persister, b.share_partitions,
+                                                          b.group_coordinator))
     share_state_apis.register(b, ShareStateServices(b.share_coordinator))
     sasl_apis.register(b, SaslServices(b.config, b.scram_credentials))
     scram_apis.register(b, ScramServices(b.scram_credentials))
     acl_apis.register(b, AclServices(b.authorizer))
-    txn_apis.register(b, TransactionServices(b.topics, b.transaction_coordinator, b.txn_offsets, b.producer_ids))
+    txn_apis.register(b, TransactionServices(b.topics, b.transaction_coordinator, b.group_coordinator, b.producer_ids,
+                                             b.transaction_markers))
+    if b.upstream_forwarder is not None:
+        # Sidecar mode: these handlers replace the standalone ones for the APIs the upstream serves.
+        upstream_apis.register(b, UpstreamServices(b.node_id, b.cluster_id, b.upstream_forwarder,
+                                                   b.advertised_listener, b.connection_listeners))

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from shoal.broker.server.config import BrokerConfig
+from shoal.broker.common.config import BrokerConfig
 from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
 from shoal.broker.storage.topic_registry import Topic, TopicRegistry
 from shoal.protocol.record_batch import iter_batches

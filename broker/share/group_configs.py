@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shoal.broker.server.config import SHARE_BOUNDS, BrokerConfig
+from shoal.broker.common.config import SHARE_BOUNDS, BrokerConfig
 from shoal.iso_duration import parse_iso_duration_ms
 from shoal.protocol.errors import shorten
 

@@ -19,13 +19,13 @@ import asyncio
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import structlog
 
 from shoal.backoff import Backoff
+from shoal.broker.common.purgatory import ShareFetchKey
 from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
-from shoal.broker.storage.purgatory import ShareFetchKey
 from shoal.iso_duration import parse_iso_duration_ms
 from shoal.persister.persister import Persister, SharePartitionKey, WriteStateRequest
 from shoal.protocol.acknowledge_type import AcknowledgeType
@@ -45,7 +45,7 @@ from .share_partition import (
 )
 
 if TYPE_CHECKING:
-    from shoal.broker.storage.purgatory import Purgatory
+    from shoal.broker.common.purgatory import Purgatory
     from shoal.protocol.record_batch import BatchHeader
 
 log = structlog.get_logger("shoal.share_partition")
@@ -92,6 +92,14 @@ def _finished(task: asyncio.Task[Any]) -> None:
     _finishing.discard(task)
     if not task.cancelled() and task.exception() is not None:
         log.error("share partition change failed", error=repr(task.exception()))
+
+
+class PendingAcknowledgement(NamedTuple):
+    """An acknowledgement under way: `applied` completes once memory holds it (or it was refused),
+    `done` with its error code once it is written."""
+
+    applied: asyncio.Future[None]
+    done: asyncio.Future[int]
 
 
 @dataclass(slots=True)
@@ -308,23 +316,36 @@ class SharePartitionLeader:
     # ---- acknowledgement and release ------------------------------------------------------------
 
     def acknowledge(self, member_id: str, batches: list[AckBatch]) -> asyncio.Future[int]:
-        return finish(self._acknowledge(member_id, batches))
+        return self.start_acknowledge(member_id, batches).done
 
-    async def _acknowledge(self, member_id: str, batches: list[AckBatch]) -> int:
-        async with self.lock:
-            err = await self.ensure_loaded()
-            sp = self.state
-            if err != ErrorCode.NONE or sp is None:
-                return err
-            if any(AcknowledgeType.RENEW in b.ack_types for b in batches) and not self.group_configs.get_bool(
-                    self.key.group_id, "share.renew.acknowledge.enable"):
-                # KIP-1240: the group refuses RENEW; the records stay as they are.
-                return ErrorCode.INVALID_RECORD_STATE
-            outcome = sp.acknowledge(member_id, batches, now_ms=now_ms(), until_written=True)
-            if outcome.error_code != ErrorCode.NONE:
-                return outcome.error_code
-            if not outcome.persist_required:
-                self._arm_timer()
+    def start_acknowledge(self, member_id: str, batches: list[AckBatch]) -> PendingAcknowledgement:
+        """Start an acknowledgement now; a fetch that waits for `applied` acquires with it in memory."""
+        applied: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done = finish(self._acknowledge(member_id, batches, applied))
+        # A task cancelled before it ever ran never reaches the `finally` that settles `applied`.
+        done.add_done_callback(lambda _done: None if applied.done() else applied.set_result(None))
+        return PendingAcknowledgement(applied, done)
+
+    async def _acknowledge(self, member_id: str, batches: list[AckBatch], applied: asyncio.Future[None]) -> int:
+        try:
+            async with self.lock:
+                err = await self.ensure_loaded()
+                sp = self.state
+                if err != ErrorCode.NONE or sp is None:
+                    return err
+                if any(AcknowledgeType.RENEW in b.ack_types for b in batches) and not self.group_configs.get_bool(
+                        self.key.group_id, "share.renew.acknowledge.enable"):
+                    # KIP-1240: the group refuses RENEW; the records stay as they are.
+                    return ErrorCode.INVALID_RECORD_STATE
+                outcome = sp.acknowledge(member_id, batches, now_ms=now_ms(), until_written=True)
+                if outcome.error_code != ErrorCode.NONE:
+                    return outcome.error_code
+                if not outcome.persist_required:
+                    self._arm_timer()
+        finally:
+            # Also on refusal or cancellation: whoever waits for memory to hold it may go on.
+            if not applied.done():
+                applied.set_result(None)
         code = await self._write_outcome(sp, outcome) if outcome.persist_required else ErrorCode.NONE
         self._changed()
         return code

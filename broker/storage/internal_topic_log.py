@@ -6,10 +6,18 @@ from collections.abc import Callable, Iterator
 
 import structlog
 
-from shoal.protocol.coordinator_records import CoordinatorRecord, decode_record, encode_record
-from shoal.protocol.record_batch import InvalidRecordBatch, iter_batches
+from shoal.protocol.coordinator_records import (
+    NO_PRODUCER_ID,
+    CoordinatorRecord,
+    EndTransactionMarker,
+    LoggedRecord,
+    decode_record,
+    encode_record,
+)
+from shoal.protocol.record_batch import BatchHeader, InvalidRecordBatch, iter_batches
 from shoal.protocol.records import (
     CONTROL_COMMIT,
+    Record,
     RecordInput,
     control_record_type,
     decode_records,
@@ -41,45 +49,57 @@ class InternalTopicLog:
         batch = bytearray(encode_batch([RecordInput(key=k, value=v) for k, v in map(encode_record, records)]))
         return plog.append(batch, list(iter_batches(batch))).base_offset
 
+    def append_transactional_nowait(self, partition: int, records: list[CoordinatorRecord], producer_id: int,
+                                    producer_epoch: int) -> int:
+        """Append records as one transactional batch of the producer (TxnOffsetCommit); its marker later
+        decides whether they count."""
+        plog = self.topic.partitions[partition]
+        batch = bytearray(encode_batch([RecordInput(key=k, value=v) for k, v in map(encode_record, records)],
+                                       producer_id=producer_id, producer_epoch=producer_epoch, is_transactional=True))
+        return plog.append(batch, list(iter_batches(batch))).base_offset
+
     async def flush(self, partition: int, end_offset: int) -> None:
         await self.topic.partitions[partition].flush(end_offset)
 
-    async def append_raw(self, partition: int, records: list[tuple[bytes, bytes | None]], *,
-                         producer_id: int = -1, producer_epoch: int = -1) -> int:
-        """Append (key, value) pairs as one batch and return its first offset once it is fsynced.
-
-        With a producer id the batch is transactional (TxnOffsetCommit): replay yields its records only
-        once that producer's COMMIT marker follows, and drops them after an ABORT."""
-        plog = self.topic.partitions[partition]
-        batch = bytearray(encode_batch([RecordInput(key=k, value=v) for k, v in records], producer_id=producer_id,
-                                       producer_epoch=producer_epoch, is_transactional=producer_id >= 0))
-        result = plog.append(batch, list(iter_batches(batch)))
-        await plog.flush(result.last_offset + 1)
-        return result.base_offset
 
     def replay(self, partition: int) -> Iterator[tuple[int, CoordinatorRecord]]:
-        """Every readable coordinator record, oldest first; undecodable ones are skipped with a warning."""
-        for offset, key, value in self.replay_raw(partition):
-            try:
-                decoded = decode_record(key, value, topic=self.topic.name)
-            except ValueError as exc:  # DecodeError, or a value version no spec knows
-                log.warning("skipping undecodable coordinator record", topic=self.topic.name,
-                            partition=partition, offset=offset, error=str(exc))
-                continue
-            yield offset, decoded
+        """Every readable coordinator record written outside a transaction, oldest first (the coordinators
+        whose topics hold transactional batches read `replay_transactional`)."""
+        for item in self.replay_transactional(partition):
+            if isinstance(item, LoggedRecord) and item.producer_id == NO_PRODUCER_ID:
+                yield item.offset, item.record
 
-    def replay_raw(self, partition: int, open_transactions: dict[int, list[tuple[int, bytes, bytes | None]]] | None = None,
-                   start: int | None = None) -> Iterator[tuple[int, bytes, bytes | None]]:
-        """Every keyed (offset, key, value) the partition holds, oldest first. Records of a transactional
-        batch come out when their producer's COMMIT marker is read (none after an ABORT); those of
-        transactions still open are left in `open_transactions` (producer id -> records).
+    def replay_transactional(self, partition: int) -> Iterator[LoggedRecord | EndTransactionMarker]:
+        """Every readable record and end-transaction marker in log order; a transactional record comes at
+        its own offset with its producer id (its marker decides later), not held back until the marker.
+        Undecodable records are skipped with a warning."""
+        for header, records in self._batches(partition):
+            if header.is_control:
+                if records:
+                    commit = control_record_type(records[0]) == CONTROL_COMMIT
+                    yield EndTransactionMarker(records[0].offset, header.producer_id, commit)
+                continue
+            producer_id = header.producer_id if header.is_transactional else NO_PRODUCER_ID
+            for r in records:
+                if r.key is None:
+                    continue
+                try:
+                    decoded = decode_record(bytes(r.key), None if r.value is None else bytes(r.value),
+                                            topic=self.topic.name)
+                except ValueError as exc:  # DecodeError, or a value version no spec knows
+                    log.warning("skipping undecodable coordinator record", topic=self.topic.name,
+                                partition=partition, offset=r.offset, error=str(exc))
+                    continue
+                yield LoggedRecord(r.offset, decoded, producer_id)
+
+    def _batches(self, partition: int) -> Iterator[tuple[BatchHeader, list[Record]]]:
+        """Every batch the partition holds with its records, oldest first.
 
         A batch that cannot be read is skipped with an error line, never fatal: one bad batch must not keep
         the broker from starting (log recovery has already cut torn or CRC-damaged tails; what is left
         here is framed but unreadable)."""
         plog = self.topic.partitions[partition]
-        pending = open_transactions if open_transactions is not None else {}
-        offset = plog.log_start_offset if start is None else max(start, plog.log_start_offset)
+        offset = plog.log_start_offset
         while offset < plog.log_end_offset:
             data = plog.read(offset, _READ_CHUNK)
             if not data:
@@ -96,26 +116,10 @@ class InternalTopicLog:
                               partition=partition, base_offset=header.base_offset,
                               last_offset=header.last_offset, error=str(exc))
                     continue
-                if header.is_control:
-                    ended = pending.pop(header.producer_id, [])
-                    if records and control_record_type(records[0]) == CONTROL_COMMIT:
-                        yield from ended
-                    continue
-                keyed = [(r.offset, bytes(r.key), None if r.value is None else bytes(r.value))
-                         for r in records if r.offset >= offset and r.key is not None]
-                if header.is_transactional:
-                    pending.setdefault(header.producer_id, []).extend(keyed)
-                else:
-                    yield from keyed
+                yield header, [r for r in records if r.offset >= offset]
             if last is None:
                 break
             offset = last + 1
-
-    def first_unstable_offset(self, partition: int) -> int | None:
-        """Where the oldest open transaction of the partition starts, if one is open."""
-        plog = self.topic.partitions[partition]
-        lso = plog.last_stable_offset
-        return lso if lso < plog.high_watermark else None
 
     def delete_before(self, partition: int, offset: int) -> None:
         self.topic.partitions[partition].delete_records_before(offset)
@@ -151,21 +155,10 @@ class LazyInternalTopicLog:
     async def flush(self, partition: int, end_offset: int) -> None:
         await self._log_or_create().flush(partition, end_offset)
 
-    async def append_raw(self, partition: int, records: list[tuple[bytes, bytes | None]], *,
-                         producer_id: int = -1, producer_epoch: int = -1) -> int:
-        return await self._log_or_create().append_raw(partition, records, producer_id=producer_id,
-                                                      producer_epoch=producer_epoch)
-
     def replay(self, partition: int) -> Iterator[tuple[int, CoordinatorRecord]]:
         log_ = self._log()
         if log_ is not None:
             yield from log_.replay(partition)
-
-    def replay_raw(self, partition: int, open_transactions: dict[int, list[tuple[int, bytes, bytes | None]]] | None = None,
-                   start: int | None = None) -> Iterator[tuple[int, bytes, bytes | None]]:
-        log_ = self._log()
-        if log_ is not None:
-            yield from log_.replay_raw(partition, open_transactions, start)
 
     def delete_before(self, partition: int, offset: int) -> None:
         log_ = self._log()

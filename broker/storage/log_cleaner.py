@@ -11,7 +11,12 @@ a segment meanwhile cannot pull a file out from under it:
    later offset of its key is in the map, it has a key, and it is not a tombstone past its delete
    horizon. Offsets never change, so consumers see gaps. A batch keeps its producer id, epoch, base
    sequence and offset span; a producer's last batch stays even when emptied, so idempotence state
-   survives a restart. Control batches are kept as they are;
+   survives a restart. Transactions follow Kafka's CleanedTransactionMetadata: an aborted
+   transaction's records never enter the offset map (they must not supersede a committed value) and
+   are removed; a transaction marker whose transaction has no batch left in the log is stamped with a
+   delete horizon like a tombstone, and dropped by a clean after it (an ABORT marker then leaves the
+   list of aborted transactions too, or a read_committed consumer would drop the producer's later
+   batches);
 3. each group is written to `<base>.log.cleaned`, fsynced, and renamed to `<base>.<end>.log.swap`
    (the commit point: a restart finishes the swap), and handed back.
 
@@ -26,6 +31,7 @@ import contextlib
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +44,22 @@ from shoal.broker.storage.log_segment import (
     swap_file_name,
 )
 from shoal.broker.storage.partition_log import PartitionLog, fsync_directory
-from shoal.protocol.record_batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, parse_batch_header
-from shoal.protocol.records import Record, decode_records, encode_retained_batch
+from shoal.broker.storage.producer_state import AbortedTxn
+from shoal.protocol.record_batch import (
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    BatchHeader,
+    InvalidRecordBatch,
+    parse_batch_header,
+)
+from shoal.protocol.records import (
+    CONTROL_ABORT,
+    CONTROL_COMMIT,
+    Record,
+    control_record_type,
+    decode_records,
+    encode_retained_batch,
+)
 
 # Kafka's SkimpyOffsetMap spends 24 bytes per entry (a 16-byte MD5 and an 8-byte offset).
 OFFSET_MAP_ENTRY_BYTES = 24
@@ -122,6 +142,9 @@ class CleanPlan:
     index_interval_bytes: int
     max_map_entries: int
     directory_inode: int
+    # Aborted transactions with records in the planned range (all of it is below the last stable
+    # offset, so every transaction there is decided).
+    aborted: list[AbortedTxn] = field(default_factory=list)
     abort: threading.Event = field(default_factory=threading.Event)
     slicer: _Slicer = field(default_factory=_Slicer)
     throttler: Throttler = UNTHROTTLED
@@ -137,6 +160,8 @@ class CleanedGroup:
     old: list[LogSegment]
     new: LogSegment
     swap_path: Path
+    # Aborted transactions whose ABORT marker this group no longer holds.
+    dropped_aborted: list[AbortedTxn] = field(default_factory=list)
 
 
 @dataclass
@@ -170,6 +195,7 @@ def plan_clean(
     return CleanPlan(
         plog, plog.directory, first_dirty_offset(plog), sources, later, now_ms, cfg.delete_retention_ms,
         cfg.segment_bytes, cfg.index_interval_bytes, max_map_entries, os.stat(plog.directory).st_ino,
+        aborted=plog.aborted_transactions(plog.log_start_offset, sources[-1].segment.next_offset),
         throttler=throttler,
     )
 
@@ -244,21 +270,86 @@ def _whole_batches(chunk: memoryview) -> Iterator[tuple[int, BatchHeader]]:
         pos += header.size
 
 
+class _OpenAborted:
+    __slots__ = ("txn", "batch_seen")
+
+    def __init__(self, txn: AbortedTxn) -> None:
+        self.txn = txn
+        self.batch_seen = False
+
+
+class TxnTracker:
+    """Which transaction each batch belongs to, walking a log range in offset order (Kafka's
+    CleanedTransactionMetadata): an aborted transaction becomes current for its producer once the walk
+    reaches its first offset, and ends at the producer's ABORT marker."""
+
+    def __init__(self, aborted: list[AbortedTxn]) -> None:
+        self._pending = deque(sorted(aborted, key=lambda t: t.first_offset))
+        self._aborted: dict[int, _OpenAborted] = {}
+        self._committed: set[int] = set()  # producers with a batch of a committed transaction seen
+
+    def _reach(self, offset: int) -> None:
+        while self._pending and self._pending[0].first_offset <= offset:
+            txn = self._pending.popleft()
+            self._aborted[txn.producer_id] = _OpenAborted(txn)
+
+    def on_batch(self, header: BatchHeader) -> bool:
+        """True if this data batch belongs to an aborted transaction."""
+        self._reach(header.last_offset)
+        if not header.is_transactional:
+            return False
+        open_txn = self._aborted.get(header.producer_id)
+        if open_txn is not None:
+            open_txn.batch_seen = True
+            return True
+        self._committed.add(header.producer_id)
+        return False
+
+    def on_marker(self, header: BatchHeader, view: memoryview) -> tuple[bool, AbortedTxn | None]:
+        """(whether the marker may go, its aborted transaction if it is an ABORT that ends one): a
+        marker stays while a batch of its transaction was seen in this walk."""
+        self._reach(header.last_offset)
+        try:
+            records = decode_records(view, 0, header)
+            kind = control_record_type(records[0]) if records else None
+        except (InvalidRecordBatch, ValueError):
+            return False, None
+        if kind is None:
+            return True, None
+        if kind == CONTROL_ABORT:
+            open_txn = self._aborted.pop(header.producer_id, None)
+            if open_txn is None:
+                return True, None
+            return not open_txn.batch_seen, open_txn.txn
+        if kind == CONTROL_COMMIT:
+            if header.producer_id in self._committed:
+                self._committed.discard(header.producer_id)
+                return False, None
+            return True, None
+        return False, None
+
+
 def build_offset_map(plan: CleanPlan) -> tuple[dict[bytes, int], int, dict[int, int]]:
-    """(key -> latest offset, end offset of the mapped range, producer id -> base offset of its last batch).
+    """(key -> latest offset, end offset of the mapped range, producer id -> base offset of its last
+    data batch).
 
     Whole segments only: a segment whose keys would overflow the map ends the range, unless it is the
-    first dirty one (Kafka needs at least one segment per clean too).
+    first dirty one (Kafka needs at least one segment per clean too). Records of aborted transactions
+    are left out, so they never remove a committed record of the same key.
     """
     offset_map: dict[bytes, int] = {}
     end = plan.first_dirty_offset
     last_batches: dict[int, int] = {}
+    txns = TxnTracker(plan.aborted)
     for src in plan.sources:
         if src.base_offset < plan.first_dirty_offset or end < src.base_offset:
             continue  # already clean, or past a segment that did not fit the map
         seg_map: dict[bytes, int] = {}
         for header, view in _batches(src, plan):
             if header.is_control:
+                txns.on_marker(header, view)
+                continue
+            if txns.on_batch(header):
                 continue
             for record in decode_records(view, 0, header):
                 if record.key is not None:
@@ -270,7 +361,7 @@ def build_offset_map(plan: CleanPlan) -> tuple[dict[bytes, int], int, dict[int, 
     # Producers' last batches, over the whole log: batch headers only.
     for src in (*plan.sources, *plan.later):
         for header in _headers(src, plan):
-            if header.producer_id >= 0:
+            if header.producer_id >= 0 and not header.is_control:
                 last_batches[header.producer_id] = header.base_offset
     return offset_map, end, last_batches
 
@@ -308,8 +399,30 @@ class _Filter:
     last_batches: dict[int, int]
     now_ms: int
     horizon_ms: int
+    txns: TxnTracker
     removed: int = 0
     earliest_horizon: int | None = None
+    dropped_aborted: list[AbortedTxn] = field(default_factory=list)
+
+    def _note_horizon(self, horizon: int) -> None:
+        self.earliest_horizon = horizon if self.earliest_horizon is None else min(self.earliest_horizon, horizon)
+
+    def _marker(self, header: BatchHeader, view: memoryview) -> bytes | None:
+        """Kafka's rule for a transaction marker: once no batch of its transaction is left it may go,
+        but only after delete.retention.ms, so a consumer part-way through still sees it."""
+        discardable, aborted = self.txns.on_marker(header, view)
+        if not discardable:
+            return bytes(view)
+        horizon = header.delete_horizon_ms
+        if horizon is not None and self.now_ms >= horizon:
+            if aborted is not None:
+                self.dropped_aborted.append(aborted)
+            return None
+        if horizon is not None:
+            self._note_horizon(horizon)
+            return bytes(view)
+        self._note_horizon(self.horizon_ms)
+        return encode_retained_batch(header, decode_records(view, 0, header), delete_horizon_ms=self.horizon_ms)
 
     def retain(self, header: BatchHeader, record: Record) -> bool:
         """Kafka's shouldRetainRecord: a key, the latest offset of that key, a tombstone not yet expired."""
@@ -324,14 +437,16 @@ class _Filter:
     def filter(self, header: BatchHeader, view: memoryview) -> bytes | None:
         """The batch as it should stay: its own bytes, a rewritten copy, or None to drop it."""
         if header.is_control:
-            return bytes(view)
+            return self._marker(header, view)
         records = decode_records(view, 0, header)
-        kept = [r for r in records if self.retain(header, r)]
+        if self.txns.on_batch(header):
+            kept: list[Record] = []  # an aborted transaction's records
+        else:
+            kept = [r for r in records if self.retain(header, r)]
         self.removed += len(records) - len(kept)
         has_tombstone = any(r.value is None for r in kept)
         if has_tombstone:
-            horizon = header.delete_horizon_ms if header.delete_horizon_ms is not None else self.horizon_ms
-            self.earliest_horizon = horizon if self.earliest_horizon is None else min(self.earliest_horizon, horizon)
+            self._note_horizon(header.delete_horizon_ms if header.delete_horizon_ms is not None else self.horizon_ms)
         stamp = has_tombstone and header.delete_horizon_ms is None
         if len(kept) == len(records) and not stamp:
             return bytes(view)
@@ -344,7 +459,8 @@ def clean(plan: CleanPlan) -> CleanResult:
     """Compact the planned range into swap files (the cleaner thread's part). Closes the plan's fds."""
     try:
         offset_map, end, last_batches = build_offset_map(plan)
-        filt = _Filter(offset_map, last_batches, plan.now_ms, plan.now_ms + plan.delete_retention_ms)
+        filt = _Filter(offset_map, last_batches, plan.now_ms, plan.now_ms + plan.delete_retention_ms,
+                       TxnTracker(plan.aborted))
         result = CleanResult([], end, None)
         to_clean = [src for src in plan.sources if src.segment.next_offset <= end]
         for group in group_by_size(to_clean, plan.segment_bytes):
@@ -361,6 +477,7 @@ def _clean_group(plan: CleanPlan, group: list[SegmentSource], filt: _Filter, res
     end = group[-1].segment.next_offset
     cleaned_path = plan.directory / segment_file_name(base, CLEANED_SUFFIX)
     new = LogSegment.create(plan.directory, base, index_interval_bytes=plan.index_interval_bytes, path=cleaned_path)
+    dropped_before = len(filt.dropped_aborted)
     try:
         out = bytearray()
         headers: list[tuple[int, BatchHeader]] = []
@@ -378,6 +495,8 @@ def _clean_group(plan: CleanPlan, group: list[SegmentSource], filt: _Filter, res
                     out, headers = bytearray(), []
         if out:
             new.append(out, headers)
+        gone = {(t.producer_id, t.first_offset, t.last_offset) for t in filt.dropped_aborted[dropped_before:]}
+        new.txn_entries = [e for src in group for e in src.segment.txn_entries if e[:3] not in gone]
         new.seal()
         new.fsync()
         result.bytes_written += new.size
@@ -392,13 +511,16 @@ def _clean_group(plan: CleanPlan, group: list[SegmentSource], filt: _Filter, res
         with contextlib.suppress(FileNotFoundError):
             os.unlink(cleaned_path)
         raise
-    return CleanedGroup([src.segment for src in group], new, swap_path)
+    return CleanedGroup([src.segment for src in group], new, swap_path, filt.dropped_aborted[dropped_before:])
 
 
 def swap_in(plog: PartitionLog, result: CleanResult) -> bool:
     """Swap every cleaned group into `plog` (event loop). True if all went in, so the checkpoint may move
     to `result.end_offset`; a group whose segments changed meanwhile is dropped and cleaned next time."""
     swapped = [plog.replace_segments(g.old, g.new, g.swap_path, flush=False) for g in result.groups]
+    for group, done in zip(result.groups, swapped, strict=True):
+        if done and group.dropped_aborted:
+            plog.forget_aborted(group.dropped_aborted)
     if any(swapped):
         plog.schedule_metadata_flush()  # one flush round for all groups
     if all(swapped) and not plog.closed:

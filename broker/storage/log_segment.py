@@ -7,6 +7,12 @@ batches reading only their first 27 bytes (base offset, length, last offset delt
 Indexes live in memory. They are written to `<base>.index` / `<base>.timeindex` only once the segment
 is sealed and its `.log` has been fsynced, so the presence of valid index files means "this segment is
 durable and complete" and lets a restart skip the CRC scan for it.
+
+Transactions (Kafka's TransactionIndex and producer snapshots): `<base>.txnindex` lists the aborted
+transactions whose ABORT marker is in this segment, appended to as markers are written and fsynced
+with the `.log`; a sealed segment's is complete before its index files are written. `<offset>.snapshot`
+holds the open transactions (producer id, first offset) at a sealed segment's end, so recovery can
+rebuild the transaction index of the segments it re-scans without reading the log from its start.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import contextlib
 import os
 import struct
 import threading
+import zlib
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +45,8 @@ NO_TIMESTAMP = -1
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
+TXN_INDEX_SUFFIX = ".txnindex"
+SNAPSHOT_SUFFIX = ".snapshot"
 TMP_SUFFIX = ".tmp"
 # Log compaction writes `<base>.log.cleaned`, renames it to `<base>.<end>.log.swap` once complete and
 # durable (the commit point: it replaces every segment with a base in [base, end)), then to `<base>.log`.
@@ -48,6 +57,17 @@ _OFFSET_ENTRY = struct.Struct(">ii")  # relative offset, file position
 _TIME_ENTRY = struct.Struct(">qi")  # max timestamp so far, relative offset of that record
 _PREFIX = struct.Struct(">q")
 _LENGTH = struct.Struct(">i")
+# Kafka's AbortedTxn entry: version, producer id, first offset, last offset (the marker's), last stable
+# offset when the marker was written.
+_TXN_ENTRY = struct.Struct(">hqqqq")
+_TXN_ENTRY_VERSION = 0
+# Open transactions at a segment's end: version, count, (producer id, first offset)*, CRC32 of the rest.
+_SNAPSHOT_HEAD = struct.Struct(">hi")
+_SNAPSHOT_ENTRY = struct.Struct(">qq")
+_SNAPSHOT_CRC = struct.Struct(">I")
+_SNAPSHOT_VERSION = 0
+# (producer id, first offset, last offset, last stable offset)
+TxnEntry = tuple[int, int, int, int]
 _WALK_BYTES = LAST_OFFSET_DELTA_POS + 4
 
 # Read granularity for header walks and recovery scans.
@@ -57,6 +77,56 @@ _RECOVERY_CHUNK = 1 << 20
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
     return f"{base_offset:020d}{suffix}"
+
+
+def encode_txn_entries(entries: list[TxnEntry]) -> bytes:
+    return b"".join(_TXN_ENTRY.pack(_TXN_ENTRY_VERSION, *entry) for entry in entries)
+
+
+def decode_txn_entries(raw: bytes) -> tuple[list[TxnEntry], bool]:
+    """The whole entries of a `.txnindex` file, and False if it ends in a partial or bad entry (a torn
+    append)."""
+    entries: list[TxnEntry] = []
+    whole = len(raw) - len(raw) % _TXN_ENTRY.size
+    for version, pid, first, last, lso in _TXN_ENTRY.iter_unpack(raw[:whole]):
+        if version != _TXN_ENTRY_VERSION or first > last or (entries and last < entries[-1][2]):
+            return entries, False
+        entries.append((pid, first, last, lso))
+    return entries, whole == len(raw)
+
+
+def write_snapshot(directory: Path, offset: int, ongoing: dict[int, int]) -> None:
+    """Write `<offset>.snapshot` atomically and durably (the caller fsyncs the directory)."""
+    body = _SNAPSHOT_HEAD.pack(_SNAPSHOT_VERSION, len(ongoing)) + b"".join(
+        _SNAPSHOT_ENTRY.pack(pid, first) for pid, first in sorted(ongoing.items()))
+    _write_durably(directory / segment_file_name(offset, SNAPSHOT_SUFFIX),
+                   body + _SNAPSHOT_CRC.pack(zlib.crc32(body)))
+
+
+def read_snapshot(directory: Path, offset: int) -> dict[int, int] | None:
+    """The open transactions saved at `offset`, None if there is no valid snapshot there."""
+    try:
+        raw = (directory / segment_file_name(offset, SNAPSHOT_SUFFIX)).read_bytes()
+    except FileNotFoundError:
+        return None
+    if len(raw) < _SNAPSHOT_HEAD.size + _SNAPSHOT_CRC.size:
+        return None
+    body, (crc,) = raw[: -_SNAPSHOT_CRC.size], _SNAPSHOT_CRC.unpack(raw[-_SNAPSHOT_CRC.size :])
+    version, count = _SNAPSHOT_HEAD.unpack_from(body)
+    if zlib.crc32(body) != crc or version != _SNAPSHOT_VERSION or len(body) != _SNAPSHOT_HEAD.size + count * _SNAPSHOT_ENTRY.size:
+        return None
+    return {pid: first for pid, first in _SNAPSHOT_ENTRY.iter_unpack(body[_SNAPSHOT_HEAD.size :])}
+
+
+def _write_durably(path: Path, payload: bytes) -> None:
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, payload)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
 
 
 def swap_file_name(base_offset: int, end_offset: int) -> str:
@@ -118,6 +188,15 @@ class LogSegment:
         self._idx_positions: list[int] = []
         self._time_stamps: list[int] = []
         self._time_offsets: list[int] = []
+        # Aborted transactions whose marker is here (the `.txnindex`); `txn_index_trusted` is False when
+        # the file could not be taken as complete (a re-scanned segment: recovery rebuilds it).
+        self.txn_entries: list[TxnEntry] = []
+        self.txn_index_trusted = False
+        self._txn_fd = -1
+        self.txn_unsynced = False  # appended since the last fsync
+        # Open transactions at this segment's end, saved as a snapshot with its indexes once sealed
+        # (None: the partition has no transactions to save).
+        self.end_snapshot: dict[int, int] | None = None
 
     # -- paths -------------------------------------------------------------------------------------
 
@@ -132,6 +211,10 @@ class LogSegment:
     @property
     def time_index_path(self) -> Path:
         return self.directory / segment_file_name(self.base_offset, TIME_INDEX_SUFFIX)
+
+    @property
+    def txn_index_path(self) -> Path:
+        return self.directory / segment_file_name(self.base_offset, TXN_INDEX_SUFFIX)
 
     # -- construction ------------------------------------------------------------------------------
 
@@ -149,6 +232,8 @@ class LogSegment:
         seg = cls(directory, base_offset, fd, index_interval_bytes=index_interval_bytes)
         if path is None:
             seg._remove_index_files()
+            with contextlib.suppress(FileNotFoundError):
+                seg.txn_index_path.unlink()  # a stale one would be appended to
         return seg
 
     @classmethod
@@ -169,6 +254,7 @@ class LogSegment:
                 seg.sealed = True
                 seg.indexes_persisted = True
                 seg.flushed_size = seg.size
+                seg._load_txn_index()
                 return seg, 0
             truncated = seg.recover()
             if sealed:
@@ -381,6 +467,47 @@ class LogSegment:
             self.size = position
         self.recover()
 
+    # -- transaction index -------------------------------------------------------------------------
+
+    def _load_txn_index(self) -> None:
+        """A durable segment's `.txnindex` (none: no aborted transaction ended here)."""
+        try:
+            raw = self.txn_index_path.read_bytes()
+        except FileNotFoundError:
+            raw = b""
+        entries, whole = decode_txn_entries(raw)
+        self.txn_entries = entries
+        self.txn_index_trusted = whole and all(self.base_offset <= e[2] < self.next_offset for e in entries)
+
+    def append_txn_entry(self, entry: TxnEntry) -> None:
+        """An ABORT marker was appended here: add its transaction to the `.txnindex` (page cache; the
+        partition's next flush fsyncs it with the `.log`)."""
+        self.txn_entries.append(entry)
+        if self._txn_fd < 0:
+            self._txn_fd = os.open(self.txn_index_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(self._txn_fd, encode_txn_entries([entry]))
+        self.txn_unsynced = True
+
+    def txn_fd_for_flush(self) -> int:
+        """A duplicate of the `.txnindex` descriptor to fsync, -1 when nothing awaits an fsync."""
+        if not self.txn_unsynced or self._txn_fd < 0:
+            return -1
+        self.txn_unsynced = False
+        return os.dup(self._txn_fd)
+
+    def rewrite_txn_index(self, entries: list[TxnEntry]) -> None:
+        """Replace the `.txnindex` with `entries` (recovery's rebuild, a cleaned segment), durably."""
+        self._close_txn_fd()
+        self.txn_entries = list(entries)
+        _write_durably(self.txn_index_path, encode_txn_entries(self.txn_entries))
+        self.txn_unsynced = False
+        self.txn_index_trusted = True
+
+    def _close_txn_fd(self) -> None:
+        if self._txn_fd >= 0:
+            os.close(self._txn_fd)
+            self._txn_fd = -1
+
     # -- index persistence -------------------------------------------------------------------------
 
     def _load_indexes(self) -> bool:
@@ -438,6 +565,11 @@ class LogSegment:
         with self._file_lock:
             if self.deleted or self.indexes_persisted:
                 return
+            # The transaction files first: valid index files say everything of this segment is durable.
+            if self.end_snapshot is not None:
+                write_snapshot(self.directory, self.next_offset, self.end_snapshot)
+            if self.txn_entries or self.txn_index_path.exists():
+                self.rewrite_txn_index(self.txn_entries)
             index = b"".join(
                 _OFFSET_ENTRY.pack(o, p) for o, p in zip(self._idx_offsets, self._idx_positions, strict=True)
             )
@@ -463,7 +595,7 @@ class LogSegment:
     @staticmethod
     def remove_files(directory: Path, base_offset: int) -> None:
         """Remove a segment's files without opening it."""
-        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
             with contextlib.suppress(FileNotFoundError):
                 (directory / segment_file_name(base_offset, suffix)).unlink()
 
@@ -477,6 +609,9 @@ class LogSegment:
 
     def fsync(self) -> None:
         os.fsync(self.fd)
+        if self.txn_unsynced and self._txn_fd >= 0:
+            os.fsync(self._txn_fd)
+            self.txn_unsynced = False
         self.flushed_size = self.size
 
     def first_batch_timestamp(self) -> int:
@@ -495,6 +630,7 @@ class LogSegment:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        self._close_txn_fd()
 
     def delete(self) -> None:
         """Close and remove the segment's files."""
@@ -505,8 +641,8 @@ class LogSegment:
         with self._file_lock:
             self.deleted = True
             self.close()
-            paths = (self.index_path, self.time_index_path) if keep_log else (
-                self.log_path, self.index_path, self.time_index_path)
+            paths = (self.index_path, self.time_index_path, self.txn_index_path) if keep_log else (
+                self.log_path, self.index_path, self.time_index_path, self.txn_index_path)
             for path in paths:
                 for p in (path, path.with_name(path.name + TMP_SUFFIX)):
                     with contextlib.suppress(FileNotFoundError):

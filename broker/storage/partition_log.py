@@ -7,6 +7,11 @@ concurrent callers (group commit) and runs it in a worker thread so the event lo
 Crash safety: a sealed segment's index files are written only after its `.log` was fsynced, so on open
 sealed segments with index files are trusted and only the active segment (plus any sealed segment whose
 index never made it to disk) is re-scanned with CRC checks; a torn tail is truncated.
+
+Transactions: each segment's `.txnindex` lists the aborted transactions whose marker it holds (appended,
+fsynced with the segment); recovery re-reads the re-scanned segments from the snapshot of open
+transactions saved at the first one's base and rewrites their transaction index, so a power cut cannot
+lose an aborted transaction (see log_segment.py).
 """
 
 from __future__ import annotations
@@ -30,11 +35,16 @@ from shoal.broker.storage.log_segment import (
     INDEX_SUFFIX,
     INT32_MAX,
     LOG_SUFFIX,
+    SNAPSHOT_SUFFIX,
     TIME_INDEX_SUFFIX,
     TMP_SUFFIX,
+    TXN_INDEX_SUFFIX,
     LogSegment,
+    TxnEntry,
     parse_swap_file_name,
+    read_snapshot,
     segment_file_name,
+    write_snapshot,
 )
 from shoal.broker.storage.producer_state import AbortedTxn, PartitionProducerState
 from shoal.protocol.record_batch import (
@@ -58,7 +68,8 @@ LOG_START_CHECKPOINT = "log-start-offset.checkpoint"
 # The log cleaner's first dirty offset: everything below it was compacted (Kafka keeps one such
 # checkpoint per log directory; here each partition keeps its own).
 CLEANER_CHECKPOINT = "cleaner-offset.checkpoint"
-# Open and aborted transactions (Kafka keeps them in producer snapshots and .txnindex files).
+# Open and aborted transactions as earlier versions kept them; read once and replaced by the
+# per-segment transaction index and snapshots.
 TXN_STATE_FILE = "transactions.json"
 # A retry after a crash is for one of a producer's last five batches, which sit near the log's end.
 _REBUILD_WINDOW_BYTES = 64 * 1024 * 1024
@@ -147,7 +158,10 @@ class PartitionLog:
         self.cleaner_checkpoint = 0
         self.tombstone_horizon_ms: int | None = None
         self._producer_state: PartitionProducerState | None = None
-        self._no_txn_file = False
+        # Whether this partition ever held a transactional batch (then it keeps transaction files).
+        self._has_txns = False
+        # Open and aborted transactions recovered at open, until the producer state is first built.
+        self._txn_seed: tuple[dict[int, int], list[AbortedTxn]] | None = None
 
     # -- open / recovery ---------------------------------------------------------------------------
 
@@ -191,7 +205,7 @@ class PartitionLog:
         bases.sort()
         known = set(bases)
         for entry in os.scandir(self.directory):
-            for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
                 stem = entry.name[: -len(suffix)]
                 if entry.name.endswith(suffix) and stem.isdigit() and int(stem) not in known:
                     os.unlink(entry.path)  # index of a segment deleted while its flush was running
@@ -233,6 +247,7 @@ class PartitionLog:
             self._add_segment(LogSegment.create(self.directory, checkpoint, index_interval_bytes=interval))
             self.log_end_offset = checkpoint
         self.log_start_offset = max(checkpoint or 0, self.segments[0].base_offset)
+        self._recover_txns()
 
         # Make what survived durable so flushed_offset is honest, and persist indexes rebuilt by a scan.
         for seg in self.segments:
@@ -259,13 +274,8 @@ class PartitionLog:
     @property
     def last_stable_offset(self) -> int:
         """Below this offset every transaction is decided (read_committed reads stop here)."""
-        if self._producer_state is None:
-            if self._no_txn_file:
-                return self.high_watermark
-            if not (self.directory / TXN_STATE_FILE).exists():
-                # Never saw a transaction: no need to scan the tail (appending one builds the state).
-                self._no_txn_file = True
-                return self.high_watermark
+        if self._producer_state is None and not self._has_txns:
+            return self.high_watermark  # never saw a transaction: no need to build producer state
         return self.producer_state.last_stable_offset(self.high_watermark)
 
     @property
@@ -277,8 +287,8 @@ class PartitionLog:
         return self._producer_state
 
     def _rebuild_producer_state(self) -> PartitionProducerState:
+        """Sequences from the tail of the log; open and aborted transactions as recovered at open."""
         state = PartitionProducerState()
-        self._load_txn_state(state)
         start = self.log_end_offset
         covered = 0
         for seg in reversed(self.segments):
@@ -294,57 +304,145 @@ class PartitionLog:
             for pos, header in iter_batches(data):
                 self._track_batch(state, data, pos, header)
                 offset = header.last_offset + 1
-        known = {(t.producer_id, t.first_offset) for t in state.aborted}
-        deduped = []
-        for t in state.aborted:
-            if (t.producer_id, t.first_offset) in known:
-                known.discard((t.producer_id, t.first_offset))
-                deduped.append(t)
-        state.aborted = sorted(deduped, key=lambda t: t.last_offset)
+        ongoing, aborted = self._txn_seed or ({}, [])
+        self._txn_seed = None
+        state.ongoing = dict(ongoing)
+        state.aborted = list(aborted)
+        state.drop_aborted_before(self.log_start_offset)
         return state
 
     @staticmethod
     def _track_batch(state: PartitionProducerState, data: bytes | bytearray, pos: int, header: BatchHeader) -> None:
+        if header.producer_id >= 0 and header.base_sequence >= 0 and not header.is_control:
+            # The offset span, not the record count: compaction may have removed records (or all of
+            # them, keeping an empty batch) while the sequence range stays the batch's own.
+            state.record(header.producer_id, header.producer_epoch, header.base_sequence,
+                         header.last_offset_delta + 1, header.base_offset, header.max_timestamp)
+        PartitionLog._track_txn(state, data, pos, header)
+
+    @staticmethod
+    def _track_txn(state: PartitionProducerState, data: bytes | bytearray | memoryview, pos: int,
+                   header: BatchHeader) -> AbortedTxn | None:
+        """Open or end a transaction; the aborted transaction an ABORT marker ends, if any."""
         if header.is_control:
             try:
                 _h, records = decode_batch(data, pos, check_crc=False)
                 commit = bool(records) and control_record_type(records[0]) == CONTROL_COMMIT
             except InvalidRecordBatch:
-                return
-            state.on_marker(header.producer_id, header.producer_epoch, commit, header.base_offset)
-            return
-        if header.producer_id >= 0 and header.base_sequence >= 0:
-            # The offset span, not the record count: compaction may have removed records (or all of
-            # them, keeping an empty batch) while the sequence range stays the batch's own.
-            state.record(header.producer_id, header.producer_epoch, header.base_sequence,
-                         header.last_offset_delta + 1, header.base_offset, header.max_timestamp)
+                return None
+            return state.on_marker(header.producer_id, header.producer_epoch, commit, header.base_offset)
         if header.is_transactional:
             state.on_transactional_batch(header.producer_id, header.base_offset)
+        return None
 
-    def _load_txn_state(self, state: PartitionProducerState) -> None:
-        try:
-            saved = json.loads((self.directory / TXN_STATE_FILE).read_text())
-            state.ongoing = {int(pid): int(first) for pid, first in saved["ongoing"]}
-            state.aborted = [AbortedTxn(int(p), int(f), int(la)) for p, f, la in saved["aborted"]]
-        except FileNotFoundError:
+    # -- transaction recovery ----------------------------------------------------------------------
+
+    def _recover_txns(self) -> None:
+        """Rebuild the transaction index of every segment recovery could not trust, from the snapshot
+        of open transactions at the first one's base (Kafka rebuilds it from its producer snapshot the
+        same way), and keep the open and aborted transactions for the producer state."""
+        snapshots: set[int] = set()
+        has_index = False
+        bases = {seg.base_offset for seg in self.segments}
+        for entry in os.scandir(self.directory):
+            stem = entry.name[: -len(SNAPSHOT_SUFFIX)]
+            if entry.name.endswith(SNAPSHOT_SUFFIX) and stem.isdigit():
+                if int(stem) in bases:
+                    snapshots.add(int(stem))
+                else:
+                    os.unlink(entry.path)  # of a segment deleted or merged away
+            elif entry.name.endswith(TXN_INDEX_SUFFIX):
+                has_index = True
+        legacy = self.directory / TXN_STATE_FILE
+        if legacy.exists():
+            self._migrate_legacy_txn_state(legacy)
+            snapshots.add(self.active.base_offset)
+        elif not snapshots and not has_index:
             return
+        self._has_txns = True
+        first = next(i for i, seg in enumerate(self.segments) if not seg.txn_index_trusted or seg is self.active)
+        ongoing: dict[int, int] | None = None
+        while ongoing is None:
+            if self.segments[first].base_offset in snapshots:
+                ongoing = read_snapshot(self.directory, self.segments[first].base_offset)
+            if ongoing is None and first == 0:
+                ongoing = {}
+            elif ongoing is None:
+                first -= 1
+        state = PartitionProducerState()
+        state.ongoing = dict(ongoing)
+        aborted = [AbortedTxn(p, f, la) for seg in self.segments[:first] for p, f, la, _lso in seg.txn_entries]
+        at_active = state.ongoing
+        for seg in self.segments[first:]:
+            if seg is self.active:
+                at_active = dict(state.ongoing)
+            entries: list[TxnEntry] = []
+            position = 0
+            while position < seg.size:
+                data, _stopped = seg.read_batches(position, _REBUILD_CHUNK_BYTES, min_one=True)
+                if not data:
+                    break
+                for pos, header in iter_batches(data):
+                    if header.is_transactional:
+                        txn = self._track_txn(state, data, pos, header)
+                        if txn is not None:
+                            lso = state.last_stable_offset(txn.last_offset + 1)
+                            entries.append((txn.producer_id, txn.first_offset, txn.last_offset, lso))
+                            aborted.append(txn)
+                position += len(data)
+            if seg is not self.active:
+                seg.end_snapshot = dict(state.ongoing)
+            seg.rewrite_txn_index(entries)
+        checkpoint = self.cleaner_checkpoint
+        if self.log_start_offset <= checkpoint <= self.log_end_offset:
+            # The cleaner only cleans below the last stable offset: a transaction that started below
+            # its checkpoint had ended, even if compaction removed its marker since.
+            state.ongoing = {p: f for p, f in state.ongoing.items() if f >= checkpoint}
+        aborted.sort(key=lambda t: t.last_offset)
+        self._txn_seed = (state.ongoing, aborted)
+        if self.active.base_offset not in snapshots:
+            write_snapshot(self.directory, self.active.base_offset, at_active)
+
+    def _migrate_legacy_txn_state(self, path: Path) -> None:
+        """Move an earlier version's transactions.json into transaction indexes and a snapshot."""
+        try:
+            saved = json.loads(path.read_text())
+            ongoing = {int(pid): int(first) for pid, first in saved["ongoing"]}
+            aborted = [AbortedTxn(int(p), int(f), int(la)) for p, f, la in saved["aborted"]]
         except (ValueError, KeyError, TypeError):
             log.warning("log.bad_txn_state", dir=str(self.directory))
-            return
-        state.ongoing = {p: f for p, f in state.ongoing.items() if f < self.log_end_offset}
-        state.drop_aborted_before(self.log_start_offset)
+            ongoing, aborted = {}, []
+        for seg in self.segments:
+            entries = [(t.producer_id, t.first_offset, t.last_offset, t.last_offset + 1) for t in aborted
+                       if seg.base_offset <= t.last_offset < seg.next_offset]
+            if seg.indexes_persisted:  # the others are re-scanned
+                seg.rewrite_txn_index(entries)
+        # Open at the active segment's base: still open, or aborted by a marker in it. Transactions
+        # opened in the active segment are found again by its re-scan.
+        base = self.active.base_offset
+        at_base = {p: f for p, f in ongoing.items() if f < base}
+        at_base.update({t.producer_id: t.first_offset for t in aborted if t.first_offset < base <= t.last_offset})
+        write_snapshot(self.directory, base, at_base)
+        os.unlink(path)
+        log.info("log.txn_state_migrated", dir=str(self.directory), aborted=len(aborted))
 
-    def _save_txn_state(self) -> None:
-        """Written when a transaction opens or ends here (not fsynced: the tail scan at start-up covers
-        what a crash loses of it, since the change is at the log's end)."""
+    def expire_producers(self, now_ms: int, expiration_ms: int) -> int:
+        """Forget idle producers (producer.id.expiration.ms); a state never built has nothing to forget."""
+        if self._producer_state is None:
+            return 0
+        return self._producer_state.expire_producers(now_ms, expiration_ms)
+
+    def aborted_transactions(self, start: int, end: int) -> list[AbortedTxn]:
+        """Aborted transactions with records in [start, end), for the log cleaner."""
+        if self._producer_state is None and not self._has_txns:
+            return []
+        return self.producer_state.aborted_between(start, end)
+
+    def forget_aborted(self, txns: list[AbortedTxn]) -> None:
+        """The log cleaner removed these transactions' ABORT markers (their batches went first)."""
+        gone = set(txns)
         state = self.producer_state
-        state.drop_aborted_before(self.log_start_offset)
-        doc = {"ongoing": sorted(state.ongoing.items()),
-               "aborted": [(t.producer_id, t.first_offset, t.last_offset) for t in state.aborted]}
-        path = self.directory / TXN_STATE_FILE
-        tmp = path.with_name(path.name + TMP_SUFFIX)
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, path)
+        state.aborted = [t for t in state.aborted if t not in gone]
 
     def append_marker(self, *, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
                       timestamp_ms: int) -> AppendResult:
@@ -392,19 +490,25 @@ class PartitionLog:
             seg = self._roll(base_offset)
         # Built before the write, so the rebuild does not see these batches too.
         state = self.producer_state if any(h.is_transactional for _p, h in headers) else None
+        if state is not None and not self._has_txns:
+            # The partition's first transaction: from here on recovery reads its transaction files.
+            write_snapshot(self.directory, seg.base_offset, {})
+            self._has_txns = True
+            self._dir_dirty = True
         seg.append(batches, headers)
         self.log_end_offset = next_offset
         if state is not None:
-            changed = False
+            ended: list[AbortedTxn] = []
             for pos, header in headers:
                 if header.is_control:
-                    self._track_batch(state, batches, pos, header)
-                    changed = True
+                    txn = self._track_txn(state, batches, pos, header)
+                    if txn is not None:
+                        ended.append(txn)
                 elif header.is_transactional and header.producer_id not in state.ongoing:
                     state.on_transactional_batch(header.producer_id, header.base_offset)
-                    changed = True
-            if changed:
-                self._save_txn_state()
+            for txn in ended:
+                seg.append_txn_entry((txn.producer_id, txn.first_offset, txn.last_offset,
+                                      state.last_stable_offset(self.log_end_offset)))
 
         self._unflushed_messages += records
         if self._unflushed_messages >= self.config.flush_interval_messages:
@@ -426,6 +530,8 @@ class PartitionLog:
         return max(h.max_timestamp for _, h in headers) - seg.first_timestamp > lag
 
     def _roll(self, base_offset: int) -> LogSegment:
+        if self._has_txns:
+            self.active.end_snapshot = dict(self.producer_state.ongoing)
         self.active.seal()
         seg = LogSegment.create(
             self.directory, base_offset, index_interval_bytes=self.config.index_interval_bytes
@@ -483,11 +589,13 @@ class PartitionLog:
         await asyncio.shield(task)
 
     async def _flush_round(self) -> None:
+        plan: _FlushPlan | None = None
         try:
             plan = self._plan_flush()
             await asyncio.get_running_loop().run_in_executor(None, self._execute_flush, self.directory, plan)
         except BaseException:
             self._dir_dirty = True
+            _txn_indexes_unsynced(plan)
             raise
         finally:
             self._flush_task = None
@@ -500,6 +608,7 @@ class PartitionLog:
             self._execute_flush(self.directory, plan)
         except BaseException:
             self._dir_dirty = True
+            _txn_indexes_unsynced(plan)
             raise
         self._finish_flush(plan)
 
@@ -511,6 +620,9 @@ class PartitionLog:
                 if seg.flushed_size < seg.size:
                     # A dup'ed fd keeps the fsync safe if retention closes the segment meanwhile.
                     items.append((seg, os.dup(seg.fd), seg.size))
+                txn_fd = seg.txn_fd_for_flush()
+                if txn_fd >= 0:
+                    items.append((seg, txn_fd, -1))  # its transaction index, durable with the log
                 if seg.sealed and not seg.indexes_persisted:
                     persist.append(seg)
         except BaseException:
@@ -722,12 +834,16 @@ class PartitionLog:
             seg = self.segments.pop(0)
             self._bases.pop(0)
             seg.delete()
+            with contextlib.suppress(FileNotFoundError):
+                (self.directory / segment_file_name(seg.base_offset, SNAPSHOT_SUFFIX)).unlink()
             deleted += 1
         if deleted:
             first = self.segments[0].base_offset
             if first > self.log_start_offset:
                 self.log_start_offset = first
                 self._write_checkpoint(first)
+            if self._producer_state is not None:
+                self._producer_state.drop_aborted_before(self.log_start_offset)
         return deleted
 
     # -- log compaction ----------------------------------------------------------------------------
@@ -846,6 +962,13 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _txn_indexes_unsynced(plan: _FlushPlan | None) -> None:
+    """A failed flush round leaves the transaction indexes it took for the next one."""
+    for seg, _fd, size in plan.items if plan is not None else ():
+        if size < 0:
+            seg.txn_unsynced = True
 
 
 def _consume_exception(task: asyncio.Task[None]) -> None:

@@ -113,6 +113,15 @@ class PartitionProducerState:
         """Forget aborted transactions wholly below the log start."""
         self.aborted = [t for t in self.aborted if t.last_offset >= offset]
 
+    def expire_producers(self, now_ms: int, expiration_ms: int) -> int:
+        """Kafka's producer.id.expiration.ms: forget producers with no open transaction here whose last
+        batch is that old. Returns how many went."""
+        expired = [pid for pid, entry in self.producers.items()
+                   if pid not in self.ongoing and now_ms - entry.last_timestamp >= expiration_ms]
+        for pid in expired:
+            del self.producers[pid]
+        return len(expired)
+
     def check(self, producer_id: int, epoch: int, first_seq: int, record_count: int) -> SequenceCheck:
         entry = self.producers.get(producer_id)
         last_seq = (first_seq + record_count - 1) & 0x7FFFFFFF

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import structlog
 
-from shoal.broker.server.config import BrokerConfig, cleanup_policies, valid_cleanup_policy
+from shoal.broker.common.config import BrokerConfig, cleanup_policies, valid_cleanup_policy
 from shoal.protocol.errors import shorten
 from shoal.protocol.uuids import uuid_to_str as topic_id_to_str
 
@@ -29,6 +29,12 @@ CONSUMER_OFFSETS = "__consumer_offsets"
 SHARE_GROUP_STATE = "__share_group_state"
 TRANSACTION_STATE = "__transaction_state"
 INTERNAL_TOPICS = frozenset({CONSUMER_OFFSETS, SHARE_GROUP_STATE, TRANSACTION_STATE})
+# The broker setting that gives each internal topic its partition count, once, when the topic is created.
+INTERNAL_TOPIC_PARTITIONS_KEYS = {
+    CONSUMER_OFFSETS: "offsets.topic.num.partitions",
+    SHARE_GROUP_STATE: "share.coordinator.state.topic.num.partitions",
+    TRANSACTION_STATE: "transaction.state.log.num.partitions",
+}
 _LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_NAME_LENGTH = 249
 
@@ -143,6 +149,9 @@ class Topic:
     topic_id: bytes
     partitions: list[PartitionLog]
     configs: dict[str, str] = field(default_factory=dict)
+    # The partition count the topic was created with (None: a registry written before it was kept). An
+    # internal topic's coordinators place their keys by it, whatever partitions were added later.
+    created_partitions: int | None = None
 
     @property
     def internal(self) -> bool:
@@ -166,7 +175,9 @@ class TopicRegistry:
         doc = json.loads(path.read_text())
         for entry in doc["topics"]:
             topic_id = uuid.UUID(entry["id"]).bytes
-            topic = Topic(entry["name"], topic_id, [], dict(entry.get("configs", {})))
+            created = entry.get("created_partitions")
+            topic = Topic(entry["name"], topic_id, [], dict(entry.get("configs", {})),
+                          created if isinstance(created, int) and created > 0 else None)
             cfg = self.log_config(topic.configs)
             topic.partitions = [
                 PartitionLog.open(self.partition_dir(topic.name, p), cfg) for p in range(entry["partitions"])
@@ -182,6 +193,7 @@ class TopicRegistry:
                     "id": str(uuid.UUID(bytes=t.topic_id)),
                     "partitions": len(t.partitions),
                     "configs": t.configs,
+                    **({} if t.created_partitions is None else {"created_partitions": t.created_partitions}),
                 }
                 for t in self.by_name.values()
             ]
@@ -268,7 +280,7 @@ class TopicRegistry:
         configs = dict(configs or {})
         cfg = self.log_config(configs)
         partitions = [PartitionLog.open(self.partition_dir(name, p), cfg) for p in range(num_partitions)]
-        topic = Topic(name, topic_id, partitions, configs)
+        topic = Topic(name, topic_id, partitions, configs, num_partitions)
         self._index(topic)
         self._save()
         log.info("topic created", topic=name, partitions=num_partitions, topic_id=topic_id_to_str(topic_id))
@@ -278,6 +290,11 @@ class TopicRegistry:
         cfg = self.log_config(topic.configs)
         for p in range(len(topic.partitions), total):
             topic.partitions.append(PartitionLog.open(self.partition_dir(topic.name, p), cfg))
+        self._save()
+
+    def set_created_partitions(self, topic: Topic, count: int) -> None:
+        """Record the creation-time partition count of a topic whose registry entry predates it."""
+        topic.created_partitions = count
         self._save()
 
     def alter_configs(self, topic: Topic, changes: list[tuple[str, str | None]]) -> None:

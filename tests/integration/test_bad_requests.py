@@ -207,7 +207,7 @@ def test_huge_partition_counts_are_refused(client: WireClient) -> None:
 def test_partition_budget_bounds_open_files(client: WireClient) -> None:
     """Within the per-request bound but beyond the broker's budget (max.partitions=160 here)."""
     name = unique("budget")
-    result = create_topics(client, 7, name, partitions=100)
+    result = create_topics(client, 7, name, partitions=200)
     assert result.error_code == ErrorCode.POLICY_VIOLATION and "max.partitions" in result.error_message
     assert topic_partitions(client, name) is None
 

@@ -394,7 +394,8 @@ def test_every_documented_compose_command_names_its_project() -> None:
     up the test stack's `shoal` replaced the main broker and ran the test configuration on its data volume.
     (Compose v1.29 rejects a top-level `name:` key, so the project name is given on the command line.)"""
     projects: dict[str, set[str]] = {}
-    files = [REPO / "README.md", REPO / "Makefile", REPO / "examples" / "README.md", *COMPOSE_FILES]
+    files = [REPO / "README.md", REPO / "Makefile", REPO / "examples" / "README.md", *sorted((REPO / "docs").glob("*.md")),
+             *COMPOSE_FILES]
     for path in files:
         for line in path.read_text().splitlines():
             if not re.search(r"docker compose |docker-compose |\$\(COMPOSE\) ", line) or " -f " not in line:
@@ -501,6 +502,9 @@ def test_wheel_holds_every_module_the_broker_imports_at_start_up(
     # The protocol specs are data the codec loads at start-up.
     specs = {p.name for p in (REPO / "protocol" / "specs").glob("*.json")}
     assert specs and {f"shoal/protocol/specs/{s}" for s in specs} <= names
+    # So are Shoal's extensions of them: without these the codec would not match the generated classes.
+    extensions = {p.name for p in (REPO / "protocol" / "extensions").glob("*.json")}
+    assert extensions and {f"shoal/protocol/extensions/{s}" for s in extensions} <= names
 
 
 def test_sigterm_stops_the_broker_cleanly(tmp_path: Path) -> None:

@@ -36,6 +36,9 @@ from .test_bad_requests import PHANTOM_HEADERS, create_topics, raw_batch, raw_re
 SEED = int(os.environ.get("SHOAL_FUZZ_SEED", "20261123"))
 REQUESTS_PER_VERSION = int(os.environ.get("SHOAL_FUZZ_ROUNDS", "12"))
 
+INTERNAL_TOPICS = ("__consumer_offsets", "__share_group_state", "__transaction_state")
+INTERNAL_PARTITIONS = 3
+
 # Durations the broker honours by waiting (long polls): their edges would only make the fuzzer sleep.
 _WAIT_FIELDS = ("WaitMs", "TimeoutMs")
 
@@ -47,7 +50,7 @@ class Generator:
         self.rng = rng
         self.topic_id = topic_id
         good_batch = encode_batch([RecordInput(b"k", b"v", [("h", b"x")])])
-        self.strings = ["", topic, "fuzz-group", "__share_group_state", "x" * 249, "y" * 250, "bad name/\u00e9",
+        self.strings = ["", topic, "fuzz-group", *INTERNAL_TOPICS, "x" * 249, "y" * 250, "bad name/\u00e9",
                         "\x00", "1"]
         self.records = [None, b"", good_batch, PHANTOM_HEADERS, b"\xff" * 70,
                         raw_batch(raw_record(timestamp_delta=1), 1, base_timestamp=2**63 - 1)]
@@ -152,8 +155,9 @@ def fuzz_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProc
     base = tmp_path_factory.mktemp("fuzz")
     proc = BrokerProcess(base / "data", overrides=[
         "max.partitions.per.request=8", "max.partitions=64",
-        "offsets.topic.num.partitions=3", "share.coordinator.state.topic.num.partitions=3",
-        "transaction.state.log.num.partitions=3",
+        f"offsets.topic.num.partitions={INTERNAL_PARTITIONS}",
+        f"share.coordinator.state.topic.num.partitions={INTERNAL_PARTITIONS}",
+        f"transaction.state.log.num.partitions={INTERNAL_PARTITIONS}",
     ])
     proc.start()
     yield proc
@@ -187,6 +191,8 @@ def test_structure_aware_fuzz(fuzz_broker: BrokerProcess) -> None:
     finally:
         conn.close()
     assert answered > sent * 0.9
+    # Growing an internal topic by one partition fits every budget, so only the refusal stops it.
+    grow_internal_topics(fuzz_broker, [v for k, v in versions if k == ApiKey.CREATE_PARTITIONS])
     assert fuzz_broker.alive()
     log_text = fuzz_broker.log_text()
     assert "Traceback" not in log_text and "handler failed" not in log_text, log_text[-4000:]
@@ -194,10 +200,32 @@ def test_structure_aware_fuzz(fuzz_broker: BrokerProcess) -> None:
 
     # The broker starts again on whatever the fuzzer left behind (topics it created or deleted included).
     before = all_topics(fuzz_broker)
+    assert {t: before[t] for t in INTERNAL_TOPICS if t in before} == dict.fromkeys(
+        [t for t in INTERNAL_TOPICS if t in before], INTERNAL_PARTITIONS)
     assert fuzz_broker.stop() == 0
     fuzz_broker.start()
     assert all_topics(fuzz_broker) == before
     assert "Traceback" not in fuzz_broker.log_text()
+
+
+def grow_internal_topics(broker: BrokerProcess, versions: list[int]) -> None:
+    """CreatePartitions(current + 1) on each internal topic that exists, at every version: refused."""
+    req = messages.CreatePartitionsRequest
+    assert versions
+    with WireClient.connect(broker.bootstrap) as client:
+        for version in versions:
+            existing: dict[str, int] = {}
+            for name in INTERNAL_TOPICS:
+                found = topic_partitions(client, name)
+                if found is not None:
+                    existing[name] = found[1]
+            assert "__consumer_offsets" in existing and "__share_group_state" in existing
+            topics = [req.CreatePartitionsTopic(name=t, count=n + 1, assignments=None)  # type: ignore[attr-defined]
+                      for t, n in existing.items()]
+            resp = client.request(ApiKey.CREATE_PARTITIONS, version,
+                                  req(topics=topics, timeout_ms=10_000, validate_only=version % 2 == 1))
+            assert {r.name: r.error_code for r in resp.results} == dict.fromkeys(existing, ErrorCode.INVALID_REQUEST)
+            assert all(r.name in (r.error_message or "") for r in resp.results)
 
 
 def ensure_topic(broker: BrokerProcess, topic: str) -> bytes:

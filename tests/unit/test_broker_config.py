@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal.broker.server.config import BrokerConfig, ConfigError
+from shoal.broker.common.config import BrokerConfig, ConfigError
 from shoal.broker.server.main import main
 
 

@@ -15,12 +15,13 @@ from shoal.coordinator.classic_coordinator import (
     OffsetToCommit,
 )
 from shoal.coordinator.classic_group import ClassicGroupState, parse_subscription_topics
+from shoal.coordinator.group_coordinator import GroupCoordinator
 from shoal.protocol import coordinator_records as cr
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 
 from .cancellation import cancel_once_appended
-from .test_group_coordinator import Clock, close_log, open_log
+from .test_share_group_coordinator import Clock, RecordingPersister, Topics, close_log, open_log
 
 GROUP = "cg"
 SUBSCRIPTION = b"\x00\x00" + b"\x00\x00\x00\x01" + b"\x00\x06orders" + b"\xff\xff\xff\xff"
@@ -34,7 +35,11 @@ class Env:
         self.coord = self.new()
 
     def new(self) -> ClassicGroupCoordinator:
-        return ClassicGroupCoordinator(self.log, self.config, clock=self.clock, wall_ms=lambda: 1_700_000_000_000)
+        """The classic groups of a new group coordinator over the log (`gc`, whose offset operations the
+        tests use too)."""
+        self.gc = GroupCoordinator(self.log, Topics(), RecordingPersister(), classic_config=self.config,
+                                   clock=self.clock, wall_ms=lambda: 1_700_000_000_000)
+        return self.gc.classic
 
     def join_req(self, member_id: str = "", instance: str | None = None, protocol: str = "range",
                  metadata: bytes = SUBSCRIPTION, version: int = 9) -> JoinRequest:
@@ -103,7 +108,7 @@ async def test_two_members_rebalance_and_the_leader_assigns(env: Env) -> None:
 
 async def test_state_and_offsets_replay_after_restart(env: Env) -> None:
     member, gen = await one_member(env)
-    codes = await env.coord.commit_offsets(GROUP, member, None, gen, [OffsetToCommit("orders", 0, 42, 3, "meta")], 9)
+    codes = await env.gc.commit_offsets(GROUP, member, None, gen, [OffsetToCommit("orders", 0, 42, 3, "meta")], 9)
     assert codes == (ErrorCode.NONE, [ErrorCode.NONE])
     restarted = env.new()
     await restarted.load()
@@ -112,7 +117,7 @@ async def test_state_and_offsets_replay_after_restart(env: Env) -> None:
         ClassicGroupState.STABLE, gen, member, [member])
     assert group.members[member].assignment == b"P0"
     assert parse_subscription_topics(group.members[member].metadata("range")) == {"orders"}
-    _, rows = restarted.fetch_offsets(GROUP, [("orders", [0, 1])])
+    _, rows = env.gc.fetch_offsets(GROUP, None, -1, [("orders", [0, 1])])
     assert [(t, p, c and (c.offset, c.leader_epoch, c.metadata)) for t, p, c in rows] == [
         ("orders", 0, (42, 3, "meta")), ("orders", 1, None)]
     # The restored member keeps its generation: a heartbeat needs no rejoin.
@@ -142,21 +147,21 @@ async def test_static_member_replacement_keeps_generation(env: Env) -> None:
 
 async def test_commit_validation_and_offset_delete(env: Env) -> None:
     # A group that does not exist: generation -1 creates a "simple" group, others are refused.
-    simple = await env.coord.commit_offsets("simple", "", None, -1, [OffsetToCommit("t", 0, 1, -1, None)], 8)
+    simple = await env.gc.commit_offsets("simple", "", None, -1, [OffsetToCommit("t", 0, 1, -1, None)], 8)
     assert simple == (ErrorCode.NONE, [ErrorCode.NONE])
-    assert (await env.coord.commit_offsets("nope", "m", None, 1, [], 8))[0] == ErrorCode.ILLEGAL_GENERATION
-    assert (await env.coord.commit_offsets("nope", "m", None, 1, [], 9))[0] == ErrorCode.GROUP_ID_NOT_FOUND
+    assert (await env.gc.commit_offsets("nope", "m", None, 1, [], 8))[0] == ErrorCode.ILLEGAL_GENERATION
+    assert (await env.gc.commit_offsets("nope", "m", None, 1, [], 9))[0] == ErrorCode.GROUP_ID_NOT_FOUND
     member, gen = await one_member(env)
     big = OffsetToCommit("orders", 1, 5, -1, "x" * 5000)
-    assert await env.coord.commit_offsets(GROUP, member, None, gen, [big], 9) == (
+    assert await env.gc.commit_offsets(GROUP, member, None, gen, [big], 9) == (
         ErrorCode.NONE, [ErrorCode.OFFSET_METADATA_TOO_LARGE])
-    assert (await env.coord.commit_offsets(GROUP, "", None, -1, [], 9))[0] == ErrorCode.UNKNOWN_MEMBER_ID
-    await env.coord.commit_offsets(GROUP, member, None, gen, [OffsetToCommit("other", 0, 7, -1, "")], 9)
+    assert (await env.gc.commit_offsets(GROUP, "", None, -1, [], 9))[0] == ErrorCode.UNKNOWN_MEMBER_ID
+    await env.gc.commit_offsets(GROUP, member, None, gen, [OffsetToCommit("other", 0, 7, -1, "")], 9)
     # The members subscribe to "orders" (their ConsumerProtocol metadata says so), not to "other".
-    assert await env.coord.delete_offsets(GROUP, [("orders", 0), ("other", 0)]) == (
+    assert await env.gc.delete_offsets(GROUP, [("orders", 0), ("other", 0)]) == (
         ErrorCode.NONE, [ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC, ErrorCode.NONE])
-    assert env.coord.fetch_offsets(GROUP, [("other", [0])])[1][0][2] is None
-    assert await env.coord.delete_group(GROUP) == ErrorCode.NON_EMPTY_GROUP
+    assert env.gc.fetch_offsets(GROUP, None, -1, [("other", [0])])[1][0][2] is None
+    assert await env.gc.delete_group(GROUP) == ErrorCode.NON_EMPTY_GROUP
 
 
 async def test_group_max_size_refuses_another_member(tmp_path: Path) -> None:
@@ -238,7 +243,7 @@ async def test_ids_too_long_for_a_record_key_are_refused(env: Env) -> None:
     req = env.join_req()
     req.group_id = huge
     assert (await env.coord.join_group(req)).error_code == ErrorCode.INVALID_GROUP_ID
-    assert (await env.coord.commit_offsets(huge, "", None, -1, [OffsetToCommit("t", 0, 1, -1, "")], 9))[0] == (
+    assert (await env.gc.commit_offsets(huge, "", None, -1, [OffsetToCommit("t", 0, 1, -1, "")], 9))[0] == (
         ErrorCode.INVALID_GROUP_ID)
     req = env.join_req(instance="i" * 40_000)
     assert (await env.coord.join_group(req)).error_code == ErrorCode.INVALID_REQUEST
@@ -247,7 +252,10 @@ async def test_ids_too_long_for_a_record_key_are_refused(env: Env) -> None:
 
 def _persisted_view(coord: ClassicGroupCoordinator) -> dict[str, Any]:
     """What of each group the log holds: generation, leader, members with assignments, offsets."""
-    return {gid: (g.generation_id, g.leader_id, {m: x.assignment for m, x in g.members.items()}, dict(g.offsets))
+    def offsets(group_id: str) -> dict[tuple[str, int], Any]:
+        return dict(coord.runtime.shard(coord.partition_for(group_id)).offsets.offsets(group_id))
+
+    return {gid: (g.generation_id, g.leader_id, {m: x.assignment for m, x in g.members.items()}, offsets(gid))
             for gid, g in coord.groups.items()}
 
 
@@ -258,13 +266,13 @@ async def test_writes_whose_caller_is_cancelled_mid_fsync_still_reach_memory(env
     # The leader's SyncGroup persists the assignment; its client goes away while that is being fsynced.
     await cancel_once_appended(plog, env.sync(joined.member_id, joined.generation_id, {joined.member_id: b"P0"}))
     commit = [OffsetToCommit("orders", 0, 42, 3, "m")]
-    await cancel_once_appended(plog, env.coord.commit_offsets(GROUP, joined.member_id, None, joined.generation_id,
-                                                              commit, 9))
+    await cancel_once_appended(plog, env.gc.commit_offsets(GROUP, joined.member_id, None, joined.generation_id,
+                                                           commit, 9))
     await env.coord.runtime.drain()
     restarted = env.new()
     await restarted.load()
     assert _persisted_view(env.coord) == _persisted_view(restarted)
     group = env.coord.groups[GROUP]
     assert group.state == ClassicGroupState.STABLE and group.members[joined.member_id].assignment == b"P0"
-    assert group.offsets[("orders", 0)].offset == 42
+    assert _persisted_view(env.coord)[GROUP][3][("orders", 0)].offset == 42
     await restarted.stop()

@@ -10,13 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shoal.coordinator.classic_coordinator import OffsetToCommit
 from shoal.coordinator.consumer_assignors import RangeAssignor, UniformAssignor
 from shoal.coordinator.consumer_coordinator import ConsumerGroupConfig, ConsumerGroupCoordinator
 from shoal.coordinator.consumer_group import ConsumerMember, MemberState, reconcile
+from shoal.coordinator.group_coordinator import GroupCoordinator
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 
-from .test_group_coordinator import Clock, close_log, open_log
+from .test_share_group_coordinator import Clock, RecordingPersister, close_log, open_log
 
 GROUP = "kg"
 T1, T2 = b"\x31" * 16, b"\x32" * 16
@@ -110,8 +112,12 @@ class Env:
         self.coord = self.new()
 
     def new(self) -> ConsumerGroupCoordinator:
-        return ConsumerGroupCoordinator(self.log, self.topics, ConsumerGroupConfig(session_timeout_ms=10000),
-                                        assignors=[UniformAssignor(), RangeAssignor()], clock=self.clock)
+        """The consumer groups of a new group coordinator over the log (`gc`, whose offset operations the
+        tests use too)."""
+        self.gc = GroupCoordinator(self.log, self.topics, RecordingPersister(),
+                                   consumer_config=ConsumerGroupConfig(session_timeout_ms=10000),
+                                   assignors=[UniformAssignor(), RangeAssignor()], clock=self.clock)
+        return self.gc.consumer
 
     async def beat(self, member_id: str, epoch: int, owned: dict[bytes, set[int]] | None = None,
                    topics: list[str] | None = None, regex: str | None = None, version: int = 1) -> Any:
@@ -130,9 +136,9 @@ def parts(resp: Any) -> set[int]:
 @pytest.fixture
 async def env(tmp_path: Path) -> Any:
     e = Env(tmp_path)
-    await e.coord.load()
+    await e.gc.load()
     yield e
-    await e.coord.stop()
+    await e.gc.stop()
     close_log(e.log)
 
 
@@ -150,24 +156,28 @@ async def test_join_split_revoke_and_replay(env: Env) -> None:
     assert parts(b2) == {0, 1, 2, 3} - kept
     assert env.coord.describe(GROUP).group_state == "Stable"
     # Offsets by member epoch.
-    code, _ = await env.coord.commit_offsets(GROUP, "a", 1, [("orders", 0, 5, 0, None)], 9)
+    five = [OffsetToCommit("orders", 0, 5, 0, None)]
+    code, _ = await env.gc.commit_offsets(GROUP, "a", None, 1, five, 9)
     assert code == ErrorCode.STALE_MEMBER_EPOCH
-    code, per = await env.coord.commit_offsets(GROUP, "a", 2, [("orders", 0, 5, 0, None)], 9)
+    assert (await env.gc.commit_offsets(GROUP, "a", None, 1, five, 8))[0] == ErrorCode.UNSUPPORTED_VERSION
+    code, per = await env.gc.commit_offsets(GROUP, "a", None, 2, five, 9)
     assert (code, per) == (ErrorCode.NONE, [ErrorCode.NONE])
-    assert (await env.coord.commit_offsets(GROUP, "zz", 2, [("orders", 0, 5, 0, None)], 9))[0] == \
-        ErrorCode.UNKNOWN_MEMBER_ID
+    assert (await env.gc.commit_offsets(GROUP, "zz", None, 2, five, 9))[0] == ErrorCode.UNKNOWN_MEMBER_ID
+    # KIP-447: a transactional commit with a stale member epoch is ILLEGAL_GENERATION.
+    assert (await env.gc.commit_transactional_offsets(GROUP, 9, 0, "a", None, 1, five))[0] == \
+        ErrorCode.ILLEGAL_GENERATION
     # OffsetDelete refuses topics the members subscribe to.
-    assert await env.coord.delete_offsets(GROUP, [("orders", 0), ("elsewhere", 0)]) == (
+    assert await env.gc.delete_offsets(GROUP, [("orders", 0), ("elsewhere", 0)]) == (
         ErrorCode.NONE, [ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC, ErrorCode.NONE])
     # Everything comes back from the log.
     before = env.coord.describe(GROUP)
     again = env.new()
-    await again.load()
+    await env.gc.load()
     after = again.describe(GROUP)
     assert (after.group_epoch, after.assignment_epoch, after.group_state) == (2, 2, "Stable")
     assert [(m.member_id, m.member_epoch, m.assignment) for m in after.members] == \
         [(m.member_id, m.member_epoch, m.assignment) for m in before.members]
-    assert again.fetch_offsets(GROUP, None, -1, None)[1][0][2].offset == 5  # type: ignore[union-attr]
+    assert env.gc.fetch_offsets(GROUP, None, -1, None)[1][0][2].offset == 5  # type: ignore[union-attr]
 
 
 async def test_fencing_leave_and_session_expiry(env: Env) -> None:
@@ -181,7 +191,7 @@ async def test_fencing_leave_and_session_expiry(env: Env) -> None:
     left = await env.beat("a", -1)
     assert (left.error_code, left.member_epoch) == (ErrorCode.NONE, -1)
     assert env.coord.describe(GROUP).group_state == "Empty"
-    assert await env.coord.delete_group(GROUP) == ErrorCode.NONE
+    assert await env.gc.delete_group(GROUP) == ErrorCode.NONE
     assert GROUP not in env.coord.groups
 
 
@@ -204,8 +214,11 @@ async def test_regex_subscription_and_bad_input(env: Env) -> None:
     unsupported = Request(group_id=GROUP, member_id="d", member_epoch=0, rebalance_timeout_ms=1,
                           subscribed_topic_names=["orders"], server_assignor="sticky", topic_partitions=[])
     assert (await env.coord.heartbeat(unsupported, 1, "c", "h")).error_code == ErrorCode.UNSUPPORTED_ASSIGNOR
-    env.coord.foreign_group = lambda g: g == "classic"
-    foreign = Request(group_id="classic", member_id="d", member_epoch=0, rebalance_timeout_ms=1,
+    # The id of a share group is not a consumer group's.
+    share = messages.ShareGroupHeartbeatRequest(group_id="shared", member_id="s", member_epoch=0,
+                                                subscribed_topic_names=["orders"])
+    assert (await env.gc.share.heartbeat(share, "c", "h")).error_code == ErrorCode.NONE
+    foreign = Request(group_id="shared", member_id="d", member_epoch=0, rebalance_timeout_ms=1,
                       subscribed_topic_names=["orders"], topic_partitions=[])
     assert (await env.coord.heartbeat(foreign, 1, "c", "h")).error_code == ErrorCode.GROUP_ID_NOT_FOUND
 

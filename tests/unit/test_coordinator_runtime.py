@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from shoal.broker.storage.internal_topic_log import InternalTopicLog
 from shoal.broker.storage.partition_log import LogConfig, PartitionLog
 from shoal.broker.storage.topic_registry import Topic
-from shoal.coordinator.runtime import CoordinatorRuntime, PartitionGate
+from shoal.coordinator.runtime import CoordinatorResult, CoordinatorRuntime, PartitionGate
 from shoal.coordinator.share_state import tombstone_record
 from shoal.persister.persister import SharePartitionKey
 from shoal.protocol.coordinator_records import CoordinatorRecord
@@ -114,3 +115,53 @@ async def test_operation_outlives_its_caller_and_keeps_its_key(
     reloaded = CoordinatorRuntime(rt.record_log, lambda _p: ReplayedOffsets())
     await reloaded.load(0)
     assert reloaded.shard(0).offsets == rt.shard(0).offsets
+
+
+# ---- timers ----------------------------------------------------------------------------------------
+
+
+async def test_timer_runs_as_an_operation_on_its_key_and_is_replaced_or_cancelled(
+    runtime: tuple[CoordinatorRuntime[ReplayedOffsets], PartitionLog],
+) -> None:
+    rt, _plog = runtime
+    await rt.load(0)
+    fired: list[str] = []
+    released = asyncio.Event()
+
+    def op(name: str) -> Any:
+        async def run() -> None:
+            fired.append(name)
+            await rt.append(0, [a_record(len(fired))])
+        return run
+
+    async def hold_key() -> None:
+        await released.wait()
+
+    holder = asyncio.ensure_future(rt.write(0, "k", hold_key))
+    await asyncio.sleep(0)
+    rt.schedule(0, "t1", 0, "k", op("first"))
+    rt.schedule(0, "t1", 0, "k", op("replacing"))  # the same timer again: only this one fires
+    rt.schedule(0, "t2", 0, "k", op("cancelled"))
+    rt.cancel(0, "t2")
+    await asyncio.sleep(0.01)
+    assert fired == [] and not rt.is_scheduled(0, "t1")  # fired, but waits for the key's writer
+    released.set()
+    await holder
+    await rt.drain()
+    assert fired == ["replacing"] and rt.shard(0).offsets == [0]
+
+
+async def test_write_result_appends_and_replays_before_answering(
+    runtime: tuple[CoordinatorRuntime[ReplayedOffsets], PartitionLog],
+) -> None:
+    rt, plog = runtime
+    await rt.load(0)
+
+    def plan() -> CoordinatorResult[list[int]]:
+        return CoordinatorResult([a_record(0), a_record(1)], list(rt.shard(0).offsets))
+
+    assert await rt.write_result(0, "k", plan) == []  # the answer was planned before the write
+    assert rt.shard(0).offsets == [0, 1] and plog.flushed_offset == 2  # and given once it was durable
+    with pytest.raises(TypeError):  # a transactional batch needs the transactional runtime
+        await rt.write_result(0, "k", lambda: CoordinatorResult([a_record(2)], None, producer_id=5))
+    assert rt.shard(0).offsets == [0, 1]

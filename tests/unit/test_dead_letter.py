@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal.broker.server.config import CLUSTER_DEFAULT, BrokerConfig
+from shoal.broker.common.config import CLUSTER_DEFAULT, BrokerConfig
 from shoal.broker.share.dead_letter import DeadLetterWriter, NotDeadLettered, Source, already_dead_lettered
 from shoal.broker.share.group_configs import (
     GroupConfigs,

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shoal.broker.apis.broker import Api
 from shoal.broker.network.framing import (
     Decoded,
     FrameSizeError,
@@ -18,6 +17,7 @@ from shoal.broker.network.framing import (
     decode_header,
     next_frame,
 )
+from shoal.broker.network.request_channel import Api
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shoal.broker.server.config import CLUSTER_DEFAULT, THIS_BROKER, BrokerConfig, ConfigError
+from shoal.broker.common.config import CLUSTER_DEFAULT, THIS_BROKER, BrokerConfig, ConfigError
 from shoal.broker.share.group_configs import GroupConfigs, InvalidGroupConfig, ValidationContext
 
 

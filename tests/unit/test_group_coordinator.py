@@ -1,4 +1,6 @@
-"""GroupCoordinator over a real `__consumer_offsets` (InternalTopicLog on PartitionLogs in tmp_path)."""
+"""The group coordinator: one shard for every group type over a real `__consumer_offsets` (InternalTopicLog
+on PartitionLogs in tmp_path), its OffsetMetadataManager (a property test against a model of Kafka's
+rules), transactional offsets and their markers, offset expiry, deleted topics, and one group per id."""
 
 from __future__ import annotations
 
@@ -7,740 +9,251 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from shoal.broker.storage.internal_topic_log import InternalTopicLog
-from shoal.broker.storage.partition_log import LogConfig, PartitionLog
-from shoal.broker.storage.topic_registry import Topic
-from shoal.coordinator.group_coordinator import (
-    GroupCoordinator,
-    GroupCoordinatorConfig,
-    partition_for_group,
-)
-from shoal.coordinator.placement import java_string_hashcode
-from shoal.coordinator.share_group import can_compute_next_target_assignment
-from shoal.persister.persister import ReadStateResult, SharePartitionKey, StateSummary, WriteStateRequest
-from shoal.protocol import coordinator_records as cr
+from shoal.coordinator.classic_coordinator import ClassicGroupConfig, JoinRequest, OffsetToCommit
+from shoal.coordinator.classic_group import ClassicGroup
+from shoal.coordinator.consumer_group import ConsumerGroup
+from shoal.coordinator.group_coordinator import GroupCoordinator, OffsetConfig
+from shoal.coordinator.group_coordinator_shard import GroupCoordinatorShard
+from shoal.coordinator.offset_metadata_manager import CommittedOffset, offset_commit_record, offset_tombstone
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 
-from .cancellation import cancel_once_appended
+from .test_share_group_coordinator import Clock, RecordingPersister, close_log, open_log
 
-GROUP = "g1"
+GROUP = "gc-group"
 T_ORDERS = b"\x10" * 16
-T_OTHER = b"\x20" * 16
-Request = messages.ShareGroupHeartbeatRequest
+RETENTION_MS = 60_000
+NOW_MS = 1_700_000_000_000
 
 
 class Topics:
-    """The test's topic metadata (name -> id, partition count)."""
-
     def __init__(self) -> None:
-        self.by_name: dict[str, tuple[bytes, int]] = {"orders": (T_ORDERS, 4), "other": (T_OTHER, 2)}
+        self.by_name: dict[str, tuple[bytes, int]] = {"orders": (T_ORDERS, 2)}
 
     def topic_by_name(self, name: str) -> tuple[bytes, int] | None:
         return self.by_name.get(name)
 
     def topic_by_id(self, topic_id: bytes) -> tuple[str, int] | None:
-        for name, (tid, count) in self.by_name.items():
-            if tid == topic_id:
-                return name, count
+        return next(((n, c) for n, (t, c) in self.by_name.items() if t == topic_id), None)
+
+    def topic_names(self) -> list[str]:
+        return list(self.by_name)
+
+
+# ---- OffsetMetadataManager against a model ---------------------------------------------------------
+
+# An operation on one partition's offsets of one group: a regular commit, a transactional commit of a
+# producer, a producer's COMMIT or ABORT marker, or a tombstone.
+Op = tuple[str, int]
+ops_strategy = st.lists(st.one_of(
+    st.tuples(st.just("commit"), st.just(-1)),
+    st.tuples(st.just("txn"), st.integers(1, 3)),
+    st.tuples(st.just("marker-commit"), st.integers(1, 3)),
+    st.tuples(st.just("marker-abort"), st.integers(1, 3)),
+    st.tuples(st.just("tombstone"), st.just(-1)),
+), max_size=30)
+
+
+def _model(ops: list[Op]) -> int | None:
+    """Kafka's rule, stated without its bookkeeping: the committed offset is the value of the latest record
+    (by log offset) after the last tombstone that is either a regular commit or a transactional one whose
+    producer's next marker is a COMMIT already read."""
+    best: int | None = None
+    for i, (kind, pid) in enumerate(ops):
+        if kind == "tombstone":
+            best = None
+        elif kind == "commit":
+            best = i
+        elif kind.startswith("marker"):
+            continue
+        elif kind == "txn":
+            marker = next((k for k, p in ops[i + 1:] if p == pid and k.startswith("marker")), None)
+            later_tombstone = any(k == "tombstone" for k, _ in ops[i + 1:])
+            if marker == "marker-commit" and not later_tombstone and (best is None or i > best):
+                best = i
+    if best is not None and any(k == "tombstone" for k, _ in ops[best + 1:]):
         return None
+    return best
 
 
-class RecordingPersister:
-    """Implements the Persister protocol for these tests: records calls, fails on demand."""
-
-    def __init__(self) -> None:
-        self.initialized: list[tuple[SharePartitionKey, int, int]] = []
-        self.deleted: list[SharePartitionKey] = []
-        self.fail_initialize = False
-        self.fail_delete = False
-        self.delete_calls = 0
-        self.initialize_calls = 0
-
-    async def initialize_state(self, key: SharePartitionKey, state_epoch: int, start_offset: int) -> int:
-        await asyncio.sleep(0)
-        self.initialize_calls += 1
-        if self.fail_initialize:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        self.initialized.append((key, state_epoch, start_offset))
-        return ErrorCode.NONE
-
-    async def read_state(self, key: SharePartitionKey, leader_epoch: int) -> ReadStateResult:
-        raise AssertionError("the group coordinator never reads share state")
-
-    async def write_state(self, request: WriteStateRequest) -> int:
-        raise AssertionError("the group coordinator never writes share state")
-
-    async def delete_state(self, key: SharePartitionKey) -> int:
-        self.delete_calls += 1
-        if self.fail_delete:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        self.deleted.append(key)
-        return ErrorCode.NONE
-
-    async def read_state_summary(self, key: SharePartitionKey, leader_epoch: int) -> StateSummary:
-        raise AssertionError("not used")
+@settings(max_examples=300, deadline=None)
+@given(ops_strategy)
+def test_committed_offset_is_the_latest_counted_record(ops: list[Op]) -> None:
+    shard = GroupCoordinatorShard()
+    for offset, (kind, pid) in enumerate(ops):
+        if kind == "tombstone":
+            shard.replay(offset, offset_tombstone(GROUP, "t", 0))
+        elif kind in ("commit", "txn"):
+            # The committed value is the record's own log offset, so the model can name it.
+            shard.replay(offset, offset_commit_record(GROUP, "t", 0, CommittedOffset(offset, -1, "", 0)), pid)
+        else:
+            shard.replay_end_transaction(pid, kind == "marker-commit")
+    committed = shard.offsets.offsets(GROUP).get(("t", 0))
+    assert (None if committed is None else committed.offset) == _model(ops)
+    open_pids = {pid for i, (k, pid) in enumerate(ops) if k == "txn"
+                 and not any(p == pid and kk.startswith("marker") for kk, p in ops[i + 1:])
+                 and not any(kk == "tombstone" for kk, _ in ops[i + 1:])}
+    assert shard.offsets.has_pending(GROUP, "t", 0) == bool(open_pids)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def open_log(path: Path, partitions: int = 3) -> InternalTopicLog:
-    plogs = [PartitionLog.open(path / f"__consumer_offsets-{p}", LogConfig()) for p in range(partitions)]
-    return InternalTopicLog(Topic("__consumer_offsets", b"\x01" * 16, plogs))
-
-
-def close_log(log: InternalTopicLog) -> None:
-    for plog in log.topic.partitions:
-        plog.close()
+# ---- the coordinator over a real log ---------------------------------------------------------------
 
 
 class Env:
-    def __init__(self, path: Path, config: GroupCoordinatorConfig | None = None) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self.topics = Topics()
-        self.persister = RecordingPersister()
-        self.clock = Clock()
-        # Assignment batching (KIP-1263) off unless a test turns it on, as in Kafka's request tests.
-        self.config = config or GroupCoordinatorConfig(assignment_interval_ms=0)
         self.log = open_log(path)
-        self.coord = self.new_coordinator()
+        self.clock = Clock()
+        self.now_ms = NOW_MS
+        self.topics = Topics()
+        self.gc = self.new()
 
-    def new_coordinator(self) -> GroupCoordinator:
-        return GroupCoordinator(self.log, self.topics, self.persister, self.config, clock=self.clock,
-                                wall_clock=self.clock)
+    def new(self) -> GroupCoordinator:
+        return GroupCoordinator(self.log, self.topics, RecordingPersister(),
+                                classic_config=ClassicGroupConfig(initial_rebalance_delay_ms=0),
+                                offset_config=OffsetConfig(retention_ms=RETENTION_MS),
+                                clock=self.clock, wall_ms=lambda: self.now_ms)
 
-    async def hb(self, member: str, epoch: int, topics: list[str] | None = None, group: str = GROUP,
-                 rack: str | None = None) -> Any:
-        req = Request(group_id=group, member_id=member, member_epoch=epoch, rack_id=rack, subscribed_topic_names=topics)
-        return await self.coord.heartbeat(req, "client-" + member, "/127.0.0.1")
+    async def restart(self) -> None:
+        await self.gc.stop()
+        close_log(self.log)
+        self.log = open_log(self.path)
+        self.gc = self.new()
+        await self.gc.load()
 
-    async def join_initialised(self, member: str, topics: list[str]) -> Any:
-        """Join, let initialisation finish, heartbeat again: the member now holds partitions."""
-        first = await self.hb(member, 0, topics)
-        assert first.error_code == 0
-        await self.coord.wait_for_background()
-        return await self.hb(member, first.member_epoch)
+    def marker(self, group_id: str, producer_id: int, commit: bool) -> None:
+        """What the transaction coordinator's marker writer does on the group's partition."""
+        partition = self.gc.partition_for(group_id)
+        plog = self.log.topic.partitions[partition]
+        plog.append_marker(producer_id=producer_id, producer_epoch=0, commit=commit, coordinator_epoch=0,
+                           timestamp_ms=0)
+        self.gc.on_transaction_completed(partition, producer_id, commit)
 
-
-def parts(resp: Any) -> dict[bytes, set[int]]:
-    assert resp.assignment is not None
-    return {tp.topic_id: set(tp.partitions) for tp in resp.assignment.topic_partitions}
+    def committed(self, group_id: str, topic: str = "orders", partition: int = 0) -> int | None:
+        code, rows = self.gc.fetch_offsets(group_id, None, -1, [(topic, [partition])])
+        assert code == ErrorCode.NONE
+        row = rows[0][2]
+        return None if row is None else row.offset
 
 
 @pytest.fixture
 async def env(tmp_path: Path) -> Any:
     e = Env(tmp_path)
-    await e.coord.load()
+    await e.gc.load()
     yield e
-    await e.coord.stop()
+    await e.gc.stop()
     close_log(e.log)
 
 
-async def test_join_then_assignment_after_initialisation(env: Env) -> None:
-    resp = await env.hb("m1", 0, ["orders"])
-    assert resp.error_code == 0
-    assert resp.member_id == "m1"
-    assert resp.member_epoch == 1
-    assert resp.heartbeat_interval_ms == 5000
-    # Nothing is initialised yet: an empty (but present) assignment.
-    assert parts(resp) == {}
-    await env.coord.wait_for_background()
-    assert sorted(k.partition for k, _, _ in env.persister.initialized) == [0, 1, 2, 3]
-    assert {(k.group_id, k.topic_id, epoch, start) for k, epoch, start in env.persister.initialized} == {
-        (GROUP, T_ORDERS, 1, -1)
-    }
-    resp = await env.hb("m1", 1)
-    assert resp.member_epoch == 2
-    assert parts(resp) == {T_ORDERS: {0, 1, 2, 3}}
-    # Steady state: same epoch, no assignment in the response.
-    resp = await env.hb("m1", 2)
-    assert (resp.error_code, resp.member_epoch, resp.assignment) == (0, 2, None)
-    # A full request (subscription present) always carries the assignment.
-    resp = await env.hb("m1", 2, ["orders"])
-    assert parts(resp) == {T_ORDERS: {0, 1, 2, 3}}
-    assert env.coord.rebalances == 2
-
-
-async def test_two_members_split_partitions(env: Env) -> None:
-    a = await env.join_initialised("a", ["orders"])
-    b = await env.hb("b", 0, ["orders"])
-    assert b.member_epoch == a.member_epoch + 1
-    assert len(parts(b)[T_ORDERS]) == 2
-    a2 = await env.hb("a", a.member_epoch)
-    assert a2.member_epoch == b.member_epoch
-    assert parts(a2)[T_ORDERS] | parts(b)[T_ORDERS] == {0, 1, 2, 3}
-    assert parts(a2)[T_ORDERS].isdisjoint(parts(b)[T_ORDERS])
-
-
-async def test_more_members_than_partitions_share(env: Env) -> None:
-    env.topics.by_name["one"] = (b"\x30" * 16, 1)
-    first = await env.join_initialised("a", ["one"])
-    second = await env.hb("b", 0, ["one"])
-    assert parts(second) == {b"\x30" * 16: {0}}
-    again = await env.hb("a", first.member_epoch)
-    assert again.member_epoch == second.member_epoch
-    assert again.assignment is None  # still holds partition 0, shared with b
-
-
-async def test_leave_bumps_epoch_and_rebalances(env: Env) -> None:
-    a = await env.join_initialised("a", ["orders"])
-    b = await env.hb("b", 0, ["orders"])
-    a1 = await env.hb("a", a.member_epoch)
-    assert len(parts(a1)[T_ORDERS]) == 2
-    leave = await env.hb("b", -1)
-    assert (leave.error_code, leave.member_id, leave.member_epoch) == (0, "b", -1)
-    a2 = await env.hb("a", a1.member_epoch)
-    # The leave bumped the epoch; a's next heartbeat recomputes the target at that epoch.
-    assert a2.member_epoch == b.member_epoch + 1
-    assert parts(a2) == {T_ORDERS: {0, 1, 2, 3}}
-    [described] = env.coord.describe([GROUP])
-    assert [m.member_id for m in described.members] == ["a"]
-    # Leaving twice is an unknown member.
-    assert (await env.hb("b", -1)).error_code == ErrorCode.UNKNOWN_MEMBER_ID
-
-
-async def test_last_member_leaving_empties_group(env: Env) -> None:
-    a = await env.join_initialised("a", ["orders"])
-    await env.hb("a", -1)
-    [described] = env.coord.describe([GROUP])
-    assert described.group_state == "Empty"
-    assert described.group_epoch == a.member_epoch + 1
-    assert described.assignment_epoch == described.group_epoch
-
-
-async def test_fenced_member_epoch(env: Env) -> None:
-    a = await env.join_initialised("a", ["orders"])
-    assert a.member_epoch == 2
-    too_new = await env.hb("a", 7)
-    assert too_new.error_code == ErrorCode.FENCED_MEMBER_EPOCH
-    # The previous epoch is tolerated (a lost response) ...
-    assert (await env.hb("a", 1)).error_code == 0
-    # ... anything older is not.
-    b = await env.hb("b", 0, ["orders"])
-    a_now = await env.hb("a", 2)
-    assert a_now.member_epoch == b.member_epoch
-    assert (await env.hb("a", 1)).error_code == ErrorCode.FENCED_MEMBER_EPOCH
-    # Rejoining with epoch 0 and the same member id works.
-    rejoin = await env.hb("a", 0, ["orders"])
-    assert rejoin.error_code == 0 and rejoin.member_epoch == b.member_epoch
-
-
-async def test_unknown_member_and_group(env: Env) -> None:
-    assert (await env.hb("ghost", 3, group="nope")).error_code == ErrorCode.GROUP_ID_NOT_FOUND
-    await env.hb("a", 0, ["orders"])
-    resp = await env.hb("ghost", 3)
-    assert resp.error_code == ErrorCode.UNKNOWN_MEMBER_ID
-    assert resp.member_id is None
-
-
-async def test_invalid_requests(env: Env) -> None:
-    assert (await env.hb("", 0, ["orders"])).error_code == ErrorCode.INVALID_REQUEST
-    assert (await env.hb("x" * 37, 0, ["orders"])).error_code == ErrorCode.INVALID_REQUEST
-    assert (await env.hb("a", 0, ["orders"], group="")).error_code == ErrorCode.INVALID_REQUEST
-    assert (await env.hb("a", 0, ["orders"], rack="")).error_code == ErrorCode.INVALID_REQUEST
-    assert (await env.hb("a", 0, None)).error_code == ErrorCode.INVALID_REQUEST
-    assert (await env.hb("a", 0, [])).error_code == ErrorCode.INVALID_REQUEST
-    assert (await env.hb("a", -2, ["orders"])).error_code == ErrorCode.INVALID_REQUEST
-    assert env.coord.group_ids() == []
-
-
-async def test_max_size(tmp_path: Path) -> None:
-    e = Env(tmp_path, GroupCoordinatorConfig(max_size=2, assignment_interval_ms=0))
-    await e.coord.load()
-    assert (await e.hb("a", 0, ["orders"])).error_code == 0
-    b = await e.hb("b", 0, ["orders"])
-    assert b.error_code == 0
-    assert (await e.hb("c", 0, ["orders"])).error_code == ErrorCode.GROUP_MAX_SIZE_REACHED
-    # Existing members keep working.
-    assert (await e.hb("b", b.member_epoch)).error_code == 0
-    await e.coord.stop()
-    close_log(e.log)
-
-
-async def test_subscription_change_bumps_epoch(env: Env) -> None:
-    a = await env.join_initialised("a", ["orders"])
-    resp = await env.hb("a", a.member_epoch, ["orders", "other"])
-    assert resp.member_epoch == a.member_epoch + 1
-    assert parts(resp) == {T_ORDERS: {0, 1, 2, 3}}  # "other" is still being initialised
-    await env.coord.wait_for_background()
-    resp = await env.hb("a", resp.member_epoch)
-    assert parts(resp) == {T_ORDERS: {0, 1, 2, 3}, T_OTHER: {0, 1}}
-    resp = await env.hb("a", resp.member_epoch, ["other"])
-    assert parts(resp) == {T_OTHER: {0, 1}}
-
-
-async def test_session_timeout_explicit(env: Env) -> None:
-    a = await env.join_initialised("a", ["orders"])
-    b = await env.hb("b", 0, ["orders"])
-    env.clock.now += 30
-    await env.hb("a", a.member_epoch)  # a stays alive
-    env.clock.now += 20  # b is 50 s silent, a only 20 s
-    assert await env.coord.expire_members() == [(GROUP, "b")]
-    [described] = env.coord.describe([GROUP])
-    assert [m.member_id for m in described.members] == ["a"]
-    assert described.group_epoch == b.member_epoch + 1
-    assert (await env.hb("b", b.member_epoch)).error_code == ErrorCode.UNKNOWN_MEMBER_ID
-
-
-async def test_session_timeout_background_loop(tmp_path: Path) -> None:
-    config = GroupCoordinatorConfig(session_timeout_ms=50, maintenance_interval_ms=10, assignment_interval_ms=0)
-    log = open_log(tmp_path)
-    coord = GroupCoordinator(log, Topics(), RecordingPersister(), config)
-    await coord.load()
-    coord.start()
-    req = Request(group_id=GROUP, member_id="a", member_epoch=0, subscribed_topic_names=["orders"])
-    assert (await coord.heartbeat(req, "c", "/h")).error_code == 0
-    for _ in range(100):
-        if coord.is_empty(GROUP):
-            break
-        await asyncio.sleep(0.01)
-    assert coord.is_empty(GROUP)
-    assert coord.list_groups() == [(GROUP, "Empty")]
-    await coord.stop()
-    close_log(log)
-
-
-async def test_restart_restores_state(env: Env) -> None:
-    a = await env.join_initialised("a", ["orders"])
-    b = await env.hb("b", 0, ["orders"], rack="r1")
-    a2 = await env.hb("a", a.member_epoch)
-    before = env.coord.describe([GROUP])
-    await env.coord.stop()
-    close_log(env.log)
-
-    env.log = open_log(env.path)
-    env.persister.initialized.clear()
-    env.coord = env.new_coordinator()
-    await env.coord.load()
-    assert env.coord.describe([GROUP]) == before
-    group = env.coord.groups[GROUP]
-    assert group.initialized[T_ORDERS].partitions == {0, 1, 2, 3}
-    assert group.members["b"].rack_id == "r1"
-    assert group.target_assignment["a"] == {T_ORDERS: frozenset(parts(a2)[T_ORDERS])}
-    # Members carry on with their epochs; nothing needs re-initialising.
-    again = await env.hb("b", b.member_epoch)
-    assert (again.error_code, again.member_epoch, again.assignment) == (0, b.member_epoch, None)
-    await env.coord.wait_for_background()
-    assert env.persister.initialized == []
-    # Restored members got a fresh session: not expired right away, expired after the timeout.
-    assert await env.coord.expire_members() == []
-    env.clock.now += 46
-    assert sorted(await env.coord.expire_members()) == [(GROUP, "a"), (GROUP, "b")]
-
-
-async def test_heartbeats_cancelled_mid_append_leave_no_ghosts(env: Env) -> None:
-    await env.join_initialised("a", ["orders"])
-    plog = env.log.topic.partitions[partition_for_group(GROUP, env.log.num_partitions)]
-    await cancel_once_appended(plog, env.hb("a", -1))  # a leave: "a" must not linger in memory
-    await cancel_once_appended(plog, env.hb("b", 0, ["orders"]))  # a join: "b" must not appear only after a restart
-    await env.coord.stop()  # operations already started run to completion
-    assert sorted(env.coord.groups[GROUP].members) == ["b"]
-    reloaded = env.new_coordinator()
-    await reloaded.load()
-    assert reloaded.describe([GROUP]) == env.coord.describe([GROUP])
-
-
-async def test_records_on_the_log(env: Env) -> None:
-    await env.join_initialised("a", ["orders"])
-    partition = partition_for_group(GROUP, env.log.num_partitions)
-    types = [rec.record_type for _, rec in env.log.replay(partition)]
-    assert set(types) == {
-        cr.SHARE_GROUP_MEMBER_METADATA, cr.SHARE_GROUP_METADATA, cr.SHARE_GROUP_TARGET_ASSIGNMENT_METADATA,
-        cr.SHARE_GROUP_TARGET_ASSIGNMENT_MEMBER, cr.SHARE_GROUP_CURRENT_MEMBER_ASSIGNMENT,
-        cr.SHARE_GROUP_STATE_PARTITION_METADATA,
-    }
-    other = [p for p in range(env.log.num_partitions) if p != partition]
-    assert all(not list(env.log.replay(p)) for p in other)
-    states = [rec.value for _, rec in env.log.replay(partition) if rec.record_type == cr.SHARE_GROUP_STATE_PARTITION_METADATA]
-    assert [t.partitions for t in states[0].initializing_topics] == [[0, 1, 2, 3]]
-    assert states[-1].initializing_topics == [] and states[-1].initialized_topics[0].topic_name == "orders"
-
-
-async def test_describe_and_list(env: Env) -> None:
-    await env.join_initialised("a", ["orders"])
-    await env.hb("b", 0, ["orders"], group="g2")
-    await env.hb("b", -1, group="g2")
-    described, missing = env.coord.describe([GROUP, "missing"])
-    assert missing.error_code == ErrorCode.GROUP_ID_NOT_FOUND
-    assert (described.error_code, described.group_state, described.assignor_name) == (0, "Stable", "simple")
-    [member] = described.members
-    assert (member.member_id, member.client_id, member.client_host) == ("a", "client-a", "/127.0.0.1")
-    assert member.subscribed_topic_names == ["orders"]
-    [tp] = member.assignment.topic_partitions
-    assert (tp.topic_id, tp.topic_name, tp.partitions) == (T_ORDERS, "orders", [0, 1, 2, 3])
-    assert env.coord.list_groups() == [(GROUP, "Stable"), ("g2", "Empty")]
-    assert env.coord.groups_by_state() == {"Empty": 1, "Stable": 1, "Dead": 0}
-    assert not env.coord.is_empty(GROUP) and env.coord.is_empty("g2")
-
-
-async def test_delete_group(env: Env) -> None:
-    a = await env.join_initialised("a", ["orders"])
-    assert await env.coord.delete_group(GROUP) == ErrorCode.NON_EMPTY_GROUP
-    assert await env.coord.delete_group("missing") == ErrorCode.GROUP_ID_NOT_FOUND
-    await env.hb("a", -1)
-    env.persister.fail_delete = True
-    assert await env.coord.delete_group(GROUP) == ErrorCode.COORDINATOR_NOT_AVAILABLE
-    assert env.coord.group_ids() == [GROUP]
-    assert env.coord.groups[GROUP].deleting == {T_ORDERS: "orders"}
-    env.persister.fail_delete = False
-    assert await env.coord.delete_group(GROUP) == ErrorCode.NONE
-    assert sorted(k.partition for k in env.persister.deleted) == [0, 1, 2, 3]
-    assert env.coord.group_ids() == []
-    assert env.coord.describe([GROUP])[0].error_code == ErrorCode.GROUP_ID_NOT_FOUND
-    # Gone after a restart too; a new join starts a fresh group.
-    reloaded = env.new_coordinator()
-    await reloaded.load()
-    assert reloaded.group_ids() == []
-    env.coord = reloaded
-    fresh = await env.hb("a", 0, ["orders"])
-    assert fresh.member_epoch == 1 and a.member_epoch == 2
-
-
-async def test_initialisation_failure_is_retried(env: Env) -> None:
-    env.persister.fail_initialize = True
-    resp = await env.hb("a", 0, ["orders"])
-    await env.coord.wait_for_background()
-    assert env.coord.groups[GROUP].initializing[T_ORDERS].partitions == {0, 1, 2, 3}
-    env.persister.fail_initialize = False
-    # Not before the retry interval ...
-    await env.coord.retry_pending()
-    await env.hb("a", resp.member_epoch)
-    await env.coord.wait_for_background()
-    assert env.persister.initialized == []
-    # ... but after it.
-    env.clock.now += 31
-    await env.coord.retry_pending()
-    await env.coord.wait_for_background()
-    assert len(env.persister.initialized) == 4
-    resp = await env.hb("a", resp.member_epoch)
-    assert parts(resp) == {T_ORDERS: {0, 1, 2, 3}}
-
-
-async def test_added_partitions_are_initialised_and_assigned(env: Env) -> None:
-    a = await env.join_initialised("a", ["orders"])
-    env.topics.by_name["orders"] = (T_ORDERS, 6)
-    env.coord.on_topics_changed("created")
-    await env.coord.wait_for_background()
-    assert sorted(k.partition for k, _, _ in env.persister.initialized[4:]) == [4, 5]
-    resp = await env.hb("a", a.member_epoch)
-    assert parts(resp) == {T_ORDERS: set(range(6))}
-
-
-async def test_deleted_topic_is_forgotten(env: Env) -> None:
-    """As in Kafka: the topic leaves the group's maps; its state was tombstoned with the topic, so the group
-    asks for no deletion that could fail forever (UNKNOWN_TOPIC_OR_PARTITION) and retries nothing."""
-    a = await env.join_initialised("a", ["orders", "other"])
-    del env.topics.by_name["other"]
-    await env.coord.refresh_topic_metadata()
-    await env.coord.wait_for_background()
-    group = env.coord.groups[GROUP]
-    assert T_OTHER not in group.initialized and T_OTHER not in group.initializing and group.deleting == {}
-    for _ in range(5):
-        env.clock.now += 60
-        await env.coord.retry_pending()
-    assert env.persister.delete_calls == 0
-    resp = await env.hb("a", a.member_epoch)
-    assert resp.member_epoch > a.member_epoch
-    assert parts(resp) == {T_ORDERS: {0, 1, 2, 3}}
-    # The group can be deleted, and a restart sees the same maps.
-    await env.hb("a", -1)
-    assert await env.coord.delete_group(GROUP) == ErrorCode.NONE
-    assert {k.topic_id for k in env.persister.deleted} == {T_ORDERS}
-
-
-async def test_stuck_deletion_of_a_deleted_topic_is_dropped(env: Env) -> None:
-    """A "deleting" entry left for a topic that is gone (older data) is dropped, not retried."""
-    await env.join_initialised("a", ["orders", "other"])
-    await env.hb("a", -1)
-    env.persister.fail_delete = True
-    code, errors = await env.coord.delete_offsets(GROUP, [T_OTHER])
-    assert errors[T_OTHER] != ErrorCode.NONE and GROUP in env.coord._pending_state_deletes
-    del env.topics.by_name["other"]
-    await env.coord.refresh_topic_metadata()
-    assert env.coord.groups[GROUP].deleting == {} and GROUP not in env.coord._pending_state_deletes
-    calls = env.persister.delete_calls
-    env.clock.now += 3600
-    await env.coord.retry_pending()
-    assert env.persister.delete_calls == calls
-    env.persister.fail_delete = False
-    assert await env.coord.delete_group(GROUP) == ErrorCode.NONE
-
-
-async def test_failing_initialisation_backs_off(env: Env) -> None:
-    env.persister.fail_initialize = True
-    await env.hb("a", 0, ["orders"])
-    await env.coord.wait_for_background()
-    first = env.persister.initialize_calls
-    for _ in range(3600):  # an hour of one-second maintenance ticks
-        env.clock.now += 1
-        await env.coord.retry_pending()
-        await env.coord.wait_for_background()
-    attempts = (env.persister.initialize_calls - first) // 4  # four partitions per attempt
-    assert 0 < attempts <= 3600 // 30  # never more often than the retry interval, and less as failures go on
-    env.persister.fail_initialize = False
-    env.clock.now += 61
-    await env.coord.retry_pending()
-    await env.coord.wait_for_background()
-    assert len(env.persister.initialized) == 4
-
-
-async def test_failing_state_deletion_backs_off(env: Env) -> None:
-    await env.join_initialised("a", ["orders"])
-    await env.hb("a", -1)
-    env.persister.fail_delete = True
-    await env.coord.delete_offsets(GROUP, [T_ORDERS])
-    first = env.persister.delete_calls
-    # Ten simulated minutes of one-second maintenance ticks: exponential backoff, not 600 retries.
-    for _ in range(600):
-        env.clock.now += 1
-        await env.coord.retry_pending()
-    retries = env.persister.delete_calls - first
-    assert 0 < retries <= 4 * 20  # each attempt sends at most the 4 partitions; about 15 attempts
-    env.persister.fail_delete = False
-    env.clock.now += 61
-    await env.coord.retry_pending()
-    assert GROUP not in env.coord._pending_state_deletes
-
-
-async def test_load_in_progress(tmp_path: Path) -> None:
-    log = open_log(tmp_path)
-    coord = GroupCoordinator(log, Topics(), RecordingPersister())
-    req = Request(group_id=GROUP, member_id="a", member_epoch=0, subscribed_topic_names=["orders"])
-    assert (await coord.heartbeat(req, "c", "/h")).error_code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
-    close_log(log)
-
-
-def test_group_placement_matches_kafka() -> None:
-    assert java_string_hashcode("hello") == 99162322
-    assert java_string_hashcode("") == 0
-    # A string whose Java hashCode is Integer.MIN_VALUE maps to partition 0 (Utils.abs).
-    assert java_string_hashcode("polygenelubricants") == -(2**31)
-    assert partition_for_group("polygenelubricants", 50) == 0
-    assert partition_for_group("hello", 50) == 99162322 % 50
-    assert partition_for_group("\u00e9t\u00e9", 7) == abs(java_string_hashcode("\u00e9t\u00e9")) % 7
-
-
-# ---- the API layer (broker/apis/share_group_apis.py) over a real broker object ------------------------------
-
-
-class DenyingAuthorizer:
-    """Allows everything except the listed (operation, resource type, name) triples."""
-
-    def __init__(self) -> None:
-        self.denied: set[tuple[int, int, str]] = set()
-
-    def authorize(self, principal: Any, host: str, operation: Any, resource_type: Any, name: str) -> bool:
-        return (int(operation), int(resource_type), name) not in self.denied
-
-
-@pytest.fixture
-async def api_env(tmp_path: Path) -> Any:
-    from shoal.broker.apis.services import ShareGroupServices
-    from shoal.broker.apis.share_group_apis import BrokerTopicMetadata, ShareGroupApis
-    from shoal.broker.network.connection import KafkaConnection, RequestContext
-    from shoal.broker.security.authorizer import Operation, ResourceType
-    from shoal.broker.server.config import BrokerConfig
-    from shoal.broker.server.server import Broker
-
-    config = BrokerConfig.from_strings({"log.dirs": str(tmp_path / "data"), "offsets.topic.num.partitions": "3",
-                                        "share.coordinator.state.topic.num.partitions": "3",
-                                        "group.share.assignment.interval.ms": "0"})
-    broker = Broker(config)
-    broker.topics.load()
-    broker.ensure_internal_topics()
-    broker.topics.create("orders", 2)
-    auth = DenyingAuthorizer()
-    broker.authorizer = auth
-    persister = RecordingPersister()
-    offsets = broker.topics.get("__consumer_offsets")
-    assert offsets is not None
-    broker.group_coordinator = GroupCoordinator(
-        InternalTopicLog(offsets), BrokerTopicMetadata(broker.topics), persister, group_configs=broker.group_configs
-    )
-    await broker.group_coordinator.load()
-    conn = KafkaConnection(broker, config.listeners()[0])
-    conn.client_host = "10.0.0.1"
-
-    def ctx(api_key: int, version: int) -> RequestContext:
-        return RequestContext(messages.RequestHeader(api_key, version, 1, "cli"), conn)
-
-    apis = ShareGroupApis(ShareGroupServices(config, broker.group_coordinator, None, None))
-    yield broker, apis, ctx, auth, (Operation, ResourceType)
-    await broker.group_coordinator.stop()
-    broker.topics.close()
-
-
-def roundtrip(body: Any, api_key: int, version: int) -> Any:
-    frame = messages.encode_response(body, api_key, version, 7, framed=False)
-    return messages.decode_response(frame, api_key, version)[1]
-
-
-async def test_api_heartbeat_describe_list(api_env: Any) -> None:
-    broker, apis, ctx, auth, (Operation, ResourceType) = api_env
-    req = Request(group_id="ag", member_id="m", member_epoch=0, subscribed_topic_names=["orders"])
-    resp = roundtrip(await apis.share_group_heartbeat(ctx(76, 1), req), 76, 1)
-    assert (resp.error_code, resp.member_epoch) == (0, 1)
-    await broker.group_coordinator.wait_for_background()
-    resp = roundtrip(await apis.share_group_heartbeat(ctx(76, 1), Request(group_id="ag", member_id="m", member_epoch=1)), 76, 1)
-    assert [sorted(tp.partitions) for tp in resp.assignment.topic_partitions] == [[0, 1]]
-
-    describe = messages.ShareGroupDescribeRequest(group_ids=["ag", "nope", ""], include_authorized_operations=True)
-    body = roundtrip(apis.share_group_describe(ctx(77, 1), describe), 77, 1)
-    ag, nope, empty = body.groups
-    assert (ag.error_code, ag.group_state, ag.members[0].client_id, ag.members[0].client_host) == (0, "Stable", "cli", "/10.0.0.1")
-    assert ag.members[0].assignment.topic_partitions[0].topic_name == "orders"
-    assert ag.authorized_operations == sum(1 << op for op in (3, 8, 6, 10, 11))
-    assert nope.error_code == ErrorCode.GROUP_ID_NOT_FOUND
-    assert empty.error_code == ErrorCode.INVALID_GROUP_ID
-
-    def listed(version: int, states: list[str] | None = None, types: list[str] | None = None) -> list[Any]:
-        req = messages.ListGroupsRequest(states_filter=states or [], types_filter=types or [])
-        return list(roundtrip(apis.list_groups(ctx(16, version), req), 16, version).groups)
-
-    [g] = listed(5)
-    assert (g.group_id, g.protocol_type, g.group_state, g.group_type) == ("ag", "share", "Stable", "share")
-    assert [x.group_id for x in listed(0)] == ["ag"]
-    assert listed(4, states=["empty"]) == []
-    assert [x.group_id for x in listed(4, states=["STABLE"])] == ["ag"]
-    assert listed(5, types=["consumer"]) == []
-    assert [x.group_id for x in listed(5, types=["Share"])] == ["ag"]
-
-    # Authorization failures.
-    auth.denied.add((Operation.DESCRIBE, ResourceType.TOPIC, "orders"))
-    assert (await apis.share_group_heartbeat(ctx(76, 1), req)).error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
-    assert apis.share_group_describe(ctx(77, 1), describe).groups[0].error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
-    auth.denied.add((Operation.READ, ResourceType.GROUP, "ag"))
-    assert (await apis.share_group_heartbeat(ctx(76, 1), req)).error_code == ErrorCode.GROUP_AUTHORIZATION_FAILED
-    auth.denied.add((Operation.DESCRIBE, ResourceType.GROUP, "ag"))
-    assert apis.share_group_describe(ctx(77, 1), describe).groups[0].error_code == ErrorCode.GROUP_AUTHORIZATION_FAILED
-    auth.denied.add((Operation.DESCRIBE, ResourceType.CLUSTER, "kafka-cluster"))
-    assert listed(5) == []
-
-
-async def test_api_disabled(api_env: Any) -> None:
-    broker, apis, ctx, _auth, _ = api_env
-    broker.config._values["group.share.enable"] = False
-    req = Request(group_id="ag", member_id="m", member_epoch=0, subscribed_topic_names=["orders"])
-    assert (await apis.share_group_heartbeat(ctx(76, 1), req)).error_code == ErrorCode.UNSUPPORTED_VERSION
-    describe = messages.ShareGroupDescribeRequest(group_ids=["ag"])
-    assert apis.share_group_describe(ctx(77, 1), describe).groups[0].error_code == ErrorCode.UNSUPPORTED_VERSION
-    assert broker.group_coordinator.group_ids() == []
-
-
-# ---- KIP-1263: the target assignment is recomputed at most once per share.assignment.interval.ms ----
-
-
-class IntervalConfigs:
-    """GroupConfigSource with a per-group share.assignment.interval.ms over the broker's defaults."""
-
-    def __init__(self, intervals: dict[str, int]) -> None:
-        self.intervals = intervals
-
-    def get_int(self, group_id: str, key: str) -> int:
-        defaults = {"share.session.timeout.ms": 45000, "share.heartbeat.interval.ms": 5000,
-                    "share.assignment.interval.ms": 1000}
-        if key == "share.assignment.interval.ms" and group_id in self.intervals:
-            return self.intervals[group_id]
-        return defaults[key]
-
-
-@pytest.mark.parametrize(("timestamp", "interval", "now", "expected"), [
-    (0, 5000, 1, True),  # no earlier computation known
-    (1000, 0, 1001, True),  # batching off (also the way out if the wall clock jumped back)
-    (1000, 5000, 5999, False),
-    (1000, 5000, 6000, True),
-    (1000, 5000, 999, False),  # clock went back: wait, as Kafka does
-])
-def test_can_compute_next_target_assignment(timestamp: int, interval: int, now: int, expected: bool) -> None:
-    assert can_compute_next_target_assignment(timestamp, interval, now) is expected
-
-
-async def test_assignment_interval_batches_target_assignments(tmp_path: Path) -> None:
-    e = Env(tmp_path, GroupCoordinatorConfig(assignment_interval_ms=5000))
-    await e.coord.load()
-    try:
-        # The first target assignment is computed at once (there is none before it), at the wall clock.
-        first = await e.hb("a", 0, ["orders"])
-        assert (first.member_epoch, parts(first)) == (1, {})
-        group = e.coord.groups[GROUP]
-        assert (group.assignment_epoch, group.assignment_timestamp_ms) == (1, 1_000_000)
-        await e.coord.wait_for_background()
-        # The partitions are now initialised: the group epoch moves to 2, the assignment waits.
-        waiting = await e.hb("a", 1)
-        assert (waiting.member_epoch, waiting.assignment) == (1, None)
-        assert (group.group_epoch, group.assignment_epoch) == (2, 1)
-        # Heartbeats while waiting do not bump the epoch again.
-        e.clock.now += 4.999
-        assert (await e.hb("a", 1)).member_epoch == 1
-        assert (group.group_epoch, e.coord.rebalances) == (2, 2)
-        # Once the interval has passed since the last computation, the next heartbeat computes it.
-        e.clock.now += 0.001
-        ready = await e.hb("a", 1)
-        assert (ready.member_epoch, parts(ready)) == (2, {T_ORDERS: {0, 1, 2, 3}})
-        assert (group.assignment_epoch, group.assignment_timestamp_ms) == (2, 1_005_000)
-        # A member joining within the interval gets the last target assignment's epoch and nothing yet.
-        b = await e.hb("b", 0, ["orders"])
-        assert (b.member_epoch, parts(b)) == (2, {})
-        assert group.group_epoch == 3
-        assert (await e.hb("a", 2)).assignment is None
-        e.clock.now += 5
-        b2 = await e.hb("b", 2)
-        a2 = await e.hb("a", 2)
-        assert b2.member_epoch == a2.member_epoch == 3
-        assert parts(a2)[T_ORDERS] | parts(b2)[T_ORDERS] == {0, 1, 2, 3}
-        assert parts(a2)[T_ORDERS].isdisjoint(parts(b2)[T_ORDERS])
-    finally:
-        await e.coord.stop()
-        close_log(e.log)
-
-
-async def test_assignment_interval_group_config_wins(tmp_path: Path) -> None:
-    e = Env(tmp_path)
-    e.coord = GroupCoordinator(e.log, e.topics, e.persister, GroupCoordinatorConfig(), clock=e.clock,
-                               wall_clock=e.clock, group_configs=IntervalConfigs({"batched": 15000, GROUP: 0}))
-    await e.coord.load()
-    try:
-        for group_id in (GROUP, "batched"):
-            await e.hb("a", 0, ["orders"], group=group_id)
-        await e.coord.wait_for_background()
-        e.clock.now += 1  # past the broker default (1000 ms), within the group's 15000 ms
-        assert parts(await e.hb("a", 1, group=GROUP)) == {T_ORDERS: {0, 1, 2, 3}}
-        assert (await e.hb("a", 1, group="batched")).assignment is None
-        e.clock.now += 14
-        assert parts(await e.hb("a", 1, group="batched")) == {T_ORDERS: {0, 1, 2, 3}}
-    finally:
-        await e.coord.stop()
-        close_log(e.log)
-
-
-async def test_assignment_timestamp_is_persisted(tmp_path: Path) -> None:
-    e = Env(tmp_path, GroupCoordinatorConfig(assignment_interval_ms=5000))
-    await e.coord.load()
-    await e.hb("a", 0, ["orders"])
-    await e.coord.wait_for_background()
-    partition = partition_for_group(GROUP, e.log.num_partitions)
-    [meta] = [rec.value for _, rec in e.log.replay(partition)
-              if rec.record_type == cr.SHARE_GROUP_TARGET_ASSIGNMENT_METADATA]
-    assert (meta.assignment_epoch, meta.assignment_timestamp) == (1, 1_000_000)
-    await e.coord.stop()
-    close_log(e.log)
-    # After a restart the interval still counts from the persisted computation.
-    e.log = open_log(tmp_path)
-    e.coord = e.new_coordinator()
-    await e.coord.load()
-    try:
-        assert e.coord.groups[GROUP].assignment_timestamp_ms == 1_000_000
-        e.clock.now += 2
-        assert (await e.hb("a", 1)).assignment is None
-        e.clock.now += 3
-        assert parts(await e.hb("a", 1)) == {T_ORDERS: {0, 1, 2, 3}}
-    finally:
-        await e.coord.stop()
-        close_log(e.log)
+def _offsets(*items: tuple[str, int, int]) -> list[OffsetToCommit]:
+    return [OffsetToCommit(t, p, o, -1, "") for t, p, o in items]
+
+
+async def test_transactional_offsets_count_at_their_marker_and_after_restart(env: Env) -> None:
+    gc = env.gc
+    assert await gc.commit_transactional_offsets(GROUP, 7, 0, "", None, -1, _offsets(("orders", 0, 42))) == (
+        ErrorCode.NONE, [ErrorCode.NONE])
+    await gc.commit_transactional_offsets(GROUP, 8, 0, "", None, -1, _offsets(("orders", 1, 5)))
+    assert gc.has_pending_offset(GROUP, "orders", 0) and gc.has_pending_offset(GROUP, "orders", 1)
+    assert env.committed(GROUP) is None  # nothing counts before its marker
+    env.marker(GROUP, 7, commit=True)
+    assert env.committed(GROUP) == 42 and not gc.has_pending_offset(GROUP, "orders", 0)
+    # Producer 8 is still open: a restart finds its offset pending, the other committed; an abort drops it.
+    await env.restart()
+    assert env.committed(GROUP) == 42 and env.gc.has_pending_offset(GROUP, "orders", 1)
+    env.marker(GROUP, 8, commit=False)
+    assert env.committed(GROUP, partition=1) is None and not env.gc.has_pending_offset(GROUP, "orders", 1)
+    await env.restart()
+    assert (env.committed(GROUP), env.committed(GROUP, partition=1)) == (42, None)
+
+
+async def test_txn_offset_commit_is_fenced_by_the_classic_generation(env: Env) -> None:
+    join = JoinRequest(group_id=GROUP, member_id="", group_instance_id="i1", session_timeout_ms=10_000,
+                       rebalance_timeout_ms=10_000, protocol_type="consumer", protocols=[("range", b"")],
+                       client_id="c", client_host="/h", version=9)
+    joined = await env.gc.classic.join_group(join)
+    assert joined.error_code == ErrorCode.NONE
+    member, generation = joined.member_id, joined.generation_id
+    offsets = _offsets(("orders", 0, 1))
+
+    async def txn(member_id: str, instance: str | None, gen: int) -> int:
+        return (await env.gc.commit_transactional_offsets(GROUP, 3, 0, member_id, instance, gen, offsets))[0]
+
+    assert await txn(member, "i1", generation - 1) == ErrorCode.ILLEGAL_GENERATION
+    assert await txn("ghost", None, generation) == ErrorCode.UNKNOWN_MEMBER_ID
+    assert await txn("ghost", "i1", generation) == ErrorCode.FENCED_INSTANCE_ID
+    assert await txn(member, "i1", generation) == ErrorCode.NONE
+    # No group at all: only a commit without a generation is taken (a simple group).
+    assert (await env.gc.commit_transactional_offsets("nogroup", 3, 0, "m", None, 1, offsets))[0] == \
+        ErrorCode.ILLEGAL_GENERATION
+
+
+async def test_join_group_and_consumer_heartbeat_at_once_make_one_group(env: Env) -> None:
+    join = JoinRequest(group_id=GROUP, member_id="", group_instance_id=None, session_timeout_ms=10_000,
+                       rebalance_timeout_ms=10_000, protocol_type="consumer", protocols=[("range", b"")],
+                       client_id="c", client_host="/h", version=9)
+    heartbeat = messages.ConsumerGroupHeartbeatRequest(
+        group_id=GROUP, member_id="m", member_epoch=0, rebalance_timeout_ms=10_000, subscribed_topic_names=["orders"],
+        topic_partitions=[])
+    await asyncio.gather(env.gc.classic.join_group(join), env.gc.consumer.heartbeat(heartbeat, 1, "c", "/h"))
+    shard = env.gc.runtime.shard(env.gc.partition_for(GROUP))
+    assert len([gid for gid in shard.groups if gid == GROUP]) == 1
+    assert (GROUP in env.gc.classic.groups) + (GROUP in env.gc.consumer.groups) == 1
+
+
+async def test_offsets_without_a_group_become_the_consumer_groups(env: Env) -> None:
+    assert await env.gc.commit_offsets(GROUP, "", None, -1, _offsets(("orders", 0, 9)), 9) == (
+        ErrorCode.NONE, [ErrorCode.NONE])
+    assert isinstance(env.gc.runtime.shard(env.gc.partition_for(GROUP)).groups[GROUP], ClassicGroup)
+    joined = await env.gc.consumer.heartbeat(messages.ConsumerGroupHeartbeatRequest(
+        group_id=GROUP, member_id="m", member_epoch=0, rebalance_timeout_ms=10_000, subscribed_topic_names=["orders"],
+        topic_partitions=[]), 1, "c", "/h")
+    assert joined.error_code == ErrorCode.NONE
+    assert isinstance(env.gc.runtime.shard(env.gc.partition_for(GROUP)).groups[GROUP], ConsumerGroup)
+    assert env.committed(GROUP) == 9
+    await env.restart()
+    assert GROUP in env.gc.consumer.groups and env.committed(GROUP) == 9
+
+
+async def test_offsets_expire_after_the_retention_except_subscribed_topics(env: Env) -> None:
+    await env.gc.commit_offsets("simple", "", None, -1, _offsets(("orders", 0, 1)), 9)
+    await env.gc.consumer.heartbeat(messages.ConsumerGroupHeartbeatRequest(
+        group_id=GROUP, member_id="m", member_epoch=0, rebalance_timeout_ms=10_000, subscribed_topic_names=["orders"],
+        topic_partitions=[]), 1, "c", "/h")
+    described = env.gc.consumer.describe(GROUP)
+    epoch = described.members[0].member_epoch
+    assert (await env.gc.commit_offsets(GROUP, "m", None, epoch, _offsets(("orders", 0, 3), ("gone", 0, 4)), 9))[0] \
+        == ErrorCode.NONE
+    # A consumer group whose only member left, without offsets: the next pass deletes it, as Kafka does.
+    left = messages.ConsumerGroupHeartbeatRequest(group_id="left", member_id="x", member_epoch=0,
+                                                  rebalance_timeout_ms=10_000, subscribed_topic_names=["orders"],
+                                                  topic_partitions=[])
+    await env.gc.consumer.heartbeat(left, 1, "c", "/h")
+    left.member_epoch = -1
+    assert (await env.gc.consumer.heartbeat(left, 1, "c", "/h")).error_code == ErrorCode.NONE
+    partitions = range(env.gc.runtime.num_partitions)
+    env.now_ms = NOW_MS + RETENTION_MS - 1
+    assert sum([await env.gc.expire_offsets(p) for p in partitions]) == 0
+    assert "left" not in env.gc.consumer.groups and GROUP in env.gc.consumer.groups
+    env.now_ms = NOW_MS + RETENTION_MS
+    assert sum([await env.gc.expire_offsets(p) for p in partitions]) == 2
+    assert env.committed("simple") is None and "simple" not in env.gc.classic.groups
+    # The consumer group's members read "orders": that offset stays, "gone" went.
+    assert (env.committed(GROUP), env.committed(GROUP, "gone")) == (3, None)
+    await env.restart()
+    assert (env.committed("simple"), env.committed(GROUP), env.committed(GROUP, "gone")) == (None, 3, None)
+
+
+async def test_offsets_of_a_deleted_topic_go_committed_and_pending(env: Env) -> None:
+    await env.gc.commit_offsets(GROUP, "", None, -1, _offsets(("orders", 0, 100), ("kept", 0, 1)), 9)
+    await env.gc.commit_transactional_offsets(GROUP, 5, 0, "", None, -1, _offsets(("orders", 1, 7)))
+    await env.gc.on_topics_deleted(["orders"])
+    assert (env.committed(GROUP), env.committed(GROUP, "kept")) == (None, 1)
+    assert not env.gc.has_pending_offset(GROUP, "orders", 1)
+    env.marker(GROUP, 5, commit=True)
+    assert env.committed(GROUP, partition=1) is None
+    await env.restart()
+    assert (env.committed(GROUP), env.committed(GROUP, partition=1), env.committed(GROUP, "kept")) == (None, None, 1)

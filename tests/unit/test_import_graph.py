@@ -11,25 +11,23 @@ import functools
 import os
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2] / "shoal"
 
 # Lower number = lower layer; a module may import its own layer or lower ones only.
-# server -> apis -> share/coordinator -> persister/storage -> protocol
+# server -> apis -> network -> share/coordinator -> security, persister/storage -> common -> protocol
 LAYERS: dict[str, int] = {
     "shoal.protocol": 0,
-    "shoal.broker.storage": 1,
-    "shoal.persister": 1,
-    "shoal.broker.share": 2,
-    "shoal.coordinator": 2,
-    "shoal.broker.apis": 3,
-    "shoal.broker.server": 4,
+    "shoal.broker.common": 1,
+    "shoal.broker.storage": 2,
+    "shoal.persister": 2,
+    "shoal.broker.security": 3,
+    "shoal.broker.upstream": 3,
+    "shoal.broker.share": 4,
+    "shoal.coordinator": 4,
+    "shoal.broker.network": 5,
+    "shoal.broker.apis": 6,
+    "shoal.broker.server": 7,
 }
-# Read by every layer, and themselves importing nothing above storage: the broker's settings (with the
-# table of Kafka keys it ignores) and the metrics every layer counts into.
-SHARED_LEAVES = {"shoal.broker.server.config", "shoal.broker.server.ignored_keys", "shoal.broker.server.metrics",
-                 "shoal.broker.server.share_metrics"}
 
 
 def _module_name(path: Path) -> str:
@@ -159,16 +157,6 @@ def test_dependencies_point_down_the_layers() -> None:
             continue
         for dep in deps:
             dep_rank = _layer(dep)
-            if dep_rank is not None and dep_rank > rank and dep not in SHARED_LEAVES:
+            if dep_rank is not None and dep_rank > rank:
                 bad.append(f"{module} -> {dep}")
     assert bad == [], "imports against the layer order:\n" + "\n".join(sorted(bad))
-
-
-@pytest.mark.parametrize("leaf", sorted(SHARED_LEAVES))
-def test_shared_leaves_import_only_lower_layers(leaf: str) -> None:
-    above_storage = {
-        d for d in import_graph()[leaf]
-        if d not in SHARED_LEAVES and (_layer(d) or 0) > LAYERS["shoal.broker.storage"]
-        or d.startswith(("shoal.broker.network", "shoal.broker.security"))
-    }
-    assert above_storage == set()

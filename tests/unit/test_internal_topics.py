@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from shoal.broker.server.config import BrokerConfig
+from shoal.broker.common.config import BrokerConfig
 from shoal.broker.server.server import Broker
 from shoal.broker.storage.topic_registry import CONSUMER_OFFSETS, REGISTRY_FILE, SHARE_GROUP_STATE
 
@@ -75,3 +75,39 @@ def test_older_data_directory_gets_the_missing_internal_configs(tmp_path: Path) 
     # The repair was saved: a plain reload sees it.
     reloaded = {e["name"]: e["configs"] for e in json.loads(path.read_text())["topics"]}
     assert reloaded[SHARE_GROUP_STATE]["retention.ms"] == "-1"
+
+
+def _grow_as_an_old_broker(data: Path, name: str, partitions: int) -> None:
+    """An older registry (no creation count) where CreatePartitions was accepted."""
+    path = data / REGISTRY_FILE
+    doc = json.loads(path.read_text())
+    for entry in doc["topics"]:
+        entry.pop("created_partitions", None)
+        if entry["name"] == name:
+            entry["partitions"] = partitions
+    path.write_text(json.dumps(doc))
+
+
+def test_the_creation_partition_count_is_recorded_and_kept(tmp_path: Path) -> None:
+    broker = make_broker(tmp_path)
+    offsets = broker.topics.get(CONSUMER_OFFSETS)
+    assert offsets is not None and offsets.created_partitions == 2
+    broker.topics.close()
+    # Restarted with another setting: the topic keeps the count it was created with.
+    broker = make_broker(tmp_path, **{"offsets.topic.num.partitions": "7"})
+    assert broker.coordinator_partitions(CONSUMER_OFFSETS, 7) == 2
+    broker.topics.close()
+
+    # An older registry with a grown topic: the count the broker created it with (its setting) wins,
+    # recorded once; a setting raised along with the partitions is the only count the directory shows.
+    _grow_as_an_old_broker(tmp_path, CONSUMER_OFFSETS, 3)
+    broker = make_broker(tmp_path)
+    assert broker.coordinator_partitions(CONSUMER_OFFSETS, 2) == 2
+    broker.topics.close()
+    broker = make_broker(tmp_path, **{"offsets.topic.num.partitions": "3"})
+    assert broker.coordinator_partitions(CONSUMER_OFFSETS, 3) == 2  # recorded: a later setting changes nothing
+    broker.topics.close()
+    _grow_as_an_old_broker(tmp_path, SHARE_GROUP_STATE, 3)
+    broker = make_broker(tmp_path, **{"share.coordinator.state.topic.num.partitions": "3"})
+    assert broker.coordinator_partitions(SHARE_GROUP_STATE, 3) == 3
+    broker.topics.close()

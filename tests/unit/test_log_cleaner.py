@@ -24,8 +24,16 @@ from shoal.broker.storage.log_cleaner_manager import grab_filthiest
 from shoal.broker.storage.log_segment import CLEANED_SUFFIX, SWAP_SUFFIX
 from shoal.broker.storage.partition_log import LogConfig, PartitionLog
 from shoal.protocol.compression import GZIP, NONE
-from shoal.protocol.record_batch import iter_batches
-from shoal.protocol.records import Record, RecordInput, decode_batches, encode_batch
+from shoal.protocol.record_batch import BatchHeader, iter_batches
+from shoal.protocol.records import (
+    CONTROL_ABORT,
+    Record,
+    RecordInput,
+    control_record_type,
+    decode_batches,
+    decode_records,
+    encode_batch,
+)
 
 DAY_MS = 24 * 3600 * 1000
 NOW = 1_700_000_000_000
@@ -281,3 +289,232 @@ def test_reads_go_on_while_the_cleaner_thread_works(tmp_path: Path) -> None:
     assert {k: (o, v) for o, k, v in before} == {k: (o, v) for o, k, v in after}
     assert len(after) < len(before)
     plog.close()
+
+
+# -- transactions ----------------------------------------------------------------------------------
+
+
+class _TxnWriter:
+    """Appends plain and transactional batches and markers, keeping each producer's sequence."""
+
+    def __init__(self, plog: PartitionLog, ts: int = NOW - DAY_MS) -> None:
+        self.plog = plog
+        self.ts = ts
+        self.seq: dict[int, int] = {}
+
+    def write(self, key: bytes, value: bytes | None, pid: int | None = None) -> None:
+        kw: dict[str, object] = {}
+        if pid is not None:
+            kw = dict(producer_id=pid, producer_epoch=0, base_sequence=self.seq.get(pid, 0), is_transactional=True)
+            self.seq[pid] = self.seq.get(pid, 0) + 1
+        buf = bytearray(encode_batch([RecordInput(key, value, (), self.ts)], **kw))  # type: ignore[arg-type]
+        self.plog.append(buf, list(iter_batches(buf)))
+
+    def end(self, pid: int, commit: bool) -> None:
+        self.plog.append_marker(producer_id=pid, producer_epoch=0, commit=commit, coordinator_epoch=0,
+                                timestamp_ms=self.ts)
+
+
+def _read_committed(plog: PartitionLog) -> dict[bytes, bytes]:
+    """The latest value per key a read_committed consumer reading the whole log ends with (as the Java
+    consumer filters: the fetch's aborted transactions plus the ABORT markers in the data)."""
+    pending = sorted(plog.aborted_transactions(plog.log_start_offset, plog.log_end_offset),
+                     key=lambda t: t.first_offset)
+    aborted_pids: set[int] = set()
+    latest: dict[bytes, bytes | None] = {}
+    data = plog.read(plog.log_start_offset, 1 << 24, max_offset=plog.last_stable_offset)
+    for pos, header in iter_batches(data):
+        while pending and pending[0].first_offset <= header.last_offset:
+            aborted_pids.add(pending.pop(0).producer_id)
+        records = decode_records(memoryview(data)[pos : pos + header.size], 0, header)
+        if header.is_control:
+            if records and control_record_type(records[0]) == CONTROL_ABORT:
+                aborted_pids.discard(header.producer_id)
+            continue
+        if header.is_transactional and header.producer_id in aborted_pids:
+            continue
+        for rec in records:
+            assert rec.key is not None
+            latest[rec.key] = rec.value
+    return {k: v for k, v in latest.items() if v is not None}
+
+
+def _batch_headers(plog: PartitionLog) -> list[BatchHeader]:
+    return [h for seg in plog.segments for _, h in iter_batches(seg.read(0, seg.size))]
+
+
+def test_an_aborted_value_never_replaces_the_committed_one(tmp_path: Path) -> None:
+    plog = PartitionLog.open(tmp_path, _config())
+    w = _TxnWriter(plog)
+    w.write(b"k", b"v1")
+    w.write(b"k", b"v2", pid=5)
+    w.end(5, commit=False)
+    for i in range(12):  # roll a few segments so the above becomes cleanable
+        w.write(b"other%d" % (i % 3), b"x%d" % i)
+    plog.flush_sync()
+    assert _read_committed(plog)[b"k"] == b"v1"
+    _clean(plog, NOW)
+    assert _read_committed(plog)[b"k"] == b"v1"
+    headers = _batch_headers(plog)
+    # The aborted batch is gone; its marker stays until a clean past delete.retention.ms.
+    assert not [h for h in headers if h.producer_id == 5 and not h.is_control and h.records_count]
+    assert [h for h in headers if h.producer_id == 5 and h.is_control]
+    _clean(plog, NOW + 2 * DAY_MS)
+    assert _read_committed(plog)[b"k"] == b"v1"
+    plog.close()
+
+
+def test_markers_go_after_delete_retention_and_their_aborted_entry_with_them(tmp_path: Path) -> None:
+    plog = PartitionLog.open(tmp_path, _config())
+    w = _TxnWriter(plog)
+    w.write(b"a", b"1", pid=5)
+    w.write(b"b", b"1", pid=5)
+    w.end(5, commit=False)
+    w.write(b"c", b"1", pid=6)
+    w.end(6, commit=True)
+    w.write(b"c", b"2", pid=6)  # a later committed value supersedes the first transaction's record
+    w.end(6, commit=True)
+    w.write(b"d", b"1", pid=5)  # pid 5's last data batch: committed, it must stay visible
+    w.end(5, commit=True)
+    for i in range(12):
+        w.write(b"other%d" % (i % 3), b"x%d" % i)
+    plog.flush_sync()
+    expected = _read_committed(plog)
+    assert expected[b"c"] == b"2" and b"a" not in expected and expected[b"d"] == b"1"
+    marker_count = len([h for h in _batch_headers(plog) if h.is_control])
+    _clean(plog, NOW)  # the aborted and superseded batches go; their markers stay for now
+    assert _read_committed(plog) == expected
+    assert len([h for h in _batch_headers(plog) if h.is_control]) == marker_count
+    assert plog.tombstone_horizon_ms is None
+    # The next clean finds no batch of those transactions: their markers get a delete horizon...
+    _clean(plog, NOW + DAY_MS)
+    assert _read_committed(plog) == expected
+    assert len([h for h in _batch_headers(plog) if h.is_control]) == marker_count
+    assert plog.tombstone_horizon_ms == NOW + 2 * DAY_MS  # so the cleaner comes back for them
+    # ...and a clean after it removes them.
+    _clean(plog, NOW + 3 * DAY_MS)
+    assert _read_committed(plog) == expected
+    left = [h for h in _batch_headers(plog) if h.is_control]
+    # The ABORT marker and the first COMMIT marker of pid 6 are gone; the markers of transactions
+    # with a batch left stay.
+    assert len(left) == marker_count - 2
+    assert plog.aborted_transactions(0, plog.log_end_offset) == []
+    plog.close()
+    reopened = PartitionLog.open(tmp_path, _config())
+    assert _read_committed(reopened) == expected
+    assert reopened.last_stable_offset == reopened.log_end_offset
+    reopened.close()
+
+
+_txn_op = st.one_of(
+    st.tuples(st.just("write"), st.sampled_from([None, 1, 2]), st.integers(0, 5),
+              st.one_of(st.none(), st.binary(min_size=1, max_size=4))),
+    st.tuples(st.just("end"), st.sampled_from([1, 2]), st.booleans(), st.just(None)),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(_txn_op, min_size=1, max_size=40))
+def test_compaction_keeps_what_read_committed_consumers_see(
+    ops: list[tuple[str, int | None, object, bytes | None]],
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        plog = PartitionLog.open(Path(tmp), _config())
+        w = _TxnWriter(plog)
+        open_txns: set[int] = set()
+        for op, pid, arg, value in ops:
+            if op == "write":
+                assert isinstance(arg, int)
+                w.write(b"k%d" % arg, value, pid)
+                if pid is not None:
+                    open_txns.add(pid)
+            elif pid in open_txns:
+                assert pid is not None
+                w.end(pid, commit=bool(arg))
+                open_txns.discard(pid)
+        for pid in sorted(open_txns):
+            w.end(pid, commit=False)
+        w.write(b"tail", b"t")  # the active segment
+        plog.flush_sync()
+        expected = _read_committed(plog)
+        for now in (NOW, NOW + 2 * DAY_MS, NOW + 4 * DAY_MS, NOW + 6 * DAY_MS):
+            _clean(plog, now)
+            assert _read_committed(plog) == expected
+        plog.close()
+        reopened = PartitionLog.open(Path(tmp), _config())
+        assert _read_committed(reopened) == expected
+        assert reopened.last_stable_offset == reopened.log_end_offset
+        reopened.close()
+
+
+_txn_or_crash_op = st.one_of(
+    st.tuples(st.just("write"), st.sampled_from([None, 1, 2]), st.integers(0, 5),
+              st.one_of(st.none(), st.binary(min_size=1, max_size=4))),
+    # Ends one of the open transactions (whichever the index picks), committing or aborting it.
+    st.tuples(st.just("end"), st.integers(0, 1), st.booleans(), st.none()),
+    # A whole transaction of producer 3: its records, then its marker.
+    st.tuples(st.just("txn"), st.just(3), st.lists(st.integers(0, 5), min_size=1, max_size=3), st.booleans()),
+    st.tuples(st.just("clean"), st.none(), st.integers(0, 3), st.none()),
+    st.tuples(st.just("crash"), st.none(), st.booleans(), st.none()),
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(ops=st.lists(_txn_or_crash_op, min_size=10, max_size=50))
+def test_cleaning_and_crashes_keep_what_read_committed_consumers_see(
+    ops: list[tuple[str, int | None, object, object]],
+) -> None:
+    """Cleans at any time (days apart, so markers reach their delete horizon) and kill -9 after any of
+    them, even before the swapped-in segments' indexes were flushed: reopening always shows
+    read_committed consumers the same values and the same last stable offset."""
+    with tempfile.TemporaryDirectory() as tmp:
+        plog = PartitionLog.open(Path(tmp), _config())
+        w = _TxnWriter(plog)
+        open_txns: set[int] = set()
+        day = 0
+        for op, pid, arg, value in ops:
+            if op == "write":
+                assert isinstance(arg, int) and (value is None or isinstance(value, bytes))
+                w.write(b"k%d" % arg, value, pid)
+                if pid is not None:
+                    open_txns.add(pid)
+            elif op == "txn":
+                assert pid is not None and isinstance(arg, list)
+                for key in arg:
+                    w.write(b"k%d" % key, b"t", pid)
+                w.end(pid, commit=bool(value))
+            elif op == "end":
+                if open_txns:
+                    assert pid is not None
+                    chosen = sorted(open_txns)[pid % len(open_txns)]
+                    w.end(chosen, commit=bool(arg))
+                    open_txns.discard(chosen)
+            elif op == "clean":
+                plog.flush_sync()
+                before = (_read_committed(plog), plog.last_stable_offset)
+                assert isinstance(arg, int)
+                day += arg  # the cleaner's clock only moves on
+                plan = plan_clean(plog, NOW + day * DAY_MS, 1 << 20)
+                if plan is not None:
+                    result = clean(plan)
+                    if swap_in(plog, result):
+                        plog.write_cleaner_checkpoint(result.end_offset)
+                assert (_read_committed(plog), plog.last_stable_offset) == before
+            else:
+                # kill -9: no flush of what the swap left (indexes, directory), files just closed.
+                before = (_read_committed(plog), plog.last_stable_offset)
+                if arg:
+                    plog.flush_sync()
+                else:
+                    for task in list(plog._scheduled):
+                        task.cancel()
+                for seg in plog.segments:
+                    seg.close()
+                plog = PartitionLog.open(Path(tmp), _config())
+                w.plog = plog
+                assert (_read_committed(plog), plog.last_stable_offset) == before
+        expected = _read_committed(plog)
+        plog.close()
+        reopened = PartitionLog.open(Path(tmp), _config())
+        assert _read_committed(reopened) == expected
+        reopened.close()

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from shoal.broker.server.config import BrokerConfig
+from shoal.broker.common.config import BrokerConfig
+from shoal.broker.common.purgatory import LogKey
 from shoal.broker.server.server import Broker
 from shoal.broker.share.group_configs import validation_context
 from shoal.broker.share.share_partition import RecordState
-from shoal.broker.storage.purgatory import LogKey
 from shoal.broker.storage.topic_registry import Topic
 from shoal.persister.persister import SharePartitionKey
 from shoal.protocol import messages

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from shoal.broker.common.config import BrokerConfig, ConfigError
 from shoal.broker.security import scram
 from shoal.broker.security.sasl import PlainServer, SaslSession, parse_jaas
 from shoal.broker.security.scram import AuthenticationFailed, ScramCredentialStore, ScramServer
 from shoal.broker.security.tls import normalize_pem, rfc2253_name
-from shoal.broker.server.config import BrokerConfig, ConfigError
 
 # RFC 7677 section 3: user "user", password "pencil".
 RFC_CLIENT_NONCE = "rOprNGfwEbeRWgbNEkqO"

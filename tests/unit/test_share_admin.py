@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from shoal.broker.apis.share_group_admin import compute_lag
-from shoal.broker.server.share_metrics import WindowedMax
+from shoal.broker.common.share_metrics import WindowedMax
 from shoal.persister.persister import StateSummary
 from shoal.protocol.errors import ErrorCode
 
-from .test_group_coordinator import GROUP, T_ORDERS, T_OTHER, Env, close_log
+from .test_share_group_coordinator import GROUP, T_ORDERS, T_OTHER, Env, close_log
 
 
 @pytest.fixture

@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 from shoal.broker.apis.services import ShareStateServices
 from shoal.broker.apis.share_state_apis import register
+from shoal.broker.common.config import BrokerConfig, Listener
 from shoal.broker.network.connection import KafkaConnection, RequestContext
 from shoal.broker.security.authorizer import AllowAllAuthorizer, Operation, Principal, ResourceType
-from shoal.broker.server.config import BrokerConfig, Listener
 from shoal.broker.server.server import Broker
 from shoal.broker.storage.internal_topic_log import InternalTopicLog
 from shoal.broker.storage.partition_log import LogConfig, PartitionLog

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from shoal.broker.common.config import BrokerConfig, Listener
+from shoal.broker.common.purgatory import LogKey
 from shoal.broker.network.connection import KafkaConnection, RequestContext
-from shoal.broker.server.config import BrokerConfig, Listener
 from shoal.broker.server.server import Broker
 from shoal.broker.share.share_partition_leader import SharePartitionLeader
-from shoal.broker.storage.purgatory import LogKey
 from shoal.persister.persister import Persister, SharePartitionKey, WriteStateRequest
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from shoal.broker.server.config import BrokerConfig
+from shoal.broker.common.config import BrokerConfig
+from shoal.broker.common.purgatory import Purgatory
 from shoal.broker.share.group_configs import GroupConfigs
 from shoal.broker.share.share_partition import AckBatch, AcquireMode, RecordState
 from shoal.broker.share.share_partition_leader import Acquisition, SharePartitionLeader
 from shoal.broker.storage.partition_log import PartitionLog
-from shoal.broker.storage.purgatory import Purgatory
 from shoal.broker.storage.topic_registry import Topic
 from shoal.coordinator.share_coordinator_client import InProcessShareCoordinatorClient
 from shoal.persister.default_persister import DefaultStatePersister
@@ -82,6 +82,25 @@ async def test_a_release_is_not_acquirable_while_its_write_runs(parts: Parts) ->
     assert await acquire(leader, "m1") == [(5, 9, 1)]
     assert await release == ErrorCode.NONE
     assert await acquire(leader, "m2") == [(0, 4, 2)]
+
+
+async def test_an_acknowledgement_is_applied_in_memory_before_its_write_completes(parts: Parts) -> None:
+    leader = parts.leader
+    assert await acquire(leader, "m1", max_records=1) == [(0, 4, 1)]
+    pending = leader.start_acknowledge("m1", [AckBatch(0, 4, [ACCEPT])])
+    await pending.applied
+    sp = leader.state
+    assert sp is not None and sp.start_offset == 5  # memory holds the ACCEPT
+    assert not pending.done.done() and leader.writes_in_flight == 1  # while its write is under way
+    assert await pending.done == ErrorCode.NONE
+
+
+async def test_a_refused_acknowledgement_settles_applied_too(parts: Parts) -> None:
+    leader = parts.leader
+    assert await acquire(leader, "m1", max_records=1) == [(0, 4, 1)]
+    pending = leader.start_acknowledge("m2", [AckBatch(0, 4, [ACCEPT])])  # not m2's records
+    await pending.applied
+    assert await pending.done == ErrorCode.INVALID_RECORD_STATE
 
 
 async def test_a_failed_release_write_rolls_back_to_acquired(parts: Parts) -> None:

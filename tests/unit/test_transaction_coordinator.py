@@ -16,9 +16,9 @@ from shoal.broker.storage.internal_topic_log import InternalTopicLog
 from shoal.broker.storage.partition_log import LogConfig, PartitionLog
 from shoal.broker.storage.producer_state import PartitionProducerState
 from shoal.broker.storage.topic_registry import Topic
+from shoal.coordinator.placement import Placement
 from shoal.coordinator.transaction_coordinator import TransactionCoordinator
 from shoal.coordinator.transaction_log import TxnMetadata, TxnState, from_record, to_record
-from shoal.coordinator.txn_offsets import TxnOffset, TxnOffsetStore
 from shoal.protocol.coordinator_records import (
     SHARE_GROUP_STATE,
     SHARE_SNAPSHOT,
@@ -29,7 +29,6 @@ from shoal.protocol.coordinator_records import (
     key_class,
 )
 from shoal.protocol.errors import ErrorCode
-from shoal.protocol.messages import CODECS
 from shoal.protocol.record_batch import iter_batches
 from shoal.protocol.records import RecordInput, encode_batch
 
@@ -45,7 +44,7 @@ class LogMarkers:
         self.written: list[tuple[str, int]] = []
 
     async def write_markers(self, producer_id: int, producer_epoch: int, commit: bool,
-                            partitions: Iterable[tuple[str, int]]) -> None:
+                            partitions: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:
         for tp in sorted(partitions):
             if self.fail_after is not None and len(self.written) >= self.fail_after:
                 await asyncio.Event().wait()  # hangs here until the "crash" cancels it
@@ -54,6 +53,7 @@ class LogMarkers:
                                         coordinator_epoch=0, timestamp_ms=0)
             await plog.flush(result.last_offset + 1)
             self.written.append(tp)
+        return set()
 
 
 class Cluster:
@@ -77,7 +77,7 @@ class Cluster:
 
     async def coordinator(self, markers: LogMarkers) -> TransactionCoordinator:
         coord = TransactionCoordinator(InternalTopicLog(self.state_topic), markers, self.allocate,
-                                       max_timeout_ms=MAX_TIMEOUT, offsets_partitions=3)
+                                       max_timeout_ms=MAX_TIMEOUT, offsets_placement=Placement(3))
         await coord.load()
         return coord
 
@@ -192,6 +192,93 @@ def test_timed_out_transaction_is_aborted_and_producer_fenced(tmp_path: Path) ->
     asyncio.run(run())
 
 
+def test_completion_retries_whatever_fails_until_every_marker_is_written(tmp_path: Path) -> None:
+    """A marker write failing with something other than an OSError (here a partition log closed under
+    it) must not end the completion: it retries until the partition is back, then completes."""
+
+    async def run() -> None:
+        cluster = Cluster(tmp_path)
+        markers = LogMarkers(cluster.logs)
+        coord = await cluster.coordinator(markers)
+        init = await coord.init_producer_id("app", 30_000)
+        pid, epoch = init.producer_id, init.producer_epoch
+        assert await coord.add_partitions("app", pid, epoch, list(cluster.logs)) == ErrorCode.NONE
+        for tp in cluster.logs:
+            cluster.produce_txn(tp, pid, epoch, 0)
+        cluster.logs[("t", 1)].close()  # its next append raises LogClosed
+        assert await coord.end_txn("app", pid, epoch, True) == ErrorCode.NONE
+        while ("t", 0) not in markers.written:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # the failed attempt is behind us
+        assert coord.txns["app"].state == TxnState.PREPARE_COMMIT
+        assert "app" in coord._completing  # still retrying, not dead
+        cluster.logs[("t", 1)] = PartitionLog.open(tmp_path / "t-1", LogConfig())
+        await asyncio.wait_for(_settle(coord), 60)
+        assert coord.txns["app"].state == TxnState.COMPLETE_COMMIT
+        for plog in cluster.logs.values():
+            assert plog.last_stable_offset == plog.log_end_offset
+        cluster.close()
+
+    asyncio.run(run())
+
+
+def test_a_retried_kip360_init_producer_id_gets_the_same_answer(tmp_path: Path) -> None:
+    async def run() -> None:
+        cluster = Cluster(tmp_path)
+        coord = await cluster.coordinator(LogMarkers(cluster.logs))
+        first = await coord.init_producer_id("app", 30_000)
+        pid, epoch = first.producer_id, first.producer_epoch
+        bumped = await coord.init_producer_id("app", 30_000, pid, epoch)
+        assert (bumped.error, bumped.producer_id, bumped.producer_epoch) == (ErrorCode.NONE, pid, epoch + 1)
+        # The response was lost; the producer sends the same request again.
+        retried = await coord.init_producer_id("app", 30_000, pid, epoch)
+        assert (retried.error, retried.producer_id, retried.producer_epoch) == (ErrorCode.NONE, pid, epoch + 1)
+        assert coord.txns["app"].producer_epoch == epoch + 1  # no second bump
+        # Once the producer moved on, the old epoch is a zombie's.
+        again = await coord.init_producer_id("app", 30_000, pid, epoch + 1)
+        assert again.producer_epoch == epoch + 2
+        assert (await coord.init_producer_id("app", 30_000, pid, epoch)).error == ErrorCode.PRODUCER_FENCED
+        assert (await coord.init_producer_id("app", 30_000, pid + 7, epoch + 2)).error == ErrorCode.PRODUCER_FENCED
+        cluster.close()
+
+    asyncio.run(run())
+
+
+def test_idle_transactional_ids_expire(tmp_path: Path) -> None:
+    async def run() -> None:
+        cluster = Cluster(tmp_path)
+        now = [1_000_000]
+        coord = await cluster.coordinator(LogMarkers(cluster.logs))
+        coord.clock = lambda: now[0]
+        coord.transactional_id_expiration_ms = 10_000
+        idle = await coord.init_producer_id("idle", 30_000)
+        busy = await coord.init_producer_id("busy", 30_000)
+        assert await coord.add_partitions("busy", busy.producer_id, busy.producer_epoch, [("t", 0)]) == 0
+        now[0] += 10_000
+        assert sorted(await coord.expire_transactional_ids()) == ["idle"]  # an open transaction never expires
+        assert "idle" not in coord.txns and "busy" in coord.txns
+        cluster.close()
+        cluster.open()
+        coord = await cluster.coordinator(LogMarkers(cluster.logs))
+        assert "idle" not in coord.txns and "busy" in coord.txns  # the tombstone replays
+        fresh = await coord.init_producer_id("idle", 30_000)
+        assert fresh.error == ErrorCode.NONE and fresh.producer_id != idle.producer_id
+        cluster.close()
+
+    asyncio.run(run())
+
+
+def test_idle_producers_expire_from_a_partition() -> None:
+    state = PartitionProducerState()
+    state.record(1, 0, 0, 1, 0, max_timestamp=1_000)
+    state.record(2, 0, 0, 1, 1, max_timestamp=1_000)
+    state.on_transactional_batch(2, 1)
+    state.record(3, 0, 0, 1, 2, max_timestamp=5_000)
+    assert state.expire_producers(now_ms=6_000, expiration_ms=5_000) == 1
+    # Producer 2 has an open transaction; producer 3 wrote recently.
+    assert sorted(state.producers) == [2, 3]
+
+
 # ---- producer state: LSO and aborted transactions ------------------------------------------------
 
 _events = st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["data", "commit", "abort"])), max_size=40)
@@ -218,48 +305,6 @@ def test_lso_is_the_first_offset_of_the_oldest_open_transaction(events: list[tup
     for pid, first, last in aborted:
         assert state.is_aborted(pid, first) and state.is_aborted(pid, last)
         assert any(t.producer_id == pid for t in state.aborted_between(first, first + 1))
-
-
-# ---- transactional offset commits ----------------------------------------------------------------
-
-
-def test_txn_offsets_pending_until_marker_and_replayed(tmp_path: Path) -> None:
-    async def run() -> None:
-        offsets = Topic("__consumer_offsets", b"\x03" * 16,
-                        [PartitionLog.open(tmp_path / f"co-{i}", LogConfig()) for i in range(2)])
-        log = InternalTopicLog(offsets)
-        done: list[list[Any]] = []
-        store = TxnOffsetStore(log, done.append)
-        p = store.partition_for("g")
-        await store.commit("g", 7, 0, [TxnOffset("in", 0, 42, -1, "")])
-        await store.commit("g", 8, 0, [TxnOffset("in", 1, 5, -1, "")])
-        assert store.has_pending("g", "in", 0) and not store.has_pending("g", "in", 2)
-        assert list(log.replay_raw(p)) == []  # nothing final before a marker
-        plog = offsets.partitions[p]
-        await plog.flush(plog.append_marker(producer_id=7, producer_epoch=0, commit=True, coordinator_epoch=0,
-                                            timestamp_ms=0).last_offset + 1)
-        store.on_marker(p, 7, True)
-        key, value = done[0][0]
-        committed = (CODECS["OffsetCommitKey"].decode(key, 0, 2)[0], CODECS["OffsetCommitValue"].decode(value, 3, 2)[0])
-        assert (committed[0].group, committed[0].topic, committed[0].partition, committed[1].offset) == ("g", "in", 0, 42)
-        assert [(k, v) for _o, k, v in log.replay_raw(p)] == done[0]
-        # Producer 8 is still open: a restart finds its offsets pending, and an abort drops them.
-        for plog in offsets.partitions:
-            plog.close()
-        offsets.partitions = [PartitionLog.open(tmp_path / f"co-{i}", LogConfig()) for i in range(2)]
-        store = TxnOffsetStore(InternalTopicLog(offsets), done.append)
-        store.load()
-        assert store.has_pending("g", "in", 1) and not store.has_pending("g", "in", 0)
-        plog = offsets.partitions[p]
-        await plog.flush(plog.append_marker(producer_id=8, producer_epoch=0, commit=False, coordinator_epoch=0,
-                                            timestamp_ms=0).last_offset + 1)
-        store.on_marker(p, 8, False)
-        assert len(done) == 1 and not store.has_pending("g", "in", 1)
-        assert [(k, v) for _o, k, v in InternalTopicLog(offsets).replay_raw(p)] == done[0]
-        for plog in offsets.partitions:
-            plog.close()
-
-    asyncio.run(run())
 
 
 def test_prune_keeps_every_latest_state(tmp_path: Path, monkeypatch: Any) -> None:

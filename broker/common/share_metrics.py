@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -22,15 +22,25 @@ from prometheus_client.registry import Collector
 
 from shoal.protocol.acknowledge_type import AcknowledgeType
 
-if TYPE_CHECKING:
-    from shoal.broker.storage.topic_registry import TopicRegistry
+
+class NamedTopic(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class TopicsById(Protocol):
+    """The topic lookup the collector needs (the storage layer's TopicRegistry is one)."""
+
+    def get_by_id(self, topic_id: bytes) -> NamedTopic | None: ...
 
 
 class Broker(Protocol):
     """The parts of the broker the collector reads (the server's Broker has them)."""
 
-    topics: TopicRegistry
-    group_coordinator: Any
+    @property
+    def topics(self) -> TopicsById: ...
+
+    share_groups: Any
     share_coordinator: Any
     share_partitions: Any
 
@@ -219,7 +229,7 @@ class ShareGroupCollector(Collector):
         counts = dict.fromkeys(GROUP_STATES, 0)
         partitions = 0
         rebalances = 0
-        coordinator = self.broker.group_coordinator
+        coordinator = self.broker.share_groups
         if coordinator is not None:
             rebalances = int(coordinator.rebalances)
             for group in list(coordinator.groups.values()):

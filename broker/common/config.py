@@ -125,6 +125,16 @@ _KEYS: list[ConfigKey] = [
     ConfigKey("transaction.max.timeout.ms", int, 900000, "Largest transaction.timeout.ms a producer may ask for.", 1),
     ConfigKey("transaction.abort.timed.out.transaction.cleanup.interval.ms", int, 10000,
               "How often transactions open past their timeout are looked for and aborted.", 1),
+    ConfigKey("transactional.id.expiration.ms", int, 604800000,
+              "A transactional id with no transaction in progress and no update for this long is removed.", 1),
+    ConfigKey("transaction.remove.expired.transaction.cleanup.interval.ms", int, 3600000,
+              "How often expired transactional ids are looked for.", 1),
+    ConfigKey("producer.id.expiration.ms", int, 86400000,
+              "A partition forgets a producer (its sequences) whose last batch is this old.", 1),
+    ConfigKey("producer.id.expiration.check.interval.ms", int, 600000,
+              "How often partitions look for expired producer ids.", 1),
+    ConfigKey("transaction.partition.verification.enable", _bool, True,
+              "Check a transactional batch's partition with the coordinator before appending it (KIP-890)."),
     ConfigKey("share.coordinator.state.topic.replication.factor", int, 1, "Accepted for compatibility."),
     ConfigKey("share.coordinator.state.topic.min.isr", int, 1, "Accepted for compatibility."),
     ConfigKey("share.coordinator.state.topic.segment.bytes", int, 104857600, "Segment size of __share_group_state.", 1),
@@ -136,6 +146,9 @@ _KEYS: list[ConfigKey] = [
     ConfigKey("group.initial.rebalance.delay.ms", int, 3000, "Wait for more members before a new group's first rebalance.", 0),
     ConfigKey("group.max.size", int, 2**31 - 1, "Members per classic group.", 1),
     ConfigKey("offset.metadata.max.bytes", int, 4096, "Largest metadata string of a committed offset.", 0),
+    ConfigKey("offsets.retention.minutes", int, 10080,
+              "How long committed offsets of a group without members (or of topics it no longer reads) are kept.", 1),
+    ConfigKey("offsets.retention.check.interval.ms", int, 600000, "How often expired committed offsets are removed.", 1),
     # KIP-848 consumer groups
     ConfigKey("group.consumer.session.timeout.ms", int, 45000, "Consumer-group member session timeout.", 1),
     ConfigKey("group.consumer.heartbeat.interval.ms", int, 5000, "Consumer-group member heartbeat interval.", 1),
@@ -208,6 +221,9 @@ _KEYS: list[ConfigKey] = [
 
 SUPPORTED_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 LISTENER_PREFIX = "listener.name."
+# Keys under this prefix configure Shoal's client connections to an upstream cluster (sidecar mode);
+# `upstream.bootstrap.servers` turns the mode on. They are kept as text for the upstream client to parse.
+UPSTREAM_PREFIX = "upstream."
 # Keys that make sense per listener (Kafka's ListenerName.configPrefix overrides).
 _PER_LISTENER = ("ssl.", "sasl.", "connections.max.reauth.ms")
 
@@ -242,6 +258,8 @@ class BrokerConfig:
         self.notes = notes or []
         # listener name (upper case) -> key -> parsed value, from `listener.name.<listener>.<key>`.
         self.per_listener = per_listener or {}
+        # `upstream.<key>` settings with the prefix removed (sidecar mode); empty in standalone mode.
+        self.upstream: dict[str, str] = {}
         # Values set at runtime (IncrementalAlterConfigs on BROKER), per level, as text; see DYNAMIC_KEYS.
         self._dynamic: dict[str, dict[str, str]] = {THIS_BROKER: {}, CLUSTER_DEFAULT: {}}
         self._dynamic_path: Path | None = None
@@ -324,6 +342,10 @@ class BrokerConfig:
         values: dict[str, Any] = {k.name: k.default for k in _KEYS}
         per_listener: dict[str, dict[str, Any]] = {}
         notes: list[ConfigNote] = []
+        upstream = {k[len(UPSTREAM_PREFIX):]: v for k, v in raw.items() if k.startswith(UPSTREAM_PREFIX)}
+        raw = {k: v for k, v in raw.items() if not k.startswith(UPSTREAM_PREFIX)}
+        if upstream and not upstream.get("bootstrap.servers", "").strip():
+            raise ConfigError("upstream.* keys need upstream.bootstrap.servers (the upstream cluster's brokers)")
         unknown = sorted(k for k in set(raw) - set(KEYS) if _listener_key(k) is None)
         strangers = [k for k in unknown if ignored_reason(k) is None]
         if strangers and strict:
@@ -351,6 +373,7 @@ class BrokerConfig:
         if values["log.format"] not in ("console", "json"):
             raise ConfigError("log.format must be console or json")
         config = cls(values, set(raw) - set(unknown), per_listener, notes)
+        config.upstream = upstream
         config.listeners()  # validate early
         config._validate_security()
         config._validate_share_bounds()

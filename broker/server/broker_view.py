@@ -1,7 +1,7 @@
-"""What the handlers, connections and SASL layer see of the broker: its services, as a Protocol.
+"""What the wiring reads of the broker, as a Protocol: `server.Broker` implements it.
 
-`shoal.broker.server.server.Broker` implements it. Handlers depend on this view rather than on the
-server module, so the server can import the handlers without an import cycle.
+The wiring builds each API family's services from these parts; typing it against this view rather than
+the server's class keeps `server -> wiring -> server` from being a cycle.
 """
 
 from __future__ import annotations
@@ -9,39 +9,29 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from shoal.broker.common.config import BrokerConfig, Listener
+    from shoal.broker.common.metrics import BrokerMetrics
+    from shoal.broker.common.purgatory import Purgatory
+    from shoal.broker.network.request_channel import Api
     from shoal.broker.security.authorizer import Authorizer
     from shoal.broker.security.scram import ScramCredentialStore
-    from shoal.broker.server.config import BrokerConfig, Listener
-    from shoal.broker.server.metrics import BrokerMetrics
     from shoal.broker.share.group_configs import GroupConfigs
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
     from shoal.broker.storage.producer_state import ProducerIdAllocator
-    from shoal.broker.storage.purgatory import Purgatory
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
+    from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
+    from shoal.broker.upstream.forwarder import Forwarder
     from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
     from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
     from shoal.coordinator.group_coordinator import GroupCoordinator
     from shoal.coordinator.share_coordinator import ShareCoordinator
+    from shoal.coordinator.share_group_coordinator import ShareGroupCoordinator
     from shoal.coordinator.transaction_coordinator import TransactionCoordinator
-    from shoal.coordinator.txn_offsets import TxnOffsetStore
     from shoal.persister.persister import Persister
     from shoal.protocol.messages import ApiVersionsResponse, RequestHeader
-
-
-@dataclass(frozen=True, slots=True)
-class Api:
-    """A handler for one API key over a version range; `handler(ctx, body)` returns the response body."""
-
-    key: int
-    name: str
-    min_version: int
-    max_version: int
-    handler: Callable[..., Any]
-    is_async: bool
 
 
 class Broker(Protocol):
@@ -60,16 +50,19 @@ class Broker(Protocol):
     connection_listeners: list[Callable[[Any], None]]
     # Share-group parts, wired in start() once the internal topics exist (before any request is served).
     share_coordinator: ShareCoordinator
+    # Every group type and every committed offset on __consumer_offsets; share_groups, classic_groups and
+    # consumer_groups are its parts for each group type.
     group_coordinator: GroupCoordinator
+    share_groups: ShareGroupCoordinator
     persister: Persister
     share_partitions: SharePartitionLeaders
     transaction_coordinator: TransactionCoordinator
-    txn_offsets: TxnOffsetStore
+    transaction_markers: TransactionMarkerWriter
     producer_ids: ProducerIdAllocator
-    # Classic consumer groups (JoinGroup/SyncGroup); None only in tests that wire share groups alone.
-    classic_groups: ClassicGroupCoordinator | None
-    # KIP-848 consumer groups (ConsumerGroupHeartbeat); None only in tests that wire share groups alone.
-    consumer_groups: ConsumerGroupCoordinator | None
+    classic_groups: ClassicGroupCoordinator
+    consumer_groups: ConsumerGroupCoordinator
+    # Sidecar mode (upstream.bootstrap.servers set): the forwarding to the upstream; None when standalone.
+    upstream_forwarder: Forwarder | None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...

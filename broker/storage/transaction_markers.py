@@ -1,0 +1,70 @@
+"""Transaction markers: the COMMIT or ABORT control batch that ends a producer's transaction on one partition.
+
+One writer serves the transaction coordinator (which ends its own transactions) and the WriteTxnMarkers API
+(which an operator's `Admin.abortTransaction` uses to end a hanging one): append the marker, wake the
+partition's long polls, fsync, and only then report it durable, so whoever reacts to the marker (the group
+coordinator releases a transaction's offset commits) never acts on one a power cut could take back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+
+import structlog
+
+from shoal.broker.common.purgatory import LogKey, Purgatory
+from shoal.broker.storage.partition_log import LogClosed
+from shoal.broker.storage.topic_registry import TopicRegistry
+
+log = structlog.get_logger("shoal.txn")
+
+TopicPartition = tuple[str, int]
+# Called once a marker is durable: (topic, partition, producer id, commit).
+MarkerDurable = Callable[[str, int, int, bool], None]
+
+
+class TransactionMarkerWriter:
+    def __init__(self, topics: TopicRegistry, purgatory: Purgatory, on_durable: MarkerDurable):
+        self.topics = topics
+        self.purgatory = purgatory
+        self.on_durable = on_durable
+
+    async def write_marker(self, topic_name: str, index: int, producer_id: int, producer_epoch: int, commit: bool,
+                           coordinator_epoch: int = 0) -> bool:
+        """Append and fsync one marker; False if the partition does not exist (or was deleted while its
+        marker was written)."""
+        topic = self.topics.get(topic_name)
+        if topic is None or not 0 <= index < len(topic.partitions):
+            return False
+        plog = topic.partitions[index]
+        try:
+            result = plog.append_marker(producer_id=producer_id, producer_epoch=producer_epoch, commit=commit,
+                                        coordinator_epoch=coordinator_epoch, timestamp_ms=int(time.time() * 1000))
+            self.purgatory.notify(LogKey(topic.topic_id, index))
+            await plog.flush(result.last_offset + 1)
+        except LogClosed:
+            if self.topics.get(topic_name) is not topic:
+                log.info("txn.marker_partition_deleted", topic=topic_name, partition=index)
+                return False
+            raise
+        self.on_durable(topic_name, index, producer_id, commit)
+        return True
+
+    async def write_markers(self, producer_id: int, producer_epoch: int, commit: bool,
+                            partitions: Iterable[TopicPartition]) -> set[TopicPartition]:
+        """The transaction coordinator's side: a marker on every partition of the transaction at once.
+        A partition deleted since it joined the transaction (or while its marker was written) needs no
+        marker, as in Kafka; the partitions whose marker failed are returned, to be retried."""
+        parts = list(partitions)
+        results = await asyncio.gather(*(self.write_marker(topic, index, producer_id, producer_epoch, commit)
+                                         for topic, index in parts), return_exceptions=True)
+        failed: set[TopicPartition] = set()
+        for tp, result in zip(parts, results, strict=True):
+            if isinstance(result, asyncio.CancelledError):
+                raise result
+            if isinstance(result, BaseException):
+                log.warning("txn.marker_failed", topic=tp[0], partition=tp[1], error=repr(result))
+                failed.add(tp)
+        return failed

@@ -1,0 +1,199 @@
+"""Reading an upstream partition as a `PartitionSource`: Fetch from its leader, through a batch cache.
+
+Several share consumers of one partition read the same offsets one after another (each acquires what the
+last left), so recent batches are kept: a read that finds the batch holding its offset in the cache is
+answered from there, following the batches that came after it in the same upstream read, and costs no
+upstream request. Concurrent reads of one offset share one upstream Fetch. read_committed reads always go
+upstream (the aborted transactions of a range come with the Fetch), and their batches fill the cache too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from shoal.broker.storage.partition_source import OffsetOutOfRange, SourceRead
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.errors import ErrorCode
+from shoal.protocol.record_batch import BatchHeader, parse_batch_header
+
+from .cluster import LEADERSHIP_ERRORS, UpstreamCluster, UpstreamUnavailable
+from .metrics import UpstreamMetrics
+
+_LENGTH_END = 12  # base offset (8) and batch length (4): enough to know a batch's size
+
+
+@dataclass(slots=True)
+class _Cached:
+    header: BatchHeader
+    data: bytes
+    # Base offset of the batch that followed this one in the upstream read (None: the read ended here).
+    next_base: int | None
+
+
+class _PartitionCache:
+    __slots__ = ("bases", "batches", "size")
+
+    def __init__(self) -> None:
+        self.bases: list[int] = []
+        self.batches: dict[int, _Cached] = {}
+        self.size = 0
+
+
+class BatchCache:
+    """Recent upstream batches, by partition and base offset, within `max_bytes` (least recently read
+    partitions are dropped first, oldest batches first)."""
+
+    def __init__(self, max_bytes: int, metrics: UpstreamMetrics | None = None):
+        self.max_bytes = max_bytes
+        self.metrics = metrics
+        self.size = 0
+        self.hits = 0
+        self.misses = 0
+        self._partitions: OrderedDict[tuple[str, int], _PartitionCache] = OrderedDict()
+
+    def get(self, key: tuple[str, int], offset: int, max_bytes: int, limit: int) -> list[tuple[BatchHeader, memoryview]]:
+        """The cached run of batches from the one holding `offset`, below `limit`, within `max_bytes` (at
+        least one batch); empty when the batch holding `offset` is not cached."""
+        part = self._partitions.get(key)
+        found: list[tuple[BatchHeader, memoryview]] = []
+        if part is not None:
+            i = bisect.bisect_right(part.bases, offset) - 1
+            entry = part.batches.get(part.bases[i]) if i >= 0 else None
+            if entry is not None and entry.header.last_offset < offset:
+                entry = None
+            budget = max_bytes
+            while entry is not None and entry.header.base_offset < limit and (not found or len(entry.data) <= budget):
+                found.append((entry.header, memoryview(entry.data)))
+                budget -= len(entry.data)
+                entry = part.batches.get(entry.next_base) if entry.next_base is not None else None
+            self._partitions.move_to_end(key)
+        if found:
+            self.hits += 1
+            if self.metrics is not None:
+                self.metrics.cache_hits.inc()
+        else:
+            self.misses += 1
+            if self.metrics is not None:
+                self.metrics.cache_misses.inc()
+        return found
+
+    def put(self, key: tuple[str, int], batches: list[tuple[BatchHeader, bytes]]) -> None:
+        part = self._partitions.get(key)
+        if part is None:
+            part = self._partitions[key] = _PartitionCache()
+        self._partitions.move_to_end(key)
+        for i, (header, data) in enumerate(batches):
+            following = batches[i + 1][0].base_offset if i + 1 < len(batches) else None
+            old = part.batches.get(header.base_offset)
+            if old is not None:
+                old.next_base = old.next_base if following is None else following
+                continue
+            part.batches[header.base_offset] = _Cached(header, data, following)
+            bisect.insort(part.bases, header.base_offset)
+            part.size += len(data)
+            self.size += len(data)
+        self._evict()
+
+    def _evict(self) -> None:
+        while self.size > self.max_bytes and self._partitions:
+            key, part = next(iter(self._partitions.items()))
+            while part.bases and self.size > self.max_bytes:
+                dropped = part.batches.pop(part.bases.pop(0))
+                part.size -= len(dropped.data)
+                self.size -= len(dropped.data)
+            if not part.bases:
+                del self._partitions[key]
+
+    def drop(self, key: tuple[str, int]) -> None:
+        part = self._partitions.pop(key, None)
+        if part is not None:
+            self.size -= part.size
+
+
+class UpstreamPartitionSource:
+    """One upstream topic-partition as a `PartitionSource`."""
+
+    def __init__(self, cluster: UpstreamCluster, cache: BatchCache, topic: str, partition: int):
+        self.cluster = cluster
+        self.cache = cache
+        self.key = (topic, partition)
+        self.high_watermark = -1
+        self.last_stable_offset = -1
+        self.log_start_offset = -1
+        self.upstream_reads = 0
+        self._inflight: dict[tuple[int, int, bool], asyncio.Future[SourceRead]] = {}
+
+    async def read(self, fetch_offset: int, max_bytes: int, *, read_committed: bool = False) -> SourceRead:
+        if not read_committed and self.high_watermark >= 0 and fetch_offset >= self.log_start_offset:
+            cached = self.cache.get(self.key, fetch_offset, max_bytes, self.high_watermark)
+            if cached:
+                return SourceRead(cached, self.high_watermark, self.last_stable_offset, self.log_start_offset)
+        flight = (fetch_offset, max_bytes, read_committed)
+        running = self._inflight.get(flight)
+        if running is not None:
+            return await asyncio.shield(running)
+        future: asyncio.Future[SourceRead] = asyncio.get_running_loop().create_future()
+        self._inflight[flight] = future
+        try:
+            result = await self._fetch(fetch_offset, max_bytes, read_committed)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved here; waiters get it too
+            raise
+        else:
+            future.set_result(result)
+            return result
+        finally:
+            del self._inflight[flight]
+
+    async def _fetch(self, fetch_offset: int, max_bytes: int, read_committed: bool) -> SourceRead:
+        topic, partition = self.key
+        leader = self.cluster.leader(topic, partition)
+        if leader < 0:
+            await self.cluster.refresh_metadata([topic])
+            leader = self.cluster.leader(topic, partition)
+            if leader < 0:
+                raise UpstreamUnavailable(f"no upstream leader for {topic}-{partition}")
+        req = messages.FetchRequest
+        body = req(replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=max_bytes,
+                   isolation_level=1 if read_committed else 0, session_id=0, session_epoch=-1,
+                   topics=[req.FetchTopic(topic=topic, partitions=[req.FetchPartition(
+                       partition=partition, current_leader_epoch=-1, fetch_offset=fetch_offset,
+                       last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=max_bytes)])],
+                   forgotten_topics_data=[], rack_id="")
+        self.upstream_reads += 1
+        response = await self.cluster.send(leader, ApiKey.FETCH, body, 12)
+        (part,) = [p for t in response.responses for p in t.partitions]
+        if part.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
+            raise OffsetOutOfRange(fetch_offset, part.log_start_offset, part.high_watermark)
+        if part.error_code != ErrorCode.NONE:
+            if part.error_code in LEADERSHIP_ERRORS:
+                self.cluster.request_refresh()
+            raise UpstreamUnavailable(f"upstream Fetch of {topic}-{partition}: error {part.error_code}")
+        self.high_watermark = part.high_watermark
+        self.last_stable_offset = part.last_stable_offset if part.last_stable_offset >= 0 else part.high_watermark
+        self.log_start_offset = part.log_start_offset
+        batches = whole_batches(part.records or b"")
+        self.cache.put(self.key, batches)
+        aborted = [(a.producer_id, a.first_offset) for a in part.aborted_transactions or []] if read_committed else []
+        return SourceRead([(h, memoryview(data)) for h, data in batches], self.high_watermark,
+                          self.last_stable_offset, self.log_start_offset, aborted)
+
+
+def whole_batches(records: bytes | bytearray | memoryview) -> list[tuple[BatchHeader, bytes]]:
+    """The complete batches of a Fetch answer, each as its own bytes; a batch the size limit cut off at the
+    end (a broker may send part of one) is left out."""
+    view = memoryview(records)
+    out: list[tuple[BatchHeader, bytes]] = []
+    pos, end = 0, len(view)
+    while pos + _LENGTH_END <= end:
+        size = _LENGTH_END + int.from_bytes(view[pos + 8 : pos + 12], "big")
+        if pos + size > end:
+            break
+        out.append((parse_batch_header(view, pos), bytes(view[pos : pos + size])))
+        pos += size
+    return out

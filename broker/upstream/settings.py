@@ -1,0 +1,87 @@
+"""`upstream.*` broker keys (Kafka client property names after the prefix) turned into client settings.
+
+Only what Shoal's client can honour is accepted; any other key is a start-up error naming it, rather than
+a setting silently dropped (a truststore that is ignored would be a security hole).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from shoal.client.cluster import parse_bootstrap
+from shoal.client.security import ClientConfig
+
+# Kafka client keys with the ClientConfig attribute they set, as text values.
+_DIRECT = {
+    "client.id": "client.id",
+    "security.protocol": "security.protocol",
+    "sasl.mechanism": "sasl.mechanism",
+    "sasl.username": "sasl.username",
+    "sasl.password": "sasl.password",
+    "ssl.key.password": "ssl.key.password",
+    "request.timeout.ms": "request.timeout.ms",
+    "reconnect.backoff.ms": "reconnect.backoff.ms",
+    "reconnect.backoff.max.ms": "reconnect.backoff.max.ms",
+    "metadata.max.age.ms": "metadata.max.age.ms",
+    "ssl.endpoint.identification.algorithm": "ssl.endpoint.identification.algorithm",
+    # PEM files: Kafka's names, and librdkafka's spellings of the same.
+    "ssl.truststore.location": "ssl.ca.location",
+    "ssl.ca.location": "ssl.ca.location",
+    "ssl.certificate.location": "ssl.certificate.location",
+    "ssl.key.location": "ssl.key.location",
+}
+# Accepted and meaningless for PEM files (Kafka requires them for JKS).
+_ACCEPTED = frozenset({"ssl.truststore.type", "ssl.keystore.type", "ssl.truststore.password",
+                       "ssl.keystore.password"})
+_JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+
+class UpstreamConfigError(ValueError):
+    """An upstream.* setting Shoal cannot start with."""
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamSettings:
+    bootstrap: list[tuple[str, int]]
+    client: ClientConfig
+
+    @property
+    def bootstrap_text(self) -> str:
+        return ",".join(f"{host}:{port}" for host, port in self.bootstrap)
+
+
+def jaas_credentials(line: str) -> tuple[str, str]:
+    """username and password of a PlainLoginModule / ScramLoginModule line."""
+    # Quoted values as Kafka's JAAS parser reads them: a backslash escapes the next character.
+    options = {key: re.sub(r"\\(.)", r"\1", value) for key, value in _JAAS_OPTION.findall(line)}
+    if "username" not in options or "password" not in options:
+        raise UpstreamConfigError("upstream.sasl.jaas.config needs username=\"...\" and password=\"...\"")
+    return options["username"], options["password"]
+
+
+def parse_upstream(keys: Mapping[str, str]) -> UpstreamSettings:
+    """Settings from the `upstream.` keys of the broker config, prefix removed."""
+    try:
+        bootstrap = parse_bootstrap(keys.get("bootstrap.servers", ""))
+    except ValueError as exc:
+        raise UpstreamConfigError(f"upstream.bootstrap.servers: {exc}") from exc
+    client: dict[str, str] = {"client.id": "shoal-sidecar"}
+    for key, value in keys.items():
+        if key == "bootstrap.servers" or key in _ACCEPTED:
+            continue
+        if key == "sasl.jaas.config":
+            client["sasl.username"], client["sasl.password"] = jaas_credentials(value)
+        elif key == "ssl.keystore.location":
+            # A PEM keystore holds the certificate chain and the private key in one file.
+            client["ssl.certificate.location"] = client["ssl.key.location"] = value
+        elif key in _DIRECT:
+            client[_DIRECT[key]] = value
+        else:
+            raise UpstreamConfigError(f"upstream.{key} is not a client setting Shoal supports for the upstream")
+    try:
+        config = ClientConfig.from_dict(client)
+    except ValueError as exc:
+        raise UpstreamConfigError(f"upstream settings: {exc}") from exc
+    return UpstreamSettings(bootstrap, config)
