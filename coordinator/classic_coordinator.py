@@ -5,8 +5,9 @@ the initial rebalance delay, sessions).
 It follows Kafka's GroupMetadataManager for classic groups. Every operation on a group, a request's
 or a timer's (the runtime's keyed timers), runs through the group coordinator's runtime holding the
 group's key: one at a time per group, and to completion even if its caller goes away. Persisted changes
-(see `classic_group`) are appended to the group's `__consumer_offsets` partition, fsynced, and only then
-replayed into the partition's shard and answered. JoinGroup and SyncGroup answers that must wait for
+(see `classic_group`) are yielded by the operation (a `write_steps` generator); the runtime appends them to
+the group's `__consumer_offsets` partition, waits for the fsync and replays them into the partition's shard
+before the operation goes on, so it never appends itself. JoinGroup and SyncGroup answers that must wait for
 other members are futures completed when the phase ends, awaited after the operation has released the
 group. A JoinGroup for the id of a KIP-848 group without members converts it, as Kafka does.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ from .consumer_group import ConsumerGroup
 from .group_coordinator_shard import Group, GroupRuntime, GroupsOfOneType
 from .placement import Placement
 from .record_log import CoordinatorRecordLog
+from .runtime import Steps
 
 log = structlog.get_logger("shoal.classic_groups")
 
@@ -126,9 +128,9 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
     def _has_offsets(self, group_id: str) -> bool:
         return self.shard_of(group_id).offsets.has_offsets(group_id)
 
-    def _schedule(self, key: tuple[str, ...], delay_s: float, work: Callable[[], Awaitable[None]]) -> None:
+    def _schedule(self, key: tuple[str, ...], delay_s: float, work: Callable[[], Steps[None]]) -> None:
         """Run `work` after `delay_s` as an operation on the group `key[1]` names (a runtime timer)."""
-        self.runtime.schedule(self.partition_for(key[1]), ("classic", *key), delay_s, key[1], work)
+        self.runtime.schedule_steps(self.partition_for(key[1]), ("classic", *key), delay_s, key[1], work)
 
     def _cancel(self, key: tuple[str, ...]) -> None:
         self.runtime.cancel(self.partition_for(key[1]), ("classic", *key))
@@ -187,7 +189,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         if sooner or not self._is_scheduled(key):
             self._schedule(key, timeout, lambda: self._on_heartbeat_deadline(group_id, member_id))
 
-    async def _on_heartbeat_deadline(self, group_id: str, member_id: str) -> None:
+    def _on_heartbeat_deadline(self, group_id: str, member_id: str) -> Steps[None]:
         group = self.groups.get(group_id)
         member = None if group is None else group.members.get(member_id)
         if group is None or member is None:
@@ -200,16 +202,16 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
                            lambda: self._on_heartbeat_deadline(group_id, member_id))
             return
         log.info("classic group member session expired", group_id=group_id, member_id=member_id)
-        await self._remove_members(group, [member_id], "session expired")
+        yield from self._remove_members(group, [member_id], "session expired")
 
-    async def _on_pending_deadline(self, group_id: str, member_id: str) -> None:
+    def _on_pending_deadline(self, group_id: str, member_id: str) -> Steps[None]:
         self._pending_deadlines.pop((group_id, member_id), None)
         group = self.groups.get(group_id)
         if group is None or member_id not in group.pending_members:
             return
         group.pending_members.discard(member_id)
         if group.state == Preparing:
-            await self._maybe_complete_join(group)
+            yield from self._maybe_complete_join(group)
         self._forget_if_unused(group)
 
     # ---- JoinGroup ---------------------------------------------------------------------------------
@@ -229,18 +231,18 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         if not self.loaded:
             return _join_error(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, req.member_id)
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        async def operation() -> None:
+        def operation() -> Steps[None]:
             try:
-                await self._join(req, waiter)
+                yield from self._join(req, waiter)
             except Exception:
                 log.exception("join group failed", group_id=req.group_id)
                 _resolve(waiter, _join_error(ErrorCode.UNKNOWN_SERVER_ERROR, req.member_id))
 
-        await self._run(req.group_id, operation)
+        await self._write_steps(req.group_id, operation)
         # Shielded: a client that disconnects does not cancel what other members wait for.
         return await asyncio.shield(waiter)
 
-    async def _join(self, req: JoinRequest, waiter: asyncio.Future[Any]) -> None:
+    def _join(self, req: JoinRequest, waiter: asyncio.Future[Any]) -> Steps[None]:
         group = self.groups.get(req.group_id)
         if group is None:
             other = self.groups.any_type(req.group_id)
@@ -253,15 +255,15 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
             if isinstance(other, ConsumerGroup):
                 # A KIP-848 group without members gives way to this classic group; its offsets stay
                 # (Kafka's maybeDeleteEmptyConsumerGroup).
-                await self._write(req.group_id, other.delete_records())
+                yield other.delete_records()
                 log.info("empty consumer group converted to a classic group", group_id=req.group_id)
             group = self._held(req.group_id)[req.group_id] = ClassicGroup(req.group_id)
         if not self._accepts_joining_member(group, req.member_id):
             _resolve(waiter, _join_error(ErrorCode.GROUP_MAX_SIZE_REACHED, req.member_id))
         elif not req.member_id:
-            await self._join_new_member(group, req, waiter)
+            yield from self._join_new_member(group, req, waiter)
         else:
-            await self._join_existing_member(group, req, waiter)
+            yield from self._join_existing_member(group, req, waiter)
         self._forget_if_unused(group)
 
     def _accepts_joining_member(self, group: ClassicGroup, member_id: str) -> bool:
@@ -274,7 +276,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
             return (member is not None and member.awaiting_join) or awaiting < max_size
         return member is not None or len(group.members) < max_size
 
-    async def _join_new_member(self, group: ClassicGroup, req: JoinRequest, waiter: asyncio.Future[Any]) -> None:
+    def _join_new_member(self, group: ClassicGroup, req: JoinRequest, waiter: asyncio.Future[Any]) -> Steps[None]:
         if group.state == Dead:
             _resolve(waiter, _join_error(ErrorCode.COORDINATOR_NOT_AVAILABLE))
             return
@@ -283,7 +285,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
             return
         new_id = f"{req.group_instance_id or req.client_id}-{uuid.uuid4()}"
         if req.group_instance_id is not None:
-            await self._join_new_static_member(group, req, new_id, waiter)
+            yield from self._join_new_static_member(group, req, new_id, waiter)
         elif req.version >= 4:
             # KIP-394: the member learns its id first and joins with it, so a lost response leaves no ghost.
             group.pending_members.add(new_id)
@@ -292,15 +294,15 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
                            lambda: self._on_pending_deadline(group.group_id, new_id))
             _resolve(waiter, _join_error(ErrorCode.MEMBER_ID_REQUIRED, new_id))
         else:
-            await self._add_member_and_rebalance(group, req, new_id, waiter)
+            yield from self._add_member_and_rebalance(group, req, new_id, waiter)
 
-    async def _join_new_static_member(
+    def _join_new_static_member(
         self, group: ClassicGroup, req: JoinRequest, new_id: str, waiter: asyncio.Future[Any]
-    ) -> None:
+    ) -> Steps[None]:
         assert req.group_instance_id is not None
         old_id = group.static_members.get(req.group_instance_id)
         if old_id is None:
-            await self._add_member_and_rebalance(group, req, new_id, waiter)
+            yield from self._add_member_and_rebalance(group, req, new_id, waiter)
             return
         # A known static member restarted: it takes over its old member id's place.
         old_leader = group.leader_id
@@ -316,10 +318,10 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
             if group.select_protocol() != group.protocol_name:
                 member.awaiting_join = True
                 self._join_waiters[(group.group_id, new_id)] = waiter
-                await self._maybe_prepare_rebalance_or_complete_join(group, "static member changed protocols")
+                yield from self._maybe_prepare_rebalance_or_complete_join(group, "static member changed protocols")
                 return
             try:
-                await self._write(group.group_id, [group.metadata_record(None, self.wall_ms())])
+                yield [group.metadata_record(None, self.wall_ms())]
             except Exception:
                 log.exception("persisting a replaced static member failed", group_id=group.group_id)
                 member.protocols, member.rebalance_timeout_ms, member.session_timeout_ms = old_state
@@ -344,11 +346,11 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         self._join_waiters[(group.group_id, new_id)] = waiter
         if group.state == Completing:
             # The leader may already have been given the old member id: assign again.
-            await self._prepare_rebalance(group, "static member replaced during CompletingRebalance")
+            yield from self._prepare_rebalance(group, "static member replaced during CompletingRebalance")
         else:
-            await self._maybe_complete_join(group)
+            yield from self._maybe_complete_join(group)
 
-    async def _join_existing_member(self, group: ClassicGroup, req: JoinRequest, waiter: asyncio.Future[Any]) -> None:
+    def _join_existing_member(self, group: ClassicGroup, req: JoinRequest, waiter: asyncio.Future[Any]) -> Steps[None]:
         if group.state == Dead:
             _resolve(waiter, _join_error(ErrorCode.COORDINATOR_NOT_AVAILABLE, req.member_id))
             return
@@ -358,7 +360,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         if req.member_id in group.pending_members:
             self._cancel(("pending", group.group_id, req.member_id))
             self._pending_deadlines.pop((group.group_id, req.member_id), None)
-            await self._add_member_and_rebalance(group, req, req.member_id, waiter)
+            yield from self._add_member_and_rebalance(group, req, req.member_id, waiter)
             return
         error = self._validate_member(group, req.member_id, req.group_instance_id)
         if error != ErrorCode.NONE:
@@ -366,16 +368,16 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
             return
         member = group.members[req.member_id]
         if group.state == Preparing:
-            await self._update_member_and_rebalance(group, member, req, waiter, "member rejoined")
+            yield from self._update_member_and_rebalance(group, member, req, waiter, "member rejoined")
         elif group.state == Completing:
             if member.matches(req.protocols):
                 # Its JoinGroup response was lost: answer again with the current generation.
                 _resolve(waiter, self._join_response(group, member.member_id))
             else:
-                await self._update_member_and_rebalance(group, member, req, waiter, "member changed protocols")
+                yield from self._update_member_and_rebalance(group, member, req, waiter, "member changed protocols")
         elif group.state == Stable:
             if group.is_leader(member.member_id) or not member.matches(req.protocols):
-                await self._update_member_and_rebalance(group, member, req, waiter, "leader or changed member rejoined")
+                yield from self._update_member_and_rebalance(group, member, req, waiter, "leader or changed member rejoined")
             else:
                 self._arm_heartbeat(group, member)
                 _resolve(waiter, self._join_response(group, member.member_id, with_members=False))
@@ -393,9 +395,9 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
             return ErrorCode.NONE
         return ErrorCode.NONE if member_id in group.members else ErrorCode.UNKNOWN_MEMBER_ID
 
-    async def _add_member_and_rebalance(
+    def _add_member_and_rebalance(
         self, group: ClassicGroup, req: JoinRequest, member_id: str, waiter: asyncio.Future[Any]
-    ) -> None:
+    ) -> Steps[None]:
         member = ClassicMember(
             member_id=member_id, group_instance_id=req.group_instance_id, client_id=req.client_id,
             client_host=req.client_host, rebalance_timeout_ms=req.rebalance_timeout_ms,
@@ -405,11 +407,11 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         group.add_member(member)
         self._join_waiters[(group.group_id, member_id)] = waiter
         self._arm_heartbeat(group, member, NEW_MEMBER_JOIN_TIMEOUT_MS)
-        await self._maybe_prepare_rebalance_or_complete_join(group, f"member {member_id} joined")
+        yield from self._maybe_prepare_rebalance_or_complete_join(group, f"member {member_id} joined")
 
-    async def _update_member_and_rebalance(
+    def _update_member_and_rebalance(
         self, group: ClassicGroup, member: ClassicMember, req: JoinRequest, waiter: asyncio.Future[Any], reason: str
-    ) -> None:
+    ) -> Steps[None]:
         member.protocols = req.protocols
         member.rebalance_timeout_ms, member.session_timeout_ms = req.rebalance_timeout_ms, req.session_timeout_ms
         previous = self._join_waiters.pop((group.group_id, member.member_id), None)
@@ -418,15 +420,15 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         member.awaiting_join = True
         self._join_waiters[(group.group_id, member.member_id)] = waiter
         self._arm_heartbeat(group, member)
-        await self._maybe_prepare_rebalance_or_complete_join(group, reason)
+        yield from self._maybe_prepare_rebalance_or_complete_join(group, reason)
 
-    async def _maybe_prepare_rebalance_or_complete_join(self, group: ClassicGroup, reason: str) -> None:
+    def _maybe_prepare_rebalance_or_complete_join(self, group: ClassicGroup, reason: str) -> Steps[None]:
         if group.state in (Stable, Completing, Empty):
-            await self._prepare_rebalance(group, reason)
+            yield from self._prepare_rebalance(group, reason)
         elif group.state == Preparing:
-            await self._maybe_complete_join(group)
+            yield from self._maybe_complete_join(group)
 
-    async def _prepare_rebalance(self, group: ClassicGroup, reason: str) -> None:
+    def _prepare_rebalance(self, group: ClassicGroup, reason: str) -> Steps[None]:
         gid = group.group_id
         if group.state == Completing:
             for m in group.members.values():
@@ -448,9 +450,9 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
             return
         generation = group.generation_id
         self._schedule(("join", gid), group.rebalance_timeout_ms / 1000, lambda: self._on_join_deadline(gid, generation))
-        await self._maybe_complete_join(group)
+        yield from self._maybe_complete_join(group)
 
-    async def _on_initial_delay(self, group_id: str) -> None:
+    def _on_initial_delay(self, group_id: str) -> Steps[None]:
         group = self.groups.get(group_id)
         if group is None or group.state != Preparing or not group.initial_delay_running:
             return
@@ -462,18 +464,18 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
             self._schedule(("join", group_id), delay / 1000, lambda: self._on_initial_delay(group_id))
             return
         group.initial_delay_running = False
-        await self._complete_join(group)
+        yield from self._complete_join(group)
 
-    async def _on_join_deadline(self, group_id: str, generation: int) -> None:
+    def _on_join_deadline(self, group_id: str, generation: int) -> Steps[None]:
         group = self.groups.get(group_id)
         if group is not None and group.state == Preparing and group.generation_id == generation:
-            await self._complete_join(group)
+            yield from self._complete_join(group)
 
-    async def _maybe_complete_join(self, group: ClassicGroup) -> None:
+    def _maybe_complete_join(self, group: ClassicGroup) -> Steps[None]:
         if group.state == Preparing and not group.initial_delay_running and group.has_all_members_joined():
-            await self._complete_join(group)
+            yield from self._complete_join(group)
 
-    async def _complete_join(self, group: ClassicGroup) -> None:
+    def _complete_join(self, group: ClassicGroup) -> Steps[None]:
         gid = group.group_id
         self._cancel(("join", gid))
         group.initial_delay_running = False
@@ -486,7 +488,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         group.init_next_generation(now_ms)
         if group.state == Empty:
             try:
-                await self._write(gid, [group.metadata_record(None, now_ms, empty=True)])
+                yield [group.metadata_record(None, now_ms, empty=True)]
             except Exception:
                 log.exception("persisting an empty classic group failed", group_id=gid)
             log.info("classic group is empty", group_id=gid, generation=group.generation_id)
@@ -515,7 +517,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
             member_id=member_id, members=self._leader_view(group) if leader else [],
         )
 
-    async def _on_sync_deadline(self, group_id: str, generation: int) -> None:
+    def _on_sync_deadline(self, group_id: str, generation: int) -> Steps[None]:
         group = self.groups.get(group_id)
         if group is None or group.state != Completing or group.generation_id != generation:
             return
@@ -524,7 +526,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         for member_id in missing:
             group.remove_member(member_id)
             self._cancel(("hb", group_id, member_id))
-        await self._prepare_rebalance(group, "members did not sync in time")
+        yield from self._prepare_rebalance(group, "members did not sync in time")
 
     def _fence_waiters(self, group_id: str, member_id: str) -> None:
         for waiters, make in ((self._join_waiters, _join_error), (self._sync_waiters, _sync_error)):
@@ -538,7 +540,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
             if waiter is not None:
                 _resolve(waiter, _sync_error(code))
 
-    async def _remove_members(self, group: ClassicGroup, member_ids: Iterable[str], reason: str) -> None:
+    def _remove_members(self, group: ClassicGroup, member_ids: Iterable[str], reason: str) -> Steps[None]:
         removed = False
         for member_id in member_ids:
             member = group.remove_member(member_id)
@@ -553,9 +555,9 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         if not removed:
             return
         if group.state in (Stable, Completing):
-            await self._prepare_rebalance(group, reason)
+            yield from self._prepare_rebalance(group, reason)
         elif group.state == Preparing:
-            await self._maybe_complete_join(group)
+            yield from self._maybe_complete_join(group)
 
     # ---- SyncGroup ---------------------------------------------------------------------------------
 
@@ -565,17 +567,17 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         if not self.loaded:
             return _sync_error(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        async def operation() -> None:
+        def operation() -> Steps[None]:
             try:
-                await self._sync(req, version, waiter)
+                yield from self._sync(req, version, waiter)
             except Exception:
                 log.exception("sync group failed", group_id=req.group_id)
                 _resolve(waiter, _sync_error(ErrorCode.UNKNOWN_SERVER_ERROR))
 
-        await self._run(req.group_id, operation)
+        await self._write_steps(req.group_id, operation)
         return await asyncio.shield(waiter)
 
-    async def _sync(self, req: Any, version: int, waiter: asyncio.Future[Any]) -> None:
+    def _sync(self, req: Any, version: int, waiter: asyncio.Future[Any]) -> Steps[None]:
         group = self.groups.get(req.group_id)
         if group is None:
             _resolve(waiter, _sync_error(ErrorCode.UNKNOWN_MEMBER_ID))
@@ -600,7 +602,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
             group.pending_sync.discard(member.member_id)
             self._arm_heartbeat(group, member)
             if group.is_leader(member.member_id):
-                await self._store_assignment(group, req)
+                yield from self._store_assignment(group, req)
         else:
             _resolve(waiter, _sync_error(ErrorCode.UNKNOWN_MEMBER_ID))
 
@@ -620,14 +622,14 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
             return ErrorCode.INCONSISTENT_GROUP_PROTOCOL
         return ErrorCode.NONE
 
-    async def _store_assignment(self, group: ClassicGroup, req: Any) -> None:
+    def _store_assignment(self, group: ClassicGroup, req: Any) -> Steps[None]:
         given = {a.member_id: bytes(a.assignment) for a in req.assignments or () if a.member_id in group.members}
         assignments = {mid: given.get(mid, b"") for mid in group.members}
         try:
-            await self._write(group.group_id, [group.metadata_record(assignments, self.wall_ms())])
+            yield [group.metadata_record(assignments, self.wall_ms())]
         except Exception:
             log.exception("persisting the group assignment failed", group_id=group.group_id)
-            await self._prepare_rebalance(group, "the assignment could not be persisted")
+            yield from self._prepare_rebalance(group, "the assignment could not be persisted")
             return
         self._cancel(("sync", group.group_id))
         log.info("classic group stable", group_id=group.group_id, generation=group.generation_id)
@@ -671,7 +673,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []
         if group_id not in self.groups:
             return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID] * len(leaving)
-        async def operation() -> tuple[int, list[int]]:
+        def operation() -> Steps[tuple[int, list[int]]]:
             group = self.groups.get(group_id)
             if group is None:
                 return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID] * len(leaving)
@@ -702,13 +704,13 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
                     codes.append(ErrorCode.UNKNOWN_MEMBER_ID)
             if to_remove:
                 log.info("classic group members left", group_id=group_id, members=to_remove)
-                await self._remove_members(group, to_remove, "members left the group")
+                yield from self._remove_members(group, to_remove, "members left the group")
             elif pending_left and group.state == Preparing:
-                await self._maybe_complete_join(group)
+                yield from self._maybe_complete_join(group)
             self._forget_if_unused(group)
             return ErrorCode.NONE, codes
 
-        return await self._run(group_id, operation)
+        return await self._write_steps(group_id, operation)
 
     # ---- offsets (the group coordinator's offset operations ask the group) ----------------------------
 

@@ -5,9 +5,9 @@ Each heartbeat is handled under the group's lock as in Kafka's GroupMetadataMana
 validated and updated, the group epoch is bumped when membership, subscriptions or the subscribed
 topics changed, a new target assignment is computed by the server-side assignor when the group epoch
 moved past the assignment epoch, and the member's current assignment is reconciled towards its
-target (`consumer_group.reconcile`). Each operation runs through the coordinator runtime: the planned
-records are appended to the group's `__consumer_offsets` partition, fsynced, replayed into the
-partition's `GroupCoordinatorShard`, and only then answered.
+target (`consumer_group.reconcile`). Each operation runs through the coordinator runtime and only plans:
+it yields its records, which the runtime appends to the group's `__consumer_offsets` partition, fsyncs and
+replays into the partition's `GroupCoordinatorShard` before the operation finishes its answer.
 
 A group id names one group of any type. As in Kafka, a member joining (epoch 0) a classic group without
 members converts it: the classic group's record is tombstoned in the same write that creates the
@@ -44,6 +44,7 @@ from .consumer_group import (
 from .group_coordinator_shard import GroupRuntime, GroupsOfOneType
 from .placement import Placement
 from .record_log import CoordinatorRecordLog
+from .runtime import Steps
 
 log = structlog.get_logger("shoal.consumer_groups")
 
@@ -69,6 +70,17 @@ class ConsumerGroupConfig:
     session_timeout_ms: int = 45000
     heartbeat_interval_ms: int = 5000
     max_size: int = 2**31 - 1
+    # A group's own consumer.session.timeout.ms / consumer.heartbeat.interval.ms (its dynamic group
+    # config), or None to use the values above.
+    group_override: Callable[[str, str], int | None] | None = None
+
+    def session_timeout_for(self, group_id: str) -> int:
+        own = self.group_override(group_id, "consumer.session.timeout.ms") if self.group_override else None
+        return self.session_timeout_ms if own is None else own
+
+    def heartbeat_interval_for(self, group_id: str) -> int:
+        own = self.group_override(group_id, "consumer.heartbeat.interval.ms") if self.group_override else None
+        return self.heartbeat_interval_ms if own is None else own
 
 
 class ConsumerTopicSource(Protocol):
@@ -166,13 +178,13 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
         """(Re)start the member's session timer, and its revocation timer while it has partitions to give up."""
         partition, member_id = self.partition_for(group_id), member.member_id
         now = self.clock()
-        self.runtime.schedule(partition, ("consumer-session", group_id, member_id), member.session_deadline - now,
-                              group_id, lambda: self._on_timer(group_id, member_id))
+        self.runtime.schedule_steps(partition, ("consumer-session", group_id, member_id),
+                                    member.session_deadline - now, group_id, lambda: self._on_timer(group_id, member_id))
         if member.revocation_deadline is not None:
             if not self.runtime.is_scheduled(partition, ("consumer-revocation", group_id, member_id)):
-                self.runtime.schedule(partition, ("consumer-revocation", group_id, member_id),
-                                      member.revocation_deadline - now, group_id,
-                                      lambda: self._on_timer(group_id, member_id))
+                self.runtime.schedule_steps(partition, ("consumer-revocation", group_id, member_id),
+                                            member.revocation_deadline - now, group_id,
+                                            lambda: self._on_timer(group_id, member_id))
         else:
             self.runtime.cancel(partition, ("consumer-revocation", group_id, member_id))
 
@@ -181,7 +193,7 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
         for kind in ("consumer-session", "consumer-revocation"):
             self.runtime.cancel(partition, (kind, group_id, member_id))
 
-    async def _on_timer(self, group_id: str, member_id: str) -> None:
+    def _on_timer(self, group_id: str, member_id: str) -> Steps[None]:
         """A timer fired (holding the group): the member goes if its session or revocation time is over."""
         group = self.groups.get(group_id)
         member = None if group is None else group.members.get(member_id)
@@ -193,7 +205,7 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
             return
         log.info("consumer group member expired", group_id=group_id, member_id=member_id,
                  reason="session" if member.session_deadline <= now else "revocation timeout")
-        await self._remove_member(group, member_id)
+        yield from self._remove_member(group, member_id)
 
     # ---- ConsumerGroupHeartbeat ------------------------------------------------------------------
 
@@ -203,18 +215,18 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
             return _error(ErrorCode.INVALID_REQUEST, invalid)
         if not self.loaded:
             return _error(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
-        async def operation() -> Any:
+        def operation() -> Steps[Any]:
             try:
                 if req.member_epoch in (LEAVE_GROUP_MEMBER_EPOCH, LEAVE_GROUP_STATIC_MEMBER_EPOCH):
-                    return await self._leave(req.group_id, req.member_id, req.member_epoch)
-                return await self._heartbeat(req, version, client_id, client_host)
+                    return (yield from self._leave(req.group_id, req.member_id, req.member_epoch))
+                return (yield from self._heartbeat(req, version, client_id, client_host))
             except ConsumerGroupError as exc:
                 return _error(exc.code, exc.message)
             except Exception:
                 log.exception("consumer group heartbeat failed", group_id=req.group_id)
                 return _error(ErrorCode.COORDINATOR_NOT_AVAILABLE, "the group coordinator could not write")
 
-        return await self._run(req.group_id, operation)
+        return await self._write_steps(req.group_id, operation)
 
     def _validate(self, req: Any, version: int) -> str | None:
         if not req.group_id:
@@ -241,7 +253,7 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
             return "InstanceId can't be null when MemberEpoch is -2."
         return None
 
-    async def _heartbeat(self, req: Any, version: int, client_id: str, client_host: str) -> Any:
+    def _heartbeat(self, req: Any, version: int, client_id: str, client_host: str) -> Steps[Any]:
         regex = req.subscribed_topic_regex if version >= 1 else None
         if regex is not None:
             try:
@@ -347,13 +359,14 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
                                                   member.assigned, member.pending_revocation)
         if changed or old is None or replaced is not None or req.member_epoch == JOIN_GROUP_MEMBER_EPOCH:
             records.append(group.current_assignment_record(member_id, result))
-        await self._write(group_id, records)
+        yield records
         live = self.groups[group_id].members[member_id]
         now = self.clock()
-        live.session_deadline = now + self.config.session_timeout_ms / 1000
+        session_timeout_ms = self.config.session_timeout_for(group_id)
+        live.session_deadline = now + session_timeout_ms / 1000
         if live.state == MemberState.UNREVOKED_PARTITIONS:
             if live.revocation_deadline is None:
-                timeout = live.rebalance_timeout_ms if live.rebalance_timeout_ms > 0 else self.config.session_timeout_ms
+                timeout = live.rebalance_timeout_ms if live.rebalance_timeout_ms > 0 else session_timeout_ms
                 live.revocation_deadline = now + timeout / 1000
         else:
             live.revocation_deadline = None
@@ -369,7 +382,7 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
                            or result.assigned != member.assigned or old is None)
         return HeartbeatResponse(
             error_code=ErrorCode.NONE, member_id=member_id, member_epoch=live.member_epoch,
-            heartbeat_interval_ms=self.config.heartbeat_interval_ms,
+            heartbeat_interval_ms=self.config.heartbeat_interval_for(group_id),
             assignment=_hb_assignment(live.assigned) if send_assignment else None,
         )
 
@@ -445,7 +458,7 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
         partitions = {tid: t.num_partitions for tid, t in topics.items()}
         return assignor.assign(subscriptions, partitions, {mid: a for mid, a in current.items() if mid in members})
 
-    async def _leave(self, group_id: str, member_id: str, epoch: int) -> Any:
+    def _leave(self, group_id: str, member_id: str, epoch: int) -> Steps[Any]:
         group = self.groups.get(group_id)
         if group is None:
             raise ConsumerGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} not found.")
@@ -456,18 +469,18 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
         if epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH and member.instance_id is not None:
             # A static member leaving temporarily keeps its partitions until its session ends or its
             # successor (same instance id) joins.
-            await self._write(group_id, [group.current_assignment_record(member_id, Reconciled(
+            yield [group.current_assignment_record(member_id, Reconciled(
                 member.state, LEAVE_GROUP_STATIC_MEMBER_EPOCH, member.member_epoch, member.assigned,
-                member.pending_revocation))])
+                member.pending_revocation))]
             log.info("static member left consumer group temporarily", group_id=group_id, member_id=member_id)
             return HeartbeatResponse(error_code=ErrorCode.NONE, member_id=member_id, member_epoch=epoch,
                                      heartbeat_interval_ms=0)
-        await self._remove_member(group, member_id)
+        yield from self._remove_member(group, member_id)
         log.info("member left consumer group", group_id=group_id, member_id=member_id)
         return HeartbeatResponse(error_code=ErrorCode.NONE, member_id=member_id, member_epoch=epoch,
                                  heartbeat_interval_ms=0)
 
-    async def _remove_member(self, group: ConsumerGroup, member_id: str) -> None:
+    def _remove_member(self, group: ConsumerGroup, member_id: str) -> Steps[None]:
         """The member's records go and the group epoch is bumped, so the others get its partitions."""
         self._cancel_timers(group.group_id, member_id)
         records = group.member_tombstones(member_id)
@@ -476,7 +489,7 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
         if topics != group.subscribed_topics:
             records.append(group.partition_metadata_record(topics))
         records.append(group.group_epoch_record(group.group_epoch + 1))
-        await self._write(group.group_id, records)
+        yield records
 
     async def expire_members(self, now: float | None = None) -> list[tuple[str, str]]:
         """Remove every member whose session ended or whose revocation took longer than its rebalance
@@ -488,7 +501,7 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
             if group is None or not any(_overdue(m, now) for m in group.members.values()):
                 continue
 
-            async def sweep(group_id: str = group_id) -> None:
+            def sweep(group_id: str = group_id) -> Steps[None]:
                 for member_id in sorted(self.groups[group_id].members if group_id in self.groups else ()):
                     current = self.groups.get(group_id)
                     member = None if current is None else current.members.get(member_id)
@@ -496,10 +509,10 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
                         continue
                     log.info("consumer group member expired", group_id=group_id, member_id=member_id,
                              reason="session" if member.session_deadline <= now else "revocation timeout")
-                    await self._remove_member(current, member_id)
+                    yield from self._remove_member(current, member_id)
                     expired.append((group_id, member_id))
 
-            await self._run(group_id, sweep)
+            await self._write_steps(group_id, sweep)
         return expired
 
     # ---- ConsumerGroupDescribe / admin -----------------------------------------------------------

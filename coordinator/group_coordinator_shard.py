@@ -10,7 +10,7 @@ what a restart would rebuild.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Generic, TypeVar
 
 import structlog
@@ -23,7 +23,7 @@ from .consumer_group import CONSUMER_RECORD_TYPES, ConsumerGroup
 from .offset_metadata_manager import OFFSET_COMMIT_TYPES, OffsetMetadataManager
 from .placement import Placement
 from .record_log import CoordinatorRecordLog
-from .runtime import TransactionalCoordinatorRuntime
+from .runtime import Answer, AsyncSteps, Steps, TransactionalCoordinatorRuntime
 from .share_group import SHARE_RECORD_TYPES, ShareGroup
 
 log = structlog.get_logger("shoal.group_coordinator")
@@ -197,15 +197,15 @@ class GroupsOfOneType(Generic[G]):
     def shard_of(self, group_id: str) -> GroupCoordinatorShard:
         return self.runtime.shard(self.partition_for(group_id))
 
-    async def _run(self, group_id: str, operation: Callable[[], Awaitable[T]]) -> T:
-        """Run an operation on one group through the runtime: one at a time per group, to completion
-        even if the caller goes away."""
-        return await self.runtime.write(self.partition_for(group_id), group_id, operation)
+    async def _write_steps(self, group_id: str, operation: Callable[[], Steps[T]]) -> T:
+        """Run an operation on one group through the runtime, one at a time per group and to completion
+        even if the caller goes away: it yields the records of each step and the runtime appends and
+        replays them (the same path `load` takes) before resuming it."""
+        return await self.runtime.write_steps(self.partition_for(group_id), group_id, operation)
 
-    async def _write(self, group_id: str, records: list[CoordinatorRecord]) -> None:
-        """Durably append, then replay into the group's shard (the same path `load` takes); call it from
-        an operation holding the group."""
-        await self.runtime.append(self.partition_for(group_id), records)
+    async def _write_async_steps(self, group_id: str, operation: Callable[[Answer[T]], AsyncSteps], default: T) -> T:
+        """`_write_steps` for an operation that also awaits share-state RPCs between its steps."""
+        return await self.runtime.write_async_steps(self.partition_for(group_id), group_id, operation, default)
 
     async def _load_shards(self) -> None:
         """Read the partitions the group coordinator has not loaded yet (all of them, in tests of one part)."""

@@ -7,8 +7,12 @@ until they are durable, replays them into the shard (the same `replay` a restart
 the response handed back. Memory therefore never holds anything the log does not, nor the reverse.
 
 `write_result` is the plain form (Kafka's scheduleWriteOperation): the operation only plans, returning a
-`CoordinatorResult` (the records and the response), and the runtime appends, replays and answers; `write`
-lets an operation that needs several steps (a rebalance that persists, then waits) append as it goes.
+`CoordinatorResult` (the records and the response), and the runtime appends, replays and answers.
+`write_steps` is for an operation that writes more than once while it holds its key (a join that completes
+the rebalance, a sync whose failed write starts another): the operation is a generator that yields the
+records of each step, and the runtime appends and replays them before resuming it (raising the append's
+failure into it), so the operation decides what comes next from the replayed state and returns the
+response. No operation appends itself: `append` is the runtime's own.
 
 Ordering is per partition and per key (`PartitionGate`): writes for different keys overlap so their
 appends share one fsync; writes for one key never overlap, because each plans from the state the
@@ -32,7 +36,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable, Iterator
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Hashable,
+    Iterator,
+)
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -80,6 +93,20 @@ S = TypeVar("S", bound=Shard)
 TS = TypeVar("TS", bound=TransactionalShard)
 T = TypeVar("T")
 TimerKey = Hashable
+# An operation that writes in steps: it yields each step's records and returns its response.
+Steps = Generator[list[CoordinatorRecord], None, T]
+# The same for an operation that also waits on something else between its steps (a share-state RPC); an
+# async generator cannot return a value, so it sets its response in the `Answer` it is given.
+AsyncSteps = AsyncGenerator[list[CoordinatorRecord], None]
+
+
+class Answer(Generic[T]):
+    """Where an `AsyncSteps` operation leaves its response."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: T) -> None:
+        self.value = value
 
 
 class PartitionGate:
@@ -173,7 +200,7 @@ class CoordinatorRuntime(Generic[S]):
 
     async def write(self, partition: int, key: Hashable, operation: Callable[[], Awaitable[T]]) -> T:
         """Run `operation` holding `key` in `partition`; it runs to completion even if the caller is
-        cancelled. The operation plans from the shard and changes it only through `append`."""
+        cancelled. It only reads the shard: a write goes through `write_result` or `write_steps`."""
         return await self._outlive_caller(self.submit(partition, key, operation))
 
     async def write_result(self, partition: int, key: Hashable, operation: Callable[[], CoordinatorResult[T]]) -> T:
@@ -186,6 +213,58 @@ class CoordinatorRuntime(Generic[S]):
 
         return await self.write(partition, key, run)
 
+    async def write_steps(self, partition: int, key: Hashable, operation: Callable[[], Steps[T]]) -> T:
+        """Run an operation that writes in steps holding `key`: each list of records it yields is appended
+        and replayed before it resumes (a failed append is raised into it at the yield); its return value
+        is the response."""
+        return await self.write(partition, key, functools.partial(self._run_steps, partition, operation))
+
+    async def write_async_steps(self, partition: int, key: Hashable, operation: Callable[[Answer[T]], AsyncSteps],
+                                default: T) -> T:
+        """`write_steps` for an operation that also awaits other work (share-state RPCs) between its steps;
+        it sets its response in the `Answer` it is given (`default` until it does)."""
+        answer = Answer(default)
+        await self.write(partition, key, functools.partial(self._run_async_steps, partition, operation, answer))
+        return answer.value
+
+    async def _run_steps(self, partition: int, operation: Callable[[], Steps[T]]) -> T:
+        steps = operation()
+        with contextlib.closing(steps):  # cancelled mid-way (shutdown): its `finally` blocks still run
+            return await self._drive(partition, steps)
+
+    async def _drive(self, partition: int, steps: Steps[T]) -> T:
+        try:
+            records = next(steps)
+            while True:
+                try:
+                    await self.append(partition, records)
+                except Exception as exc:  # the operation decides what a failed write means
+                    records = steps.throw(exc)
+                else:
+                    records = steps.send(None)
+        except StopIteration as done:
+            result: T = done.value
+            return result
+
+    async def _run_async_steps(self, partition: int, operation: Callable[[Answer[T]], AsyncSteps],
+                               answer: Answer[T]) -> None:
+        steps = operation(answer)
+        async with contextlib.aclosing(steps):
+            await self._drive_async(partition, steps)
+
+    async def _drive_async(self, partition: int, steps: AsyncSteps) -> None:
+        try:
+            records = await steps.__anext__()
+            while True:
+                try:
+                    await self.append(partition, records)
+                except Exception as exc:
+                    records = await steps.athrow(exc)
+                else:
+                    records = await steps.asend(None)
+        except StopAsyncIteration:
+            return
+
     async def _append_result(self, partition: int, result: CoordinatorResult[Any]) -> None:
         if result.producer_id != NO_PRODUCER_ID:
             raise TypeError("transactional records need a TransactionalCoordinatorRuntime")
@@ -196,9 +275,17 @@ class CoordinatorRuntime(Generic[S]):
         writes and wait for them together (shielded, so that their cancellation does not reach here)."""
         return self._start(self._holding_key(partition, key, operation))
 
+    def submit_steps(self, partition: int, key: Hashable, operation: Callable[[], Steps[T]]) -> asyncio.Task[T]:
+        """`submit` for an operation that writes in steps (`write_steps`)."""
+        return self.submit(partition, key, functools.partial(self._run_steps, partition, operation))
+
     async def write_exclusive(self, partition: int, operation: Callable[[], Awaitable[T]]) -> T:
         """Like `write`, holding the whole partition (for work that reads or changes every key)."""
         return await self._outlive_caller(self._start(self._holding_partition(partition, operation)))
+
+    async def write_exclusive_steps(self, partition: int, operation: Callable[[], Steps[T]]) -> T:
+        """`write_steps` holding the whole partition (a rewrite of every live key)."""
+        return await self.write_exclusive(partition, functools.partial(self._run_steps, partition, operation))
 
     async def append(self, partition: int, records: list[CoordinatorRecord]) -> None:
         """Append records durably, then replay them into the partition's shard.
@@ -232,6 +319,11 @@ class CoordinatorRuntime(Generic[S]):
         loop = asyncio.get_running_loop()
         self._timers[(partition, timer)] = loop.call_later(max(delay_s, 0.0), self._fire, partition, timer, key,
                                                           operation)
+
+    def schedule_steps(self, partition: int, timer: TimerKey, delay_s: float, key: Hashable,
+                       operation: Callable[[], Steps[None]]) -> None:
+        """`schedule` for an operation that writes in steps (`write_steps`)."""
+        self.schedule(partition, timer, delay_s, key, functools.partial(self._run_steps, partition, operation))
 
     def cancel(self, partition: int, timer: TimerKey) -> None:
         handle = self._timers.pop((partition, timer), None)

@@ -1,8 +1,8 @@
 """The share coordinator: durable share-partition state on `__share_group_state` (KIP-932).
 
-Every change goes the same way, through the coordinator runtime: validate against memory, build
-records, append them to the state topic and wait until they are durable, replay them into memory,
-answer. Memory changes only by replay, so a restart (`load`) rebuilds exactly what the answers
+Every change goes the same way, through the coordinator runtime: the operation validates against memory
+and yields its records; the runtime appends them to the state topic, waits until they are durable and
+replays them into memory; then the operation answers. Memory changes only by replay, so a restart (`load`) rebuilds exactly what the answers
 promised. The shard of each state-topic partition is a `ShareStateMap`, and writes hold their share
 partition's key, so two changes to one key never interleave between validation, append and replay.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -41,7 +41,7 @@ from shoal.protocol.uuids import ZERO_UUID
 
 from .placement import Placement
 from .record_log import CoordinatorRecordLog
-from .runtime import CoordinatorRuntime
+from .runtime import CoordinatorRuntime, Steps
 from .share_state import (
     UNINITIALIZED_DELIVERY_COMPLETE_COUNT,
     UNINITIALIZED_START_OFFSET,
@@ -159,12 +159,12 @@ class ShareCoordinator:
 
     # ---- the write path --------------------------------------------------------------------------
 
-    async def _commit(self, partition: int, records: list[CoordinatorRecord]) -> None:
-        """Append durably, then replay. Callers run as a runtime operation holding the key (or the
-        whole partition)."""
+    def _commit(self, records: list[CoordinatorRecord]) -> Steps[None]:
+        """Hand the records to the runtime, which appends them durably and replays them, and count the
+        write. Callers are runtime operations holding the key (or the whole partition)."""
         started = time.perf_counter()
         try:
-            await self.runtime.append(partition, records)
+            yield records
         except Exception:
             self.stats.write_errors += 1
             raise
@@ -180,7 +180,7 @@ class ShareCoordinator:
         group_id: str,
         topic_id: bytes,
         partition: int,
-        action: Callable[[SharePartitionKey, int], Awaitable[_Outcome]],
+        action: Callable[[SharePartitionKey, int], Steps[_Outcome]],
     ) -> _Outcome | asyncio.Task[_Outcome]:
         """Common checks, then `action(key, state_partition)` started as a runtime write holding that key."""
         if not group_id or not fits_key_string(group_id):
@@ -198,10 +198,10 @@ class ShareCoordinator:
             if count is None or partition >= count:
                 return _Outcome(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "Unknown topic or partition.")
 
-        async def operation() -> _Outcome:
+        def operation() -> Steps[_Outcome]:
             self._enter_busy()
             try:
-                return await action(key, sp)
+                return (yield from action(key, sp))
             except _Refused as exc:
                 return _Outcome(exc.code, exc.message)
             except Exception as exc:  # a failed append: nothing was replayed, memory is unchanged
@@ -210,12 +210,12 @@ class ShareCoordinator:
             finally:
                 self._leave_busy()
 
-        return self.runtime.submit(sp, key, operation)
+        return self.runtime.submit_steps(sp, key, operation)
 
     # ---- RPC handlers ----------------------------------------------------------------------------
 
     async def initialize_state(self, req: InitializeRequest) -> InitializeResponse:
-        async def action(key: SharePartitionKey, sp: int, p: InitializeRequest.PartitionData) -> _Outcome:
+        def action(key: SharePartitionKey, sp: int, p: InitializeRequest.PartitionData) -> Steps[_Outcome]:
             if p.state_epoch < 0:
                 raise _Refused(ErrorCode.INVALID_REQUEST, "The state epoch is negative.")
             current = self.maps[sp].get(key)
@@ -224,14 +224,14 @@ class ShareCoordinator:
                     raise _Refused(ErrorCode.FENCED_STATE_EPOCH, "The state epoch is fenced.")
                 if current.state_epoch == p.state_epoch and current.start_offset == p.start_offset:
                     return _Outcome()  # a retried initialize: already done
-            await self._commit(sp, [initialize_record(key, current, p.state_epoch, p.start_offset, self.clock_ms())])
+            yield from self._commit([initialize_record(key, current, p.state_epoch, p.start_offset, self.clock_ms())])
             return _Outcome()
 
         outcomes = await self._each(req, action)
         return error_response(InitializeResponse, req, _errors(outcomes))
 
     async def read_state(self, req: ReadRequest) -> ReadResponse:
-        async def action(key: SharePartitionKey, sp: int, p: ReadRequest.PartitionData) -> _Outcome:
+        def action(key: SharePartitionKey, sp: int, p: ReadRequest.PartitionData) -> Steps[_Outcome]:
             if p.leader_epoch < 0:
                 raise _Refused(ErrorCode.INVALID_REQUEST, "The leader epoch is negative.")
             current = self.maps[sp].get(key)
@@ -243,7 +243,7 @@ class ShareCoordinator:
                       "state_batches": list(current.state_batches)}
             if current.leader_epoch != p.leader_epoch:
                 # A new partition leader: record its epoch so older leaders are fenced from now on.
-                await self._commit(sp, [write_record(
+                yield from self._commit([write_record(
                     key, current, leader_epoch=p.leader_epoch, start_offset=current.start_offset,
                     delivery_complete_count=current.delivery_complete_count, batches=[],
                     updates_per_snapshot=self.updates_per_snapshot, now_ms=self.clock_ms(),
@@ -282,7 +282,7 @@ class ShareCoordinator:
                 self.on_write((time.perf_counter() - started) * 1000)
 
     async def _write_state(self, req: WriteRequest) -> WriteResponse:
-        async def action(key: SharePartitionKey, sp: int, p: WriteRequest.PartitionData) -> _Outcome:
+        def action(key: SharePartitionKey, sp: int, p: WriteRequest.PartitionData) -> Steps[_Outcome]:
             if p.leader_epoch < -1:
                 raise _Refused(ErrorCode.INVALID_REQUEST, "The leader epoch is negative.")
             if p.state_epoch < -1:
@@ -303,7 +303,7 @@ class ShareCoordinator:
             if problem is not None:
                 raise _Refused(ErrorCode.INVALID_REQUEST, problem)
             # As in Kafka, only reads move the recorded leader epoch; writes keep the stored one.
-            await self._commit(sp, [write_record(
+            yield from self._commit([write_record(
                 key, current, leader_epoch=current.leader_epoch, start_offset=p.start_offset,
                 delivery_complete_count=p.delivery_complete_count, batches=batches,
                 updates_per_snapshot=self.updates_per_snapshot, now_ms=self.clock_ms(),
@@ -314,16 +314,17 @@ class ShareCoordinator:
         return error_response(WriteResponse, req, _errors(outcomes))
 
     async def delete_state(self, req: DeleteRequest) -> DeleteResponse:
-        async def action(key: SharePartitionKey, sp: int, p: DeleteRequest.PartitionData) -> _Outcome:
+        def action(key: SharePartitionKey, sp: int, p: DeleteRequest.PartitionData) -> Steps[_Outcome]:
             if self.maps[sp].get(key) is not None:  # deleting a missing key is a successful no-op
-                await self._commit(sp, [tombstone_record(key)])
+                yield from self._commit([tombstone_record(key)])
             return _Outcome()
 
         outcomes = await self._each(req, action)
         return error_response(DeleteResponse, req, _errors(outcomes))
 
     async def read_state_summary(self, req: SummaryRequest) -> SummaryResponse:
-        async def action(key: SharePartitionKey, sp: int, p: SummaryRequest.PartitionData) -> _Outcome:
+        def action(key: SharePartitionKey, sp: int, p: SummaryRequest.PartitionData) -> Steps[_Outcome]:
+            yield from ()  # a read: no records, but run like the writes, holding the key
             current = self.maps[sp].get(key)
             if current is None:  # unknown key: "not initialised", not an error
                 return _Outcome(extra={"state_epoch": 0, "leader_epoch": 0,
@@ -344,11 +345,11 @@ class ShareCoordinator:
         ])
 
     async def _each(
-        self, req: StateRequest[P], action: Callable[[SharePartitionKey, int, P], Awaitable[_Outcome]]
+        self, req: StateRequest[P], action: Callable[[SharePartitionKey, int, P], Steps[_Outcome]]
     ) -> list[list[_Outcome]]:
         """Run `action` for every (topic, partition) of a request, keys in different state partitions
         concurrently; outcomes come back in request order."""
-        def bound(p: P) -> Callable[[SharePartitionKey, int], Awaitable[_Outcome]]:
+        def bound(p: P) -> Callable[[SharePartitionKey, int], Steps[_Outcome]]:
             return lambda key, sp: action(key, sp, p)
 
         started = [
@@ -375,7 +376,7 @@ class ShareCoordinator:
         partition gains nothing). Returns the number of snapshots written."""
         now = self.clock_ms() if now_ms is None else now_ms
 
-        async def snapshot(sp: int) -> int:
+        def snapshot(sp: int) -> Steps[int]:
             state = self.maps[sp]
             if all(s.create_timestamp != s.write_timestamp for _, s in state):
                 return 0
@@ -387,7 +388,7 @@ class ShareCoordinator:
             if not records:
                 return 0
             try:
-                await self._commit(sp, records)
+                yield from self._commit(records)
             except Exception:
                 log.exception("cold snapshot failed", partition=sp)
                 return 0
@@ -395,22 +396,22 @@ class ShareCoordinator:
 
         written = 0
         for sp in sorted(self.loaded):
-            written += await self.runtime.write_exclusive(sp, functools.partial(snapshot, sp))
+            written += await self.runtime.write_exclusive_steps(sp, functools.partial(snapshot, sp))
         self.stats.cold_snapshots_written += written
         return written
 
     async def delete_topics(self, topic_ids: set[bytes]) -> int:
         """A deleted topic's share state goes too: tombstone every key of those topics. Returns the count."""
 
-        async def tombstone(sp: int) -> int:
+        def tombstone(sp: int) -> Steps[int]:
             records = [tombstone_record(key) for key, _ in self.maps[sp] if key.topic_id in topic_ids]
             if records:
-                await self._commit(sp, records)
+                yield from self._commit(records)
             return len(records)
 
         deleted = 0
         for sp in sorted(self.loaded):
-            deleted += await self.runtime.write_exclusive(sp, functools.partial(tombstone, sp))
+            deleted += await self.runtime.write_exclusive_steps(sp, functools.partial(tombstone, sp))
         return deleted
 
     async def delete_orphaned_state(self) -> int:

@@ -28,6 +28,7 @@ from .assignor import ASSIGNOR_NAME, SimpleAssignor
 from .group_coordinator_shard import GroupRuntime, GroupsOfOneType
 from .placement import Placement, coordinator_partition
 from .record_log import CoordinatorRecordLog
+from .runtime import Answer, AsyncSteps, Steps
 from .share_group import (
     JOIN_GROUP_MEMBER_EPOCH,
     LEAVE_GROUP_MEMBER_EPOCH,
@@ -196,10 +197,10 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
     # ---- timers: sessions and retries (the runtime's keyed timers) ----------------------------------
 
     def _arm_session(self, group_id: str, member_id: str, delay_s: float) -> None:
-        self.runtime.schedule(self.partition_for(group_id), ("share-session", group_id, member_id), delay_s,
-                              group_id, lambda: self._on_session_timer(group_id, member_id))
+        self.runtime.schedule_steps(self.partition_for(group_id), ("share-session", group_id, member_id), delay_s,
+                                    group_id, lambda: self._on_session_timer(group_id, member_id))
 
-    async def _on_session_timer(self, group_id: str, member_id: str) -> None:
+    def _on_session_timer(self, group_id: str, member_id: str) -> Steps[None]:
         """The member's session timer fired (holding the group): it goes unless it heartbeat meanwhile."""
         group = self.groups.get(group_id)
         member = None if group is None else group.members.get(member_id)
@@ -209,7 +210,7 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
         if remaining > 0:
             self._arm_session(group_id, member_id, remaining)  # the clock is not the loop's: wait on
             return
-        await self._write(group_id, group.plan_remove_member(member_id, self.topics))
+        yield group.plan_remove_member(member_id, self.topics)
         log.info("share group member session expired", group_id=group_id, member_id=member_id)
 
     def _schedule_retries(self) -> None:
@@ -241,18 +242,18 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
         if not self.loaded:
             return _error_response(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
 
-        async def operation() -> HeartbeatResponse:
+        def operation() -> Steps[HeartbeatResponse]:
             try:
                 if req.member_epoch == LEAVE_GROUP_MEMBER_EPOCH:
-                    return await self._leave(req.group_id, req.member_id)
-                return await self._heartbeat(req, client_id, client_host)
+                    return (yield from self._leave(req.group_id, req.member_id))
+                return (yield from self._heartbeat(req, client_id, client_host))
             except ShareGroupError as exc:
                 return _error_response(exc.code, exc.message)
             except Exception:
                 log.exception("share group heartbeat failed", group_id=req.group_id)
                 return _error_response(ErrorCode.COORDINATOR_NOT_AVAILABLE, "the group coordinator could not write")
 
-        return await self._run(req.group_id, operation)
+        return await self._write_steps(req.group_id, operation)
 
     @staticmethod
     def _validate(req: HeartbeatRequest) -> str | None:
@@ -272,7 +273,7 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
             return f"MemberEpoch is {req.member_epoch}, but must be greater than or equal to -1."
         return None
 
-    async def _heartbeat(self, req: HeartbeatRequest, client_id: str, client_host: str) -> HeartbeatResponse:
+    def _heartbeat(self, req: HeartbeatRequest, client_id: str, client_host: str) -> Steps[HeartbeatResponse]:
         group = self.groups.get(req.group_id)
         if group is None:
             if self.groups.held_by_other_type(req.group_id):
@@ -298,7 +299,7 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
             now_ms=int(self.wall_clock() * 1000),
             assignment_interval_ms=self.assignment_interval_ms(req.group_id),
         )
-        await self._write(req.group_id, plan.records)
+        yield plan.records
         live = self.groups[req.group_id]
         live.members[req.member_id].session_deadline = now + self.session_timeout(req.group_id)
         self._arm_session(req.group_id, req.member_id, self.session_timeout(req.group_id))
@@ -313,13 +314,13 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
             assignment=_response_assignment(plan.assignment),
         )
 
-    async def _leave(self, group_id: str, member_id: str) -> HeartbeatResponse:
+    def _leave(self, group_id: str, member_id: str) -> Steps[HeartbeatResponse]:
         group = self.groups.get(group_id)
         if group is None:
             raise ShareGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Share group {group_id} not found.")
         if member_id not in group.members:
             raise ShareGroupError(ErrorCode.UNKNOWN_MEMBER_ID, f"Member {member_id} is not a member of group {group_id}.")
-        await self._write(group_id, group.plan_remove_member(member_id, self.topics))
+        yield group.plan_remove_member(member_id, self.topics)
         self.runtime.cancel(self.partition_for(group_id), ("share-session", group_id, member_id))
         log.info("member left share group", group_id=group_id, member_id=member_id)
         return HeartbeatResponse(error_code=ErrorCode.NONE, member_id=member_id, member_epoch=LEAVE_GROUP_MEMBER_EPOCH)
@@ -332,13 +333,13 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
         now = self.clock() if now is None else now
         expired: list[tuple[str, str]] = []
 
-        async def expire(group_id: str, candidates: list[str]) -> None:
+        def expire(group_id: str, candidates: list[str]) -> Steps[None]:
             for member_id in candidates:
                 current = self.groups.get(group_id)
                 member = None if current is None else current.members.get(member_id)
                 if current is None or member is None or member.session_deadline > now:
                     continue
-                await self._write(group_id, current.plan_remove_member(member_id, self.topics))
+                yield current.plan_remove_member(member_id, self.topics)
                 expired.append((group_id, member_id))
                 log.info("share group member session expired", group_id=group_id, member_id=member_id)
 
@@ -346,7 +347,7 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
             group = self.groups.get(group_id)
             if group is None or not any(m.session_deadline <= now for m in group.members.values()):
                 continue
-            await self._run(group_id, functools.partial(expire, group_id, sorted(group.members)))
+            await self._write_steps(group_id, functools.partial(expire, group_id, sorted(group.members)))
         return expired
 
     # ---- share-partition state initialisation ----------------------------------------------------------
@@ -386,14 +387,14 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
             else:
                 self._retries.succeeded(("initialize", req.group_id))
 
-            async def record_outcome() -> None:
+            def record_outcome() -> Steps[None]:
                 group = self.groups.get(req.group_id)
                 if group is None:
                     return
                 if done:
                     record = group.initialized_record(done)
                     if record is not None:
-                        await self._write(req.group_id, [record])
+                        yield [record]
                 if failed:
                     # Failed partitions stay "initializing"; they are retried once the interval passed.
                     now = self.clock()
@@ -402,7 +403,7 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
                         if info is not None:
                             info.timestamp = now
 
-            await self._run(req.group_id, record_outcome)
+            await self._write_steps(req.group_id, record_outcome)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -453,11 +454,11 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
             return
         now = self.clock()
 
-        async def refresh(group_id: str) -> None:
+        def refresh(group_id: str) -> Steps[None]:
             group = self.groups.get(group_id)
             if group is None or group.deleting_group:
                 return
-            await self._move_deleted_topics(group)
+            yield from self._move_deleted_topics(group)
             group = self.groups[group_id]
             records = group.plan_metadata_refresh(self.topics)
             missing = group.uninitialized_partitions(
@@ -465,7 +466,7 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
             ) if group.members else {}
             if missing:
                 records.append(group.initializing_record(missing))
-            await self._write(group_id, records)
+            yield records
             if missing:
                 live = self.groups[group_id]
                 req = InitRequest(group_id, live.group_epoch, {tid: set(ti.partitions) for tid, ti in missing.items()})
@@ -473,11 +474,11 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
                 self._spawn(self._initialize(req))
 
         for group_id in list(self.groups):
-            await self._run(group_id, functools.partial(refresh, group_id))
+            await self._write_steps(group_id, functools.partial(refresh, group_id))
             if group_id in self._pending_state_deletes:
                 await self._delete_topic_state(group_id)
 
-    async def _move_deleted_topics(self, group: ShareGroup) -> None:
+    def _move_deleted_topics(self, group: ShareGroup) -> Steps[None]:
         """Forget deleted topics (caller holds the lock), as Kafka does: they leave every state map of the
         group, and their persisted state is tombstoned by the share coordinator when the topic goes, so
         there is nothing left to delete and nothing to retry."""
@@ -490,7 +491,7 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
         initializing = {tid: ti for tid, ti in group.initializing.items() if alive(tid)}
         initialized = {tid: ti for tid, ti in group.initialized.items() if alive(tid)}
         deleting = {tid: name for tid, name in group.deleting.items() if alive(tid)}
-        await self._write(group.group_id, [state_partition_metadata_record(group.group_id, initializing, initialized, deleting)])
+        yield [state_partition_metadata_record(group.group_id, initializing, initialized, deleting)]
         pending = self._pending_state_deletes.get(group.group_id)
         if pending is not None:
             for tid in [tid for tid in pending if not alive(tid)]:
@@ -515,14 +516,14 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
         if not pending:
             self._pending_state_deletes.pop(group_id, None)
 
-        async def forget_deleted() -> None:
+        def forget_deleted() -> Steps[None]:
             group = self.groups.get(group_id)
             if group is None or not finished & set(group.deleting):
                 return
             deleting = {tid: name for tid, name in group.deleting.items() if tid not in finished}
-            await self._write(group_id, [state_partition_metadata_record(group_id, group.initializing, group.initialized, deleting)])
+            yield [state_partition_metadata_record(group_id, group.initializing, group.initialized, deleting)]
 
-        await self._run(group_id, forget_deleted)
+        await self._write_steps(group_id, forget_deleted)
 
     async def _delete_state(self, group_id: str, topics: dict[bytes, set[int]], *, retrying: bool = False) -> int:
         """Delete the persisted state of the partitions; a topic deleted meanwhile counts as done (its state
@@ -598,12 +599,14 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
 
-        async def operation() -> int:
+        async def operation(answer: Answer[int]) -> AsyncSteps:
             group = self.groups.get(group_id)
             if group is None:
-                return ErrorCode.GROUP_ID_NOT_FOUND
+                answer.value = ErrorCode.GROUP_ID_NOT_FOUND
+                return
             if group.members:
-                return ErrorCode.NON_EMPTY_GROUP
+                answer.value = ErrorCode.NON_EMPTY_GROUP
+                return
             # Everything with state becomes "deleting" first, so a crash mid-way leaves a trace to retry.
             targets: dict[bytes, set[int]] = {}
             names: dict[bytes, str] = {}
@@ -620,23 +623,25 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
                 targets.setdefault(tid, set()).update(parts)
             try:
                 if names:
-                    await self._write(group_id, [state_partition_metadata_record(group_id, {}, {}, names)])
+                    yield [state_partition_metadata_record(group_id, {}, {}, names)]
                     group = self.groups[group_id]
                 group.deleting_group = True
                 code = await self._delete_state(group_id, targets) if targets else ErrorCode.NONE
                 if code != ErrorCode.NONE:
-                    return code
-                await self._write(group_id, group.plan_delete())
+                    answer.value = code
+                    return
+                yield group.plan_delete()
             except Exception:
                 log.exception("share group deletion failed", group_id=group_id)
-                return ErrorCode.UNKNOWN_SERVER_ERROR
+                answer.value = ErrorCode.UNKNOWN_SERVER_ERROR
+                return
             finally:
                 group.deleting_group = False
             self._pending_state_deletes.pop(group_id, None)
             log.info("share group deleted", group_id=group_id)
-            return ErrorCode.NONE
+            answer.value = ErrorCode.NONE
 
-        return await self._run(group_id, operation)
+        return await self._write_async_steps(group_id, operation, ErrorCode.UNKNOWN_SERVER_ERROR)
 
 
     # ---- share-group offsets admin (Describe/Alter/DeleteShareGroupOffsets) ---------------------------
@@ -664,20 +669,22 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
         if self.groups.held_by_other_type(group_id):
             return ErrorCode.GROUP_ID_NOT_FOUND, {}
 
-        async def operation() -> tuple[int, dict[tuple[bytes, int], int]]:
+        async def operation(answer: Answer[tuple[int, dict[tuple[bytes, int], int]]]) -> AsyncSteps:
             existing = self.groups.get(group_id)
             group = existing or ShareGroup(group_id)
             if group.members:
-                return ErrorCode.NON_EMPTY_GROUP, {}
+                answer.value = ErrorCode.NON_EMPTY_GROUP, {}
+                return
             if group.deleting_group:
-                return ErrorCode.COORDINATOR_NOT_AVAILABLE, {}
+                answer.value = ErrorCode.COORDINATOR_NOT_AVAILABLE, {}
+                return
             epoch = max(group.group_epoch, min_state_epoch)
             if existing is None:
                 # A new, empty group, whose (empty) target assignment is current at its epoch.
-                await self._write(group_id, [
+                yield [
                     group_epoch_record(group_id, epoch, group.metadata_hash),
                     target_metadata_record(group_id, epoch),
-                ])
+                ]
             keys = [(tid, p, offset) for tid, parts in sorted(offsets.items()) for p, offset in sorted(parts.items())]
             results = await asyncio.gather(
                 *(self.persister.initialize_state(SharePartitionKey(group_id, tid, p), epoch, offset)
@@ -708,12 +715,13 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
                             del initializing[tid]
                     initialized.setdefault(tid, TopicInit(name, set())).partitions |= parts
                 deleting = {tid: n for tid, n in group.deleting.items() if tid not in done}
-                await self._write(group_id, [state_partition_metadata_record(group_id, initializing, initialized, deleting)])
+                yield [state_partition_metadata_record(group_id, initializing, initialized, deleting)]
             log.info("share group offsets altered", group_id=group_id, state_epoch=epoch,
                      partitions=sum(len(ps) for ps in done.values()))
-            return ErrorCode.NONE, errors
+            answer.value = ErrorCode.NONE, errors
+            return
 
-        return await self._run(group_id, operation)
+        return await self._write_async_steps(group_id, operation, (ErrorCode.UNKNOWN_SERVER_ERROR, {}))
 
     async def delete_offsets(self, group_id: str, topic_ids: Iterable[bytes]) -> tuple[int, dict[bytes, int]]:
         """DeleteShareGroupOffsets: forget the topics' share state so the next consumption starts from
@@ -723,14 +731,17 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, {}
 
-        async def operation() -> tuple[int, dict[bytes, int]]:
+        async def operation(answer: Answer[tuple[int, dict[bytes, int]]]) -> AsyncSteps:
             group = self.groups.get(group_id)
             if group is None:
-                return ErrorCode.GROUP_ID_NOT_FOUND, {}
+                answer.value = ErrorCode.GROUP_ID_NOT_FOUND, {}
+                return
             if group.members:
-                return ErrorCode.NON_EMPTY_GROUP, {}
+                answer.value = ErrorCode.NON_EMPTY_GROUP, {}
+                return
             if group.deleting_group:
-                return ErrorCode.COORDINATOR_NOT_AVAILABLE, {}
+                answer.value = ErrorCode.COORDINATOR_NOT_AVAILABLE, {}
+                return
             # As Kafka: an initialised topic has its initialised partitions deleted, a topic still being
             # deleted is deleted again (every partition), and any other topic has no state to delete.
             targets: dict[bytes, set[int]] = {}
@@ -747,12 +758,11 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
                 else:
                     errors[tid] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             if not targets:
-                return ErrorCode.NONE, errors
+                answer.value = ErrorCode.NONE, errors
+                return
             initialized = {t: ti for t, ti in group.initialized.items() if t not in targets}
             deleting = dict(group.deleting) | names
-            await self._write(group_id, [
-                state_partition_metadata_record(group_id, group.initializing, initialized, deleting)
-            ])
+            yield [state_partition_metadata_record(group_id, group.initializing, initialized, deleting)]
             for tid, parts in sorted(targets.items()):
                 errors[tid] = await self._delete_state(group_id, {tid: parts}) if parts else ErrorCode.NONE
             finished = {tid for tid in targets if errors[tid] == ErrorCode.NONE}
@@ -764,10 +774,9 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
             if finished:
                 group = self.groups[group_id]
                 remaining = {tid: n for tid, n in group.deleting.items() if tid not in finished}
-                await self._write(group_id, [
-                    state_partition_metadata_record(group_id, group.initializing, group.initialized, remaining)
-                ])
+                yield [state_partition_metadata_record(group_id, group.initializing, group.initialized, remaining)]
             log.info("share group offsets deleted", group_id=group_id, topics=len(finished))
-            return ErrorCode.NONE, errors
+            answer.value = ErrorCode.NONE, errors
+            return
 
-        return await self._run(group_id, operation)
+        return await self._write_async_steps(group_id, operation, (ErrorCode.UNKNOWN_SERVER_ERROR, {}))

@@ -1,8 +1,8 @@
 """The transaction coordinator (Kafka's TransactionCoordinator and TransactionStateManager), single broker.
 
 It runs on the coordinator runtime with one `TransactionShard` per `__transaction_state` partition: every
-transition is planned as a new `TxnMetadata` while holding its transactional id, written and fsynced, and
-only then replayed into the shard, so what a client was told survives kill -9. Ending a transaction is two
+transition is planned as a new `TxnMetadata` while holding its transactional id and its record handed to
+the runtime, which writes and fsyncs it and only then replays it into the shard, so what a client was told survives kill -9. Ending a transaction is two
 phases: PrepareCommit/PrepareAbort is written (and the client answered), then the COMMIT/ABORT markers
 go to every partition of the transaction, then CompleteCommit/CompleteAbort is written. A crash between
 the phases leaves a Prepare* record, which start-up finds and completes; markers are idempotent.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -23,7 +23,7 @@ import structlog
 
 from shoal.coordinator.placement import Placement
 from shoal.coordinator.record_log import CoordinatorRecordLog
-from shoal.coordinator.runtime import CoordinatorRuntime
+from shoal.coordinator.runtime import CoordinatorRuntime, Steps
 from shoal.coordinator.transaction_log import TxnMetadata, TxnState, from_record, to_record, tombstone
 from shoal.protocol.coordinator_records import CoordinatorRecord
 from shoal.protocol.errors import ErrorCode
@@ -148,13 +148,10 @@ class TransactionCoordinator:
     def offsets_partition(self, group_id: str) -> TopicPartition:
         return CONSUMER_OFFSETS, self.offsets_placement.partition_for(group_id)
 
-    async def _holding(self, transactional_id: str, operation: Callable[[], Awaitable[T]]) -> T:
-        """Run `operation` as the only one changing this transactional id."""
-        return await self.runtime.write(self.partition_for(transactional_id), transactional_id, operation)
-
-    async def _write(self, meta: TxnMetadata) -> None:
-        """Persist, then replay into the shard (call holding the transactional id)."""
-        await self.runtime.append(self.partition_for(meta.transactional_id), [to_record(meta)])
+    async def _holding(self, transactional_id: str, operation: Callable[[], Steps[T]]) -> T:
+        """Run `operation` as the only one changing this transactional id: it yields the records of each
+        step (`[to_record(meta)]`), and the runtime persists and replays them before resuming it."""
+        return await self.runtime.write_steps(self.partition_for(transactional_id), transactional_id, operation)
 
     async def prune(self) -> int:
         """Keep `__transaction_state` from growing without bound (there is no log compaction): rewrite a
@@ -162,17 +159,17 @@ class TransactionCoordinator:
         pruned = 0
         for partition in range(self.runtime.num_partitions):
 
-            async def rewrite(partition: int = partition) -> bool:
+            def rewrite(partition: int = partition) -> Steps[bool]:
                 shard = self.runtime.shard(partition)
                 live = list(shard.txns.values())
                 if not live or shard.records < len(live) + _PRUNE_SLACK:
                     return False
-                await self.runtime.append(partition, [to_record(m) for m in live])
+                yield [to_record(m) for m in live]
                 self.runtime.delete_before(partition, shard.last_offset - len(live) + 1)
                 shard.records = len(live)
                 return True
 
-            pruned += await self.runtime.write_exclusive(partition, rewrite)
+            pruned += await self.runtime.write_exclusive_steps(partition, rewrite)
         return pruned
 
     def _validate(self, transactional_id: str, producer_id: int, producer_epoch: int) -> tuple[int, TxnMetadata | None]:
@@ -196,13 +193,13 @@ class TransactionCoordinator:
         if timeout_ms <= 0 or timeout_ms > self.max_timeout_ms:
             return InitResult(ErrorCode.INVALID_TRANSACTION_TIMEOUT)
 
-        async def operation() -> InitResult:
+        def operation() -> Steps[InitResult]:
             now = self.clock()
             meta = self._get(transactional_id)
             if meta is None:
                 meta = TxnMetadata(transactional_id, self.allocate_producer_id(), 0, timeout_ms, TxnState.EMPTY,
                                    frozenset(), -1, now)
-                await self._write(meta)
+                yield [to_record(meta)]
                 return InitResult(ErrorCode.NONE, meta.producer_id, meta.producer_epoch)
             if producer_id >= 0 and (producer_id, producer_epoch) != (meta.producer_id, meta.producer_epoch):
                 if self._bumped_from.get(transactional_id) != (producer_id, producer_epoch) or meta.state not in (
@@ -217,7 +214,7 @@ class TransactionCoordinator:
                 return InitResult(ErrorCode.CONCURRENT_TRANSACTIONS)
             if meta.state == TxnState.ONGOING:
                 # The previous incarnation left a transaction open: fence it (epoch bump) and abort it.
-                await self._prepare(meta.but(producer_epoch=meta.producer_epoch + 1), commit=False, now=now)
+                yield from self._prepare(meta.but(producer_epoch=meta.producer_epoch + 1), commit=False, now=now)
                 return InitResult(ErrorCode.CONCURRENT_TRANSACTIONS)
             if meta.producer_epoch + 1 >= MAX_EPOCH:
                 new = meta.but(producer_id=self.allocate_producer_id(), producer_epoch=0)
@@ -225,7 +222,7 @@ class TransactionCoordinator:
                 new = meta.but(producer_epoch=meta.producer_epoch + 1)
             new = new.but(timeout_ms=timeout_ms, state=TxnState.EMPTY, partitions=frozenset(), start_ms=-1,
                           update_ms=now)
-            await self._write(new)
+            yield [to_record(new)]
             if producer_id >= 0:
                 self._bumped_from[transactional_id] = (producer_id, producer_epoch)
             else:
@@ -243,7 +240,7 @@ class TransactionCoordinator:
         if completing is not None:
             await asyncio.wait({completing}, timeout=_COMPLETION_WAIT_S)
 
-        async def operation() -> int:
+        def operation() -> Steps[int]:
             err, meta = self._validate(transactional_id, producer_id, producer_epoch)
             if meta is None:
                 return err
@@ -256,8 +253,8 @@ class TransactionCoordinator:
                 return ErrorCode.INVALID_TXN_STATE
             now = self.clock()
             start = meta.start_ms if meta.state == TxnState.ONGOING else now
-            await self._write(meta.but(state=TxnState.ONGOING, partitions=meta.partitions | wanted,
-                                       start_ms=start, update_ms=now))
+            yield [to_record(meta.but(state=TxnState.ONGOING, partitions=meta.partitions | wanted,
+                                      start_ms=start, update_ms=now))]
             return ErrorCode.NONE
 
         return await self._holding(transactional_id, operation)
@@ -287,13 +284,13 @@ class TransactionCoordinator:
 
     async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool) -> int:
 
-        async def operation() -> int:
+        def operation() -> Steps[int]:
             err, meta = self._validate(transactional_id, producer_id, producer_epoch)
             if meta is None:
                 return err
             state = meta.state
             if state == TxnState.ONGOING:
-                await self._prepare(meta, commit=commit, now=self.clock())
+                yield from self._prepare(meta, commit=commit, now=self.clock())
                 return ErrorCode.NONE
             if state == (TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT):
                 return ErrorCode.NONE  # a retry of an EndTxn that already finished
@@ -303,9 +300,9 @@ class TransactionCoordinator:
 
         return await self._holding(transactional_id, operation)
 
-    async def _prepare(self, meta: TxnMetadata, *, commit: bool, now: int) -> None:
+    def _prepare(self, meta: TxnMetadata, *, commit: bool, now: int) -> Steps[None]:
         state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
-        await self._write(meta.but(state=state, update_ms=now))
+        yield [to_record(meta.but(state=state, update_ms=now))]
         self._schedule_completion(meta.transactional_id)
 
     def _schedule_completion(self, transactional_id: str) -> None:
@@ -331,13 +328,13 @@ class TransactionCoordinator:
         pending = set(meta.partitions)
         delay = _MARKER_RETRY_S
 
-        async def operation() -> None:
+        def operation() -> Steps[None]:
             done = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
             current = self._get(transactional_id)
             if current is None or (current.producer_id, current.producer_epoch, current.state) != (
                     meta.producer_id, meta.producer_epoch, meta.state):
                 return  # completed meanwhile (an admin abort repaired it, or expiry removed it)
-            await self._write(meta.but(state=done, partitions=frozenset(), update_ms=self.clock()))
+            yield [to_record(meta.but(state=done, partitions=frozenset(), update_ms=self.clock()))]
 
         while True:
             try:
@@ -366,13 +363,13 @@ class TransactionCoordinator:
             if meta.state != TxnState.ONGOING or now <= meta.start_ms + meta.timeout_ms:
                 continue
 
-            async def operation(meta: TxnMetadata = meta) -> bool:
+            def operation(meta: TxnMetadata = meta) -> Steps[bool]:
                 current = self._get(meta.transactional_id)
                 if current is None or current.state != TxnState.ONGOING or current.start_ms != meta.start_ms:
                     return False
                 epoch = current.producer_epoch + 1 if current.producer_epoch + 1 < MAX_EPOCH else current.producer_epoch
                 log.info("txn.timed_out", transactional_id=meta.transactional_id, producer_id=meta.producer_id)
-                await self._prepare(current.but(producer_epoch=epoch), commit=False, now=now)
+                yield from self._prepare(current.but(producer_epoch=epoch), commit=False, now=now)
                 return True
 
             if await self._holding(meta.transactional_id, operation):
@@ -393,13 +390,12 @@ class TransactionCoordinator:
             if meta.state not in idle or meta.update_ms > horizon:
                 continue
 
-            async def operation(meta: TxnMetadata = meta) -> bool:
+            def operation(meta: TxnMetadata = meta) -> Steps[bool]:
                 current = self._get(meta.transactional_id)
                 if (current is None or current.state not in idle or current.update_ms > horizon
                         or meta.transactional_id in self._completing):
                     return False
-                await self.runtime.append(self.partition_for(meta.transactional_id),
-                                          [tombstone(meta.transactional_id)])
+                yield [tombstone(meta.transactional_id)]
                 self._bumped_from.pop(meta.transactional_id, None)
                 return True
 

@@ -61,18 +61,24 @@ def codec_from_name(name: str) -> int:
         raise UnsupportedCompression(f"unknown compression type {name!r}") from None
 
 
-def compress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
+# lz4's frame format takes high-compression levels up to 16; Kafka allows 17 (the same as 16 in lz4-java).
+_LZ4_MAX_LEVEL = 16
+
+
+def compress(codec: int, data: bytes | bytearray | memoryview, level: int | None = None) -> bytes:
+    """`data` in one codec stream; `level` (a topic's compression.<codec>.level) or the producer default."""
     if codec == NONE:
         return bytes(data)
     if codec == GZIP:
         # wbits=31 writes a gzip member with mtime 0, which is what GZIPInputStream expects.
-        return zlib.compress(data, GZIP_LEVEL, wbits=31)
+        return zlib.compress(data, GZIP_LEVEL if level is None else level, wbits=31)
     if codec == SNAPPY:
         return _snappy_xerial_compress(data)
     if codec == LZ4:
         # Kafka's LZ4 reader (KIP-57) needs independent blocks; no content size keeps pre-0.10 readers happy too.
         compressed: bytes = lz4.frame.compress(  # lz4 ships no type information
             data,
+            compression_level=0 if level is None else min(level, _LZ4_MAX_LEVEL),
             block_size=lz4.frame.BLOCKSIZE_MAX64KB,
             block_linked=False,
             content_checksum=False,
@@ -80,7 +86,7 @@ def compress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
         )
         return compressed
     if codec == ZSTD:
-        return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)
+        return zstandard.ZstdCompressor(level=ZSTD_LEVEL if level is None else level).compress(data)
     raise UnsupportedCompression(f"unknown compression codec id {codec}")
 
 

@@ -12,6 +12,12 @@ __all__ = [
     "AddOffsetsToTxnResponse",
     "AddPartitionsToTxnRequest",
     "AddPartitionsToTxnResponse",
+    "AlterClientQuotasRequest",
+    "AlterClientQuotasResponse",
+    "AlterConfigsRequest",
+    "AlterConfigsResponse",
+    "AlterPartitionReassignmentsRequest",
+    "AlterPartitionReassignmentsResponse",
     "AlterShareGroupOffsetsRequest",
     "AlterShareGroupOffsetsResponse",
     "AlterUserScramCredentialsRequest",
@@ -54,14 +60,20 @@ __all__ = [
     "DeleteTopicsResponse",
     "DescribeAclsRequest",
     "DescribeAclsResponse",
+    "DescribeClientQuotasRequest",
+    "DescribeClientQuotasResponse",
     "DescribeClusterRequest",
     "DescribeClusterResponse",
     "DescribeConfigsRequest",
     "DescribeConfigsResponse",
     "DescribeGroupsRequest",
     "DescribeGroupsResponse",
+    "DescribeLogDirsRequest",
+    "DescribeLogDirsResponse",
     "DescribeProducersRequest",
     "DescribeProducersResponse",
+    "DescribeQuorumRequest",
+    "DescribeQuorumResponse",
     "DescribeShareGroupOffsetsRequest",
     "DescribeShareGroupOffsetsResponse",
     "DescribeTopicPartitionsRequest",
@@ -70,6 +82,8 @@ __all__ = [
     "DescribeTransactionsResponse",
     "DescribeUserScramCredentialsRequest",
     "DescribeUserScramCredentialsResponse",
+    "ElectLeadersRequest",
+    "ElectLeadersResponse",
     "EndTxnRequest",
     "EndTxnResponse",
     "FetchRequest",
@@ -96,6 +110,8 @@ __all__ = [
     "ListGroupsResponse",
     "ListOffsetsRequest",
     "ListOffsetsResponse",
+    "ListPartitionReassignmentsRequest",
+    "ListPartitionReassignmentsResponse",
     "ListTransactionsRequest",
     "ListTransactionsResponse",
     "MetadataRequest",
@@ -150,6 +166,8 @@ __all__ = [
     "TransactionLogValue",
     "TxnOffsetCommitRequest",
     "TxnOffsetCommitResponse",
+    "UpdateFeaturesRequest",
+    "UpdateFeaturesResponse",
     "WriteShareGroupStateRequest",
     "WriteShareGroupStateResponse",
     "WriteTxnMarkersRequest",
@@ -295,6 +313,262 @@ class AddPartitionsToTxnResponse(MessageBase):
                 *,
                 partition_index: int = ...,
                 partition_error_code: int = ...,
+            ) -> None: ...
+
+
+class AlterClientQuotasRequest(MessageBase):
+    __slots__ = ("entries", "validate_only")
+    entries: list[AlterClientQuotasRequest.EntryData]
+    validate_only: bool
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            entries: list[AlterClientQuotasRequest.EntryData] = ...,
+            validate_only: bool = ...,
+        ) -> None: ...
+
+    class EntryData(MessageBase):
+        __slots__ = ("entity", "ops")
+        entity: list[AlterClientQuotasRequest.EntityData]
+        ops: list[AlterClientQuotasRequest.OpData]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                entity: list[AlterClientQuotasRequest.EntityData] = ...,
+                ops: list[AlterClientQuotasRequest.OpData] = ...,
+            ) -> None: ...
+
+    class EntityData(MessageBase):
+        __slots__ = ("entity_type", "entity_name")
+        entity_type: str
+        entity_name: str | None
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                entity_type: str = ...,
+                entity_name: str | None = ...,
+            ) -> None: ...
+
+    class OpData(MessageBase):
+        __slots__ = ("key", "value", "remove")
+        key: str
+        value: float
+        remove: bool
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                key: str = ...,
+                value: float = ...,
+                remove: bool = ...,
+            ) -> None: ...
+
+
+class AlterClientQuotasResponse(MessageBase):
+    __slots__ = ("throttle_time_ms", "entries")
+    throttle_time_ms: int
+    entries: list[AlterClientQuotasResponse.EntryData]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            entries: list[AlterClientQuotasResponse.EntryData] = ...,
+        ) -> None: ...
+
+    class EntryData(MessageBase):
+        __slots__ = ("error_code", "error_message", "entity")
+        error_code: int
+        error_message: str | None
+        entity: list[AlterClientQuotasResponse.EntityData]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                error_code: int = ...,
+                error_message: str | None = ...,
+                entity: list[AlterClientQuotasResponse.EntityData] = ...,
+            ) -> None: ...
+
+    class EntityData(MessageBase):
+        __slots__ = ("entity_type", "entity_name")
+        entity_type: str
+        entity_name: str | None
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                entity_type: str = ...,
+                entity_name: str | None = ...,
+            ) -> None: ...
+
+
+class AlterConfigsRequest(MessageBase):
+    __slots__ = ("resources", "validate_only")
+    resources: list[AlterConfigsRequest.AlterConfigsResource]
+    validate_only: bool
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            resources: list[AlterConfigsRequest.AlterConfigsResource] = ...,
+            validate_only: bool = ...,
+        ) -> None: ...
+
+    class AlterConfigsResource(MessageBase):
+        __slots__ = ("resource_type", "resource_name", "configs")
+        resource_type: int
+        resource_name: str
+        configs: list[AlterConfigsRequest.AlterableConfig]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                resource_type: int = ...,
+                resource_name: str = ...,
+                configs: list[AlterConfigsRequest.AlterableConfig] = ...,
+            ) -> None: ...
+
+    class AlterableConfig(MessageBase):
+        __slots__ = ("name", "value")
+        name: str
+        value: str | None
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                value: str | None = ...,
+            ) -> None: ...
+
+
+class AlterConfigsResponse(MessageBase):
+    __slots__ = ("throttle_time_ms", "responses")
+    throttle_time_ms: int
+    responses: list[AlterConfigsResponse.AlterConfigsResourceResponse]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            responses: list[AlterConfigsResponse.AlterConfigsResourceResponse] = ...,
+        ) -> None: ...
+
+    class AlterConfigsResourceResponse(MessageBase):
+        __slots__ = ("error_code", "error_message", "resource_type", "resource_name")
+        error_code: int
+        error_message: str | None
+        resource_type: int
+        resource_name: str
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                error_code: int = ...,
+                error_message: str | None = ...,
+                resource_type: int = ...,
+                resource_name: str = ...,
+            ) -> None: ...
+
+
+class AlterPartitionReassignmentsRequest(MessageBase):
+    __slots__ = ("timeout_ms", "topics")
+    timeout_ms: int
+    topics: list[AlterPartitionReassignmentsRequest.ReassignableTopic]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            timeout_ms: int = ...,
+            topics: list[AlterPartitionReassignmentsRequest.ReassignableTopic] = ...,
+        ) -> None: ...
+
+    class ReassignableTopic(MessageBase):
+        __slots__ = ("name", "partitions")
+        name: str
+        partitions: list[AlterPartitionReassignmentsRequest.ReassignablePartition]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                partitions: list[AlterPartitionReassignmentsRequest.ReassignablePartition] = ...,
+            ) -> None: ...
+
+    class ReassignablePartition(MessageBase):
+        __slots__ = ("partition_index", "replicas")
+        partition_index: int
+        replicas: list[int] | None
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                partition_index: int = ...,
+                replicas: list[int] | None = ...,
+            ) -> None: ...
+
+
+class AlterPartitionReassignmentsResponse(MessageBase):
+    __slots__ = ("throttle_time_ms", "error_code", "error_message", "responses")
+    throttle_time_ms: int
+    error_code: int
+    error_message: str | None
+    responses: list[AlterPartitionReassignmentsResponse.ReassignableTopicResponse]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            error_message: str | None = ...,
+            responses: list[AlterPartitionReassignmentsResponse.ReassignableTopicResponse] = ...,
+        ) -> None: ...
+
+    class ReassignableTopicResponse(MessageBase):
+        __slots__ = ("name", "partitions")
+        name: str
+        partitions: list[AlterPartitionReassignmentsResponse.ReassignablePartitionResponse]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                partitions: list[AlterPartitionReassignmentsResponse.ReassignablePartitionResponse] = ...,
+            ) -> None: ...
+
+    class ReassignablePartitionResponse(MessageBase):
+        __slots__ = ("partition_index", "error_code", "error_message")
+        partition_index: int
+        error_code: int
+        error_message: str | None
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                partition_index: int = ...,
+                error_code: int = ...,
+                error_message: str | None = ...,
             ) -> None: ...
 
 
@@ -1743,6 +2017,92 @@ class DescribeAclsResponse(MessageBase):
             ) -> None: ...
 
 
+class DescribeClientQuotasRequest(MessageBase):
+    __slots__ = ("components", "strict")
+    components: list[DescribeClientQuotasRequest.ComponentData]
+    strict: bool
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            components: list[DescribeClientQuotasRequest.ComponentData] = ...,
+            strict: bool = ...,
+        ) -> None: ...
+
+    class ComponentData(MessageBase):
+        __slots__ = ("entity_type", "match_type", "match")
+        entity_type: str
+        match_type: int
+        match: str | None
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                entity_type: str = ...,
+                match_type: int = ...,
+                match: str | None = ...,
+            ) -> None: ...
+
+
+class DescribeClientQuotasResponse(MessageBase):
+    __slots__ = ("throttle_time_ms", "error_code", "error_message", "entries")
+    throttle_time_ms: int
+    error_code: int
+    error_message: str | None
+    entries: list[DescribeClientQuotasResponse.EntryData] | None
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            error_message: str | None = ...,
+            entries: list[DescribeClientQuotasResponse.EntryData] | None = ...,
+        ) -> None: ...
+
+    class EntryData(MessageBase):
+        __slots__ = ("entity", "values")
+        entity: list[DescribeClientQuotasResponse.EntityData]
+        values: list[DescribeClientQuotasResponse.ValueData]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                entity: list[DescribeClientQuotasResponse.EntityData] = ...,
+                values: list[DescribeClientQuotasResponse.ValueData] = ...,
+            ) -> None: ...
+
+    class EntityData(MessageBase):
+        __slots__ = ("entity_type", "entity_name")
+        entity_type: str
+        entity_name: str | None
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                entity_type: str = ...,
+                entity_name: str | None = ...,
+            ) -> None: ...
+
+    class ValueData(MessageBase):
+        __slots__ = ("key", "value")
+        key: str
+        value: float
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                key: str = ...,
+                value: float = ...,
+            ) -> None: ...
+
+
 class DescribeClusterRequest(MessageBase):
     __slots__ = ("include_cluster_authorized_operations", "endpoint_type", "include_fenced_brokers")
     include_cluster_authorized_operations: bool
@@ -1982,6 +2342,96 @@ class DescribeGroupsResponse(MessageBase):
             ) -> None: ...
 
 
+class DescribeLogDirsRequest(MessageBase):
+    __slots__ = ("topics",)
+    topics: list[DescribeLogDirsRequest.DescribableLogDirTopic] | None
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            topics: list[DescribeLogDirsRequest.DescribableLogDirTopic] | None = ...,
+        ) -> None: ...
+
+    class DescribableLogDirTopic(MessageBase):
+        __slots__ = ("topic", "partitions")
+        topic: str
+        partitions: list[int]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                topic: str = ...,
+                partitions: list[int] = ...,
+            ) -> None: ...
+
+
+class DescribeLogDirsResponse(MessageBase):
+    __slots__ = ("throttle_time_ms", "error_code", "results")
+    throttle_time_ms: int
+    error_code: int
+    results: list[DescribeLogDirsResponse.DescribeLogDirsResult]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            results: list[DescribeLogDirsResponse.DescribeLogDirsResult] = ...,
+        ) -> None: ...
+
+    class DescribeLogDirsResult(MessageBase):
+        __slots__ = ("error_code", "log_dir", "topics", "total_bytes", "usable_bytes")
+        error_code: int
+        log_dir: str
+        topics: list[DescribeLogDirsResponse.DescribeLogDirsTopic]
+        total_bytes: int
+        usable_bytes: int
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                error_code: int = ...,
+                log_dir: str = ...,
+                topics: list[DescribeLogDirsResponse.DescribeLogDirsTopic] = ...,
+                total_bytes: int = ...,
+                usable_bytes: int = ...,
+            ) -> None: ...
+
+    class DescribeLogDirsTopic(MessageBase):
+        __slots__ = ("name", "partitions")
+        name: str
+        partitions: list[DescribeLogDirsResponse.DescribeLogDirsPartition]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                partitions: list[DescribeLogDirsResponse.DescribeLogDirsPartition] = ...,
+            ) -> None: ...
+
+    class DescribeLogDirsPartition(MessageBase):
+        __slots__ = ("partition_index", "partition_size", "offset_lag", "is_future_key")
+        partition_index: int
+        partition_size: int
+        offset_lag: int
+        is_future_key: bool
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                partition_index: int = ...,
+                partition_size: int = ...,
+                offset_lag: int = ...,
+                is_future_key: bool = ...,
+            ) -> None: ...
+
+
 class DescribeProducersRequest(MessageBase):
     __slots__ = ("topics",)
     topics: list[DescribeProducersRequest.TopicRequest]
@@ -2069,6 +2519,145 @@ class DescribeProducersResponse(MessageBase):
                 last_timestamp: int = ...,
                 coordinator_epoch: int = ...,
                 current_txn_start_offset: int = ...,
+            ) -> None: ...
+
+
+class DescribeQuorumRequest(MessageBase):
+    __slots__ = ("topics",)
+    topics: list[DescribeQuorumRequest.TopicData]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            topics: list[DescribeQuorumRequest.TopicData] = ...,
+        ) -> None: ...
+
+    class TopicData(MessageBase):
+        __slots__ = ("topic_name", "partitions")
+        topic_name: str
+        partitions: list[DescribeQuorumRequest.PartitionData]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                topic_name: str = ...,
+                partitions: list[DescribeQuorumRequest.PartitionData] = ...,
+            ) -> None: ...
+
+    class PartitionData(MessageBase):
+        __slots__ = ("partition_index",)
+        partition_index: int
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                partition_index: int = ...,
+            ) -> None: ...
+
+
+class DescribeQuorumResponse(MessageBase):
+    __slots__ = ("error_code", "error_message", "topics", "nodes")
+    error_code: int
+    error_message: str | None
+    topics: list[DescribeQuorumResponse.TopicData]
+    nodes: list[DescribeQuorumResponse.Node]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            error_code: int = ...,
+            error_message: str | None = ...,
+            topics: list[DescribeQuorumResponse.TopicData] = ...,
+            nodes: list[DescribeQuorumResponse.Node] = ...,
+        ) -> None: ...
+
+    class TopicData(MessageBase):
+        __slots__ = ("topic_name", "partitions")
+        topic_name: str
+        partitions: list[DescribeQuorumResponse.PartitionData]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                topic_name: str = ...,
+                partitions: list[DescribeQuorumResponse.PartitionData] = ...,
+            ) -> None: ...
+
+    class PartitionData(MessageBase):
+        __slots__ = ("partition_index", "error_code", "error_message", "leader_id", "leader_epoch", "high_watermark", "current_voters", "observers")
+        partition_index: int
+        error_code: int
+        error_message: str | None
+        leader_id: int
+        leader_epoch: int
+        high_watermark: int
+        current_voters: list[DescribeQuorumResponse.ReplicaState]
+        observers: list[DescribeQuorumResponse.ReplicaState]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                partition_index: int = ...,
+                error_code: int = ...,
+                error_message: str | None = ...,
+                leader_id: int = ...,
+                leader_epoch: int = ...,
+                high_watermark: int = ...,
+                current_voters: list[DescribeQuorumResponse.ReplicaState] = ...,
+                observers: list[DescribeQuorumResponse.ReplicaState] = ...,
+            ) -> None: ...
+
+    class ReplicaState(MessageBase):
+        __slots__ = ("replica_id", "replica_directory_id", "log_end_offset", "last_fetch_timestamp", "last_caught_up_timestamp")
+        replica_id: int
+        replica_directory_id: bytes
+        log_end_offset: int
+        last_fetch_timestamp: int
+        last_caught_up_timestamp: int
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                replica_id: int = ...,
+                replica_directory_id: bytes = ...,
+                log_end_offset: int = ...,
+                last_fetch_timestamp: int = ...,
+                last_caught_up_timestamp: int = ...,
+            ) -> None: ...
+
+    class Node(MessageBase):
+        __slots__ = ("node_id", "listeners")
+        node_id: int
+        listeners: list[DescribeQuorumResponse.Listener]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                node_id: int = ...,
+                listeners: list[DescribeQuorumResponse.Listener] = ...,
+            ) -> None: ...
+
+    class Listener(MessageBase):
+        __slots__ = ("name", "host", "port")
+        name: str
+        host: str
+        port: int
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                host: str = ...,
+                port: int = ...,
             ) -> None: ...
 
 
@@ -2426,6 +3015,79 @@ class DescribeUserScramCredentialsResponse(MessageBase):
                 *,
                 mechanism: int = ...,
                 iterations: int = ...,
+            ) -> None: ...
+
+
+class ElectLeadersRequest(MessageBase):
+    __slots__ = ("election_type", "topic_partitions", "timeout_ms")
+    election_type: int
+    topic_partitions: list[ElectLeadersRequest.TopicPartitions] | None
+    timeout_ms: int
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            election_type: int = ...,
+            topic_partitions: list[ElectLeadersRequest.TopicPartitions] | None = ...,
+            timeout_ms: int = ...,
+        ) -> None: ...
+
+    class TopicPartitions(MessageBase):
+        __slots__ = ("topic", "partitions")
+        topic: str
+        partitions: list[int]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                topic: str = ...,
+                partitions: list[int] = ...,
+            ) -> None: ...
+
+
+class ElectLeadersResponse(MessageBase):
+    __slots__ = ("throttle_time_ms", "error_code", "replica_election_results")
+    throttle_time_ms: int
+    error_code: int
+    replica_election_results: list[ElectLeadersResponse.ReplicaElectionResult]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            replica_election_results: list[ElectLeadersResponse.ReplicaElectionResult] = ...,
+        ) -> None: ...
+
+    class ReplicaElectionResult(MessageBase):
+        __slots__ = ("topic", "partition_result")
+        topic: str
+        partition_result: list[ElectLeadersResponse.PartitionResult]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                topic: str = ...,
+                partition_result: list[ElectLeadersResponse.PartitionResult] = ...,
+            ) -> None: ...
+
+    class PartitionResult(MessageBase):
+        __slots__ = ("partition_id", "error_code", "error_message")
+        partition_id: int
+        error_code: int
+        error_message: str | None
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                partition_id: int = ...,
+                error_code: int = ...,
+                error_message: str | None = ...,
             ) -> None: ...
 
 
@@ -3375,6 +4037,81 @@ class ListOffsetsResponse(MessageBase):
                 timestamp: int = ...,
                 offset: int = ...,
                 leader_epoch: int = ...,
+            ) -> None: ...
+
+
+class ListPartitionReassignmentsRequest(MessageBase):
+    __slots__ = ("timeout_ms", "topics")
+    timeout_ms: int
+    topics: list[ListPartitionReassignmentsRequest.ListPartitionReassignmentsTopics] | None
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            timeout_ms: int = ...,
+            topics: list[ListPartitionReassignmentsRequest.ListPartitionReassignmentsTopics] | None = ...,
+        ) -> None: ...
+
+    class ListPartitionReassignmentsTopics(MessageBase):
+        __slots__ = ("name", "partition_indexes")
+        name: str
+        partition_indexes: list[int]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                partition_indexes: list[int] = ...,
+            ) -> None: ...
+
+
+class ListPartitionReassignmentsResponse(MessageBase):
+    __slots__ = ("throttle_time_ms", "error_code", "error_message", "topics")
+    throttle_time_ms: int
+    error_code: int
+    error_message: str | None
+    topics: list[ListPartitionReassignmentsResponse.OngoingTopicReassignment]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            error_message: str | None = ...,
+            topics: list[ListPartitionReassignmentsResponse.OngoingTopicReassignment] = ...,
+        ) -> None: ...
+
+    class OngoingTopicReassignment(MessageBase):
+        __slots__ = ("name", "partitions")
+        name: str
+        partitions: list[ListPartitionReassignmentsResponse.OngoingPartitionReassignment]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                name: str = ...,
+                partitions: list[ListPartitionReassignmentsResponse.OngoingPartitionReassignment] = ...,
+            ) -> None: ...
+
+    class OngoingPartitionReassignment(MessageBase):
+        __slots__ = ("partition_index", "replicas", "adding_replicas", "removing_replicas")
+        partition_index: int
+        replicas: list[int]
+        adding_replicas: list[int]
+        removing_replicas: list[int]
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                partition_index: int = ...,
+                replicas: list[int] = ...,
+                adding_replicas: list[int] = ...,
+                removing_replicas: list[int] = ...,
             ) -> None: ...
 
 
@@ -5482,6 +6219,72 @@ class TxnOffsetCommitResponse(MessageBase):
                 *,
                 partition_index: int = ...,
                 error_code: int = ...,
+            ) -> None: ...
+
+
+class UpdateFeaturesRequest(MessageBase):
+    __slots__ = ("timeout_ms", "feature_updates", "validate_only")
+    timeout_ms: int
+    feature_updates: list[UpdateFeaturesRequest.FeatureUpdateKey]
+    validate_only: bool
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            timeout_ms: int = ...,
+            feature_updates: list[UpdateFeaturesRequest.FeatureUpdateKey] = ...,
+            validate_only: bool = ...,
+        ) -> None: ...
+
+    class FeatureUpdateKey(MessageBase):
+        __slots__ = ("feature", "max_version_level", "allow_downgrade", "upgrade_type")
+        feature: str
+        max_version_level: int
+        allow_downgrade: bool
+        upgrade_type: int
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                feature: str = ...,
+                max_version_level: int = ...,
+                allow_downgrade: bool = ...,
+                upgrade_type: int = ...,
+            ) -> None: ...
+
+
+class UpdateFeaturesResponse(MessageBase):
+    __slots__ = ("throttle_time_ms", "error_code", "error_message", "results")
+    throttle_time_ms: int
+    error_code: int
+    error_message: str | None
+    results: list[UpdateFeaturesResponse.UpdatableFeatureResult]
+
+    if TYPE_CHECKING:
+        def __init__(
+            self,
+            *,
+            throttle_time_ms: int = ...,
+            error_code: int = ...,
+            error_message: str | None = ...,
+            results: list[UpdateFeaturesResponse.UpdatableFeatureResult] = ...,
+        ) -> None: ...
+
+    class UpdatableFeatureResult(MessageBase):
+        __slots__ = ("feature", "error_code", "error_message")
+        feature: str
+        error_code: int
+        error_message: str | None
+
+        if TYPE_CHECKING:
+            def __init__(
+                self,
+                *,
+                feature: str = ...,
+                error_code: int = ...,
+                error_message: str | None = ...,
             ) -> None: ...
 
 

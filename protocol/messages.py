@@ -12,7 +12,7 @@ from typing import Any
 
 from . import message_classes
 from .api_keys import ApiKey
-from .codec import Buffer, DecodeError, MessageBase, MessageCodec
+from .codec import Buffer, DecodeError, MessageBase, MessageCodec, SplicedBuffer
 from .message_classes import *  # noqa: F403 - the generated classes are this module's message names
 from .schema import load_all
 
@@ -93,6 +93,17 @@ def encode_request(body: MessageBase, api_key: int, api_version: int, correlatio
     )
     out = _REQUEST_HEADER.encode(hdr, hv)
     return REQUESTS[api_key].encode(body, api_version, out)
+
+
+def encode_response_parts(body: MessageBase, api_key: int, api_version: int, correlation_id: int) -> list[Buffer]:
+    """The framed response as buffers to write in order: large record sets are not copied into it."""
+    out = SplicedBuffer(b"\x00\x00\x00\x00")
+    out += correlation_id.to_bytes(4, "big", signed=True)
+    if response_header_version(api_key, api_version) >= 1:
+        out.append(0)  # empty tagged-field buffer
+    RESPONSES[api_key].encode(body, api_version, out)
+    out[0:4] = (len(out) - 4 + out.spliced_bytes).to_bytes(4, "big")
+    return out.parts()
 
 
 def encode_response(body: MessageBase, api_key: int, api_version: int, correlation_id: int, *, framed: bool = True) -> bytearray:

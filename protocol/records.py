@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -40,6 +40,18 @@ from .record_batch import (
     parse_batch_header,
     verify_crc,
 )
+
+
+def _load_compiled_walk() -> Callable[[bytes | memoryview, int, bool], tuple[int, int] | None] | None:
+    """The record walk compiled (protocol/_record_walk.c), or None when it was installed without a C compiler."""
+    try:
+        from ._record_walk import walk
+    except ImportError:
+        return None
+    return walk
+
+
+_compiled_walk = _load_compiled_walk()
 
 LOG_APPEND_TIME = 1
 CREATE_TIME = 0
@@ -651,17 +663,23 @@ def validate_batch_for_append(
         raise InvalidRecord(f"invalid base sequence {header.base_sequence} for producer {header.producer_id}")
     if not check_records:
         return
+    body = memoryview(buf)[pos + HEADER_SIZE : pos + header.size]
+    data: bytes | memoryview
     if header.compression != NONE:
         try:
-            data = decompress(header.compression, memoryview(buf)[pos + HEADER_SIZE : pos + header.size])
+            data = decompress(header.compression, body)
         except CompressionError as exc:
             raise CorruptRecordBatch(f"batch at byte {pos} does not decompress: {exc}") from exc
     else:
-        data = bytes(memoryview(buf)[pos + HEADER_SIZE : pos + header.size])
-    try:
-        min_delta, max_delta = _walk_records(data, header.records_count, require_keys=require_keys)
-    except InvalidRecordBatch as exc:
-        raise InvalidRecord(str(exc)) from exc
+        data = body
+    deltas = _compiled_walk(data, header.records_count, require_keys) if _compiled_walk is not None else None
+    if deltas is None:
+        # No compiled walk, or it found a fault: the Python walk decides and words the error.
+        try:
+            deltas = _walk_records(bytes(data), header.records_count, require_keys=require_keys)
+        except InvalidRecordBatch as exc:
+            raise InvalidRecord(str(exc)) from exc
+    min_delta, max_delta = deltas
     if timestamp_bounds is not None and not header.attributes & TIMESTAMP_TYPE_MASK:
         # Every record's timestamp lies between these two, so checking them checks all.
         timestamp_bounds.check(header.base_timestamp + min_delta)

@@ -7,9 +7,18 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from shoal.broker.common.config import CLUSTER_DEFAULT, THIS_BROKER, BrokerConfig, ConfigError
+from shoal.broker.common.config import (
+    CLUSTER_DEFAULT,
+    DYNAMIC_AT_RESTART,
+    DYNAMIC_LOG_KEYS,
+    DYNAMIC_NO_EFFECT,
+    THIS_BROKER,
+    BrokerConfig,
+    ConfigError,
+)
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.broker.share.group_configs import InvalidGroupConfig, validation_context
+from shoal.broker.storage.log_config import LIST_TYPED, apply_list_op
 from shoal.broker.storage.topic_registry import validate_topic_config
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -28,6 +37,7 @@ OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 
 Response = messages.IncrementalAlterConfigsResponse
 ResourceResponse = Response.AlterConfigsResourceResponse
+LegacyResourceResponse = messages.AlterConfigsResponse.AlterConfigsResourceResponse
 
 
 class AlterConfigs:
@@ -42,15 +52,27 @@ class AlterConfigs:
             out.append(res)
             changes: list[tuple[str, str | None]] = []
             bad = None
+            topic = self.services.topics.get(r.resource_name) if r.resource_type == RESOURCE_TOPIC else None
             for c in r.configs:
                 if c.config_operation == OP_SET:
                     changes.append((c.name, c.value))
                 elif c.config_operation == OP_DELETE:
                     changes.append((c.name, None))
+                elif c.config_operation in (OP_APPEND, OP_SUBTRACT):
+                    verb = "append" if c.config_operation == OP_APPEND else "subtract"
+                    if r.resource_type != RESOURCE_TOPIC or c.name not in LIST_TYPED:
+                        # Kafka allows APPEND and SUBTRACT on list-typed keys only.
+                        bad = f"Config value {verb} is not allowed for config key: {shorten(c.name)}"
+                    elif topic is not None:
+                        current = dict(changes).get(c.name) or topic.configs.get(c.name) \
+                            or self.services.topics.effective_config(topic)[c.name][0]
+                        changes.append((c.name, apply_list_op(current, c.value or "", c.config_operation == OP_APPEND)))
                 else:
-                    bad = f"operation {c.config_operation} is not supported for {shorten(c.name)} (not a list config)"
+                    bad = f"Unknown config operation {c.config_operation} for {shorten(c.name)}"
             if bad is not None:
                 res.error_code, res.error_message = ErrorCode.INVALID_CONFIG, bad
+                log.info("config change refused", resource_type=r.resource_type, resource=shorten(r.resource_name),
+                         reason=bad)
                 continue
             if r.resource_type == RESOURCE_GROUP:
                 self._alter_group(ctx, r.resource_name, changes, req.validate_only, res)
@@ -62,6 +84,36 @@ class AlterConfigs:
                 res.error_code = ErrorCode.INVALID_REQUEST
                 res.error_message = f"resource type {r.resource_type} cannot be altered on this broker"
         return Response(responses=out)
+
+    def alter_configs(self, ctx: RequestContext, req: messages.AlterConfigsRequest) -> messages.AlterConfigsResponse:
+        """The legacy, non-incremental AlterConfigs: each resource's dynamic configs become exactly the ones
+        given; any other set before returns to its default (as Kafka does)."""
+        out = []
+        for r in req.resources:
+            res = ResourceResponse(error_code=ErrorCode.NONE, error_message=None,
+                                   resource_type=r.resource_type, resource_name=r.resource_name)
+            given = [(c.name, c.value) for c in r.configs]
+            names = {name for name, _value in given}
+            if r.resource_type == RESOURCE_TOPIC:
+                topic = self.services.topics.get(r.resource_name)
+                current = list(topic.configs) if topic is not None else []
+                changes = given + [(k, None) for k in current if k not in names]
+                self._alter_topic(ctx, r.resource_name, changes, req.validate_only, res)
+            elif r.resource_type == RESOURCE_BROKER:
+                level = THIS_BROKER if r.resource_name else CLUSTER_DEFAULT
+                current = list(self.services.config.dynamic_values(level))
+                changes = given + [(k, None) for k in current if k not in names]
+                self._alter_broker(ctx, r.resource_name, changes, req.validate_only, res)
+            elif r.resource_type == RESOURCE_GROUP:
+                current = list(self.services.group_configs.explicit(r.resource_name))
+                changes = given + [(k, None) for k in current if k not in names]
+                self._alter_group(ctx, r.resource_name, changes, req.validate_only, res)
+            else:
+                res.error_code = ErrorCode.INVALID_REQUEST
+                res.error_message = f"resource type {r.resource_type} cannot be altered on this broker"
+            out.append(LegacyResourceResponse(error_code=res.error_code, error_message=res.error_message,
+                                              resource_type=r.resource_type, resource_name=r.resource_name))
+        return messages.AlterConfigsResponse(responses=out)
 
     def _alter_group(self, ctx: RequestContext, group: str, changes: list[tuple[str, str | None]],
                      validate_only: bool, res: ResourceResponse) -> None:
@@ -97,10 +149,12 @@ class AlterConfigs:
             bad = validate_topic_config(key, value)
             if bad is not None:
                 res.error_code, res.error_message = ErrorCode.INVALID_CONFIG, bad
+                log.info("topic config refused", topic=name, reason=bad)
                 return
         if validate_only:
             return
         self.services.topics.alter_configs(topic, changes)
+        log.info("topic config changed", topic=name, changes=dict(changes))
 
     def _alter_broker(self, ctx: RequestContext, name: str, changes: list[tuple[str, str | None]],
                       validate_only: bool, res: ResourceResponse) -> None:
@@ -123,14 +177,24 @@ class AlterConfigs:
             BrokerConfig.validate_dynamic(changes)
         except ConfigError as exc:
             res.error_code, res.error_message = ErrorCode.INVALID_REQUEST, shorten(str(exc))
+            log.info("dynamic broker config refused", resource=name or "<cluster default>", reason=res.error_message)
             return
         if validate_only:
             return
         self.services.config.apply_dynamic(THIS_BROKER if name else CLUSTER_DEFAULT, changes)
         log.info("dynamic broker config changed", resource=name or "<cluster default>", changes=dict(changes))
+        keys = {key for key, _value in changes}
+        if keys & DYNAMIC_LOG_KEYS:
+            self.services.topics.refresh_configs()
+        for key in sorted(keys):
+            if key in DYNAMIC_NO_EFFECT:
+                log.info("dynamic broker config has no effect on this broker", key=key, reason=DYNAMIC_NO_EFFECT[key])
+            elif key in DYNAMIC_AT_RESTART:
+                log.info("dynamic broker config takes effect when the broker restarts", key=key)
 
 
 def register(table: ApiTable, services: AlterConfigsServices) -> AlterConfigs:
     h = AlterConfigs(services)
     table.register(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1, h.incremental_alter_configs)
+    table.register(ApiKey.ALTER_CONFIGS, 0, 2, h.alter_configs)
     return h

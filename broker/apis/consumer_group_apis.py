@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import structlog
+
+from shoal.broker.apis.share_group_apis import invalid_topic_names
 from shoal.broker.security.authorizer import Operation, ResourceType
 from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
 from shoal.protocol import messages
@@ -14,6 +17,8 @@ from shoal.protocol.errors import ErrorCode
 if TYPE_CHECKING:
     from shoal.broker.apis.services import ApiTable, ConsumerGroupServices
     from shoal.broker.network.connection import RequestContext
+
+log = structlog.get_logger("shoal.consumer_group_apis")
 
 HeartbeatResponse = messages.ConsumerGroupHeartbeatResponse
 DescribeResponse = messages.ConsumerGroupDescribeResponse
@@ -32,6 +37,10 @@ class ConsumerGroupApis:
         return self.services.consumer_groups
 
     async def heartbeat(self, ctx: RequestContext, req: messages.ConsumerGroupHeartbeatRequest) -> messages.ConsumerGroupHeartbeatResponse:
+        invalid = invalid_topic_names(req.subscribed_topic_names)
+        if invalid is not None:
+            log.warning("invalid consumer group heartbeat", group=req.group_id, reason=invalid)
+            return HeartbeatResponse(error_code=ErrorCode.INVALID_REQUEST, error_message=invalid)
         if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
             return HeartbeatResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
         for name in set(req.subscribed_topic_names or ()):

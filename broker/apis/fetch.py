@@ -41,12 +41,26 @@ class FetchHandler:
             # We never hand out fetch sessions, so an incremental request names one we do not have.
             return FetchResponse(error_code=ErrorCode.FETCH_SESSION_ID_NOT_FOUND, session_id=0, responses=[])
         deadline = time.monotonic() + max(0, req.max_wait_ms) / 1000
+        await self._load_producer_states(req, version)
         while True:
             response, total, keys = self._read_all(ctx, req, version)
             remaining = deadline - time.monotonic()
             if total >= req.min_bytes or remaining <= 0 or not keys or ctx.connection.closed:
                 return response
             await self.services.purgatory.wait([*keys, ctx.connection.wake_key], remaining)
+
+    async def _load_producer_states(self, req: messages.FetchRequest, version: int) -> None:
+        """The last stable offset every fetch reports needs a partition's producer state once it has seen a
+        transaction; the first fetch after a restart builds it here, in slices, rather than in one stall
+        of the event loop inside `_read_all`."""
+        topics = self.services.topics
+        for ft in req.topics:
+            topic = topics.get_by_id(ft.topic_id) if version >= 13 else topics.get(ft.topic)
+            if topic is None:
+                continue
+            for fp in ft.partitions:
+                if 0 <= fp.partition < len(topic.partitions):
+                    await topic.partitions[fp.partition].load_producer_state(only_for_transactions=True)
 
     def _read_all(
         self, ctx: RequestContext, req: messages.FetchRequest, version: int

@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from shoal.broker.apis.topic_admin import partition_budget_problem
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.broker.storage.topic_registry import INTERNAL_TOPICS, Topic, validate_topic_name
 from shoal.protocol import messages
@@ -40,6 +39,15 @@ MAX_DESCRIBED_PARTITIONS = 2000
 TOPIC_OPERATIONS = (Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DELETE, Operation.ALTER,
                     Operation.DESCRIBE, Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS)
 DcBroker = DescribeClusterResponse.DescribeClusterBroker
+# Operations Kafka reports for the CLUSTER resource (AclEntry.supportedOperations).
+CLUSTER_OPERATIONS = (Operation.CREATE, Operation.CLUSTER_ACTION, Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS,
+                      Operation.IDEMPOTENT_WRITE, Operation.ALTER, Operation.DESCRIBE)
+
+
+def authorized_operations(ctx: RequestContext, operations: tuple[Operation, ...], resource_type: ResourceType,
+                          name: str) -> int:
+    """The bit field Kafka answers include_*_authorized_operations with: bit n set when operation n is allowed."""
+    return sum(1 << op for op in operations if ctx.authorize(op, resource_type, name))
 
 KEY_TYPE_GROUP = 0
 KEY_TYPE_TRANSACTION = 1
@@ -71,11 +79,12 @@ class DiscoveryHandlers:
         topics = self.services.topics
         lst = self._listener(ctx)
         brokers = [MdBroker(node_id=self.services.node_id, host=lst.host, port=lst.port, rack=None)]
+        with_ops = version >= 8 and req.include_topic_authorized_operations
         out = []
         if req.topics is None or (version == 0 and not req.topics):
             for topic in list(topics.by_name.values()):
                 if ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, topic.name):
-                    out.append(self._topic(topic))
+                    out.append(self._topic(topic, ctx, with_ops))
         elif version < 12 and any(rt.name is None or rt.topic_id != ZERO_UUID for rt in req.topics):
             # As Kafka: v10 and v11 carry topic ids but cannot look them up, and their response cannot hold a
             # null name; the whole request is refused, each topic answered INVALID_REQUEST with "" for null.
@@ -106,13 +115,17 @@ class DiscoveryHandlers:
                     if topic is None:
                         out.append(MdTopic(error_code=code, name=rt.name, is_internal=False))
                         continue
-                out.append(self._topic(topic))
+                out.append(self._topic(topic, ctx, with_ops))
+        # v8-v10 only: later versions moved the cluster's operations to DescribeCluster.
+        cluster_ops = (authorized_operations(ctx, CLUSTER_OPERATIONS, ResourceType.CLUSTER, CLUSTER_NAME)
+                       if 8 <= version <= 10 and req.include_cluster_authorized_operations
+                       else AUTHORIZED_OPERATIONS_OMITTED)
         return MetadataResponse(
             brokers=brokers,
             cluster_id=self.services.cluster_id,
             controller_id=self.services.node_id,
             topics=out,
-            cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+            cluster_authorized_operations=cluster_ops,
             error_code=ErrorCode.NONE,
         )
 
@@ -131,7 +144,7 @@ class DiscoveryHandlers:
         ):
             return None, ErrorCode.TOPIC_AUTHORIZATION_FAILED
         count = int(self.services.config["num.partitions"])
-        too_many = partition_budget_problem(self.services.budget, count)
+        too_many = self.services.budget.problem(count)
         if too_many is not None:
             log.warning("refused topic auto-creation", topic=name, reason=too_many)
             return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -139,7 +152,7 @@ class DiscoveryHandlers:
         self.services.on_topic_created(topic)
         return topic, ErrorCode.NONE
 
-    def _topic(self, topic: Topic) -> MdTopic:
+    def _topic(self, topic: Topic, ctx: RequestContext, with_ops: bool) -> MdTopic:
         node = self.services.node_id
         return MdTopic(
             error_code=ErrorCode.NONE,
@@ -158,7 +171,8 @@ class DiscoveryHandlers:
                 )
                 for i in range(len(topic.partitions))
             ],
-            topic_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+            topic_authorized_operations=authorized_operations(ctx, TOPIC_OPERATIONS, ResourceType.TOPIC, topic.name)
+            if with_ops else AUTHORIZED_OPERATIONS_OMITTED,
         )
 
     def find_coordinator(self, ctx: RequestContext, req: messages.FindCoordinatorRequest) -> messages.FindCoordinatorResponse:
@@ -201,7 +215,8 @@ class DiscoveryHandlers:
             cluster_id=self.services.cluster_id,
             controller_id=self.services.node_id,
             brokers=[DcBroker(broker_id=self.services.node_id, host=lst.host, port=lst.port, rack=None, is_fenced=False)],
-            cluster_authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+            cluster_authorized_operations=authorized_operations(ctx, CLUSTER_OPERATIONS, ResourceType.CLUSTER, CLUSTER_NAME)
+            if req.include_cluster_authorized_operations else AUTHORIZED_OPERATIONS_OMITTED,
         )
 
 
@@ -242,8 +257,7 @@ class DiscoveryHandlers:
                                           leader_epoch=0, replica_nodes=[self.services.node_id],
                                           isr_nodes=[self.services.node_id], eligible_leader_replicas=[],
                                           last_known_elr=[], offline_replicas=[]) for i in shown],
-                topic_authorized_operations=sum(
-                    1 << op for op in TOPIC_OPERATIONS if ctx.authorize(op, ResourceType.TOPIC, name)),
+                topic_authorized_operations=authorized_operations(ctx, TOPIC_OPERATIONS, ResourceType.TOPIC, name),
             ))
             if rest:
                 next_cursor = _DtpCursor(topic_name=name, partition_index=rest[0])

@@ -14,6 +14,7 @@ import structlog
 
 from shoal.broker.common.purgatory import LogKey
 from shoal.broker.security.authorizer import Operation, ResourceType
+from shoal.broker.storage.log_config import ProducePolicy, batch_too_large, needs_recompression, recompress
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -42,10 +43,6 @@ _DpProducer = DescribeProducersResponse.ProducerState
 class ProduceHandler:
     def __init__(self, services: ProduceServices):
         self.services = services
-        self.log_append_time = services.config["log.message.timestamp.type"] == "LogAppendTime"
-        self.max_message_bytes = int(services.config["message.max.bytes"])
-        self.timestamp_before_max_ms = int(services.config["log.message.timestamp.before.max.ms"])
-        self.timestamp_after_max_ms = int(services.config["log.message.timestamp.after.max.ms"])
 
     async def handle(self, ctx: RequestContext, req: messages.ProduceRequest) -> messages.ProduceResponse | None:
         """The response, or None for acks=0 (nothing is sent back)."""
@@ -102,7 +99,7 @@ class ProduceHandler:
                 if refused != ErrorCode.NONE:
                     parts.append(PartitionResponse(index=pd.index, error_code=refused, base_offset=-1))
                     continue
-                resp = self._append(topic.topic_id, topic_name, pd.index, plog, pd.records)
+                resp = self._append(topic.topic_id, topic_name, pd.index, plog, pd.records, topic.policy)
                 parts.append(resp)
                 if resp.error_code == ErrorCode.NONE and acks == -1:
                     flushes.append((plog, plog.log_end_offset))
@@ -151,27 +148,34 @@ class ProduceHandler:
         return code
 
     def _append(
-        self, topic_id: bytes, topic_name: str, index: int, plog: PartitionLog, records: bytes | bytearray | memoryview | None
+        self, topic_id: bytes, topic_name: str, index: int, plog: PartitionLog,
+        records: bytes | bytearray | memoryview | None, policy: ProducePolicy,
     ) -> PartitionResponse:
         if not records:
             return PartitionResponse(index=index, error_code=ErrorCode.CORRUPT_MESSAGE, base_offset=-1,
                                      error_message="empty record set")
         buf = bytearray(records)
-        bounds = None if self.log_append_time else TimestampBounds(
-            int(time.time() * 1000), self.timestamp_before_max_ms, self.timestamp_after_max_ms
+        log_append_time = policy.log_append_time
+        bounds = None if log_append_time else TimestampBounds(
+            int(time.time() * 1000), policy.timestamp_before_max_ms, policy.timestamp_after_max_ms
         )
         try:
             headers = list(iter_batches(buf))
             for pos, header in headers:
-                if header.size > self.max_message_bytes:
-                    return PartitionResponse(
-                        index=index,
-                        error_code=ErrorCode.MESSAGE_TOO_LARGE,
-                        base_offset=-1,
-                        error_message=f"batch of {header.size} bytes exceeds message.max.bytes",
-                    )
+                too_large = batch_too_large(header, policy)
+                if too_large is not None:
+                    log.info("rejected produce", topic=topic_name, partition=index, error=too_large)
+                    return PartitionResponse(index=index, error_code=ErrorCode.MESSAGE_TOO_LARGE, base_offset=-1,
+                                             error_message=too_large)
                 validate_batch_for_append(buf, pos, header, timestamp_bounds=bounds,
                                           require_keys=plog.config.compact)
+            if needs_recompression(headers, policy):
+                buf, headers = recompress(buf, headers, policy)
+                for _pos, header in headers:
+                    too_large = batch_too_large(header, policy)
+                    if too_large is not None:
+                        return PartitionResponse(index=index, error_code=ErrorCode.MESSAGE_TOO_LARGE, base_offset=-1,
+                                                 error_message=too_large)
         except InvalidRecordBatch as exc:
             # Kafka separates a batch that breaks the rules (INVALID_RECORD, not retried) from damaged bytes.
             code = (ErrorCode.INVALID_TIMESTAMP if isinstance(exc, InvalidTimestamp)
@@ -191,13 +195,13 @@ class ProduceHandler:
                     # A retry of a batch we already appended: answer with its original offset, append nothing.
                     return PartitionResponse(index=index, error_code=ErrorCode.NONE, base_offset=check.duplicate_offset,
                                              log_append_time_ms=-1, log_start_offset=plog.log_start_offset)
-        append_time = int(time.time() * 1000) if self.log_append_time else -1
-        result = plog.append(buf, headers, log_append_time_ms=append_time if self.log_append_time else None)
+        append_time = int(time.time() * 1000) if log_append_time else -1
+        result = plog.append(buf, headers, log_append_time_ms=append_time if log_append_time else None)
         if state is not None:
             # append() set each header's base offset.
             for header in idempotent:
                 state.record(header.producer_id, header.producer_epoch, header.base_sequence, header.records_count,
-                             header.base_offset, append_time if self.log_append_time else header.max_timestamp)
+                             header.base_offset, append_time if log_append_time else header.max_timestamp)
         count = sum(h.records_count for _p, h in headers)
         self.services.metrics.messages_in.labels(topic=topic_name).inc(count)
         self.services.metrics.log_bytes_in.labels(topic=topic_name).inc(len(buf))

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from shoal.broker.security.scram import ScramCredentialStore
     from shoal.broker.share.group_configs import GroupConfigs
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
+    from shoal.broker.storage.client_quotas import ClientQuotaStore
+    from shoal.broker.storage.partition_budget import PartitionBudget
     from shoal.broker.storage.producer_state import ProducerIdAllocator
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
     from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
@@ -37,14 +39,6 @@ class ApiTable(Protocol):
     """The dispatch table handlers are registered in (the server's `Broker.register`)."""
 
     def register(self, key: int, min_version: int, max_version: int, handler: Callable[..., Any]) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionBudget:
-    """What `topic_admin.partition_budget_problem` reads: the per-request bound and the partitions held."""
-
-    config: BrokerConfig
-    topics: TopicRegistry
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +81,17 @@ class TopicAdminServices:
     on_topic_created: Callable[[Topic], None]
     delete_topic: Callable[[Topic], None]
     on_log_start_moved: Callable[[Topic, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterAdminServices:
+    config: BrokerConfig
+    node_id: int
+    topics: TopicRegistry
+    client_quotas: ClientQuotaStore
+    advertised_listener: Callable[[str], Listener]
+    # Finalized feature levels by name, as ApiVersions reports them.
+    finalized_features: Callable[[], dict[str, int]]
 
 
 @dataclass(frozen=True, slots=True)

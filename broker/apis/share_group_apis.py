@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import structlog
+
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.coordinator.share_group_coordinator import ShareGroupCoordinator
 from shoal.protocol import messages
@@ -17,6 +19,8 @@ from shoal.protocol.errors import ErrorCode
 if TYPE_CHECKING:
     from shoal.broker.apis.services import ApiTable, ShareGroupServices
     from shoal.broker.network.connection import RequestContext
+
+log = structlog.get_logger("shoal.share_group_apis")
 
 HeartbeatResponse = messages.ShareGroupHeartbeatResponse
 DescribeResponse = messages.ShareGroupDescribeResponse
@@ -33,6 +37,16 @@ KNOWN_GROUP_TYPES = frozenset({"classic", "consumer", "share", "streams"})
 # Operations Kafka reports for a GROUP resource (AclEntry.supportedOperations).
 GROUP_OPERATIONS = (Operation.READ, Operation.DESCRIBE, Operation.DELETE, Operation.DESCRIBE_CONFIGS,
                     Operation.ALTER_CONFIGS)
+
+
+def invalid_topic_names(names: list[str] | None) -> str | None:
+    """Why a heartbeat's SubscribedTopicNames cannot be used, or None. The schema's strings are not
+    nullable, so Kafka never lets a null name reach its coordinator (its request parsing refuses it); the
+    codec here reads one as None, so it is refused at request validation, before authorization and the
+    coordinator."""
+    if names is not None and any(name is None for name in names):
+        return "SubscribedTopicNames can't contain null."
+    return None
 
 
 class ShareGroupHandlers:
@@ -56,6 +70,10 @@ class ShareGroupApis(ShareGroupHandlers):
         if not self._enabled():
             return HeartbeatResponse(error_code=ErrorCode.UNSUPPORTED_VERSION,
                                      error_message="Share groups are not enabled on this broker.")
+        invalid = invalid_topic_names(req.subscribed_topic_names)
+        if invalid is not None:
+            log.warning("invalid share group heartbeat", group=req.group_id, reason=invalid)
+            return HeartbeatResponse(error_code=ErrorCode.INVALID_REQUEST, error_message=invalid)
         if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
             return HeartbeatResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
         # Clients may not learn anything about topics they cannot describe.

@@ -3,13 +3,22 @@ ListOffsets, DescribeConfigs and InitProducerId."""
 
 from __future__ import annotations
 
-import resource
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
 
-from shoal.broker.common.config import CLUSTER_DEFAULT, DYNAMIC_KEYS, THIS_BROKER
+from shoal.broker.common.config import CLUSTER_DEFAULT, DYNAMIC_KEYS, KEYS, THIS_BROKER
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
+from shoal.broker.storage.log_config import (
+    TOPIC_CONFIGS,
+    TYPE_BOOLEAN,
+    TYPE_DOUBLE,
+    TYPE_INT,
+    TYPE_LIST,
+    TYPE_LONG,
+    TYPE_STRING,
+)
 from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
 from shoal.broker.storage.topic_registry import INTERNAL_TOPICS, validate_topic_config, validate_topic_name
 from shoal.protocol import messages
@@ -20,7 +29,7 @@ from shoal.protocol.records import decode_batch
 from shoal.protocol.uuids import ZERO_UUID
 
 if TYPE_CHECKING:
-    from shoal.broker.apis.services import ApiTable, PartitionBudget, TopicAdminServices
+    from shoal.broker.apis.services import ApiTable, TopicAdminServices
     from shoal.broker.network.connection import RequestContext
 
 log = structlog.get_logger("shoal.admin")
@@ -58,6 +67,7 @@ CpResult = CreatePartitionsResponse.CreatePartitionsTopicResult
 DescribeConfigsResponse = messages.DescribeConfigsResponse
 DcResult = DescribeConfigsResponse.DescribeConfigsResult
 DcEntry = DescribeConfigsResponse.DescribeConfigsResourceResult
+DcSynonym = DescribeConfigsResponse.DescribeConfigsSynonym
 
 
 class TopicAdmin:
@@ -109,7 +119,7 @@ class TopicAdmin:
             if count <= 0:
                 result.error_code, result.error_message = ErrorCode.INVALID_PARTITIONS, "Number of partitions must be larger than 0."
                 continue
-            too_many = partition_budget_problem(self.services.budget, count, added)
+            too_many = self.services.budget.problem(count, added)
             if too_many is not None:
                 log.warning("refused topic creation", topic=shorten(ct.name), partitions=count, reason=too_many)
                 result.error_code, result.error_message = ErrorCode.POLICY_VIOLATION, too_many
@@ -128,6 +138,7 @@ class TopicAdmin:
                     configs[c.name] = c.value
             if bad is not None:
                 result.error_code, result.error_message = ErrorCode.INVALID_CONFIG, bad
+                log.info("topic config refused", topic=shorten(ct.name), reason=bad)
                 continue
             result.num_partitions = count
             result.replication_factor = 1
@@ -197,7 +208,7 @@ class TopicAdmin:
                 res.error_code = ErrorCode.INVALID_PARTITIONS
                 res.error_message = f"Topic currently has {len(topic.partitions)} partitions, {t.count} would not be an increase."
                 continue
-            too_many = partition_budget_problem(self.services.budget, t.count - len(topic.partitions), added)
+            too_many = self.services.budget.problem(t.count - len(topic.partitions), added)
             if too_many is not None:
                 log.warning("refused partition creation", topic=t.name, count=t.count, reason=too_many)
                 res.error_code, res.error_message = ErrorCode.POLICY_VIOLATION, too_many
@@ -282,7 +293,7 @@ class TopicAdmin:
             res = DcResult(error_code=ErrorCode.NONE, error_message=None, resource_type=r.resource_type,
                            resource_name=r.resource_name, configs=[])
             results.append(res)
-            entries: list[tuple[str, str | None, int]] = []
+            entries: list[_Entry] = []
             if r.resource_type == RESOURCE_TOPIC:
                 topic = self.services.topics.get(r.resource_name)
                 if topic is None:
@@ -291,8 +302,9 @@ class TopicAdmin:
                 if not ctx.authorize(Operation.DESCRIBE_CONFIGS, ResourceType.TOPIC, r.resource_name):
                     res.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                     continue
-                for key, (value, explicit) in self.services.topics.effective_config(topic).items():
-                    entries.append((key, value, SOURCE_TOPIC if explicit else SOURCE_DEFAULT))
+                for key, cv in self.services.topics.configs_of(topic).items():
+                    spec = TOPIC_CONFIGS[key]
+                    entries.append(_Entry(key, cv.value, cv.source, False, spec.type, spec.doc, cv.synonyms))
             elif r.resource_type == RESOURCE_BROKER:
                 if r.resource_name not in ("", str(self.services.node_id)):
                     res.error_code, res.error_message = ErrorCode.INVALID_REQUEST, f"unknown broker {shorten(r.resource_name)}"
@@ -306,42 +318,94 @@ class TopicAdmin:
                     res.error_code = ErrorCode.GROUP_AUTHORIZATION_FAILED
                     continue
                 for key, (value, explicit) in self.services.group_configs.effective(r.resource_name).items():
-                    entries.append((key, value, SOURCE_GROUP if explicit else SOURCE_DEFAULT))
+                    source = SOURCE_GROUP if explicit else SOURCE_DEFAULT
+                    entries.append(_Entry(key, value, source, False, TYPE_INT if value.lstrip("-").isdigit() else TYPE_STRING,
+                                          None, ((key, value, source),)))
             else:
                 res.error_code = ErrorCode.INVALID_REQUEST
                 res.error_message = f"resource type {r.resource_type} is not supported"
                 continue
             keys = set(r.configuration_keys) if r.configuration_keys else None
             res.configs = [
-                DcEntry(name=k, value=v, read_only=r.resource_type == RESOURCE_BROKER and k not in DYNAMIC_KEYS,
-                        config_source=src,
-                        is_sensitive=False, synonyms=[], config_type=0, documentation=None)
-                for k, v, src in entries
-                if keys is None or k in keys
+                DcEntry(name=e.name, value=e.value, read_only=e.read_only, config_source=e.source,
+                        is_sensitive=False,
+                        synonyms=[DcSynonym(name=n, value=v, source=src) for n, v, src in e.synonyms]
+                        if req.include_synonyms else [],
+                        config_type=e.type,
+                        documentation=e.doc if req.include_documentation else None)
+                for e in entries
+                if keys is None or e.name in keys
             ]
         return DescribeConfigsResponse(results=results)
 
-    def _broker_config_entries(self, this_broker: bool) -> list[tuple[str, str | None, int]]:
+    def _broker_config_entries(self, this_broker: bool) -> list[_Entry]:
         """This broker's configs with their sources; the cluster-wide resource ("") holds only the
         dynamic cluster defaults, as in Kafka."""
         cfg = self.services.config
         if not this_broker:
-            return [(key, text, SOURCE_DYNAMIC_DEFAULT_BROKER)
+            return [_Entry(key, text, SOURCE_DYNAMIC_DEFAULT_BROKER, False, _broker_type(key), _broker_doc(key),
+                           ((key, text, SOURCE_DYNAMIC_DEFAULT_BROKER),))
                     for key, text in sorted(cfg.dynamic_values(CLUSTER_DEFAULT).items())]
-        out: list[tuple[str, str | None, int]] = []
-        for key, _static in cfg.items():
+        out: list[_Entry] = []
+        for key, static in [*cfg.items(), *((k, None) for k in cfg.dynamic_only_keys())]:
             level = cfg.dynamic_source(key)
+            synonyms: list[tuple[str, str | None, int]] = []
+            for lvl, src in ((THIS_BROKER, SOURCE_DYNAMIC_BROKER), (CLUSTER_DEFAULT, SOURCE_DYNAMIC_DEFAULT_BROKER)):
+                value = cfg.dynamic_values(lvl).get(key)
+                if value is not None:
+                    synonyms.append((key, value, src))
+            if key in cfg.explicit:
+                synonyms.append((key, _config_text(static), SOURCE_STATIC_BROKER))
+            spec = KEYS.get(key)
+            if spec is not None:
+                synonyms.append((key, _config_text(spec.default), SOURCE_DEFAULT))
             if level == THIS_BROKER:
                 source = SOURCE_DYNAMIC_BROKER
             elif level == CLUSTER_DEFAULT:
                 source = SOURCE_DYNAMIC_DEFAULT_BROKER
             else:
                 source = SOURCE_STATIC_BROKER if key in cfg.explicit else SOURCE_DEFAULT
-            out.append((key, _config_text(cfg[key]), source))
+            out.append(_Entry(key, _config_text(cfg[key]), source, key not in DYNAMIC_KEYS, _broker_type(key),
+                              _broker_doc(key), tuple(synonyms)))
         return out
 
 
-def _config_text(value: object) -> str:
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    name: str
+    value: str | None
+    source: int
+    read_only: bool
+    type: int
+    doc: str | None
+    synonyms: tuple[tuple[str, str | None, int], ...]
+
+
+def _broker_type(key: str) -> int:
+    spec = KEYS.get(key)
+    if spec is None:
+        return TYPE_STRING
+    if spec.parse is int:
+        # Kafka declares times and large sizes as LONG.
+        big = isinstance(spec.default, int) and not -(1 << 31) <= spec.default < 1 << 31
+        return TYPE_LONG if key.endswith((".ms", ".minutes")) or big else TYPE_INT
+    if spec.parse is float:
+        return TYPE_DOUBLE
+    if isinstance(spec.default, bool):
+        return TYPE_BOOLEAN
+    if isinstance(spec.default, list):
+        return TYPE_LIST
+    return TYPE_STRING
+
+
+def _broker_doc(key: str) -> str | None:
+    spec = KEYS.get(key)
+    return spec.doc if spec is not None else None
+
+
+def _config_text(value: object) -> str | None:
+    if value is None:
+        return None
     if isinstance(value, list):
         return ",".join(value)
     return str(value).lower() if isinstance(value, bool) else str(value)
@@ -365,31 +429,6 @@ def _record_at_or_after(plog: PartitionLog, timestamp_ms: int) -> tuple[int, int
         if rec.offset >= plog.log_start_offset and timestamp_ms <= rec.timestamp < 1 << 63:
             return rec.offset, rec.timestamp
     return found
-
-
-def partition_budget_problem(budget: PartitionBudget, adding: int, added_so_far: int = 0) -> str | None:
-    """Why `adding` more partitions cannot be created, or None: Kafka's per-request bound and our file budget."""
-    per_request = int(budget.config["max.partitions.per.request"])
-    if added_so_far + adding > per_request:
-        return (f"Unable to perform excessively large batch operation: {added_so_far + adding} partitions "
-                f"in one request exceed max.partitions.per.request={per_request}.")
-    limit = broker_partition_limit(int(budget.config["max.partitions"]))
-    held = budget.topics.partition_count
-    if held + added_so_far + adding > limit:
-        return (f"Unable to create {adding} partitions: the broker holds {held} and its limit is {limit} "
-                f"(max.partitions, bounded by the open-file limit).")
-    return None
-
-
-def broker_partition_limit(configured: int) -> int:
-    """max.partitions, or with -1 what the open-file limit allows: every partition keeps its segment open."""
-    if configured >= 0:
-        return configured
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return 1 << 20
-    # Leave a quarter (at least 256) for connections, index files and the internal topics' extra segments.
-    return max(0, soft - max(256, soft // 4))
 
 
 def register(table: ApiTable, services: TopicAdminServices) -> TopicAdmin:

@@ -80,6 +80,19 @@ _KEYS: list[ConfigKey] = [
     ConfigKey("auto.create.topics.enable", _bool, True, "Create a topic when Metadata asks for an unknown one."),
     ConfigKey("delete.topic.enable", _bool, True, "Allow DeleteTopics."),
     ConfigKey("log.segment.bytes", int, 1073741824, "Size at which a segment is rolled.", 14),
+    ConfigKey("log.roll.ms", int, None, "Default segment.ms: roll the active segment after this long; unset uses log.roll.hours.", 1),
+    ConfigKey("log.roll.hours", int, 168, "Default segment.ms in hours.", 1),
+    ConfigKey("log.roll.jitter.ms", int, None, "Default segment.jitter.ms; unset uses log.roll.jitter.hours.", 0),
+    ConfigKey("log.roll.jitter.hours", int, 0, "Default segment.jitter.ms in hours.", 0),
+    ConfigKey("log.index.size.max.bytes", int, 10485760, "Default segment.index.bytes: a full index rolls the segment.", 4),
+    ConfigKey("log.segment.delete.delay.ms", int, 60000, "Default file.delete.delay.ms.", 0),
+    ConfigKey("log.preallocate", _bool, False, "Default preallocate: reserve disk space for new segments."),
+    ConfigKey("compression.type", str, "producer", "Default compression.type of topics."),
+    ConfigKey("compression.gzip.level", int, -1, "Default gzip level of recompressed batches."),
+    ConfigKey("compression.lz4.level", int, 9, "Default lz4 level of recompressed batches.", 1),
+    ConfigKey("compression.zstd.level", int, 3, "Default zstd level of recompressed batches.", -131072),
+    ConfigKey("log.local.retention.ms", int, -2, "Tiered storage: accepted, no effect on this broker.", -2),
+    ConfigKey("log.local.retention.bytes", int, -2, "Tiered storage: accepted, no effect on this broker.", -2),
     ConfigKey("log.retention.ms", int, -2, "Retention by time; -1 keeps forever, unset falls back to hours."),
     ConfigKey("log.retention.minutes", int, -2, "Retention by time in minutes."),
     ConfigKey("log.retention.hours", int, 168, "Retention by time in hours."),
@@ -152,6 +165,12 @@ _KEYS: list[ConfigKey] = [
     # KIP-848 consumer groups
     ConfigKey("group.consumer.session.timeout.ms", int, 45000, "Consumer-group member session timeout.", 1),
     ConfigKey("group.consumer.heartbeat.interval.ms", int, 5000, "Consumer-group member heartbeat interval.", 1),
+    ConfigKey("group.consumer.min.session.timeout.ms", int, 45000, "Lower bound for a group's consumer.session.timeout.ms.", 1),
+    ConfigKey("group.consumer.max.session.timeout.ms", int, 60000, "Upper bound for a group's consumer.session.timeout.ms.", 1),
+    ConfigKey("group.consumer.min.heartbeat.interval.ms", int, 5000,
+              "Lower bound for a group's consumer.heartbeat.interval.ms.", 1),
+    ConfigKey("group.consumer.max.heartbeat.interval.ms", int, 15000,
+              "Upper bound for a group's consumer.heartbeat.interval.ms.", 1),
     ConfigKey("group.consumer.max.size", int, 2**31 - 1, "Members per consumer group.", 1),
     ConfigKey("group.consumer.assignors", str, "uniform,range",
               "Server-side assignors (names or Kafka class names); the first is the default."),
@@ -271,6 +290,10 @@ class BrokerConfig:
                 return self._effective_dynamic(key, self._dynamic[level][key])
         return self._values[key]
 
+    def dynamic_only_keys(self) -> list[str]:
+        """Keys set dynamically that the broker has no static setting for (those without effect here)."""
+        return sorted({k for level in self._dynamic.values() for k in level} - set(self._values))
+
     # ---- dynamic broker configs ----------------------------------------------------------------------
 
     def dynamic_source(self, key: str) -> str | None:
@@ -368,6 +391,8 @@ class BrokerConfig:
             values["node.id"] = values["broker.id"]
         if values["log.message.timestamp.type"] not in ("CreateTime", "LogAppendTime"):
             raise ConfigError("log.message.timestamp.type must be CreateTime or LogAppendTime")
+        if values["compression.type"] not in ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"):
+            raise ConfigError("compression.type must be uncompressed, zstd, lz4, snappy, gzip or producer")
         if not valid_cleanup_policy(values["log.cleanup.policy"]):
             raise ConfigError("log.cleanup.policy must be delete, compact or compact,delete")
         if values["log.format"] not in ("console", "json"):
@@ -488,18 +513,73 @@ SHARE_BOUNDS: dict[str, tuple[str, str]] = {
 # Broker keys IncrementalAlterConfigs may change at runtime, for the whole cluster (resource name "") or
 # for this broker (its id): those of Kafka 4.4's GroupCoordinatorConfig.RECONFIGURABLE_CONFIGS that
 # Shoal has. Kafka made the two KIP-1191 keys dynamic in 4.4 (KAFKA-20410).
-DYNAMIC_KEYS = frozenset({
+_GROUP_DYNAMIC_KEYS = frozenset({
     "group.share.assignment.interval.ms",
     "errors.deadletterqueue.topic.name.prefix",
     "errors.deadletterqueue.auto.create.topics.enable",
 })
+# Kafka's DynamicLogConfig: the broker keys that give topics their defaults. A change reaches every topic
+# that does not set the key itself, at once.
+DYNAMIC_LOG_KEYS = frozenset({
+    "log.segment.bytes", "log.roll.ms", "log.roll.jitter.ms", "log.index.size.max.bytes",
+    "log.flush.interval.messages", "log.flush.interval.ms", "log.retention.bytes", "log.retention.ms",
+    "message.max.bytes", "log.index.interval.bytes", "log.cleaner.delete.retention.ms",
+    "log.cleaner.min.compaction.lag.ms", "log.cleaner.max.compaction.lag.ms", "log.segment.delete.delay.ms",
+    "log.cleaner.min.cleanable.ratio", "log.cleanup.policy", "compression.type", "compression.gzip.level",
+    "compression.lz4.level", "compression.zstd.level", "log.preallocate", "log.message.timestamp.type",
+    "log.message.timestamp.before.max.ms", "log.message.timestamp.after.max.ms", "log.local.retention.ms",
+    "log.local.retention.bytes",
+})
+# Kafka's LogCleaner keys: dynamic there; here the cleaner reads them when the broker starts.
+DYNAMIC_AT_RESTART = frozenset({
+    "log.cleaner.threads", "log.cleaner.dedupe.buffer.size", "log.cleaner.io.buffer.load.factor",
+    "log.cleaner.io.buffer.size", "log.cleaner.io.max.bytes.per.second", "log.cleaner.backoff.ms",
+})
+_NO_THREADS = "this broker runs one event loop and has no such thread pool"
+_NO_KERBEROS = "this broker offers no GSSAPI (Kerberos) or OAUTHBEARER login"
+# Keys Kafka changes at runtime that mean nothing on this broker: accepted, kept and described, and logged
+# as having no effect, with the reason.
+DYNAMIC_NO_EFFECT: dict[str, str] = {
+    "num.io.threads": _NO_THREADS, "num.network.threads": _NO_THREADS, "background.threads": _NO_THREADS,
+    "num.recovery.threads.per.data.dir": _NO_THREADS,
+    "num.replica.fetchers": "this broker holds the only replica of every partition",
+    "unclean.leader.election.enable": "this broker holds the only replica of every partition",
+    "min.insync.replicas": "this broker holds the only replica of every partition",
+    "log.message.downconversion.enable": "Kafka 4 no longer down-converts records; the key is a no-op",
+    "metric.reporters": "metrics are served by the Prometheus endpoint (metrics.port)",
+    "max.connections": "connections are not capped by count",
+    "max.connection.creation.rate": "connections are not rate-limited",
+    "producer.id.expiration.ms": "producer ids are kept while the log holds their batches",
+    "transaction.partition.verification.enable": "transactional produce is not verified with the coordinator",
+    "sasl.kerberos.service.name": _NO_KERBEROS, "sasl.kerberos.kinit.cmd": _NO_KERBEROS,
+    "sasl.kerberos.ticket.renew.window.factor": _NO_KERBEROS, "sasl.kerberos.ticket.renew.jitter": _NO_KERBEROS,
+    "sasl.kerberos.min.time.before.relogin": _NO_KERBEROS, "sasl.kerberos.principal.to.local.rules": _NO_KERBEROS,
+    "sasl.login.refresh.window.factor": _NO_KERBEROS, "sasl.login.refresh.window.jitter": _NO_KERBEROS,
+    "sasl.login.refresh.min.period.seconds": _NO_KERBEROS, "sasl.login.refresh.buffer.seconds": _NO_KERBEROS,
+}
+DYNAMIC_KEYS = _GROUP_DYNAMIC_KEYS | DYNAMIC_LOG_KEYS | DYNAMIC_AT_RESTART | frozenset(DYNAMIC_NO_EFFECT)
+_CHOICES = {
+    "compression.type": ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
+    "log.message.timestamp.type": ("CreateTime", "LogAppendTime"),
+}
 THIS_BROKER, CLUSTER_DEFAULT = "broker", "cluster"
 DYNAMIC_CONFIG_FILE = "shoal-broker-configs.json"
 
 
 def _parse_dynamic(key: str, text: str) -> Any:
     """A dynamic value parsed and checked as Kafka's ConfigDef does, with its messages."""
-    spec = KEYS[key]
+    spec = KEYS.get(key)
+    if spec is None:
+        return text  # a key without effect here: kept as given
+    if key in _CHOICES and text not in _CHOICES[key]:
+        raise ConfigError(f"Invalid value {text} for configuration {key}: String must be one of: {', '.join(_CHOICES[key])}")
+    if key == "log.cleanup.policy" and not valid_cleanup_policy(text):
+        raise ConfigError(f"Invalid value {text} for configuration {key}: String must be one of: compact, delete")
+    if spec.parse is float:
+        try:
+            return float(text.strip())
+        except ValueError:
+            raise ConfigError(f"Invalid value {text} for configuration {key}: Not a number of type DOUBLE") from None
     if spec.parse is int:
         try:
             value: Any = int(text.strip())

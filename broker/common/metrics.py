@@ -33,10 +33,15 @@ class BrokerMetrics:
         # KIP-932 share-group metrics; the scrape-time part is registered by the broker once wired.
         self.share = ShareGroupMetrics(r)
         self.http_server: Any = None
+        # Each request counts into its API's children; looking them up by label costs more than the count.
+        self._per_api: dict[str, tuple[Any, Any]] = {}
 
     def observe_request(self, api: str, seconds: float) -> None:
-        self.requests.labels(api=api).inc()
-        self.request_latency.labels(api=api).observe(seconds)
+        children = self._per_api.get(api)
+        if children is None:
+            children = self._per_api[api] = (self.requests.labels(api=api), self.request_latency.labels(api=api))
+        children[0].inc()
+        children[1].observe(seconds)
 
     def serve(self, host: str, port: int) -> int:
         """Start the HTTP endpoint (in its own thread, off the event loop); returns the bound port."""

@@ -29,7 +29,7 @@ from shoal.broker.security.sasl import (
 from shoal.broker.security.scram import AuthenticationFailed
 from shoal.broker.security.tls import TlsSession, principal_from_certificate
 from shoal.protocol import messages
-from shoal.protocol.codec import MessageBase
+from shoal.protocol.codec import Buffer, MessageBase
 
 from .framing import FrameSizeError, Rejected, decode_body, decode_header, next_frame
 
@@ -80,7 +80,8 @@ class _Slot:
 
     def __init__(self) -> None:
         self.ready = False
-        self.payload: bytes | bytearray | None = None
+        # A response as buffers to write in order (large record sets are not copied into one).
+        self.payload: list[Buffer] | None = None
         self.close_after = False
 
 
@@ -180,12 +181,17 @@ class KafkaConnection(asyncio.Protocol):
             self.close()
         return plaintext
 
-    def _write_raw(self, data: bytes | bytearray) -> None:
+    def _write_raw(self, data: Buffer) -> None:
         if data and self.transport is not None and not self._closed:
             self.transport.write(data)
 
-    def _write(self, payload: bytes | bytearray) -> None:
-        self._write_raw(self._tls.send(payload) if self._tls is not None else payload)
+    def _write(self, payload: list[Buffer]) -> None:
+        if self._tls is not None:
+            self._write_raw(self._tls.send(b"".join(payload)))
+        elif len(payload) == 1:
+            self._write_raw(payload[0])
+        elif self.transport is not None and not self._closed:
+            self.transport.writelines(payload)  # one vectored write, no joined copy
 
     def _on_raw_sasl_token(self, token: bytes) -> None:
         """SaslHandshake v0: the mechanism's tokens arrive as bare frames and are answered the same way."""
@@ -202,7 +208,7 @@ class KafkaConnection(asyncio.Protocol):
             self.principal = session.principal
             log_success(self.client_host, session)
         slot = _Slot()
-        slot.payload = len(challenge).to_bytes(4, "big") + challenge
+        slot.payload = [len(challenge).to_bytes(4, "big") + challenge]
         slot.ready = True
         self._pending.append(slot)
         self._flush_ready()
@@ -304,7 +310,7 @@ class KafkaConnection(asyncio.Protocol):
         self.broker.metrics.observe_request(api.name, time.monotonic() - ctx.received_at)
         if response is not None:
             try:
-                slot.payload = messages.encode_response(
+                slot.payload = messages.encode_response_parts(
                     response, ctx.header.api_key, ctx.header.api_version, ctx.header.correlation_id
                 )
             except Exception:
@@ -320,7 +326,7 @@ class KafkaConnection(asyncio.Protocol):
 
     def _respond_now(self, body: MessageBase, header: messages.RequestHeader, version: int) -> None:
         slot = _Slot()
-        slot.payload = messages.encode_response(body, header.api_key, version, header.correlation_id)
+        slot.payload = messages.encode_response_parts(body, header.api_key, version, header.correlation_id)
         slot.ready = True
         self._pending.append(slot)
         self._flush_ready()
@@ -332,7 +338,7 @@ class KafkaConnection(asyncio.Protocol):
             slot = pending.popleft()
             if slot.payload is not None and transport is not None and not self._closed:
                 self._write(slot.payload)
-                self.broker.metrics.bytes_out.inc(len(slot.payload))
+                self.broker.metrics.bytes_out.inc(sum(len(part) for part in slot.payload))
             if slot.close_after:
                 # Transport close flushes what was written first, so the client still reads the reason.
                 self.close()

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from shoal.broker.security.scram import ScramCredentialStore
     from shoal.broker.share.group_configs import GroupConfigs
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
+    from shoal.broker.storage.client_quotas import ClientQuotaStore
     from shoal.broker.storage.producer_state import ProducerIdAllocator
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
     from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
@@ -45,6 +46,7 @@ class Broker(Protocol):
     topics: TopicRegistry
     purgatory: Purgatory
     group_configs: GroupConfigs
+    client_quotas: ClientQuotaStore
     apis: dict[int, Api]
     # Connections are typed loosely here: the network layer imports this module.
     connection_listeners: list[Callable[[Any], None]]
@@ -90,3 +92,5 @@ class Broker(Protocol):
     def on_log_start_moved(self, topic: Topic, partition: int) -> None: ...
 
     def advertised_listener(self, name: str) -> Listener: ...
+
+    def finalized_features(self) -> dict[str, int]: ...

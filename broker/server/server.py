@@ -23,6 +23,7 @@ from shoal.broker.security.acl_store import build_authorizer
 from shoal.broker.security.authorizer import Authorizer
 from shoal.broker.security.scram import ScramCredentialStore
 from shoal.broker.share.group_configs import GroupConfigs
+from shoal.broker.storage.client_quotas import ClientQuotaStore
 from shoal.broker.storage.log_cleaner_manager import CleanerConfig, LogCleanerManager
 from shoal.broker.storage.producer_state import ProducerIdAllocator
 from shoal.broker.storage.topic_registry import (
@@ -108,6 +109,7 @@ class Broker:
         self.started_at = time.time()
         config.load_dynamic(Path(config["log.dirs"]) / DYNAMIC_CONFIG_FILE)
         self.group_configs = GroupConfigs(Path(config["log.dirs"]), config)
+        self.client_quotas = ClientQuotaStore(Path(config["log.dirs"]))
         # The coordinators and share-group parts are wired in start(), once the internal topics exist; no
         # request is served before. `stop` stops only what was started.
         self._coordinators_started = False
@@ -355,12 +357,12 @@ class Broker:
                                 state_key_string, topic=SHARE_GROUP_STATE),
         )
         self.persister = DefaultStatePersister(InProcessShareCoordinatorClient(self.share_coordinator))
-        from shoal.broker.apis.services import PartitionBudget
-        from shoal.broker.apis.topic_admin import partition_budget_problem
         from shoal.broker.share.dead_letter import DeadLetterWriter
+        from shoal.broker.storage.partition_budget import PartitionBudget
 
         dead_letters = DeadLetterWriter(self.topics, self.config, self.group_configs, self.on_topic_created,
-                                        partition_budget=lambda n: partition_budget_problem(PartitionBudget(self.config, self.topics), n))
+                                        partition_budget=PartitionBudget(self.config, self.topics).problem,
+                                        purgatory=self.purgatory)
         self.share_partitions = SharePartitionLeaders(self.persister, self.group_configs, self.purgatory,
                                                       dead_letters=dead_letters)
         self._wire_share_metrics()
@@ -385,6 +387,7 @@ class Broker:
                 session_timeout_ms=int(cfg["group.consumer.session.timeout.ms"]),
                 heartbeat_interval_ms=int(cfg["group.consumer.heartbeat.interval.ms"]),
                 max_size=int(cfg["group.consumer.max.size"]),
+                group_override=self._consumer_group_override,
             ),
             offset_config=OffsetConfig(
                 metadata_max_bytes=int(cfg["offset.metadata.max.bytes"]),
@@ -559,6 +562,14 @@ class Broker:
     def on_log_start_moved(self, topic: Topic, partition: int) -> None:
         for callback in self.topic_listeners:
             callback("log_start_moved", topic, partition)
+
+    def _consumer_group_override(self, group_id: str, key: str) -> int | None:
+        value = self.group_configs.explicit(group_id).get(key)
+        return None if value is None else int(value)
+
+    def finalized_features(self) -> dict[str, int]:
+        # share.version 2 (Kafka 4.4) adds dead-letter topics for share groups (KIP-1191); ApiVersions agrees.
+        return {"share.version": 2 if self.config["group.share.enable"] else 0}
 
     def advertised_listener(self, name: str) -> Listener:
         for lst in self.advertised:

@@ -8,6 +8,7 @@ from shoal.broker.apis import (
     acl_apis,
     alter_configs,
     classic_group_apis,
+    cluster_admin,
     consumer_group_apis,
     fetch,
     leader_epochs,
@@ -27,11 +28,11 @@ from shoal.broker.apis.services import (
     AclServices,
     AlterConfigsServices,
     ClassicGroupServices,
+    ClusterAdminServices,
     ConsumerGroupServices,
     DiscoveryServices,
     FetchServices,
     LeaderEpochServices,
-    PartitionBudget,
     ProduceServices,
     SaslServices,
     ScramServices,
@@ -43,6 +44,7 @@ from shoal.broker.apis.services import (
     TransactionServices,
     UpstreamServices,
 )
+from shoal.broker.storage.partition_budget import PartitionBudget
 
 if TYPE_CHECKING:
     from .broker_view import (
@@ -62,6 +64,8 @@ def register_all(b: Broker) -> None:
     fetch.register(b, FetchServices(b.config, b.topics, b.purgatory))
     topic_admin.register(b, TopicAdminServices(b.config, b.node_id, b.topics, b.group_configs, budget,
                                                b.on_topic_created, b.delete_topic, b.on_log_start_moved))
+    cluster_admin.register(b, ClusterAdminServices(b.config, b.node_id, b.topics, b.client_quotas, b.advertised_listener,
+                                                   b.finalized_features))
     alter_configs.register(b, AlterConfigsServices(b.config, b.node_id, b.topics, b.group_configs, b.on_group_config_changed))
     share_fetch.register(b, ShareFetchServices(b.config, b.node_id, b.topics, b.purgatory, b.group_configs,
                                                b.metrics, b.share_partitions, b.connection_listeners))

@@ -21,6 +21,7 @@ dead-letter record, and the reason is logged with Kafka's wording.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 import structlog
 
 from shoal.broker.common.config import BrokerConfig
+from shoal.broker.common.purgatory import LogKey, Purgatory
 from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
 from shoal.broker.storage.topic_registry import Topic, TopicRegistry
 from shoal.protocol.record_batch import iter_batches
@@ -55,8 +57,10 @@ REASON_DELIVERY_COUNT = "Offset delivery count exceeded the threshold."
 
 GROUP_COPY_RECORD = "errors.deadletterqueue.copy.record.enable"
 
-_READ_BYTES = 1024 * 1024  # source records are read in slices of this size when copying
-_SCAN_BYTES = 4 * 1024 * 1024
+# Source records are read in slices of this size when copying, and the recovery scan reads the dead-letter
+# partition in slices of this size; the event loop gets a turn between slices, so neither stalls it.
+_READ_BYTES = 1024 * 1024
+_SCAN_BYTES = 1024 * 1024
 _BATCH_OVERHEAD = 61  # v2 batch header
 _RECORD_OVERHEAD = 24  # upper bound of a record's varint fields without its key, value and headers
 
@@ -65,8 +69,8 @@ class NotDeadLettered(Exception):
     """The group's dead-letter topic is not usable now; the records are archived without one."""
 
 
-# (first offset, last offset, delivery count) of records in ARCHIVING
-Run = tuple[int, int, int]
+# Records in ARCHIVING: (first offset, last offset, delivery count, rejected by a consumer)
+Run = tuple[int, int, int, bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +79,6 @@ class Source:
     topic: str
     partition: int
     log: PartitionLog
-    delivery_count_limit: int
 
 
 class DeadLetterWriter:
@@ -86,8 +89,10 @@ class DeadLetterWriter:
         group_configs: GroupConfigs,
         on_topic_created: Callable[[Topic], None],
         partition_budget: Callable[[int], str | None] = lambda _n: None,
+        purgatory: Purgatory | None = None,
     ) -> None:
         self.topics = topics
+        self.purgatory = purgatory  # long polls on the dead-letter partition wake on each append
         self.broker_config = broker_config
         self.group_configs = group_configs
         self.on_topic_created = on_topic_created
@@ -137,19 +142,23 @@ class DeadLetterWriter:
         Raises NotDeadLettered when the group's dead-letter topic cannot be used.
         """
         topic = self.target(source.group_id)
-        dlq_log = topic.partitions[source.partition % len(topic.partitions)]
-        offsets = [(o, count) for first, last, count in runs for o in range(first, last + 1)]
+        index = source.partition % len(topic.partitions)
+        dlq_log = topic.partitions[index]
+        # The reason is the one the archiving transition recorded, not a guess from the delivery count:
+        # a REJECT on the last allowed delivery is a rejection.
+        offsets = [(o, count, REASON_REJECTED if rejected else REASON_DELIVERY_COUNT)
+                   for first, last, count, rejected in runs for o in range(first, last + 1)]
         if skip_existing:
-            present = already_dead_lettered(dlq_log, source)
-            offsets = [(o, c) for o, c in offsets if o not in present]
+            present = await already_dead_lettered(dlq_log, source)
+            offsets = [x for x in offsets if x[0] not in present]
         if not offsets:
             return 0
-        copies = self._copies(source, offsets) if self.group_configs.get_bool(source.group_id, GROUP_COPY_RECORD) else {}
+        copies = await self._copies(source, offsets) \
+            if self.group_configs.get_bool(source.group_id, GROUP_COPY_RECORD) else {}
         now = int(time.time() * 1000)
         records = []
-        for offset, count in offsets:
+        for offset, count, reason in offsets:
             key, value = copies.get(offset, (None, None))
-            reason = REASON_DELIVERY_COUNT if count >= source.delivery_count_limit else REASON_REJECTED
             headers = [
                 Header(HEADER_TOPIC, source.topic.encode()),
                 Header(HEADER_PARTITION, str(source.partition).encode()),
@@ -162,15 +171,18 @@ class DeadLetterWriter:
         limit = int(self.topics.effective_config(topic)["max.message.bytes"][0])
         buf = bytearray(b"".join(encode_batch(chunk) for chunk in _chunks(records, limit)))
         dlq_log.append(buf, list(iter_batches(buf)))
+        if self.purgatory is not None:
+            # As a produce does: Fetch and ShareFetch long polls on this partition see the new records now.
+            self.purgatory.notify(LogKey(topic.topic_id, index))
         await dlq_log.flush(dlq_log.log_end_offset)
         if self.on_written is not None:
             self.on_written(source.group_id, len(records))
         return len(records)
 
     @staticmethod
-    def _copies(source: Source, offsets: list[tuple[int, int]]) -> dict[int, tuple[bytes | None, bytes | None]]:
+    async def _copies(source: Source, offsets: list[tuple[int, int, str]]) -> dict[int, tuple[bytes | None, bytes | None]]:
         """Key and value of each offset still in the source log (retention may have removed some)."""
-        wanted = {o for o, _c in offsets}
+        wanted = {o for o, _c, _r in offsets}
         out: dict[int, tuple[bytes | None, bytes | None]] = {}
         cursor, last = offsets[0][0], offsets[-1][0]
         while cursor <= last:
@@ -187,6 +199,7 @@ class DeadLetterWriter:
                 if rec.offset in wanted:
                     out[rec.offset] = (rec.key, rec.value)
             cursor = records[-1].offset + 1
+            await asyncio.sleep(0)
         return out
 
 
@@ -205,8 +218,11 @@ def _chunks(records: list[RecordInput], max_batch_bytes: int) -> list[list[Recor
     return out
 
 
-def already_dead_lettered(dlq_log: PartitionLog, source: Source) -> set[int]:
-    """Source offsets of `source`'s share partition that already have a record in `dlq_log`."""
+async def already_dead_lettered(dlq_log: PartitionLog, source: Source) -> set[int]:
+    """Source offsets of `source`'s share partition that already have a record in `dlq_log`.
+
+    The whole partition is read, one slice at a time with a turn for the event loop after each, so
+    requests keep being answered while a large dead-letter partition is scanned."""
     found: set[int] = set()
     want_group, want_topic, want_partition = source.group_id.encode(), source.topic.encode(), str(source.partition).encode()
     cursor = dlq_log.log_start_offset
@@ -223,4 +239,5 @@ def already_dead_lettered(dlq_log: PartitionLog, source: Source) -> set[int]:
                     and h.get(HEADER_PARTITION) == want_partition and h.get(HEADER_OFFSET) is not None:
                 found.add(int(h[HEADER_OFFSET] or b"-1"))
         cursor = records[-1].offset + 1
+        await asyncio.sleep(0)
     return found

@@ -153,6 +153,12 @@ KEYS: dict[str, GroupConfigKey] = {
         # Kafka 4.3 (KIP-1240, KIP-1263)
         GroupConfigKey("share.renew.acknowledge.enable", None, "true", _boolean),
         _bounded("share.assignment.interval.ms", "group.share.assignment.interval.ms"),
+        # KIP-848 consumer groups: bounded by the broker's group.consumer.min/max keys
+        GroupConfigKey("consumer.session.timeout.ms", "group.consumer.session.timeout.ms", "",
+                       _int_between("group.consumer.min.session.timeout.ms", "group.consumer.max.session.timeout.ms")),
+        GroupConfigKey("consumer.heartbeat.interval.ms", "group.consumer.heartbeat.interval.ms", "",
+                       _int_between("group.consumer.min.heartbeat.interval.ms",
+                                    "group.consumer.max.heartbeat.interval.ms")),
         # Kafka 4.4 (KIP-1191)
         GroupConfigKey(DLQ_TOPIC_NAME, None, "", _dlq_topic_name),
         GroupConfigKey("errors.deadletterqueue.copy.record.enable", None, "false", _boolean),

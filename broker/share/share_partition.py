@@ -64,6 +64,15 @@ class AckBatch(NamedTuple):
     ack_types: Sequence[int]
 
 
+class ArchivingRun(NamedTuple):
+    """Records in ARCHIVING, waiting for their dead-letter records (KIP-1191)."""
+
+    first_offset: int
+    last_offset: int
+    delivery_count: int
+    rejected: bool  # a consumer REJECTed them; False: they reached the delivery count limit
+
+
 class AcquiredRange(NamedTuple):
     first_offset: int
     last_offset: int
@@ -85,6 +94,12 @@ _ARCHIVING = 3
 _RELEASING = 5  # internal: AVAILABLE once its write is done; persisted as AVAILABLE, never loaded
 _ARCHIVED = 4
 _TERMINAL = (_ACKNOWLEDGED, _ARCHIVED)
+# ARCHIVING records belong to no member, so their member slot says why they are dead-lettered: the
+# transition that archived them knows, and the dead-letter header reports it. Runs loaded from the
+# persisted state (which does not keep the cause) hold None, and the cause is inferred from the
+# delivery count, as Kafka does when it resumes archiving after a load.
+_CAUSE_REJECTED = "\x00rejected"
+_CAUSE_DELIVERY_LIMIT = "\x00delivery-count-limit"
 
 # (first, last, state, member, delivery count, lock deadline) of a run of identical offsets.
 _Run = tuple[int, int, int, "str | None", int, int]
@@ -310,6 +325,7 @@ class SharePartition:
         delivery_count_limit: int = 5,
         max_in_flight_records: int = 2000,
         leader_epoch: int = 0,
+        dead_letter: bool = False,
     ) -> None:
         if start_offset < 0:
             raise ValueError("start_offset must be resolved (share.auto.offset.reset) before loading")
@@ -324,7 +340,7 @@ class SharePartition:
         self.max_in_flight_records = max_in_flight_records
         # KIP-1191: the group has a dead-letter topic, so rejected records and those at the delivery
         # count limit pass through ARCHIVING (persisted) until the leader has written them there.
-        self.dead_letter = False
+        self.dead_letter = dead_letter
         # Redelivery throttling kicks in from this delivery count on.
         self.throttle_threshold = max(2, -(-delivery_count_limit // 2))
         self._state_epoch = state_epoch
@@ -345,6 +361,7 @@ class SharePartition:
 
     def _load(self, state_batches: Sequence[PersistedStateBatch]) -> None:
         prev_last = self._spso - 1
+        over_limit: list[tuple[int, int]] = []
         for pb in sorted(state_batches, key=lambda b: b.first_offset):
             first = max(pb.first_offset, prev_last + 1)
             last = pb.last_offset
@@ -356,13 +373,25 @@ class SharePartition:
             elif state not in (_AVAILABLE, _ACKNOWLEDGED, _ARCHIVING, _ARCHIVED):
                 raise ValueError(f"unknown persisted delivery state {state}")
             count = pb.delivery_count
+            member = None
             if state == _AVAILABLE and count >= self.delivery_count_limit:
-                state = _ARCHIVED
-            self._insert(len(self._batches), _Batch(first, last, state, None, count, 0))
+                # At the limit (lowered since the write): never delivered again, dead-lettered if the group
+                # has a dead-letter topic. Unlike what was loaded as it is, that change is still to be written.
+                state, member = self._failed(_CAUSE_DELIVERY_LIMIT)
+                if state == _ARCHIVING:
+                    over_limit.append((first, last))
+            self._insert(len(self._batches), _Batch(first, last, state, member, count, 0))
             prev_last = last
         self._end = prev_last
         self._advance()
         self._dirty.clear()
+        for lo, hi in over_limit:
+            self._mark_dirty(lo, hi)
+
+    @property
+    def unwritten(self) -> bool:
+        """Changes not handed to ``write_state`` yet (after a load: records sent to ARCHIVING by it)."""
+        return self._full_write or bool(self._dirty)
 
     # ------------------------------------------------------------------ properties
 
@@ -435,6 +464,8 @@ class SharePartition:
         if b is None:
             return None
         (_lo, _hi, s, m, c, _d), = b.runs(offset, offset)
+        if s == _ARCHIVING:
+            m = None  # the slot holds the cause, not a member
         return RecordState(_AVAILABLE if s == _RELEASING else s), m, c
 
     def lock_deadline(self, offset: int) -> int | None:
@@ -550,12 +581,16 @@ class SharePartition:
             lo = cut + 1
             if lo > hi:
                 return
-        state = self._failed_state() if count >= self.delivery_count_limit else available
-        self._set(b, lo, hi, state, None, count, 0)
+        if count >= self.delivery_count_limit:
+            state, cause = self._failed(_CAUSE_DELIVERY_LIMIT)
+            self._set(b, lo, hi, state, cause, count, 0)
+        else:
+            self._set(b, lo, hi, available, None, count, 0)
 
-    def _failed_state(self) -> int:
-        """Where a rejected record or one at the delivery count limit goes."""
-        return _ARCHIVING if self.dead_letter else _ARCHIVED
+    def _failed(self, cause: str) -> tuple[int, str | None]:
+        """Where a rejected record or one at the delivery count limit goes, with what its member slot holds:
+        ARCHIVING with the cause when the group has a dead-letter topic, else ARCHIVED."""
+        return (_ARCHIVING, cause) if self.dead_letter else (_ARCHIVED, None)
 
     # ------------------------------------------------------------------ fetch side
 
@@ -705,7 +740,9 @@ class SharePartition:
             if b.state != _AVAILABLE:
                 return 0, False
             if b.count >= self.delivery_count_limit:
-                self._set(b, b.first, b.last, _ARCHIVED, None, b.count, 0)
+                # The limit was lowered since these were released: dead-lettered like any record at it.
+                state, cause = self._failed(_CAUSE_DELIVERY_LIMIT)
+                self._set(b, b.first, b.last, state, cause, b.count, 0)
                 return 0, False
             self._set(b, b.first, b.last, _ACQUIRED, member, b.count + 1, deadline)
             result.append(AcquiredRange(b.first, b.last, b.count))
@@ -727,7 +764,8 @@ class SharePartition:
             if s != _AVAILABLE:
                 continue
             if c >= limit:
-                self._set(b, rl, rh, _ARCHIVED, None, c, 0)
+                state, cause = self._failed(_CAUSE_DELIVERY_LIMIT)
+                self._set(b, rl, rh, state, cause, c, 0)
                 continue
             last_attempt = limit > 2 and c + 1 == limit
             if last_attempt and taken > 0:
@@ -879,12 +917,13 @@ class SharePartition:
                 new_state, new_member, new_deadline = _ACKNOWLEDGED, None, 0
             elif ack_type == AcknowledgeType.RELEASE:
                 if c >= self.delivery_count_limit:
-                    new_state = self._failed_state()
+                    new_state, new_member = self._failed(_CAUSE_DELIVERY_LIMIT)
                 else:
-                    new_state = _RELEASING if until_written else _AVAILABLE
-                new_member, new_deadline = None, 0
+                    new_state, new_member = (_RELEASING if until_written else _AVAILABLE), None
+                new_deadline = 0
             elif ack_type == AcknowledgeType.REJECT:
-                new_state, new_member, new_deadline = self._failed_state(), None, 0
+                new_state, new_member = self._failed(_CAUSE_REJECTED)
+                new_deadline = 0
             else:  # GAP: no record there, nothing to dead-letter
                 new_state, new_member, new_deadline = _ARCHIVED, None, 0
             changes.append(_Change(rl, rh, s, m, c, d, new_state, new_member, new_deadline, renew))
@@ -958,8 +997,8 @@ class SharePartition:
             runs = [r for r in b.runs(b.first, b.last) if r[2] == _ACQUIRED and r[3] == member_id]
             for rl, rh, _s, m, c, d in runs:
                 self._release_run(b, rl, rh, c, available)
-                for ql, qh, qs, _qm, _qc, _qd in b.runs(rl, rh):
-                    changes.append(_Change(ql, qh, _ACQUIRED, m, c, d, qs, None, 0, False))
+                for ql, qh, qs, qm, _qc, _qd in b.runs(rl, rh):
+                    changes.append(_Change(ql, qh, _ACQUIRED, m, c, d, qs, qm, 0, False))
             if runs:
                 b.maybe_collapse()
         if not changes:
@@ -1031,21 +1070,26 @@ class SharePartition:
 
     # ------------------------------------------------------------------ dead-lettering (KIP-1191)
 
-    def archiving_runs(self) -> list[tuple[int, int, int]]:
-        """(first, last, delivery count) of every run in ARCHIVING, in offset order."""
-        out: list[tuple[int, int, int]] = []
+    def archiving_runs(self) -> list[ArchivingRun]:
+        """Every run in ARCHIVING, in offset order, with why it is dead-lettered."""
+        out: list[ArchivingRun] = []
         for b in self._batches:
             if b.whole and b.state != _ARCHIVING:
                 continue
-            for rl, rh, s, _m, c, _d in b.runs(b.first, b.last):
+            for rl, rh, s, m, c, _d in b.runs(b.first, b.last):
                 if s == _ARCHIVING:
-                    out.append((rl, rh, c))
+                    rejected = m == _CAUSE_REJECTED if m is not None else c < self.delivery_count_limit
+                    if out and out[-1].last_offset + 1 == rl and out[-1].delivery_count == c \
+                            and out[-1].rejected == rejected:
+                        out[-1] = out[-1]._replace(last_offset=rh)
+                    else:
+                        out.append(ArchivingRun(rl, rh, c, rejected))
         return out
 
-    def complete_archiving(self, runs: Sequence[tuple[int, int, int]]) -> bool:
+    def complete_archiving(self, runs: Sequence[ArchivingRun]) -> bool:
         """ARCHIVING -> ARCHIVED for ``runs`` once their dead-letter records are durable."""
         changed = False
-        for first, last, count in runs:
+        for first, last, count, _rejected in runs:
             for k in range(self._batch_index(first), len(self._batches)):
                 b = self._batches[k]
                 if b.first > last:

@@ -40,7 +40,9 @@ from .share_partition import (
     AckOutcome,
     AcquiredRange,
     AcquireMode,
+    ArchivingRun,
     FetchedBatch,
+    RecordState,
     SharePartition,
 )
 
@@ -184,9 +186,14 @@ class SharePartitionLeader:
             delivery_count_limit=self.group_configs.get_int(group, "share.delivery.count.limit"),
             max_in_flight_records=self.group_configs.get_int(group, "share.partition.max.record.locks"),
             leader_epoch=LEADER_EPOCH,
+            dead_letter=self._dead_letter_enabled(),
         )
-        self.state.dead_letter = self._dead_letter_enabled()
-        self._dead_letter_recovering = self.state.archiving_count > 0
+        # Only ARCHIVING found on disk may already be in the dead-letter topic (a crash mid-way).
+        self._dead_letter_recovering = any(b.delivery_state == RecordState.ARCHIVING for b in result.state_batches)
+        if result.start_offset >= 0 and self.state.unwritten:
+            # The load sent records over a lowered delivery limit to ARCHIVING: durable before they are
+            # dead-lettered. A failed write leaves them for the next write, and dead-lettering waits for it.
+            await self._persist_standing(self.state)
         if result.start_offset < 0:
             # Record the offset share.auto.offset.reset chose, so a restart resumes from it instead of
             # resolving "latest" again and skipping what was produced in between.
@@ -234,13 +241,18 @@ class SharePartitionLeader:
 
     @property
     def idle(self) -> bool:
-        """Nothing is loading, acquiring, acknowledging or writing."""
-        return not self.lock.locked() and self.writes_in_flight == 0
+        """Nothing is loading, acquiring, acknowledging, writing or dead-lettering. Records in ARCHIVING keep
+        the share partition in memory: dropped, their dead-letter records would wait for the next load,
+        which an idle group may never bring."""
+        busy = self._dead_letter_task is not None or (self.state is not None and self.state.archiving_count > 0)
+        return not self.lock.locked() and self.writes_in_flight == 0 and not busy
 
     # ---- acquisition --------------------------------------------------------------------------
 
     async def acquire(self, member_id: str, *, max_records: int, batch_size: int, max_bytes: int,
                       mode: AcquireMode, headers_only: bool = False) -> Acquisition:
+        # read_committed reads the last stable offset: a first build of the producer state runs in slices.
+        await self.plog.load_producer_state(only_for_transactions=True)
         async with self.lock:
             err = await self.ensure_loaded()
             sp = self.state
@@ -248,49 +260,63 @@ class SharePartitionLeader:
                 return Acquisition(b"", [], err)
             if not sp.can_acquire():
                 return Acquisition(b"", [])
-            read_committed = self.group_configs.get(self.key.group_id, "share.isolation.level") == "read_committed"
-            while True:
-                # read_committed acquires only below the last stable offset (KIP-932).
-                limit = self.plog.last_stable_offset if read_committed else self.plog.high_watermark
-                fetch_offset = sp.next_fetch_offset()
-                if fetch_offset >= limit:
-                    return Acquisition(b"", [])
-                try:
-                    read_bytes = self._read_size.bytes_for(sp.acquirable(max_records), max_bytes)
-                    batches = self.plog.read_batch_headers(fetch_offset, read_bytes, max_offset=limit)
-                except OffsetOutOfRange:
-                    # The log start moved past the fetch offset: archive what is gone and start again from the log
-                    # start. Only then, as in Kafka; records still acquired below it can be acknowledged until then.
-                    sp.on_log_start_offset_moved(self.plog.log_start_offset)
-                    return Acquisition(b"", [])
-                if not batches:
-                    return Acquisition(b"", [])
-                self._read_size.observe(h for h, _ in batches)
-                skipped = self._undeliverable(batches, read_committed)
-                if skipped:
-                    sp.archive_undeliverable(sorted(skipped))
-                    batches = [(h, v) for h, v in batches if (h.base_offset, h.last_offset) not in skipped]
-                fetched = [FetchedBatch(h.base_offset, h.last_offset) for h, _ in batches]
-                ranges = sp.acquire(member_id, fetched, max_records=max_records, batch_size=batch_size,
-                                    now_ms=now_ms(), mode=mode, fetch_offset=fetch_offset) if fetched else []
-                if ranges:
-                    break
-                if not skipped or not sp.can_acquire():
-                    return Acquisition(b"", [])
-                # Only markers or aborted records were read: read on rather than wait for new data.
-            self._arm_timer()
-            self._publish()
-            first, last = ranges[0].first_offset, ranges[-1].last_offset
-            # Whole stored batches from the one holding the first acquired offset to the one holding the last.
-            # The views are adjacent slices of one read, so joining them copies the bytes once. `headers_only`
-            # sends each batch's header alone: the same acquisition, none of its payload.
-            chosen = [view[:HEADER_SIZE] if headers_only else view
-                      for h, view in batches if h.last_offset >= first and h.base_offset <= last]
-            return Acquisition(b"".join(chosen), ranges)
+            archiving = sp.archiving_count
+            try:
+                return self._acquire(sp, member_id, max_records=max_records, batch_size=batch_size,
+                                     max_bytes=max_bytes, mode=mode, headers_only=headers_only)
+            finally:
+                if sp.archiving_count > archiving and self.state is sp:
+                    # Records over a lowered delivery count limit went to ARCHIVING: like an
+                    # acknowledgement's, the change is persisted first, then dead-lettered (`_write`).
+                    finish(self._persist_standing(sp))
+
+    def _acquire(self, sp: SharePartition, member_id: str, *, max_records: int, batch_size: int, max_bytes: int,
+                 mode: AcquireMode, headers_only: bool) -> Acquisition:
+        """The acquisition itself, under `lock`, once the state is loaded."""
+        read_committed = self.group_configs.get(self.key.group_id, "share.isolation.level") == "read_committed"
+        while True:
+            # read_committed acquires only below the last stable offset (KIP-932).
+            limit = self.plog.last_stable_offset if read_committed else self.plog.high_watermark
+            fetch_offset = sp.next_fetch_offset()
+            if fetch_offset >= limit:
+                return Acquisition(b"", [])
+            try:
+                read_bytes = self._read_size.bytes_for(sp.acquirable(max_records), max_bytes)
+                batches = self.plog.read_batch_headers(fetch_offset, read_bytes, max_offset=limit)
+            except OffsetOutOfRange:
+                # The log start moved past the fetch offset: archive what is gone and start again from the log
+                # start. Only then, as in Kafka; records still acquired below it can be acknowledged until then.
+                sp.on_log_start_offset_moved(self.plog.log_start_offset)
+                return Acquisition(b"", [])
+            if not batches:
+                return Acquisition(b"", [])
+            self._read_size.observe(h for h, _ in batches)
+            skipped = self._undeliverable(batches, read_committed)
+            if skipped:
+                sp.archive_undeliverable(sorted(skipped))
+                batches = [(h, v) for h, v in batches if (h.base_offset, h.last_offset) not in skipped]
+            fetched = [FetchedBatch(h.base_offset, h.last_offset) for h, _ in batches]
+            ranges = sp.acquire(member_id, fetched, max_records=max_records, batch_size=batch_size,
+                                now_ms=now_ms(), mode=mode, fetch_offset=fetch_offset) if fetched else []
+            if ranges:
+                break
+            if not skipped or not sp.can_acquire():
+                return Acquisition(b"", [])
+            # Only markers or aborted records were read: read on rather than wait for new data.
+        self._arm_timer()
+        self._publish()
+        first, last = ranges[0].first_offset, ranges[-1].last_offset
+        # Whole stored batches from the one holding the first acquired offset to the one holding the last.
+        # The views are adjacent slices of one read, so joining them copies the bytes once. `headers_only`
+        # sends each batch's header alone: the same acquisition, none of its payload.
+        chosen = [view[:HEADER_SIZE] if headers_only else view
+                  for h, view in batches if h.last_offset >= first and h.base_offset <= last]
+        return Acquisition(b"".join(chosen), ranges)
 
     async def fetchable_bytes(self, enough: int) -> int:
         """Log bytes from the next fetch offset on, counted up to `enough`: what a long poll weighs
         against MinBytes before acquiring anything (`enough` when loading failed: a fetch reports why)."""
+        await self.plog.load_producer_state(only_for_transactions=True)
         async with self.lock:
             if await self.ensure_loaded() != ErrorCode.NONE or self.state is None:
                 return enough
@@ -335,7 +361,8 @@ class SharePartitionLeader:
                     return err
                 if any(AcknowledgeType.RENEW in b.ack_types for b in batches) and not self.group_configs.get_bool(
                         self.key.group_id, "share.renew.acknowledge.enable"):
-                    # KIP-1240: the group refuses RENEW; the records stay as they are.
+                    # KIP-1240: the group refuses RENEW; the records stay as they are. INVALID_RECORD_STATE is
+                    # what Kafka 4.3 answers (its ShareConsumerRenewTest.testRenewAcknowledgementDisabled).
                     return ErrorCode.INVALID_RECORD_STATE
                 outcome = sp.acknowledge(member_id, batches, now_ms=now_ms(), until_written=True)
                 if outcome.error_code != ErrorCode.NONE:
@@ -480,14 +507,14 @@ class SharePartitionLeader:
             self._dead_letter_task = None
             raise
 
-    async def _write_dead_letters(self, sp: SharePartition, runs: list[tuple[int, int, int]],
+    async def _write_dead_letters(self, sp: SharePartition, runs: list[ArchivingRun],
                                   recovering: bool) -> None:
         writer = self.dead_letters
         group = self.key.group_id
         topic = writer.topics.get_by_id(self.key.topic_id) if writer is not None else None
         if writer is None or topic is None:
             return
-        source = Source(group, topic.name, self.key.partition, self.plog, sp.delivery_count_limit)
+        source = Source(group, topic.name, self.key.partition, self.plog)
         try:
             written = await writer.write(source, runs, skip_existing=recovering)
             log.debug("records dead-lettered", group=group, topic=topic.name, partition=self.key.partition,

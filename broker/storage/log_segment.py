@@ -17,10 +17,12 @@ rebuild the transaction index of the segments it re-scans without reading the lo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import struct
 import threading
+import time
 import zlib
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
@@ -48,6 +50,8 @@ TIME_INDEX_SUFFIX = ".timeindex"
 TXN_INDEX_SUFFIX = ".txnindex"
 SNAPSHOT_SUFFIX = ".snapshot"
 TMP_SUFFIX = ".tmp"
+# A retired segment's files wait under this suffix for file.delete.delay.ms before they are removed.
+DELETED_SUFFIX = ".deleted"
 # Log compaction writes `<base>.log.cleaned`, renames it to `<base>.<end>.log.swap` once complete and
 # durable (the commit point: it replaces every segment with a base in [base, end)), then to `<base>.log`.
 CLEANED_SUFFIX = LOG_SUFFIX + ".cleaned"
@@ -177,6 +181,8 @@ class LogSegment:
         # rollingBasedTimestamp); None when unknown (a sealed segment opened from its indexes).
         self.first_timestamp: int | None = None
         self.sealed = False
+        # When this object was made: the time a segment without record timestamps rolls by (segment.ms).
+        self.created_ms = int(time.time() * 1000)
         # Bytes known to be on stable storage; the partition log's flush advances it.
         self.flushed_size = 0
         self.indexes_persisted = False
@@ -623,6 +629,10 @@ class LogSegment:
         head = os.pread(self.fd, HEADER_SIZE, 0)
         return int(_PREFIX.unpack_from(head, MAX_TIMESTAMP_POS)[0]) if len(head) == HEADER_SIZE else NO_TIMESTAMP
 
+    def index_entries(self) -> tuple[int, int]:
+        """(offset index entries, time index entries) held in memory, for segment.index.bytes."""
+        return len(self._idx_offsets), len(self._time_stamps)
+
     def last_modified_ms(self) -> int:
         return int(os.fstat(self.fd).st_mtime * 1000)
 
@@ -648,8 +658,37 @@ class LogSegment:
                     with contextlib.suppress(FileNotFoundError):
                         p.unlink()
 
+    def delete_later(self, delay_ms: int) -> None:
+        """Kafka's file.delete.delay.ms: close the segment and rename its files to `*.deleted` now, remove them
+        after `delay_ms` (at once without a running event loop; a restart removes any left behind)."""
+        with self._file_lock:
+            self.deleted = True
+            self.close()
+            renamed: list[Path] = []
+            for path in (self.log_path, self.index_path, self.time_index_path, self.txn_index_path):
+                target = path.with_name(path.name + DELETED_SUFFIX)
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(path, target)
+                    renamed.append(target)
+                with contextlib.suppress(FileNotFoundError):
+                    path.with_name(path.name + TMP_SUFFIX).unlink()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or delay_ms <= 0:
+            _unlink_all(renamed)
+        else:
+            loop.call_later(delay_ms / 1000, _unlink_all, renamed)
+
     def __repr__(self) -> str:
         return (
             f"LogSegment(base={self.base_offset}, next={self.next_offset}, size={self.size}, "
             f"sealed={self.sealed})"
         )
+
+
+def _unlink_all(paths: list[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()

@@ -23,15 +23,18 @@ import os
 import shutil
 import time
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
 from shoal.backoff import Backoff
+from shoal.broker.storage.log_config import roll_jitter_ms
+from shoal.broker.storage.log_roll import first_record_with_timestamp, preallocate, roll_due
 from shoal.broker.storage.log_segment import (
     CLEANED_SUFFIX,
+    DELETED_SUFFIX,
     INDEX_SUFFIX,
     INT32_MAX,
     LOG_SUFFIX,
@@ -96,6 +99,12 @@ class LogConfig:
     min_compaction_lag_ms: int = 0
     max_compaction_lag_ms: int = 2**63 - 1
     delete_retention_ms: int = 24 * 3600 * 1000
+    # Time-based roll (segment.ms less a random jitter below segment.jitter.ms), index size, preallocation.
+    segment_ms: int = 7 * 24 * 3600 * 1000
+    segment_jitter_ms: int = 0
+    segment_index_bytes: int = 10 * 1024 * 1024
+    preallocate: bool = False
+    file_delete_delay_ms: int = 60_000
 
     def __post_init__(self) -> None:
         # Index entries store file positions as int32.
@@ -158,10 +167,12 @@ class PartitionLog:
         self.cleaner_checkpoint = 0
         self.tombstone_horizon_ms: int | None = None
         self._producer_state: PartitionProducerState | None = None
+        self._producer_state_loading: asyncio.Task[None] | None = None  # see load_producer_state
         # Whether this partition ever held a transactional batch (then it keeps transaction files).
         self._has_txns = False
         # Open and aborted transactions recovered at open, until the producer state is first built.
         self._txn_seed: tuple[dict[int, int], list[AbortedTxn]] | None = None
+        self._roll_jitter_ms = roll_jitter_ms(config.segment_jitter_ms, config.segment_ms)
 
     # -- open / recovery ---------------------------------------------------------------------------
 
@@ -198,8 +209,8 @@ class PartitionLog:
         bases: list[int] = []
         for entry in os.scandir(self.directory):
             name = entry.name
-            if name.endswith(TMP_SUFFIX):
-                os.unlink(entry.path)  # an atomic write that never got renamed
+            if name.endswith((TMP_SUFFIX, DELETED_SUFFIX)):
+                os.unlink(entry.path)  # an atomic write that never got renamed, or a retired segment's file
             elif name.endswith(LOG_SUFFIX) and name[: -len(LOG_SUFFIX)].isdigit():
                 bases.append(int(name[: -len(LOG_SUFFIX)]))
         bases.sort()
@@ -286,8 +297,53 @@ class PartitionLog:
             self._producer_state = self._rebuild_producer_state()
         return self._producer_state
 
+    async def load_producer_state(self, *, only_for_transactions: bool = False) -> None:
+        """Build the producer state now if it is not built yet, one chunk of the log's tail at a time with
+        a turn for the event loop after each, so that the first touch of a partition after a restart does
+        not stall every other request while up to 64 MiB are read. Callers on the request path await this
+        before they use `producer_state` or `last_stable_offset`.
+
+        `only_for_transactions`: skip it when `last_stable_offset` would not build the state (the
+        partition never saw a transaction).
+        """
+        if self._producer_state is not None:
+            return
+        if only_for_transactions and not self._has_txns:
+            return
+        if self._producer_state_loading is None:
+            # One build, shared by every request that arrives while it runs.
+            self._producer_state_loading = asyncio.get_running_loop().create_task(self._load_producer_state())
+        await asyncio.shield(self._producer_state_loading)
+
+    async def _load_producer_state(self) -> None:
+        steps = self._rebuild_steps()
+        try:
+            while True:
+                next(steps)
+                await asyncio.sleep(0)
+                if self._producer_state is not None:
+                    return  # something needed it meanwhile and built it in one go: that one stands
+        except StopIteration as done:
+            if self._producer_state is None:
+                self._producer_state = done.value
+        except Exception:
+            # Retention or a deletion changed the log mid-way: the next use builds it in one go.
+            log.warning("log.producer_state_load_abandoned", dir=str(self.directory), exc_info=True)
+        finally:
+            self._producer_state_loading = None
+
     def _rebuild_producer_state(self) -> PartitionProducerState:
-        """Sequences from the tail of the log; open and aborted transactions as recovered at open."""
+        steps = self._rebuild_steps()
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                state: PartitionProducerState = done.value
+                return state
+
+    def _rebuild_steps(self) -> Generator[None, None, PartitionProducerState]:
+        """Sequences from the tail of the log, and open and aborted transactions as recovered at open;
+        pauses (yields) after each chunk it reads and returns the state."""
         state = PartitionProducerState()
         start = self.log_end_offset
         covered = 0
@@ -304,6 +360,7 @@ class PartitionLog:
             for pos, header in iter_batches(data):
                 self._track_batch(state, data, pos, header)
                 offset = header.last_offset + 1
+            yield
         ongoing, aborted = self._txn_seed or ({}, [])
         self._txn_seed = None
         state.ongoing = dict(ongoing)
@@ -486,6 +543,7 @@ class PartitionLog:
             seg.size + len(batches) > self.config.segment_bytes
             or last_offset - seg.base_offset > INT32_MAX
             or self._compaction_roll_due(seg, headers)
+            or roll_due(seg, self.config.segment_ms, self.config.segment_index_bytes, headers, self._roll_jitter_ms)
         ):
             seg = self._roll(base_offset)
         # Built before the write, so the rebuild does not see these batches too.
@@ -536,6 +594,9 @@ class PartitionLog:
         seg = LogSegment.create(
             self.directory, base_offset, index_interval_bytes=self.config.index_interval_bytes
         )
+        self._roll_jitter_ms = roll_jitter_ms(self.config.segment_jitter_ms, self.config.segment_ms)
+        if self.config.preallocate:
+            preallocate(seg, self.config.segment_bytes)
         self._add_segment(seg)
         self._dir_dirty = True
         # Like Kafka, flush the sealed segment soon so its indexes reach disk and reopen stays cheap.
@@ -769,13 +830,17 @@ class PartitionLog:
         self._check_open()
         if self.log_start_offset >= self.log_end_offset:
             return -1, -1
-        best_ts, best_offset = -1, -1
+        best_ts, best_seg = -1, None
         for seg in self.segments:
             if seg.max_timestamp > best_ts and seg.next_offset > self.log_start_offset:
-                best_ts, best_offset = seg.max_timestamp, seg.offset_of_max_timestamp
-        if best_ts < 0:
+                best_ts, best_seg = seg.max_timestamp, seg
+        if best_seg is None:
             return -1, -1
-        return max(best_offset, self.log_start_offset), best_ts
+        # KAFKA-16310: the first record carrying the largest timestamp, found in the first batch with it.
+        header = best_seg.find_timestamp(best_ts, self.log_start_offset)
+        if header is None:
+            return max(best_seg.offset_of_max_timestamp, self.log_start_offset), best_ts
+        return first_record_with_timestamp(self.read_batch_headers, self.log_start_offset, header, best_ts), best_ts
 
     # -- deletion ----------------------------------------------------------------------------------
 
@@ -814,6 +879,7 @@ class PartitionLog:
                 return now_ms - newest > retention_ms
 
             deleted += self._delete_leading(expired)
+            deleted += self._roll_to_delete(expired)
         if self.config.retention_bytes >= 0:
             excess = self.size_bytes() - self.config.retention_bytes
 
@@ -825,7 +891,17 @@ class PartitionLog:
                 return True
 
             deleted += self._delete_leading(over_size)
+            deleted += self._roll_to_delete(over_size)
         return deleted
+
+    def _roll_to_delete(self, predicate: _SegmentPredicate) -> int:
+        """As Kafka does, roll a non-empty active segment that retention would delete, then delete it: a
+        topic smaller than one segment still ages out."""
+        seg = self.active
+        if len(self.segments) == 1 and seg.size > 0 and predicate(seg, self.log_end_offset):
+            self._roll(self.log_end_offset)
+            return self._delete_leading(lambda old, _nxt: old is seg)
+        return 0
 
     def _delete_leading(self, predicate: _SegmentPredicate) -> int:
         """Delete sealed segments from the front while `predicate(segment, next segment base)` holds."""
@@ -833,7 +909,7 @@ class PartitionLog:
         while len(self.segments) > 1 and predicate(self.segments[0], self.segments[1].base_offset):
             seg = self.segments.pop(0)
             self._bases.pop(0)
-            seg.delete()
+            seg.delete_later(self.config.file_delete_delay_ms)
             with contextlib.suppress(FileNotFoundError):
                 (self.directory / segment_file_name(seg.base_offset, SNAPSHOT_SUFFIX)).unlink()
             deleted += 1

@@ -16,10 +16,20 @@ from pathlib import Path
 
 import structlog
 
-from shoal.broker.common.config import BrokerConfig, cleanup_policies, valid_cleanup_policy
+from shoal.broker.common.config import BrokerConfig
 from shoal.protocol.errors import shorten
 from shoal.protocol.uuids import uuid_to_str as topic_id_to_str
 
+from .log_config import (
+    ConfigValue,
+    ProducePolicy,
+    cleanup_flags,
+    effective_configs,
+    effective_value,
+    note_no_effect,
+    segment_bytes,
+    validate_topic_config,
+)
 from .partition_log import LogConfig, PartitionLog
 
 log = structlog.get_logger("shoal.topics")
@@ -29,6 +39,7 @@ CONSUMER_OFFSETS = "__consumer_offsets"
 SHARE_GROUP_STATE = "__share_group_state"
 TRANSACTION_STATE = "__transaction_state"
 INTERNAL_TOPICS = frozenset({CONSUMER_OFFSETS, SHARE_GROUP_STATE, TRANSACTION_STATE})
+__all__ = ["validate_topic_config"]  # re-exported: the handlers validate through the registry's module
 # The broker setting that gives each internal topic its partition count, once, when the topic is created.
 INTERNAL_TOPIC_PARTITIONS_KEYS = {
     CONSUMER_OFFSETS: "offsets.topic.num.partitions",
@@ -37,100 +48,6 @@ INTERNAL_TOPIC_PARTITIONS_KEYS = {
 }
 _LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_NAME_LENGTH = 249
-
-# Topic-level configs a user may set, with the broker key each one overrides.
-TOPIC_CONFIG_KEYS: dict[str, str | None] = {
-    "retention.ms": "log.retention.ms",
-    "retention.bytes": "log.retention.bytes",
-    "segment.bytes": "log.segment.bytes",
-    "flush.messages": "log.flush.interval.messages",
-    "flush.ms": "log.flush.interval.ms",
-    "max.message.bytes": "message.max.bytes",
-    "message.timestamp.type": "log.message.timestamp.type",
-    "cleanup.policy": "log.cleanup.policy",
-    "compression.type": None,
-    "min.insync.replicas": None,
-    "index.interval.bytes": "log.index.interval.bytes",
-    "errors.deadletterqueue.group.enable": None,
-    "delete.retention.ms": "log.cleaner.delete.retention.ms",
-    "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
-    "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
-    "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
-}
-TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
-    "compression.type": "producer",
-    "min.insync.replicas": "1",
-    # KIP-1191: a topic takes dead-lettered records of share groups only when its owner opts in.
-    "errors.deadletterqueue.group.enable": "false",
-}
-
-_BOOLEAN_TOPIC_CONFIGS = frozenset({"errors.deadletterqueue.group.enable"})
-
-_INT = (-(1 << 31), (1 << 31) - 1)
-_LONG = (-(1 << 63), (1 << 63) - 1)
-# Numeric topic configs: (type range, minimum), as Kafka's LogConfig defines them.
-_NUMERIC_TOPIC_CONFIGS: dict[str, tuple[tuple[int, int], int | None]] = {
-    "retention.ms": (_LONG, -1),
-    "retention.bytes": (_LONG, None),
-    "segment.bytes": (_INT, 14),
-    "flush.messages": (_LONG, 1),
-    "flush.ms": (_LONG, 0),
-    "max.message.bytes": (_INT, 0),
-    "min.insync.replicas": (_INT, 1),
-    "index.interval.bytes": (_INT, 0),
-    "delete.retention.ms": (_LONG, 0),
-    "min.compaction.lag.ms": (_LONG, 0),
-    "max.compaction.lag.ms": (_LONG, 1),
-}
-# Double topic configs with Kafka's bounds.
-_DOUBLE_TOPIC_CONFIGS: dict[str, tuple[float, float]] = {"min.cleanable.dirty.ratio": (0.0, 1.0)}
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "message.timestamp.type": ("CreateTime", "LogAppendTime"),
-    "compression.type": ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
-}
-def validate_topic_config(key: str, value: str | None) -> str | None:
-    """None if `key=value` is a legal topic config (value None = reset to default), else Kafka's reason."""
-    if key not in TOPIC_CONFIG_KEYS:
-        return f"Unknown topic config name: {shorten(key)}"
-    if value is None:
-        return None
-    if key in _CHOICES:
-        if value not in _CHOICES[key]:
-            return f"Invalid value {shorten(value)} for configuration {key}: String must be one of: {', '.join(_CHOICES[key])}"
-        return None
-    if key in _BOOLEAN_TOPIC_CONFIGS:
-        if value.strip().lower() not in ("true", "false"):
-            return f"Invalid value {shorten(value)} for configuration {key}: Expected value to be either true or false"
-        return None
-    if key == "cleanup.policy":
-        if not valid_cleanup_policy(value):
-            return f"Invalid value {shorten(value)} for configuration {key}: String must be one of: compact, delete"
-        return None
-    if key in _DOUBLE_TOPIC_CONFIGS:
-        return _validate_double(key, value, *_DOUBLE_TOPIC_CONFIGS[key])
-    (low, high), minimum = _NUMERIC_TOPIC_CONFIGS[key]
-    try:
-        number = int(value.strip())
-    except ValueError:
-        return f"Invalid value {shorten(value)} for configuration {key}: Not a number of type {'INT' if low == _INT[0] else 'LONG'}"
-    if not low <= number <= high:
-        return f"Invalid value {shorten(value)} for configuration {key}: out of range"
-    if minimum is not None and number < minimum:
-        return f"Invalid value {number} for configuration {key}: Value must be at least {minimum}"
-    return None
-
-
-def _validate_double(key: str, value: str, low: float, high: float) -> str | None:
-    try:
-        number = float(value.strip())
-    except ValueError:
-        return f"Invalid value {shorten(value)} for configuration {key}: Not a number of type DOUBLE"
-    if number < low:
-        return f"Invalid value {number} for configuration {key}: Value must be at least {low}"
-    if number > high:
-        return f"Invalid value {number} for configuration {key}: Value must be no more than {high}"
-    return None
-
 
 def validate_topic_name(name: str) -> str | None:
     """None if legal, else the reason (as Kafka words it)."""
@@ -152,6 +69,8 @@ class Topic:
     # The partition count the topic was created with (None: a registry written before it was kept). An
     # internal topic's coordinators place their keys by it, whatever partitions were added later.
     created_partitions: int | None = None
+    # What produce checks and rewrites, from the topic's configs and the broker's defaults.
+    policy: ProducePolicy = field(default_factory=ProducePolicy)
 
     @property
     def internal(self) -> bool:
@@ -178,6 +97,7 @@ class TopicRegistry:
             created = entry.get("created_partitions")
             topic = Topic(entry["name"], topic_id, [], dict(entry.get("configs", {})),
                           created if isinstance(created, int) and created > 0 else None)
+            self._apply(topic)
             cfg = self.log_config(topic.configs)
             topic.partitions = [
                 PartitionLog.open(self.partition_dir(topic.name, p), cfg) for p in range(entry["partitions"])
@@ -235,41 +155,43 @@ class TopicRegistry:
     def log_config(self, overrides: dict[str, str]) -> LogConfig:
         bc = self.broker_config
 
-        def pick(topic_key: str, broker_value: int) -> int:
-            return int(overrides[topic_key]) if topic_key in overrides else broker_value
+        def pick(key: str) -> int:
+            return int(effective_value(key, overrides, bc))
 
-        flush_ms = pick("flush.ms", int(bc["log.flush.interval.ms"]))
-        policy = overrides.get("cleanup.policy", str(bc["log.cleanup.policy"]))
-        policies = cleanup_policies(policy)
-        ratio = overrides.get("min.cleanable.dirty.ratio")
+        flush_ms = pick("flush.ms")
+        delete, compact = cleanup_flags(overrides, bc)
         return LogConfig(
-            cleanup_delete="delete" in policies,
-            compact="compact" in policies,
-            min_cleanable_dirty_ratio=float(ratio) if ratio is not None else float(bc["log.cleaner.min.cleanable.ratio"]),
-            min_compaction_lag_ms=pick("min.compaction.lag.ms", int(bc["log.cleaner.min.compaction.lag.ms"])),
-            max_compaction_lag_ms=pick("max.compaction.lag.ms", int(bc["log.cleaner.max.compaction.lag.ms"])),
-            delete_retention_ms=pick("delete.retention.ms", int(bc["log.cleaner.delete.retention.ms"])),
-            segment_bytes=pick("segment.bytes", int(bc["log.segment.bytes"])),
-            retention_ms=pick("retention.ms", bc.retention_ms()),
-            retention_bytes=pick("retention.bytes", int(bc["log.retention.bytes"])),
-            flush_interval_messages=pick("flush.messages", int(bc["log.flush.interval.messages"])),
-            flush_interval_ms=flush_ms if flush_ms > 0 else None,
-            index_interval_bytes=pick("index.interval.bytes", int(bc["log.index.interval.bytes"])),
+            cleanup_delete=delete,
+            compact=compact,
+            min_cleanable_dirty_ratio=float(effective_value("min.cleanable.dirty.ratio", overrides, bc)),
+            min_compaction_lag_ms=pick("min.compaction.lag.ms"),
+            max_compaction_lag_ms=pick("max.compaction.lag.ms"),
+            delete_retention_ms=pick("delete.retention.ms"),
+            segment_bytes=segment_bytes(overrides, bc),
+            retention_ms=pick("retention.ms"),
+            retention_bytes=pick("retention.bytes"),
+            flush_interval_messages=pick("flush.messages"),
+            # Kafka's default flush.ms is Long.MAX_VALUE; the broker's -1 means the same: never by time.
+            flush_interval_ms=flush_ms if 0 < flush_ms < (1 << 63) - 1 else None,
+            index_interval_bytes=pick("index.interval.bytes"),
+            segment_ms=pick("segment.ms"),
+            segment_jitter_ms=pick("segment.jitter.ms"),
+            segment_index_bytes=pick("segment.index.bytes"),
+            preallocate=effective_value("preallocate", overrides, bc).lower() == "true",
+            file_delete_delay_ms=pick("file.delete.delay.ms"),
         )
+
+    def configs_of(self, topic: Topic) -> dict[str, ConfigValue]:
+        """Every topic config with its value, source and synonyms, as DescribeConfigs lists them."""
+        return effective_configs(topic.configs, self.broker_config)
 
     def effective_config(self, topic: Topic) -> dict[str, tuple[str, bool]]:
         """Every topic config with its value and whether it was set on the topic (vs. a default)."""
-        out: dict[str, tuple[str, bool]] = {}
-        for key, broker_key in TOPIC_CONFIG_KEYS.items():
-            if key in topic.configs:
-                out[key] = (topic.configs[key], True)
-            elif key == "retention.ms":
-                out[key] = (str(self.broker_config.retention_ms()), False)
-            elif broker_key is not None:
-                out[key] = (str(self.broker_config[broker_key]), False)
-            else:
-                out[key] = (TOPIC_CONFIG_DEFAULTS[key], False)
-        return out
+        return {key: (cv.value if cv.value is not None else "", cv.explicit) for key, cv in self.configs_of(topic).items()}
+
+    def _apply(self, topic: Topic) -> None:
+        topic.policy = ProducePolicy.of(topic.configs, self.broker_config)
+        note_no_effect(topic.name, topic.configs)
 
     # ---- changes -------------------------------------------------------------------------------
 
@@ -281,6 +203,7 @@ class TopicRegistry:
         cfg = self.log_config(configs)
         partitions = [PartitionLog.open(self.partition_dir(name, p), cfg) for p in range(num_partitions)]
         topic = Topic(name, topic_id, partitions, configs, num_partitions)
+        self._apply(topic)
         self._index(topic)
         self._save()
         log.info("topic created", topic=name, partitions=num_partitions, topic_id=topic_id_to_str(topic_id))
@@ -306,7 +229,16 @@ class TopicRegistry:
         cfg = self.log_config(topic.configs)
         for plog in topic.partitions:
             plog.config = cfg
+        self._apply(topic)
         self._save()
+
+    def refresh_configs(self) -> None:
+        """The broker's topic defaults changed (a dynamic broker config): every topic takes them up at once."""
+        for topic in self.by_name.values():
+            cfg = self.log_config(topic.configs)
+            for plog in topic.partitions:
+                plog.config = cfg
+            self._apply(topic)
 
     def delete(self, topic: Topic) -> None:
         self.by_name.pop(topic.name, None)

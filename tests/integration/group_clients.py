@@ -84,6 +84,13 @@ class KafkaPythonGroupConsumer:
             enable_auto_commit=False, session_timeout_ms=SESSION_MS, heartbeat_interval_ms=HEARTBEAT_MS,
             **({"group_instance_id": instance_id} if instance_id else {}),
         )
+        # Know the topic's partitions before the first poll joins the group. kafka-python 3.0.12 otherwise
+        # joins before its first metadata refresh, assigns nothing as leader ("No partition metadata for
+        # topic"), and rejoins when the metadata arrives; a rejoin started that way is abandoned if the
+        # poll's timeout passes before its SyncGroup is answered (need_rejoin() turns False once the
+        # assignment is computed, so the in-flight join is never completed): the member stops
+        # heartbeating, its session expires, and it never consumes again.
+        self.consumer.partitions_for_topic(topic)
 
     def poll(self) -> Polled:
         records = self.consumer.poll(timeout_ms=200, max_records=200)

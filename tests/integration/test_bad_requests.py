@@ -270,6 +270,32 @@ def test_share_group_heartbeat_with_40000_byte_group_id(client: WireClient) -> N
     assert all(len(g.group_id) < 1000 for g in groups)
 
 
+def test_group_heartbeats_with_a_null_subscribed_topic_name(client: WireClient) -> None:
+    """No client sends a null name (the schema's strings are not nullable), so the raw wire does: the
+    heartbeat is refused with INVALID_REQUEST, and nothing is joined or logged as a crash."""
+    topic = unique("hb-null")
+    create_topics(client, 7, topic)
+    used: list[str] = []
+    for epoch in (0, 1):
+        used.append(unique("g"))
+        resp = heartbeat(client, used[-1], uuid.uuid4().hex[:22], epoch, [topic, None])  # type: ignore[list-item]
+        assert resp.error_code == ErrorCode.INVALID_REQUEST, resp
+        assert resp.error_message
+    cg = messages.ConsumerGroupHeartbeatRequest
+    for epoch in (0, 1):
+        used.append(unique("cg"))
+        req = cg(group_id=used[-1], member_id=uuid.uuid4().hex[:22], member_epoch=epoch, instance_id=None,
+                 rack_id=None, rebalance_timeout_ms=30_000, subscribed_topic_names=[None, topic],
+                 subscribed_topic_regex=None, server_assignor=None, topic_partitions=[])
+        resp = client.request(ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, req)
+        assert resp.error_code == ErrorCode.INVALID_REQUEST, resp
+        assert resp.error_message
+    # No group was created by the joins.
+    lg = messages.ListGroupsRequest
+    groups = client.request(ApiKey.LIST_GROUPS, 5, lg(states_filter=[], types_filter=[])).groups
+    assert not {g.group_id for g in groups} & set(used)
+
+
 # ---- 5. topic config values -----------------------------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ from .share_clients import Consumed, poll_until, share_consumer
 KEYS = 1000
 DELETED = range(0, 100)  # keys that get a tombstone
 CLEANER = ["log.cleaner.backoff.ms=100"]
-TOPIC_CONFIGS = {"cleanup.policy": "compact", "segment.bytes": "16384", "delete.retention.ms": "1000",
+TOPIC_CONFIGS = {"cleanup.policy": "compact", "internal.segment.bytes": "16384", "delete.retention.ms": "1000",
                  "min.cleanable.dirty.ratio": "0.1"}
 _WAIT_S = float(os.environ.get("SHOAL_TEST_WAIT_S", "120"))
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -496,8 +497,9 @@ def test_wheel_holds_every_module_the_broker_imports_at_start_up(
                    check=True, capture_output=True, timeout=300)
     [wheel] = tmp_path.glob("shoal-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    missing = sorted(m for m in imported
-                     if f"{m.replace('.', '/')}.py" not in names and f"{m.replace('.', '/')}/__init__.py" not in names)
+    # A module is its .py, its package's __init__.py, or a compiled extension (the optional record walk).
+    forms = [".py", "/__init__.py", *importlib.machinery.EXTENSION_SUFFIXES]
+    missing = sorted(m for m in imported if not any(f"{m.replace('.', '/')}{form}" in names for form in forms))
     assert not missing, f"the wheel lacks {missing}"
     # The protocol specs are data the codec loads at start-up.
     specs = {p.name for p in (REPO / "protocol" / "specs").glob("*.json")}

@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -98,7 +105,13 @@ def test_group_state_outlives_retention_and_churn(tmp_path: Path) -> None:
         # Several small batches, so the compacted topic has sealed segments retention could take.
         produce_batches(wire, compacted, [5] * 8, keyed=True)
 
-        s = share_setup(broker, members=1, batches=[5, 5])
+        s = share_setup(broker, members=1)
+        # The group's own topic keeps its records: past retention.ms even the active segment goes, as in Kafka.
+        keep = ConfigResource(ResourceType.TOPIC, s.topic, incremental_configs=[
+            ConfigEntry("retention.ms", "-1", incremental_operation=AlterConfigOpType.SET)])
+        for future in admin.incremental_alter_configs([keep]).values():
+            future.result(30)
+        produce_batches(s.admin, s.topic, [5, 5])
         [member] = s.members
         got = acquired(member.fetch([0], max_wait_ms=2000, max_records=5, batch_size=5))
         assert got[0][0] == 0

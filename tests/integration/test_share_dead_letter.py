@@ -373,9 +373,9 @@ def test_dead_letter_broker_keys_change_at_runtime(fresh_broker: BrokerProcess) 
     own = _describe_broker(bs, "1")
     assert own["errors.deadletterqueue.topic.name.prefix"] == ("gone.", ConfigSource.DYNAMIC_BROKER_CONFIG.value, False)
     assert own["errors.deadletterqueue.auto.create.topics.enable"] == ("true", default, False)
-    assert own["log.retention.ms"][2]
+    assert own["auto.create.topics.enable"][2]
     # Keys Kafka does not change at runtime, and another broker's id, are refused as Kafka refuses them.
-    for name, key, message in (("", "log.retention.ms", "Cannot update these configs dynamically"),
+    for name, key, message in (("", "auto.create.topics.enable", "Cannot update these configs dynamically"),
                                ("7", "errors.deadletterqueue.topic.name.prefix", "Unexpected broker id"),
                                ("--7", "errors.deadletterqueue.topic.name.prefix", "Node id must be an integer"),
                                ("", "errors.deadletterqueue.auto.create.topics.enable", "either true or false")):
@@ -399,3 +399,135 @@ def test_dead_letter_broker_keys_change_at_runtime(fresh_broker: BrokerProcess) 
     own = _describe_broker(fresh_broker.bootstrap, "1")
     assert own["errors.deadletterqueue.topic.name.prefix"][:2] == ("gone.", ConfigSource.DYNAMIC_BROKER_CONFIG.value)
     assert own["errors.deadletterqueue.auto.create.topics.enable"][:2] == ("true", default)
+
+
+def _delivered_once(consumer: Any, how: AcknowledgeType) -> Any:
+    """Poll until one record comes, settle it with `how`, commit; returns it."""
+    [msg] = _settle(consumer, how, 1)
+    return msg
+
+
+def test_a_reject_on_the_last_allowed_delivery_is_labelled_a_rejection(broker: BrokerProcess) -> None:
+    """The header carries the cause of the transition that archived the record, not a guess from its
+    delivery count: a REJECT on delivery 2 of 2 is "rejected", a RELEASE there is "count exceeded"."""
+    bs = broker.bootstrap
+    topic, group = _name("dz"), _name("dg")
+    dlq = f"dlq.{topic}"
+    create_topic(bs, topic, 1)
+    _create_dlq_topic(bs, dlq)
+    set_group_config(bs, group, share_auto_offset_reset="earliest", share_delivery_count_limit="2",
+                     errors_deadletterqueue_topic_name=dlq)
+    produce(bs, topic, 2)
+    consumer = share_consumer(bs, group, [topic], share_acknowledgement_mode="explicit", max_poll_records=1)
+    try:
+        settled: dict[int, int] = {}
+        deadline = time.monotonic() + DEADLINE_S
+        while len(settled) < 2 and time.monotonic() < deadline:
+            for m in [m for m in consumer.poll(0.5) if not m.error()]:
+                if m.delivery_count() < 2:
+                    consumer.acknowledge(m, AcknowledgeType.RELEASE)
+                else:  # the last allowed delivery: offset 0 is rejected, offset 1 released
+                    consumer.acknowledge(m, AcknowledgeType.REJECT if m.offset() == 0 else AcknowledgeType.RELEASE)
+                    settled[m.offset()] = m.delivery_count()
+                assert all(v is None for v in consumer.commit_sync(30).values())
+        assert settled == {0: 2, 1: 2}
+    finally:
+        consumer.close()
+    records = _dead_letters(bs, dlq, 2)
+    by_offset = {_headers(r)["__dlq.errors.offset"]: _headers(r) for r in records}
+    assert {o: (h["__dlq.errors.delivery.count"], h["__dlq.errors.message"]) for o, h in by_offset.items()} == {
+        "0": ("2", "Offset rejected by client."),
+        "1": ("2", "Offset delivery count exceeded the threshold."),
+    }
+
+
+def test_records_over_a_lowered_delivery_limit_are_dead_lettered(broker: BrokerProcess) -> None:
+    """Released twice under a limit of 5, then the limit goes down to 2 (AdminClient): the next fetch
+    dead-letters the record instead of archiving it silently, and never delivers it again."""
+    bs = broker.bootstrap
+    topic, group = _name("dl"), _name("dg")
+    dlq = f"dlq.{topic}"
+    create_topic(bs, topic, 1)
+    _create_dlq_topic(bs, dlq)
+    set_group_config(bs, group, share_auto_offset_reset="earliest", share_delivery_count_limit="5",
+                     errors_deadletterqueue_topic_name=dlq)
+    produce(bs, topic, 1)
+    consumer = share_consumer(bs, group, [topic], share_acknowledgement_mode="explicit")
+    try:
+        for attempt in (1, 2):
+            assert _delivered_once(consumer, AcknowledgeType.RELEASE).delivery_count() == attempt
+        set_group_config(bs, group, share_delivery_count_limit="2")
+        # A record produced after it shows that fetches go on, and that offset 0 is not among them.
+        produce(bs, topic, 1, prefix="after")
+        later = _delivered_once(consumer, AcknowledgeType.ACCEPT)
+        assert (later.offset(), later.value()) == (1, b"after-0")
+    finally:
+        consumer.close()
+    [record] = _dead_letters(bs, dlq, 1)
+    headers = _headers(record)
+    assert (headers["__dlq.errors.offset"], headers["__dlq.errors.delivery.count"], headers["__dlq.errors.message"]) \
+        == ("0", "2", "Offset delivery count exceeded the threshold.")
+
+
+def test_a_share_consumer_long_polling_the_dead_letter_topic_is_woken(broker: BrokerProcess) -> None:
+    """The dead-letter append wakes long polls on its partition, as a produce does. The reader's MaxWaitMs is
+    far beyond the test's deadline, so only that wake-up can deliver the record in time."""
+    bs = broker.bootstrap
+    topic, group, reader_group = _name("dw"), _name("dg"), _name("dr")
+    dlq = f"dlq.{topic}"
+    create_topic(bs, topic, 1)
+    _create_dlq_topic(bs, dlq)
+    set_group_config(bs, group, share_auto_offset_reset="earliest", errors_deadletterqueue_topic_name=dlq)
+    set_group_config(bs, reader_group, share_auto_offset_reset="earliest")
+    reader = share_consumer(bs, reader_group, [dlq], share_acknowledgement_mode="explicit",
+                            fetch_wait_max_ms=120_000)
+    try:
+        # Joined, assigned, and parked in a ShareFetch on the empty dead-letter partition (not asserted on:
+        # the fetch is parked whether or not it arrived before the reject below).
+        assert [m for m in reader.poll(3.0) if not m.error()] == []
+        _reject_one(bs, topic, group)
+        got: list[Any] = []
+        deadline = time.monotonic() + DEADLINE_S
+        while not got and time.monotonic() < deadline:
+            got = [m for m in reader.poll(0.5) if not m.error()]
+        assert [(_headers(m)["__dlq.errors.topic"], _headers(m)["__dlq.errors.offset"]) for m in got] == [(topic, "0")]
+        for m in got:
+            reader.acknowledge(m, AcknowledgeType.ACCEPT)
+        assert all(v is None for v in reader.commit_sync(30).values())
+    finally:
+        reader.close()
+
+
+def test_records_over_a_limit_lowered_while_the_broker_was_down_are_dead_lettered(fresh_broker: BrokerProcess) -> None:
+    """The limit goes down, then the broker restarts before the share partition is used again: loading its
+    state must dead-letter the AVAILABLE record already over the new limit, not archive it silently."""
+    fresh_broker.start()
+    bs = fresh_broker.bootstrap
+    topic, group = _name("dp"), _name("dg")
+    dlq = f"dlq.{topic}"
+    create_topic(bs, topic, 1)
+    _create_dlq_topic(bs, dlq)
+    set_group_config(bs, group, share_auto_offset_reset="earliest", share_delivery_count_limit="5",
+                     errors_deadletterqueue_topic_name=dlq)
+    produce(bs, topic, 1)
+    consumer = share_consumer(bs, group, [topic], share_acknowledgement_mode="explicit")
+    try:
+        for attempt in (1, 2):
+            assert _delivered_once(consumer, AcknowledgeType.RELEASE).delivery_count() == attempt
+    finally:
+        consumer.close()
+    set_group_config(bs, group, share_delivery_count_limit="2")
+    fresh_broker.stop()
+    fresh_broker.start()
+    bs = fresh_broker.bootstrap
+    produce(bs, topic, 1, prefix="after")
+    consumer = share_consumer(bs, group, [topic], share_acknowledgement_mode="explicit")
+    try:
+        later = _delivered_once(consumer, AcknowledgeType.ACCEPT)
+        assert (later.offset(), later.value()) == (1, b"after-0")
+    finally:
+        consumer.close()
+    [record] = _dead_letters(bs, dlq, 1)
+    headers = _headers(record)
+    assert (headers["__dlq.errors.offset"], headers["__dlq.errors.message"]) == \
+        ("0", "Offset delivery count exceeded the threshold.")

@@ -461,7 +461,7 @@ def test_broker_killed_between_prepare_and_markers(tmp_path: Path) -> None:
     try:
         topic = f"txn-{uuid.uuid4().hex[:8]}"
         admin = AdminClient({"bootstrap.servers": proc.bootstrap})
-        admin.create_topics([NewTopic(topic, 2, 1, config={"segment.bytes": "14"})])[topic].result(30)
+        admin.create_topics([NewTopic(topic, 2, 1, config={"internal.segment.bytes": "14"})])[topic].result(30)
         group = f"stalled-{topic}"
         consumer = Consumer({"bootstrap.servers": proc.bootstrap, "group.id": group, "enable.auto.commit": False})
         p = _producer(proc.bootstrap, "stalled")

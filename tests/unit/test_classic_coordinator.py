@@ -128,7 +128,8 @@ async def test_state_and_offsets_replay_after_restart(env: Env) -> None:
 async def test_session_expiry_empties_the_group_and_persists_it(env: Env) -> None:
     member, gen = await one_member(env)
     env.clock.now += 11
-    await env.coord._on_heartbeat_deadline(GROUP, member)
+    # As the session timer runs it: an operation on the group whose records the runtime writes.
+    await env.coord._write_steps(GROUP, lambda: env.coord._on_heartbeat_deadline(GROUP, member))
     group = env.coord.groups[GROUP]
     assert (group.state, group.generation_id, group.members) == (ClassicGroupState.EMPTY, gen + 1, {})
     metadata = [r for p in range(3) for _, r in env.log.replay(p) if r.record_type == cr.GROUP_METADATA]
@@ -222,7 +223,7 @@ async def test_members_that_do_not_sync_in_time_are_removed(env: Env) -> None:
     await reached(env, c_id)
     joins = await asyncio.gather(env.join(member_id=a), env.join(member_id=b_id), c_join)
     generation = joins[0].generation_id
-    await env.coord._on_sync_deadline(GROUP, generation)
+    await env.coord._write_steps(GROUP, lambda: env.coord._on_sync_deadline(GROUP, generation))
     assert group.members == {} and group.state == ClassicGroupState.EMPTY and group.generation_id == generation + 1
     assert gen < generation
 

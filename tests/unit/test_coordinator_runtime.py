@@ -1,5 +1,6 @@
 """The coordinator runtime: its partition gate (keys overlap, one key never overlaps itself, the whole
-partition runs alone) and cancel-safety (memory is what the log replays to, whatever the caller does)."""
+partition runs alone), cancel-safety (memory is what the log replays to, whatever the caller does), and
+operations that plan (`write_result`) or write in steps (`write_steps`) while the runtime appends."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ import pytest
 from shoal.broker.storage.internal_topic_log import InternalTopicLog
 from shoal.broker.storage.partition_log import LogConfig, PartitionLog
 from shoal.broker.storage.topic_registry import Topic
-from shoal.coordinator.runtime import CoordinatorResult, CoordinatorRuntime, PartitionGate
+from shoal.coordinator.runtime import (
+    Answer,
+    AsyncSteps,
+    CoordinatorResult,
+    CoordinatorRuntime,
+    PartitionGate,
+    Steps,
+)
 from shoal.coordinator.share_state import tombstone_record
 from shoal.persister.persister import SharePartitionKey
 from shoal.protocol.coordinator_records import CoordinatorRecord
@@ -165,3 +173,80 @@ async def test_write_result_appends_and_replays_before_answering(
     with pytest.raises(TypeError):  # a transactional batch needs the transactional runtime
         await rt.write_result(0, "k", lambda: CoordinatorResult([a_record(2)], None, producer_id=5))
     assert rt.shard(0).offsets == [0, 1]
+
+
+# ---- operations that write in steps ----------------------------------------------------------------
+
+
+def an_unwritable_record() -> CoordinatorRecord:
+    """A record the log refuses: its group id does not fit the key's int16-length string."""
+    return tombstone_record(SharePartitionKey("g" * 40_000, b"\x07" * 16, 0))
+
+
+async def test_write_steps_replays_each_step_before_resuming_and_raises_a_failed_append_into_it(
+    runtime: tuple[CoordinatorRuntime[ReplayedOffsets], PartitionLog],
+) -> None:
+    rt, plog = runtime
+    await rt.load(0)
+    seen: list[object] = []
+
+    def operation() -> Steps[str]:
+        yield [a_record(0)]
+        seen.append(list(rt.shard(0).offsets))  # the first step is durable and replayed here
+        try:
+            yield [an_unwritable_record()]
+        except Exception as exc:  # the operation decides what the failed write means
+            seen.append(type(exc))
+        yield []  # nothing to write: resumed at once
+        yield [a_record(1), a_record(2)]
+        return "answered"
+
+    assert await rt.write_steps(0, "k", operation) == "answered"
+    assert seen[0] == [0] and isinstance(seen[1], type) and issubclass(seen[1], Exception)
+    assert rt.shard(0).offsets == [0, 1, 2] == [o for o, _ in rt.record_log.replay(0)]
+    assert plog.flushed_offset == 3
+
+
+async def test_write_steps_cancelled_by_its_caller_finishes_every_step(
+    runtime: tuple[CoordinatorRuntime[ReplayedOffsets], PartitionLog],
+) -> None:
+    rt, plog = runtime
+    await rt.load(0)
+
+    def operation() -> Steps[None]:
+        yield [a_record(0)]
+        yield [a_record(1)]
+
+    await cancel_once_appended(plog, rt.write_steps(0, "k", operation))
+    await rt.drain()
+    assert rt.shard(0).offsets == [0, 1]
+
+
+async def test_write_async_steps_answers_what_the_operation_set(
+    runtime: tuple[CoordinatorRuntime[ReplayedOffsets], PartitionLog],
+) -> None:
+    rt, _plog = runtime
+    await rt.load(0)
+
+    async def operation(answer: Answer[int]) -> AsyncSteps:
+        yield [a_record(0)]
+        await asyncio.sleep(0)  # other work between the steps (a share-state RPC)
+        answer.value = len(rt.shard(0).offsets)
+
+    assert await rt.write_async_steps(0, "k", operation, -1) == 1
+
+
+async def test_a_timer_runs_its_steps_holding_its_key(
+    runtime: tuple[CoordinatorRuntime[ReplayedOffsets], PartitionLog],
+) -> None:
+    rt, _plog = runtime
+    await rt.load(0)
+    fired = asyncio.get_running_loop().create_future()
+
+    def expire() -> Steps[None]:
+        yield [a_record(0)]
+        fired.set_result(list(rt.shard(0).offsets))
+
+    rt.schedule_steps(0, "expiry", 0.0, "k", expire)
+    assert await fired == [0]
+    await rt.drain()

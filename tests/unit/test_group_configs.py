@@ -150,7 +150,7 @@ def test_dynamic_broker_values_win_in_order_and_survive_a_restart(tmp_path: Path
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
-    ("log.retention.ms", "1", "Cannot update these configs dynamically: [log.retention.ms]"),
+    ("auto.create.topics.enable", "1", "Cannot update these configs dynamically: [auto.create.topics.enable]"),
     ("group.share.assignment.interval.ms", "soon", "Invalid value soon for configuration "
      "group.share.assignment.interval.ms: Not a number of type INT"),
     ("group.share.assignment.interval.ms", "-1", "Value must be at least 0"),

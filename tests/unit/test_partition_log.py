@@ -394,7 +394,8 @@ def test_retention_by_bytes(tmp_path: Path) -> None:
     plog.close()
 
 
-def test_retention_by_time_never_deletes_active_segment(tmp_path: Path) -> None:
+def test_retention_by_time_rolls_and_deletes_an_expired_active_segment(tmp_path: Path) -> None:
+    # As Kafka does: a log whose every segment, the active one included, is past retention is emptied.
     d = tmp_path / "t-0"
     config = cfg(segment_bytes=200, retention_ms=1000)
     plog = PartitionLog.open(d, config)
@@ -406,8 +407,9 @@ def test_retention_by_time_never_deletes_active_segment(tmp_path: Path) -> None:
     cutoff = segs[2][1]
     assert plog.enforce_retention(now_ms=cutoff + 1000) == 2  # exactly at the limit is kept
     assert plog.log_start_offset == segs[2][0]
-    assert plog.enforce_retention(now_ms=10**12) == len(segs) - 3
-    assert len(plog.segments) == 1  # the active segment stays
+    assert plog.enforce_retention(now_ms=10**12) == len(segs) - 2
+    assert len(plog.segments) == 1 and plog.active.size == 0  # a new, empty active segment
+    assert plog.log_start_offset == plog.log_end_offset == 12
     start = plog.log_start_offset
     plog.close()
     plog = PartitionLog.open(d, config)
@@ -646,7 +648,7 @@ def test_retention_honours_cleanup_policy(tmp_path: Path, policy_deletes: bool) 
     assert segments > 3
     deleted = plog.enforce_retention(now_ms=10**12)
     if policy_deletes:
-        assert deleted == segments - 1 and plog.log_start_offset > 0
+        assert deleted == segments and plog.log_start_offset == plog.log_end_offset
     else:
         assert deleted == 0 and plog.log_start_offset == 0 and len(plog.segments) == segments
         # DeleteRecords still moves the start of a compacted log and drops the segments below it.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from shoal.broker.storage.partition_log import LogConfig, PartitionLog
@@ -56,3 +57,56 @@ def test_producer_ids_never_repeat_across_restarts(tmp_path: Path) -> None:
     used = {first.allocate() for _ in range(5)}
     second = ProducerIdAllocator(tmp_path / "ids")
     assert second.allocate() not in used
+
+
+def _big_transactional_log(directory: Path) -> None:
+    """About 12 MiB: an open transaction first (so the partition keeps transaction files and its last
+    stable offset needs the producer state), then idempotent batches of 256 KiB."""
+    plog = PartitionLog.open(directory, LogConfig())
+    txn = bytearray(encode_batch([RecordInput(value=b"t")], producer_id=3, producer_epoch=0, base_sequence=0,
+                                 is_transactional=True))
+    plog.append(txn, list(iter_batches(txn)))
+    for i in range(48):
+        batch = bytearray(encode_batch([RecordInput(value=bytes(256 * 1024))], producer_id=7, producer_epoch=0,
+                                       base_sequence=i))
+        plog.append(batch, list(iter_batches(batch)))
+    plog.close()
+
+
+async def test_the_first_build_after_a_restart_lets_other_work_run(tmp_path: Path) -> None:
+    """The rebuild reads 4 MiB at a time and gives the event loop a turn after each chunk: work started
+    after it (a request on another connection) runs before it ends. Ordering, not time, is asserted."""
+    _big_transactional_log(tmp_path / "p")
+    reopened = PartitionLog.open(tmp_path / "p", LogConfig())
+    order: list[str] = []
+
+    async def load() -> None:
+        await reopened.load_producer_state(only_for_transactions=True)
+        order.append("built")
+
+    async def other_request() -> None:
+        await asyncio.sleep(0)
+        order.append("answered")
+
+    loading = asyncio.create_task(load())
+    second = asyncio.create_task(reopened.load_producer_state())  # shares the one build
+    await asyncio.gather(loading, second, asyncio.create_task(other_request()))
+    assert order == ["answered", "built"]
+    # The same state the one-go build finds: the open transaction holds the LSO, the sequences continue.
+    assert reopened.last_stable_offset == 0
+    assert reopened.producer_state.check(7, 0, 48, 1).error == ErrorCode.NONE
+    assert reopened.producer_state.check(7, 0, 47, 1).duplicate_offset == 48
+    reopened.close()
+
+
+async def test_a_partition_that_never_saw_a_transaction_is_not_built_for_its_lso(tmp_path: Path) -> None:
+    plog = PartitionLog.open(tmp_path / "p", LogConfig())
+    batch = bytearray(encode_batch([RecordInput(value=b"x")], producer_id=7, producer_epoch=0, base_sequence=0))
+    plog.append(batch, list(iter_batches(batch)))
+    plog.close()
+    reopened = PartitionLog.open(tmp_path / "p", LogConfig())
+    await reopened.load_producer_state(only_for_transactions=True)
+    assert reopened._producer_state is None and reopened.last_stable_offset == 1
+    await reopened.load_producer_state()
+    assert reopened.producer_state.check(7, 0, 0, 1).duplicate_offset == 0
+    reopened.close()

@@ -1,0 +1,236 @@
+"""Compare the working tree against a baseline commit, on this machine, alternating between them.
+
+Both builds are installed into venvs of their own in a temporary directory: the baseline from `git archive`
+of the commit named in bench/BASELINE (or given on the command line), the working tree from its tracked and
+untracked-but-not-ignored files. Each venv sees this interpreter's site-packages for the dependencies, so
+only Shoal itself differs. Then, for `--rounds` rounds (baseline first in even rounds, the working tree
+first in odd ones), each build gets a fresh broker and the same confluent-kafka workload:
+
+- produce acks=1 and acks=all: N records of 100 B to a 4-partition topic, linger.ms=5;
+- plain consume: an assigned Consumer drains the acks=1 topic;
+- share consume: one ShareConsumer (implicit acknowledgement) drains the same topic; both consume rates run
+  from the first record received to the last;
+- produce-to-delivery latency at a fixed offered load (bench_latency.py, linger.ms=5), plain and share:
+  p50/p99/p99.9;
+- for each throughput figure, the broker's CPU time per record while it ran (from /proc): on a machine
+  shared with other work, rates swing with the cores others take, CPU time per record much less.
+
+It prints every run and, per figure, new/baseline: the median of the paired rounds' ratios (for latency the
+ratio is of milliseconds, so below 1 is better). The machine is shared, so only paired ratios mean much.
+
+Usage: python bench/bench_release.py [COMMIT] [--records 100000] [--rounds 2] [--latency-seconds 5]
+       [--latency-rate 10000] [--no-latency]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench_latency import create_topic as latency_topic
+from bench_latency import delivery_latency
+from bench_produce_fetch import create_topic, produce
+from bench_share import ConsumerGroup
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from peers import start_shoal, stop
+
+BENCH = Path(__file__).resolve().parent
+PARTITIONS = 4
+VALUE = os.urandom(100)
+# Figures where a larger number is better; the latency percentiles are better smaller.
+THROUGHPUT = ("produce acks=1", "produce acks=all", "plain consume", "share consume")
+# Per-record broker CPU and latency figures are better smaller.
+
+
+def git(*args: str, cwd: Path = BENCH) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def export_commit(commit: str, dest: Path) -> None:
+    dest.mkdir(parents=True)
+    # From the top: in a subdirectory `git archive` would take that subtree only.
+    root = git("rev-parse", "--show-toplevel").strip()
+    archive = subprocess.run(["git", "archive", commit], cwd=root, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+
+
+def export_working_tree(dest: Path) -> None:
+    """Tracked files as they are on disk, and untracked ones git does not ignore (symlinks kept)."""
+    root = Path(git("rev-parse", "--show-toplevel").strip())
+    names = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=root).split("\0")
+    for name in filter(None, names):
+        src = root / name
+        if not src.exists() and not src.is_symlink():
+            continue  # deleted in the working tree
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            target.symlink_to(os.readlink(src))
+        else:
+            shutil.copy2(src, target)
+
+
+def make_venv(src: Path, venv: Path) -> str:
+    """A venv holding Shoal built from `src` and reaching this interpreter's packages for its dependencies."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    # A path line in a .pth adds that directory only: this venv's own editable Shoal (if any) is not loaded.
+    Path(site, "_bench_release_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # This interpreter's pip installs into the venv (no pip bootstrapped into each venv).
+    subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", str(src)],
+                   check=True)
+    return python
+
+
+def describe_build(python: str, cwd: Path) -> str:
+    code = ("import shoal.protocol.records as r; "
+            "print(r.__file__, 'compiled walk' if getattr(r, '_compiled_walk', None) else 'python walk')")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([python, "-c", code], cwd=cwd, env=env, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def plain_drain(bootstrap: str, topic: str, records: int) -> float:
+    """Records/s of an assigned Consumer draining `topic` from offset 0, timed like share_drain (first
+    record received to last), so the two compare the read paths and not the consumers' start-up."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "release-unused", "enable.auto.commit": False,
+                         "fetch.max.bytes": 52_428_800, "max.partition.fetch.bytes": 10_485_760})
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        got = 0
+        first = last = 0.0
+        deadline = time.monotonic() + 300
+        while got < records and time.monotonic() < deadline:
+            batch = [m for m in consumer.consume(10_000, 1.0) if m.error() is None]
+            if batch:
+                last = time.perf_counter()
+                first = first or last
+                got += len(batch)
+    finally:
+        consumer.close()
+    if got < records:
+        raise RuntimeError(f"plain consumer got {got} of {records}")
+    return records / (last - first)
+
+
+def share_drain(bootstrap: str, topic: str, records: int) -> float:
+    """Records/s of one ShareConsumer draining `topic` from its start (first record to last)."""
+    group = f"release-{topic}"
+    entry = ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.incremental_alter_configs([ConfigResource(ResourceType.GROUP, group,
+                                                             incremental_configs=[entry])]).values():
+        f.result(30)
+    cg = ConsumerGroup(bootstrap, group, topic, 1)
+    try:
+        cg.running.set()
+        if not cg.wait(lambda: cg.records >= records, 300):
+            raise RuntimeError(f"share consumer got {cg.records} of {records}")
+        return records / (cg.last_record_at - cg.first_record_at)
+    finally:
+        cg.close()
+
+
+def broker_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and its threads so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_build(python: str, work: Path, args: argparse.Namespace) -> dict[str, float]:
+    data_dir = Path(tempfile.mkdtemp(prefix="data-", dir=work))
+    proc, bootstrap = start_shoal(str(data_dir), python=python)
+    out: dict[str, float] = {}
+
+    def measure(figure: str, work: Callable[[], float]) -> None:
+        """The figure, and the broker's CPU time per record while it ran (steadier than rates on a busy
+        machine: it does not count the time the broker waited for a core)."""
+        before = broker_cpu_seconds(proc.pid)
+        out[figure] = work()
+        out[f"{figure} broker us/rec"] = (broker_cpu_seconds(proc.pid) - before) / args.records * 1e6
+
+    try:
+        n = args.records
+        create_topic(bootstrap, "release-acks1", PARTITIONS)
+        measure("produce acks=1", lambda: produce(bootstrap, "release-acks1", n, VALUE, PARTITIONS, "1").rate)
+        measure("plain consume", lambda: plain_drain(bootstrap, "release-acks1", n))
+        measure("share consume", lambda: share_drain(bootstrap, "release-acks1", n))
+        create_topic(bootstrap, "release-acksall", PARTITIONS)
+        measure("produce acks=all", lambda: produce(bootstrap, "release-acksall", n, VALUE, PARTITIONS, "all").rate)
+        if args.latency_seconds > 0:
+            for kind in ("plain", "share"):
+                topic = f"release-latency-{kind}"
+                latency_topic(bootstrap, topic)
+                lat = delivery_latency(bootstrap, topic, kind, rate=args.latency_rate, seconds=args.latency_seconds,
+                                       warm_up=min(2.0, args.latency_seconds / 4))
+                out[f"{kind} latency p50 ms"] = lat.p50_ms
+                out[f"{kind} latency p99 ms"] = lat.p99_ms
+                out[f"{kind} latency p99.9 ms"] = lat.p999_ms
+    finally:
+        stop(proc)
+        shutil.rmtree(data_dir, ignore_errors=True)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("commit", nargs="?", help="baseline commit (default: the one in bench/BASELINE)")
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--latency-seconds", type=float, default=5.0, help="0 skips the latency figures")
+    parser.add_argument("--latency-rate", type=int, default=10_000)
+    args = parser.parse_args()
+    commit = args.commit or (BENCH / "BASELINE").read_text().split()[0]
+    resolved = git("rev-parse", "--short", commit).strip()
+
+    work = Path(tempfile.mkdtemp(prefix="shoal-release-"))
+    try:
+        print(f"building baseline {resolved} and the working tree in {work}", flush=True)
+        export_commit(resolved, work / "baseline-src")
+        export_working_tree(work / "new-src")
+        builds = {"baseline": make_venv(work / "baseline-src", work / "baseline-venv"),
+                  "new": make_venv(work / "new-src", work / "new-venv")}
+        for name, python in builds.items():
+            print(f"  {name}: {describe_build(python, work)}", flush=True)
+
+        runs: dict[str, list[dict[str, float]]] = {"baseline": [], "new": []}
+        for r in range(args.rounds):
+            order = ("baseline", "new") if r % 2 == 0 else ("new", "baseline")
+            for name in order:
+                started = time.monotonic()
+                result = run_build(builds[name], work, args)
+                runs[name].append(result)
+                figures = "  ".join(f"{k}={v:,.2f}" if "ms" in k or "us/rec" in k else f"{k}={v:,.0f}"
+                                    for k, v in result.items())
+                print(f"round {r + 1} {name:<8} ({time.monotonic() - started:.0f} s): {figures}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(f"\nnew (working tree) / baseline ({resolved}), {args.records:,} records x 100 B, {PARTITIONS} partitions,"
+          f" {args.rounds} alternating rounds; latency at {args.latency_rate:,} rec/s")
+    print(f"  {'figure':<24} {'baseline runs':>28} {'new runs':>28} {'paired ratios':>20} {'median':>7}")
+    for key in runs["baseline"][0]:
+        base = [run[key] for run in runs["baseline"]]
+        new = [run[key] for run in runs["new"]]
+        ratios = [n / b for n, b in zip(new, base, strict=True)]
+        fmt = "{:,.2f}" if "ms" in key or "us/rec" in key else "{:,.0f}"
+        better = "higher is better" if key in THROUGHPUT else "lower is better"
+        print(f"  {key:<24} {' '.join(fmt.format(v) for v in base):>28} {' '.join(fmt.format(v) for v in new):>28}"
+              f" {' '.join(f'{x:.2f}' for x in ratios):>20} {statistics.median(ratios):>7.2f}  ({better})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
