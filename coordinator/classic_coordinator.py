@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 import structlog
 
@@ -39,6 +39,9 @@ log = structlog.get_logger("shoal.classic_groups")
 JoinResponse = messages.JoinGroupResponse
 _JoinMember = JoinResponse.JoinGroupResponseMember
 SyncResponse = messages.SyncGroupResponse
+SyncRequest = messages.SyncGroupRequest
+# A classic-group answer a member may wait for: JoinGroup's or SyncGroup's.
+_Answer = TypeVar("_Answer", JoinResponse, SyncResponse)
 
 Empty, Preparing, Completing, Stable, Dead = (
     ClassicGroupState.EMPTY, ClassicGroupState.PREPARING_REBALANCE, ClassicGroupState.COMPLETING_REBALANCE,
@@ -88,14 +91,23 @@ def valid_group_id(group_id: str) -> bool:
     return bool(group_id) and fits_key_string(group_id)
 
 
-def _join_error(code: int, member_id: str = "") -> Any:
+def _join_error(code: int, member_id: str = "") -> JoinResponse:
     return JoinResponse(error_code=code, generation_id=-1, member_id=member_id, leader="", protocol_name=None,
                         members=[])
 
 
-def _resolve(fut: asyncio.Future[Any], value: Any) -> None:
+def _resolve(fut: asyncio.Future[_Answer], value: _Answer) -> None:
     if not fut.done():
         fut.set_result(value)
+
+
+def _fail_waiter(
+    waiters: dict[tuple[str, str], asyncio.Future[_Answer]], error: Callable[[int, str], _Answer],
+    group_id: str, member_id: str, code: int,
+) -> None:
+    waiter = waiters.pop((group_id, member_id), None)
+    if waiter is not None:
+        _resolve(waiter, error(code, member_id))
 
 
 class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
@@ -114,8 +126,8 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         self.wall_ms = wall_ms
         self.loaded = False
         self.rebalances = 0
-        self._join_waiters: dict[tuple[str, str], asyncio.Future[Any]] = {}
-        self._sync_waiters: dict[tuple[str, str], asyncio.Future[Any]] = {}
+        self._join_waiters: dict[tuple[str, str], asyncio.Future[JoinResponse]] = {}
+        self._sync_waiters: dict[tuple[str, str], asyncio.Future[SyncResponse]] = {}
         self._pending_deadlines: dict[tuple[str, str], float] = {}
 
     # ---- plumbing --------------------------------------------------------------------------------
@@ -166,8 +178,8 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         self.runtime.cancel_all_timers()
         for (_group_id, member_id), waiter in list(self._join_waiters.items()):
             _resolve(waiter, _join_error(ErrorCode.NOT_COORDINATOR, member_id))
-        for waiter in self._sync_waiters.values():
-            _resolve(waiter, _sync_error(ErrorCode.NOT_COORDINATOR))
+        for sync_waiter in self._sync_waiters.values():
+            _resolve(sync_waiter, _sync_error(ErrorCode.NOT_COORDINATOR))
         self._join_waiters.clear()
         self._sync_waiters.clear()
 
@@ -216,7 +228,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
 
     # ---- JoinGroup ---------------------------------------------------------------------------------
 
-    async def join_group(self, req: JoinRequest) -> Any:
+    async def join_group(self, req: JoinRequest) -> JoinResponse:
         if not valid_group_id(req.group_id):
             return _join_error(ErrorCode.INVALID_GROUP_ID, req.member_id)
         # Everything the group's metadata record will carry must fit its string fields.
@@ -230,7 +242,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
             return _join_error(ErrorCode.INVALID_SESSION_TIMEOUT, req.member_id)
         if not self.loaded:
             return _join_error(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, req.member_id)
-        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[JoinResponse] = asyncio.get_running_loop().create_future()
         def operation() -> Steps[None]:
             try:
                 yield from self._join(req, waiter)
@@ -242,7 +254,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         # Shielded: a client that disconnects does not cancel what other members wait for.
         return await asyncio.shield(waiter)
 
-    def _join(self, req: JoinRequest, waiter: asyncio.Future[Any]) -> Steps[None]:
+    def _join(self, req: JoinRequest, waiter: asyncio.Future[JoinResponse]) -> Steps[None]:
         group = self.groups.get(req.group_id)
         if group is None:
             other = self.groups.any_type(req.group_id)
@@ -276,7 +288,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
             return (member is not None and member.awaiting_join) or awaiting < max_size
         return member is not None or len(group.members) < max_size
 
-    def _join_new_member(self, group: ClassicGroup, req: JoinRequest, waiter: asyncio.Future[Any]) -> Steps[None]:
+    def _join_new_member(self, group: ClassicGroup, req: JoinRequest, waiter: asyncio.Future[JoinResponse]) -> Steps[None]:
         if group.state == Dead:
             _resolve(waiter, _join_error(ErrorCode.COORDINATOR_NOT_AVAILABLE))
             return
@@ -297,7 +309,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
             yield from self._add_member_and_rebalance(group, req, new_id, waiter)
 
     def _join_new_static_member(
-        self, group: ClassicGroup, req: JoinRequest, new_id: str, waiter: asyncio.Future[Any]
+        self, group: ClassicGroup, req: JoinRequest, new_id: str, waiter: asyncio.Future[JoinResponse]
     ) -> Steps[None]:
         assert req.group_instance_id is not None
         old_id = group.static_members.get(req.group_instance_id)
@@ -350,7 +362,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         else:
             yield from self._maybe_complete_join(group)
 
-    def _join_existing_member(self, group: ClassicGroup, req: JoinRequest, waiter: asyncio.Future[Any]) -> Steps[None]:
+    def _join_existing_member(self, group: ClassicGroup, req: JoinRequest, waiter: asyncio.Future[JoinResponse]) -> Steps[None]:
         if group.state == Dead:
             _resolve(waiter, _join_error(ErrorCode.COORDINATOR_NOT_AVAILABLE, req.member_id))
             return
@@ -396,7 +408,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         return ErrorCode.NONE if member_id in group.members else ErrorCode.UNKNOWN_MEMBER_ID
 
     def _add_member_and_rebalance(
-        self, group: ClassicGroup, req: JoinRequest, member_id: str, waiter: asyncio.Future[Any]
+        self, group: ClassicGroup, req: JoinRequest, member_id: str, waiter: asyncio.Future[JoinResponse]
     ) -> Steps[None]:
         member = ClassicMember(
             member_id=member_id, group_instance_id=req.group_instance_id, client_id=req.client_id,
@@ -410,7 +422,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         yield from self._maybe_prepare_rebalance_or_complete_join(group, f"member {member_id} joined")
 
     def _update_member_and_rebalance(
-        self, group: ClassicGroup, member: ClassicMember, req: JoinRequest, waiter: asyncio.Future[Any], reason: str
+        self, group: ClassicGroup, member: ClassicMember, req: JoinRequest, waiter: asyncio.Future[JoinResponse], reason: str
     ) -> Steps[None]:
         member.protocols = req.protocols
         member.rebalance_timeout_ms, member.session_timeout_ms = req.rebalance_timeout_ms, req.session_timeout_ms
@@ -505,11 +517,11 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         generation = group.generation_id
         self._schedule(("sync", gid), group.rebalance_timeout_ms / 1000, lambda: self._on_sync_deadline(gid, generation))
 
-    def _leader_view(self, group: ClassicGroup) -> list[Any]:
+    def _leader_view(self, group: ClassicGroup) -> list[_JoinMember]:
         return [_JoinMember(member_id=m.member_id, group_instance_id=m.group_instance_id,
                             metadata=m.metadata(group.protocol_name)) for m in group.members.values()]
 
-    def _join_response(self, group: ClassicGroup, member_id: str, *, with_members: bool = True) -> Any:
+    def _join_response(self, group: ClassicGroup, member_id: str, *, with_members: bool = True) -> JoinResponse:
         leader = group.is_leader(member_id) and with_members
         return JoinResponse(
             error_code=ErrorCode.NONE, generation_id=group.generation_id, protocol_type=group.protocol_type,
@@ -529,10 +541,8 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         yield from self._prepare_rebalance(group, "members did not sync in time")
 
     def _fence_waiters(self, group_id: str, member_id: str) -> None:
-        for waiters, make in ((self._join_waiters, _join_error), (self._sync_waiters, _sync_error)):
-            waiter = waiters.pop((group_id, member_id), None)
-            if waiter is not None:
-                _resolve(waiter, make(ErrorCode.FENCED_INSTANCE_ID, member_id))
+        _fail_waiter(self._join_waiters, _join_error, group_id, member_id, ErrorCode.FENCED_INSTANCE_ID)
+        _fail_waiter(self._sync_waiters, _sync_error, group_id, member_id, ErrorCode.FENCED_INSTANCE_ID)
 
     def _fail_sync_waiters(self, group: ClassicGroup, code: int) -> None:
         for member_id in list(group.members):
@@ -548,10 +558,8 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
             if member is None:
                 continue
             removed = True
-            for waiters, make in ((self._join_waiters, _join_error), (self._sync_waiters, _sync_error)):
-                waiter = waiters.pop((group.group_id, member_id), None)
-                if waiter is not None:
-                    _resolve(waiter, make(ErrorCode.UNKNOWN_MEMBER_ID, member_id))
+            _fail_waiter(self._join_waiters, _join_error, group.group_id, member_id, ErrorCode.UNKNOWN_MEMBER_ID)
+            _fail_waiter(self._sync_waiters, _sync_error, group.group_id, member_id, ErrorCode.UNKNOWN_MEMBER_ID)
         if not removed:
             return
         if group.state in (Stable, Completing):
@@ -561,12 +569,12 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
 
     # ---- SyncGroup ---------------------------------------------------------------------------------
 
-    async def sync_group(self, req: Any, version: int) -> Any:
+    async def sync_group(self, req: SyncRequest, version: int) -> SyncResponse:
         if not valid_group_id(req.group_id):
             return _sync_error(ErrorCode.INVALID_GROUP_ID)
         if not self.loaded:
             return _sync_error(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
-        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[SyncResponse] = asyncio.get_running_loop().create_future()
         def operation() -> Steps[None]:
             try:
                 yield from self._sync(req, version, waiter)
@@ -577,7 +585,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         await self._write_steps(req.group_id, operation)
         return await asyncio.shield(waiter)
 
-    def _sync(self, req: Any, version: int, waiter: asyncio.Future[Any]) -> Steps[None]:
+    def _sync(self, req: SyncRequest, version: int, waiter: asyncio.Future[SyncResponse]) -> Steps[None]:
         group = self.groups.get(req.group_id)
         if group is None:
             _resolve(waiter, _sync_error(ErrorCode.UNKNOWN_MEMBER_ID))
@@ -606,7 +614,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
         else:
             _resolve(waiter, _sync_error(ErrorCode.UNKNOWN_MEMBER_ID))
 
-    def _validate_sync(self, group: ClassicGroup, req: Any, version: int) -> int:
+    def _validate_sync(self, group: ClassicGroup, req: SyncRequest, version: int) -> int:
         if group.state == Dead:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         instance_id = req.group_instance_id if version >= 3 else None
@@ -622,7 +630,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
             return ErrorCode.INCONSISTENT_GROUP_PROTOCOL
         return ErrorCode.NONE
 
-    def _store_assignment(self, group: ClassicGroup, req: Any) -> Steps[None]:
+    def _store_assignment(self, group: ClassicGroup, req: SyncRequest) -> Steps[None]:
         given = {a.member_id: bytes(a.assignment) for a in req.assignments or () if a.member_id in group.members}
         assignments = {mid: given.get(mid, b"") for mid in group.members}
         try:
@@ -639,7 +647,7 @@ class ClassicGroupCoordinator(GroupsOfOneType[ClassicGroup]):
                 _resolve(waiter, self._sync_response(group, member))
 
     @staticmethod
-    def _sync_response(group: ClassicGroup, member: ClassicMember) -> Any:
+    def _sync_response(group: ClassicGroup, member: ClassicMember) -> SyncResponse:
         return SyncResponse(error_code=ErrorCode.NONE, protocol_type=group.protocol_type,
                             protocol_name=group.protocol_name, assignment=member.assignment)
 
@@ -758,5 +766,5 @@ def _convertible(group: object) -> bool:
     return isinstance(group, ConsumerGroup) and not group.members
 
 
-def _sync_error(code: int, _member_id: str = "") -> Any:
+def _sync_error(code: int, _member_id: str = "") -> SyncResponse:
     return SyncResponse(error_code=code, assignment=b"")

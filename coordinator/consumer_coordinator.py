@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
 
@@ -49,6 +49,7 @@ from .runtime import Steps
 log = structlog.get_logger("shoal.consumer_groups")
 
 
+HeartbeatRequest = messages.ConsumerGroupHeartbeatRequest
 HeartbeatResponse = messages.ConsumerGroupHeartbeatResponse
 _HbAssignment = HeartbeatResponse.Assignment
 _HbTopicPartitions = HeartbeatResponse.TopicPartitions
@@ -102,16 +103,16 @@ class ConsumerGroupError(Exception):
         self.message = message
 
 
-def _error(code: int, message: str | None = None) -> Any:
+def _error(code: int, message: str | None = None) -> HeartbeatResponse:
     return HeartbeatResponse(error_code=code, error_message=message, member_epoch=-1, heartbeat_interval_ms=0)
 
 
-def _hb_assignment(assignment: Assignment) -> Any:
+def _hb_assignment(assignment: Assignment) -> _HbAssignment:
     return _HbAssignment(topic_partitions=[_HbTopicPartitions(topic_id=tid, partitions=sorted(ps))
                                            for tid, ps in sorted(assignment.items())])
 
 
-def _owned(req: Any) -> Assignment | None:
+def _owned(req: HeartbeatRequest) -> Assignment | None:
     if req.topic_partitions is None:
         return None
     return {bytes(t.topic_id): frozenset(t.partitions) for t in req.topic_partitions if t.partitions}
@@ -209,13 +210,15 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
 
     # ---- ConsumerGroupHeartbeat ------------------------------------------------------------------
 
-    async def heartbeat(self, req: Any, version: int, client_id: str, client_host: str) -> Any:
+    async def heartbeat(
+        self, req: HeartbeatRequest, version: int, client_id: str, client_host: str
+    ) -> HeartbeatResponse:
         invalid = self._validate(req, version)
         if invalid is not None:
             return _error(ErrorCode.INVALID_REQUEST, invalid)
         if not self.loaded:
             return _error(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
-        def operation() -> Steps[Any]:
+        def operation() -> Steps[HeartbeatResponse]:
             try:
                 if req.member_epoch in (LEAVE_GROUP_MEMBER_EPOCH, LEAVE_GROUP_STATIC_MEMBER_EPOCH):
                     return (yield from self._leave(req.group_id, req.member_id, req.member_epoch))
@@ -228,7 +231,7 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
 
         return await self._write_steps(req.group_id, operation)
 
-    def _validate(self, req: Any, version: int) -> str | None:
+    def _validate(self, req: HeartbeatRequest, version: int) -> str | None:
         if not req.group_id:
             return "GroupId can't be empty."
         if not fits_key_string(req.group_id) or not fits_key_string(req.member_id):
@@ -253,7 +256,9 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
             return "InstanceId can't be null when MemberEpoch is -2."
         return None
 
-    def _heartbeat(self, req: Any, version: int, client_id: str, client_host: str) -> Steps[Any]:
+    def _heartbeat(
+        self, req: HeartbeatRequest, version: int, client_id: str, client_host: str
+    ) -> Steps[HeartbeatResponse]:
         regex = req.subscribed_topic_regex if version >= 1 else None
         if regex is not None:
             try:
@@ -387,7 +392,7 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
         )
 
     @staticmethod
-    def _static_predecessor(group: ConsumerGroup, req: Any, member_id: str) -> ConsumerMember | None:
+    def _static_predecessor(group: ConsumerGroup, req: HeartbeatRequest, member_id: str) -> ConsumerMember | None:
         """The member a static member's join replaces; Kafka's errors when the instance id is in use."""
         if req.instance_id is None:
             return None
@@ -458,7 +463,7 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
         partitions = {tid: t.num_partitions for tid, t in topics.items()}
         return assignor.assign(subscriptions, partitions, {mid: a for mid, a in current.items() if mid in members})
 
-    def _leave(self, group_id: str, member_id: str, epoch: int) -> Steps[Any]:
+    def _leave(self, group_id: str, member_id: str, epoch: int) -> Steps[HeartbeatResponse]:
         group = self.groups.get(group_id)
         if group is None:
             raise ConsumerGroupError(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} not found.")
@@ -517,7 +522,7 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
 
     # ---- ConsumerGroupDescribe / admin -----------------------------------------------------------
 
-    def _described_assignment(self, assignment: Assignment) -> Any:
+    def _described_assignment(self, assignment: Assignment) -> _DAssignment:
         tps = []
         for tid, ps in sorted(assignment.items()):
             meta = self.topics.topic_by_id(tid)
@@ -525,7 +530,7 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
                 tps.append(_DTopicPartitions(topic_id=tid, topic_name=meta[0], partitions=sorted(ps)))
         return _DAssignment(topic_partitions=tps)
 
-    def describe(self, group_id: str) -> Any:
+    def describe(self, group_id: str) -> DescribedGroup:
         group = self.groups.get(group_id)
         if group is None:
             return DescribedGroup(group_id=group_id, error_code=ErrorCode.GROUP_ID_NOT_FOUND,

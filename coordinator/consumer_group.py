@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
-from typing import Any
+from typing import Protocol
 
 import re2
 
@@ -70,7 +70,7 @@ class ConsumerMember:
     session_deadline: float = 0.0
     revocation_deadline: float | None = None
 
-    def subscribes(self, topic: str, compiled: Any | None) -> bool:
+    def subscribes(self, topic: str, compiled: TopicRegex | None) -> bool:
         return topic in self.subscribed_topic_names or (compiled is not None and compiled.fullmatch(topic) is not None)
 
 
@@ -94,8 +94,18 @@ def _tps(assignment: Assignment, cls: type) -> list[object]:
     return [cls(topic_id=tid, partitions=sorted(ps)) for tid, ps in sorted(assignment.items()) if ps]
 
 
-def _from_tps(items: Iterable[object] | None) -> Assignment:
-    return {bytes(t.topic_id): frozenset(t.partitions) for t in items or () if t.partitions}  # type: ignore[attr-defined]  # record structs of several specs share these two fields
+class AssignedPartitions(Protocol):
+    """A topic's partitions in an assignment record: the records of several specs (target and current
+    assignments, consumer and share groups) use structs of these two fields under different names."""
+
+    @property
+    def topic_id(self) -> bytes: ...
+    @property
+    def partitions(self) -> list[int]: ...
+
+
+def _from_tps(items: Iterable[AssignedPartitions] | None) -> Assignment:
+    return {bytes(t.topic_id): frozenset(t.partitions) for t in items or () if t.partitions}
 
 
 _RE2_OPTIONS = re2.Options()
@@ -104,10 +114,19 @@ _RE2_OPTIONS.log_errors = False  # a bad pattern is the client's error, answered
 RegexError = re2.error
 
 
-def compile_regex(regex: str | None) -> Any | None:
+class TopicRegex(Protocol):
+    """What the coordinator uses of a compiled RE2 pattern (re2 ships no type information)."""
+
+    def fullmatch(self, text: str) -> object | None: ...
+
+
+def compile_regex(regex: str | None) -> TopicRegex | None:
     """The member's topic regex, in RE2 syntax as Kafka's (RE2/J) and matched in full; matching takes
     linear time, so no pattern can stall the broker. Raises `RegexError` for a bad pattern."""
-    return None if not regex else re2.compile(regex, _RE2_OPTIONS)
+    if not regex:
+        return None
+    compiled: TopicRegex = re2.compile(regex, _RE2_OPTIONS)
+    return compiled
 
 
 def diff(a: Assignment, b: Assignment) -> Assignment:

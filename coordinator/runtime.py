@@ -265,7 +265,7 @@ class CoordinatorRuntime(Generic[S]):
         except StopAsyncIteration:
             return
 
-    async def _append_result(self, partition: int, result: CoordinatorResult[Any]) -> None:
+    async def _append_result(self, partition: int, result: CoordinatorResult[T]) -> None:
         if result.producer_id != NO_PRODUCER_ID:
             raise TypeError("transactional records need a TransactionalCoordinatorRuntime")
         await self.append(partition, result.records)
@@ -355,7 +355,7 @@ class CoordinatorRuntime(Generic[S]):
         while self._operations:
             await asyncio.gather(*list(self._operations), return_exceptions=True)
 
-    def _start(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    def _start(self, work: Coroutine[object, None, T]) -> asyncio.Task[T]:
         task = asyncio.get_running_loop().create_task(work)
         self._operations.add(task)
         task.add_done_callback(self._operations.discard)
@@ -417,7 +417,7 @@ class TransactionalCoordinatorRuntime(CoordinatorRuntime[TS]):
         if cancelled:
             raise asyncio.CancelledError
 
-    async def _append_result(self, partition: int, result: CoordinatorResult[Any]) -> None:
+    async def _append_result(self, partition: int, result: CoordinatorResult[T]) -> None:
         if result.producer_id == NO_PRODUCER_ID:
             await self.append(partition, result.records)
         else:
@@ -428,11 +428,11 @@ class TransactionalCoordinatorRuntime(CoordinatorRuntime[TS]):
         self.shards[partition].replay_end_transaction(producer_id, commit)
 
 
-def _log_timer_failure(task: asyncio.Task[Any]) -> None:
+def _log_timer_failure(task: asyncio.Task[T]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("coordinator timer operation failed", exc_info=task.exception())
 
 
-def _log_orphan_failure(task: asyncio.Task[Any]) -> None:
+def _log_orphan_failure(task: asyncio.Task[T]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("coordinator operation failed after its caller left", exc_info=task.exception())

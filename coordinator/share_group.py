@@ -18,8 +18,12 @@ from shoal.protocol import coordinator_records as cr
 from shoal.protocol.codec import MessageBase
 from shoal.protocol.coordinator_records import CoordinatorRecord
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.messages import ShareGroupStatePartitionMetadataValue
 
 from .assignor import SimpleAssignor
+from .consumer_group import AssignedPartitions
+
+_PartitionsInfo = ShareGroupStatePartitionMetadataValue.TopicPartitionsInfo
 
 LEAVE_GROUP_MEMBER_EPOCH = -1
 JOIN_GROUP_MEMBER_EPOCH = 0
@@ -204,7 +208,7 @@ def state_partition_metadata_record(
     t = cr.SHARE_GROUP_STATE_PARTITION_METADATA
     cls = cr.value_class(t)
 
-    def infos(m: Mapping[bytes, TopicInit]) -> list[Any]:
+    def infos(m: Mapping[bytes, TopicInit]) -> list[_PartitionsInfo]:
         return [cls.TopicPartitionsInfo(topic_id=tid, topic_name=ti.name, partitions=sorted(ti.partitions))
                 for tid, ti in sorted(m.items()) if ti.partitions]
 
@@ -220,7 +224,7 @@ def tombstone(record_type: int, group_id: str, member_id: str | None = None) -> 
     return _rec(record_type, _key(record_type, group_id, member_id), None)
 
 
-def _to_assignment(tps: Iterable[Any] | None) -> TopicAssignment:
+def _to_assignment(tps: Iterable[AssignedPartitions] | None) -> TopicAssignment:
     out: TopicAssignment = {}
     for tp in tps or ():
         if tp.partitions:

@@ -150,7 +150,7 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
             return self.group_configs.get_int(group_id, "share.assignment.interval.ms")
         return self.config.assignment_interval_ms
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[object, None, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -437,7 +437,7 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
 
     # ---- topic changes -------------------------------------------------------------------------------
 
-    def on_topics_changed(self, event: str | None = None, *_args: Any) -> None:
+    def on_topics_changed(self, event: str | None = None, *_args: object) -> None:
         """Broker hook (topic created/deleted, partitions added); the work runs as a task."""
         if event == "log_start_moved":
             return  # not a metadata change

@@ -635,6 +635,7 @@ def validate_batch_for_append(
     check_records: bool = True,
     timestamp_bounds: TimestampBounds | None = None,
     require_keys: bool = False,
+    from_client: bool = True,
 ) -> None:
     """The per-batch checks Kafka's log validator makes on a client's produce before appending it.
 
@@ -644,12 +645,14 @@ def validate_batch_for_append(
     for a CreateTime record outside `timestamp_bounds`. `require_keys` (a compacted topic) refuses a
     record without a key with INVALID_RECORD. Every record is walked, as Kafka does: a
     batch whose CRC is right but whose records cannot be read must never reach the log, where
-    consumers and coordinators replaying it would fail on it.
+    consumers and coordinators replaying it would fail on it. `from_client=False` (the broker's own
+    writers: coordinators, transaction markers) drops the checks Kafka makes only of clients: a zero base
+    offset, no control batch, a sequence with every producer id.
     """
     verify_crc(buf, pos, header)
     if header.compression > ZSTD:
         raise CorruptRecordBatch(f"unknown compression codec {header.compression} in batch at byte {pos}")
-    if header.base_offset != 0:
+    if from_client and header.base_offset != 0:
         raise InvalidRecord(f"the base offset of a produced batch must be 0, not {header.base_offset}")
     if header.records_count <= 0:
         raise InvalidRecord(f"invalid record count {header.records_count}")
@@ -657,9 +660,9 @@ def validate_batch_for_append(
         raise InvalidRecord(
             f"last offset delta {header.last_offset_delta} disagrees with record count {header.records_count}"
         )
-    if header.is_control:
+    if from_client and header.is_control:
         raise InvalidRecord("clients may not write control batches")
-    if header.producer_id >= 0 and header.base_sequence < 0:
+    if from_client and header.producer_id >= 0 and header.base_sequence < 0:
         raise InvalidRecord(f"invalid base sequence {header.base_sequence} for producer {header.producer_id}")
     if not check_records:
         return

@@ -7,7 +7,7 @@ passes it to the module's `register(table, services)`. Handlers never see the wh
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,13 +32,19 @@ if TYPE_CHECKING:
     from shoal.coordinator.share_group_coordinator import ShareGroupCoordinator
     from shoal.coordinator.transaction_coordinator import TransactionCoordinator
     from shoal.persister.persister import Persister
+    from shoal.protocol.codec import MessageBase
     from shoal.protocol.messages import ApiVersionsResponse
+
+
+# A handler answers `(ctx, request)` with the response body (None: no response, as for acks=0), awaited or
+# not. Its parameters are left open because each API takes its own generated request class.
+Handler = Callable[..., "Awaitable[MessageBase | None] | MessageBase | None"]
 
 
 class ApiTable(Protocol):
     """The dispatch table handlers are registered in (the server's `Broker.register`)."""
 
-    def register(self, key: int, min_version: int, max_version: int, handler: Callable[..., Any]) -> None: ...
+    def register(self, key: int, min_version: int, max_version: int, handler: Handler) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

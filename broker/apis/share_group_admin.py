@@ -8,7 +8,7 @@ Authorization happens here, as in Kafka's request layer; group changes go throug
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -101,7 +101,7 @@ class ShareGroupAdmin(ShareGroupHandlers):
     ) -> messages.DescribeShareGroupOffsetsResponse.DescribeShareGroupOffsetsResponseGroup:
         group_id = g.group_id
 
-        def failed(code: int, message: str | None = None) -> Any:
+        def failed(code: int, message: str | None = None) -> _DGroup:
             return _DGroup(group_id=group_id, topics=[], error_code=code, error_message=message)
 
         if not self._enabled():
@@ -154,7 +154,7 @@ class ShareGroupAdmin(ShareGroupHandlers):
             topics.append(_DTopic(topic_name=name, topic_id=wanted_id, partitions=list(rows)))
         return _DGroup(group_id=group_id, topics=topics, error_code=ErrorCode.NONE)
 
-    async def _describe_partition(self, group_id: str, topic_id: bytes, partition: int, count: int) -> Any:
+    async def _describe_partition(self, group_id: str, topic_id: bytes, partition: int, count: int) -> _DPartition:
         if not 0 <= partition < count:
             return _DPartition(partition_index=partition, start_offset=UNKNOWN_START_OFFSET, leader_epoch=0,
                                lag=UNKNOWN_LAG, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
@@ -174,7 +174,7 @@ class ShareGroupAdmin(ShareGroupHandlers):
     async def alter_share_group_offsets(self, ctx: RequestContext, req: messages.AlterShareGroupOffsetsRequest) -> messages.AlterShareGroupOffsetsResponse:
         group_id = req.group_id
 
-        def failed(code: int, message: str | None = None) -> Any:
+        def failed(code: int, message: str | None = None) -> AlterOffsetsResponse:
             return AlterOffsetsResponse(error_code=code, error_message=message, responses=[])
 
         refused = self._offsets_change_refused(ctx, group_id)
@@ -243,7 +243,7 @@ class ShareGroupAdmin(ShareGroupHandlers):
     async def delete_share_group_offsets(self, ctx: RequestContext, req: messages.DeleteShareGroupOffsetsRequest) -> messages.DeleteShareGroupOffsetsResponse:
         group_id = req.group_id
 
-        def failed(code: int, message: str | None = None) -> Any:
+        def failed(code: int, message: str | None = None) -> DeleteOffsetsResponse:
             return DeleteOffsetsResponse(error_code=code, error_message=message, responses=[])
 
         refused = self._offsets_change_refused(ctx, group_id)
@@ -340,7 +340,7 @@ class ShareGroupAdmin(ShareGroupHandlers):
         return DescribeGroupsResponse(groups=out)
 
 
-def describe_classic_group(group: ClassicGroup) -> Any:
+def describe_classic_group(group: ClassicGroup) -> _DescribedGroup:
     """DescribeGroups for a classic group: metadata and assignments only once it is Stable, as in Kafka."""
     stable = group.state == ClassicGroupState.STABLE
     members = [

@@ -7,7 +7,7 @@ share coordinator's (`ShareStateServices.share_coordinator`, set up by the broke
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.coordinator.share_coordinator import ShareCoordinator
@@ -30,11 +30,15 @@ if TYPE_CHECKING:
     from shoal.broker.apis.services import ApiTable, ShareStateServices
     from shoal.broker.network.connection import RequestContext
 
+# The request of one of the five RPCs; each names its partitions the same way.
+_RequestT = TypeVar("_RequestT", bound=StateRequest[StatePartition])
+
+
 def _handler(
     services: ShareStateServices, response_cls: type[StateResponseT],
-    method: Callable[[ShareCoordinator, Any], Awaitable[StateResponseT]],
-) -> Callable[[RequestContext, Any], Awaitable[StateResponseT]]:
-    async def handle(ctx: RequestContext, req: StateRequest[StatePartition]) -> StateResponseT:
+    method: Callable[[ShareCoordinator, _RequestT], Awaitable[StateResponseT]],
+) -> Callable[[RequestContext, _RequestT], Awaitable[StateResponseT]]:
+    async def handle(ctx: RequestContext, req: _RequestT) -> StateResponseT:
         if not ctx.authorize(Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME):
             return error_response(response_cls, req, same_error(req, ErrorCode.CLUSTER_AUTHORIZATION_FAILED))
         coordinator = services.share_coordinator

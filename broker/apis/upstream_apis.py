@@ -7,8 +7,8 @@ dispatch entries of the APIs they serve; every other API keeps its standalone ha
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import structlog
 
@@ -17,17 +17,34 @@ from shoal.broker.upstream.cluster import CoordinatorLookupFailed, Lane, Upstrea
 from shoal.broker.upstream.forwarder import DELETE_RECORDS, LIST_OFFSETS
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.codec import MessageBase
 from shoal.protocol.errors import ErrorCode
 
 if TYPE_CHECKING:
     from shoal.broker.apis.services import ApiTable, UpstreamServices
-    from shoal.broker.network.connection import RequestContext
+    from shoal.broker.network.connection import KafkaConnection, RequestContext
 
 log = structlog.get_logger("shoal.sidecar")
 
 _FETCH_LANE = "sidecar.fetch_lane"
 # ConfigResource types (Kafka's ConfigResource.Type codes) whose ACL resource is not the cluster.
 _CONFIG_TOPIC, _CONFIG_GROUP = 2, 32
+
+_Response = TypeVar("_Response", bound=MessageBase)
+_Item = TypeVar("_Item")
+_Answer = TypeVar("_Answer")
+# The group APIs answered by one coordinator call with a top-level error code.
+GroupRequest = (messages.JoinGroupRequest | messages.SyncGroupRequest | messages.HeartbeatRequest
+                | messages.LeaveGroupRequest | messages.ConsumerGroupHeartbeatRequest)
+
+
+class ConfigResource(Protocol):
+    """A resource of DescribeConfigs or IncrementalAlterConfigs: the same two fields in both."""
+
+    @property
+    def resource_type(self) -> int: ...
+    @property
+    def resource_name(self) -> str: ...
 
 
 class SidecarHandlers:
@@ -49,13 +66,13 @@ class SidecarHandlers:
         resolved = self.forward.cluster.topic_name(name, topic_id)
         return resolved is None or ctx.authorize(operation, ResourceType.TOPIC, resolved)
 
-    def on_connection_closed(self, conn: Any) -> None:
+    def on_connection_closed(self, conn: KafkaConnection) -> None:
         lane = conn.attachments.get(_FETCH_LANE)
         if lane is not None:
             self.services.forwarder.cluster.close_lane(lane)
 
-    async def _guard(self, ctx: RequestContext, call: Awaitable[Any],
-                     on_error: Callable[[int], Any] | None = None) -> Any:
+    async def _guard(self, ctx: RequestContext, call: Awaitable[_Answer],
+                     on_error: Callable[[int], _Answer] | None = None) -> _Answer | None:
         """Run a forwarded call. An unreachable upstream or a failed coordinator lookup becomes the API's
         retriable error when it has a place for one, else a logged close (the client retries elsewhere)."""
         api = messages.API_NAMES.get(ctx.header.api_key)
@@ -103,7 +120,8 @@ class SidecarHandlers:
         return response
 
     async def describe_topic_partitions(self, ctx: RequestContext,
-                                        req: messages.DescribeTopicPartitionsRequest) -> Any:
+                                        req: messages.DescribeTopicPartitionsRequest
+                                        ) -> messages.DescribeTopicPartitionsResponse | None:
         """KIP-966's paged topic description, from the upstream, with Shoal as every partition's leader."""
         response = await self._guard(
             ctx, self.forward.to_any_broker(ApiKey.DESCRIBE_TOPIC_PARTITIONS, req, ctx.api_version))
@@ -155,36 +173,39 @@ class SidecarHandlers:
             for p in t.partitions]) for t in denied]
         return response
 
-    async def list_offsets(self, ctx: RequestContext, req: messages.ListOffsetsRequest) -> Any:
+    async def list_offsets(self, ctx: RequestContext, req: messages.ListOffsetsRequest) -> messages.ListOffsetsResponse | None:
         return await self._partly(
-            ctx, req, "topics", lambda t: ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, t.name),
+            ctx, req, "topics", req.topics, lambda t: ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, t.name),
             lambda: self.forward.list_offsets(req, ctx.api_version), messages.ListOffsetsResponse, "topics",
             lambda t: LIST_OFFSETS.topic_cls(name=t.name, partitions=[LIST_OFFSETS.error_partition(
                 p.partition_index, ErrorCode.TOPIC_AUTHORIZATION_FAILED) for p in t.partitions]))
 
-    async def offset_for_leader_epoch(self, ctx: RequestContext, req: messages.OffsetForLeaderEpochRequest) -> Any:
+    async def offset_for_leader_epoch(self, ctx: RequestContext, req: messages.OffsetForLeaderEpochRequest
+                                      ) -> messages.OffsetForLeaderEpochResponse | None:
         return await self._guard(ctx, self.forward.offset_for_leader_epoch(req, ctx.api_version))
 
-    async def delete_records(self, ctx: RequestContext, req: messages.DeleteRecordsRequest) -> Any:
+    async def delete_records(self, ctx: RequestContext, req: messages.DeleteRecordsRequest) -> messages.DeleteRecordsResponse | None:
         return await self._partly(
-            ctx, req, "topics", lambda t: ctx.authorize(Operation.DELETE, ResourceType.TOPIC, t.name),
+            ctx, req, "topics", req.topics, lambda t: ctx.authorize(Operation.DELETE, ResourceType.TOPIC, t.name),
             lambda: self.forward.delete_records(req, ctx.api_version), messages.DeleteRecordsResponse, "topics",
             lambda t: DELETE_RECORDS.topic_cls(name=t.name, partitions=[DELETE_RECORDS.error_partition(
                 p.partition_index, ErrorCode.TOPIC_AUTHORIZATION_FAILED) for p in t.partitions]))
 
     # ---- administration -----------------------------------------------------------------------
 
-    async def to_any_broker(self, ctx: RequestContext, req: Any) -> Any:
+    async def to_any_broker(self, ctx: RequestContext, req: MessageBase) -> MessageBase | None:
         return await self._guard(ctx, self.forward.to_any_broker(ctx.header.api_key, req, ctx.api_version))
 
-    async def _partly(self, ctx: RequestContext, req: Any, items: str, allowed: Callable[[Any], bool],
-                      forward: Callable[[], Awaitable[Any]], response_cls: type[Any], results: str,
-                      refused: Callable[[Any], Any]) -> Any:
+    async def _partly(self, ctx: RequestContext, req: MessageBase, items: str, listed: Sequence[_Item],
+                      allowed: Callable[[_Item], bool], forward: Callable[[], Awaitable[_Response]],
+                      response_cls: type[_Response], results: str,
+                      refused: Callable[[_Item], MessageBase]) -> _Response | None:
         """Forward the items of a request the principal may act on; the others are answered here with their
-        authorization error, as Kafka answers each item of these requests on its own."""
-        denied = [item for item in getattr(req, items) if not allowed(item)]
+        authorization error, as Kafka answers each item of these requests on its own. `listed` is the
+        request's field `items`, given typed so the callbacks are checked against its item class."""
+        denied = [item for item in listed if not allowed(item)]
         if denied:
-            setattr(req, items, [item for item in getattr(req, items) if all(item is not d for d in denied)])
+            setattr(req, items, [item for item in listed if all(item is not d for d in denied)])
         if getattr(req, items) or not denied:
             response = await self._guard(ctx, forward())
             if response is None:
@@ -194,57 +215,58 @@ class SidecarHandlers:
         getattr(response, results).extend(refused(item) for item in denied)
         return response
 
-    async def create_topics(self, ctx: RequestContext, req: messages.CreateTopicsRequest) -> Any:
+    async def create_topics(self, ctx: RequestContext, req: messages.CreateTopicsRequest) -> messages.CreateTopicsResponse | None:
         cluster_ok = ctx.authorize(Operation.CREATE, ResourceType.CLUSTER, CLUSTER_NAME)
         result = messages.CreateTopicsResponse.CreatableTopicResult
         return await self._partly(
-            ctx, req, "topics", lambda t: cluster_ok or ctx.authorize(Operation.CREATE, ResourceType.TOPIC, t.name),
+            ctx, req, "topics", req.topics, lambda t: cluster_ok or ctx.authorize(Operation.CREATE, ResourceType.TOPIC, t.name),
             lambda: self.forward.to_any_broker(ApiKey.CREATE_TOPICS, req, ctx.api_version),
             messages.CreateTopicsResponse, "topics",
             lambda t: result(name=t.name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, num_partitions=-1,
                              replication_factor=-1, configs=[]))
 
-    async def delete_topics(self, ctx: RequestContext, req: messages.DeleteTopicsRequest) -> Any:
+    async def delete_topics(self, ctx: RequestContext, req: messages.DeleteTopicsRequest) -> messages.DeleteTopicsResponse | None:
         result = messages.DeleteTopicsResponse.DeletableTopicResult
         forward = lambda: self.forward.to_any_broker(ApiKey.DELETE_TOPICS, req, ctx.api_version)  # noqa: E731
         if ctx.api_version < 6:
             return await self._partly(
-                ctx, req, "topic_names", lambda n: ctx.authorize(Operation.DELETE, ResourceType.TOPIC, n), forward,
+                ctx, req, "topic_names", req.topic_names, lambda n: ctx.authorize(Operation.DELETE, ResourceType.TOPIC, n), forward,
                 messages.DeleteTopicsResponse, "responses",
                 lambda n: result(name=n, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED))
         return await self._partly(
-            ctx, req, "topics", lambda t: self._may(ctx, Operation.DELETE, t.name, t.topic_id), forward,
+            ctx, req, "topics", req.topics, lambda t: self._may(ctx, Operation.DELETE, t.name, t.topic_id), forward,
             messages.DeleteTopicsResponse, "responses",
             lambda t: result(name=t.name, topic_id=t.topic_id, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED))
 
-    async def create_partitions(self, ctx: RequestContext, req: messages.CreatePartitionsRequest) -> Any:
+    async def create_partitions(self, ctx: RequestContext, req: messages.CreatePartitionsRequest) -> messages.CreatePartitionsResponse | None:
         result = messages.CreatePartitionsResponse.CreatePartitionsTopicResult
         return await self._partly(
-            ctx, req, "topics", lambda t: ctx.authorize(Operation.ALTER, ResourceType.TOPIC, t.name),
+            ctx, req, "topics", req.topics, lambda t: ctx.authorize(Operation.ALTER, ResourceType.TOPIC, t.name),
             lambda: self.forward.to_any_broker(ApiKey.CREATE_PARTITIONS, req, ctx.api_version),
             messages.CreatePartitionsResponse, "results",
             lambda t: result(name=t.name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED))
 
-    async def describe_configs(self, ctx: RequestContext, req: messages.DescribeConfigsRequest) -> Any:
+    async def describe_configs(self, ctx: RequestContext, req: messages.DescribeConfigsRequest) -> messages.DescribeConfigsResponse | None:
         result = messages.DescribeConfigsResponse.DescribeConfigsResult
         return await self._partly(
-            ctx, req, "resources", lambda r: self._may_config(ctx, Operation.DESCRIBE_CONFIGS, r),
+            ctx, req, "resources", req.resources, lambda r: self._may_config(ctx, Operation.DESCRIBE_CONFIGS, r),
             lambda: self.forward.to_any_broker(ApiKey.DESCRIBE_CONFIGS, req, ctx.api_version),
             messages.DescribeConfigsResponse, "results",
             lambda r: result(error_code=_config_denied(r), resource_type=r.resource_type,
                              resource_name=r.resource_name, configs=[]))
 
-    async def incremental_alter_configs(self, ctx: RequestContext, req: messages.IncrementalAlterConfigsRequest) -> Any:
+    async def incremental_alter_configs(self, ctx: RequestContext, req: messages.IncrementalAlterConfigsRequest
+                                        ) -> messages.IncrementalAlterConfigsResponse | None:
         result = messages.IncrementalAlterConfigsResponse.AlterConfigsResourceResponse
         return await self._partly(
-            ctx, req, "resources", lambda r: self._may_config(ctx, Operation.ALTER_CONFIGS, r),
+            ctx, req, "resources", req.resources, lambda r: self._may_config(ctx, Operation.ALTER_CONFIGS, r),
             lambda: self.forward.to_any_broker(ApiKey.INCREMENTAL_ALTER_CONFIGS, req, ctx.api_version),
             messages.IncrementalAlterConfigsResponse, "responses",
             lambda r: result(error_code=_config_denied(r), resource_type=r.resource_type,
                              resource_name=r.resource_name))
 
     @staticmethod
-    def _may_config(ctx: RequestContext, operation: Operation, resource: Any) -> bool:
+    def _may_config(ctx: RequestContext, operation: Operation, resource: ConfigResource) -> bool:
         if resource.resource_type == _CONFIG_TOPIC:
             return ctx.authorize(operation, ResourceType.TOPIC, resource.resource_name)
         if resource.resource_type == _CONFIG_GROUP:
@@ -253,8 +275,9 @@ class SidecarHandlers:
 
     # ---- transactions -------------------------------------------------------------------------
 
-    async def init_producer_id(self, ctx: RequestContext, req: messages.InitProducerIdRequest) -> Any:
-        def error(code: int) -> Any:
+    async def init_producer_id(self, ctx: RequestContext, req: messages.InitProducerIdRequest
+                               ) -> messages.InitProducerIdResponse | None:
+        def error(code: int) -> messages.InitProducerIdResponse:
             return messages.InitProducerIdResponse(error_code=code, producer_id=-1, producer_epoch=-1)
 
         if req.transactional_id:
@@ -265,8 +288,9 @@ class SidecarHandlers:
             return error(ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
         return await self._guard(ctx, self.forward.init_producer_id(req, ctx.api_version), error)
 
-    async def add_partitions_to_txn(self, ctx: RequestContext, req: messages.AddPartitionsToTxnRequest) -> Any:
-        def error(code: int) -> Any:
+    async def add_partitions_to_txn(self, ctx: RequestContext, req: messages.AddPartitionsToTxnRequest
+                                    ) -> messages.AddPartitionsToTxnResponse | None:
+        def error(code: int) -> messages.AddPartitionsToTxnResponse:
             if ctx.api_version >= 4:
                 return messages.AddPartitionsToTxnResponse(error_code=code, results_by_transaction=[])
             result = messages.AddPartitionsToTxnResponse.AddPartitionsToTxnTopicResult
@@ -282,7 +306,7 @@ class SidecarHandlers:
             return error(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
         return await self._guard(ctx, self.forward.add_partitions_to_txn(req, ctx.api_version), error)
 
-    async def add_offsets_to_txn(self, ctx: RequestContext, req: messages.AddOffsetsToTxnRequest) -> Any:
+    async def add_offsets_to_txn(self, ctx: RequestContext, req: messages.AddOffsetsToTxnRequest) -> messages.AddOffsetsToTxnResponse | None:
         if not _may_txn(ctx, req.transactional_id):
             return messages.AddOffsetsToTxnResponse(error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
         if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
@@ -291,16 +315,17 @@ class SidecarHandlers:
             ctx, self.forward.txn_request(req.transactional_id, ApiKey.ADD_OFFSETS_TO_TXN, req, ctx.api_version),
             lambda code: messages.AddOffsetsToTxnResponse(error_code=code))
 
-    async def end_txn(self, ctx: RequestContext, req: messages.EndTxnRequest) -> Any:
+    async def end_txn(self, ctx: RequestContext, req: messages.EndTxnRequest) -> messages.EndTxnResponse | None:
         if not _may_txn(ctx, req.transactional_id):
             return messages.EndTxnResponse(error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
         return await self._guard(
             ctx, self.forward.txn_request(req.transactional_id, ApiKey.END_TXN, req, ctx.api_version),
             lambda code: messages.EndTxnResponse(error_code=code))
 
-    async def txn_offset_commit(self, ctx: RequestContext, req: messages.TxnOffsetCommitRequest) -> Any:
+    async def txn_offset_commit(self, ctx: RequestContext, req: messages.TxnOffsetCommitRequest
+                                ) -> messages.TxnOffsetCommitResponse | None:
         # Kafka sends TxnOffsetCommit to the group's coordinator, not the transaction's.
-        def error(code: int) -> Any:
+        def error(code: int) -> messages.TxnOffsetCommitResponse:
             topic = messages.TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic
             part = messages.TxnOffsetCommitResponse.TxnOffsetCommitResponsePartition
             return messages.TxnOffsetCommitResponse(topics=[
@@ -316,7 +341,7 @@ class SidecarHandlers:
 
     # ---- groups -------------------------------------------------------------------------------
 
-    async def group_call(self, ctx: RequestContext, req: Any) -> Any:
+    async def group_call(self, ctx: RequestContext, req: GroupRequest) -> MessageBase | None:
         """JoinGroup, SyncGroup, Heartbeat, LeaveGroup, ConsumerGroupHeartbeat: a top-level error code."""
         cls = messages.RESPONSES[ctx.header.api_key].cls
         if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
@@ -325,8 +350,9 @@ class SidecarHandlers:
             ctx, self.forward.group_request(req.group_id, ctx.header.api_key, req, ctx.api_version),
             lambda code: cls(error_code=code))
 
-    async def offset_commit(self, ctx: RequestContext, req: messages.OffsetCommitRequest) -> Any:
-        def error(code: int) -> Any:
+    async def offset_commit(self, ctx: RequestContext, req: messages.OffsetCommitRequest
+                            ) -> messages.OffsetCommitResponse | None:
+        def error(code: int) -> messages.OffsetCommitResponse:
             topic = messages.OffsetCommitResponse.OffsetCommitResponseTopic
             part = messages.OffsetCommitResponse.OffsetCommitResponsePartition
             return messages.OffsetCommitResponse(topics=[
@@ -339,7 +365,8 @@ class SidecarHandlers:
         return await self._guard(
             ctx, self.forward.group_request(req.group_id, ApiKey.OFFSET_COMMIT, req, ctx.api_version), error)
 
-    async def consumer_group_describe(self, ctx: RequestContext, req: messages.ConsumerGroupDescribeRequest) -> Any:
+    async def consumer_group_describe(self, ctx: RequestContext, req: messages.ConsumerGroupDescribeRequest
+                                      ) -> messages.ConsumerGroupDescribeResponse | None:
         if any(not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, g) for g in req.group_ids):
             return messages.ConsumerGroupDescribeResponse(groups=[
                 messages.ConsumerGroupDescribeResponse.DescribedGroup(
@@ -347,32 +374,33 @@ class SidecarHandlers:
                     members=[]) for g in req.group_ids])
         return await self._guard(ctx, self.forward.consumer_group_describe(req, ctx.api_version))
 
-    async def list_groups(self, ctx: RequestContext, req: messages.ListGroupsRequest) -> Any:
+    async def list_groups(self, ctx: RequestContext, req: messages.ListGroupsRequest) -> messages.ListGroupsResponse | None:
         return await self._guard(ctx, self.forward.list_groups(req, ctx.api_version),
                                  lambda code: messages.ListGroupsResponse(error_code=code, groups=[]))
 
-    async def describe_groups(self, ctx: RequestContext, req: messages.DescribeGroupsRequest) -> Any:
+    async def describe_groups(self, ctx: RequestContext, req: messages.DescribeGroupsRequest) -> messages.DescribeGroupsResponse | None:
         if any(not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, g) for g in req.groups):
             return messages.DescribeGroupsResponse(groups=[messages.DescribeGroupsResponse.DescribedGroup(
                 group_id=g, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, group_state="", protocol_type="",
                 protocol_data="", members=[]) for g in req.groups])
         return await self._guard(ctx, self.forward.describe_groups(req, ctx.api_version))
 
-    async def delete_groups(self, ctx: RequestContext, req: messages.DeleteGroupsRequest) -> Any:
+    async def delete_groups(self, ctx: RequestContext, req: messages.DeleteGroupsRequest) -> messages.DeleteGroupsResponse | None:
         if any(not ctx.authorize(Operation.DELETE, ResourceType.GROUP, g) for g in req.groups_names):
             return messages.DeleteGroupsResponse(results=[messages.DeleteGroupsResponse.DeletableGroupResult(
                 group_id=g, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED) for g in req.groups_names])
         return await self._guard(ctx, self.forward.delete_groups(req, ctx.api_version))
 
-    async def offset_delete(self, ctx: RequestContext, req: messages.OffsetDeleteRequest) -> Any:
+    async def offset_delete(self, ctx: RequestContext, req: messages.OffsetDeleteRequest) -> messages.OffsetDeleteResponse | None:
         if not ctx.authorize(Operation.DELETE, ResourceType.GROUP, req.group_id):
             return messages.OffsetDeleteResponse(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, topics=[])
         return await self._guard(
             ctx, self.forward.group_request(req.group_id, ApiKey.OFFSET_DELETE, req, ctx.api_version),
             lambda code: messages.OffsetDeleteResponse(error_code=code, topics=[]))
 
-    async def offset_fetch(self, ctx: RequestContext, req: messages.OffsetFetchRequest) -> Any:
-        def error(code: int) -> Any:
+    async def offset_fetch(self, ctx: RequestContext, req: messages.OffsetFetchRequest
+                           ) -> messages.OffsetFetchResponse | None:
+        def error(code: int) -> messages.OffsetFetchResponse:
             if ctx.api_version >= 8:
                 group = messages.OffsetFetchResponse.OffsetFetchResponseGroup
                 return messages.OffsetFetchResponse(groups=[group(group_id=g.group_id, topics=[], error_code=code)
@@ -389,7 +417,7 @@ def _may_txn(ctx: RequestContext, transactional_id: str) -> bool:
     return ctx.authorize(Operation.WRITE, ResourceType.TRANSACTIONAL_ID, transactional_id)
 
 
-def _config_denied(resource: Any) -> int:
+def _config_denied(resource: ConfigResource) -> int:
     if resource.resource_type == _CONFIG_TOPIC:
         return ErrorCode.TOPIC_AUTHORIZATION_FAILED
     if resource.resource_type == _CONFIG_GROUP:

@@ -82,7 +82,9 @@ class Broker:
         self.scram_credentials = ScramCredentialStore(Path(config["log.dirs"]))
         # TLS server contexts of the SSL / SASL_SSL listeners, by listener name (built in start()).
         self.ssl_contexts: dict[str, ssl.SSLContext] = {}
-        self.topics = TopicRegistry(Path(config["log.dirs"]), config)
+        self.purgatory = Purgatory()
+        # Every partition log reports its appends here: long polls woken, records and bytes counted.
+        self.topics = TopicRegistry(Path(config["log.dirs"]), config, purgatory=self.purgatory, metrics=self.metrics)
         self.log_cleaner = LogCleanerManager(
             CleanerConfig(
                 enable=bool(config["log.cleaner.enable"]),
@@ -94,7 +96,6 @@ class Broker:
             ),
             lambda: [plog for topic in list(self.topics.by_name.values()) for plog in topic.partitions],
         )
-        self.purgatory = Purgatory()
         self.apis: dict[int, Api] = {}
         self.connections: set[KafkaConnection] = set()
         self.connection_listeners: list[Callable[[KafkaConnection], None]] = []
@@ -361,8 +362,7 @@ class Broker:
         from shoal.broker.storage.partition_budget import PartitionBudget
 
         dead_letters = DeadLetterWriter(self.topics, self.config, self.group_configs, self.on_topic_created,
-                                        partition_budget=PartitionBudget(self.config, self.topics).problem,
-                                        purgatory=self.purgatory)
+                                        partition_budget=PartitionBudget(self.config, self.topics).problem)
         self.share_partitions = SharePartitionLeaders(self.persister, self.group_configs, self.purgatory,
                                                       dead_letters=dead_letters)
         self._wire_share_metrics()
@@ -426,7 +426,7 @@ class Broker:
         num_partitions = int(self.config["transaction.state.log.num.partitions"])
         txn_log = LazyInternalTopicLog(lambda: self.topics.get(TRANSACTION_STATE), self._create_transaction_state,
                                        num_partitions)
-        self.transaction_markers = TransactionMarkerWriter(self.topics, self.purgatory, self._on_marker_durable)
+        self.transaction_markers = TransactionMarkerWriter(self.topics, self._on_marker_durable)
         self.transaction_coordinator = TransactionCoordinator(
             txn_log, self.transaction_markers, self.producer_ids.allocate,
             max_timeout_ms=int(self.config["transaction.max.timeout.ms"]),

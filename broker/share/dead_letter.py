@@ -29,10 +29,8 @@ from dataclasses import dataclass
 import structlog
 
 from shoal.broker.common.config import BrokerConfig
-from shoal.broker.common.purgatory import LogKey, Purgatory
-from shoal.broker.storage.partition_log import OffsetOutOfRange, PartitionLog
+from shoal.broker.storage.partition_log import AppendOrigin, AppendRefused, OffsetOutOfRange, PartitionLog
 from shoal.broker.storage.topic_registry import Topic, TopicRegistry
-from shoal.protocol.record_batch import iter_batches
 from shoal.protocol.records import Header, RecordInput, decode_batches, encode_batch
 
 from .group_configs import (
@@ -89,10 +87,8 @@ class DeadLetterWriter:
         group_configs: GroupConfigs,
         on_topic_created: Callable[[Topic], None],
         partition_budget: Callable[[int], str | None] = lambda _n: None,
-        purgatory: Purgatory | None = None,
     ) -> None:
         self.topics = topics
-        self.purgatory = purgatory  # long polls on the dead-letter partition wake on each append
         self.broker_config = broker_config
         self.group_configs = group_configs
         self.on_topic_created = on_topic_created
@@ -168,13 +164,14 @@ class DeadLetterWriter:
                 Header(HEADER_MESSAGE, reason.encode()),
             ]
             records.append(RecordInput(key=key, value=value, headers=headers, timestamp=now))
-        limit = int(self.topics.effective_config(topic)["max.message.bytes"][0])
-        buf = bytearray(b"".join(encode_batch(chunk) for chunk in _chunks(records, limit)))
-        dlq_log.append(buf, list(iter_batches(buf)))
-        if self.purgatory is not None:
-            # As a produce does: Fetch and ShareFetch long polls on this partition see the new records now.
-            self.purgatory.notify(LogKey(topic.topic_id, index))
-        await dlq_log.flush(dlq_log.log_end_offset)
+        batches = b"".join(encode_batch(chunk) for chunk in _chunks(records, dlq_log.config.produce.max_message_bytes))
+        try:
+            # The topic's rules (compression.type, timestamps, max.message.bytes) apply as to a produce, and
+            # long polls on the partition wake.
+            result = dlq_log.append_as_leader(batches, origin=AppendOrigin.COORDINATOR)
+        except AppendRefused as exc:
+            raise NotDeadLettered(f"The DLQ topic {topic.name} refused the records: {exc}") from exc
+        await dlq_log.flush(result.last_offset + 1)
         if self.on_written is not None:
             self.on_written(source.group_id, len(records))
         return len(records)

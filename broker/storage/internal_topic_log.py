@@ -24,6 +24,7 @@ from shoal.protocol.records import (
     encode_batch,
 )
 
+from .partition_log import AppendOrigin
 from .topic_registry import Topic
 
 log = structlog.get_logger("shoal.internal_topic")
@@ -45,18 +46,20 @@ class InternalTopicLog:
         return first
 
     def append_nowait(self, partition: int, records: list[CoordinatorRecord]) -> int:
+        """Append as the coordinator, through the checks and bookkeeping every writer gets
+        (`PartitionLog.append_as_leader`); raises AppendRefused if the topic's rules refuse the batch."""
+        batch = encode_batch([RecordInput(key=k, value=v) for k, v in map(encode_record, records)])
         plog = self.topic.partitions[partition]
-        batch = bytearray(encode_batch([RecordInput(key=k, value=v) for k, v in map(encode_record, records)]))
-        return plog.append(batch, list(iter_batches(batch))).base_offset
+        return plog.append_as_leader(batch, origin=AppendOrigin.COORDINATOR).base_offset
 
     def append_transactional_nowait(self, partition: int, records: list[CoordinatorRecord], producer_id: int,
                                     producer_epoch: int) -> int:
         """Append records as one transactional batch of the producer (TxnOffsetCommit); its marker later
         decides whether they count."""
+        batch = encode_batch([RecordInput(key=k, value=v) for k, v in map(encode_record, records)],
+                             producer_id=producer_id, producer_epoch=producer_epoch, is_transactional=True)
         plog = self.topic.partitions[partition]
-        batch = bytearray(encode_batch([RecordInput(key=k, value=v) for k, v in map(encode_record, records)],
-                                       producer_id=producer_id, producer_epoch=producer_epoch, is_transactional=True))
-        return plog.append(batch, list(iter_batches(batch))).base_offset
+        return plog.append_as_leader(batch, origin=AppendOrigin.COORDINATOR).base_offset
 
     async def flush(self, partition: int, end_offset: int) -> None:
         await self.topic.partitions[partition].flush(end_offset)

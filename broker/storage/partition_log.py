@@ -8,6 +8,12 @@ Crash safety: a sealed segment's index files are written only after its `.log` w
 sealed segments with index files are trusted and only the active segment (plus any sealed segment whose
 index never made it to disk) is re-scanned with CRC checks; a torn tail is truncated.
 
+Appends: `append_as_leader` is the one entry for every writer (Produce, the coordinators, the transaction
+marker writer, the dead-letter writer), as Kafka's `UnifiedLog.appendAsLeader` with what its
+`ReplicaManager.appendRecords` adds: the topic's rules (`LogConfig.produce`), producer sequences and
+transactions, the append itself, the wake-up of long polls parked on the partition and the per-topic
+metrics. `append` below it only assigns offsets and writes.
+
 Transactions: each segment's `.txnindex` lists the aborted transactions whose marker it holds (appended,
 fsynced with the segment); recovery re-reads the re-scanned segments from the snapshot of open
 transactions saved at the first one's base and rewrites their transaction index, so a power cut cannot
@@ -18,19 +24,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import json
 import os
 import shutil
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
 from shoal.backoff import Backoff
-from shoal.broker.storage.log_config import roll_jitter_ms
+from shoal.broker.common.purgatory import LogKey, Purgatory
+from shoal.broker.storage.log_config import (
+    ProducePolicy,
+    batch_too_large,
+    needs_recompression,
+    recompress,
+    roll_jitter_ms,
+)
 from shoal.broker.storage.log_roll import first_record_with_timestamp, preallocate, roll_due
 from shoal.broker.storage.log_segment import (
     CLEANED_SUFFIX,
@@ -50,20 +65,31 @@ from shoal.broker.storage.log_segment import (
     write_snapshot,
 )
 from shoal.broker.storage.producer_state import AbortedTxn, PartitionProducerState
+from shoal.protocol.errors import ErrorCode
 from shoal.protocol.record_batch import (
     BatchHeader,
     InvalidRecordBatch,
     iter_batches,
+    parse_batch_header,
     set_base_offset,
     set_log_append_time,
 )
 from shoal.protocol.records import (
     CONTROL_COMMIT,
+    InvalidRecord,
+    InvalidTimestamp,
+    TimestampBounds,
     control_record_type,
     decode_batch,
     decode_records,
     encode_txn_marker,
+    validate_batch_for_append,
 )
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter
+
+    from shoal.broker.common.metrics import BrokerMetrics
 
 log = structlog.get_logger(__name__)
 
@@ -105,6 +131,8 @@ class LogConfig:
     segment_index_bytes: int = 10 * 1024 * 1024
     preallocate: bool = False
     file_delete_delay_ms: int = 60_000
+    # What an append as leader checks and rewrites (max.message.bytes, timestamps, compression.type).
+    produce: ProducePolicy = field(default_factory=ProducePolicy)
 
     def __post_init__(self) -> None:
         # Index entries store file positions as int32.
@@ -130,12 +158,63 @@ class LogClosed(Exception):
     """The log was closed or deleted."""
 
 
+class AppendOrigin(enum.Enum):
+    """Who appends, which decides how much is checked (Kafka's AppendOrigin)."""
+
+    # A producer's Produce: every check, sequences included; no control batches.
+    CLIENT = "client"
+    # The broker's own writers (coordinators, transaction markers, dead letters): the topic's rules and
+    # the record walk, control batches allowed, no sequences (their batches carry none).
+    COORDINATOR = "coordinator"
+    # Batches that passed a leader's checks elsewhere and are copied as they are (Kafka's follower
+    # append): framing and CRC only, nothing rewritten, producer state taken from them without refusal.
+    REPLICATION = "replication"
+
+
+# The log line of a refused append, by origin (operators grep for "rejected produce").
+_REJECTED = {
+    AppendOrigin.CLIENT: "rejected produce",
+    AppendOrigin.COORDINATOR: "rejected coordinator append",
+    AppendOrigin.REPLICATION: "rejected replicated append",
+}
+
+# KIP-890 part 1: (transactional id, producer id, epoch, (topic, partition)) -> the transaction coordinator's
+# answer to "is this partition in the producer's open transaction?" (an ErrorCode).
+TransactionVerifier = Callable[[str, int, int, tuple[str, int]], int]
+
+
+@dataclass(frozen=True, slots=True)
+class LogContext:
+    """What a partition's log knows of its place in the broker: the partition it is (the long polls' wake
+    key, the per-topic metrics), whether its topic is internal, and where its appends are reported. A log
+    opened without one (tests, tools) reports nowhere."""
+
+    topic: str = ""
+    topic_id: bytes = bytes(16)
+    partition: int = 0
+    internal: bool = False
+    purgatory: Purgatory | None = None
+    metrics: BrokerMetrics | None = None
+
+
+class AppendRefused(Exception):
+    """An append as leader refused, with the Kafka error code a Produce answers it with."""
+
+    def __init__(self, error_code: int, message: str | None = None, *, log_start_offset: int = -1) -> None:
+        super().__init__(message or ErrorCode(error_code).name)
+        self.error_code = error_code
+        self.message = message
+        self.log_start_offset = log_start_offset
+
+
 @dataclass
 class AppendResult:
     base_offset: int
     last_offset: int
     log_append_time: int  # -1 unless the batches were stamped with LogAppendTime
     log_start_offset: int
+    # A producer's retry of a batch already in the log: nothing was appended, the offsets are the first's.
+    duplicate: bool = False
 
 
 @dataclass
@@ -147,9 +226,11 @@ class _FlushPlan:
 
 
 class PartitionLog:
-    def __init__(self, directory: Path, config: LogConfig) -> None:
+    def __init__(self, directory: Path, config: LogConfig, context: LogContext | None = None) -> None:
         self.directory = directory
         self.config = config
+        self.context = context or LogContext()
+        self._metric_children: tuple[Counter, Counter] | None = None
         self.segments: list[LogSegment] = []
         self._bases: list[int] = []
         self.log_start_offset = 0
@@ -177,11 +258,11 @@ class PartitionLog:
     # -- open / recovery ---------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, directory: Path, config: LogConfig) -> PartitionLog:
+    def open(cls, directory: Path, config: LogConfig, context: LogContext | None = None) -> PartitionLog:
         """Open (creating if missing) the log in `directory`, recovering the active segment."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        plog = cls(directory, config)
+        plog = cls(directory, config, context)
         plog._load()
         return plog
 
@@ -504,11 +585,148 @@ class PartitionLog:
     def append_marker(self, *, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
                       timestamp_ms: int) -> AppendResult:
         """Write a transaction's COMMIT or ABORT control batch and close the transaction here."""
-        batch = bytearray(encode_txn_marker(commit=commit, producer_id=producer_id, producer_epoch=producer_epoch,
-                                            coordinator_epoch=coordinator_epoch, timestamp=timestamp_ms))
-        return self.append(batch, list(iter_batches(batch)))
+        batch = encode_txn_marker(commit=commit, producer_id=producer_id, producer_epoch=producer_epoch,
+                                  coordinator_epoch=coordinator_epoch, timestamp=timestamp_ms)
+        return self.append_as_leader(batch, origin=AppendOrigin.COORDINATOR)
 
     # -- append ------------------------------------------------------------------------------------
+
+    def append_as_leader(
+        self,
+        records: bytes | bytearray | memoryview | None,
+        *,
+        origin: AppendOrigin = AppendOrigin.CLIENT,
+        internal_topics_allowed: bool = False,
+        transactional_id: str | None = None,
+        verify_transaction: TransactionVerifier | None = None,
+    ) -> AppendResult:
+        """Check `records` as `origin` requires, append them (page cache only; `flush` makes them durable),
+        track their producers and transactions, wake the partition's long polls and count them.
+
+        Raises AppendRefused with the Kafka error code when the records are refused; nothing is appended
+        then. A client's retry of one of its producer's last batches is answered with that batch's
+        offsets (`duplicate`) and appends nothing. `internal_topics_allowed` and the transaction
+        verification apply to CLIENT appends (Kafka's admin client id may write internal topics).
+        """
+        self._check_open()
+        ctx = self.context
+        client = origin is AppendOrigin.CLIENT
+        if client and ctx.internal and not internal_topics_allowed:
+            log.warning("rejected produce to an internal topic", topic=ctx.topic, partition=ctx.partition)
+            raise AppendRefused(ErrorCode.INVALID_TOPIC_EXCEPTION, f"Cannot append to internal topic {ctx.topic}")
+        if client:
+            self._verify_transaction(records, transactional_id, verify_transaction)
+        if not records:
+            raise AppendRefused(ErrorCode.CORRUPT_MESSAGE, "empty record set")
+        buf = bytearray(records)
+        policy = self.config.produce
+        stamp = policy.log_append_time and origin is not AppendOrigin.REPLICATION
+        try:
+            if origin is AppendOrigin.REPLICATION:
+                headers = list(iter_batches(buf, check_crc=True))
+            else:
+                buf, headers = self._validate(buf, policy, stamp, origin)
+        except InvalidRecordBatch as exc:
+            # Kafka separates a batch that breaks the rules (INVALID_RECORD, not retried) from damaged bytes.
+            code = (ErrorCode.INVALID_TIMESTAMP if isinstance(exc, InvalidTimestamp)
+                    else ErrorCode.INVALID_RECORD if isinstance(exc, InvalidRecord) else ErrorCode.CORRUPT_MESSAGE)
+            log.warning(_REJECTED[origin], topic=ctx.topic, partition=ctx.partition, error=str(exc),
+                        error_code=int(code))
+            raise AppendRefused(code, str(exc)) from exc
+        # Only idempotent batches need the producer state; touching it first rebuilds it from the log's tail.
+        idempotent = [h for _p, h in headers if h.producer_id >= 0 and h.base_sequence >= 0 and not h.is_control]
+        state = self.producer_state if idempotent else None
+        if state is not None and client:
+            for header in idempotent:
+                check = state.check(header.producer_id, header.producer_epoch, header.base_sequence,
+                                    header.records_count)
+                if check.error != ErrorCode.NONE:
+                    raise AppendRefused(check.error, log_start_offset=self.log_start_offset)
+                if check.duplicate_offset >= 0:
+                    # A retry of a batch we already appended: answer with its original offset, append nothing.
+                    return AppendResult(check.duplicate_offset, check.duplicate_offset + header.records_count - 1,
+                                        -1, self.log_start_offset, duplicate=True)
+        append_time = int(time.time() * 1000) if stamp else -1
+        result = self.append(buf, headers, log_append_time_ms=append_time if stamp else None)
+        if state is not None:
+            # append() set each header's base offset.
+            for header in idempotent:
+                state.record(header.producer_id, header.producer_epoch, header.base_sequence,
+                             header.last_offset_delta + 1, header.base_offset,
+                             append_time if stamp else header.max_timestamp)
+        self._count(sum(h.records_count for _p, h in headers), len(buf))
+        if ctx.purgatory is not None:
+            # Fetch and ShareFetch long polls on this partition see the new records now.
+            ctx.purgatory.notify(LogKey(ctx.topic_id, ctx.partition))
+        return result
+
+    def _validate(self, buf: bytearray, policy: ProducePolicy, stamp: bool,
+                  origin: AppendOrigin) -> tuple[bytearray, list[tuple[int, BatchHeader]]]:
+        """Kafka's LogValidator over the batches in `buf`: their size against max.message.bytes, CRC and
+        records, timestamps (CreateTime), keys of a compacted topic; then the topic's compression.type.
+        Returns the batches to append (`buf`, or its recompressed copy) and their headers."""
+        bounds = None if stamp else TimestampBounds(
+            int(time.time() * 1000), policy.timestamp_before_max_ms, policy.timestamp_after_max_ms
+        )
+        headers = list(iter_batches(buf))
+        for pos, header in headers:
+            self._check_size(header, policy, origin)
+            validate_batch_for_append(buf, pos, header, timestamp_bounds=bounds, require_keys=self.config.compact,
+                                      from_client=origin is AppendOrigin.CLIENT)
+        # As Kafka, control batches (transaction markers) are never compressed by the broker.
+        if needs_recompression(headers, policy) and not any(h.is_control for _p, h in headers):
+            buf, headers = recompress(buf, headers, policy)
+            for _pos, header in headers:
+                self._check_size(header, policy, origin)
+        return buf, headers
+
+    def _check_size(self, header: BatchHeader, policy: ProducePolicy, origin: AppendOrigin) -> None:
+        too_large = batch_too_large(header, policy)
+        if too_large is not None:
+            log.info(_REJECTED[origin], topic=self.context.topic, partition=self.context.partition, error=too_large)
+            raise AppendRefused(ErrorCode.MESSAGE_TOO_LARGE, too_large)
+
+    def _verify_transaction(self, records: bytes | bytearray | memoryview | None, transactional_id: str | None,
+                            verify: TransactionVerifier | None) -> None:
+        """KIP-890 part 1 (Kafka's ReplicaManager transaction verification): the first transactional batch
+        of a producer on a partition is appended only if the coordinator has the partition in that
+        producer's open transaction, so a late retry after an abort or a fenced producer's write cannot
+        open a transaction no one will end."""
+        if not records:
+            return
+        try:
+            header = parse_batch_header(records, 0, whole=False)
+        except InvalidRecordBatch:
+            return  # the validation answers with the right error
+        if not header.is_transactional:
+            return
+        if transactional_id is None:
+            # Kafka refuses transactional records without a transactional id the same way.
+            raise AppendRefused(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        if verify is None or header.producer_id in self.producer_state.ongoing:
+            return
+        ctx = self.context
+        code = verify(transactional_id, header.producer_id, header.producer_epoch, (ctx.topic, ctx.partition))
+        if code == ErrorCode.PRODUCER_FENCED:
+            code = ErrorCode.INVALID_PRODUCER_EPOCH  # what Produce has always answered a fenced producer
+        if code != ErrorCode.NONE:
+            log.info("transactional produce refused by verification", transactional_id=transactional_id,
+                     topic=ctx.topic, partition=ctx.partition, producer_id=header.producer_id,
+                     producer_epoch=header.producer_epoch, error_code=int(code))
+            raise AppendRefused(code)
+
+    def _count(self, records: int, size: int) -> None:
+        metrics = self.context.metrics
+        if metrics is None:
+            return
+        children = self._metric_children
+        if children is None:
+            # Looking a child up by its label costs more than the count: keep this topic's.
+            topic = self.context.topic
+            children = self._metric_children = (metrics.messages_in.labels(topic=topic),
+                                                metrics.log_bytes_in.labels(topic=topic))
+        children[0].inc(records)
+        children[1].inc(size)
 
     def append(
         self,

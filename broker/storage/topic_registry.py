@@ -17,6 +17,8 @@ from pathlib import Path
 import structlog
 
 from shoal.broker.common.config import BrokerConfig
+from shoal.broker.common.metrics import BrokerMetrics
+from shoal.broker.common.purgatory import Purgatory
 from shoal.protocol.errors import shorten
 from shoal.protocol.uuids import uuid_to_str as topic_id_to_str
 
@@ -30,7 +32,7 @@ from .log_config import (
     segment_bytes,
     validate_topic_config,
 )
-from .partition_log import LogConfig, PartitionLog
+from .partition_log import LogConfig, LogContext, PartitionLog
 
 log = structlog.get_logger("shoal.topics")
 
@@ -69,8 +71,6 @@ class Topic:
     # The partition count the topic was created with (None: a registry written before it was kept). An
     # internal topic's coordinators place their keys by it, whatever partitions were added later.
     created_partitions: int | None = None
-    # What produce checks and rewrites, from the topic's configs and the broker's defaults.
-    policy: ProducePolicy = field(default_factory=ProducePolicy)
 
     @property
     def internal(self) -> bool:
@@ -78,9 +78,13 @@ class Topic:
 
 
 class TopicRegistry:
-    def __init__(self, data_dir: Path, broker_config: BrokerConfig):
+    def __init__(self, data_dir: Path, broker_config: BrokerConfig, *, purgatory: Purgatory | None = None,
+                 metrics: BrokerMetrics | None = None):
         self.data_dir = data_dir
         self.broker_config = broker_config
+        # Where every partition's appends are reported: long polls woken, records and bytes counted.
+        self.purgatory = purgatory
+        self.metrics = metrics
         self.by_name: dict[str, Topic] = {}
         self.by_id: dict[bytes, Topic] = {}
 
@@ -99,9 +103,7 @@ class TopicRegistry:
                           created if isinstance(created, int) and created > 0 else None)
             self._apply(topic)
             cfg = self.log_config(topic.configs)
-            topic.partitions = [
-                PartitionLog.open(self.partition_dir(topic.name, p), cfg) for p in range(entry["partitions"])
-            ]
+            topic.partitions = [self._open_partition(topic.name, topic_id, p, cfg) for p in range(entry["partitions"])]
             self._index(topic)
         log.info("topics loaded", count=len(self.by_name))
 
@@ -135,6 +137,10 @@ class TopicRegistry:
 
     def partition_dir(self, topic: str, partition: int) -> Path:
         return self.data_dir / f"{topic}-{partition}"
+
+    def _open_partition(self, topic: str, topic_id: bytes, partition: int, cfg: LogConfig) -> PartitionLog:
+        context = LogContext(topic, topic_id, partition, topic in INTERNAL_TOPICS, self.purgatory, self.metrics)
+        return PartitionLog.open(self.partition_dir(topic, partition), cfg, context)
 
     def get(self, name: str) -> Topic | None:
         return self.by_name.get(name)
@@ -179,6 +185,7 @@ class TopicRegistry:
             segment_index_bytes=pick("segment.index.bytes"),
             preallocate=effective_value("preallocate", overrides, bc).lower() == "true",
             file_delete_delay_ms=pick("file.delete.delay.ms"),
+            produce=ProducePolicy.of(overrides, bc),
         )
 
     def configs_of(self, topic: Topic) -> dict[str, ConfigValue]:
@@ -190,7 +197,6 @@ class TopicRegistry:
         return {key: (cv.value if cv.value is not None else "", cv.explicit) for key, cv in self.configs_of(topic).items()}
 
     def _apply(self, topic: Topic) -> None:
-        topic.policy = ProducePolicy.of(topic.configs, self.broker_config)
         note_no_effect(topic.name, topic.configs)
 
     # ---- changes -------------------------------------------------------------------------------
@@ -201,7 +207,7 @@ class TopicRegistry:
         topic_id = uuid.uuid4().bytes
         configs = dict(configs or {})
         cfg = self.log_config(configs)
-        partitions = [PartitionLog.open(self.partition_dir(name, p), cfg) for p in range(num_partitions)]
+        partitions = [self._open_partition(name, topic_id, p, cfg) for p in range(num_partitions)]
         topic = Topic(name, topic_id, partitions, configs, num_partitions)
         self._apply(topic)
         self._index(topic)
@@ -212,7 +218,7 @@ class TopicRegistry:
     def add_partitions(self, topic: Topic, total: int) -> None:
         cfg = self.log_config(topic.configs)
         for p in range(len(topic.partitions), total):
-            topic.partitions.append(PartitionLog.open(self.partition_dir(topic.name, p), cfg))
+            topic.partitions.append(self._open_partition(topic.name, topic.topic_id, p, cfg))
         self._save()
 
     def set_created_partitions(self, topic: Topic, count: int) -> None:

@@ -1,9 +1,10 @@
 """Transaction markers: the COMMIT or ABORT control batch that ends a producer's transaction on one partition.
 
 One writer serves the transaction coordinator (which ends its own transactions) and the WriteTxnMarkers API
-(which an operator's `Admin.abortTransaction` uses to end a hanging one): append the marker, wake the
-partition's long polls, fsync, and only then report it durable, so whoever reacts to the marker (the group
-coordinator releases a transaction's offset commits) never acts on one a power cut could take back.
+(which an operator's `Admin.abortTransaction` uses to end a hanging one): append the marker as the
+coordinator (`PartitionLog.append_as_leader`, which also wakes the partition's long polls), fsync, and only
+then report it durable, so whoever reacts to the marker (the group coordinator releases a transaction's
+offset commits) never acts on one a power cut could take back.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from collections.abc import Callable, Iterable
 
 import structlog
 
-from shoal.broker.common.purgatory import LogKey, Purgatory
 from shoal.broker.storage.partition_log import LogClosed
 from shoal.broker.storage.topic_registry import TopicRegistry
 
@@ -26,9 +26,8 @@ MarkerDurable = Callable[[str, int, int, bool], None]
 
 
 class TransactionMarkerWriter:
-    def __init__(self, topics: TopicRegistry, purgatory: Purgatory, on_durable: MarkerDurable):
+    def __init__(self, topics: TopicRegistry, on_durable: MarkerDurable):
         self.topics = topics
-        self.purgatory = purgatory
         self.on_durable = on_durable
 
     async def write_marker(self, topic_name: str, index: int, producer_id: int, producer_epoch: int, commit: bool,
@@ -42,7 +41,6 @@ class TransactionMarkerWriter:
         try:
             result = plog.append_marker(producer_id=producer_id, producer_epoch=producer_epoch, commit=commit,
                                         coordinator_epoch=coordinator_epoch, timestamp_ms=int(time.time() * 1000))
-            self.purgatory.notify(LogKey(topic.topic_id, index))
             await plog.flush(result.last_offset + 1)
         except LogClosed:
             if self.topics.get(topic_name) is not topic:

@@ -71,7 +71,7 @@ def test_an_aborted_transaction_never_erases_a_committed_value_of_its_key(tmp_pa
         topic = unique_name("txn-compacted")
         admin = AdminClient({"bootstrap.servers": bootstrap})
         admin.create_topics([NewTopic(topic, 1, 1, config={
-            "cleanup.policy": "compact", "segment.bytes": "16384", "min.cleanable.dirty.ratio": "0.01",
+            "cleanup.policy": "compact", "internal.segment.bytes": "16384", "min.cleanable.dirty.ratio": "0.01",
             "delete.retention.ms": "1000"})])[topic].result(30)
         _produce_plain(bootstrap, topic, [(b"k", b"v1")])
         producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": unique_name("tx")})

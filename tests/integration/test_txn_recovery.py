@@ -41,7 +41,7 @@ def test_a_power_cut_after_an_abort_never_delivers_the_aborted_records(tmp_path:
     try:
         topic = unique_name("txn-cut")
         admin = AdminClient({"bootstrap.servers": proc.bootstrap})
-        admin.create_topics([NewTopic(topic, 1, 1, config={"segment.bytes": "16384"})])[topic].result(30)
+        admin.create_topics([NewTopic(topic, 1, 1, config={"internal.segment.bytes": "16384"})])[topic].result(30)
         producer = Producer({"bootstrap.servers": proc.bootstrap, "transactional.id": unique_name("tx"),
                              "linger.ms": 5})
         producer.init_transactions(30)
