@@ -8,7 +8,9 @@
 #  4. runs the test stack (docker/docker-compose.test.yml, project shoal-test) to the exit code of its
 #     `tests` service, then takes it down with its volumes;
 #  5. runs tests/compose (the main stack's deployment cases) with a project of their own.
-# The exit code is non-zero if either run failed.
+# The exit code is non-zero if either run failed: 2 when this machine cannot run the stacks at all (no engine
+# can be started, too little disk, no base image) and 3 when the images cannot be built (the package
+# mirrors or PyPI unreachable, or a broken Dockerfile), so a caller can tell those from a failed test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +23,11 @@ TEST_PROJECT=shoal-test
 
 log() { echo "compose-test: $*" >&2; }
 
+# The exit code, also written here for callers that run this through make (which turns it into 2).
+STATUS_FILE=${COMPOSE_TEST_STATUS_FILE:-/tmp/shoal-compose-test.status}
+rm -f "$STATUS_FILE"
+record_status() { echo "$1" >"$STATUS_FILE"; }
+
 # An engine this script started is stopped again at the end (KEEP_DOCKERD=1 leaves it running), so a CI
 # job leaves no daemon behind; the images and the build cache stay on disk for the next run.
 started_dockerd=
@@ -30,7 +37,7 @@ stop_engine() {
     for _ in $(seq 60); do kill -0 "$started_dockerd" 2>/dev/null || return 0; sleep 1; done
     log "dockerd ($started_dockerd) still running after 60 s"
 }
-trap stop_engine EXIT
+trap 'record_status $?; stop_engine' EXIT
 
 start_engine() {
     docker info >/dev/null 2>&1 && return 0
@@ -63,6 +70,19 @@ compose_cli() {
     if docker compose version >/dev/null 2>&1; then echo "docker compose"; else echo "docker-compose"; fi
 }
 
+# On vfs every layer is a full copy: a cold build of the three images peaks near 20 GB.
+MIN_FREE_GB=${MIN_FREE_GB:-25}
+check_disk() {
+    local root free_kb
+    root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null || echo /var/lib/docker)
+    mkdir -p "$root"
+    free_kb=$(df -Pk "$root" | awk 'NR == 2 {print $4}')
+    if [ "$free_kb" -lt $((MIN_FREE_GB * 1024 * 1024)) ]; then
+        log "only $((free_kb / 1024 / 1024)) GB free under $root; a cold build needs about $MIN_FREE_GB GB"
+        exit 2
+    fi
+}
+
 ensure_base_image() {
     docker image inspect "$BASE_IMAGE" >/dev/null 2>&1 && return 0
     if timeout 120 docker pull "$BASE_IMAGE" >/dev/null 2>&1; then return 0; fi
@@ -72,6 +92,7 @@ ensure_base_image() {
 }
 
 start_engine
+check_disk
 ensure_base_image
 
 if cli=$(buildkit_cli); then
@@ -98,11 +119,14 @@ remove_replaced_images() {
 }
 
 log "building images"
-"${test_stack[@]}" build
+"${test_stack[@]}" build || { log "building the test stack's images failed"; exit 3; }
+# The main stack's own images too (tests/compose starts it with --build, which is then a cache hit).
+"${COMPOSE[@]}" -p shoal-build -f docker/docker-compose.yml build shoal spark-orders-job \
+    || { log "building the main stack's images failed"; exit 3; }
 
 status=0
 cleanup() { "${test_stack[@]}" down -v --remove-orphans >/dev/null 2>&1 || true; }
-trap 'cleanup; remove_replaced_images; stop_engine' EXIT
+trap 'record_status $?; cleanup; remove_replaced_images; stop_engine' EXIT
 cleanup  # a stack left over from an interrupted run
 log "running the test stack"
 "${test_stack[@]}" up --no-build --exit-code-from tests || status=$?
