@@ -1,4 +1,5 @@
-# Shoal: `make run` starts a broker on 127.0.0.1:9092 with data in ./data; `make test` runs every test.
+# Shoal: `make run` starts a broker on 127.0.0.1:9092 with data in ./data; `make test` runs every test;
+# `make compose-test` runs the docker-compose test stack and the deployment tests (needs Docker, see README).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -8,7 +9,7 @@ QUIX_VENV := .venv-quix
 # protocol/, coordinator/ and persister/ are also checked with --strict.
 STRICT_PACKAGES := -p shoal.protocol -p shoal.coordinator -p shoal.persister
 
-.PHONY: run test check install install-test lint typecheck unit integration bench clean generate
+.PHONY: run test check install install-test lint typecheck unit integration bench clean generate compose-test compose-up compose-down
 
 $(VENV)/.installed: pyproject.toml setup.py protocol/_record_walk.c
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +60,21 @@ lint: install-test
 # Typed message classes and ApiKey from protocol/specs (a unit test fails when they are stale).
 generate: install
 	$(PY) -m shoal.protocol.generate
+
+# Docker: the stacks always get a project name of their own (`-p`); both files sit in docker/, and without it
+# they would share the project `docker`, containers and volumes included.
+COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+# Scripts that build local stand-ins for base images Docker Hub cannot serve here (see README).
+STANDINS ?= ../shared/tools/docker-standins
+
+compose-test: install-test
+	STANDINS=$(STANDINS) PYTEST=$(VENV)/bin/pytest docker/compose-test.sh
+
+compose-up:
+	$(COMPOSE) -p shoal -f docker/docker-compose.yml up -d --build
+
+compose-down:
+	$(COMPOSE) -p shoal -f docker/docker-compose.yml down
 
 bench: install-test
 	$(PY) bench/bench_produce_fetch.py

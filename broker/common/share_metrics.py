@@ -47,7 +47,11 @@ class Broker(Protocol):
 PROTOCOL = "share"
 ACK_TYPE_NAMES = {t.value: t.name.lower() for t in AcknowledgeType}  # metric label per wire value
 GROUP_STATES = ("Empty", "Stable", "Dead")
+SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+# The millisecond families of the previous release, kept for one more release as deprecated aliases of the
+# `_seconds` ones (same observations, in ms) so existing dashboards and alerts keep working meanwhile.
 MS_BUCKETS = (0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000)
+DEPRECATED = "Deprecated alias of {} in milliseconds; removed in the next release."
 
 
 class WindowedMax:
@@ -94,13 +98,23 @@ class ShareGroupMetrics:
             ["protocol", "ack_type"], registry=r,
         )
         self.partition_load_time = Histogram(
+            "shoal_group_coordinator_partition_load_time_seconds",
+            "Seconds to load a share partition's state on its leader (partition-load-time-avg = sum/count).",
+            ["protocol"], registry=r, buckets=SECONDS_BUCKETS,
+        )
+        self.partition_load_time_ms = Histogram(
             "shoal_group_coordinator_partition_load_time_ms",
-            "Milliseconds to load a share partition's state on its leader (partition-load-time-avg = sum/count).",
+            DEPRECATED.format("shoal_group_coordinator_partition_load_time_seconds"),
             ["protocol"], registry=r, buckets=MS_BUCKETS,
         )
         self.state_partition_load_time = Histogram(
+            "shoal_share_coordinator_partition_load_time_seconds",
+            "Seconds to load one __share_group_state partition (partition-load-time-avg = sum/count).",
+            registry=r, buckets=SECONDS_BUCKETS,
+        )
+        self.state_partition_load_time_ms = Histogram(
             "shoal_share_coordinator_partition_load_time_ms",
-            "Milliseconds to load one __share_group_state partition (partition-load-time-avg = sum/count).",
+            DEPRECATED.format("shoal_share_coordinator_partition_load_time_seconds"),
             registry=r, buckets=MS_BUCKETS,
         )
         self.writes = Counter(
@@ -109,9 +123,14 @@ class ShareGroupMetrics:
             registry=r,
         )
         self.write_latency = Histogram(
-            "shoal_share_coordinator_write_latency_ms",
-            "Milliseconds per share-state write call, including the append to __share_group_state "
+            "shoal_share_coordinator_write_latency_seconds",
+            "Seconds per share-state write call, including the append to __share_group_state "
             "(write-latency-avg = sum/count).",
+            registry=r, buckets=SECONDS_BUCKETS,
+        )
+        self.write_latency_ms = Histogram(
+            "shoal_share_coordinator_write_latency_ms",
+            DEPRECATED.format("shoal_share_coordinator_write_latency_seconds"),
             registry=r, buckets=MS_BUCKETS,
         )
         # KIP-1103 BrokerTopicMetrics meters, counted per topic-partition of a request as Kafka does.
@@ -154,6 +173,7 @@ class ShareGroupMetrics:
             self.record_acknowledgements.labels(protocol=PROTOCOL, ack_type=name)
         self.share_acknowledgements.labels(protocol=PROTOCOL)
         self.partition_load_time.labels(protocol=PROTOCOL)
+        self.partition_load_time_ms.labels(protocol=PROTOCOL)
 
     def record_acknowledgement(self, type_counts: dict[int, int]) -> None:
         """One acknowledgement of a share partition, with its record count per AcknowledgeType."""
@@ -171,17 +191,21 @@ class ShareGroupMetrics:
         self.dead_letter_records.labels(group=group).inc(records)
         self.dead_letter_produce_requests.labels(group=group).inc()
 
+    # The callers time in milliseconds (Kafka's unit for these); the families are in seconds.
     def observe_partition_load(self, ms: float) -> None:
-        self.partition_load_time.labels(protocol=PROTOCOL).observe(ms)
+        self.partition_load_time.labels(protocol=PROTOCOL).observe(ms / 1000)
+        self.partition_load_time_ms.labels(protocol=PROTOCOL).observe(ms)
         self.partition_load_time_max.record(ms)
 
     def observe_state_partition_load(self, ms: float) -> None:
-        self.state_partition_load_time.observe(ms)
+        self.state_partition_load_time.observe(ms / 1000)
+        self.state_partition_load_time_ms.observe(ms)
         self.state_partition_load_time_max.record(ms)
 
     def observe_state_write(self, ms: float) -> None:
         self.writes.inc()
-        self.write_latency.observe(ms)
+        self.write_latency.observe(ms / 1000)
+        self.write_latency_ms.observe(ms)
         self.write_latency_max.record(ms)
 
 
@@ -228,19 +252,33 @@ class ShareGroupCollector(Collector):
                                 labels=["protocol"])
         num.add_metric([PROTOCOL], partitions)
         yield num
-        load_max = GaugeMetricFamily("shoal_group_coordinator_partition_load_time_max_ms",
+        load_max_ms = self.events.partition_load_time_max.value()
+        load_max = GaugeMetricFamily("shoal_group_coordinator_partition_load_time_max_seconds",
                                      "Longest share-partition load in the last 30-60 s (partition-load-time-max).",
                                      labels=["protocol"])
-        load_max.add_metric([PROTOCOL], self.events.partition_load_time_max.value())
+        load_max.add_metric([PROTOCOL], load_max_ms / 1000)
         yield load_max
+        alias = GaugeMetricFamily("shoal_group_coordinator_partition_load_time_max_ms",
+                                  DEPRECATED.format("shoal_group_coordinator_partition_load_time_max_seconds"),
+                                  labels=["protocol"])
+        alias.add_metric([PROTOCOL], load_max_ms)
+        yield alias
 
     def _share_coordinator(self) -> Iterator[Any]:
-        yield GaugeMetricFamily("shoal_share_coordinator_partition_load_time_max_ms",
+        load_max_ms = self.events.state_partition_load_time_max.value()
+        write_max_ms = self.events.write_latency_max.value()
+        yield GaugeMetricFamily("shoal_share_coordinator_partition_load_time_max_seconds",
                                 "Longest __share_group_state partition load in the last 30-60 s "
-                                "(partition-load-time-max).", value=self.events.state_partition_load_time_max.value())
-        yield GaugeMetricFamily("shoal_share_coordinator_write_latency_max_ms",
+                                "(partition-load-time-max).", value=load_max_ms / 1000)
+        yield GaugeMetricFamily("shoal_share_coordinator_partition_load_time_max_ms",
+                                DEPRECATED.format("shoal_share_coordinator_partition_load_time_max_seconds"),
+                                value=load_max_ms)
+        yield GaugeMetricFamily("shoal_share_coordinator_write_latency_max_seconds",
                                 "Slowest share-state write call in the last 30-60 s (write-latency-max).",
-                                value=self.events.write_latency_max.value())
+                                value=write_max_ms / 1000)
+        yield GaugeMetricFamily("shoal_share_coordinator_write_latency_max_ms",
+                                DEPRECATED.format("shoal_share_coordinator_write_latency_max_seconds"),
+                                value=write_max_ms)
         coordinator = self.broker.share_coordinator
         busy = 0.0 if coordinator is None else float(coordinator.busy_seconds())
         yield CounterMetricFamily("shoal_share_coordinator_busy_seconds",
@@ -260,7 +298,8 @@ class ShareGroupCollector(Collector):
         archived = gauge("archived_records", "In-flight records ARCHIVED (rejected, expired past the limit, gaps).")
         lag = gauge("lag", "Records at or after SPSO not yet acknowledged or archived: latest offset - SPSO - "
                            "delivery-complete count.")
-        oldest = gauge("oldest_acquired_age_ms", "Age of the oldest acquisition lock still held (0 when none).")
+        oldest = gauge("oldest_acquired_age_seconds", "Age of the oldest acquisition lock still held (0 when none).")
+        oldest_ms = gauge("oldest_acquired_age_ms", DEPRECATED.format("shoal_share_partition_oldest_acquired_age_seconds"))
         leaders = self.broker.share_partitions
         now = self.clock_ms()
         for leader in ([] if leaders is None else leaders.all()):
@@ -280,5 +319,7 @@ class ShareGroupCollector(Collector):
             latest = leader.plog.high_watermark
             lag.add_metric(values, max(0, latest - spso - leader.published_delivery_complete))
             lock_start = leader.published_oldest_lock_ms
-            oldest.add_metric(values, 0 if lock_start is None else max(0.0, now - lock_start))
-        yield from (start, in_flight, available, acquired, archived, lag, oldest)
+            age_ms = 0 if lock_start is None else max(0.0, now - lock_start)
+            oldest.add_metric(values, age_ms / 1000)
+            oldest_ms.add_metric(values, age_ms)
+        yield from (start, in_flight, available, acquired, archived, lag, oldest, oldest_ms)

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.util
 import json
 import os
 import re
@@ -34,6 +35,8 @@ from .conftest import FAST_HEARTBEAT
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 TEST_COMPOSE = DOCKER / "docker-compose.test.yml"
+MAIN_COMPOSE = DOCKER / "docker-compose.yml"
+SPARK_DOCKERFILE = REPO / "examples" / "Dockerfile.spark"
 COMPOSE_FILES = sorted(DOCKER.glob("docker-compose*.yml"))
 BIN = Path(sys.executable).parent
 
@@ -223,10 +226,187 @@ def test_broker_image_runs_as_non_root_with_its_data_in_a_volume() -> None:
     assert argv[0] == "shoal-broker"
     [log_dirs] = [a.split("=", 1)[1] for a in argv if a.startswith("log.dirs=")]
     assert log_dirs in stage.volumes
-    text = (DOCKER / "Dockerfile").read_text()
-    # The package is installed from pyproject.toml, never from a hand-kept list of folders.
-    assert "pip install --no-cache-dir ." in text
-    assert not re.search(r"^COPY (?!\. \.)", text, re.M), "copy the whole context; .dockerignore leaves state out"
+    for dockerfile in (DOCKER / "Dockerfile", SPARK_DOCKERFILE):
+        text = dockerfile.read_text()
+        # The package is installed from pyproject.toml, never from a hand-kept list of folders: the sources are
+        # the whole context (.dockerignore leaves state out); before them only pyproject.toml and the script
+        # that lists its requirements are copied.
+        assert "pip install --no-cache-dir --no-deps --no-build-isolation ." in text
+        copies = re.findall(r"^COPY (.*)$", text, re.M)
+        assert copies and all(
+            c == ". ." or c.startswith("--from=requirements ") or c == "pyproject.toml docker/requirements.py ./"
+            for c in copies
+        ), copies
+    # Container logs are JSON lines by default, for log collectors.
+    assert "log.format=json" in argv
+
+
+# ---- the build cache ---------------------------------------------------------------------------------
+
+
+def dockerfile_steps(path: Path) -> dict[str, list[tuple[str, str]]]:
+    """(instruction, rest) of each stage by name, in order."""
+    text = re.sub(r"\\\n", " ", path.read_text())
+    steps: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        word, _, rest = line.partition(" ")
+        if word.upper() == "FROM":
+            parts = rest.split()
+            current = steps.setdefault(parts[2] if len(parts) >= 3 else f"#{len(steps)}", [])
+            rest = parts[0]  # the base; the stage's name is the key
+        current.append((word.upper(), " ".join(rest.split())))
+    return steps
+
+
+@pytest.mark.parametrize("dockerfile", ["docker/Dockerfile", "examples/Dockerfile.spark"])
+def test_dependencies_are_installed_before_the_sources_are_copied(dockerfile: str) -> None:
+    """A source edit invalidates only `COPY . .` and what follows it: the package itself, a user, metadata.
+    No apt-get, no dependency download after the sources (the `tests` stage once re-ran apt, OpenJDK and
+    PySpark on every edit), and the dependency installs come from lists that change only with pyproject.toml."""
+    steps = dockerfile_steps(REPO / dockerfile)
+    sources_copied = 0
+    for name, stage in steps.items():
+        copy_at = stage.index(("COPY", ". .")) if ("COPY", ". .") in stage else len(stage)
+        sources_copied += copy_at < len(stage)
+        for run in [rest for word, rest in stage[copy_at + 1:] if word == "RUN"]:
+            assert "apt-get" not in run and " -r " not in run, f"{dockerfile} {name}: {run}"
+            installs = re.findall(r"pip install ([^&]*)", run)
+            assert all("--no-deps" in i and i.split()[-1] == "." for i in installs), f"{dockerfile} {name}: {run}"
+        for word, rest in stage:
+            if word == "RUN" and "pip install" in rest and "--no-deps" not in rest:
+                # a dependency install: from pinned versions, never a bare package name
+                reqs = [a for a in rest.split("pip install", 1)[1].split("&&")[0].split() if not a.startswith("-")]
+                assert all("==" in r.strip('"') or r.startswith("/tmp/requirements/") for r in reqs), (name, reqs)
+    assert sources_copied >= 1
+
+
+def test_test_image_inherits_no_volume_and_shares_the_spark_layers() -> None:
+    stages = dockerfile_stages(DOCKER / "Dockerfile")
+    # An inherited VOLUME left an anonymous volume behind each `up --exit-code-from tests`.
+    assert stages["tests"].volumes == []
+    assert stages["broker"].volumes == ["/var/lib/shoal"]
+    # examples/Dockerfile.spark starts with the same steps as the test image's Java/PySpark stage, so the
+    # two images share those layers (the same instruction on the same parent is a cache hit).
+    spark = dockerfile_steps(SPARK_DOCKERFILE)
+    [final] = [s for name, s in spark.items() if name.startswith("#")]
+    runtime = dockerfile_steps(DOCKER / "Dockerfile")["spark-runtime"]
+    assert final[: len(runtime)] == runtime
+
+
+def requirements_module() -> Any:
+    spec = importlib.util.spec_from_file_location("docker_requirements", DOCKER / "requirements.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def pyproject() -> dict[str, Any]:
+    with open(REPO / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def test_spark_image_pins_the_versions_the_test_extra_pins() -> None:
+    """The Spark job's image runs what the Spark source is tested with (the [test] extra, which takes in
+    [spark]); pyarrow and numpy were once left to float."""
+    test_pins = dict(
+        re.sub(r"\[.*\]", "", pin).split("==", 1) for pin in requirements_module().extra(pyproject(), "test") if "==" in pin
+    )
+    for path in (SPARK_DOCKERFILE, DOCKER / "Dockerfile"):
+        pins = dict(re.findall(r'"([A-Za-z0-9_.-]+)(?:\[[a-z,]+\])?==([^"]+)"', path.read_text()))
+        assert {"pyspark", "pandas", "pyarrow", "numpy"} <= set(pins), (path, pins)
+        assert pins == {k: test_pins[k] for k in pins}, (path, pins)
+
+
+def test_requirements_lists_follow_pyproject(tmp_path: Path) -> None:
+    doc = pyproject()
+    requirements_module().main(tmp_path, REPO / "pyproject.toml")
+    broker = (tmp_path / "broker.txt").read_text().split()
+    test = (tmp_path / "test.txt").read_text().splitlines()
+    assert broker == [*doc["build-system"]["requires"], *doc["project"]["dependencies"]]
+    # pip would look for Shoal itself on the index: its own extras are expanded instead.
+    extras = doc["project"]["optional-dependencies"]
+    own = [r for r in extras["test"] if re.match(r"shoal\b", r)]
+    assert not [r for r in test if re.match(r"shoal\b", r)]
+    assert set(test) == {r for r in extras["test"] if r not in own} | {
+        r for o in own for name in o[o.index("[") + 1:-1].split(",") for r in extras[name.strip()]}
+    assert len(test) == len(set(test))
+
+
+# ---- the stacks -------------------------------------------------------------------------------------
+
+
+def overrides(argv: list[str]) -> dict[str, str]:
+    """key -> value of the `--override key=value` pairs in a command line (the last one wins, as in the broker)."""
+    return {argv[i + 1].split("=", 1)[0]: argv[i + 1].split("=", 1)[1]
+            for i, arg in enumerate(argv[:-1]) if arg == "--override"}
+
+
+def resolve(value: str, env: dict[str, str] | None = None) -> str:
+    """Compose's ${VAR:-default} substitution, with the defaults unless `env` sets the variable."""
+    env = env or {}
+    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: env.get(m.group(1), m.group(2)), value)
+
+
+def test_published_ports_are_on_loopback_unless_asked_otherwise() -> None:
+    published = 0
+    for compose in COMPOSE_FILES:
+        for name, service in load_compose(compose)["services"].items():
+            for port in service.get("ports") or []:
+                published += 1
+                host, _, _ = resolve(str(port)).rpartition(":")
+                # The broker's PLAINTEXT listener has no authentication and Grafana lets anonymous viewers in.
+                assert host.split(":")[0] == "127.0.0.1", f"{compose.name}:{name} publishes {port} on every interface"
+                assert resolve(str(port), {"SHOAL_PUBLISH_HOST": "0.0.0.0"}).startswith("0.0.0.0:")
+    assert published >= 4
+
+
+def test_main_stack_containers_reach_the_broker_by_service_name_on_an_internal_listener() -> None:
+    """Not `network_mode: service:shoal`: a job in the broker's network namespace was stranded when the broker
+    restarted (connection refused for ever) or was re-created (its namespace gone)."""
+    services = load_compose(MAIN_COMPOSE)["services"]
+    assert all("network_mode" not in s for s in services.values())
+    built = service_build(MAIN_COMPOSE, services["shoal"])
+    assert built is not None
+    argv = built[2].entrypoint + as_list(services["shoal"]["command"])
+    keys = overrides(argv)
+    listeners = dict(item.split("://") for item in keys["listeners"].split(","))
+    advertised = dict(item.split("://") for item in resolve(keys["advertised.listeners"]).split(","))
+    assert set(listeners) == set(advertised) == {"PLAINTEXT", "INTERNAL"}
+    protocols = dict(item.split(":") for item in keys["listener.security.protocol.map"].split(","))
+    assert protocols == {"PLAINTEXT": "PLAINTEXT", "INTERNAL": "PLAINTEXT"}
+    # The host's listener is advertised at the published port; the network's at the service name.
+    assert advertised["PLAINTEXT"] == "localhost:9092"
+    assert resolve(keys["advertised.listeners"], {"SHOAL_PORT": "19999"}).startswith("PLAINTEXT://localhost:19999,")
+    [published] = [p for p in services["shoal"]["ports"] if resolve(str(p)).endswith(":" + listeners["PLAINTEXT"].split(":")[1])]
+    assert resolve(str(published)).split(":")[1] == advertised["PLAINTEXT"].split(":")[1]
+    internal_host, internal_port = advertised["INTERNAL"].split(":")
+    assert internal_host == "shoal" and listeners["INTERNAL"] == f"0.0.0.0:{internal_port}"
+    assert services["spark-orders-job"]["environment"]["SHOAL_BOOTSTRAP"] == advertised["INTERNAL"]
+    assert advertised["INTERNAL"] in services["shoal"]["healthcheck"]["test"]
+
+
+def test_every_documented_compose_command_names_its_project() -> None:
+    """Both compose files sit in docker/, so without `-p` both stacks get the project name `docker`: bringing
+    up the test stack's `shoal` replaced the main broker and ran the test configuration on its data volume.
+    (Compose v1.29 rejects a top-level `name:` key, so the project name is given on the command line.)"""
+    projects: dict[str, set[str]] = {}
+    files = [REPO / "README.md", REPO / "Makefile", REPO / "examples" / "README.md", *sorted((REPO / "docs").glob("*.md")),
+             *COMPOSE_FILES]
+    for path in files:
+        for line in path.read_text().splitlines():
+            if not re.search(r"docker compose |docker-compose |\$\(COMPOSE\) ", line) or " -f " not in line:
+                continue
+            m = re.search(r"-p\s+\"?([\w$\-]+)\"?.*-f\s+docker/(docker-compose[\w.]*\.yml)", line)
+            assert m, f"{path.name}: {line.strip()!r} has no -p before -f"
+            projects.setdefault(m.group(2), set()).add(m.group(1))
+    assert projects.get("docker-compose.yml") == {"shoal"}, projects
+    assert projects.get("docker-compose.test.yml") == {"shoal-test"}, projects
+    assert "name" not in load_compose(MAIN_COMPOSE) and "name" not in load_compose(TEST_COMPOSE)
 
 
 # ---- the broker as the compose service starts it ----------------------------------------------------

@@ -6,6 +6,7 @@ import time
 import uuid
 from typing import Any
 
+import pytest
 from confluent_kafka import AcknowledgeType
 
 from .broker_process import BrokerProcess
@@ -31,9 +32,9 @@ def test_share_metrics_follow_a_workload(broker: BrokerProcess) -> None:
     before, types = scrape(broker)
     assert types["shoal_group_coordinator_record_acknowledgement"] == "counter"
     assert types["shoal_group_coordinator_group_count"] == "gauge"
-    assert types["shoal_share_coordinator_write_latency_ms"] == "histogram"
+    assert types["shoal_share_coordinator_write_latency_seconds"] == "histogram"
     # Loading __share_group_state at start-up was timed, one observation per state partition.
-    assert value(before, "shoal_share_coordinator_partition_load_time_ms_count") > 0
+    assert value(before, "shoal_share_coordinator_partition_load_time_seconds_count") > 0
 
     sp = {"group": group, "topic": topic, "partition": "0"}
     consumer = share_consumer(bs, group, [topic], share_acknowledgement_mode="explicit")
@@ -50,9 +51,9 @@ def test_share_metrics_follow_a_workload(broker: BrokerProcess) -> None:
         assert value(during, "shoal_group_coordinator_group_count", protocol="share", state="Stable") == 1
         assert value(during, "shoal_share_partition_acquired_records", **sp) >= len(held)
         assert value(during, "shoal_share_partition_in_flight_records", **sp) >= len(held)
-        assert ("shoal_share_partition_oldest_acquired_age_ms", tuple(sorted(sp.items()))) in during
+        assert ("shoal_share_partition_oldest_acquired_age_seconds", tuple(sorted(sp.items()))) in during
         assert value(during, "shoal_share_partition_lag", **sp) == 30
-        assert delta(before, during, "shoal_group_coordinator_partition_load_time_ms_count", protocol="share") == 1
+        assert delta(before, during, "shoal_group_coordinator_partition_load_time_seconds_count", protocol="share") == 1
 
         # ACCEPT 0-9, RELEASE 10-19 once (then ACCEPT on redelivery), REJECT 20-29.
         msgs = held
@@ -88,15 +89,23 @@ def test_share_metrics_follow_a_workload(broker: BrokerProcess) -> None:
     assert value(after, "shoal_share_partition_start_offset", **sp) == 30
     assert value(after, "shoal_share_partition_in_flight_records", **sp) == 0
     assert value(after, "shoal_share_partition_lag", **sp) == 0
-    assert value(after, "shoal_share_partition_oldest_acquired_age_ms", **sp) == 0
+    assert value(after, "shoal_share_partition_oldest_acquired_age_seconds", **sp) == 0
     assert delta(before, after, "shoal_group_coordinator_rebalance_total", protocol="share") >= 1
     assert value(after, "shoal_group_coordinator_num_partitions", protocol="share") >= 1
     # Acknowledgements are persisted with WriteShareGroupState calls, each one timed: at least one for
     # the first delivery's acknowledgements and one for the redelivered records'.
     writes = delta(before, after, "shoal_share_coordinator_write_total")
     assert writes >= 2
+    assert delta(before, after, "shoal_share_coordinator_write_latency_seconds_count") == writes
+    assert value(after, "shoal_share_coordinator_write_latency_max_seconds") >= 0
+    # The millisecond names of the previous release are still there, as aliases with the same observations.
     assert delta(before, after, "shoal_share_coordinator_write_latency_ms_count") == writes
-    assert value(after, "shoal_share_coordinator_write_latency_max_ms") >= 0
+    assert value(after, "shoal_share_coordinator_write_latency_ms_sum") == pytest.approx(
+        1000 * value(after, "shoal_share_coordinator_write_latency_seconds_sum"))
+    assert value(after, "shoal_share_coordinator_write_latency_max_ms") == pytest.approx(
+        1000 * value(after, "shoal_share_coordinator_write_latency_max_seconds"))
+    assert value(after, "shoal_group_coordinator_partition_load_time_ms_sum", protocol="share") == pytest.approx(
+        1000 * value(after, "shoal_group_coordinator_partition_load_time_seconds_sum", protocol="share"))
     assert delta(before, after, "shoal_share_coordinator_busy_seconds_total") > 0
 
     wait_for_state(bs, group, "Empty")
