@@ -295,9 +295,13 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
         replaced = self._static_predecessor(group, req, member_id)
         if replaced is not None:
             records += group.member_tombstones(replaced.member_id)
+            # The successor starts as a new member that inherits only the assignment (Kafka's static
+            # member replacement); its own request says the rest.
             member = _copy(replaced)
             member.member_id = member_id
             member.member_epoch, member.session_deadline, member.revocation_deadline = 0, 0.0, None
+            member.rack_id, member.rebalance_timeout_ms, member.server_assignor = None, -1, None
+            member.subscribed_topic_names, member.subscribed_topic_regex = (), None
             records.append(group.target_member_record(member_id, group.target.get(replaced.member_id, {})))
             old = replaced
         elif req.member_epoch == JOIN_GROUP_MEMBER_EPOCH:
@@ -317,18 +321,8 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
             self._check_epoch(old, req.member_epoch, _owned(req))
             member = _copy(old)
         # The member's metadata: a change of subscription bumps the group epoch.
-        member.instance_id = req.instance_id
-        if req.rack_id is not None:
-            member.rack_id = req.rack_id
+        apply_heartbeat_fields(member, req, version)
         member.client_id, member.client_host = client_id, client_host
-        if req.rebalance_timeout_ms > 0:
-            member.rebalance_timeout_ms = req.rebalance_timeout_ms
-        if req.subscribed_topic_names is not None:
-            member.subscribed_topic_names = tuple(sorted(set(req.subscribed_topic_names)))
-        if version >= 1 and (req.subscribed_topic_regex is not None or req.member_epoch == JOIN_GROUP_MEMBER_EPOCH):
-            member.subscribed_topic_regex = req.subscribed_topic_regex or None
-        if req.server_assignor is not None or req.member_epoch == JOIN_GROUP_MEMBER_EPOCH:
-            member.server_assignor = req.server_assignor
         if old is None or replaced is not None or _metadata(old) != _metadata(member):
             records.append(group.member_record(member))
             bump = bump or old is None or _subscription(old) != _subscription(member)
@@ -598,6 +592,24 @@ class ConsumerGroupCoordinator(GroupsOfOneType[ConsumerGroup]):
 def _convertible(group: object) -> bool:
     """A classic group a KIP-848 join may take over: it has no members (only offsets, or all left)."""
     return isinstance(group, ClassicGroup) and not group.members and not group.pending_sync
+
+
+def apply_heartbeat_fields(member: ConsumerMember, req: HeartbeatRequest, version: int) -> None:
+    """The request's member fields onto the member, as Kafka's consumerGroupHeartbeat: a null field (or -1
+    for RebalanceTimeoutMs) means unchanged, since clients send each only when it changed."""
+    if req.instance_id is not None:
+        member.instance_id = req.instance_id
+    if req.rack_id is not None:
+        member.rack_id = req.rack_id
+    if req.rebalance_timeout_ms != -1:
+        member.rebalance_timeout_ms = req.rebalance_timeout_ms
+    if req.subscribed_topic_names is not None:
+        member.subscribed_topic_names = tuple(sorted(set(req.subscribed_topic_names)))
+    # An empty regex clears the member's (Kafka: a member with an empty regex has none).
+    if version >= 1 and req.subscribed_topic_regex is not None:
+        member.subscribed_topic_regex = req.subscribed_topic_regex or None
+    if req.server_assignor is not None:
+        member.server_assignor = req.server_assignor
 
 
 def _copy(m: ConsumerMember) -> ConsumerMember:

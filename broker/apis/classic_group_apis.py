@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import structlog
+
 from shoal.broker.security.authorizer import Operation, ResourceType
 from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator, JoinRequest, OffsetToCommit
 from shoal.protocol import messages
@@ -19,6 +21,8 @@ from shoal.protocol.errors import ErrorCode
 if TYPE_CHECKING:
     from shoal.broker.apis.services import ApiTable, ClassicGroupServices
     from shoal.broker.network.connection import RequestContext
+
+log = structlog.get_logger("shoal.groups")
 
 JoinResponse = messages.JoinGroupResponse
 SyncResponse = messages.SyncGroupResponse
@@ -100,13 +104,18 @@ class ClassicGroupApis:
 
     # ---- offsets -------------------------------------------------------------------------------------
 
-    def _topic_name(self, version: int, t: _CommitRequestTopic) -> tuple[str | None, int]:
-        """The request topic's name (v10 names topics by id) and the error when it cannot be used."""
+    def _topic_name(self, version: int, t: _CommitRequestTopic) -> tuple[str | None, int, int]:
+        """The request topic's name (v10 names topics by id), its partition count and the error when it
+        cannot be used."""
         if version >= 10:
             topic = self.services.topics.get_by_id(t.topic_id)
-            return (None, ErrorCode.UNKNOWN_TOPIC_ID) if topic is None else (topic.name, ErrorCode.NONE)
+            if topic is None:
+                return None, 0, ErrorCode.UNKNOWN_TOPIC_ID
+            return topic.name, len(topic.partitions), ErrorCode.NONE
         topic = self.services.topics.get(t.name)
-        return t.name, ErrorCode.NONE if topic is not None else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        if topic is None:
+            return t.name, 0, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        return t.name, len(topic.partitions), ErrorCode.NONE
 
     async def offset_commit(self, ctx: RequestContext, req: messages.OffsetCommitRequest) -> messages.OffsetCommitResponse:
         version = ctx.api_version
@@ -115,7 +124,7 @@ class ClassicGroupApis:
         to_commit: list[OffsetToCommit] = []
         where: list[tuple[int, int]] = []
         for ti, t in enumerate(req.topics or ()):
-            name, error = self._topic_name(version, t)
+            name, partition_count, error = self._topic_name(version, t)
             if group_ok and error == ErrorCode.NONE and name is not None:
                 if not ctx.authorize(Operation.READ, ResourceType.TOPIC, name):
                     error = ErrorCode.TOPIC_AUTHORIZATION_FAILED
@@ -124,6 +133,11 @@ class ClassicGroupApis:
                     early[(ti, pi)] = ErrorCode.GROUP_AUTHORIZATION_FAILED
                 elif error != ErrorCode.NONE or name is None:
                     early[(ti, pi)] = error
+                elif not 0 <= p.partition_index < partition_count:
+                    # Kafka checks each partition against the metadata before the group sees it.
+                    early[(ti, pi)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    log.info("offset_commit of an unknown partition", group_id=req.group_id, topic=name,
+                             partition=p.partition_index)
                 else:
                     to_commit.append(OffsetToCommit(name, p.partition_index, p.committed_offset,
                                                     p.committed_leader_epoch if version >= 6 else -1,

@@ -47,10 +47,10 @@ def produce(bootstrap: str, topic: str, tag: str, partitions: int = PARTITIONS) 
 class Member:
     """A `group.protocol=consumer` consumer that records what it gets and every (re)assignment."""
 
-    def __init__(self, bootstrap: str, group: str, subscription: list[str]):
+    def __init__(self, bootstrap: str, group: str, subscription: list[str], extra: dict[str, str] | None = None):
         self.consumer = Consumer({
             "bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer",
-            "auto.offset.reset": "earliest", "enable.auto.commit": False,
+            "auto.offset.reset": "earliest", "enable.auto.commit": False, **(extra or {}),
         })
         self.assigned: set[tuple[str, int]] = set()
         self.revoked: list[set[tuple[str, int]]] = []
@@ -211,3 +211,48 @@ def test_group_types_are_exclusive_and_reported(cg_broker: BrokerProcess) -> Non
         assert errors == [KafkaError.INCONSISTENT_GROUP_PROTOCOL]
     finally:
         member.close()
+
+
+def test_a_second_consumer_with_a_live_static_members_instance_id_is_refused(cg_broker: BrokerProcess) -> None:
+    """librdkafka sends InstanceId in the join only; the member keeps it, so a second consumer with the
+    same group.instance.id gets UNRELEASED_INSTANCE_ID while the first lives (librdkafka test 0102 under
+    group.protocol=consumer), and the group keeps one member."""
+    topic, group = f"st-{uuid.uuid4().hex[:6]}", f"st-{uuid.uuid4().hex[:6]}"
+    create_topic(cg_broker.bootstrap, topic, 2)
+    produce(cg_broker.bootstrap, topic, "s", 2)
+    first = Member(cg_broker.bootstrap, group, [topic], {"group.instance.id": "instance-1"})
+    errors: list[KafkaError] = []
+    second: Consumer | None = None
+    try:
+        # Every record consumed, and heartbeats past the join (which omit InstanceId) answered.
+        poll_until([first], lambda: seen_count([first], topic) == 2 * BATCH)
+        for _ in range(20):
+            first.poll()
+        second = Consumer({
+            "bootstrap.servers": cg_broker.bootstrap, "group.id": group, "group.protocol": "consumer",
+            "group.instance.id": "instance-1", "auto.offset.reset": "earliest",
+            "error_cb": errors.append,
+        })
+        second.subscribe([topic])
+        for _ in range(MAX_POLLS):
+            msg = second.poll(0.05)
+            if msg is not None and msg.error() is not None:
+                errors.append(msg.error())
+            first.poll()
+            if any(e.code() in (KafkaError.UNRELEASED_INSTANCE_ID, KafkaError._FATAL) for e in errors):
+                break
+        # librdkafka makes it fatal (_FATAL), naming the broker's error by its description.
+        unreleased = "instance ID is still used by another member"
+        refused = [e for e in errors if e.code() == KafkaError.UNRELEASED_INSTANCE_ID
+                   or (e.code() == KafkaError._FATAL and unreleased in e.str())]
+        assert refused, [str(e) for e in errors]
+        with WireClient.connect(cg_broker.bootstrap) as wire:
+            [described] = wire.request(ApiKey.CONSUMER_GROUP_DESCRIBE, 0, messages.ConsumerGroupDescribeRequest(
+                group_ids=[group], include_authorized_operations=False)).groups
+        assert described.error_code == ErrorCode.NONE
+        assert [m.instance_id for m in described.members] == ["instance-1"]
+        assert first.partitions() == {0, 1}
+    finally:
+        if second is not None:
+            second.close()
+        first.close()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from shoal.protocol import messages
@@ -405,3 +405,38 @@ def test_compacted_offsets_before_the_consumer_groups_records_survive_restart(tm
             member.close()
     finally:
         proc.stop()
+
+
+def test_offset_commit_of_a_partition_the_topic_does_not_have_is_refused(gc_broker: BrokerProcess) -> None:
+    """Kafka checks every partition of an OffsetCommit against the metadata: a partition past the topic's
+    count (or negative) gets UNKNOWN_TOPIC_OR_PARTITION and nothing is stored for it, while a valid
+    partition in the same request is committed."""
+    bootstrap = gc_broker.bootstrap
+    topic, group = _topic(bootstrap, partitions=2), unique_name("badpart")
+    consumer = _consumer(bootstrap, group, "classic")
+    try:
+        result = consumer.commit(offsets=[TopicPartition(topic, 1, 4), TopicPartition(topic, 7, 5)],
+                                 asynchronous=False)
+    except KafkaException as exc:
+        result = None
+        assert exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART, exc
+    finally:
+        consumer.close()
+    if result is not None:
+        errors = {tp.partition: (tp.error.code() if tp.error else None) for tp in result}
+        assert errors == {1: None, 7: KafkaError.UNKNOWN_TOPIC_OR_PART}, errors
+    _TopicC = messages.OffsetCommitRequest.OffsetCommitRequestTopic  # type: ignore[attr-defined]
+    _PartC = messages.OffsetCommitRequest.OffsetCommitRequestPartition  # type: ignore[attr-defined]
+    with WireClient.connect(bootstrap) as wire:
+        committed = wire.request(ApiKey.OFFSET_COMMIT, 8, messages.OffsetCommitRequest(
+            group_id=group, generation_id_or_member_epoch=-1, member_id="", group_instance_id=None,
+            topics=[_TopicC(name=topic, partitions=[
+                _PartC(partition_index=i, committed_offset=3, committed_leader_epoch=-1, committed_metadata="")
+                for i in (0, 2, -1)])]))
+        codes = {p.partition_index: p.error_code for p in committed.topics[0].partitions}
+        assert codes == {0: ErrorCode.NONE, 2: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                         -1: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+        fetched = wire.request(ApiKey.OFFSET_FETCH, 7, messages.OffsetFetchRequest(
+            group_id=group, topics=None, require_stable=False))
+    stored = {(t.name, p.partition_index): p.committed_offset for t in fetched.topics for p in t.partitions}
+    assert stored == {(topic, 0): 3, (topic, 1): 4}

@@ -12,7 +12,11 @@ from hypothesis import strategies as st
 
 from shoal.coordinator.classic_coordinator import OffsetToCommit
 from shoal.coordinator.consumer_assignors import RangeAssignor, UniformAssignor
-from shoal.coordinator.consumer_coordinator import ConsumerGroupConfig, ConsumerGroupCoordinator
+from shoal.coordinator.consumer_coordinator import (
+    ConsumerGroupConfig,
+    ConsumerGroupCoordinator,
+    apply_heartbeat_fields,
+)
 from shoal.coordinator.consumer_group import ConsumerMember, MemberState, reconcile
 from shoal.coordinator.group_coordinator import GroupCoordinator
 from shoal.protocol import messages
@@ -100,6 +104,44 @@ def test_two_members_never_own_one_partition(steps: list[tuple[set[int], bool]])
         beat("b", target)
     assert all(m.state == MemberState.STABLE and m.member_epoch == epoch for m in members.values())
     assert members["a"].assigned.get(T1, fs()) == target["a"] and members["b"].assigned.get(T1, fs()) == target["b"]
+
+
+# Every field a heartbeat may leave out (null, or -1 for RebalanceTimeoutMs) and what the member holds then.
+_NULLABLE = {
+    "instance_id": ("instance_id", None, "inst-1"),
+    "rack_id": ("rack_id", None, "rack-a"),
+    "rebalance_timeout_ms": ("rebalance_timeout_ms", -1, 45000),
+    "subscribed_topic_names": ("subscribed_topic_names", None, ["orders", "audit"]),
+    "subscribed_topic_regex": ("subscribed_topic_regex", None, "ord.*"),
+    "server_assignor": ("server_assignor", None, "range"),
+}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(sorted(_NULLABLE)), st.booleans()))
+def test_a_field_left_out_of_a_heartbeat_keeps_the_members_value(sent: dict[str, bool]) -> None:
+    """Kafka's consumerGroupHeartbeat: clients send a field only when it changed (librdkafka sends
+    InstanceId once), so null means unchanged and only a field that is sent replaces the member's."""
+    before = ConsumerMember("m", instance_id="inst-0", rack_id="rack-0", rebalance_timeout_ms=30000,
+                            subscribed_topic_names=("old",), subscribed_topic_regex="old.*",
+                            server_assignor="uniform")
+    member = ConsumerMember(**{f: getattr(before, f) for f in ConsumerMember.__dataclass_fields__})
+    fields = {name: (value if sent.get(name) else absent) for name, (_, absent, value) in _NULLABLE.items()}
+    apply_heartbeat_fields(member, Request(group_id=GROUP, member_id="m", member_epoch=3, **fields), 1)
+    for name, (attr, _, value) in _NULLABLE.items():
+        expected = (tuple(sorted(set(value))) if name == "subscribed_topic_names" else value) if sent.get(name) \
+            else getattr(before, attr)
+        assert getattr(member, attr) == expected, name
+
+
+def test_an_empty_regex_clears_it_and_version_0_has_none() -> None:
+    member = ConsumerMember("m", subscribed_topic_regex="old.*")
+    apply_heartbeat_fields(member, Request(group_id=GROUP, member_id="m", member_epoch=3,
+                                           subscribed_topic_regex="new.*"), 0)
+    assert member.subscribed_topic_regex == "old.*"
+    apply_heartbeat_fields(member, Request(group_id=GROUP, member_id="m", member_epoch=3,
+                                           subscribed_topic_regex=""), 1)
+    assert member.subscribed_topic_regex is None
 
 
 # ---- the coordinator over a real log ------------------------------------------------------------------
@@ -247,6 +289,35 @@ async def test_static_member_comes_back_without_a_rebalance(env: Env) -> None:
     assert env.coord.groups[GROUP].group_epoch == epoch  # no rebalance
     assert sorted(env.coord.groups[GROUP].members) == ["a1", "b2"]
     assert (await beat("b1", 2, "B", owned={})).error_code == ErrorCode.FENCED_INSTANCE_ID
+
+
+async def test_a_static_member_keeps_its_instance_id_when_later_heartbeats_leave_it_out(env: Env) -> None:
+    """librdkafka sends InstanceId on the join only: the instance stays the member's, so another
+    member joining with it gets UNRELEASED_INSTANCE_ID, and the member can still leave as static."""
+    async def beat(member_id: str, epoch: int, instance: str | None, owned: dict[bytes, set[int]] | None = None
+                   ) -> Any:
+        req = Request(group_id=GROUP, member_id=member_id, member_epoch=epoch, instance_id=instance,
+                      rebalance_timeout_ms=30000 if epoch == 0 else -1,
+                      subscribed_topic_names=["orders"] if epoch == 0 else None,
+                      topic_partitions=None if owned is None else [_TP(topic_id=t, partitions=sorted(ps))
+                                                                   for t, ps in owned.items()])
+        return await env.coord.heartbeat(req, 1, "cli", "/127.0.0.1")
+
+    a = await beat("a1", 0, "A", owned={})
+    assert a.error_code == ErrorCode.NONE
+    a = await beat("a1", a.member_epoch, None, owned={T1: parts(a)})
+    a = await beat("a1", a.member_epoch, None)
+    assert a.error_code == ErrorCode.NONE
+    member = env.coord.groups[GROUP].members["a1"]
+    assert (member.instance_id, member.rebalance_timeout_ms, member.subscribed_topic_names) == ("A", 30000,
+                                                                                                ("orders",))
+    assert (await beat("a2", 0, "A", owned={})).error_code == ErrorCode.UNRELEASED_INSTANCE_ID
+    assert sorted(env.coord.groups[GROUP].members) == ["a1"]
+    # The instance id survives a reload from the log too.
+    await env.gc.stop()
+    env.coord = env.new()
+    await env.gc.load()
+    assert env.coord.groups[GROUP].members["a1"].instance_id == "A"
 
 
 async def test_a_member_that_does_not_revoke_within_its_rebalance_timeout_is_removed(env: Env) -> None:
