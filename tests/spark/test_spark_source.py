@@ -588,6 +588,12 @@ def test_a_batch_journaled_but_never_logged_is_the_next_batch_after_a_restart(br
             time.sleep(0.05)
     finally:
         journal.close()
+    # The journal entry is written before the acceptance goes out: wait for that too (the window this test
+    # is about opens only then), or a stop on a loaded machine could still release batch 2's records.
+    with Admin(broker.bootstrap) as admin:
+        while admin.list_share_group_offsets(group, [topic])[(topic, 0)].start_offset != 80:
+            assert time.monotonic() < deadline, "batch 2 was journaled but never accepted"
+            time.sleep(0.05)
     first_run.stop()  # the driver dies before batch 2 reaches the offset log
 
     restarted = KafkaShareStreamReader(options)
