@@ -266,33 +266,31 @@ class SidecarHandlers:
 
     async def describe_configs(self, ctx: RequestContext, req: messages.DescribeConfigsRequest
                                ) -> messages.DescribeConfigsResponse | None:
-        """GROUP resources are the sidecar's own (share groups live here): answered by its standalone
-        handler; the rest go to the upstream; the answers are joined."""
-        others = [r for r in req.resources if r.resource_type != _CONFIG_GROUP]
-        local = await self._local_config(ctx, req, messages.DescribeConfigsResponse)
-        if local is None:
-            return await self._describe_configs(ctx, req)
-        if not others:
-            return local
-        req.resources = others
-        response = await self._describe_configs(ctx, req)
-        if response is not None:
-            response.results.extend(local.results)
-        return response
+        return await self._groups_here(ctx, req, messages.DescribeConfigsResponse,
+                                       lambda: self._describe_configs(ctx, req),
+                                       lambda upstream, local: upstream.results.extend(local.results))
 
     async def incremental_alter_configs(self, ctx: RequestContext, req: messages.IncrementalAlterConfigsRequest
                                         ) -> messages.IncrementalAlterConfigsResponse | None:
-        """As `describe_configs`: GROUP resources here, the rest upstream."""
+        return await self._groups_here(ctx, req, messages.IncrementalAlterConfigsResponse,
+                                       lambda: self._incremental_alter_configs(ctx, req),
+                                       lambda upstream, local: upstream.responses.extend(local.responses))
+
+    async def _groups_here(self, ctx: RequestContext, req: _ConfigRequest, answer: type[_Response],
+                           upstream: Callable[[], Awaitable[_Response | None]],
+                           join: Callable[[_Response, _Response], None]) -> _Response | None:
+        """GROUP resources are the sidecar's own (share groups live here): answered by its standalone
+        handler; the rest go to the upstream; the answers are joined."""
         others = [r for r in req.resources if r.resource_type != _CONFIG_GROUP]
-        local = await self._local_config(ctx, req, messages.IncrementalAlterConfigsResponse)
+        local = await self._local_config(ctx, req, answer)
         if local is None:
-            return await self._incremental_alter_configs(ctx, req)
+            return await upstream()
         if not others:
             return local
         req.resources = others
-        response = await self._incremental_alter_configs(ctx, req)
+        response = await upstream()
         if response is not None:
-            response.responses.extend(local.responses)
+            join(response, local)
         return response
 
     async def _local_config(self, ctx: RequestContext, req: _ConfigRequest,

@@ -40,9 +40,12 @@ class Broker(Protocol):
     @property
     def topics(self) -> TopicsById: ...
 
-    share_groups: Any
+    @property
+    def share_groups(self) -> Any: ...
+
     share_coordinator: Any
     share_partitions: Any
+
 
 PROTOCOL = "share"
 ACK_TYPE_NAMES = {t.value: t.name.lower() for t in AcknowledgeType}  # metric label per wire value

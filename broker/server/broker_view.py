@@ -56,7 +56,6 @@ class Broker(Protocol):
     # Every group type and every committed offset on __consumer_offsets; share_groups, classic_groups and
     # consumer_groups are its parts for each group type.
     group_coordinator: GroupCoordinator
-    share_groups: ShareGroupCoordinator
     persister: Persister
     share_partitions: SharePartitionLeaders
     # Where share groups find topics and read records: the local logs, or the upstream's in sidecar mode.
@@ -64,8 +63,16 @@ class Broker(Protocol):
     transaction_coordinator: TransactionCoordinator
     transaction_markers: TransactionMarkerWriter
     producer_ids: ProducerIdAllocator
-    classic_groups: ClassicGroupCoordinator
-    consumer_groups: ConsumerGroupCoordinator
+
+    @property
+    def share_groups(self) -> ShareGroupCoordinator: ...
+
+    @property
+    def classic_groups(self) -> ClassicGroupCoordinator: ...
+
+    @property
+    def consumer_groups(self) -> ConsumerGroupCoordinator: ...
+
     # Sidecar mode (upstream.bootstrap.servers set): the forwarding to the upstream; None when standalone.
     upstream_forwarder: Forwarder | None
 

@@ -68,9 +68,6 @@ class Broker:
     # The group coordinator: every group type and committed offsets on __consumer_offsets; its parts for
     # share, classic and KIP-848 consumer groups.
     group_coordinator: GroupCoordinator
-    share_groups: ShareGroupCoordinator
-    classic_groups: ClassicGroupCoordinator
-    consumer_groups: ConsumerGroupCoordinator
     persister: Persister
     share_partitions: SharePartitionLeaders
     transaction_coordinator: TransactionCoordinator
@@ -124,6 +121,19 @@ class Broker:
         self.upstream_forwarder: Forwarder | None = None
         self.upstream_topics: UpstreamTopics | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    # The group coordinator's parts, one per group type.
+    @property
+    def share_groups(self) -> ShareGroupCoordinator:
+        return self.group_coordinator.share
+
+    @property
+    def classic_groups(self) -> ClassicGroupCoordinator:
+        return self.group_coordinator.classic
+
+    @property
+    def consumer_groups(self) -> ConsumerGroupCoordinator:
+        return self.group_coordinator.consumer
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -422,9 +432,6 @@ class Broker:
             group_configs=self.group_configs,
             placement=self.offsets_placement,
         )
-        self.share_groups = coordinator.share
-        self.classic_groups = coordinator.classic
-        self.consumer_groups = coordinator.consumer
         # The scrape-time collector reads every part above, from prometheus_client's thread.
         self.metrics.registry.register(ShareGroupCollector(self, self.metrics.share))
         started = time.monotonic()

@@ -10,11 +10,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from .broker_process import BrokerProcess
 from .names import unique_name
+from .partition_reader import read_partition
 
 CLEANER = ["log.cleaner.backoff.ms=100"]
 _WAIT_S = float(os.environ.get("SHOAL_TEST_WAIT_S", "120"))
@@ -27,28 +28,6 @@ def _wait_for(check: Callable[[], str | None]) -> None:
         time.sleep(0.5)
         problem = check()
     assert problem is None, problem
-
-
-def _read(bootstrap: str, topic: str, isolation: str) -> list[tuple[int, bytes | None, bytes | None]]:
-    """Every record of partition 0 up to the end (the LSO for read_committed)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_name("unused"),
-                         "enable.auto.commit": False, "enable.partition.eof": True, "isolation.level": isolation})
-    try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        out: list[tuple[int, bytes | None, bytes | None]] = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    return out
-                continue
-            out.append((msg.offset(), msg.key(), msg.value()))
-        raise AssertionError(f"read of {topic} did not reach its end")
-    finally:
-        consumer.close()
 
 
 def _produce_plain(bootstrap: str, topic: str, items: list[tuple[bytes, bytes]]) -> None:
@@ -83,7 +62,7 @@ def test_an_aborted_transaction_never_erases_a_committed_value_of_its_key(tmp_pa
         _produce_plain(bootstrap, topic, _filler(0) + _filler(1))
 
         def compacted() -> str | None:
-            records = _read(bootstrap, topic, "read_uncommitted")
+            records = read_partition(bootstrap, topic, "read_uncommitted")
             fillers = [key for _, key, _ in records if key is not None and key.startswith(b"filler-")]
             if len(fillers) == len(set(fillers)) * 2:
                 return "not compacted yet"
@@ -92,12 +71,12 @@ def test_an_aborted_transaction_never_erases_a_committed_value_of_its_key(tmp_pa
             return None if values == [b"v1"] else f"key k holds {values}"
 
         _wait_for(compacted)
-        committed = [(key, value) for _, key, value in _read(bootstrap, topic, "read_committed") if key == b"k"]
+        committed = [(key, value) for _, key, value in read_partition(bootstrap, topic, "read_committed") if key == b"k"]
         assert committed == [(b"k", b"v1")]
         # And so after a restart, which rebuilds the aborted transactions from the log.
         proc.stop()
         proc.start()
-        committed = [(key, value) for _, key, value in _read(proc.bootstrap, topic, "read_committed") if key == b"k"]
+        committed = [(key, value) for _, key, value in read_partition(proc.bootstrap, topic, "read_committed") if key == b"k"]
         assert committed == [(b"k", b"v1")]
     finally:
         proc.stop()

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaAdminClient
 from kafka import TopicPartition as KpTopicPartition
@@ -23,6 +22,7 @@ from shoal.protocol.records import RecordInput, encode_batch
 from .broker_process import BrokerProcess
 from .kafka_wire import WireClient
 from .names import unique_name
+from .partition_reader import read_partition
 
 
 def _create(bootstrap: str) -> str:
@@ -77,28 +77,6 @@ def _aborted_transaction(wire: WireClient, topic: str, txn_id: str) -> tuple[int
     return pid, epoch
 
 
-def _read_committed(bootstrap: str, topic: str) -> list[bytes | None]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_name("unused"),
-                         "enable.auto.commit": False, "enable.partition.eof": True,
-                         "isolation.level": "read_committed"})
-    try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        out: list[bytes | None] = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    return out
-                continue
-            out.append(msg.value())
-        raise AssertionError(f"read of {topic} did not reach its end")
-    finally:
-        consumer.close()
-
-
 def test_a_late_transactional_write_after_an_abort_is_refused(tmp_path: Path) -> None:
     proc = BrokerProcess(tmp_path / "data").start()
     try:
@@ -118,7 +96,7 @@ def test_a_late_transactional_write_after_an_abort_is_refused(tmp_path: Path) ->
             assert _produce(wire, None, topic, b"plain") == ErrorCode.NONE
             lso, end = _lso_and_end(wire, topic)
             assert lso == end  # nothing hangs
-        assert _read_committed(proc.bootstrap, topic) == [b"plain"]
+        assert [v for _o, _k, v in read_partition(proc.bootstrap, topic, "read_committed")] == [b"plain"]
     finally:
         proc.stop()
 
@@ -135,7 +113,7 @@ def test_a_hanging_transaction_is_repaired_through_the_admin_api(tmp_path: Path)
             assert _produce(wire, None, topic, b"after") == 0
             lso, end = _lso_and_end(wire, topic)
             assert lso < end  # the LSO is stuck at the hanging transaction's first offset
-        assert _read_committed(proc.bootstrap, topic) == []
+        assert [v for _o, _k, v in read_partition(proc.bootstrap, topic, "read_committed")] == []
 
         admin: Any = KafkaAdminClient(bootstrap_servers=proc.bootstrap)
         try:
@@ -153,6 +131,6 @@ def test_a_hanging_transaction_is_repaired_through_the_admin_api(tmp_path: Path)
         with WireClient.connect(proc.bootstrap) as wire:
             lso, end = _lso_and_end(wire, topic)
             assert lso == end
-        assert _read_committed(proc.bootstrap, topic) == [b"after"]
+        assert [v for _o, _k, v in read_partition(proc.bootstrap, topic, "read_committed")] == [b"after"]
     finally:
         proc.stop()

@@ -4,36 +4,14 @@ of the transaction index, and the transaction-completion task facing a topic del
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from .broker_process import BrokerProcess
 from .names import unique_name
-
-
-def _read_committed(bootstrap: str, topic: str) -> list[bytes | None]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique_name("unused"),
-                         "enable.auto.commit": False, "enable.partition.eof": True,
-                         "isolation.level": "read_committed"})
-    try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        out: list[bytes | None] = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    return out
-                continue
-            out.append(msg.value())
-        raise AssertionError(f"read of {topic} did not reach its end")
-    finally:
-        consumer.close()
+from .partition_reader import read_partition
 
 
 def test_a_power_cut_after_an_abort_never_delivers_the_aborted_records(tmp_path: Path) -> None:
@@ -56,7 +34,7 @@ def test_a_power_cut_after_an_abort_never_delivers_the_aborted_records(tmp_path:
         producer.begin_transaction()
         producer.produce(topic, b"c1", partition=0)
         producer.commit_transaction(30)
-        assert _read_committed(proc.bootstrap, topic) == [b"c0", b"c1"]
+        assert [v for _o, _k, v in read_partition(proc.bootstrap, topic, "read_committed")] == [b"c0", b"c1"]
 
         # Power cut: the marker reached the disk, the unsynced tail of the active segment's
         # transaction index (or an earlier version's transactions.json) did not.
@@ -71,6 +49,6 @@ def test_a_power_cut_after_an_abort_never_delivers_the_aborted_records(tmp_path:
                 os.truncate(path, 0)
         assert cut > 0  # the aborted transaction was listed there
         proc.start()
-        assert _read_committed(proc.bootstrap, topic) == [b"c0", b"c1"]
+        assert [v for _o, _k, v in read_partition(proc.bootstrap, topic, "read_committed")] == [b"c0", b"c1"]
     finally:
         proc.stop()

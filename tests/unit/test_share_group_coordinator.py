@@ -562,19 +562,19 @@ async def api_env(tmp_path: Path) -> Any:
     persister = RecordingPersister()
     offsets = broker.topics.get("__consumer_offsets")
     assert offsets is not None
-    broker.share_groups = ShareGroupCoordinator(
+    share_groups = ShareGroupCoordinator(
         InternalTopicLog(offsets), BrokerTopicMetadata(broker.topics), persister, group_configs=broker.group_configs
     )
-    await broker.share_groups.load()
+    await share_groups.load()
     conn = KafkaConnection(broker, config.listeners()[0])
     conn.client_host = "10.0.0.1"
 
     def ctx(api_key: int, version: int) -> RequestContext:
         return RequestContext(messages.RequestHeader(api_key, version, 1, "cli"), conn)
 
-    apis = ShareGroupApis(ShareGroupServices(config, broker.share_groups, None, None))
+    apis = ShareGroupApis(ShareGroupServices(config, share_groups, None, None))
     yield broker, apis, ctx, auth, (Operation, ResourceType)
-    await broker.share_groups.stop()
+    await share_groups.stop()
     broker.topics.close()
 
 
@@ -588,7 +588,7 @@ async def test_api_heartbeat_describe_list(api_env: Any) -> None:
     req = Request(group_id="ag", member_id="m", member_epoch=0, subscribed_topic_names=["orders"])
     resp = roundtrip(await apis.share_group_heartbeat(ctx(76, 1), req), 76, 1)
     assert (resp.error_code, resp.member_epoch) == (0, 1)
-    await broker.share_groups.wait_for_background()
+    await apis.services.share_groups.wait_for_background()
     resp = roundtrip(await apis.share_group_heartbeat(ctx(76, 1), Request(group_id="ag", member_id="m", member_epoch=1)), 76, 1)
     assert [sorted(tp.partitions) for tp in resp.assignment.topic_partitions] == [[0, 1]]
 
@@ -632,7 +632,7 @@ async def test_api_disabled(api_env: Any) -> None:
     assert (await apis.share_group_heartbeat(ctx(76, 1), req)).error_code == ErrorCode.UNSUPPORTED_VERSION
     describe = messages.ShareGroupDescribeRequest(group_ids=["ag"])
     assert apis.share_group_describe(ctx(77, 1), describe).groups[0].error_code == ErrorCode.UNSUPPORTED_VERSION
-    assert broker.share_groups.group_ids() == []
+    assert apis.services.share_groups.group_ids() == []
 
 
 # ---- KIP-1263: the target assignment is recomputed at most once per share.assignment.interval.ms ----
