@@ -19,7 +19,7 @@ It prints every run and, per figure, new/baseline: the median of the paired roun
 ratio is of milliseconds, so below 1 is better). The machine is shared, so only paired ratios mean much.
 
 Usage: python bench/bench_release.py [COMMIT] [--records 100000] [--rounds 2] [--latency-seconds 5]
-       [--latency-rate 10000] [--no-latency]
+       [--latency-rate 10000]
 """
 
 from __future__ import annotations
