@@ -196,6 +196,7 @@ class UpstreamCluster:
                 raise
             raise UpstreamUnavailable(str(exc)) from exc
         self.metrics.request_latency.labels(**labels).observe(time.monotonic() - started)
+        self.metrics.observe_response(labels["api"], response)
         return response
 
     async def any_node(self) -> int:

@@ -243,9 +243,14 @@ class Forwarder:
     async def fetch(self, req: messages.FetchRequest, version: int, lane: Hashable) -> messages.FetchResponse:
         """A full fetch upstream, and none of the client's fetch session: Shoal answers with session id 0, so
         the client keeps sending full fetches (a broker may always decline a session, KIP-227)."""
+        # At least 1 ms: a Kafka broker with records answers at once either way, but some Kafka-protocol
+        # brokers (Tansu) answer max_wait_ms=0 with no partitions at all, which the client would take for
+        # a lost leader.
+        max_wait_ms = max(1, req.max_wait_ms)
+
         def build(topics: list[Any]) -> MessageBase:
             return messages.FetchRequest(
-                replica_id=-1, max_wait_ms=req.max_wait_ms, min_bytes=req.min_bytes, max_bytes=req.max_bytes,
+                replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=req.min_bytes, max_bytes=req.max_bytes,
                 isolation_level=req.isolation_level, session_id=0, session_epoch=-1, topics=topics,
                 forgotten_topics_data=[], rack_id=req.rack_id or "")
 
