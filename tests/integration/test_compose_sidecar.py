@@ -125,6 +125,7 @@ def test_spark_job_and_tests_reach_a_sidecar_on_its_internal_listener(services: 
     assert job["environment"]["SHOAL_BOOTSTRAP"] in internal.values()
     assert all(job["depends_on"][n]["condition"] == "service_healthy" for n in job["depends_on"])
     tests = services["tests"]
+    assert tests["profiles"] == ["test"]  # a plain `up` starts the stack without running the tests
     built = service_build(SIDECAR_COMPOSE, tests)
     assert built is not None and built[2].name == "tests"
     assert tests["environment"]["SHOAL_BOOTSTRAP"] in internal.values()

@@ -28,7 +28,7 @@ from .conftest import FAST_HEARTBEAT
 from .external import ExternalBroker, external_bootstrap
 from .names import unique_name
 from .share_clients import create_topic, produce, set_group_config
-from .test_metrics import scrape
+from .test_metrics import METRICS_DOC, scrape
 from .test_sidecar import _poll, produce_direct, read_upstream
 from .test_sidecar_share import _consumer
 from .test_sidecar_share import _poll as share_poll
@@ -191,4 +191,10 @@ def test_upstream_latency_errors_and_cache_show_in_the_sidecars_metrics(upstream
     # A partition's first read cannot be answered by the cache; the second group's is.
     assert grew("shoal_upstream_batch_cache_misses_total") >= 1
     assert grew("shoal_upstream_batch_cache_hits_total") >= 1
+    # Every upstream family is documented.
+    rows = [line for line in METRICS_DOC.read_text().splitlines() if line.startswith("| ")]
+    upstream_families = {f"{f}_total" if kind == "counter" else f for f, kind in types.items()
+                         if f.startswith("shoal_upstream_") and not f.endswith("_created")}
+    assert len(upstream_families) >= 6
+    assert [f for f in upstream_families if not any(f"`{f}" in row for row in rows)] == []
 
