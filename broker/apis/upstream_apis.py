@@ -15,7 +15,12 @@ import structlog
 
 from shoal.broker.common.purgatory import LogKey
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
-from shoal.broker.upstream.cluster import CoordinatorLookupFailed, Lane, UpstreamUnavailable
+from shoal.broker.upstream.cluster import (
+    CoordinatorLookupFailed,
+    Lane,
+    UpstreamUnavailable,
+    UpstreamUnsupported,
+)
 from shoal.broker.upstream.forwarder import DELETE_RECORDS, LIST_OFFSETS
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -84,6 +89,11 @@ class SidecarHandlers:
             return await call
         except CoordinatorLookupFailed as exc:
             code = exc.error_code
+            reason = str(exc)
+        except UpstreamUnsupported as exc:
+            # As a Kafka broker answers an API it has switched off (ConsumerGroupHeartbeat without the
+            # consumer protocol): retrying cannot help.
+            code = ErrorCode.UNSUPPORTED_VERSION
             reason = str(exc)
         except UpstreamUnavailable as exc:
             if ctx.connection.closed:
@@ -498,6 +508,18 @@ def _all_partitions_error(req: messages.ProduceRequest, code: int) -> messages.P
         topic(name=t.name, topic_id=t.topic_id,
               partition_responses=[part(index=p.index, error_code=code, base_offset=-1) for p in t.partition_data])
         for t in req.topic_data], node_endpoints=[])
+
+
+# The APIs answered by the upstream alone (DescribeConfigs and IncrementalAlterConfigs also answer GROUP
+# resources here): one the upstream does not serve at all is not advertised either (see wiring).
+UPSTREAM_ONLY_APIS = (
+    ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS, ApiKey.DELETE_RECORDS, ApiKey.OFFSET_FOR_LEADER_EPOCH,
+    ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.CREATE_PARTITIONS, ApiKey.INIT_PRODUCER_ID,
+    ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT,
+    ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT, ApiKey.LEAVE_GROUP, ApiKey.CONSUMER_GROUP_HEARTBEAT,
+    ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.OFFSET_DELETE, ApiKey.LIST_GROUPS, ApiKey.DESCRIBE_GROUPS,
+    ApiKey.DELETE_GROUPS, ApiKey.CONSUMER_GROUP_DESCRIBE, ApiKey.DESCRIBE_TOPIC_PARTITIONS,
+)
 
 
 def register(table: ApiTable, services: UpstreamServices) -> SidecarHandlers:

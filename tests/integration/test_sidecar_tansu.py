@@ -22,10 +22,14 @@ from confluent_kafka import AcknowledgeType, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.peers import start_tansu, stop
+from shoal.broker.apis.upstream_apis import UPSTREAM_ONLY_APIS
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
 
 from .broker_process import BrokerProcess
 from .conftest import FAST_HEARTBEAT
 from .external import ExternalBroker, external_bootstrap
+from .kafka_wire import WireClient
 from .names import unique_name
 from .share_clients import create_topic, produce, set_group_config
 from .test_metrics import METRICS_DOC, scrape
@@ -198,3 +202,22 @@ def test_upstream_latency_errors_and_cache_show_in_the_sidecars_metrics(upstream
     assert len(upstream_families) >= 6
     assert [f for f in upstream_families if not any(f"`{f}" in row for row in rows)] == []
 
+
+
+def test_sidecar_advertises_no_forwarded_api_the_upstream_lacks(upstream: Upstream, sidecar: BrokerProcess) -> None:
+    """Tansu serves neither ConsumerGroupHeartbeat nor OffsetForLeaderEpoch: the sidecar does not advertise
+    them (a KIP-848 consumer then reports the missing API instead of retrying for ever), and still
+    advertises its own share-group APIs."""
+    def advertised(bootstrap: str) -> set[int]:
+        with WireClient.connect(bootstrap) as client:
+            response = client.request(ApiKey.API_VERSIONS, 3, messages.ApiVersionsRequest(
+                client_software_name="shoal-tests", client_software_version="1"))
+        return {a.api_key for a in response.api_keys}
+
+    upstream_apis = advertised(upstream.bootstrap)
+    lacking = {key for key in UPSTREAM_ONLY_APIS if key not in upstream_apis}
+    assert ApiKey.CONSUMER_GROUP_HEARTBEAT in lacking
+    sidecar_apis = advertised(sidecar.bootstrap)
+    assert not lacking & sidecar_apis
+    assert {ApiKey.SHARE_GROUP_HEARTBEAT, ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE, ApiKey.PRODUCE,
+            ApiKey.FETCH} <= sidecar_apis
