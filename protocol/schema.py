@@ -147,15 +147,20 @@ def _parse_fields(raw_fields: list[dict[str, Any]], structs: dict[str, StructSpe
                     sub = common[elem]["fields"]
                 struct.fields = _parse_fields(sub, structs, common)
         flex = raw.get("flexibleVersions")
+        tagged = Versions.parse(raw.get("taggedVersions"))
+        # As in Kafka's generator, a field without "versions" exists in its tagged versions.
+        versions = Versions.parse(raw["versions"]) if "versions" in raw else tagged
+        if versions == NO_VERSIONS:
+            raise ValueError(f"field {raw['name']!r} gives neither versions nor taggedVersions")
         out.append(
             FieldSpec(
                 name=raw["name"],
                 attr=snake_case(raw["name"]),
                 type=elem,
                 is_array=is_array,
-                versions=Versions.parse(raw.get("versions")),
+                versions=versions,
                 nullable=Versions.parse(raw.get("nullableVersions")),
-                tagged=Versions.parse(raw.get("taggedVersions")),
+                tagged=tagged,
                 tag=raw.get("tag"),
                 default=_parse_default(raw.get("default"), elem, is_array),
                 flexible_override=Versions.parse(flex) if flex is not None else None,
