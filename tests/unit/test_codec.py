@@ -45,7 +45,9 @@ from tests.unit.strategies import message_strategy
 
 CODECS = messages.CODECS
 ZERO_UUID = bytes(16)
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden"
+# shared/golden sits beside the checkout (../shared); a git worktree may sit a level deeper.
+GOLDEN = next((d / "shared" / "golden" for d in Path(__file__).resolve().parents[2:]
+               if (d / "shared" / "golden").is_dir()), Path("/nonexistent"))
 
 ALL_VERSIONS = [(name, v) for name, codec in sorted(CODECS.items()) for v in codec.spec.versions]
 
