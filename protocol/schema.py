@@ -200,8 +200,16 @@ def read_spec_json(text: str) -> dict[str, Any]:
     return doc
 
 
+def read_spec_file(path: Path) -> dict[str, Any]:
+    """`read_spec_json` of a file, naming the file when it is not a spec Shoal can read."""
+    try:
+        return read_spec_json(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # JSONDecodeError among them
+        raise ValueError(f"{path.name}: {exc}") from exc
+
+
 def load_spec(path: Path) -> MessageSpec:
-    return parse_spec(read_spec_json(path.read_text()))
+    return parse_spec(read_spec_file(path))
 
 
 class ExtensionError(ValueError):
@@ -256,9 +264,9 @@ def merge_extension(doc: dict[str, Any], extension: dict[str, Any]) -> None:
 
 def load_all(directory: Path = SPEC_DIR, extensions: Path = EXTENSION_DIR) -> dict[str, MessageSpec]:
     """Every spec in `directory`, with the extensions in `extensions` merged in."""
-    docs = {p.stem: read_spec_json(p.read_text()) for p in sorted(directory.glob("*.json"))}
+    docs = {p.stem: read_spec_file(p) for p in sorted(directory.glob("*.json"))}
     for p in sorted(extensions.glob("*.json")):
         if p.stem not in docs:
             raise ExtensionError(f"{p.name}: no spec {p.stem} to extend")
-        merge_extension(docs[p.stem], read_spec_json(p.read_text()))
+        merge_extension(docs[p.stem], read_spec_file(p))
     return {name: parse_spec(doc) for name, doc in docs.items()}

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
 
 import pytest
 
-from shoal.protocol.schema import SPEC_DIR, parse_spec, read_spec_json
+from shoal.protocol.messages import CODECS
+from shoal.protocol.schema import SPEC_DIR, Versions, load_all, parse_spec, read_spec_json
 from shoal.protocol.vendor_specs import MANIFEST, Entry, git_blob_id, read_manifest
 
 HEADER, ENTRIES = read_manifest()
@@ -61,3 +63,44 @@ def test_a_normalised_copy_is_refused() -> None:
 def test_git_blob_id_is_gits() -> None:
     # `printf 'hello\n' | git hash-object --stdin`
     assert git_blob_id(b"hello\n") == "ce013625030ba8dba906f756967f9e9ca394464a"
+
+
+# ---- rules of Kafka's generator the loader follows ---------------------------------------------------
+
+
+def test_a_field_without_versions_exists_in_its_tagged_versions() -> None:
+    value = load_all()["TransactionLogValue"]
+    fields = {f.name: f for f in value.root.fields}
+    for name in ("PreviousProducerId", "NextProducerId", "NextProducerEpoch", "ClientTransactionVersion"):
+        assert (fields[name].versions, fields[name].tagged) == (Versions(1, None), Versions(1, None)), name
+    # A record as Kafka's transaction coordinator writes it (value version 1), tagged fields included.
+    body = (struct.pack(">qhibB", 7, 3, 60000, 2, 0)  # producer id, epoch, timeout, status, null partitions
+            + struct.pack(">qq", 1000, 900)
+            + bytes([4])  # four tagged fields, by tag
+            + bytes([0, 8]) + struct.pack(">q", 6) + bytes([1, 8]) + struct.pack(">q", 8)
+            + bytes([2, 2]) + struct.pack(">h", 2) + bytes([3, 2]) + struct.pack(">h", 0))
+    got, end = CODECS["TransactionLogValue"].decode(body, 1)
+    assert end == len(body)
+    assert (got.previous_producer_id, got.next_producer_id, got.client_transaction_version,
+            got.next_producer_epoch) == (6, 8, 2, 0)
+    assert bytes(CODECS["TransactionLogValue"].encode(got, 1)) == body
+
+
+def test_a_field_with_neither_versions_nor_tagged_versions_is_refused() -> None:
+    doc = {"name": "ThingRequest", "type": "request", "apiKey": 9999, "validVersions": "0", "flexibleVersions": "0+",
+           "fields": [{"name": "Nothing", "type": "int32"}]}
+    with pytest.raises(ValueError, match="Nothing"):
+        parse_spec(doc)
+
+
+def test_a_tagged_array_is_written_unless_it_equals_its_default() -> None:
+    codec = CODECS["ConsumerGroupCurrentMemberAssignmentValue"]
+    tp = codec.cls.TopicPartitions
+    written = {}
+    for epochs in (None, [], [5]):
+        obj = codec.cls(assigned_partitions=[tp(topic_id=bytes(16), partitions=[1], assignment_epochs=epochs)])
+        data = bytes(codec.encode(obj, 0))
+        assert codec.decode(data, 0)[0] == obj
+        written[repr(epochs)] = len(data)
+    # The default (JSON null in Kafka's spec: an empty array) is left out; null and [5] are written.
+    assert written["None"] > written["[]"] and written["[5]"] > written["None"]
