@@ -16,6 +16,7 @@ import structlog
 from shoal.broker.common.purgatory import LogKey
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.broker.upstream.cluster import (
+    SHARED_LANE,
     CoordinatorLookupFailed,
     Lane,
     UpstreamUnavailable,
@@ -35,6 +36,10 @@ if TYPE_CHECKING:
 log = structlog.get_logger("shoal.sidecar")
 
 _FETCH_LANE = "sidecar.fetch_lane"
+_GROUP_LANE = "sidecar.group_lane"
+# Group requests the coordinator holds until the group's rebalance moves on (up to the rebalance timeout):
+# on the shared upstream connection they held up every request behind them, other groups' heartbeats too.
+_WAITING_GROUP_APIS = frozenset({ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP})
 # ConfigResource types (Kafka's ConfigResource.Type codes) whose ACL resource is not the cluster.
 _CONFIG_TOPIC, _CONFIG_GROUP = 2, 32
 
@@ -61,12 +66,13 @@ class SidecarHandlers:
         self.services = services
         self.forward = services.forwarder
 
-    def _lane(self, ctx: RequestContext) -> Lane:
-        """This client connection's own upstream connections for its fetches (see cluster.py)."""
+    def _lane(self, ctx: RequestContext, which: str = _FETCH_LANE) -> Lane:
+        """This client connection's own upstream connections for its fetches, or for its JoinGroup and
+        SyncGroup (see cluster.py): a broker answers one request of a connection at a time, and these wait."""
         conn = ctx.connection
-        lane = conn.attachments.get(_FETCH_LANE)
+        lane = conn.attachments.get(which)
         if lane is None:
-            lane = conn.attachments[_FETCH_LANE] = Lane()
+            lane = conn.attachments[which] = Lane()
         return lane  # type: ignore[no-any-return]
 
     def _may(self, ctx: RequestContext, operation: Operation, name: str | None, topic_id: bytes | None) -> bool:
@@ -76,9 +82,10 @@ class SidecarHandlers:
         return resolved is None or ctx.authorize(operation, ResourceType.TOPIC, resolved)
 
     def on_connection_closed(self, conn: KafkaConnection) -> None:
-        lane = conn.attachments.get(_FETCH_LANE)
-        if lane is not None:
-            self.services.forwarder.cluster.close_lane(lane)
+        for which in (_FETCH_LANE, _GROUP_LANE):
+            lane = conn.attachments.get(which)
+            if lane is not None:
+                self.services.forwarder.cluster.close_lane(lane)
 
     async def _guard(self, ctx: RequestContext, call: Awaitable[_Answer],
                      on_error: Callable[[int], _Answer] | None = None) -> _Answer | None:
@@ -422,8 +429,9 @@ class SidecarHandlers:
         cls = messages.RESPONSES[ctx.header.api_key].cls
         if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
             return cls(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
+        lane = self._lane(ctx, _GROUP_LANE) if ctx.header.api_key in _WAITING_GROUP_APIS else SHARED_LANE
         return await self._guard(
-            ctx, self.forward.group_request(req.group_id, ctx.header.api_key, req, ctx.api_version),
+            ctx, self.forward.group_request(req.group_id, ctx.header.api_key, req, ctx.api_version, lane),
             lambda code: cls(error_code=code))
 
     async def offset_commit(self, ctx: RequestContext, req: messages.OffsetCommitRequest

@@ -325,17 +325,19 @@ class Forwarder:
 
     # ---- coordinator requests --------------------------------------------------------------------
 
-    async def to_coordinator(self, key_type: int, key: str, api_key: int, req: MessageBase, version: int) -> Any:
+    async def to_coordinator(self, key_type: int, key: str, api_key: int, req: MessageBase, version: int,
+                             lane: Hashable = SHARED_LANE) -> Any:
         """Send to the upstream coordinator of `key`; a NOT_COORDINATOR-like answer passes through to the
         client (which asks Shoal again and retries) and makes Shoal look the coordinator up afresh."""
         node = await self.cluster.coordinator(key_type, key)
-        response = await self.cluster.send(node, api_key, req, version)
+        response = await self.cluster.send(node, api_key, req, version, lane=lane)
         if any(code in COORDINATOR_ERRORS for code in _error_codes(response)):
             self.cluster.forget_coordinator(key_type, key)
         return response
 
-    async def group_request(self, group_id: str, api_key: int, req: MessageBase, version: int) -> Any:
-        return await self.to_coordinator(KEY_TYPE_GROUP, group_id, api_key, req, version)
+    async def group_request(self, group_id: str, api_key: int, req: MessageBase, version: int,
+                            lane: Hashable = SHARED_LANE) -> Any:
+        return await self.to_coordinator(KEY_TYPE_GROUP, group_id, api_key, req, version, lane)
 
     async def txn_request(self, transactional_id: str, api_key: int, req: MessageBase, version: int) -> Any:
         return await self.to_coordinator(KEY_TYPE_TRANSACTION, transactional_id, api_key, req, version)

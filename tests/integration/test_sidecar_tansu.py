@@ -221,3 +221,4 @@ def test_sidecar_advertises_no_forwarded_api_the_upstream_lacks(upstream: Upstre
     assert not lacking & sidecar_apis
     assert {ApiKey.SHARE_GROUP_HEARTBEAT, ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE, ApiKey.PRODUCE,
             ApiKey.FETCH} <= sidecar_apis
+
