@@ -77,7 +77,7 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory, upstream: Upstream) -> Ite
 def test_produce_through_the_sidecar_lands_in_the_upstream(upstream: Upstream,
                                                            sidecar: BrokerProcess | ExternalBroker) -> None:
     topic = unique_name("tansu-produce")
-    create_topic(sidecar.bootstrap, topic, 2)  # CreateTopics forwarded upstream
+    create_topic(sidecar.bootstrap, topic, 2, replication_factor=-1)  # CreateTopics forwarded upstream
     records = [(i % 2, f"k{i}".encode(), f"v{i}".encode()) for i in range(40)]
     produce_direct(sidecar.bootstrap, topic, records)
     stored = read_upstream(upstream, topic, 2, 40)  # type: ignore[arg-type]
@@ -92,7 +92,7 @@ def test_produce_through_the_sidecar_lands_in_the_upstream(upstream: Upstream,
 def test_consume_by_assign_and_in_a_classic_group_through_the_sidecar(upstream: Upstream,
                                                                       sidecar: BrokerProcess | ExternalBroker) -> None:
     topic = unique_name("tansu-consume")
-    create_topic(upstream.bootstrap, topic, 2)
+    create_topic(upstream.bootstrap, topic, 2, replication_factor=-1)
     records = [(i % 2, f"k{i}".encode(), f"v{i}".encode()) for i in range(30)]
     produce_direct(upstream.bootstrap, topic, records)
     expected = sorted((p, k, v) for p, k, v in records)
@@ -129,7 +129,7 @@ def test_consume_by_assign_and_in_a_classic_group_through_the_sidecar(upstream: 
 def test_share_consumer_with_explicit_acks_over_the_upstreams_records(upstream: Upstream,
                                                                       sidecar: BrokerProcess | ExternalBroker) -> None:
     topic, group = unique_name("tansu-share"), unique_name("tansu-share-g")
-    create_topic(upstream.bootstrap, topic, 2)
+    create_topic(upstream.bootstrap, topic, 2, replication_factor=-1)
     set_group_config(sidecar.bootstrap, group, share_auto_offset_reset="earliest")
     produced = produce(upstream.bootstrap, topic, 20, partitions=2)
     consumer = _consumer(sidecar, group, topic)
