@@ -7,6 +7,7 @@ with the field layout baked in: fixed-width runs are read and written with one p
 
 from __future__ import annotations
 
+import keyword
 import struct
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -156,10 +157,45 @@ def bind_classes(spec: MessageSpec, root: type[MessageBase]) -> type[MessageBase
             if f.struct is not None:
                 bind(f.struct)
         cls._fields, cls._defaults, cls._factories = names, tuple(defaults), factories
+        init = _compiled_init(cls, names, defaults, factories)
+        if init is not None:
+            cls.__init__ = init  # type: ignore[method-assign]
         bound.add(s.name)
         return cls
 
     return bind(spec.root)
+
+
+_MISSING: Any = object()
+
+
+def _compiled_init(cls: type[MessageBase], names: tuple[str, ...], defaults: list[Any],
+                   factories: dict[str, Callable[[], Any]]) -> Callable[..., None] | None:
+    """A keyword-only `__init__` for the class with its fields spelled out: what MessageBase.__init__
+    does, without its loop over every field and the kwargs dict (handlers build responses per request
+    and per partition). None when a field name cannot be a parameter; the generic one serves then."""
+    if any(not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_") or name == "self"
+           for name in names):
+        return None
+    ns: dict[str, Any] = {"_M": _MISSING}
+    params: list[str] = []
+    body: list[str] = []
+    for i, (name, default) in enumerate(zip(names, defaults, strict=True)):
+        if name in factories:
+            ns[f"_f{i}"] = factories[name]
+            params.append(f"{name}=_M")
+            body.append(f"    self.{name} = _f{i}() if {name} is _M else {name}")
+        else:
+            ns[f"_d{i}"] = default
+            params.append(f"{name}=_d{i}")
+            body.append(f"    self.{name} = {name}")
+    src = f"def __init__(self, *, {', '.join(params)}):\n" + ("\n".join(body) or "    pass") + "\n"
+    if not params:
+        src = "def __init__(self):\n    pass\n"
+    exec(compile(src, f"<shoal init {cls.__qualname__}>", "exec"), ns)
+    init: Callable[..., None] = ns["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    return init
 
 
 def _stale(spec: MessageSpec, struct: str) -> NoReturn:
