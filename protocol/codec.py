@@ -160,6 +160,7 @@ def bind_classes(spec: MessageSpec, root: type[MessageBase]) -> type[MessageBase
         init = _compiled_init(cls, names, defaults, factories)
         if init is not None:
             cls.__init__ = init  # type: ignore[method-assign]
+            cls.__eq__ = _compiled_eq(cls, names)  # type: ignore[method-assign]
         bound.add(s.name)
         return cls
 
@@ -196,6 +197,18 @@ def _compiled_init(cls: type[MessageBase], names: tuple[str, ...], defaults: lis
     init: Callable[..., None] = ns["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     return init
+
+
+def _compiled_eq(cls: type[MessageBase], names: tuple[str, ...]) -> Callable[[Any, object], bool]:
+    """MessageBase.__eq__ with the fields spelled out (encoders compare tagged structs to their defaults)."""
+    same = " and ".join(f"self.{name} == other.{name}" for name in names) or "True"
+    src = (f"def __eq__(self, other):\n    if type(other) is not type(self):\n        return NotImplemented\n"
+           f"    return {same}\n")
+    ns: dict[str, Any] = {}
+    exec(compile(src, f"<shoal eq {cls.__qualname__}>", "exec"), ns)
+    eq: Callable[[Any, object], bool] = ns["__eq__"]
+    eq.__qualname__ = f"{cls.__qualname__}.__eq__"
+    return eq
 
 
 def _stale(spec: MessageSpec, struct: str) -> NoReturn:
@@ -434,11 +447,14 @@ class _Gen:
                     L.append("        t = bytearray()")
                     self.encode_field(L, f, f"o.{f.attr}", "        ", out="t")
                     L.append(f"        tags.append(({f.tag}, t))")
-                L.append("    _wuv(out, len(tags))")
-                L.append("    for tag, t in tags:")
-                L.append("        _wuv(out, tag)")
-                L.append("        _wuv(out, len(t))")
-                L.append("        out += t")
+                L.append("    if not tags:")
+                L.append("        out.append(0)")
+                L.append("    else:")
+                L.append("        _wuv(out, len(tags))")
+                L.append("        for tag, t in tags:")
+                L.append("            _wuv(out, tag)")
+                L.append("            _wuv(out, len(t))")
+                L.append("            out += t")
         if len(L) == 1:
             L.append("    pass")
         self.lines.extend(L)
@@ -456,7 +472,7 @@ class _Gen:
                 L.append(f"{ind}    {out} += b'\\xff\\xff\\xff\\xff'")
             L.append(f"{ind}else:")
             if flex:
-                L.append(f"{ind}    _wuv({out}, len({v}) + 1)")
+                self.write_length(L, f"len({v}) + 1", ind + "    ", out)
             else:
                 L.append(f"{ind}    {out} += _I32.pack(len({v}))")
             item = self.uniq("x")
@@ -464,6 +480,15 @@ class _Gen:
             self.encode_scalar(L, f, item, ind + "        ", flex, out)
         else:
             self.encode_scalar(L, f, value, ind, flex, out)
+
+    def write_length(self, L: list[str], length: str, ind: str, out: str) -> None:
+        """A compact length (uvarint): one byte, appended in place, for the usual short string or array."""
+        n = self.uniq("n")
+        L.append(f"{ind}{n} = {length}")
+        L.append(f"{ind}if {n} < 128:")
+        L.append(f"{ind}    {out}.append({n})")
+        L.append(f"{ind}else:")
+        L.append(f"{ind}    _wuv({out}, {n})")
 
     def encode_scalar(self, L: list[str], f: FieldSpec, value: str, ind: str, flex: bool, out: str) -> None:
         t = f.type
@@ -496,7 +521,7 @@ class _Gen:
             if t == "string":
                 L.append(f"{ind}    {v} = {v}.encode('utf-8')")
             if flex:
-                L.append(f"{ind}    _wuv({out}, len({v}) + 1)")
+                self.write_length(L, f"len({v}) + 1", ind + "    ", out)
             elif t == "string":
                 L.append(f"{ind}    {out} += _I16.pack(len({v}))")
             else:
