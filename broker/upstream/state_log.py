@@ -32,6 +32,7 @@ import structlog
 
 from shoal.broker.storage.internal_topic_log import CoordinatorLogError, encode_records, logged_records
 from shoal.broker.storage.partition_source import EARLIEST, SourceUnavailable, undeliverable
+from shoal.client.errors import error_name
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.codec import MessageBase
@@ -211,7 +212,7 @@ class _PartitionWriter:
         # NOT_ENOUGH_REPLICAS (the topic's min.insync.replicas not met) and the like: nothing was written.
         raise CoordinatorLogError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                   f"upstream refused the state write to {self.topic}-{self.partition}: "
-                                  f"{ErrorCode(code).name if code in ErrorCode._value2member_map_ else code}")
+                                  f"{error_name(code)}" + (f" ({part.error_message})" if part.error_message else ""))
 
     async def _end(self, *, commit: bool) -> None:
         body = messages.EndTxnRequest(transactional_id=self.txn_id, producer_id=self.producer_id,

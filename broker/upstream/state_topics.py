@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from shoal.client.errors import error_name
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -98,7 +99,7 @@ async def _create(cluster: UpstreamCluster, partitions: dict[str, int], replicat
             continue  # another sidecar created it meanwhile
         if result.error_code != ErrorCode.NONE:
             raise UpstreamStartError(
-                f"creating upstream state topic {result.name} failed: {_name(result.error_code)}"
+                f"creating upstream state topic {result.name} failed: {error_name(result.error_code)}"
                 + (f" ({result.error_message})" if result.error_message else ""))
         log.info("upstream state topic created", topic=result.name, partitions=partitions[result.name],
                  replication_factor=result.replication_factor)
@@ -116,7 +117,7 @@ async def _check_acks_all(cluster: UpstreamCluster, replicas: dict[str, int]) ->
     for result in response.results:
         if result.error_code != ErrorCode.NONE:
             log.warning("cannot read the upstream state topic's configs", topic=result.resource_name,
-                        error=_name(result.error_code))
+                        error=error_name(result.error_code))
             continue
         configs = {c.name: c.value for c in result.configs}
         min_isr = int(configs.get("min.insync.replicas") or 1)
@@ -128,10 +129,3 @@ async def _check_acks_all(cluster: UpstreamCluster, replicas: dict[str, int]) ->
         if "compact" not in (configs.get("cleanup.policy") or "compact"):
             log.warning("upstream state topic is not compacted; its records may be deleted by retention",
                         topic=result.resource_name, cleanup_policy=configs.get("cleanup.policy"))
-
-
-def _name(code: int) -> str:
-    try:
-        return ErrorCode(code).name
-    except ValueError:
-        return str(code)
