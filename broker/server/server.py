@@ -512,7 +512,7 @@ class Broker:
         if internal_topic == SHARE_GROUP_STATE:
             await self.share_coordinator.runtime.load(partition)
         else:
-            await self.group_coordinator.load()  # loads the partitions not loaded, then sets their groups up
+            await self.group_coordinator.load_partition(partition)
         log.info("state partition serving", topic=internal_topic, partition=partition)
 
     def release_state_partition(self, internal_topic: str, partition: int) -> None:
