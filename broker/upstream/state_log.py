@@ -81,6 +81,9 @@ class _PartitionWriter:
         self.partition = partition
         self.txn_id = txn_id
         self.timeout_s = timeout_s
+        # State writes have connections of their own (one per state topic and upstream broker): an upstream
+        # broker answers a connection's requests one at a time, and these must not wait behind other traffic.
+        self.lane = ("shoal-state", topic)
         self.producer_id = -1
         self.producer_epoch = -1
         self.sequence = 0
@@ -199,7 +202,7 @@ class _PartitionWriter:
         body = req(transactional_id=self.txn_id, acks=-1, timeout_ms=int(self.timeout_s * 1000),
                    topic_data=[req.TopicProduceData(name=self.topic, partition_data=[
                        req.PartitionProduceData(index=self.partition, records=batch)])])
-        response = await self.cluster.send(leader, ApiKey.PRODUCE, body, 9)
+        response = await self.cluster.send(leader, ApiKey.PRODUCE, body, 9, lane=self.lane)
         (part,) = [p for t in response.responses for p in t.partition_responses]
         code = int(part.error_code)
         if code == ErrorCode.NONE:
@@ -266,7 +269,7 @@ class _PartitionWriter:
         while True:
             try:
                 node = await self.cluster.coordinator(KEY_TYPE_TRANSACTION, self.txn_id)
-                response = await self.cluster.send(node, api_key, body, version)
+                response = await self.cluster.send(node, api_key, body, version, lane=self.lane)
                 code = error_of(response)
             except CoordinatorLookupFailed as exc:
                 code = exc.error_code
