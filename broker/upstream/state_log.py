@@ -51,7 +51,11 @@ FENCING_ERRORS = frozenset({ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCE
 # Transaction coordinator answers worth asking again after a short wait.
 _TXN_RETRIABLE = frozenset({ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
                             ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE})
-_RETRY_BACKOFF_S = 0.02
+# Retries of the transaction coordinator start quick: the next transaction's AddPartitionsToTxn meets
+# CONCURRENT_TRANSACTIONS until the upstream has written the previous one's markers, which is soon.
+_FIRST_RETRY_S = 0.001
+_MAX_RETRY_S = 0.1
+_READ_RETRY_S = 0.1
 _READ_BYTES = 4 << 20
 _DECODE_YIELD_EVERY = 64  # batches decoded between yields while a partition is read at take
 TRANSACTION_TIMEOUT_MS = 60_000
@@ -266,6 +270,7 @@ class _PartitionWriter:
         retriable error, until the request timeout."""
         deadline = time.monotonic() + self.timeout_s
         last = "no answer"
+        delay = _FIRST_RETRY_S
         while True:
             try:
                 node = await self.cluster.coordinator(KEY_TYPE_TRANSACTION, self.txn_id)
@@ -278,7 +283,8 @@ class _PartitionWriter:
                 if time.monotonic() >= deadline:
                     raise
                 last = str(exc)
-                await asyncio.sleep(_RETRY_BACKOFF_S)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _MAX_RETRY_S)
                 continue
             if code == ErrorCode.NONE:
                 return response
@@ -290,7 +296,8 @@ class _PartitionWriter:
             if code not in _TXN_RETRIABLE or time.monotonic() >= deadline:
                 raise CoordinatorLogError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                           f"upstream {messages.API_NAMES.get(api_key)} for {self.txn_id}: {last}")
-            await asyncio.sleep(_RETRY_BACKOFF_S)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _MAX_RETRY_S)
 
 
 def _add_partitions_error(response: messages.AddPartitionsToTxnResponse) -> int:
@@ -395,7 +402,7 @@ class UpstreamStateLog:
                     if time.monotonic() >= deadline:
                         raise CoordinatorLogError(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
                                                   f"{self.topic}-{partition}: an open transaction did not end")
-                    await asyncio.sleep(_RETRY_BACKOFF_S * 5)
+                    await asyncio.sleep(_READ_RETRY_S)
         except SourceUnavailable as exc:
             raise CoordinatorLogError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                       f"reading {self.topic}-{partition} failed: {exc}") from exc

@@ -18,8 +18,10 @@ from confluent_kafka import AcknowledgeType, ShareConsumer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 from shoal.broker.storage.internal_topic_log import CoordinatorLogError
+from shoal.broker.storage.partition_source import LATEST
 from shoal.broker.storage.topic_registry import CONSUMER_OFFSETS
 from shoal.broker.upstream.cluster import UpstreamCluster
+from shoal.broker.upstream.partition_reader import BatchCache, UpstreamPartitionSource
 from shoal.broker.upstream.settings import parse_upstream
 from shoal.broker.upstream.state_log import UpstreamStateLog
 from shoal.broker.upstream.state_topics import ensure_state_topics
@@ -257,3 +259,30 @@ def test_a_state_write_the_upstream_refuses_is_a_retriable_error_and_loses_nothi
         assert offsets_by_partition(describe_offsets(sidecar.bootstrap, group))[(topic, 0)][0] == 4
     finally:
         sidecar.stop()
+
+
+def test_appends_waiting_together_are_committed_in_one_upstream_transaction(upstream: BrokerProcess) -> None:
+    """Group commit: appends made while no transaction is running go into one (one marker on the upstream),
+    and each flush returns once that transaction committed."""
+    topic = unique_name("__shoal_group_commit")
+
+    async def run() -> None:
+        cluster = UpstreamCluster(parse_upstream({"bootstrap.servers": upstream.bootstrap}))
+        try:
+            await cluster.start()
+            await ensure_state_topics(cluster, {topic: 1}, None)
+            state_log = UpstreamStateLog(cluster, topic, CONSUMER_OFFSETS, 1, unique_name("group-commit"))
+            await state_log.take(0)
+            records = [offset_commit_record("g", "t", i, CommittedOffset(i, -1, "", 0)) for i in range(20)]
+            ends = [state_log.append_nowait(0, [r]) + 1 for r in records]
+            await asyncio.gather(*(state_log.flush(0, end) for end in ends))
+            # 20 records and one COMMIT marker: a single transaction.
+            source = UpstreamPartitionSource(cluster, BatchCache(0), topic, 0)
+            assert await source.list_offset(LATEST) == 21
+            reader = UpstreamStateLog(cluster, topic, CONSUMER_OFFSETS, 1, unique_name("group-commit-reader"))
+            await reader.take(0)
+            assert [r.key.partition for _o, r in reader.replay(0)] == list(range(20))
+        finally:
+            await cluster.close()
+
+    asyncio.run(run())
