@@ -179,7 +179,10 @@ class _PartitionWriter:
         add = req(v3_and_below_transactional_id=self.txn_id, v3_and_below_producer_id=self.producer_id,
                   v3_and_below_producer_epoch=self.producer_epoch,
                   v3_and_below_topics=[req.AddPartitionsToTxnTopic(name=self.topic, partitions=[self.partition])])
-        await self._txn_request(ApiKey.ADD_PARTITIONS_TO_TXN, add, 3, _add_partitions_error)
+        try:
+            await self._txn_request(ApiKey.ADD_PARTITIONS_TO_TXN, add, 3, _add_partitions_error)
+        except SourceUnavailable as exc:  # nothing was written: the write may simply be tried again
+            raise CoordinatorLogError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"state write failed: {exc}") from exc
         try:
             base = await self._produce(records)
         except CoordinatorLogError as exc:

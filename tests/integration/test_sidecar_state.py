@@ -286,3 +286,50 @@ def test_appends_waiting_together_are_committed_in_one_upstream_transaction(upst
             await cluster.close()
 
     asyncio.run(run())
+
+
+def test_an_upstream_that_goes_away_and_comes_back_loses_no_state(tmp_path: Path) -> None:
+    """The upstream stops while records are acquired through the sidecar: their acknowledgement fails (it is
+    not reported done) and the sidecar keeps running; once the upstream is back the records are delivered
+    again and acknowledged, and what was acknowledged before is never delivered again."""
+    upstream = BrokerProcess(tmp_path / "upstream", overrides=NO_JOIN_DELAY).start()
+    sidecar: BrokerProcess | None = None
+    topic, group = unique_name("away-t"), unique_name("away-g")
+    try:
+        create_topic(upstream.bootstrap, topic, 1)
+        produce(upstream.bootstrap, topic, 1)
+        sidecar = _sidecar(tmp_path / "sidecar", upstream, "upstream.request.timeout.ms=2000",
+                           "group.share.min.record.lock.duration.ms=1000").start()
+        set_group_config(sidecar.bootstrap, group, share_auto_offset_reset="earliest",
+                         share_record_lock_duration_ms="1000")
+        consumer = _consumer(sidecar, group, topic)
+        try:
+            assert _deliveries(consumer, 1, {}) == [(0, 1)]
+            produce(upstream.bootstrap, topic, 3, prefix="later")
+            held: list[object] = []
+            deadline = time.monotonic() + POLL_DEADLINE_S
+            while len(held) < 3 and time.monotonic() < deadline:
+                held += [m for m in consumer.poll(0.5) if m.error() is None]
+            assert sorted(m.offset() for m in held) == [1, 2, 3]  # type: ignore[attr-defined]
+            upstream.stop()
+            for m in held:
+                consumer.acknowledge(m, AcknowledgeType.ACCEPT)
+            assert any(err is not None for err in consumer.commit_sync(30).values())
+            assert sidecar.alive()
+        finally:
+            consumer.close()
+        upstream.start()
+        consumer = _consumer(sidecar, group, topic)
+        try:
+            again = _deliveries(consumer, 3, {})
+            # Their acquisition was never written (as in Kafka, only acknowledgements and releases are), so
+            # the delivery counts they come back with are not asserted.
+            assert sorted(o for o, _d in again) == [1, 2, 3]
+            assert _deliveries(consumer, 1, {}, deadline_s=3) == []
+        finally:
+            consumer.close()
+        assert offsets_by_partition(describe_offsets(sidecar.bootstrap, group))[(topic, 0)][0] == 4
+    finally:
+        if sidecar is not None:
+            sidecar.stop()
+        upstream.stop()
