@@ -26,10 +26,14 @@ from shoal.broker.upstream.settings import parse_upstream
 from shoal.broker.upstream.state_log import UpstreamStateLog
 from shoal.broker.upstream.state_topics import ensure_state_topics
 from shoal.coordinator.offset_metadata_manager import CommittedOffset, offset_commit_record
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.records import RecordInput, encode_batch
 
 from .broker_process import BrokerProcess
 from .conftest import FAST_HEARTBEAT, NO_JOIN_DELAY
+from .kafka_wire import WireClient
 from .names import unique_name
 from .share_clients import create_topic, produce, set_group_config
 from .test_share_admin import describe_offsets, offsets_by_partition
@@ -333,3 +337,24 @@ def test_an_upstream_that_goes_away_and_comes_back_loses_no_state(tmp_path: Path
         if sidecar is not None:
             sidecar.stop()
         upstream.stop()
+
+
+def test_the_standalone_upstream_refuses_acks_all_below_min_insync_replicas(upstream: BrokerProcess) -> None:
+    """What the check above relies on: standalone Shoal is the only in-sync replica of its partitions, so a
+    topic's min.insync.replicas of 2 refuses acks=all with NOT_ENOUGH_REPLICAS (nothing appended), as Kafka
+    does, while acks=1 still writes."""
+    topic = unique_name("min-isr")
+    create_topic(upstream.bootstrap, topic, 1, {"min.insync.replicas": "2"})
+    produce_req = messages.ProduceRequest
+
+    def send(acks: int) -> tuple[int, int]:
+        body = produce_req(acks=acks, timeout_ms=10_000, topic_data=[produce_req.TopicProduceData(
+            name=topic, partition_data=[produce_req.PartitionProduceData(
+                index=0, records=encode_batch([RecordInput(b"k", b"v")]))])])
+        with WireClient.connect(upstream.bootstrap) as client:
+            response = client.request(ApiKey.PRODUCE, 9, body)
+        part = response.responses[0].partition_responses[0]
+        return part.error_code, part.base_offset
+
+    assert send(-1) == (ErrorCode.NOT_ENOUGH_REPLICAS, -1)
+    assert send(1) == (ErrorCode.NONE, 0)  # the refused batch was not appended
