@@ -23,7 +23,7 @@ from shoal.broker.storage.topic_registry import CONSUMER_OFFSETS
 from shoal.broker.upstream.cluster import UpstreamCluster
 from shoal.broker.upstream.partition_reader import BatchCache, UpstreamPartitionSource
 from shoal.broker.upstream.settings import parse_upstream
-from shoal.broker.upstream.state_log import UpstreamStateLog
+from shoal.broker.upstream.state_log import UpstreamStateLog, transactional_id
 from shoal.broker.upstream.state_topics import ensure_state_topics
 from shoal.coordinator.offset_metadata_manager import CommittedOffset, offset_commit_record
 from shoal.protocol import messages
@@ -358,3 +358,48 @@ def test_the_standalone_upstream_refuses_acks_all_below_min_insync_replicas(upst
 
     assert send(-1) == (ErrorCode.NOT_ENOUGH_REPLICAS, -1)
     assert send(1) == (ErrorCode.NONE, 0)  # the refused batch was not appended
+
+
+def test_a_transactional_id_the_upstream_forgot_is_taken_again(tmp_path: Path) -> None:
+    """A state partition quiet for longer than the upstream's transactional.id.expiration.ms: its next write
+    fails (not reported done) and loses the partition without it being fenced, and taking it again goes on
+    from what committed."""
+    upstream = BrokerProcess(tmp_path / "upstream", overrides=[
+        "transactional.id.expiration.ms=300", "transaction.remove.expired.transaction.cleanup.interval.ms=100"]).start()
+    topic, membership = unique_name("__shoal_expiry"), unique_name("expiry")
+    lost: list[tuple[int, bool]] = []
+
+    def listed() -> set[str]:
+        with WireClient.connect(upstream.bootstrap) as client:
+            response = client.request(ApiKey.LIST_TRANSACTIONS, 0, messages.ListTransactionsRequest(
+                state_filters=[], producer_id_filters=[]))
+        return {t.transactional_id for t in response.transaction_states}
+
+    async def run() -> None:
+        cluster = UpstreamCluster(parse_upstream({"bootstrap.servers": upstream.bootstrap}))
+        try:
+            await cluster.start()
+            await ensure_state_topics(cluster, {topic: 1}, None)
+            state_log = UpstreamStateLog(cluster, topic, CONSUMER_OFFSETS, 1, membership,
+                                         on_lost=lambda p, fenced: lost.append((p, fenced)))
+            await state_log.take(0)
+            await state_log.append(0, [offset_commit_record("g", "t", 0, CommittedOffset(1, -1, "", 0))])
+            txn_id = transactional_id(membership, topic, 0)
+            deadline = time.monotonic() + 30
+            while txn_id in await asyncio.to_thread(listed) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert txn_id not in await asyncio.to_thread(listed)
+            with pytest.raises(CoordinatorLogError) as refused:
+                await state_log.append(0, [offset_commit_record("g", "t", 0, CommittedOffset(2, -1, "", 0))])
+            assert refused.value.error_code == ErrorCode.NOT_COORDINATOR
+            assert lost == [(0, False)]
+            await state_log.take(0)
+            assert [r.value.offset for _o, r in state_log.replay(0) if r.value is not None] == [1]
+            await state_log.append(0, [offset_commit_record("g", "t", 0, CommittedOffset(3, -1, "", 0))])
+        finally:
+            await cluster.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        upstream.stop()
