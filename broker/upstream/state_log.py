@@ -408,6 +408,7 @@ class UpstreamStateLog:
             decoded = 0
             while True:
                 read = await source.read(offset, _READ_BYTES, read_committed=True)
+                start = offset
                 skip = undeliverable(read)
                 for header, data in read.batches:
                     if header.last_offset < offset or header.base_offset >= read.last_stable_offset:
@@ -423,11 +424,13 @@ class UpstreamStateLog:
                         await asyncio.sleep(0)
                 if offset >= read.high_watermark:
                     return out, offset
-                if offset >= read.last_stable_offset:
-                    # An earlier owner's transaction is still being completed (its marker is on the way).
+                if offset == start:
+                    # Nothing readable yet: an earlier owner's transaction is still being completed (its
+                    # marker is on the way, holding the last stable offset back), or the upstream sent nothing.
                     if time.monotonic() >= deadline:
                         raise CoordinatorLogError(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
-                                                  f"{self.topic}-{partition}: an open transaction did not end")
+                                                  f"{self.topic}-{partition}: no progress reading at {offset} "
+                                                  f"(last stable offset {read.last_stable_offset})")
                     await asyncio.sleep(_READ_RETRY_S)
         except SourceUnavailable as exc:
             raise CoordinatorLogError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
