@@ -207,7 +207,13 @@ class _PartitionWriter:
         except Exception as exc:  # no answer: the batch may be in the log; aborting makes it not count
             await self._abort()
             raise CoordinatorLogError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"state write failed: {exc}") from exc
-        await self._end(commit=True)
+        try:
+            await self._end(commit=True)
+        except CoordinatorLogError as exc:
+            if self.lost is not None:
+                raise  # fenced: the new owner's InitProducerId ended the transaction, whichever way
+            # Still open, or committed: either way the next commit must not carry these records unreplayed.
+            raise _Unknown(str(exc)) from exc
         return base
 
     async def _produce(self, appends: list[list[CoordinatorRecord]]) -> int:
@@ -257,11 +263,12 @@ class _PartitionWriter:
         """Abort the open transaction; if even that fails, what the log holds is unknown: lose the partition."""
         try:
             await self._end(commit=False)
-        except CoordinatorLogError:
-            pass  # fenced: the new owner's InitProducerId aborted it
-        except _Unknown as exc:
-            self.lose(CoordinatorLogError(ErrorCode.NOT_COORDINATOR, f"state transaction abort failed: {exc}"),
-                      fenced=False)
+        except (CoordinatorLogError, _Unknown) as exc:
+            # Fenced: the new owner's InitProducerId aborted it. Otherwise the transaction may still be open
+            # with the failed write in it, and the next commit would make it count: lose the partition.
+            if self.lost is None:
+                self.lose(CoordinatorLogError(ErrorCode.NOT_COORDINATOR, f"state transaction abort failed: {exc}"),
+                          fenced=False)
         # The next transaction starts from a clean epoch, as Kafka's producer does after an abort it cannot
         # vouch for (its sequence may or may not have advanced).
         if self.lost is None:
