@@ -60,12 +60,23 @@ _READ_BYTES = 4 << 20
 _DECODE_YIELD_EVERY = 64  # batches decoded between yields while a partition is read at take
 TRANSACTION_TIMEOUT_MS = 60_000
 # Records one transaction carries at most; what is queued beyond them goes in the next.
-_MAX_TRANSACTION_RECORDS = 4096
+MAX_TRANSACTION_RECORDS = 4096
 
 
 def transactional_id(membership_group_id: str, topic: str, partition: int) -> str:
     """The transactional id one state partition is written with; whoever initialises it owns the partition."""
     return f"shoal-{membership_group_id}-state-{topic}-{partition}"
+
+
+def appends_per_transaction(queued: list[int], max_records: int) -> int:
+    """How many of the queued appends (their record counts, oldest first) the next transaction takes: as
+    many as fit in `max_records`, and always the first. Each append stays a batch of its own, as in the
+    local log, so no batch outgrows the upstream's max.message.bytes by being merged with others."""
+    taken, count = 0, 0
+    while taken < len(queued) and (taken == 0 or count + queued[taken] <= max_records):
+        count += queued[taken]
+        taken += 1
+    return taken
 
 
 class _Unknown(Exception):
@@ -149,14 +160,7 @@ class _PartitionWriter:
                 self._futures.pop(end_offset, None)
 
     def _next_transaction(self) -> list[_Pending]:
-        """The queued appends the next transaction takes: all of them, up to about `_MAX_TRANSACTION_RECORDS`
-        records (each append is a batch of its own, as in the local log, so no batch outgrows the upstream's
-        max.message.bytes by being merged with others)."""
-        taken, count = 0, 0
-        while taken < len(self._queue) and (taken == 0 or count + len(self._queue[taken].records)
-                                            <= _MAX_TRANSACTION_RECORDS):
-            count += len(self._queue[taken].records)
-            taken += 1
+        taken = appends_per_transaction([len(pending.records) for pending in self._queue], MAX_TRANSACTION_RECORDS)
         batch, self._queue = self._queue[:taken], self._queue[taken:]
         return batch
 
