@@ -324,9 +324,10 @@ class _PartitionWriter:
             if code in FENCING_ERRORS:
                 self._fenced(code)
             if code == ErrorCode.INVALID_PRODUCER_ID_MAPPING:
-                # The upstream forgot the transactional id (transactional.id.expiration.ms of quiet): nobody
-                # took it since, or this would be PRODUCER_FENCED. Taking the partition again starts afresh.
-                raise _Unknown(f"the upstream no longer knows {self.txn_id}")
+                # The upstream forgot the transactional id (transactional.id.expiration.ms of quiet), or another
+                # instance took it under a new producer id. The owner decides whether to take it again (which
+                # re-reads the partition); continuing with a fresh id here could take it from its new owner.
+                raise _Unknown(f"the upstream no longer knows {self.txn_id} under producer id {self.producer_id}")
             if code in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE):
                 self.cluster.forget_coordinator(KEY_TYPE_TRANSACTION, self.txn_id)
             last = f"error {code}"
