@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import structlog
 
@@ -279,37 +279,39 @@ class SidecarHandlers:
     async def _groups_here(self, ctx: RequestContext, req: _ConfigRequest, answer: type[_Response],
                            upstream: Callable[[], Awaitable[_Response | None]],
                            join: Callable[[_Response, _Response], None]) -> _Response | None:
-        """GROUP resources are the sidecar's own (share groups live here): answered by its standalone
-        handler; the rest go to the upstream; the answers are joined."""
-        others = [r for r in req.resources if r.resource_type != _CONFIG_GROUP]
-        local = await self._local_config(ctx, req, answer)
-        if local is None:
+        """GROUP resources are the sidecar's own (share groups live here)."""
+        return await self._split(ctx, req, "resources", lambda r: r.resource_type == _CONFIG_GROUP, answer,
+                                 upstream, join)
+
+    async def _split(self, ctx: RequestContext, req: MessageBase, items: str, here: Callable[[Any], bool],
+                     answer: type[_Response], upstream: Callable[[], Awaitable[_Response | None]],
+                     join: Callable[[_Response, _Response], None]) -> _Response | None:
+        """The items of `req.<items>` that `here` picks are answered by the API's standalone handler, the
+        rest by `upstream`; the answers are joined (the upstream's first)."""
+        handler = self.services.local_handlers.get(ctx.header.api_key)
+        listed = getattr(req, items)
+        # Picked before the local handler runs: a group it deletes is not the sidecar's any more.
+        picked = [here(item) for item in listed]
+        mine = [item for item, ours in zip(listed, picked, strict=True) if ours]
+        others = [item for item, ours in zip(listed, picked, strict=True) if not ours]
+        if handler is None or not mine:
             return await upstream()
+        setattr(req, items, mine)
+        try:
+            local = await _answer_of(handler(ctx, req))
+        finally:
+            setattr(req, items, listed)
+        assert isinstance(local, answer), local
         if not others:
             return local
-        req.resources = others
-        response = await upstream()
+        setattr(req, items, others)
+        try:
+            response = await upstream()
+        finally:
+            setattr(req, items, listed)
         if response is not None:
             join(response, local)
         return response
-
-    async def _local_config(self, ctx: RequestContext, req: _ConfigRequest,
-                            answer: type[_Response]) -> _Response | None:
-        """The standalone handler's answer for the GROUP resources alone; None when there are none."""
-        handler = self.services.local_config_handlers.get(ctx.header.api_key)
-        groups = [r for r in req.resources if r.resource_type == _CONFIG_GROUP]
-        if handler is None or not groups:
-            return None
-        resources = req.resources
-        req.resources = groups
-        try:
-            answered = handler(ctx, req)
-            if inspect.isawaitable(answered):  # the standalone handlers may be plain functions
-                answered = await answered
-        finally:
-            req.resources = resources
-        assert isinstance(answered, answer), answered
-        return answered
 
     async def _describe_configs(self, ctx: RequestContext, req: messages.DescribeConfigsRequest
                                 ) -> messages.DescribeConfigsResponse | None:
@@ -441,10 +443,39 @@ class SidecarHandlers:
         return await self._guard(ctx, self.forward.consumer_group_describe(req, ctx.api_version))
 
     async def list_groups(self, ctx: RequestContext, req: messages.ListGroupsRequest) -> messages.ListGroupsResponse | None:
-        return await self._guard(ctx, self.forward.list_groups(req, ctx.api_version),
-                                 lambda code: messages.ListGroupsResponse(error_code=code, groups=[]))
+        """The upstream's groups and the sidecar's own share groups in one answer, as Kafka's admin client
+        joins the answers of every broker. A group the principal may not describe is left out, as Kafka's
+        broker does (unless it may describe the cluster)."""
+        response: messages.ListGroupsResponse | None = await self._guard(
+            ctx, self.forward.list_groups(req, ctx.api_version),
+            lambda code: messages.ListGroupsResponse(error_code=code, groups=[]))
+        handler = self.services.local_handlers.get(ApiKey.LIST_GROUPS)
+        if response is None or handler is None:
+            return response
+        if not ctx.authorize(Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME):
+            response.groups = [g for g in response.groups
+                               if ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, g.group_id)]
+        local = await _answer_of(handler(ctx, req))
+        assert isinstance(local, messages.ListGroupsResponse), local
+        # A group id names one group: where both have it, the sidecar's share group is the one it serves.
+        own = {g.group_id for g in local.groups}
+        response.groups = [g for g in response.groups if g.group_id not in own] + list(local.groups)
+        if response.error_code == ErrorCode.NONE:
+            response.error_code = local.error_code
+        return response
+
+    def _is_share_group(self, group_id: str) -> bool:
+        return self.services.share_group_exists(group_id)
 
     async def describe_groups(self, ctx: RequestContext, req: messages.DescribeGroupsRequest) -> messages.DescribeGroupsResponse | None:
+        """Share groups are described by the sidecar (as Kafka answers DescribeGroups for one), the others
+        by the upstream."""
+        return await self._split(ctx, req, "groups", self._is_share_group, messages.DescribeGroupsResponse,
+                                 lambda: self._describe_upstream_groups(ctx, req),
+                                 lambda upstream, local: upstream.groups.extend(local.groups))
+
+    async def _describe_upstream_groups(self, ctx: RequestContext, req: messages.DescribeGroupsRequest
+                                        ) -> messages.DescribeGroupsResponse | None:
         if any(not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, g) for g in req.groups):
             return messages.DescribeGroupsResponse(groups=[messages.DescribeGroupsResponse.DescribedGroup(
                 group_id=g, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, group_state="", protocol_type="",
@@ -452,6 +483,13 @@ class SidecarHandlers:
         return await self._guard(ctx, self.forward.describe_groups(req, ctx.api_version))
 
     async def delete_groups(self, ctx: RequestContext, req: messages.DeleteGroupsRequest) -> messages.DeleteGroupsResponse | None:
+        """Share groups are deleted by the sidecar, the others by the upstream."""
+        return await self._split(ctx, req, "groups_names", self._is_share_group, messages.DeleteGroupsResponse,
+                                 lambda: self._delete_upstream_groups(ctx, req),
+                                 lambda upstream, local: upstream.results.extend(local.results))
+
+    async def _delete_upstream_groups(self, ctx: RequestContext, req: messages.DeleteGroupsRequest
+                                      ) -> messages.DeleteGroupsResponse | None:
         if any(not ctx.authorize(Operation.DELETE, ResourceType.GROUP, g) for g in req.groups_names):
             return messages.DeleteGroupsResponse(results=[messages.DeleteGroupsResponse.DeletableGroupResult(
                 group_id=g, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED) for g in req.groups_names])
@@ -477,6 +515,13 @@ class SidecarHandlers:
         if any(not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, g) for g in groups):
             return error(ErrorCode.GROUP_AUTHORIZATION_FAILED)
         return await self._guard(ctx, self.forward.offset_fetch(req, ctx.api_version), error)
+
+
+async def _answer_of(answered: object) -> object:
+    """A standalone handler's answer: some are plain functions, some coroutines."""
+    if inspect.isawaitable(answered):
+        return await answered
+    return answered
 
 
 def _may_txn(ctx: RequestContext, transactional_id: str) -> bool:
