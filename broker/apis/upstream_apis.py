@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import structlog
 
@@ -280,16 +280,15 @@ class SidecarHandlers:
                            upstream: Callable[[], Awaitable[_Response | None]],
                            join: Callable[[_Response, _Response], None]) -> _Response | None:
         """GROUP resources are the sidecar's own (share groups live here)."""
-        return await self._split(ctx, req, "resources", lambda r: r.resource_type == _CONFIG_GROUP, answer,
-                                 upstream, join)
+        return await self._split(ctx, req, "resources", req.resources, _is_group_resource, answer, upstream, join)
 
-    async def _split(self, ctx: RequestContext, req: MessageBase, items: str, here: Callable[[Any], bool],
-                     answer: type[_Response], upstream: Callable[[], Awaitable[_Response | None]],
+    async def _split(self, ctx: RequestContext, req: MessageBase, items: str, listed: Sequence[_Item],
+                     here: Callable[[_Item], bool], answer: type[_Response],
+                     upstream: Callable[[], Awaitable[_Response | None]],
                      join: Callable[[_Response, _Response], None]) -> _Response | None:
-        """The items of `req.<items>` that `here` picks are answered by the API's standalone handler, the
-        rest by `upstream`; the answers are joined (the upstream's first)."""
+        """The items of `req.<items>` (`listed`, given typed) that `here` picks are answered by the API's
+        standalone handler, the rest by `upstream`; the answers are joined (the upstream's first)."""
         handler = self.services.local_handlers.get(ctx.header.api_key)
-        listed = getattr(req, items)
         # Picked before the local handler runs: a group it deletes is not the sidecar's any more.
         picked = [here(item) for item in listed]
         mine = [item for item, ours in zip(listed, picked, strict=True) if ours]
@@ -470,7 +469,7 @@ class SidecarHandlers:
     async def describe_groups(self, ctx: RequestContext, req: messages.DescribeGroupsRequest) -> messages.DescribeGroupsResponse | None:
         """Share groups are described by the sidecar (as Kafka answers DescribeGroups for one), the others
         by the upstream."""
-        return await self._split(ctx, req, "groups", self._is_share_group, messages.DescribeGroupsResponse,
+        return await self._split(ctx, req, "groups", req.groups, self._is_share_group, messages.DescribeGroupsResponse,
                                  lambda: self._describe_upstream_groups(ctx, req),
                                  lambda upstream, local: upstream.groups.extend(local.groups))
 
@@ -484,7 +483,8 @@ class SidecarHandlers:
 
     async def delete_groups(self, ctx: RequestContext, req: messages.DeleteGroupsRequest) -> messages.DeleteGroupsResponse | None:
         """Share groups are deleted by the sidecar, the others by the upstream."""
-        return await self._split(ctx, req, "groups_names", self._is_share_group, messages.DeleteGroupsResponse,
+        return await self._split(ctx, req, "groups_names", req.groups_names, self._is_share_group,
+                                 messages.DeleteGroupsResponse,
                                  lambda: self._delete_upstream_groups(ctx, req),
                                  lambda upstream, local: upstream.results.extend(local.results))
 
@@ -515,6 +515,10 @@ class SidecarHandlers:
         if any(not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, g) for g in groups):
             return error(ErrorCode.GROUP_AUTHORIZATION_FAILED)
         return await self._guard(ctx, self.forward.offset_fetch(req, ctx.api_version), error)
+
+
+def _is_group_resource(resource: ConfigResource) -> bool:
+    return resource.resource_type == _CONFIG_GROUP
 
 
 async def _answer_of(answered: object) -> object:
