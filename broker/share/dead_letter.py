@@ -197,9 +197,11 @@ class DeadLetterWriter:
         copies = await self._copies(source, offsets) \
             if self.group_configs.get_bool(source.group_id, GROUP_COPY_RECORD) else {}
         now = int(time.time() * 1000)
-        records = [RecordInput(key=copies.get(offset, (None, None))[0], value=copies.get(offset, (None, None))[1],
-                               headers=_headers(source, offset, count, reason), timestamp=now)
-                   for offset, count, reason in offsets]
+        records = []
+        for offset, count, reason in offsets:
+            key, value = copies.get(offset, (None, None))
+            records.append(RecordInput(key=key, value=value, headers=_headers(source, offset, count, reason),
+                                       timestamp=now))
         batches = b"".join(encode_batch(chunk) for chunk in _chunks(records, target.max_message_bytes))
         await target.append(batches)
         if self.on_written is not None:
