@@ -35,7 +35,8 @@ _CONFIG_TOPIC, _CONFIG_GROUP = 2, 32
 
 _Response = TypeVar("_Response", bound=MessageBase)
 _Item = TypeVar("_Item")
-_ConfigRequest = TypeVar("_ConfigRequest", messages.DescribeConfigsRequest, messages.IncrementalAlterConfigsRequest)
+_ConfigRequest = TypeVar("_ConfigRequest", messages.DescribeConfigsRequest, messages.IncrementalAlterConfigsRequest,
+                          messages.AlterConfigsRequest)
 _Answer = TypeVar("_Answer")
 # The group APIs answered by one coordinator call with a top-level error code.
 GroupRequest = (messages.JoinGroupRequest | messages.SyncGroupRequest | messages.HeartbeatRequest
@@ -275,6 +276,20 @@ class SidecarHandlers:
         return await self._groups_here(ctx, req, messages.IncrementalAlterConfigsResponse,
                                        lambda: self._incremental_alter_configs(ctx, req),
                                        lambda upstream, local: upstream.responses.extend(local.responses))
+
+    async def alter_configs(self, ctx: RequestContext, req: messages.AlterConfigsRequest
+                            ) -> messages.AlterConfigsResponse | None:
+        """The legacy AlterConfigs (v0-2), split as IncrementalAlterConfigs is."""
+        result = messages.AlterConfigsResponse.AlterConfigsResourceResponse
+        return await self._groups_here(
+            ctx, req, messages.AlterConfigsResponse,
+            lambda: self._partly(
+                ctx, req, "resources", req.resources, lambda r: self._may_config(ctx, Operation.ALTER_CONFIGS, r),
+                lambda: self.forward.to_any_broker(ApiKey.ALTER_CONFIGS, req, ctx.api_version),
+                messages.AlterConfigsResponse, "responses",
+                lambda r: result(error_code=_config_denied(r), resource_type=r.resource_type,
+                                 resource_name=r.resource_name)),
+            lambda upstream, local: upstream.responses.extend(local.responses))
 
     async def _groups_here(self, ctx: RequestContext, req: _ConfigRequest, answer: type[_Response],
                            upstream: Callable[[], Awaitable[_Response | None]],
@@ -563,6 +578,7 @@ def register(table: ApiTable, services: UpstreamServices) -> SidecarHandlers:
     table.register(ApiKey.CREATE_PARTITIONS, 0, 3, h.create_partitions)
     table.register(ApiKey.DESCRIBE_CONFIGS, 1, 4, h.describe_configs)
     table.register(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1, h.incremental_alter_configs)
+    table.register(ApiKey.ALTER_CONFIGS, 0, 2, h.alter_configs)
     table.register(ApiKey.INIT_PRODUCER_ID, 0, 5, h.init_producer_id)
     table.register(ApiKey.ADD_PARTITIONS_TO_TXN, 0, 5, h.add_partitions_to_txn)
     table.register(ApiKey.ADD_OFFSETS_TO_TXN, 0, 4, h.add_offsets_to_txn)

@@ -1,5 +1,6 @@
 """ListGroups, DescribeGroups and DeleteGroups through a sidecar: the upstream's groups and the sidecar's
-own share groups in one view. A standalone Shoal process is the upstream; clients know only the sidecar."""
+own share groups in one view; the legacy AlterConfigs splits group configs from the upstream's resources
+in the same way. A standalone Shoal process is the upstream; clients know only the sidecar."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Consumer, ConsumerGroupState
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from shoal.protocol.errors import ErrorCode
 
@@ -16,6 +17,7 @@ from .names import unique_name
 from .share_clients import Consumed, create_topic, poll_until, produce, set_group_config, share_consumer
 from .sidecar_pair import upstream_and_sidecar
 from .test_share_admin import describe_group, list_groups, wait_for_state
+from .test_share_dead_letter import _group_configs
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +104,23 @@ def test_group_administration_sees_the_sidecars_share_groups_and_the_upstreams_g
     missing = admin.delete_consumer_groups([share_group])[share_group]
     with pytest.raises(Exception, match="GROUP_ID_NOT_FOUND"):
         missing.result(30)
+
+
+@pytest.mark.filterwarnings("ignore:alter_configs:DeprecationWarning")
+def test_legacy_alter_configs_sets_share_group_configs_here_and_topic_configs_upstream(
+        pair: tuple[BrokerProcess, BrokerProcess]) -> None:
+    upstream, sidecar = pair
+    topic, group = unique_name("sc-legacy"), unique_name("sc-legacy-g")
+    create_topic(upstream.bootstrap, topic, 1)
+    admin = AdminClient({"bootstrap.servers": sidecar.bootstrap})
+    resources = [ConfigResource(ResourceType.TOPIC, topic, set_config={"retention.ms": "654321"}),
+                 ConfigResource(ResourceType.GROUP, group, set_config={"share.auto.offset.reset": "earliest"})]
+    for future in admin.alter_configs(resources).values():
+        future.result(30)
+    up = AdminClient({"bootstrap.servers": upstream.bootstrap})
+    topic_resource = ConfigResource(ResourceType.TOPIC, topic)
+    assert up.describe_configs([topic_resource])[topic_resource].result(30)["retention.ms"].value == "654321"
+    assert _group_configs(sidecar.bootstrap, group)["share.auto.offset.reset"][0] == "earliest"
+    # The group config is the sidecar's own: the upstream never saw it.
+    assert _group_configs(upstream.bootstrap, group)["share.auto.offset.reset"][0] != "earliest"
+
