@@ -463,12 +463,14 @@ class SidecarHandlers:
         response: messages.ListGroupsResponse | None = await self._guard(
             ctx, self.forward.list_groups(req, ctx.api_version),
             lambda code: messages.ListGroupsResponse(error_code=code, groups=[]))
-        handler = self.services.local_handlers.get(ApiKey.LIST_GROUPS)
-        if response is None or handler is None:
-            return response
+        if response is None:
+            return None
         if not ctx.authorize(Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME):
             response.groups = [g for g in response.groups
                                if ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, g.group_id)]
+        handler = self.services.local_handlers.get(ApiKey.LIST_GROUPS)
+        if handler is None:
+            return response
         local = await _answer_of(handler(ctx, req))
         assert isinstance(local, messages.ListGroupsResponse), local
         # A group id names one group: where both have it, the sidecar's share group is the one it serves.
