@@ -99,9 +99,11 @@ class ProduceHandler:
                     for pr in tr.partition_responses:
                         if pr.error_code == ErrorCode.NONE:
                             pr.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+        # Kafka records the request's size against the producer's quota once the partitions are handled.
+        throttle_ms = self.services.quotas.throttle_produce(ctx, ctx.size)
         if acks == 0:
             return None
-        return ProduceResponse(responses=responses)
+        return ProduceResponse(responses=responses, throttle_time_ms=throttle_ms)
 
     def describe_producers(self, ctx: RequestContext, req: messages.DescribeProducersRequest) -> messages.DescribeProducersResponse:
         """DescribeProducers: the producers each partition knows and their open transactions (READ on the topic)."""

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from shoal.broker.common.metrics import BrokerMetrics
     from shoal.broker.common.purgatory import Purgatory
     from shoal.broker.security.authorizer import Authorizer
+    from shoal.broker.security.client_quota_manager import ClientQuotas
     from shoal.broker.security.scram import ScramCredentialStore
     from shoal.broker.share.group_configs import GroupConfigs
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
@@ -66,6 +67,7 @@ class ProduceServices:
     topics: TopicRegistry
     purgatory: Purgatory
     metrics: BrokerMetrics
+    quotas: ClientQuotas
     # KIP-890 part 1: (transactional id, producer id, epoch, (topic, partition)) -> the coordinator's
     # answer to "is this partition in the producer's open transaction?"; None when verification is off.
     verify_txn_partition: Callable[[str, int, int, tuple[str, int]], int] | None = None
@@ -76,6 +78,7 @@ class FetchServices:
     config: BrokerConfig
     topics: TopicRegistry
     purgatory: Purgatory
+    quotas: ClientQuotas
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,7 @@ from shoal.broker.apis.services import (
     TransactionServices,
     UpstreamServices,
 )
+from shoal.broker.security.client_quota_manager import ClientQuotas
 from shoal.broker.storage.partition_budget import PartitionBudget
 from shoal.protocol.api_keys import ApiKey
 
@@ -62,8 +63,9 @@ def register_all(b: Broker) -> None:
     coordinator = b.transaction_coordinator
     verify = (lambda txn_id, pid, epoch, tp: coordinator.verify_partitions(txn_id, pid, epoch, [tp])[tp]) if (
         b.config["transaction.partition.verification.enable"]) else None
-    produce.register(b, ProduceServices(b.config, b.topics, b.purgatory, b.metrics, verify))
-    fetch.register(b, FetchServices(b.config, b.topics, b.purgatory))
+    quotas = ClientQuotas(b.client_quotas, b.config["quota.window.num"], b.config["quota.window.size.seconds"])
+    produce.register(b, ProduceServices(b.config, b.topics, b.purgatory, b.metrics, quotas, verify))
+    fetch.register(b, FetchServices(b.config, b.topics, b.purgatory, quotas))
     topic_admin.register(b, TopicAdminServices(b.config, b.node_id, b.topics, b.group_configs, budget,
                                                b.on_topic_created, b.delete_topic, b.on_log_start_moved))
     cluster_admin.register(b, ClusterAdminServices(b.config, b.node_id, b.topics, b.client_quotas, b.advertised_listener,

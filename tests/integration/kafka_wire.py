@@ -11,6 +11,7 @@ import struct
 from typing import Any
 
 from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
 
 
 class WireClient:
@@ -58,3 +59,15 @@ class WireClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def alter_client_quota(wire: WireClient, ops: list[tuple[str, float, bool]], **names: str | None) -> Any:
+    """AlterClientQuotas for one entity named by keyword (`user=`, `client_id=`, `ip=`; None is the default
+    entity) with (key, value, remove) ops; the entity's result."""
+    acq = messages.AlterClientQuotasRequest
+    entity = [acq.EntityData(entity_type=t.replace("_", "-"), entity_name=n)  # type: ignore[attr-defined]
+              for t, n in names.items()]
+    entry = acq.EntryData(entity=entity, ops=[acq.OpData(key=k, value=v, remove=r)  # type: ignore[attr-defined]
+                                              for k, v, r in ops])
+    [res] = wire.request(ApiKey.ALTER_CLIENT_QUOTAS, 1, acq(entries=[entry], validate_only=False)).entries
+    return res
