@@ -33,6 +33,10 @@ log = structlog.get_logger("shoal.transactions")
 TRANSACTION_STATE = "__transaction_state"
 CONSUMER_OFFSETS = "__consumer_offsets"
 MAX_EPOCH = 32767
+# Kafka's coordinator epoch is the leader epoch of the coordinator's __transaction_state partition, carried
+# in every marker so partitions can fence a zombie coordinator. On this one broker that epoch is always 0
+# (Metadata reports leader epoch 0 for every partition).
+COORDINATOR_EPOCH = 0
 MAX_KEY_BYTES = 32767
 _MARKER_RETRY_S = 0.5
 _MARKER_RETRY_MAX_S = 10.0
@@ -70,7 +74,7 @@ class MarkerWriter(Protocol):
     """Writes a transaction's control records; implemented by the broker over its partition logs."""
 
     async def write_markers(self, producer_id: int, producer_epoch: int, commit: bool,
-                            partitions: Iterable[TopicPartition]) -> set[TopicPartition]:
+                            partitions: Iterable[TopicPartition], coordinator_epoch: int = 0) -> set[TopicPartition]:
         """Append and fsync a COMMIT or ABORT marker on each partition that still exists; returns the
         partitions whose marker failed (to be retried). A deleted partition needs none."""
         ...
@@ -340,7 +344,7 @@ class TransactionCoordinator:
             try:
                 if pending:
                     pending = set(await self.markers.write_markers(meta.producer_id, meta.producer_epoch, commit,
-                                                                   pending))
+                                                                   pending, COORDINATOR_EPOCH))
                 if not pending:
                     await self._holding(transactional_id, operation)
                     break

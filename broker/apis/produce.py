@@ -124,7 +124,7 @@ class ProduceHandler:
                     parts.append(_DpPartition(partition_index=index, error_code=ErrorCode.NONE, active_producers=[
                         _DpProducer(producer_id=pid, producer_epoch=entry.epoch, last_sequence=entry.last_seq,
                                     last_timestamp=entry.last_timestamp,
-                                    coordinator_epoch=0 if pid in state.ongoing else -1,
+                                    coordinator_epoch=entry.coordinator_epoch,
                                     current_txn_start_offset=state.ongoing.get(pid, -1))
                         for pid, entry in sorted(state.producers.items())
                     ]))

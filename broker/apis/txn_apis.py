@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
-from shoal.broker.storage.partition_log import LogClosed
+from shoal.broker.storage.partition_log import AppendRefused, LogClosed
 from shoal.coordinator.classic_coordinator import OffsetToCommit
 from shoal.coordinator.transaction_coordinator import TopicPartition
 from shoal.coordinator.transaction_log import STATE_BY_NAME
@@ -218,8 +218,9 @@ class TransactionApis:
     async def write_txn_markers(self, ctx: RequestContext, req: messages.WriteTxnMarkersRequest) -> messages.WriteTxnMarkersResponse:
         """Markers written on request: Kafka's coordinators send these to partition leaders; on one broker
         the coordinator writes its own, so what arrives here is Admin.abortTransaction closing a hanging
-        transaction (CLUSTER_ACTION required, as in Kafka)."""
-        authorized = ctx.authorize(Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME)
+        transaction (ALTER or CLUSTER_ACTION on the cluster, as in Kafka)."""
+        authorized = (ctx.authorize(Operation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME)
+                      or ctx.authorize(Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME))
         out = []
         for marker in req.markers:
             wanted = [(t.name, index) for t in marker.topics for index in t.partition_indexes]
@@ -239,15 +240,13 @@ class TransactionApis:
         topic = self.services.topics.get(name)
         if topic is None or not 0 <= index < len(topic.partitions):
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        entry = topic.partitions[index].producer_state.producers.get(marker.producer_id)
-        if entry is not None and marker.producer_epoch < entry.epoch:
-            # Kafka's ProducerStateManager refuses a marker older than the producer's epoch.
-            log.info("write_txn_markers refused", topic=name, partition=index, producer_id=marker.producer_id,
-                     producer_epoch=marker.producer_epoch, current_epoch=entry.epoch)
-            return ErrorCode.INVALID_PRODUCER_EPOCH
         try:
+            # The partition refuses a marker of an older producer epoch or an older coordinator epoch than
+            # the last marker it took for this producer (Kafka's ProducerAppendInfo).
             written = await self.services.markers.write_marker(name, index, marker.producer_id, marker.producer_epoch,
-                                                               marker.transaction_result, max(0, marker.coordinator_epoch))
+                                                               marker.transaction_result, marker.coordinator_epoch)
+        except AppendRefused as exc:
+            return exc.error_code
         except OSError as exc:
             log.error("write_txn_markers failed", topic=name, partition=index, error=repr(exc))
             return ErrorCode.KAFKA_STORAGE_ERROR

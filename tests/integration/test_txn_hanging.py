@@ -1,7 +1,8 @@
 """Hanging transactions: a transactional write the coordinator knows nothing of (a late retry after an
 abort) is refused with INVALID_TXN_STATE while partition verification is on (KIP-890 part 1); with it
 off, the write opens a transaction no one ends, and kafka-python's admin client repairs it the way
-`kafka-transactions.sh abort` does (DescribeProducers, then WriteTxnMarkers)."""
+`kafka-transactions.sh abort` does (DescribeProducers, then WriteTxnMarkers). A marker carries its
+coordinator's epoch, and a partition refuses one older than the last it took (TRANSACTION_COORDINATOR_FENCED)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,22 @@ def _aborted_transaction(wire: WireClient, topic: str, txn_id: str) -> tuple[int
     return pid, epoch
 
 
+def _write_marker(wire: WireClient, topic: str, pid: int, epoch: int, coordinator_epoch: int) -> int:
+    """WriteTxnMarkers as the admin path sends it: an ABORT marker on partition 0; its error code."""
+    wm = messages.WriteTxnMarkersRequest
+    resp = wire.request(ApiKey.WRITE_TXN_MARKERS, 1, wm(markers=[wm.WritableTxnMarker(
+        producer_id=pid, producer_epoch=epoch, transaction_result=False, coordinator_epoch=coordinator_epoch,
+        topics=[wm.WritableTxnMarkerTopic(name=topic, partition_indexes=[0])])]))
+    return int(resp.markers[0].topics[0].partitions[0].error_code)
+
+
+def _coordinator_epoch(wire: WireClient, topic: str, pid: int) -> int:
+    dp = messages.DescribeProducersRequest
+    resp = wire.request(ApiKey.DESCRIBE_PRODUCERS, 0, dp(topics=[dp.TopicRequest(name=topic, partition_indexes=[0])]))
+    [state] = [p for p in resp.topics[0].partitions[0].active_producers if p.producer_id == pid]
+    return int(state.coordinator_epoch)
+
+
 def test_a_late_transactional_write_after_an_abort_is_refused(tmp_path: Path) -> None:
     proc = BrokerProcess(tmp_path / "data").start()
     try:
@@ -113,6 +130,13 @@ def test_a_hanging_transaction_is_repaired_through_the_admin_api(tmp_path: Path)
             assert _produce(wire, None, topic, b"after") == 0
             lso, end = _lso_and_end(wire, topic)
             assert lso < end  # the LSO is stuck at the hanging transaction's first offset
+            # The coordinator's ABORT marker carried its coordinator epoch (0 on one broker); the partition
+            # keeps it, and refuses markers of an older coordinator epoch or producer epoch, as Kafka does.
+            assert _coordinator_epoch(wire, topic, pid) == 0
+            assert _write_marker(wire, topic, pid, epoch, -1) == ErrorCode.TRANSACTION_COORDINATOR_FENCED
+            if epoch > 0:
+                assert _write_marker(wire, topic, pid, epoch - 1, 0) == ErrorCode.INVALID_PRODUCER_EPOCH
+            assert _lso_and_end(wire, topic)[0] == lso  # nothing was written
         assert [v for _o, _k, v in read_partition(proc.bootstrap, topic, "read_committed")] == []
 
         admin: Any = KafkaAdminClient(bootstrap_servers=proc.bootstrap)
@@ -131,6 +155,16 @@ def test_a_hanging_transaction_is_repaired_through_the_admin_api(tmp_path: Path)
         with WireClient.connect(proc.bootstrap) as wire:
             lso, end = _lso_and_end(wire, topic)
             assert lso == end
+            # A marker from a newer coordinator epoch is taken and remembered; the older one is then fenced.
+            assert _write_marker(wire, topic, pid, epoch, 7) == ErrorCode.NONE
+            assert _coordinator_epoch(wire, topic, pid) == 7
+            assert _write_marker(wire, topic, pid, epoch, 5) == ErrorCode.TRANSACTION_COORDINATOR_FENCED
         assert [v for _o, _k, v in read_partition(proc.bootstrap, topic, "read_committed")] == [b"after"]
+        # The partition's producer state is rebuilt from the log after a restart, coordinator epoch included.
+        proc.stop()
+        proc.start()
+        with WireClient.connect(proc.bootstrap) as wire:
+            assert _write_marker(wire, topic, pid, epoch, 5) == ErrorCode.TRANSACTION_COORDINATOR_FENCED
+            assert _coordinator_epoch(wire, topic, pid) == 7
     finally:
         proc.stop()
