@@ -51,6 +51,10 @@ class ProduceHandler:
         if acks not in (-1, 0, 1):
             return _refuse_all(req, ErrorCode.INVALID_REQUIRED_ACKS)
         internal_allowed = ctx.header.client_id == ADMIN_CLIENT_ID
+        not_added: dict[tuple[str, int], int] = {}
+        if req.transactional_id is not None and version >= 12 and self.services.add_txn_partitions is not None:
+            # KIP-890 part 2: from v12 the broker adds the partitions to the producer's transaction.
+            not_added = await self.services.add_txn_partitions(ctx, req)
         responses = []
         flushes: list[tuple[PartitionLog, int]] = []
         for td in req.topic_data:
@@ -69,6 +73,9 @@ class ProduceHandler:
                     parts.append(
                         PartitionResponse(index=pd.index, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, base_offset=-1)
                     )
+                elif (topic.name, pd.index) in not_added:
+                    parts.append(PartitionResponse(index=pd.index, error_code=not_added[(topic.name, pd.index)],
+                                                   base_offset=-1))
                 else:
                     plog = topic.partitions[pd.index]
                     try:

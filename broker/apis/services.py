@@ -71,6 +71,9 @@ class ProduceServices:
     # KIP-890 part 1: (transactional id, producer id, epoch, (topic, partition)) -> the coordinator's
     # answer to "is this partition in the producer's open transaction?"; None when verification is off.
     verify_txn_partition: Callable[[str, int, int, tuple[str, int]], int] | None = None
+    # KIP-890 part 2: Produce v12+ adds its transactional partitions to the producer's transaction; the
+    # partitions refused, with their error codes.
+    add_txn_partitions: Callable[[Any, Any], Awaitable[dict[tuple[str, int], int]]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

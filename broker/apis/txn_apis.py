@@ -21,10 +21,12 @@ from shoal.coordinator.transaction_log import STATE_BY_NAME
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.record_batch import InvalidRecordBatch, parse_batch_header
 
 if TYPE_CHECKING:
     from shoal.broker.apis.services import ApiTable, TransactionServices
     from shoal.broker.network.connection import RequestContext
+    from shoal.broker.storage.topic_registry import TopicRegistry
     from shoal.coordinator.transaction_coordinator import TransactionCoordinator
 
 log = structlog.get_logger("shoal.txn")
@@ -163,6 +165,14 @@ class TransactionApis:
     async def end_txn(self, ctx: RequestContext, req: messages.EndTxnRequest) -> messages.EndTxnResponse:
         if not self._txn_authorized(ctx, req.transactional_id):
             return EndTxnResponse(error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        if ctx.api_version >= 5:
+            # transaction.version 2: the epoch is bumped by every end, and the answer names what to use next.
+            result = await self.coordinator.end_txn_v2(req.transactional_id, req.producer_id, req.producer_epoch,
+                                                      req.committed)
+            if result.error != ErrorCode.NONE:
+                log.info("end_txn refused", transactional_id=req.transactional_id, error_code=result.error)
+            return EndTxnResponse(error_code=result.error, producer_id=result.producer_id,
+                                  producer_epoch=result.producer_epoch)
         code = await self.coordinator.end_txn(req.transactional_id, req.producer_id, req.producer_epoch, req.committed)
         if code != ErrorCode.NONE:
             log.info("end_txn refused", transactional_id=req.transactional_id, error_code=code)
@@ -180,8 +190,15 @@ class TransactionApis:
         elif not req.group_id or len(req.group_id.encode()) > MAX_GROUP_ID_BYTES:
             codes = {(n, p.partition_index): ErrorCode.INVALID_GROUP_ID for n, p in wanted}
         else:
-            group_code = client_error(ApiKey.TXN_OFFSET_COMMIT, version, self.coordinator.check_offset_commit(
-                req.transactional_id, req.producer_id, req.producer_epoch, req.group_id))
+            added: int = ErrorCode.NONE
+            if version >= 5:
+                # transaction.version 2 (KIP-890 part 2): the group's offsets partition joins the transaction
+                # here; such a producer sends no AddOffsetsToTxn.
+                added = await self.coordinator.add_offsets(req.transactional_id, req.producer_id,
+                                                           req.producer_epoch, req.group_id, transaction_version=2)
+            group_code = client_error(ApiKey.TXN_OFFSET_COMMIT, version, added if added != ErrorCode.NONE else (
+                self.coordinator.check_offset_commit(req.transactional_id, req.producer_id, req.producer_epoch,
+                                                     req.group_id)))
             offsets: list[OffsetToCommit] = []
             where: list[tuple[str, int]] = []
             for name, p in wanted:
@@ -299,13 +316,52 @@ class TransactionApis:
                                         transaction_states=listed)
 
 
+async def add_produce_partitions(coordinator: TransactionCoordinator, topics: TopicRegistry, ctx: RequestContext,
+                                 req: messages.ProduceRequest) -> dict[TopicPartition, int]:
+    """KIP-890 part 2: a Produce from v12 on adds its transactional partitions to the producer's transaction
+    itself (Kafka's AddPartitionsToTxn v5 from broker to coordinator), so a transaction.version 2 producer
+    sends no AddPartitionsToTxn. Only partitions not yet in the transaction are written; the refusals by
+    partition are returned (a fenced producer's as INVALID_PRODUCER_EPOCH, as Produce always answers it)."""
+    txn_id = req.transactional_id
+    if txn_id is None:
+        return {}
+    by_producer: dict[tuple[int, int], list[TopicPartition]] = {}
+    for td in req.topic_data:
+        topic = topics.get_by_id(td.topic_id) if ctx.api_version >= 13 else topics.get(td.name)
+        if topic is None or not ctx.authorize(Operation.WRITE, ResourceType.TOPIC, topic.name):
+            continue  # the produce answers these partitions itself
+        for pd in td.partition_data:
+            if not pd.records or not 0 <= pd.index < len(topic.partitions):
+                continue
+            try:
+                header = parse_batch_header(pd.records, 0, whole=False)
+            except InvalidRecordBatch:
+                continue
+            if header.is_transactional and header.producer_id >= 0:
+                by_producer.setdefault((header.producer_id, header.producer_epoch), []).append((topic.name, pd.index))
+    refused: dict[TopicPartition, int] = {}
+    for (pid, epoch), wanted in by_producer.items():
+        verified = coordinator.verify_partitions(txn_id, pid, epoch, wanted)
+        missing = [tp for tp, code in verified.items() if code != ErrorCode.NONE]
+        if not missing:
+            continue
+        code = await coordinator.add_partitions(txn_id, pid, epoch, missing, transaction_version=2)
+        if code == ErrorCode.PRODUCER_FENCED:
+            code = ErrorCode.INVALID_PRODUCER_EPOCH
+        if code != ErrorCode.NONE:
+            log.info("transactional produce refused: partitions not added", transactional_id=txn_id,
+                     producer_id=pid, producer_epoch=epoch, error_code=int(code))
+            refused.update(dict.fromkeys(missing, code))
+    return refused
+
+
 def register(table: ApiTable, services: TransactionServices) -> TransactionApis:
     h = TransactionApis(services)
     table.register(ApiKey.INIT_PRODUCER_ID, 0, 5, h.init_producer_id)
     table.register(ApiKey.ADD_PARTITIONS_TO_TXN, 0, 5, h.add_partitions_to_txn)
     table.register(ApiKey.ADD_OFFSETS_TO_TXN, 0, 4, h.add_offsets_to_txn)
-    table.register(ApiKey.END_TXN, 0, 4, h.end_txn)
-    table.register(ApiKey.TXN_OFFSET_COMMIT, 0, 3, h.txn_offset_commit)
+    table.register(ApiKey.END_TXN, 0, 5, h.end_txn)
+    table.register(ApiKey.TXN_OFFSET_COMMIT, 0, 5, h.txn_offset_commit)
     table.register(ApiKey.DESCRIBE_TRANSACTIONS, 0, 0, h.describe_transactions)
     table.register(ApiKey.LIST_TRANSACTIONS, 0, 1, h.list_transactions)
     table.register(ApiKey.WRITE_TXN_MARKERS, 1, 1, h.write_txn_markers)

@@ -71,3 +71,12 @@ def alter_client_quota(wire: WireClient, ops: list[tuple[str, float, bool]], **n
                                               for k, v, r in ops])
     [res] = wire.request(ApiKey.ALTER_CLIENT_QUOTAS, 1, acq(entries=[entry], validate_only=False)).entries
     return res
+
+
+def produce(wire: WireClient, topic: str, batch: bytes, *, transactional_id: str | None = None, version: int = 9,
+            acks: int = -1, partition: int = 0) -> Any:
+    """One Produce of `batch` to one partition of `topic` (by name: versions up to 12); the response."""
+    req = messages.ProduceRequest
+    data = req.TopicProduceData(name=topic, partition_data=[req.PartitionProduceData(index=partition, records=batch)])
+    return wire.request(ApiKey.PRODUCE, version, req(transactional_id=transactional_id, acks=acks, timeout_ms=10_000,
+                                                     topic_data=[data]))

@@ -12,13 +12,11 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from shoal.protocol import messages
-from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.records import RecordInput, encode_batch
 
 from .broker_process import BrokerProcess
-from .kafka_wire import WireClient, alter_client_quota
+from .kafka_wire import WireClient, alter_client_quota, produce
 from .names import unique_name
 
 PAYLOAD = b"x" * 2000
@@ -59,10 +57,7 @@ def _produce_all(bootstrap: str, client_id: str, topic: str, count: int) -> list
 
 
 def _raw_produce(wire: WireClient, topic: str, size: int) -> Any:
-    req = messages.ProduceRequest
-    batch = encode_batch([RecordInput(value=b"y" * size)])
-    data = req.TopicProduceData(name=topic, partition_data=[req.PartitionProduceData(index=0, records=batch)])
-    return wire.request(ApiKey.PRODUCE, 9, req(transactional_id=None, acks=1, timeout_ms=10_000, topic_data=[data]))
+    return produce(wire, topic, encode_batch([RecordInput(value=b"y" * size)]), acks=1)
 
 
 def test_producer_over_its_client_id_quota_is_throttled(quota_broker: BrokerProcess) -> None:

@@ -21,7 +21,7 @@ from shoal.protocol.errors import ErrorCode
 from shoal.protocol.records import RecordInput, encode_batch
 
 from .broker_process import BrokerProcess
-from .kafka_wire import WireClient
+from .kafka_wire import WireClient, produce
 from .names import unique_name
 from .partition_reader import read_partition
 
@@ -37,10 +37,7 @@ def _produce(wire: WireClient, txn_id: str | None, topic: str, value: bytes, *, 
              seq: int = -1, transactional: bool = False) -> int:
     batch = encode_batch([RecordInput(value=value)], producer_id=pid, producer_epoch=epoch, base_sequence=seq,
                          is_transactional=transactional)
-    req = messages.ProduceRequest
-    data = req.TopicProduceData(name=topic, partition_data=[req.PartitionProduceData(index=0, records=batch)])
-    resp = wire.request(ApiKey.PRODUCE, 9, req(transactional_id=txn_id, acks=-1, timeout_ms=10_000,
-                                               topic_data=[data]))
+    resp = produce(wire, topic, batch, transactional_id=txn_id)
     return int(resp.responses[0].partition_responses[0].error_code)
 
 

@@ -368,3 +368,59 @@ def test_transaction_log_records_round_trip_on_their_own_topic(txn_id: str, stat
     assert type(decode_record(key, None, topic=TRANSACTION_STATE).key) is not type(
         decode_record(*encode_record(CoordinatorRecord(SHARE_SNAPSHOT, key_class(SHARE_SNAPSHOT, topic=SHARE_GROUP_STATE)(
             group_id="g", topic_id=b"\x01" * 16, partition=0), None)), topic=SHARE_GROUP_STATE).key)
+
+
+def test_transaction_version_2_bumps_the_epoch_and_moves_to_a_new_producer_id_when_it_runs_out(tmp_path: Path) -> None:
+    """KIP-890 part 2: EndTxn v5 ends each transaction with the epoch bumped (markers included); at the
+    last epoch the Prepare record names a new producer id, the Complete record switches to it at epoch 0,
+    a retry of that EndTxn gets the same answer, and the state survives a reload of __transaction_state."""
+    async def run() -> None:
+        cluster = Cluster(tmp_path)
+        coord = await cluster.coordinator(LogMarkers(cluster.logs))
+        init = await coord.init_producer_id("app", 30_000)
+        pid = init.producer_id
+        tp = ("t", 0)
+        assert await coord.add_partitions("app", pid, 0, [tp], transaction_version=2) == ErrorCode.NONE
+        cluster.produce_txn(tp, pid, 0, 0)
+        ended = await coord.end_txn_v2("app", pid, 0, commit=True)
+        assert (ended.error, ended.producer_id, ended.producer_epoch) == (ErrorCode.NONE, pid, 1)
+        # While the markers are written a retry is told to wait, as in Kafka.
+        assert (await coord.end_txn_v2("app", pid, 0, commit=True)).error in (
+            ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.NONE)
+        await _settle(coord)
+        assert coord.txns["app"].state == TxnState.COMPLETE_COMMIT
+        # Then the same EndTxn again (its answer was lost) is a retry: the same answer, nothing written.
+        again = await coord.end_txn_v2("app", pid, 0, commit=True)
+        assert (again.error, again.producer_id, again.producer_epoch) == (ErrorCode.NONE, pid, 1)
+        assert cluster.logs[tp].last_stable_offset == cluster.logs[tp].log_end_offset
+        # The old epoch is fenced now, for EndTxn as for adding partitions.
+        assert (await coord.end_txn_v2("app", pid, 0, commit=False)).error == ErrorCode.INVALID_TXN_STATE
+        assert await coord.add_partitions("app", pid, 0, [tp], transaction_version=2) == ErrorCode.PRODUCER_FENCED
+
+        def near_the_end() -> Any:
+            yield [to_record(coord.txns["app"].but(producer_epoch=32765))]
+
+        await coord._holding("app", near_the_end)
+        for epoch in (32765, 32766):
+            assert await coord.add_partitions("app", pid, epoch, [tp], transaction_version=2) == ErrorCode.NONE
+            cluster.produce_txn(tp, pid, epoch, 0)
+            ended = await coord.end_txn_v2("app", pid, epoch, commit=True)
+            await _settle(coord)
+        new_pid = ended.producer_id
+        assert ended.error == ErrorCode.NONE and new_pid != pid and ended.producer_epoch == 0
+        meta = coord.txns["app"]
+        assert (meta.producer_id, meta.producer_epoch, meta.previous_producer_id) == (new_pid, 0, pid)
+        retry = await coord.end_txn_v2("app", pid, 32766, commit=True)
+        assert (retry.error, retry.producer_id, retry.producer_epoch) == (ErrorCode.NONE, new_pid, 0)
+        assert cluster.logs[tp].last_stable_offset == cluster.logs[tp].log_end_offset
+        # An abort with no partition added still bumps the epoch (it fences whoever used the last one).
+        aborted = await coord.end_txn_v2("app", new_pid, 0, commit=False)
+        assert (aborted.error, aborted.producer_id, aborted.producer_epoch) == (ErrorCode.NONE, new_pid, 1)
+        await _settle(coord)
+        await coord.stop()
+        reloaded = await cluster.coordinator(LogMarkers(cluster.logs))
+        assert reloaded.txns["app"] == coord.txns["app"]
+        assert reloaded.txns["app"].client_transaction_version == 2
+        cluster.close()
+
+    asyncio.run(run())
