@@ -109,9 +109,9 @@ def test_consumer_quota_by_default_user_and_a_more_specific_override(quota_broke
     topic = _topic(bootstrap)
     assert _produce_all(bootstrap, unique_name("seed"), topic, 4) == []
     fast = unique_name("fast")
-    # Every user (here ANONYMOUS, on a PLAINTEXT listener) gets 3000 B/s, except this user with client id `fast`.
-    # (A fetch is capped at what one window allows, 3000 bytes here, so each carries one 2000-byte record.)
-    _set_quota(bootstrap, "consumer_byte_rate", 3000.0, user=None)
+    # Every user (here ANONYMOUS, on a PLAINTEXT listener) gets 5000 B/s, except this user with client id `fast`.
+    # (A fetch is capped at what one window allows, 5000 bytes here: two of the 2000-byte records.)
+    _set_quota(bootstrap, "consumer_byte_rate", 5000.0, user=None)
     _set_quota(bootstrap, "consumer_byte_rate", 1e9, user="ANONYMOUS", client_id=fast)
     try:
         def consume(client_id: str) -> tuple[int, list[Any]]:

@@ -424,3 +424,30 @@ def test_transaction_version_2_bumps_the_epoch_and_moves_to_a_new_producer_id_wh
         cluster.close()
 
     asyncio.run(run())
+
+
+def test_a_timed_out_transaction_version_2_transaction_is_fenced_past_a_retry(tmp_path: Path) -> None:
+    """The timeout's abort fences the epoch and, for a version 2 transaction, bumps it again as every end
+    does, so the producer's own late EndTxn is PRODUCER_FENCED rather than taken for a retry."""
+    async def run() -> None:
+        cluster = Cluster(tmp_path)
+        now = [1_000_000]
+        coord = TransactionCoordinator(InternalTopicLog(cluster.state_topic), LogMarkers(cluster.logs),
+                                       cluster.allocate, max_timeout_ms=MAX_TIMEOUT, offsets_placement=Placement(3),
+                                       clock=lambda: now[0])
+        await coord.load()
+        init = await coord.init_producer_id("app", 1000)
+        pid = init.producer_id
+        assert await coord.add_partitions("app", pid, 0, [("t", 0)], transaction_version=2) == ErrorCode.NONE
+        cluster.produce_txn(("t", 0), pid, 0, 0)
+        now[0] += 5000
+        assert await coord.abort_timed_out() == ["app"]
+        await _settle(coord)
+        meta = coord.txns["app"]
+        assert (meta.state, meta.producer_epoch) == (TxnState.COMPLETE_ABORT, 2)
+        assert cluster.logs[("t", 0)].producer_state.aborted[-1].producer_id == pid
+        assert (await coord.end_txn_v2("app", pid, 0, commit=True)).error == ErrorCode.PRODUCER_FENCED
+        await coord.stop()
+        cluster.close()
+
+    asyncio.run(run())
