@@ -282,13 +282,17 @@ class TransactionCoordinator:
 
     def verify_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
                           partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        """AddPartitionsToTxn v4+ with VerifyOnly: is each partition already in the open transaction?"""
+        """AddPartitionsToTxn v4+ with VerifyOnly: is each partition already in the open transaction? As
+        Kafka's coordinator answers: CONCURRENT_TRANSACTIONS while the last one ends, and TRANSACTION_ABORTABLE
+        for a partition not in it (older clients get INVALID_TXN_STATE instead, by their request version)."""
         parts = list(partitions)
         err, meta = self._validate(transactional_id, producer_id, producer_epoch)
         if meta is None:
             return dict.fromkeys(parts, err)
+        if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            return dict.fromkeys(parts, ErrorCode.CONCURRENT_TRANSACTIONS)
         ongoing = meta.state == TxnState.ONGOING
-        return {tp: ErrorCode.NONE if ongoing and tp in meta.partitions else ErrorCode.INVALID_TXN_STATE
+        return {tp: ErrorCode.NONE if ongoing and tp in meta.partitions else ErrorCode.TRANSACTION_ABORTABLE
                 for tp in parts}
 
     async def add_offsets(self, transactional_id: str, producer_id: int, producer_epoch: int, group_id: str,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from shoal.broker.apis.txn_apis import client_error
 from shoal.broker.security.authorizer import Operation, ResourceType
 from shoal.broker.storage.partition_log import AppendOrigin, AppendRefused
 from shoal.protocol import messages
@@ -85,7 +86,8 @@ class ProduceHandler:
                             verify_transaction=self.services.verify_txn_partition,
                         )
                     except AppendRefused as exc:
-                        parts.append(PartitionResponse(index=pd.index, error_code=exc.error_code, base_offset=-1,
+                        parts.append(PartitionResponse(index=pd.index, base_offset=-1,
+                                                       error_code=client_error(ApiKey.PRODUCE, version, exc.error_code),
                                                        error_message=exc.message,
                                                        log_start_offset=exc.log_start_offset))
                         continue

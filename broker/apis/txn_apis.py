@@ -62,9 +62,18 @@ _FENCED_SINCE = {ApiKey.INIT_PRODUCER_ID: 4, ApiKey.ADD_PARTITIONS_TO_TXN: 2, Ap
                  ApiKey.END_TXN: 2, ApiKey.TXN_OFFSET_COMMIT: 3}
 
 
+# First version of each API whose clients understand TRANSACTION_ABORTABLE (KIP-890); older ones get
+# INVALID_TXN_STATE, as Kafka answers them.
+_ABORTABLE_SINCE = {ApiKey.PRODUCE: 11, ApiKey.ADD_PARTITIONS_TO_TXN: 5, ApiKey.TXN_OFFSET_COMMIT: 4,
+                    ApiKey.END_TXN: 4, ApiKey.ADD_OFFSETS_TO_TXN: 4, ApiKey.INIT_PRODUCER_ID: 5}
+
+
 def client_error(api: ApiKey, version: int, code: int) -> int:
-    if code == ErrorCode.PRODUCER_FENCED and version < _FENCED_SINCE[api]:
+    """A coordinator error as a client of this API version understands it."""
+    if code == ErrorCode.PRODUCER_FENCED and version < _FENCED_SINCE.get(api, 0):
         return ErrorCode.INVALID_PRODUCER_EPOCH
+    if code == ErrorCode.TRANSACTION_ABORTABLE and version < _ABORTABLE_SINCE[api]:
+        return ErrorCode.INVALID_TXN_STATE
     return code
 
 
@@ -142,7 +151,8 @@ class TransactionApis:
                 log.info("add_partitions_to_txn refused", transactional_id=txn_id,
                          partitions=[f"{t}-{p}" for (t, p), e in errors.items() if e != ErrorCode.OPERATION_NOT_ATTEMPTED])
             elif verify_only:
-                errors = self.coordinator.verify_partitions(txn_id, pid, epoch, wanted)
+                errors = {tp: client_error(ApiKey.ADD_PARTITIONS_TO_TXN, version, code)
+                          for tp, code in self.coordinator.verify_partitions(txn_id, pid, epoch, wanted).items()}
             else:
                 code = await self.coordinator.add_partitions(txn_id, pid, epoch, wanted)
                 errors = dict.fromkeys(wanted, client_error(ApiKey.ADD_PARTITIONS_TO_TXN, version, code))

@@ -141,8 +141,10 @@ def test_txn_offset_commit_adds_the_group_to_the_transaction(tv2_broker: BrokerP
                     partition_index=0, committed_offset=offset, committed_leader_epoch=-1, committed_metadata="")])]))
             return int(resp.topics[0].partitions[0].error_code)
 
-        # A transaction.version 1 client must have sent AddOffsetsToTxn first; a v5 one need not.
+        # A transaction.version 1 client must have sent AddOffsetsToTxn first (told TRANSACTION_ABORTABLE from
+        # v4, which knows that error, INVALID_TXN_STATE before); a v5 one need not.
         assert commit(3, 7) == ErrorCode.INVALID_TXN_STATE
+        assert commit(4, 7) == ErrorCode.TRANSACTION_ABORTABLE
         assert commit(5, 7) == ErrorCode.NONE
         assert _end(wire, txn_id, pid, epoch, True).error_code == ErrorCode.NONE
         _wait_state(wire, txn_id, "CompleteCommit")

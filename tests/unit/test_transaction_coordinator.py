@@ -156,7 +156,7 @@ def test_fencing_and_bad_input_leave_state_unchanged(tmp_path: Path) -> None:
         assert await coord.end_txn("app", pid, epoch, True) == ErrorCode.PRODUCER_FENCED
         assert await coord.add_partitions("app", pid, epoch, [("t", 1)]) == ErrorCode.PRODUCER_FENCED
         assert coord.check_offset_commit("app", pid, epoch, "g") == ErrorCode.PRODUCER_FENCED
-        assert coord.check_offset_commit("app", pid, second.producer_epoch, "g") == ErrorCode.INVALID_TXN_STATE
+        assert coord.check_offset_commit("app", pid, second.producer_epoch, "g") == ErrorCode.TRANSACTION_ABORTABLE
         assert coord.txns["app"] == before
         assert await coord.end_txn("app", pid, second.producer_epoch, True) == ErrorCode.INVALID_TXN_STATE
         plog = cluster.logs[("t", 0)]
