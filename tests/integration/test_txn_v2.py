@@ -155,3 +155,27 @@ def test_txn_offset_commit_adds_the_group_to_the_transaction(tv2_broker: BrokerP
         assert committed.offset == 7
     finally:
         consumer.close()
+
+
+def test_a_new_incarnation_fences_an_open_version_2_transaction(tv2_broker: BrokerProcess) -> None:
+    topic = _topic(tv2_broker.bootstrap)
+    txn_id = unique_name("tv2-fence")
+    with WireClient.connect(tv2_broker.bootstrap) as wire:
+        pid, epoch = _init(wire, txn_id)
+        assert _send(wire, txn_id, topic, b"zombie", pid, epoch, 0) == ErrorCode.NONE
+        # The next incarnation's InitProducerId aborts the open transaction first (answering
+        # CONCURRENT_TRANSACTIONS meanwhile), then gets an epoch past every one the old one could use.
+        deadline = time.monotonic() + 30
+        while True:
+            init = wire.request(ApiKey.INIT_PRODUCER_ID, 5, messages.InitProducerIdRequest(
+                transactional_id=txn_id, transaction_timeout_ms=30_000, producer_id=-1, producer_epoch=-1))
+            if init.error_code != ErrorCode.CONCURRENT_TRANSACTIONS:
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert init.error_code == ErrorCode.NONE and init.producer_id == pid and init.producer_epoch > epoch + 1
+        assert _end(wire, txn_id, pid, epoch, True).error_code == ErrorCode.PRODUCER_FENCED
+        assert _send(wire, txn_id, topic, b"late", pid, epoch, 1) == ErrorCode.INVALID_PRODUCER_EPOCH
+        lso, end = _lso_and_end(wire, topic)
+        assert lso == end
+    assert read_partition(tv2_broker.bootstrap, topic, "read_committed") == []
