@@ -76,7 +76,8 @@ class MarkerWriter(Protocol):
     """Writes a transaction's control records; implemented by the broker over its partition logs."""
 
     async def write_markers(self, producer_id: int, producer_epoch: int, commit: bool,
-                            partitions: Iterable[TopicPartition], coordinator_epoch: int = 0) -> set[TopicPartition]:
+                            partitions: Iterable[TopicPartition], coordinator_epoch: int = 0,
+                            transaction_version: int = 0) -> set[TopicPartition]:
         """Append and fsync a COMMIT or ABORT marker on each partition that still exists; returns the
         partitions whose marker failed (to be retried). A deleted partition needs none."""
         ...
@@ -440,7 +441,8 @@ class TransactionCoordinator:
             try:
                 if pending:
                     pending = set(await self.markers.write_markers(meta.producer_id, meta.producer_epoch, commit,
-                                                                   pending, COORDINATOR_EPOCH))
+                                                                   pending, COORDINATOR_EPOCH,
+                                                                   meta.client_transaction_version))
                 if not pending:
                     await self._holding(transactional_id, operation)
                     break

@@ -271,7 +271,8 @@ class TransactionApis:
             # The partition refuses a marker of an older producer epoch or an older coordinator epoch than
             # the last marker it took for this producer (Kafka's ProducerAppendInfo).
             written = await self.services.markers.write_marker(name, index, marker.producer_id, marker.producer_epoch,
-                                                               marker.transaction_result, marker.coordinator_epoch)
+                                                               marker.transaction_result, marker.coordinator_epoch,
+                                                               marker.transaction_version)
         except AppendRefused as exc:
             return exc.error_code
         except OSError as exc:
@@ -374,5 +375,5 @@ def register(table: ApiTable, services: TransactionServices) -> TransactionApis:
     table.register(ApiKey.TXN_OFFSET_COMMIT, 0, 5, h.txn_offset_commit)
     table.register(ApiKey.DESCRIBE_TRANSACTIONS, 0, 0, h.describe_transactions)
     table.register(ApiKey.LIST_TRANSACTIONS, 0, 1, h.list_transactions)
-    table.register(ApiKey.WRITE_TXN_MARKERS, 1, 1, h.write_txn_markers)
+    table.register(ApiKey.WRITE_TXN_MARKERS, 1, 2, h.write_txn_markers)
     return h

@@ -586,8 +586,15 @@ class PartitionLog:
         state.aborted = [t for t in state.aborted if t not in gone]
 
     def append_marker(self, *, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
-                      timestamp_ms: int) -> AppendResult:
-        """Write a transaction's COMMIT or ABORT control batch and close the transaction here."""
+                      timestamp_ms: int, transaction_version: int = 0) -> AppendResult:
+        """Write a transaction's COMMIT or ABORT control batch and close the transaction here. A
+        transaction.version 2 marker must carry an epoch above the producer's (KIP-1228): checked here,
+        since the batch itself does not say which version wrote it."""
+        if transaction_version >= 2:
+            refused = self.producer_state.check_marker(producer_id, producer_epoch, coordinator_epoch,
+                                                       transaction_version)
+            if refused is not None:
+                raise AppendRefused(*refused)
         batch = encode_txn_marker(commit=commit, producer_id=producer_id, producer_epoch=producer_epoch,
                                   coordinator_epoch=coordinator_epoch, timestamp=timestamp_ms)
         return self.append_as_leader(batch, origin=AppendOrigin.COORDINATOR)

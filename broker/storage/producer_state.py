@@ -19,6 +19,7 @@ from pathlib import Path
 from shoal.protocol.errors import ErrorCode
 
 MAX_CACHED_BATCHES = 5
+MAX_PRODUCER_EPOCH = 32767
 _ID_BLOCK = 1000
 
 
@@ -127,16 +128,26 @@ class PartitionProducerState:
             del self.producers[pid]
         return len(expired)
 
-    def check_marker(self, producer_id: int, epoch: int, coordinator_epoch: int) -> tuple[int, str] | None:
+    def check_marker(self, producer_id: int, epoch: int, coordinator_epoch: int,
+                     transaction_version: int = 0) -> tuple[int, str] | None:
         """Kafka's checks of an end-transaction marker against the producer (ProducerAppendInfo): the error
-        code and message refusing it, or None. An older producer epoch is INVALID_PRODUCER_EPOCH; a
-        coordinator epoch older than the last marker's is a zombie coordinator's, TRANSACTION_COORDINATOR_FENCED."""
+        code and message refusing it, or None. An older producer epoch is INVALID_PRODUCER_EPOCH (for a
+        transaction.version 2 marker, whose epoch was bumped, the same epoch too, unless it repeats the marker
+        that already ended the transaction here); a coordinator epoch older than the last marker's is a zombie
+        coordinator's, TRANSACTION_COORDINATOR_FENCED."""
         entry = self.producers.get(producer_id)
         if entry is None:
             return None
-        if epoch < entry.epoch:
+        if transaction_version >= 2:
+            repeat = epoch == entry.epoch and (producer_id not in self.ongoing or epoch == MAX_PRODUCER_EPOCH)
+            invalid = epoch <= entry.epoch and not repeat
+        else:
+            invalid = epoch < entry.epoch
+        if invalid:
+            comparison = "<=" if transaction_version >= 2 else "<"
             return (ErrorCode.INVALID_PRODUCER_EPOCH,
-                    f"Epoch of producer {producer_id} is {epoch}, which is smaller than the last seen epoch {entry.epoch}")
+                    f"Epoch of producer {producer_id} is {epoch}, which is {comparison} the last seen epoch "
+                    f"{entry.epoch} (TV{transaction_version})")
         if entry.coordinator_epoch > coordinator_epoch:
             return (ErrorCode.TRANSACTION_COORDINATOR_FENCED,
                     f"Invalid coordinator epoch for producerId {producer_id}: {coordinator_epoch} (zombie), "

@@ -80,3 +80,13 @@ def produce(wire: WireClient, topic: str, batch: bytes, *, transactional_id: str
     data = req.TopicProduceData(name=topic, partition_data=[req.PartitionProduceData(index=partition, records=batch)])
     return wire.request(ApiKey.PRODUCE, version, req(transactional_id=transactional_id, acks=acks, timeout_ms=10_000,
                                                      topic_data=[data]))
+
+
+def write_txn_marker(wire: WireClient, topic: str, pid: int, epoch: int, coordinator_epoch: int, *,
+                     commit: bool = False, version: int = 1, transaction_version: int = 0) -> int:
+    """WriteTxnMarkers as the admin path sends it: one marker on partition 0 of `topic`; its error code."""
+    wm = messages.WriteTxnMarkersRequest
+    resp = wire.request(ApiKey.WRITE_TXN_MARKERS, version, wm(markers=[wm.WritableTxnMarker(
+        producer_id=pid, producer_epoch=epoch, transaction_result=commit, coordinator_epoch=coordinator_epoch,
+        transaction_version=transaction_version, topics=[wm.WritableTxnMarkerTopic(name=topic, partition_indexes=[0])])]))
+    return int(resp.markers[0].topics[0].partitions[0].error_code)

@@ -21,7 +21,7 @@ from shoal.protocol.errors import ErrorCode
 from shoal.protocol.records import RecordInput, encode_batch
 
 from .broker_process import BrokerProcess
-from .kafka_wire import WireClient, produce
+from .kafka_wire import WireClient, produce, write_txn_marker
 from .names import unique_name
 from .partition_reader import read_partition
 
@@ -75,15 +75,6 @@ def _aborted_transaction(wire: WireClient, topic: str, txn_id: str) -> tuple[int
     return pid, epoch
 
 
-def _write_marker(wire: WireClient, topic: str, pid: int, epoch: int, coordinator_epoch: int) -> int:
-    """WriteTxnMarkers as the admin path sends it: an ABORT marker on partition 0; its error code."""
-    wm = messages.WriteTxnMarkersRequest
-    resp = wire.request(ApiKey.WRITE_TXN_MARKERS, 1, wm(markers=[wm.WritableTxnMarker(
-        producer_id=pid, producer_epoch=epoch, transaction_result=False, coordinator_epoch=coordinator_epoch,
-        topics=[wm.WritableTxnMarkerTopic(name=topic, partition_indexes=[0])])]))
-    return int(resp.markers[0].topics[0].partitions[0].error_code)
-
-
 def _coordinator_epoch(wire: WireClient, topic: str, pid: int) -> int:
     dp = messages.DescribeProducersRequest
     resp = wire.request(ApiKey.DESCRIBE_PRODUCERS, 0, dp(topics=[dp.TopicRequest(name=topic, partition_indexes=[0])]))
@@ -130,9 +121,9 @@ def test_a_hanging_transaction_is_repaired_through_the_admin_api(tmp_path: Path)
             # The coordinator's ABORT marker carried its coordinator epoch (0 on one broker); the partition
             # keeps it, and refuses markers of an older coordinator epoch or producer epoch, as Kafka does.
             assert _coordinator_epoch(wire, topic, pid) == 0
-            assert _write_marker(wire, topic, pid, epoch, -1) == ErrorCode.TRANSACTION_COORDINATOR_FENCED
+            assert write_txn_marker(wire, topic, pid, epoch, -1) == ErrorCode.TRANSACTION_COORDINATOR_FENCED
             if epoch > 0:
-                assert _write_marker(wire, topic, pid, epoch - 1, 0) == ErrorCode.INVALID_PRODUCER_EPOCH
+                assert write_txn_marker(wire, topic, pid, epoch - 1, 0) == ErrorCode.INVALID_PRODUCER_EPOCH
             assert _lso_and_end(wire, topic)[0] == lso  # nothing was written
         assert [v for _o, _k, v in read_partition(proc.bootstrap, topic, "read_committed")] == []
 
@@ -153,15 +144,15 @@ def test_a_hanging_transaction_is_repaired_through_the_admin_api(tmp_path: Path)
             lso, end = _lso_and_end(wire, topic)
             assert lso == end
             # A marker from a newer coordinator epoch is taken and remembered; the older one is then fenced.
-            assert _write_marker(wire, topic, pid, epoch, 7) == ErrorCode.NONE
+            assert write_txn_marker(wire, topic, pid, epoch, 7) == ErrorCode.NONE
             assert _coordinator_epoch(wire, topic, pid) == 7
-            assert _write_marker(wire, topic, pid, epoch, 5) == ErrorCode.TRANSACTION_COORDINATOR_FENCED
+            assert write_txn_marker(wire, topic, pid, epoch, 5) == ErrorCode.TRANSACTION_COORDINATOR_FENCED
         assert [v for _o, _k, v in read_partition(proc.bootstrap, topic, "read_committed")] == [b"after"]
         # The partition's producer state is rebuilt from the log after a restart, coordinator epoch included.
         proc.stop()
         proc.start()
         with WireClient.connect(proc.bootstrap) as wire:
-            assert _write_marker(wire, topic, pid, epoch, 5) == ErrorCode.TRANSACTION_COORDINATOR_FENCED
+            assert write_txn_marker(wire, topic, pid, epoch, 5) == ErrorCode.TRANSACTION_COORDINATOR_FENCED
             assert _coordinator_epoch(wire, topic, pid) == 7
     finally:
         proc.stop()

@@ -20,7 +20,7 @@ from shoal.protocol.errors import ErrorCode
 from shoal.protocol.records import RecordInput, encode_batch
 
 from .broker_process import BrokerProcess
-from .kafka_wire import WireClient, produce
+from .kafka_wire import WireClient, produce, write_txn_marker
 from .names import unique_name
 from .partition_reader import read_partition
 
@@ -108,6 +108,10 @@ def test_every_end_bumps_the_epoch_and_fences_a_late_write(tv2_broker: BrokerPro
         ended = _end(wire, txn_id, pid, epoch, True)
         assert (ended.error_code, ended.producer_id, ended.producer_epoch) == (ErrorCode.NONE, pid, epoch + 1)
         _wait_state(wire, txn_id, "CompleteCommit")
+        # The markers carried the bumped epoch; a version 2 marker (WriteTxnMarkers v2) at the old one is
+        # refused, where a version 1 marker at it would still be taken (KIP-1228).
+        assert write_txn_marker(wire, topic, pid, epoch, 0, version=2,
+                                transaction_version=2) == ErrorCode.INVALID_PRODUCER_EPOCH
         # A retry of that EndTxn (its answer lost) gets the same answer.
         again = _end(wire, txn_id, pid, epoch, True)
         assert (again.error_code, again.producer_id, again.producer_epoch) == (ErrorCode.NONE, pid, epoch + 1)

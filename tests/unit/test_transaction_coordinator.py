@@ -44,13 +44,15 @@ class LogMarkers:
         self.written: list[tuple[str, int]] = []
 
     async def write_markers(self, producer_id: int, producer_epoch: int, commit: bool,
-                            partitions: Iterable[tuple[str, int]], coordinator_epoch: int = 0) -> set[tuple[str, int]]:
+                            partitions: Iterable[tuple[str, int]], coordinator_epoch: int = 0,
+                            transaction_version: int = 0) -> set[tuple[str, int]]:
         for tp in sorted(partitions):
             if self.fail_after is not None and len(self.written) >= self.fail_after:
                 await asyncio.Event().wait()  # hangs here until the "crash" cancels it
             plog = self.logs[tp]
             result = plog.append_marker(producer_id=producer_id, producer_epoch=producer_epoch, commit=commit,
-                                        coordinator_epoch=coordinator_epoch, timestamp_ms=0)
+                                        coordinator_epoch=coordinator_epoch, timestamp_ms=0,
+                                        transaction_version=transaction_version)
             await plog.flush(result.last_offset + 1)
             self.written.append(tp)
         return set()
