@@ -17,11 +17,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
 from shoal.broker.storage.client_quotas import CLIENT_ID, USER, ClientQuotaStore
+
+if TYPE_CHECKING:
+    from shoal.broker.common.metrics import BrokerMetrics
 
 log = structlog.get_logger("shoal.quotas")
 
@@ -244,9 +247,15 @@ class ClientQuotas:
     """The produce and fetch quota managers, and the one call each handler makes per request."""
 
     def __init__(self, store: ClientQuotaStore, samples: int, window_seconds: int,
-                 clock_ms: Callable[[], int] | None = None) -> None:
+                 clock_ms: Callable[[], int] | None = None, metrics: BrokerMetrics | None = None) -> None:
         self.produce = ClientQuotaManager(store, PRODUCER_BYTE_RATE, samples, window_seconds, clock_ms)
         self.fetch = ClientQuotaManager(store, CONSUMER_BYTE_RATE, samples, window_seconds, clock_ms)
+        self.metrics = metrics
+
+    def _throttled(self, request: ThrottledRequest, quota_type: str, throttle_ms: int) -> None:
+        request.throttle_connection(throttle_ms)
+        if self.metrics is not None:
+            self.metrics.quota_throttle_time.labels(quota=quota_type).observe(throttle_ms / 1000)
 
     def throttle_produce(self, request: ThrottledRequest, request_size: int) -> int:
         """Record a Produce request's size; mute the connection when over quota. The throttle time in ms."""
@@ -254,7 +263,7 @@ class ClientQuotas:
         throttle = manager.record_and_get_throttle_ms(request.quota_user, request.quota_client_id, request_size,
                                                       manager.now_ms())
         if throttle > 0:
-            request.throttle_connection(throttle)
+            self._throttled(request, "Produce", throttle)
         return throttle
 
     def fetch_max_bytes(self, request: ThrottledRequest) -> float:
@@ -270,5 +279,5 @@ class ClientQuotas:
         throttle = manager.record_and_get_throttle_ms(user, client_id, response_size, now)
         if throttle > 0:
             manager.unrecord(user, client_id, response_size, now)
-            request.throttle_connection(throttle)
+            self._throttled(request, "Fetch", throttle)
         return throttle

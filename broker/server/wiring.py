@@ -63,7 +63,8 @@ def register_all(b: Broker) -> None:
     coordinator = b.transaction_coordinator
     verify = (lambda txn_id, pid, epoch, tp: coordinator.verify_partitions(txn_id, pid, epoch, [tp])[tp]) if (
         b.config["transaction.partition.verification.enable"]) else None
-    quotas = ClientQuotas(b.client_quotas, b.config["quota.window.num"], b.config["quota.window.size.seconds"])
+    quotas = ClientQuotas(b.client_quotas, b.config["quota.window.num"], b.config["quota.window.size.seconds"],
+                          metrics=b.metrics)
     def add_txn_partitions(ctx: Any, req: Any) -> Awaitable[dict[tuple[str, int], int]]:
         return txn_apis.add_produce_partitions(coordinator, b.topics, ctx, req)
 

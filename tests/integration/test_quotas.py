@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
 
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.records import RecordInput, encode_batch
@@ -18,6 +19,7 @@ from shoal.protocol.records import RecordInput, encode_batch
 from .broker_process import BrokerProcess
 from .kafka_wire import WireClient, alter_client_quota, produce
 from .names import unique_name
+from .test_metrics import scrape_text
 
 PAYLOAD = b"x" * 2000
 
@@ -98,6 +100,10 @@ def test_throttle_time_is_reported_and_the_connection_muted(quota_broker: Broker
         second = _raw_produce(wire, topic, 10)
         assert time.monotonic() - sent_at >= throttle_ms / 1000
         assert second.responses[0].partition_responses[0].error_code == ErrorCode.NONE
+    families = {f.name: f for f in text_string_to_metric_families(scrape_text(quota_broker))}
+    counts = {s.labels["quota"]: s.value for s in families["shoal_client_quota_throttle_time_seconds"].samples
+              if s.name.endswith("_count")}
+    assert counts["Produce"] >= 1
     # Once the quota is removed the same client is not throttled any more.
     _set_quota(bootstrap, "producer_byte_rate", None, client_id=client)
     with WireClient.connect(bootstrap, client_id=client) as wire:
