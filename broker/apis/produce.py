@@ -8,6 +8,7 @@ acks=-1 is answered after the data is fsynced; concurrent producers share fsyncs
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 import structlog
@@ -42,8 +43,10 @@ class ProduceHandler:
     def __init__(self, services: ProduceServices):
         self.services = services
 
-    async def handle(self, ctx: RequestContext, req: messages.ProduceRequest) -> messages.ProduceResponse | None:
-        """The response, or None for acks=0 (nothing is sent back)."""
+    def handle(self, ctx: RequestContext, req: messages.ProduceRequest
+               ) -> messages.ProduceResponse | None | Awaitable[messages.ProduceResponse | None]:
+        """The response, or None for acks=0 (nothing is sent back). Appends happen here, at once; with
+        acks=all the answer waits for their fsync, so an awaitable of it is returned instead."""
         version = ctx.api_version
         acks = req.acks
         if req.transactional_id is not None and not ctx.authorize(Operation.WRITE, ResourceType.TRANSACTIONAL_ID,
@@ -51,11 +54,26 @@ class ProduceHandler:
             return _refuse_all(req, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
         if acks not in (-1, 0, 1):
             return _refuse_all(req, ErrorCode.INVALID_REQUIRED_ACKS)
-        internal_allowed = ctx.header.client_id == ADMIN_CLIENT_ID
-        not_added: dict[tuple[str, int], int] = {}
         if req.transactional_id is not None and version >= 12 and self.services.add_txn_partitions is not None:
-            # KIP-890 part 2: from v12 the broker adds the partitions to the producer's transaction.
-            not_added = await self.services.add_txn_partitions(ctx, req)
+            return self._after_adding_partitions(ctx, req)
+        return self._append_all(ctx, req, {})
+
+    async def _after_adding_partitions(self, ctx: RequestContext, req: messages.ProduceRequest
+                                       ) -> messages.ProduceResponse | None:
+        """KIP-890 part 2: from v12 the broker adds a transactional batch's partition to the producer's
+        transaction (a transaction.version 2 producer sends no AddPartitionsToTxn), then appends."""
+        assert self.services.add_txn_partitions is not None
+        not_added = await self.services.add_txn_partitions(ctx, req)
+        result = self._append_all(ctx, req, not_added)
+        if result is None or isinstance(result, ProduceResponse):
+            return result
+        return await result
+
+    def _append_all(self, ctx: RequestContext, req: messages.ProduceRequest, not_added: dict[tuple[str, int], int]
+                    ) -> messages.ProduceResponse | None | Awaitable[messages.ProduceResponse | None]:
+        version = ctx.api_version
+        acks = req.acks
+        internal_allowed = ctx.header.client_id == ADMIN_CLIENT_ID
         responses = []
         flushes: list[tuple[PartitionLog, int]] = []
         for td in req.topic_data:
@@ -74,6 +92,14 @@ class ProduceHandler:
                     parts.append(
                         PartitionResponse(index=pd.index, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, base_offset=-1)
                     )
+                elif acks == -1 and (min_isr := topic.partitions[pd.index].config.produce.min_insync_replicas) > 1:
+                    # Kafka refuses before appending when the ISR (here: this broker alone) is below the minimum.
+                    log.warning("acks=all produce refused: not enough in-sync replicas", topic=topic.name,
+                                partition=pd.index, min_insync_replicas=min_isr)
+                    parts.append(PartitionResponse(
+                        index=pd.index, error_code=ErrorCode.NOT_ENOUGH_REPLICAS, base_offset=-1,
+                        error_message=f"The size of the current ISR 1 is insufficient to satisfy the min.isr "
+                                      f"requirement of {min_isr} for partition {topic.name}-{pd.index}"))
                 elif (topic.name, pd.index) in not_added:
                     parts.append(PartitionResponse(index=pd.index, error_code=not_added[(topic.name, pd.index)],
                                                    base_offset=-1))
@@ -98,21 +124,28 @@ class ProduceHandler:
                     if acks == -1:
                         flushes.append((plog, plog.log_end_offset))
             responses.append(TopicResponse(name=topic_name, topic_id=td.topic_id, partition_responses=parts))
-        if flushes:
-            try:
-                await asyncio.gather(*(plog.flush(offset) for plog, offset in flushes))
-                self.services.metrics.log_fsyncs.inc(len(flushes))
-            except OSError:
-                log.exception("fsync failed")
-                for tr in responses:
-                    for pr in tr.partition_responses:
-                        if pr.error_code == ErrorCode.NONE:
-                            pr.error_code = ErrorCode.KAFKA_STORAGE_ERROR
         # Kafka records the request's size against the producer's quota once the partitions are handled.
-        throttle_ms = self.services.quotas.throttle_produce(ctx, ctx.size)
+        response = ProduceResponse(responses=responses, throttle_time_ms=self.services.quotas.throttle_produce(
+            ctx, ctx.size))
+        if flushes:
+            return self._after_fsync(flushes, response)
         if acks == 0:
             return None
-        return ProduceResponse(responses=responses, throttle_time_ms=throttle_ms)
+        return response
+
+    async def _after_fsync(self, flushes: list[tuple[PartitionLog, int]],
+                           response: messages.ProduceResponse) -> messages.ProduceResponse:
+        """acks=all: the answer once every appended partition is fsynced up to its new records."""
+        try:
+            await asyncio.gather(*(plog.flush(offset) for plog, offset in flushes))
+            self.services.metrics.log_fsyncs.inc(len(flushes))
+        except OSError:
+            log.exception("fsync failed")
+            for tr in response.responses:
+                for pr in tr.partition_responses:
+                    if pr.error_code == ErrorCode.NONE:
+                        pr.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+        return response
 
     def describe_producers(self, ctx: RequestContext, req: messages.DescribeProducersRequest) -> messages.DescribeProducersResponse:
         """DescribeProducers: the producers each partition knows and their open transactions (READ on the topic)."""
