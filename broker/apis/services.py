@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from shoal.broker.common.metrics import BrokerMetrics
     from shoal.broker.common.purgatory import Purgatory
     from shoal.broker.security.authorizer import Authorizer
+    from shoal.broker.security.client_quota_manager import ClientQuotas
     from shoal.broker.security.scram import ScramCredentialStore
     from shoal.broker.share.group_configs import GroupConfigs
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
@@ -66,9 +67,13 @@ class ProduceServices:
     topics: TopicRegistry
     purgatory: Purgatory
     metrics: BrokerMetrics
+    quotas: ClientQuotas
     # KIP-890 part 1: (transactional id, producer id, epoch, (topic, partition)) -> the coordinator's
     # answer to "is this partition in the producer's open transaction?"; None when verification is off.
     verify_txn_partition: Callable[[str, int, int, tuple[str, int]], int] | None = None
+    # KIP-890 part 2: Produce v12+ adds its transactional partitions to the producer's transaction; the
+    # partitions refused, with their error codes.
+    add_txn_partitions: Callable[[Any, Any], Awaitable[dict[tuple[str, int], int]]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +81,7 @@ class FetchServices:
     config: BrokerConfig
     topics: TopicRegistry
     purgatory: Purgatory
+    quotas: ClientQuotas
 
 
 @dataclass(frozen=True, slots=True)

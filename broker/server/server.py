@@ -34,6 +34,7 @@ from shoal.broker.storage.topic_registry import (
     Topic,
     TopicRegistry,
 )
+from shoal.coordinator.transaction_coordinator import TRANSACTION_VERSION
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 
@@ -734,7 +735,7 @@ class Broker:
 
     def finalized_features(self) -> dict[str, int]:
         # share.version 2 (Kafka 4.4) adds dead-letter topics for share groups (KIP-1191); ApiVersions agrees.
-        return {"share.version": 2 if self.config["group.share.enable"] else 0}
+        return {"share.version": 2 if self.config["group.share.enable"] else 0, "transaction.version": 0 if self.config.upstream else TRANSACTION_VERSION}
 
     def advertised_listener(self, name: str) -> Listener:
         for lst in self.advertised:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from shoal.broker.apis import (
@@ -45,6 +45,7 @@ from shoal.broker.apis.services import (
     TransactionServices,
     UpstreamServices,
 )
+from shoal.broker.security.client_quota_manager import ClientQuotas
 from shoal.broker.storage.partition_budget import PartitionBudget
 from shoal.protocol.api_keys import ApiKey
 
@@ -62,8 +63,14 @@ def register_all(b: Broker) -> None:
     coordinator = b.transaction_coordinator
     verify = (lambda txn_id, pid, epoch, tp: coordinator.verify_partitions(txn_id, pid, epoch, [tp])[tp]) if (
         b.config["transaction.partition.verification.enable"]) else None
-    produce.register(b, ProduceServices(b.config, b.topics, b.purgatory, b.metrics, verify))
-    fetch.register(b, FetchServices(b.config, b.topics, b.purgatory))
+    quotas = ClientQuotas(b.client_quotas, b.config["quota.window.num"], b.config["quota.window.size.seconds"],
+                          metrics=b.metrics)
+    def add_txn_partitions(ctx: Any, req: Any) -> Awaitable[dict[tuple[str, int], int]]:
+        return txn_apis.add_produce_partitions(coordinator, b.topics, ctx, req)
+
+    produce.register(b, ProduceServices(b.config, b.topics, b.purgatory, b.metrics, quotas, verify,
+                                        add_txn_partitions))
+    fetch.register(b, FetchServices(b.config, b.topics, b.purgatory, quotas))
     topic_admin.register(b, TopicAdminServices(b.config, b.node_id, b.topics, b.group_configs, budget,
                                                b.on_topic_created, b.delete_topic, b.on_log_start_moved))
     cluster_admin.register(b, ClusterAdminServices(b.config, b.node_id, b.topics, b.client_quotas, b.advertised_listener,
