@@ -94,3 +94,9 @@ def register_all(b: Broker) -> None:
         upstream_apis.register(b, UpstreamServices(b.node_id, b.cluster_id, b.upstream_forwarder,
                                                    b.advertised_listener, b.connection_listeners, local,
                                                    b.purgatory, lambda group_id: group_id in share_groups.groups))
+        # An API the upstream does not serve at all is not advertised, as a Kafka broker advertises only what
+        # it serves: clients then do without it (librdkafka skips offset validation without
+        # OffsetForLeaderEpoch; a KIP-848 consumer reports the missing ConsumerGroupHeartbeat) instead of
+        # retrying against an upstream that can never answer (Tansu serves neither).
+        for key in b.upstream_forwarder.cluster.unserved(upstream_apis.UPSTREAM_ONLY_APIS):
+            del b.apis[key]
