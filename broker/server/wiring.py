@@ -21,6 +21,7 @@ from shoal.broker.apis import (
     share_group_admin,
     share_group_apis,
     share_state_apis,
+    sidecar_group_apis,
     topic_admin,
     txn_apis,
     upstream_apis,
@@ -41,6 +42,7 @@ from shoal.broker.apis.services import (
     ShareGroupAdminServices,
     ShareGroupServices,
     ShareStateServices,
+    SidecarGroupServices,
     TopicAdminServices,
     TransactionServices,
     UpstreamServices,
@@ -88,6 +90,14 @@ def register_all(b: Broker) -> None:
     if b.upstream_forwarder is not None:
         # Sidecar mode: these handlers replace the standalone ones for the APIs the upstream serves.
         local_configs: dict[int, Callable[..., Any]] = {key: b.apis[key].handler for key in (ApiKey.DESCRIBE_CONFIGS, ApiKey.INCREMENTAL_ALTER_CONFIGS)}
+        group = b.sidecar_group
         upstream_apis.register(b, UpstreamServices(b.node_id, b.cluster_id, b.upstream_forwarder,
                                                    b.advertised_listener, b.connection_listeners, local_configs,
-                                                   b.purgatory))
+                                                   b.purgatory, None if group is None else group.ownership))
+        if group is not None:
+            # Several sidecars: answers naming an owner, and requests only the owner serves.
+            wrapped = sidecar_group_apis.wrapped_keys()
+            sidecar_group_apis.register(b, SidecarGroupServices(
+                b.node_id, b.cluster_id, group.ownership, group.group_unit, group.state_unit,
+                {key: b.apis[key].handler for key in wrapped if key in b.apis}),
+                {key: (b.apis[key].min_version, b.apis[key].max_version) for key in wrapped if key in b.apis})

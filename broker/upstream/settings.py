@@ -38,6 +38,9 @@ _ACCEPTED = frozenset({"ssl.truststore.type", "ssl.keystore.type", "ssl.truststo
 _JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
 
 
+MEMBERSHIP_PREFIX = "membership."
+
+
 class UpstreamConfigError(ValueError):
     """An upstream.* setting Shoal cannot start with."""
 
@@ -69,8 +72,8 @@ def parse_upstream(keys: Mapping[str, str]) -> UpstreamSettings:
         raise UpstreamConfigError(f"upstream.bootstrap.servers: {exc}") from exc
     client: dict[str, str] = {"client.id": "shoal-sidecar"}
     for key, value in keys.items():
-        if key == "bootstrap.servers" or key in _ACCEPTED:
-            continue
+        if key == "bootstrap.servers" or key in _ACCEPTED or key.startswith(MEMBERSHIP_PREFIX):
+            continue  # membership.*: the sidecar group's settings (membership.parse_membership)
         if key == "sasl.jaas.config":
             client["sasl.username"], client["sasl.password"] = jaas_credentials(value)
         elif key == "ssl.keystore.location":

@@ -1,0 +1,110 @@
+"""Sidecar mode with several instances: the broker's parts joined to the sidecar group on the upstream
+(`upstream/membership.py`) and to the ownership view it keeps (`upstream/ownership.py`).
+
+The units of work are the upstream's topic-partitions (share-partition leadership) and the partitions of
+the two state topics (coordinator shards); a key goes to its state partition by Kafka's hash, as in
+Kafka: a group id to its `__consumer_offsets` partition, (group, topic id, partition) to its
+`__share_group_state` partition.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import structlog
+
+from shoal.broker.storage.topic_registry import CONSUMER_OFFSETS, SHARE_GROUP_STATE
+from shoal.broker.upstream.assignment import Unit
+from shoal.broker.upstream.membership import Endpoint, Membership, parse_membership
+from shoal.broker.upstream.ownership import Ownership
+from shoal.broker.upstream.settings import MEMBERSHIP_PREFIX
+from shoal.persister.persister import SharePartitionKey
+
+if TYPE_CHECKING:
+    from shoal.broker.common.config import BrokerConfig, Listener
+    from shoal.broker.share.share_partition_leader import SharePartitionLeaders
+    from shoal.broker.share.share_topics import ShareTopicView
+    from shoal.broker.upstream.cluster import UpstreamCluster
+    from shoal.coordinator.placement import Placement
+    from shoal.coordinator.share_coordinator import ShareCoordinator
+
+log = structlog.get_logger("shoal.sidecar")
+
+
+class SidecarParts(Protocol):
+    """What the sidecar group uses of the broker (the server's Broker; named here to keep imports one-way)."""
+
+    config: BrokerConfig
+    node_id: int
+    advertised: list[Listener]
+    upstream_cluster: UpstreamCluster | None
+    offsets_placement: Placement[str]
+    share_coordinator: ShareCoordinator
+    share_partitions: SharePartitionLeaders
+    share_topics: ShareTopicView
+
+
+class SidecarGroup:
+    def __init__(self, broker: SidecarParts):
+        assert broker.upstream_cluster is not None
+        self.broker = broker
+        self.cluster = broker.upstream_cluster
+        self.settings = parse_membership({k[len(MEMBERSHIP_PREFIX):]: v for k, v in broker.config.upstream.items()
+                                          if k.startswith(MEMBERSHIP_PREFIX)})
+        self.ownership = Ownership(broker.node_id, self.endpoints)
+        self.membership = Membership(self.cluster, self.settings, broker.node_id, self.endpoints, self.units,
+                                     self.ownership.local_units, self.ownership.apply, self._lost)
+
+    # ---- units -------------------------------------------------------------------------------------
+
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        return tuple(Endpoint(lst.name, lst.security_protocol, lst.host, lst.port) for lst in self.broker.advertised)
+
+    def units(self) -> set[Unit]:
+        """Every unit of work: the upstream's topic-partitions (not its internal topics) and the state
+        topics' partitions."""
+        units = {(topic, p) for topic, count in self.cluster.partition_counts.items() if not topic.startswith("__")
+                 for p in range(count)}
+        units |= {(CONSUMER_OFFSETS, p) for p in range(self.broker.offsets_placement.num_partitions)}
+        units |= {(SHARE_GROUP_STATE, p) for p in range(self.broker.share_coordinator.placement.num_partitions)}
+        return units
+
+    def group_unit(self, group_id: str) -> Unit:
+        return CONSUMER_OFFSETS, self.broker.offsets_placement.home(group_id)
+
+    def state_unit(self, group_id: str, topic_id: bytes, partition: int) -> Unit:
+        key = SharePartitionKey(group_id, topic_id, partition)
+        return SHARE_GROUP_STATE, self.broker.share_coordinator.placement.home(key)
+
+    def leads(self, topic_id: bytes, partition: int) -> bool:
+        topic = self.broker.share_topics.topic_by_id(topic_id)
+        # A topic the upstream's metadata does not name (yet) is left to the share-partition manager's checks.
+        return topic is None or self.ownership.serves((topic[0], partition))
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+
+    def wire(self) -> None:
+        """Before any request: the share-partition leaders lead only what this instance serves, and drop
+        what it stops serving."""
+        leaders = self.broker.share_partitions
+        leaders.leads = self.leads
+        self.ownership.release_hooks.append(lambda _serves: self._drop_unled())
+
+    def _drop_unled(self) -> None:
+        dropped = self.broker.share_partitions.drop_unled()
+        if dropped:
+            log.info("share partitions released to other sidecars", count=dropped)
+
+    def _lost(self) -> None:
+        self.ownership.lapse()
+
+    async def start(self) -> None:
+        """Join the group once the listeners are bound (members advertise them); wait for the first
+        assignment up to the session timeout, else serve alone until it comes."""
+        self.membership.start()
+        if not await self.membership.wait_first(self.settings.session_timeout_ms / 1000):
+            log.warning("no sidecar group assignment yet; serving alone until one arrives",
+                        group=self.settings.group_id, refused=self.membership.refused)
+
+    async def stop(self) -> None:
+        await self.membership.stop()
