@@ -9,13 +9,14 @@ Kafka: a group id to its `__consumer_offsets` partition, (group, topic id, parti
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
 from shoal.broker.storage.topic_registry import CONSUMER_OFFSETS, SHARE_GROUP_STATE
 from shoal.broker.upstream.assignment import Unit
-from shoal.broker.upstream.membership import Endpoint, Membership, parse_membership
+from shoal.broker.upstream.membership import Endpoint, GroupAssignment, Membership, parse_membership
 from shoal.broker.upstream.ownership import Ownership
 from shoal.broker.upstream.settings import MEMBERSHIP_PREFIX
 from shoal.persister.persister import SharePartitionKey
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
     from shoal.broker.share.share_topics import ShareTopicView
     from shoal.broker.upstream.cluster import UpstreamCluster
+    from shoal.broker.upstream.state_log import UpstreamStateLog
+    from shoal.coordinator.group_coordinator import GroupCoordinator
     from shoal.coordinator.placement import Placement
     from shoal.coordinator.share_coordinator import ShareCoordinator
 
@@ -42,6 +45,12 @@ class SidecarParts(Protocol):
     share_coordinator: ShareCoordinator
     share_partitions: SharePartitionLeaders
     share_topics: ShareTopicView
+    group_coordinator: GroupCoordinator
+    state_logs: dict[str, UpstreamStateLog]
+
+    async def take_state_partition(self, internal_topic: str, partition: int) -> None: ...
+
+    def release_state_partition(self, internal_topic: str, partition: int) -> None: ...
 
 
 class SidecarGroup:
@@ -51,9 +60,10 @@ class SidecarGroup:
         self.cluster = broker.upstream_cluster
         self.settings = parse_membership({k[len(MEMBERSHIP_PREFIX):]: v for k, v in broker.config.upstream.items()
                                           if k.startswith(MEMBERSHIP_PREFIX)})
-        self.ownership = Ownership(broker.node_id, self.endpoints)
         self.membership = Membership(self.cluster, self.settings, broker.node_id, self.endpoints, self.units,
-                                     self.ownership.local_units, self.ownership.apply, self._lost)
+                                     self._owned, self._assigned, self._lost)
+        self.ownership = Ownership(broker.node_id, self.endpoints, self.membership.fresh)
+        self._retry: asyncio.TimerHandle | None = None
 
     # ---- units -------------------------------------------------------------------------------------
 
@@ -83,12 +93,75 @@ class SidecarGroup:
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
+    def _owned(self) -> set[Unit]:
+        return self.units() if self.ownership.alone else self.ownership.local_units()
+
     def wire(self) -> None:
         """Before any request: the share-partition leaders lead only what this instance serves, and drop
-        what it stops serving."""
+        what it stops serving; the state partitions follow the assignment."""
         leaders = self.broker.share_partitions
         leaders.leads = self.leads
         self.ownership.release_hooks.append(lambda _serves: self._drop_unled())
+        self.ownership.release_hooks.append(lambda _serves: self._release_state())
+        self.ownership.take_hooks.append(lambda _gained: self._take_state())
+
+    def unload_untaken(self) -> None:
+        """After the coordinators' start-up load: the partitions not taken answer NOT_COORDINATOR until the
+        assignment hands them to this instance (then `take_state_partition` loads them)."""
+        for topic, runtime in ((SHARE_GROUP_STATE, self.broker.share_coordinator.runtime),
+                               (CONSUMER_OFFSETS, self.broker.group_coordinator.runtime)):
+            state_log = self.broker.state_logs.get(topic)
+            for p in range(runtime.num_partitions):
+                if state_log is None or not state_log.owns(p):
+                    runtime.unload(p)
+
+    def _state_units(self) -> list[Unit]:
+        return sorted(u for u in self.units() if u[0] in (CONSUMER_OFFSETS, SHARE_GROUP_STATE))
+
+    def _release_state(self) -> None:
+        """Stop writing the state partitions this instance no longer owns."""
+        for topic, p in self._state_units():
+            state_log = self.broker.state_logs.get(topic)
+            if state_log is not None and state_log.owns(p) and self.ownership.owner((topic, p)) != self.broker.node_id:
+                self.broker.release_state_partition(topic, p)
+                log.info("state partition released", topic=topic, partition=p)
+
+    async def _take_state(self) -> None:
+        """Take every state partition this instance owns and does not hold (gained now, or lost to a fence
+        since): InitProducerId fences the previous owner, then the partition is replayed."""
+        wanted = [(topic, p) for topic, p in self._state_units()
+                  if self.ownership.owner((topic, p)) == self.broker.node_id
+                  and (state_log := self.broker.state_logs.get(topic)) is not None and not state_log.owns(p)]
+        if not wanted:
+            return
+        limit = asyncio.Semaphore(8)
+
+        async def take(topic: str, p: int) -> bool:
+            async with limit:
+                try:
+                    await self.broker.take_state_partition(topic, p)
+                    return True
+                except Exception as exc:
+                    log.warning("taking a state partition failed; trying again", topic=topic, partition=p,
+                                error=str(exc))
+                    return False
+
+        taken = list(await asyncio.gather(*(take(topic, p) for topic, p in wanted if topic == SHARE_GROUP_STATE)))
+        # The group coordinator's take loads every partition it has not loaded, taken or not: one at a time,
+        # each followed by unloading those not taken, so a later take still replays its partition.
+        for topic, p in wanted:
+            if topic == CONSUMER_OFFSETS:
+                taken.append(await take(topic, p))
+                self.unload_untaken()
+        if not all(taken) and self._retry is None:
+            def again() -> None:
+                self._retry = None
+                asyncio.get_running_loop().create_task(self._take_state())
+
+            self._retry = asyncio.get_running_loop().call_later(1.0, again)
+
+    async def _assigned(self, assignment: GroupAssignment) -> None:
+        await self.ownership.apply(assignment)
 
     def _drop_unled(self) -> None:
         dropped = self.broker.share_partitions.drop_unled()
@@ -105,6 +178,7 @@ class SidecarGroup:
         if not await self.membership.wait_first(self.settings.session_timeout_ms / 1000):
             log.warning("no sidecar group assignment yet; serving alone until one arrives",
                         group=self.settings.group_id, refused=self.membership.refused)
+            await self.ownership.go_alone()
 
     async def stop(self) -> None:
         await self.membership.stop()

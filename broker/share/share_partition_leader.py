@@ -651,6 +651,14 @@ class SharePartitionLeaders:
         for key in [k for k in self._leaders if k.topic_id == topic_id]:
             self._leaders.pop(key).drop()
 
+    def drop_where(self, predicate: Callable[[SharePartitionKey], bool]) -> int:
+        """Forget the share partitions whose key matches (their state partition was lost to another
+        instance: they hand out nothing until their state is read again); returns how many went."""
+        keys = [k for k in self._leaders if predicate(k)]
+        for key in keys:
+            self._leaders.pop(key).drop()
+        return len(keys)
+
     def group_config_changed(self, group_id: str) -> None:
         for key, leader in self._leaders.items():
             if key.group_id == group_id:

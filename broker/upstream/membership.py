@@ -207,6 +207,13 @@ class Membership:
         self._first = asyncio.Event()  # an assignment arrived, or the upstream refused the group
         self._rejoin = asyncio.Event()
         self._stopping = False
+        self.last_ok = float("-inf")  # when the group last confirmed this member (monotonic, at sending)
+        self._serving = False  # an assignment is applied and has not lapsed
+
+    def fresh(self) -> bool:
+        """The group confirmed this member within the session timeout (a JoinGroup, SyncGroup or heartbeat
+        answered): past it, the coordinator may have given this member's work to another."""
+        return time.monotonic() - self.last_ok < self.settings.session_timeout_ms / 1000
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -242,13 +249,10 @@ class Membership:
     # ---- the loop ------------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        last_ok = time.monotonic()
         while not self._stopping:
             try:
-                joined = await self._join_and_sync()
-                if joined:
-                    last_ok = time.monotonic()
-                    last_ok = await self._heartbeat_until_rejoin()
+                if await self._join_and_sync():
+                    await self._heartbeat_until_rejoin()
             except asyncio.CancelledError:
                 raise
             except (UpstreamUnavailable, CoordinatorLookupFailed) as exc:
@@ -256,7 +260,7 @@ class Membership:
                 self.cluster.forget_coordinator(KEY_TYPE_GROUP, self.settings.group_id)
             except Exception:
                 log.exception("sidecar group: unexpected failure; joining again")
-            if self.assigned_units and time.monotonic() - last_ok > self.settings.session_timeout_ms / 1000:
+            if self._serving and not self.fresh():
                 self._lapse()
             await asyncio.sleep(_REFUSED_RETRY_S if self.refused is not None else _RETRY_BACKOFF_S)
 
@@ -264,7 +268,7 @@ class Membership:
         log.warning("sidecar group membership lapsed; this instance stops serving its units",
                     units=len(self.assigned_units))
         self.assigned_units = set()
-        self.member_id, self.generation = "", -1
+        self._serving = False
         self._on_lost()
 
     async def _join_and_sync(self) -> bool:
@@ -302,6 +306,7 @@ class Membership:
                            for m in response.members]
             log.info("sidecar group leader assigned units", generation=self.generation,
                      members=sorted(result.members), units=len(units))
+        sent = time.monotonic()
         sync = messages.SyncGroupRequest(
             group_id=s.group_id, generation_id=self.generation, member_id=self.member_id, group_instance_id=None,
             protocol_type=PROTOCOL_TYPE, protocol_name=PROTOCOL_NAME, assignments=assignments)
@@ -316,7 +321,9 @@ class Membership:
             return False
         self.assigned_units = assignment.units_of(self.node_id)
         self.all_units = set(assignment.owners)
+        self.last_ok = sent
         await self._on_assignment(assignment)
+        self._serving = True
         self._first.set()
         log.info("sidecar group assignment applied", generation=self.generation, leader=assignment.leader,
                  members=sorted(assignment.members), units=len(self.assigned_units))
@@ -340,33 +347,32 @@ class Membership:
             log.warning("sidecar group request failed; joining again", api=api, error_code=code)
         return False
 
-    async def _heartbeat_until_rejoin(self) -> float:
-        """Heartbeats until the group rebalances, this member must rejoin, or (as leader) the units changed;
-        returns when the last heartbeat was answered."""
+    async def _heartbeat_until_rejoin(self) -> None:
+        """Heartbeats until the group rebalances, this member must rejoin, the membership lapsed, or (as
+        leader) the units changed."""
         s = self.settings
-        last_ok = time.monotonic()
         while not self._stopping:
             try:
                 await asyncio.wait_for(self._rejoin.wait(), s.heartbeat_interval_ms / 1000)
-                return last_ok  # asked to rejoin
+                return  # asked to rejoin
             except TimeoutError:
                 pass
+            if not self.fresh():
+                return  # paused or cut off past the session: the group has moved on without this member
             if self.is_leader and self._units() != self.all_units:
                 log.info("sidecar group units changed; the leader rebalances")
-                return last_ok
+                return
             node = await self.cluster.coordinator(KEY_TYPE_GROUP, s.group_id)
             body = messages.HeartbeatRequest(group_id=s.group_id, generation_id=self.generation,
                                              member_id=self.member_id, group_instance_id=None)
+            sent = time.monotonic()
             try:
                 response = await self.cluster.send(node, ApiKey.HEARTBEAT, body, 4, lane=_LANE,
                                                    timeout_ms=s.session_timeout_ms)
             except UpstreamUnavailable as exc:
                 log.warning("sidecar group heartbeat failed", error=str(exc))
-                if time.monotonic() - last_ok > s.session_timeout_ms / 1000:
-                    return last_ok
                 continue
             if response.error_code != ErrorCode.NONE:
                 self._usable(response.error_code, "Heartbeat")
-                return last_ok
-            last_ok = time.monotonic()
-        return last_ok
+                return
+            self.last_ok = sent

@@ -2,8 +2,8 @@
 Metadata, FindCoordinator and DescribeCluster answer from, and what the share-partition leaders, the
 group requests and the share-state RPCs check before they serve.
 
-Until the first assignment (or when the upstream refuses the group) an instance is alone and owns every
-unit. A change is applied in Kafka's order: the units lost stop being served and their in-memory state is
+Before the first assignment an instance owns nothing; when the upstream refuses the group, or no
+assignment comes within the session timeout, it is alone and owns every unit until one comes. A change is applied in Kafka's order: the units lost stop being served and their in-memory state is
 dropped, the units gained are taken (the `take` hooks: fence the previous owner, replay) and only then
 served. When the membership lapses, nothing is served until the next assignment.
 """
@@ -27,11 +27,15 @@ TakeHook = Callable[[set[Unit]], Awaitable[None]]
 
 
 class Ownership:
-    def __init__(self, node_id: int, endpoints: Callable[[], tuple[Endpoint, ...]]):
+    def __init__(self, node_id: int, endpoints: Callable[[], tuple[Endpoint, ...]],
+                 fresh: Callable[[], bool] = lambda: True):
         self.node_id = node_id
         self._endpoints = endpoints
+        # Whether the membership was confirmed within the session timeout: an instance that was paused
+        # (SIGSTOP) or cut off stops serving at once, before its heartbeat learns that the group moved on.
+        self._fresh = fresh
         self.assignment: GroupAssignment | None = None
-        self.alone = True
+        self.alone = False
         self._lapsed = False
         self._taking: set[Unit] = set()
         self.release_hooks: list[ReleaseHook] = []
@@ -51,7 +55,7 @@ class Ownership:
 
     def serves(self, unit: Unit) -> bool:
         """This instance owns the unit and has taken it."""
-        return self.owner(unit) == self.node_id and unit not in self._taking
+        return self.owner(unit) == self.node_id and unit not in self._taking and (self.alone or self._fresh())
 
     def local_units(self) -> set[Unit]:
         a = self.assignment
@@ -99,6 +103,12 @@ class Ownership:
                 await take(gained)
         finally:
             self._taking = set()
+
+    async def go_alone(self) -> None:
+        """No group (the upstream refused it, or no assignment came): this instance owns every unit."""
+        self.alone, self._lapsed = True, False
+        for take in self.take_hooks:
+            await take(set())
 
     def lapse(self) -> None:
         """The membership lapsed: another instance may own anything now."""
