@@ -128,8 +128,7 @@ class SidecarGroupHandlers:
             if endpoint is not None:
                 brokers.append(broker(broker_id=node, host=endpoint.host, port=endpoint.port, rack=None,
                                       is_fenced=False))
-        response.brokers = brokers
-        response.controller_id = self.ownership.controller()
+        response.brokers = brokers  # the controller stays this sidecar (see upstream_apis.metadata)
         return response
 
     def _serves_group(self, group_id: str) -> bool:

@@ -109,8 +109,9 @@ class SidecarHandlers:
         # it to); its leader epoch stays the upstream's.
         response.brokers = [broker(node_id=n, host=host, port=port, rack=None)
                             for n, host, port in self._sidecars(ctx)]
-        ownership = self.services.ownership
-        response.controller_id = node_id if ownership is None else ownership.controller()
+        # Each sidecar names itself the controller: GROUP config changes go to the controller, and group
+        # configs are each sidecar's own (not shared between sidecars yet).
+        response.controller_id = node_id
         response.cluster_id = self.services.cluster_id
         for topic in response.topics:
             if topic.name is not None and not ctx.authorize(Operation.DESCRIBE, ResourceType.TOPIC, topic.name):

@@ -67,13 +67,6 @@ class Ownership:
         found.setdefault(self.node_id, MemberInfo(self.node_id, self._endpoints()))
         return found
 
-    def controller(self) -> int:
-        """The group's leader stands for the controller in Metadata and DescribeCluster answers."""
-        a = self.assignment
-        if self.alone or self._lapsed or a is None or a.leader not in a.members:
-            return self.node_id
-        return a.leader
-
     def endpoint(self, node_id: int, listener: str) -> Endpoint | None:
         """The member's endpoint on the listener of that name (else its first one)."""
         info = self.members().get(node_id)
