@@ -5,6 +5,7 @@ FindCoordinator and DescribeCluster, and take over from one that dies."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -174,67 +175,120 @@ def _consume(consumer: ShareConsumer, ledger: AckLedger, stop: threading.Event) 
         ledger.committed(records, {tp.partition for tp, err in results.items() if err is not None})
 
 
-def test_the_survivor_of_a_kill_serves_every_share_partition_with_nothing_lost_or_redelivered_after_accept(
-        upstream: BrokerProcess, tmp_path: Path) -> None:
-    group = unique_name("sidecars")
-    a = _sidecar(tmp_path, "a", 1, upstream, group).start()
-    b = _sidecar(tmp_path, "b", 2, upstream, group).start()
-    topic, share_group = unique_name("members-kill"), unique_name("members-kill-g")
-    stop = threading.Event()
-    consumers: list[ShareConsumer] = []
-    threads: list[threading.Thread] = []
-    try:
-        create_topic(upstream.bootstrap, topic, 4)
-        _wait_for(lambda: set(_view(a, topic)[1].values()) == {1, 2}, "the sidecars to split the topic")
-        # Group configs are each sidecar's own.
-        for s in (a, b):
-            set_group_config(s.bootstrap, share_group, share_auto_offset_reset="earliest")
-        produced = {(p, o) for p, o, _ in produce(upstream.bootstrap, topic, 200, partitions=4, prefix="first")}
-        ledger = AckLedger()
-        for _ in range(4):
-            consumer = ShareConsumer({"bootstrap.servers": f"{a.bootstrap},{b.bootstrap}", "group.id": share_group,
-                                      "share.acknowledgement.mode": "explicit"})
-            consumer.subscribe([topic])
-            consumers.append(consumer)
-            threads.append(threading.Thread(target=_consume, args=(consumer, ledger, stop), daemon=True))
-        for t in threads:
-            t.start()
-        _wait_for(lambda: len(ledger.confirmed) >= 100, "half of the first records to be accepted", 60)
+@dataclass
+class Stream:
+    """Two sidecars under four explicit-ack share consumers (bootstrap: both sidecars) and a producer."""
 
-        b.kill()  # kill -9, mid-stream
-        _wait_for(lambda: _view(a, topic) == ({1}, dict.fromkeys(range(4), 1)), "the survivor to lead every partition")
-        with ledger.lock:
-            mark = len(ledger.deliveries)
-        produced |= {(p, o) for p, o, _ in produce(upstream.bootstrap, topic, 200, partitions=4, prefix="second")}
+    upstream: BrokerProcess
+    a: BrokerProcess
+    b: BrokerProcess
+    topic: str
+    ledger: AckLedger = field(default_factory=AckLedger)
+    produced: set[Record] = field(default_factory=set)
+    stop: threading.Event = field(default_factory=threading.Event)
+    consumers: list[ShareConsumer] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def produce(self, count: int, prefix: str) -> None:
+        self.produced |= {(p, o) for p, o, _ in produce(self.upstream.bootstrap, self.topic, count, partitions=4,
+                                                           prefix=prefix)}
+
+    def consume(self, share_group: str) -> None:
+        for _ in range(4):
+            consumer = ShareConsumer({"bootstrap.servers": f"{self.a.bootstrap},{self.b.bootstrap}",
+                                      "group.id": share_group, "share.acknowledgement.mode": "explicit",
+                                      # A paused sidecar holds requests unanswered: give up on them soon.
+                                      "socket.timeout.ms": 5000})
+            consumer.subscribe([self.topic])
+            self.consumers.append(consumer)
+            self.threads.append(threading.Thread(target=_consume, args=(consumer, self.ledger, self.stop), daemon=True))
+        for t in self.threads:
+            t.start()
+
+    def settle(self) -> None:
+        """Until every produced record is accepted (or its commit was cut off: such a record may have been
+        written before the sidecar went, and is then not delivered again); then the consumers stop."""
+        ledger = self.ledger
 
         def settled() -> bool:
             with ledger.lock:
-                if produced <= ledger.confirmed:
+                if self.produced <= ledger.confirmed:
                     return True
-                # A commit cut off by the kill may have been written before the sidecar died: then it is not
-                # delivered again. Those records count once nothing more arrives.
                 quiet = time.monotonic() - ledger.last_delivery > 5
-                return quiet and produced <= ledger.confirmed | ledger.unsure
+                return quiet and self.produced <= ledger.confirmed | ledger.unsure
 
         def missing() -> object:
             with ledger.lock:
-                left = produced - ledger.confirmed - ledger.unsure
-                return {"missing": sorted(left)[:8], "count": len(left), "unsure": len(ledger.unsure),
-                        "deliveries after kill": len(ledger.deliveries) - mark}
+                left = self.produced - ledger.confirmed - ledger.unsure
+                return {"missing": sorted(left)[:8], "count": len(left), "unsure": len(ledger.unsure)}
 
         _wait_for(settled, "every record to be accepted", 60, missing)
-        stop.set()
-        for t in threads:
+        self.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
             t.join(10)
-        assert ledger.redelivered_after_accept == []
-        delivered = {r for r, _ in ledger.deliveries}
-        assert produced <= delivered, sorted(produced - delivered)[:10]
-        assert ledger.partitions_after(mark) == {0, 1, 2, 3}  # the survivor served every share partition
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(10)
-        for consumer in consumers:
+        for consumer in self.consumers:
             consumer.close()
+        self.consumers.clear()
+
+
+@pytest.fixture
+def stream(upstream: BrokerProcess, tmp_path: Path) -> Iterator[Stream]:
+    group = unique_name("sidecars")
+    a = _sidecar(tmp_path, "a", 1, upstream, group).start()
+    b = _sidecar(tmp_path, "b", 2, upstream, group).start()
+    s = Stream(upstream, a, b, unique_name("members-stream"))
+    try:
+        create_topic(upstream.bootstrap, s.topic, 4)
+        _wait_for(lambda: set(_view(a, s.topic)[1].values()) == {1, 2}, "the sidecars to split the topic")
+        share_group = unique_name("members-g")
+        for sidecar in (a, b):  # group configs are each sidecar's own
+            set_group_config(sidecar.bootstrap, share_group, share_auto_offset_reset="earliest")
+        s.produce(200, "first")
+        s.consume(share_group)
+        _wait_for(lambda: len(s.ledger.confirmed) >= 100, "half of the first records to be accepted", 60)
+        yield s
+    finally:
+        s.close()
+        if b.proc is not None and b.alive():
+            b.proc.send_signal(signal.SIGCONT)
         b.stop()
         a.stop()
+
+
+def test_the_survivor_of_a_kill_serves_every_share_partition_with_nothing_lost_or_redelivered_after_accept(
+        stream: Stream) -> None:
+    a, b, ledger = stream.a, stream.b, stream.ledger
+    b.kill()  # kill -9, mid-stream
+    _wait_for(lambda: _view(a, stream.topic) == ({1}, dict.fromkeys(range(4), 1)),
+              "the survivor to lead every partition")
+    with ledger.lock:
+        mark = len(ledger.deliveries)
+    stream.produce(200, "second")
+    stream.settle()
+    assert ledger.redelivered_after_accept == []
+    delivered = {r for r, _ in ledger.deliveries}
+    assert stream.produced <= delivered, sorted(stream.produced - delivered)[:10]
+    assert ledger.partitions_after(mark) == {0, 1, 2, 3}  # the survivor served every share partition
+
+
+def test_a_sidecar_paused_past_its_session_is_fenced_and_hands_nothing_out_twice(stream: Stream) -> None:
+    a, b, ledger = stream.a, stream.b, stream.ledger
+    assert b.proc is not None
+    b.proc.send_signal(signal.SIGSTOP)
+    _wait_for(lambda: _view(a, stream.topic) == ({1}, dict.fromkeys(range(4), 1)),
+              "the other sidecar to take everything over")
+    stream.produce(100, "while-paused")
+    _wait_for(lambda: len(ledger.confirmed) >= 250, "records produced during the pause to be accepted", 60)
+    b.proc.send_signal(signal.SIGCONT)
+    # Resumed, it finds its membership lapsed and serves nothing until the group assigns it work again;
+    # what it takes back it takes with a new producer epoch, which fences the other's writes on it.
+    _wait_for(lambda: "membership lapsed" in b.log_text(), "the resumed sidecar to notice its lapse")
+    _wait_for(lambda: set(_view(a, stream.topic)[1].values()) == {1, 2}, "the resumed sidecar to rejoin")
+    stream.produce(100, "after")
+    stream.settle()
+    assert ledger.redelivered_after_accept == []
+    delivered = {r for r, _ in ledger.deliveries}
+    assert stream.produced <= delivered, sorted(stream.produced - delivered)[:10]
