@@ -1,13 +1,30 @@
-"""The sidecar group's assignment of units of work (upstream topic-partitions, state-topic partitions)."""
+"""The sidecar group's assignment of units of work (upstream topic-partitions, state-topic partitions), the
+group protocol's bytes, and the keys that name an owner."""
 
 from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shoal.broker.apis.sidecar_group_apis import parse_share_key
 from shoal.broker.upstream.assignment import Unit, assign
+from shoal.broker.upstream.membership import (
+    Endpoint,
+    GroupAssignment,
+    MemberInfo,
+    MembershipSettings,
+    decode_assignment,
+    decode_metadata,
+    encode_assignment,
+    encode_metadata,
+    leader_assignment,
+    parse_membership,
+)
+from shoal.broker.upstream.settings import UpstreamConfigError
+from shoal.protocol.uuids import uuid_to_str
 
 _topics = st.dictionaries(st.sampled_from(["a", "b", "__consumer_offsets", "__share_group_state"]),
                           st.integers(min_value=0, max_value=12), max_size=4)
@@ -89,3 +106,53 @@ def test_a_member_that_joins_takes_units_from_the_others_only_to_balance() -> No
 
 def test_no_members_no_owners() -> None:
     assert assign([("t", 0)], []) == {}
+
+
+# ---- the group protocol's bytes and the leader's answer ------------------------------------------------
+
+def _member(node_id: int, port: int, owned: set[Unit] | None = None) -> bytes:
+    return encode_metadata(MemberInfo(node_id, (Endpoint("PLAINTEXT", "PLAINTEXT", "127.0.0.1", port),)), owned or set())
+
+
+def test_member_metadata_and_assignment_survive_their_encoding() -> None:
+    info = MemberInfo(7, (Endpoint("PLAINTEXT", "PLAINTEXT", "h", 1), Endpoint("SSL", "SSL", "h", 2)))
+    assert decode_metadata(encode_metadata(info, {("t", 1)})) == (info, {("t", 1)})
+    assignment = GroupAssignment(3, 7, {7: info}, {("t", 0): 7, ("__share_group_state", 2): 7})
+    assert decode_assignment(encode_assignment(assignment)) == assignment
+
+
+def test_the_leader_gives_a_second_member_with_a_taken_node_id_nothing() -> None:
+    units = {("t", p) for p in range(4)}
+    result, refused = leader_assignment(5, "m-a", [("m-a", _member(1, 9001)), ("m-b", _member(1, 9002)),
+                                                   ("m-c", _member(2, 9003))], units)
+    assert refused == ["m-b"]
+    assert set(result.members) == {1, 2} and result.leader == 1
+    assert set(result.owners) == units and sorted(result.owners.values()).count(1) == 2
+
+
+def test_the_leader_keeps_each_member_on_what_it_owns() -> None:
+    units = {("t", p) for p in range(4)}
+    result, _ = leader_assignment(2, "m-a", [("m-a", _member(1, 1, {("t", 2), ("t", 3)})),
+                                             ("m-b", _member(2, 2, {("t", 0), ("t", 1)}))], units)
+    assert result.units_of(1) == {("t", 2), ("t", 3)} and result.units_of(2) == {("t", 0), ("t", 1)}
+
+
+def test_unreadable_metadata_gets_no_work() -> None:
+    result, refused = leader_assignment(1, "m-a", [("m-a", _member(1, 1)), ("m-x", b"not json")], {("t", 0)})
+    assert refused == ["m-x"] and result.owners == {("t", 0): 1}
+
+
+def test_membership_settings_are_checked() -> None:
+    assert parse_membership({}) == MembershipSettings()
+    assert parse_membership({"group.id": "g", "session.timeout.ms": "6000"}).session_timeout_ms == 6000
+    for bad in ({"group.id": ""}, {"session.timeout.ms": "x"}, {"nope": "1"}, {"rebalance.timeout.ms": "0"},
+                {"session.timeout.ms": "1000", "heartbeat.interval.ms": "1000"}):
+        with pytest.raises(UpstreamConfigError):
+            parse_membership(bad)
+
+
+def test_share_coordinator_keys_are_read_as_kafka_writes_them() -> None:
+    topic_id = bytes(range(16))
+    assert parse_share_key(f"my:group:{uuid_to_str(topic_id)}:3") == ("my:group", topic_id, 3)
+    for bad in ("", "g:x:1", f"g:{uuid_to_str(topic_id)}:-1", f":{uuid_to_str(topic_id)}:1", "g:1"):
+        assert parse_share_key(bad) is None
