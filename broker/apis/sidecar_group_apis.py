@@ -13,8 +13,8 @@ from __future__ import annotations
 import base64
 import binascii
 import inspect
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("shoal.sidecar.group_apis")
 
 _KEY_TYPE_GROUP, _KEY_TYPE_SHARE = 0, 2
+_R = TypeVar("_R")
 _STATE_RPCS: dict[int, type[Any]] = {
     ApiKey.INITIALIZE_SHARE_GROUP_STATE: InitializeResponse,
     ApiKey.READ_SHARE_GROUP_STATE: ReadResponse,
@@ -74,9 +75,13 @@ class SidecarGroupHandlers:
         self.services = services
         self.ownership = services.ownership
 
-    async def _local(self, key: int, ctx: RequestContext, req: Any) -> Any:
+    async def _local(self, key: int, ctx: RequestContext, req: object, expected: type[_R]) -> _R:
+        """The standalone handler's answer to the request."""
         answer = self.services.local_handlers[key](ctx, req)
-        return await answer if inspect.isawaitable(answer) else answer
+        if inspect.isawaitable(answer):
+            answer = await answer
+        assert isinstance(answer, expected), answer
+        return answer
 
     def _key_unit(self, key_type: int, key: str) -> Unit | None:
         if key_type == _KEY_TYPE_GROUP:
@@ -88,7 +93,7 @@ class SidecarGroupHandlers:
 
     async def find_coordinator(self, ctx: RequestContext, req: messages.FindCoordinatorRequest
                                ) -> messages.FindCoordinatorResponse:
-        response: messages.FindCoordinatorResponse = await self._local(ApiKey.FIND_COORDINATOR, ctx, req)
+        response = await self._local(ApiKey.FIND_COORDINATOR, ctx, req, messages.FindCoordinatorResponse)
         version = ctx.api_version
         key_type = req.key_type if version >= 1 else _KEY_TYPE_GROUP
         listener = ctx.connection.listener.name
@@ -117,7 +122,7 @@ class SidecarGroupHandlers:
 
     async def describe_cluster(self, ctx: RequestContext, req: messages.DescribeClusterRequest
                                ) -> messages.DescribeClusterResponse:
-        response: messages.DescribeClusterResponse = await self._local(ApiKey.DESCRIBE_CLUSTER, ctx, req)
+        response = await self._local(ApiKey.DESCRIBE_CLUSTER, ctx, req, messages.DescribeClusterResponse)
         if response.error_code != ErrorCode.NONE:
             return response
         broker = messages.DescribeClusterResponse.DescribeClusterBroker
@@ -141,12 +146,11 @@ class SidecarGroupHandlers:
             return messages.ShareGroupHeartbeatResponse(
                 error_code=ErrorCode.NOT_COORDINATOR, error_message="another sidecar coordinates this group",
                 member_epoch=0, heartbeat_interval_ms=0)
-        result: messages.ShareGroupHeartbeatResponse = await self._local(ApiKey.SHARE_GROUP_HEARTBEAT, ctx, req)
-        return result
+        return await self._local(ApiKey.SHARE_GROUP_HEARTBEAT, ctx, req, messages.ShareGroupHeartbeatResponse)
 
     async def share_group_describe(self, ctx: RequestContext, req: messages.ShareGroupDescribeRequest
                                    ) -> messages.ShareGroupDescribeResponse:
-        response: messages.ShareGroupDescribeResponse = await self._local(ApiKey.SHARE_GROUP_DESCRIBE, ctx, req)
+        response = await self._local(ApiKey.SHARE_GROUP_DESCRIBE, ctx, req, messages.ShareGroupDescribeResponse)
         for group in response.groups:
             if group.error_code in (ErrorCode.NONE, ErrorCode.GROUP_ID_NOT_FOUND) and group.group_id \
                     and not self._serves_group(group.group_id):
@@ -154,14 +158,13 @@ class SidecarGroupHandlers:
         return response
 
     def _state_rpc(self, key: int, response_cls: type[StateResponseT]
-                   ) -> Callable[[RequestContext, StateRequest[StatePartition]], Any]:
+                   ) -> Callable[[RequestContext, StateRequest[StatePartition]], Awaitable[StateResponseT]]:
         async def handle(ctx: RequestContext, req: StateRequest[StatePartition]) -> StateResponseT:
             units = {self.services.state_unit(req.group_id, t.topic_id, p.partition)
                      for t in req.topics for p in t.partitions}
             if any(not self.ownership.serves(u) for u in units):
                 return error_response(response_cls, req, same_error(req, ErrorCode.NOT_COORDINATOR))
-            answer: StateResponseT = await self._local(key, ctx, req)
-            return answer
+            return await self._local(key, ctx, req, response_cls)
 
         return handle
 
