@@ -69,6 +69,14 @@ class ProduceHandler:
                     parts.append(
                         PartitionResponse(index=pd.index, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, base_offset=-1)
                     )
+                elif acks == -1 and (min_isr := topic.partitions[pd.index].config.produce.min_insync_replicas) > 1:
+                    # Kafka refuses before appending when the ISR (here: this broker alone) is below the minimum.
+                    log.warning("acks=all produce refused: not enough in-sync replicas", topic=topic.name,
+                                partition=pd.index, min_insync_replicas=min_isr)
+                    parts.append(PartitionResponse(
+                        index=pd.index, error_code=ErrorCode.NOT_ENOUGH_REPLICAS, base_offset=-1,
+                        error_message=f"The size of the current ISR 1 is insufficient to satisfy the min.isr "
+                                      f"requirement of {min_isr} for partition {topic.name}-{pd.index}"))
                 else:
                     plog = topic.partitions[pd.index]
                     try:

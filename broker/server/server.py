@@ -493,13 +493,19 @@ class Broker:
             offsets_topic, state_topic = self.topics.get(CONSUMER_OFFSETS), self.topics.get(SHARE_GROUP_STATE)
             assert offsets_topic is not None and state_topic is not None
             return InternalTopicLog(offsets_topic), InternalTopicLog(state_topic)
+        from shoal.broker.storage.partition_source import SourceUnavailable
+        from shoal.broker.upstream.cluster import UpstreamStartError
         from shoal.broker.upstream.state_log import UpstreamStateLog
         from shoal.broker.upstream.state_topics import ensure_state_topics, state_topic_name
 
         settings = self.upstream_cluster.settings
         wanted = {state_topic_name(name): int(self.config[INTERNAL_TOPIC_PARTITIONS_KEYS[name]])
                   for name in (CONSUMER_OFFSETS, SHARE_GROUP_STATE)}
-        created = await ensure_state_topics(self.upstream_cluster, wanted, settings.state_topic_replication_factor)
+        try:
+            created = await ensure_state_topics(self.upstream_cluster, wanted,
+                                                settings.state_topic_replication_factor)
+        except SourceUnavailable as exc:
+            raise UpstreamStartError(f"cannot set up the upstream state topics: {exc}") from exc
         for name in (CONSUMER_OFFSETS, SHARE_GROUP_STATE):
             upstream_name = state_topic_name(name)
             self.state_logs[name] = UpstreamStateLog(
@@ -515,6 +521,7 @@ class Broker:
         if not self.state_logs:
             return
         from shoal.broker.storage.internal_topic_log import CoordinatorLogError
+        from shoal.broker.storage.partition_source import SourceUnavailable
         from shoal.broker.upstream.cluster import UpstreamStartError
 
         limit = asyncio.Semaphore(8)
@@ -526,8 +533,11 @@ class Broker:
         try:
             await asyncio.gather(*(take(state_log, p) for state_log in self.state_logs.values()
                                    for p in range(state_log.num_partitions)))
-        except CoordinatorLogError as exc:
+        except (CoordinatorLogError, SourceUnavailable) as exc:
             raise UpstreamStartError(f"cannot take the upstream state topics: {exc}") from exc
+        except Exception as exc:  # an answer Shoal cannot use: the reason goes on stderr, not a traceback alone
+            log.exception("taking the upstream state topics failed")
+            raise UpstreamStartError(f"cannot take the upstream state topics: {exc!r}") from exc
 
     async def take_state_partition(self, internal_topic: str, partition: int) -> None:
         """Own one state partition (`internal_topic` is `__consumer_offsets` or `__share_group_state`):
@@ -536,7 +546,7 @@ class Broker:
         if internal_topic == SHARE_GROUP_STATE:
             await self.share_coordinator.runtime.load(partition)
         else:
-            await self.group_coordinator.load()  # loads the partitions not loaded, then sets their groups up
+            await self.group_coordinator.load_partition(partition)
         log.info("state partition serving", topic=internal_topic, partition=partition)
 
     def release_state_partition(self, internal_topic: str, partition: int) -> None:

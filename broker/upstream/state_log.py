@@ -32,6 +32,7 @@ import structlog
 
 from shoal.broker.storage.internal_topic_log import CoordinatorLogError, encode_records, logged_records
 from shoal.broker.storage.partition_source import EARLIEST, SourceUnavailable, undeliverable
+from shoal.client.errors import error_name
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.codec import MessageBase
@@ -50,7 +51,11 @@ FENCING_ERRORS = frozenset({ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCE
 # Transaction coordinator answers worth asking again after a short wait.
 _TXN_RETRIABLE = frozenset({ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
                             ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE})
-_RETRY_BACKOFF_S = 0.02
+# Retries of the transaction coordinator start quick: the next transaction's AddPartitionsToTxn meets
+# CONCURRENT_TRANSACTIONS until the upstream has written the previous one's markers, which is soon.
+_FIRST_RETRY_S = 0.001
+_MAX_RETRY_S = 0.1
+_READ_RETRY_S = 0.1
 _READ_BYTES = 4 << 20
 _DECODE_YIELD_EVERY = 64  # batches decoded between yields while a partition is read at take
 TRANSACTION_TIMEOUT_MS = 60_000
@@ -80,6 +85,9 @@ class _PartitionWriter:
         self.partition = partition
         self.txn_id = txn_id
         self.timeout_s = timeout_s
+        # State writes have connections of their own (one per state topic and upstream broker): an upstream
+        # broker answers a connection's requests one at a time, and these must not wait behind other traffic.
+        self.lane = ("shoal-state", topic)
         self.producer_id = -1
         self.producer_epoch = -1
         self.sequence = 0
@@ -171,7 +179,10 @@ class _PartitionWriter:
         add = req(v3_and_below_transactional_id=self.txn_id, v3_and_below_producer_id=self.producer_id,
                   v3_and_below_producer_epoch=self.producer_epoch,
                   v3_and_below_topics=[req.AddPartitionsToTxnTopic(name=self.topic, partitions=[self.partition])])
-        await self._txn_request(ApiKey.ADD_PARTITIONS_TO_TXN, add, 3, _add_partitions_error)
+        try:
+            await self._txn_request(ApiKey.ADD_PARTITIONS_TO_TXN, add, 3, _add_partitions_error)
+        except SourceUnavailable as exc:  # nothing was written: the write may simply be tried again
+            raise CoordinatorLogError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"state write failed: {exc}") from exc
         try:
             base = await self._produce(records)
         except CoordinatorLogError as exc:
@@ -198,7 +209,7 @@ class _PartitionWriter:
         body = req(transactional_id=self.txn_id, acks=-1, timeout_ms=int(self.timeout_s * 1000),
                    topic_data=[req.TopicProduceData(name=self.topic, partition_data=[
                        req.PartitionProduceData(index=self.partition, records=batch)])])
-        response = await self.cluster.send(leader, ApiKey.PRODUCE, body, 9)
+        response = await self.cluster.send(leader, ApiKey.PRODUCE, body, 9, lane=self.lane)
         (part,) = [p for t in response.responses for p in t.partition_responses]
         code = int(part.error_code)
         if code == ErrorCode.NONE:
@@ -211,7 +222,7 @@ class _PartitionWriter:
         # NOT_ENOUGH_REPLICAS (the topic's min.insync.replicas not met) and the like: nothing was written.
         raise CoordinatorLogError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                   f"upstream refused the state write to {self.topic}-{self.partition}: "
-                                  f"{ErrorCode(code).name if code in ErrorCode._value2member_map_ else code}")
+                                  f"{error_name(code)}" + (f" ({part.error_message})" if part.error_message else ""))
 
     async def _end(self, *, commit: bool) -> None:
         body = messages.EndTxnRequest(transactional_id=self.txn_id, producer_id=self.producer_id,
@@ -262,10 +273,11 @@ class _PartitionWriter:
         retriable error, until the request timeout."""
         deadline = time.monotonic() + self.timeout_s
         last = "no answer"
+        delay = _FIRST_RETRY_S
         while True:
             try:
                 node = await self.cluster.coordinator(KEY_TYPE_TRANSACTION, self.txn_id)
-                response = await self.cluster.send(node, api_key, body, version)
+                response = await self.cluster.send(node, api_key, body, version, lane=self.lane)
                 code = error_of(response)
             except CoordinatorLookupFailed as exc:
                 code = exc.error_code
@@ -274,7 +286,8 @@ class _PartitionWriter:
                 if time.monotonic() >= deadline:
                     raise
                 last = str(exc)
-                await asyncio.sleep(_RETRY_BACKOFF_S)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _MAX_RETRY_S)
                 continue
             if code == ErrorCode.NONE:
                 return response
@@ -286,7 +299,8 @@ class _PartitionWriter:
             if code not in _TXN_RETRIABLE or time.monotonic() >= deadline:
                 raise CoordinatorLogError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                           f"upstream {messages.API_NAMES.get(api_key)} for {self.txn_id}: {last}")
-            await asyncio.sleep(_RETRY_BACKOFF_S)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _MAX_RETRY_S)
 
 
 def _add_partitions_error(response: messages.AddPartitionsToTxnResponse) -> int:
@@ -391,7 +405,7 @@ class UpstreamStateLog:
                     if time.monotonic() >= deadline:
                         raise CoordinatorLogError(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
                                                   f"{self.topic}-{partition}: an open transaction did not end")
-                    await asyncio.sleep(_RETRY_BACKOFF_S * 5)
+                    await asyncio.sleep(_READ_RETRY_S)
         except SourceUnavailable as exc:
             raise CoordinatorLogError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                       f"reading {self.topic}-{partition} failed: {exc}") from exc

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import structlog
 
+from shoal.broker.storage.partition_source import SourceUnavailable
+from shoal.client.errors import error_name
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -48,8 +50,14 @@ async def ensure_state_topics(cluster: UpstreamCluster, wanted: dict[str, int],
     names = sorted(wanted)
     existing = await _describe(cluster, names)
     missing = [name for name in names if name not in existing]
-    if missing:
+    if missing and await _serves(cluster, ApiKey.CREATE_TOPICS):
         await _create(cluster, {name: wanted[name] for name in missing}, replication_factor)
+    elif missing:
+        # An upstream without CreateTopics (librdkafka's mock cluster, some proxies) may still create
+        # topics on a Metadata request, with its own defaults: no compaction, its partition count.
+        log.warning("the upstream cannot create topics; asking it to auto-create the state topics with its "
+                    "defaults (they are not compacted)", topics=missing)
+        await _describe(cluster, missing, create=True)
     deadline = time.monotonic() + cluster.config.request_timeout_ms / 1000
     while True:
         described = await _describe(cluster, names)
@@ -68,11 +76,17 @@ async def ensure_state_topics(cluster: UpstreamCluster, wanted: dict[str, int],
     return topics
 
 
-async def _describe(cluster: UpstreamCluster, names: list[str]) -> dict[str, list[tuple[int, int]]]:
+async def _serves(cluster: UpstreamCluster, api_key: int) -> bool:
+    conn = await cluster.connection(await cluster.any_node())
+    return api_key in conn.api_versions
+
+
+async def _describe(cluster: UpstreamCluster, names: list[str], *,
+                    create: bool = False) -> dict[str, list[tuple[int, int]]]:
     """(leader, replica count) of each partition of the named topics that exist."""
     req = messages.MetadataRequest
     response = await cluster.metadata(
-        req(topics=[req.MetadataRequestTopic(name=n) for n in names], allow_auto_topic_creation=False), 12)
+        req(topics=[req.MetadataRequestTopic(name=n) for n in names], allow_auto_topic_creation=create), 12)
     out: dict[str, list[tuple[int, int]]] = {}
     for topic in response.topics:
         if topic.name in names and topic.error_code in (ErrorCode.NONE, ErrorCode.LEADER_NOT_AVAILABLE):
@@ -98,7 +112,7 @@ async def _create(cluster: UpstreamCluster, partitions: dict[str, int], replicat
             continue  # another sidecar created it meanwhile
         if result.error_code != ErrorCode.NONE:
             raise UpstreamStartError(
-                f"creating upstream state topic {result.name} failed: {_name(result.error_code)}"
+                f"creating upstream state topic {result.name} failed: {error_name(result.error_code)}"
                 + (f" ({result.error_message})" if result.error_message else ""))
         log.info("upstream state topic created", topic=result.name, partitions=partitions[result.name],
                  replication_factor=result.replication_factor)
@@ -106,17 +120,26 @@ async def _create(cluster: UpstreamCluster, partitions: dict[str, int], replicat
 
 async def _check_acks_all(cluster: UpstreamCluster, replicas: dict[str, int]) -> None:
     """An acks=all write needs `min.insync.replicas` in-sync replicas: more than the topic has can never be met."""
+    if not await _serves(cluster, ApiKey.DESCRIBE_CONFIGS):
+        log.warning("the upstream does not describe topic configs; the state topics' min.insync.replicas is "
+                    "not checked at start-up")
+        return
     req = messages.DescribeConfigsRequest
     body = req(include_synonyms=False, include_documentation=False, resources=[
         req.DescribeConfigsResource(resource_type=_RESOURCE_TOPIC, resource_name=name,
                                     configuration_keys=["min.insync.replicas", "cleanup.policy"])
         for name in sorted(replicas)])
     node = await cluster.any_node()
-    response = await cluster.send(node, ApiKey.DESCRIBE_CONFIGS, body, 4)
+    try:
+        response = await cluster.send(node, ApiKey.DESCRIBE_CONFIGS, body, 4)
+    except SourceUnavailable as exc:  # a broker that lists the API and drops the connection (Tansu)
+        log.warning("the upstream did not describe the state topics' configs; their min.insync.replicas is not "
+                    "checked at start-up", error=str(exc))
+        return
     for result in response.results:
         if result.error_code != ErrorCode.NONE:
             log.warning("cannot read the upstream state topic's configs", topic=result.resource_name,
-                        error=_name(result.error_code))
+                        error=error_name(result.error_code))
             continue
         configs = {c.name: c.value for c in result.configs}
         min_isr = int(configs.get("min.insync.replicas") or 1)
@@ -128,10 +151,3 @@ async def _check_acks_all(cluster: UpstreamCluster, replicas: dict[str, int]) ->
         if "compact" not in (configs.get("cleanup.policy") or "compact"):
             log.warning("upstream state topic is not compacted; its records may be deleted by retention",
                         topic=result.resource_name, cleanup_policy=configs.get("cleanup.policy"))
-
-
-def _name(code: int) -> str:
-    try:
-        return ErrorCode(code).name
-    except ValueError:
-        return str(code)
