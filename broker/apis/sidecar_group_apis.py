@@ -2,8 +2,8 @@
 
 FindCoordinator names the sidecar owning the key's state partition (a group id's `__consumer_offsets`
 partition, a share key's `__share_group_state` partition), DescribeCluster every sidecar of the group.
-ShareGroupHeartbeat and ShareGroupDescribe of a group whose partition another sidecar owns answer
-NOT_COORDINATOR, and so do the share-state RPCs for a state partition this one does not serve, as Kafka's
+ShareGroupHeartbeat, ShareGroupDescribe and the share-group offset APIs of a group whose partition another
+sidecar owns answer NOT_COORDINATOR, and so do the share-state RPCs for a state partition this one does not serve, as Kafka's
 coordinators answer for a partition they do not own; the client looks the coordinator up again.
 Each handler starts from the standalone one, registered before.
 """
@@ -157,6 +157,33 @@ class SidecarGroupHandlers:
                 group.error_code, group.error_message, group.members = ErrorCode.NOT_COORDINATOR, None, []
         return response
 
+    async def describe_share_group_offsets(self, ctx: RequestContext, req: messages.DescribeShareGroupOffsetsRequest
+                                          ) -> messages.DescribeShareGroupOffsetsResponse:
+        response = await self._local(ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, ctx, req,
+                                     messages.DescribeShareGroupOffsetsResponse)
+        for group in response.groups:
+            if group.error_code in (ErrorCode.NONE, ErrorCode.GROUP_ID_NOT_FOUND) and group.group_id \
+                    and not self._serves_group(group.group_id):
+                group.error_code, group.error_message, group.topics = ErrorCode.NOT_COORDINATOR, None, []
+        return response
+
+    def _elsewhere(self, ctx: RequestContext, group_id: str) -> bool:
+        """A group the caller may see whose coordinator is another sidecar."""
+        return bool(group_id) and ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, group_id) \
+            and not self._serves_group(group_id)
+
+    async def alter_share_group_offsets(self, ctx: RequestContext, req: messages.AlterShareGroupOffsetsRequest
+                                        ) -> messages.AlterShareGroupOffsetsResponse:
+        if self._elsewhere(ctx, req.group_id):
+            return messages.AlterShareGroupOffsetsResponse(error_code=ErrorCode.NOT_COORDINATOR, responses=[])
+        return await self._local(ApiKey.ALTER_SHARE_GROUP_OFFSETS, ctx, req, messages.AlterShareGroupOffsetsResponse)
+
+    async def delete_share_group_offsets(self, ctx: RequestContext, req: messages.DeleteShareGroupOffsetsRequest
+                                         ) -> messages.DeleteShareGroupOffsetsResponse:
+        if self._elsewhere(ctx, req.group_id):
+            return messages.DeleteShareGroupOffsetsResponse(error_code=ErrorCode.NOT_COORDINATOR, responses=[])
+        return await self._local(ApiKey.DELETE_SHARE_GROUP_OFFSETS, ctx, req, messages.DeleteShareGroupOffsetsResponse)
+
     def _state_rpc(self, key: int, response_cls: type[StateResponseT]
                    ) -> Callable[[RequestContext, StateRequest[StatePartition]], Awaitable[StateResponseT]]:
         async def handle(ctx: RequestContext, req: StateRequest[StatePartition]) -> StateResponseT:
@@ -172,7 +199,8 @@ class SidecarGroupHandlers:
 def wrapped_keys() -> list[int]:
     """The APIs whose standalone handlers these start from."""
     return [ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER, ApiKey.SHARE_GROUP_HEARTBEAT,
-            ApiKey.SHARE_GROUP_DESCRIBE, *_STATE_RPCS]
+            ApiKey.SHARE_GROUP_DESCRIBE, ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, ApiKey.ALTER_SHARE_GROUP_OFFSETS,
+            ApiKey.DELETE_SHARE_GROUP_OFFSETS, *_STATE_RPCS]
 
 
 def register(table: ApiTable, services: SidecarGroupServices, versions: dict[int, tuple[int, int]]) -> None:
@@ -183,6 +211,9 @@ def register(table: ApiTable, services: SidecarGroupServices, versions: dict[int
         ApiKey.DESCRIBE_CLUSTER: h.describe_cluster,
         ApiKey.SHARE_GROUP_HEARTBEAT: h.share_group_heartbeat,
         ApiKey.SHARE_GROUP_DESCRIBE: h.share_group_describe,
+        ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS: h.describe_share_group_offsets,
+        ApiKey.ALTER_SHARE_GROUP_OFFSETS: h.alter_share_group_offsets,
+        ApiKey.DELETE_SHARE_GROUP_OFFSETS: h.delete_share_group_offsets,
     }
     for key, cls in _STATE_RPCS.items():
         own[key] = h._state_rpc(key, cls)

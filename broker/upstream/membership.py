@@ -351,9 +351,10 @@ class Membership:
         """Heartbeats until the group rebalances, this member must rejoin, the membership lapsed, or (as
         leader) the units changed."""
         s = self.settings
+        delay = s.heartbeat_interval_ms / 1000
         while not self._stopping:
             try:
-                await asyncio.wait_for(self._rejoin.wait(), s.heartbeat_interval_ms / 1000)
+                await asyncio.wait_for(self._rejoin.wait(), delay)
                 return  # asked to rejoin
             except TimeoutError:
                 pass
@@ -370,8 +371,11 @@ class Membership:
                 response = await self.cluster.send(node, ApiKey.HEARTBEAT, body, 4, lane=_LANE,
                                                    timeout_ms=s.session_timeout_ms)
             except UpstreamUnavailable as exc:
+                # Soon again, not a whole interval later: the session keeps running meanwhile.
                 log.warning("sidecar group heartbeat failed", error=str(exc))
+                delay = _RETRY_BACKOFF_S
                 continue
+            delay = s.heartbeat_interval_ms / 1000
             if response.error_code != ErrorCode.NONE:
                 self._usable(response.error_code, "Heartbeat")
                 return
