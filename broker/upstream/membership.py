@@ -34,6 +34,11 @@ FORMAT_VERSION = 1
 # and a Kafka broker answers one request of a connection at a time.
 _LANE = "sidecar.membership"
 _RETRY_BACKOFF_S = 0.2
+# The versions asked for: the last ones before the flexible encodings, which every upstream that has the
+# group APIs speaks (librdkafka's mock cluster lists JoinGroup v6 and drops the connection on it); they
+# carry every field the group needs.
+_JOIN_V, _SYNC_V, _HEARTBEAT_V, _LEAVE_V = 5, 3, 3, 3
+_GROUP_APIS = (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT)
 # The upstream will not let this instance in (ACLs, an invalid group id): it works alone, asking again now
 # and then.
 _REFUSED = frozenset({ErrorCode.GROUP_AUTHORIZATION_FAILED, ErrorCode.INVALID_GROUP_ID,
@@ -241,7 +246,7 @@ class Membership:
                 body = messages.LeaveGroupRequest(
                     group_id=self.settings.group_id, member_id=self.member_id,
                     members=[messages.LeaveGroupRequest.MemberIdentity(member_id=self.member_id, reason="shutdown")])
-                await self.cluster.send(node, ApiKey.LEAVE_GROUP, body, 5, lane=_LANE, timeout_ms=3_000)
+                await self.cluster.send(node, ApiKey.LEAVE_GROUP, body, _LEAVE_V, lane=_LANE, timeout_ms=3_000)
             except (UpstreamUnavailable, CoordinatorLookupFailed) as exc:
                 log.warning("leaving the sidecar group failed; the others take over after the session timeout",
                             error=str(exc))
@@ -283,7 +288,11 @@ class Membership:
             protocols=[messages.JoinGroupRequest.JoinGroupRequestProtocol(
                 name=PROTOCOL_NAME, metadata=encode_metadata(info, self._owned()))],
             reason="sidecar joins")
-        response = await self.cluster.send(node, ApiKey.JOIN_GROUP, join, 9, lane=_LANE,
+        conn = await self.cluster.connection(node, _LANE)
+        if any(api not in conn.api_versions for api in _GROUP_APIS):
+            self._usable(ErrorCode.UNSUPPORTED_VERSION, "JoinGroup")  # an upstream without the group APIs
+            return False
+        response = await self.cluster.send(node, ApiKey.JOIN_GROUP, join, _JOIN_V, lane=_LANE,
                                            timeout_ms=s.rebalance_timeout_ms + s.session_timeout_ms)
         code = response.error_code
         if code == ErrorCode.MEMBER_ID_REQUIRED:
@@ -310,7 +319,7 @@ class Membership:
         sync = messages.SyncGroupRequest(
             group_id=s.group_id, generation_id=self.generation, member_id=self.member_id, group_instance_id=None,
             protocol_type=PROTOCOL_TYPE, protocol_name=PROTOCOL_NAME, assignments=assignments)
-        answer = await self.cluster.send(node, ApiKey.SYNC_GROUP, sync, 5, lane=_LANE,
+        answer = await self.cluster.send(node, ApiKey.SYNC_GROUP, sync, _SYNC_V, lane=_LANE,
                                          timeout_ms=s.rebalance_timeout_ms + s.session_timeout_ms)
         if not self._usable(answer.error_code, "SyncGroup"):
             return False
@@ -368,7 +377,7 @@ class Membership:
                                              member_id=self.member_id, group_instance_id=None)
             sent = time.monotonic()
             try:
-                response = await self.cluster.send(node, ApiKey.HEARTBEAT, body, 4, lane=_LANE,
+                response = await self.cluster.send(node, ApiKey.HEARTBEAT, body, _HEARTBEAT_V, lane=_LANE,
                                                    timeout_ms=s.session_timeout_ms)
             except UpstreamUnavailable as exc:
                 # Soon again, not a whole interval later: the session keeps running meanwhile.
