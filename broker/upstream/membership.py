@@ -210,7 +210,6 @@ class Membership:
         self.refused: int | None = None  # the error code the upstream refused the group with
         self._task: asyncio.Task[None] | None = None
         self._first = asyncio.Event()  # an assignment arrived, or the upstream refused the group
-        self._rejoin = asyncio.Event()
         self._stopping = False
         self.last_ok = float("-inf")  # when the group last confirmed this member (monotonic, at sending)
         self._serving = False  # an assignment is applied and has not lapsed
@@ -230,9 +229,6 @@ class Membership:
         except TimeoutError:
             return False
         return self.refused is None
-
-    def request_rejoin(self) -> None:
-        self._rejoin.set()
 
     async def stop(self) -> None:
         """Leave the group, so the others take over at once instead of after the session timeout."""
@@ -281,7 +277,6 @@ class Membership:
         s = self.settings
         node = await self.cluster.coordinator(KEY_TYPE_GROUP, s.group_id)
         info = MemberInfo(self.node_id, self._endpoints())
-        self._rejoin.clear()
         join = messages.JoinGroupRequest(
             group_id=s.group_id, session_timeout_ms=s.session_timeout_ms, rebalance_timeout_ms=s.rebalance_timeout_ms,
             member_id=self.member_id, group_instance_id=None, protocol_type=PROTOCOL_TYPE,
@@ -357,16 +352,12 @@ class Membership:
         return False
 
     async def _heartbeat_until_rejoin(self) -> None:
-        """Heartbeats until the group rebalances, this member must rejoin, the membership lapsed, or (as
-        leader) the units changed."""
+        """Heartbeats until the group rebalances, the member id is no longer valid, the membership lapsed,
+        or (as leader) the units changed."""
         s = self.settings
         delay = s.heartbeat_interval_ms / 1000
         while not self._stopping:
-            try:
-                await asyncio.wait_for(self._rejoin.wait(), delay)
-                return  # asked to rejoin
-            except TimeoutError:
-                pass
+            await asyncio.sleep(delay)
             if not self.fresh():
                 return  # paused or cut off past the session: the group has moved on without this member
             if self.is_leader and self._units() != self.all_units:

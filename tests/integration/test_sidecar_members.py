@@ -287,6 +287,9 @@ def test_a_sidecar_paused_past_its_session_is_fenced_and_hands_nothing_out_twice
     # what it takes back it takes with a new producer epoch, which fences the other's writes on it.
     _wait_for(lambda: "membership lapsed" in b.log_text(), "the resumed sidecar to notice its lapse")
     _wait_for(lambda: set(_view(a, stream.topic)[1].values()) == {1, 2}, "the resumed sidecar to rejoin")
+    groups = [f"g-{i}" for i in range(8)]
+    _wait_for(lambda: _find_coordinator(a.bootstrap, 0, groups) == _find_coordinator(b.bootstrap, 0, groups),
+              "both sidecars to name the same coordinator for every group")
     stream.produce(100, "after")
     stream.settle()
     assert ledger.redelivered_after_accept == []
