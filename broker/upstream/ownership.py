@@ -67,15 +67,16 @@ class Ownership:
         found.setdefault(self.node_id, MemberInfo(self.node_id, self._endpoints()))
         return found
 
-    def endpoint(self, node_id: int, listener: str) -> Endpoint | None:
-        """The member's endpoint on the listener of that name (else its first one)."""
+    def endpoint(self, node_id: int, listener: str, *, any_listener: bool = False) -> Endpoint | None:
+        """The member's endpoint on the listener of that name; a client is only told of those, as Kafka
+        leaves out brokers without the client's listener. `any_listener`: else its first one."""
         info = self.members().get(node_id)
         if info is None or not info.endpoints:
             return None
         for e in info.endpoints:
             if e.name == listener:
                 return e
-        return info.endpoints[0]
+        return info.endpoints[0] if any_listener else None
 
     # ---- changes -----------------------------------------------------------------------------------
 

@@ -71,8 +71,8 @@ class PeerShareCoordinatorClient:
         return owner
 
     async def _send(self, node_id: int, api_key: int, request: Any, version: int) -> Any:
-        # Any listener of the peer will do; its own listener name first, as a client of it would.
-        endpoint = self.ownership.endpoint(node_id, "PLAINTEXT")
+        # Its PLAINTEXT listener, else its first: this client speaks no TLS or SASL to other sidecars.
+        endpoint = self.ownership.endpoint(node_id, "PLAINTEXT", any_listener=True)
         if endpoint is None:
             raise PeerUnavailable(f"no address for sidecar {node_id}")
         key = (node_id, endpoint.host, endpoint.port)
