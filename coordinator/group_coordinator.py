@@ -187,6 +187,8 @@ class GroupCoordinator:
     def _not_ready(self, group_id: str) -> int:
         if not valid_group_id(group_id):
             return ErrorCode.INVALID_GROUP_ID
+        if self.partition_for(group_id) in self.runtime.released:
+            return ErrorCode.NOT_COORDINATOR  # another instance owns the group's partition now (sidecar mode)
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         return ErrorCode.NONE

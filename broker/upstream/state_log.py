@@ -59,6 +59,8 @@ _READ_RETRY_S = 0.1
 _READ_BYTES = 4 << 20
 _DECODE_YIELD_EVERY = 64  # batches decoded between yields while a partition is read at take
 TRANSACTION_TIMEOUT_MS = 60_000
+# Records one transaction carries at most; what is queued beyond them goes in the next.
+_MAX_TRANSACTION_RECORDS = 4096
 
 
 def transactional_id(membership_group_id: str, topic: str, partition: int) -> str:
@@ -146,13 +148,26 @@ class _PartitionWriter:
             if future.done():
                 self._futures.pop(end_offset, None)
 
+    def _next_transaction(self) -> list[_Pending]:
+        """The queued appends the next transaction takes: all of them, up to about `_MAX_TRANSACTION_RECORDS`
+        records (each append is a batch of its own, as in the local log, so no batch outgrows the upstream's
+        max.message.bytes by being merged with others)."""
+        taken, count = 0, 0
+        while taken < len(self._queue) and (taken == 0 or count + len(self._queue[taken].records)
+                                            <= _MAX_TRANSACTION_RECORDS):
+            count += len(self._queue[taken].records)
+            taken += 1
+        batch, self._queue = self._queue[:taken], self._queue[taken:]
+        return batch
+
     async def _run(self) -> None:
         while self._queue and self.lost is None:
-            batch, self._queue = self._queue, []
+            batch = self._next_transaction()
+            appends = [pending.records for pending in batch]
             records = [r for pending in batch for r in pending.records]
             error: CoordinatorLogError | None = None
             try:
-                base = await self._transaction(records)
+                base = await self._transaction(appends)
             except CoordinatorLogError as exc:
                 error = exc
             except _Unknown as exc:
@@ -173,8 +188,8 @@ class _PartitionWriter:
                 else:
                     pending.future.set_exception(error)
 
-    async def _transaction(self, records: list[CoordinatorRecord]) -> int:
-        """One committed transaction holding `records`; returns their base offset."""
+    async def _transaction(self, appends: list[list[CoordinatorRecord]]) -> int:
+        """One committed transaction holding the appends (one batch each); returns their base offset."""
         req = messages.AddPartitionsToTxnRequest
         add = req(v3_and_below_transactional_id=self.txn_id, v3_and_below_producer_id=self.producer_id,
                   v3_and_below_producer_epoch=self.producer_epoch,
@@ -184,7 +199,7 @@ class _PartitionWriter:
         except SourceUnavailable as exc:  # nothing was written: the write may simply be tried again
             raise CoordinatorLogError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"state write failed: {exc}") from exc
         try:
-            base = await self._produce(records)
+            base = await self._produce(appends)
         except CoordinatorLogError as exc:
             if self.lost is None:
                 await self._abort()
@@ -195,9 +210,13 @@ class _PartitionWriter:
         await self._end(commit=True)
         return base
 
-    async def _produce(self, records: list[CoordinatorRecord]) -> int:
-        batch = encode_records(records, producer_id=self.producer_id, producer_epoch=self.producer_epoch,
-                               base_sequence=self.sequence, is_transactional=True)
+    async def _produce(self, appends: list[list[CoordinatorRecord]]) -> int:
+        batches, sequence = [], self.sequence
+        for records in appends:
+            batches.append(encode_records(records, producer_id=self.producer_id, producer_epoch=self.producer_epoch,
+                                          base_sequence=sequence, is_transactional=True))
+            sequence += len(records)
+        batch = b"".join(batches)
         leader = self.cluster.leader(self.topic, self.partition)
         if leader < 0:
             await self.cluster.refresh_metadata([self.topic])
@@ -213,7 +232,7 @@ class _PartitionWriter:
         (part,) = [p for t in response.responses for p in t.partition_responses]
         code = int(part.error_code)
         if code == ErrorCode.NONE:
-            self.sequence += len(records)
+            self.sequence = sequence
             return int(part.base_offset)
         if code in FENCING_ERRORS:
             self._fenced(code)
@@ -293,6 +312,10 @@ class _PartitionWriter:
                 return response
             if code in FENCING_ERRORS:
                 self._fenced(code)
+            if code == ErrorCode.INVALID_PRODUCER_ID_MAPPING:
+                # The upstream forgot the transactional id (transactional.id.expiration.ms of quiet): nobody
+                # took it since, or this would be PRODUCER_FENCED. Taking the partition again starts afresh.
+                raise _Unknown(f"the upstream no longer knows {self.txn_id}")
             if code in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE):
                 self.cluster.forget_coordinator(KEY_TYPE_TRANSACTION, self.txn_id)
             last = f"error {code}"

@@ -24,13 +24,17 @@ from shoal.broker.storage.topic_registry import CONSUMER_OFFSETS
 from shoal.broker.upstream.cluster import UpstreamCluster
 from shoal.broker.upstream.partition_reader import BatchCache, UpstreamPartitionSource
 from shoal.broker.upstream.settings import parse_upstream
-from shoal.broker.upstream.state_log import UpstreamStateLog
+from shoal.broker.upstream.state_log import UpstreamStateLog, transactional_id
 from shoal.broker.upstream.state_topics import ensure_state_topics
 from shoal.coordinator.offset_metadata_manager import CommittedOffset, offset_commit_record
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.records import RecordInput, encode_batch
 
 from .broker_process import BrokerProcess
 from .conftest import FAST_HEARTBEAT, NO_JOIN_DELAY
+from .kafka_wire import WireClient
 from .names import unique_name
 from .share_clients import create_topic, produce, set_group_config
 from .test_share_admin import describe_offsets, offsets_by_partition
@@ -325,4 +329,70 @@ def test_an_upstream_that_goes_away_and_comes_back_loses_no_state(tmp_path: Path
     finally:
         if sidecar is not None:
             sidecar.stop()
+        upstream.stop()
+
+
+def test_the_standalone_upstream_refuses_acks_all_below_min_insync_replicas(upstream: BrokerProcess) -> None:
+    """What the check above relies on: standalone Shoal is the only in-sync replica of its partitions, so a
+    topic's min.insync.replicas of 2 refuses acks=all with NOT_ENOUGH_REPLICAS (nothing appended), as Kafka
+    does, while acks=1 still writes."""
+    topic = unique_name("min-isr")
+    create_topic(upstream.bootstrap, topic, 1, {"min.insync.replicas": "2"})
+    produce_req = messages.ProduceRequest
+
+    def send(acks: int) -> tuple[int, int]:
+        body = produce_req(acks=acks, timeout_ms=10_000, topic_data=[produce_req.TopicProduceData(
+            name=topic, partition_data=[produce_req.PartitionProduceData(
+                index=0, records=encode_batch([RecordInput(b"k", b"v")]))])])
+        with WireClient.connect(upstream.bootstrap) as client:
+            response = client.request(ApiKey.PRODUCE, 9, body)
+        part = response.responses[0].partition_responses[0]
+        return part.error_code, part.base_offset
+
+    assert send(-1) == (ErrorCode.NOT_ENOUGH_REPLICAS, -1)
+    assert send(1) == (ErrorCode.NONE, 0)  # the refused batch was not appended
+
+
+def test_a_transactional_id_the_upstream_forgot_is_taken_again(tmp_path: Path) -> None:
+    """A state partition quiet for longer than the upstream's transactional.id.expiration.ms: its next write
+    fails (not reported done) and loses the partition without it being fenced, and taking it again goes on
+    from what committed."""
+    upstream = BrokerProcess(tmp_path / "upstream", overrides=[
+        "transactional.id.expiration.ms=300", "transaction.remove.expired.transaction.cleanup.interval.ms=100"]).start()
+    topic, membership = unique_name("__shoal_expiry"), unique_name("expiry")
+    lost: list[tuple[int, bool]] = []
+
+    def listed() -> set[str]:
+        with WireClient.connect(upstream.bootstrap) as client:
+            response = client.request(ApiKey.LIST_TRANSACTIONS, 0, messages.ListTransactionsRequest(
+                state_filters=[], producer_id_filters=[]))
+        return {t.transactional_id for t in response.transaction_states}
+
+    async def run() -> None:
+        cluster = UpstreamCluster(parse_upstream({"bootstrap.servers": upstream.bootstrap}))
+        try:
+            await cluster.start()
+            await ensure_state_topics(cluster, {topic: 1}, None)
+            state_log = UpstreamStateLog(cluster, topic, CONSUMER_OFFSETS, 1, membership,
+                                         on_lost=lambda p, fenced: lost.append((p, fenced)))
+            await state_log.take(0)
+            await state_log.append(0, [offset_commit_record("g", "t", 0, CommittedOffset(1, -1, "", 0))])
+            txn_id = transactional_id(membership, topic, 0)
+            deadline = time.monotonic() + 30
+            while txn_id in await asyncio.to_thread(listed) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert txn_id not in await asyncio.to_thread(listed)
+            with pytest.raises(CoordinatorLogError) as refused:
+                await state_log.append(0, [offset_commit_record("g", "t", 0, CommittedOffset(2, -1, "", 0))])
+            assert refused.value.error_code == ErrorCode.NOT_COORDINATOR
+            assert lost == [(0, False)]
+            await state_log.take(0)
+            assert [r.value.offset for _o, r in state_log.replay(0) if r.value is not None] == [1]
+            await state_log.append(0, [offset_commit_record("g", "t", 0, CommittedOffset(3, -1, "", 0))])
+        finally:
+            await cluster.close()
+
+    try:
+        asyncio.run(run())
+    finally:
         upstream.stop()
