@@ -172,13 +172,20 @@ class SidecarGroup:
         self.ownership.lapse()
 
     async def start(self) -> None:
-        """Join the group once the listeners are bound (members advertise them); wait for the first
-        assignment up to the session timeout, else serve alone until it comes."""
+        """Join the group once the listeners are bound (members advertise them) and wait for the first
+        assignment, up to the session timeout. An upstream that refuses the group leaves this instance alone,
+        owning everything; one that is only slow to answer does not (taking everything would fence the
+        other members): the instance serves nothing until its assignment comes."""
         self.membership.start()
-        if not await self.membership.wait_first(self.settings.session_timeout_ms / 1000):
-            log.warning("no sidecar group assignment yet; serving alone until one arrives",
-                        group=self.settings.group_id, refused=self.membership.refused)
+        if await self.membership.wait_first(self.settings.session_timeout_ms / 1000):
+            return
+        if self.membership.refused is not None:
+            log.warning("the upstream refused the sidecar group; this instance serves everything alone",
+                        group=self.settings.group_id, error_code=self.membership.refused)
             await self.ownership.go_alone()
+        else:
+            log.warning("no sidecar group assignment yet; serving nothing until one arrives",
+                        group=self.settings.group_id)
 
     async def stop(self) -> None:
         await self.membership.stop()

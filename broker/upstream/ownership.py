@@ -2,8 +2,8 @@
 Metadata, FindCoordinator and DescribeCluster answer from, and what the share-partition leaders, the
 group requests and the share-state RPCs check before they serve.
 
-Before the first assignment an instance owns nothing; when the upstream refuses the group, or no
-assignment comes within the session timeout, it is alone and owns every unit until one comes. A change is applied in Kafka's order: the units lost stop being served and their in-memory state is
+Before the first assignment an instance owns nothing; when the upstream refuses the group it is alone
+and owns every unit until an assignment comes. A change is applied in Kafka's order: the units lost stop being served and their in-memory state is
 dropped, the units gained are taken (the `take` hooks: fence the previous owner, replay) and only then
 served. When the membership lapses, nothing is served until the next assignment.
 """
@@ -99,7 +99,7 @@ class Ownership:
             self._taking = set()
 
     async def go_alone(self) -> None:
-        """No group (the upstream refused it, or no assignment came): this instance owns every unit."""
+        """No group (the upstream refused it): this instance owns every unit."""
         self.alone, self._lapsed = True, False
         for take in self.take_hooks:
             await take(set())
