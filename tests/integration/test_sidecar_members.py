@@ -5,6 +5,7 @@ FindCoordinator and DescribeCluster, and take over from one that dies."""
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import threading
 import time
@@ -274,12 +275,26 @@ def test_the_survivor_of_a_kill_serves_every_share_partition_with_nothing_lost_o
     assert ledger.partitions_after(mark) == {0, 1, 2, 3}  # the survivor served every share partition
 
 
+_TAKEN = re.compile(r"state partition taken .*?partition=(\d+) producer_epoch=(\d+) .*?topic=(\S+)")
+
+
+def _taken(log_text: str) -> dict[tuple[str, int], int]:
+    """The producer epoch each state partition was last taken with, from a sidecar's log."""
+    return {(topic, int(p)): int(epoch) for p, epoch, topic in _TAKEN.findall(log_text)}
+
+
 def test_a_sidecar_paused_past_its_session_is_fenced_and_hands_nothing_out_twice(stream: Stream) -> None:
     a, b, ledger = stream.a, stream.b, stream.ledger
     assert b.proc is not None
+    held = _taken(b.log_text())
+    assert held
     b.proc.send_signal(signal.SIGSTOP)
     _wait_for(lambda: _view(a, stream.topic) == ({1}, dict.fromkeys(range(4), 1)),
               "the other sidecar to take everything over")
+    # Every state partition the paused sidecar held was taken with a higher producer epoch: the upstream
+    # refuses that sidecar's writes from now on.
+    took = _taken(a.log_text())
+    assert all(took[key] > epoch for key, epoch in held.items()), (held, took)
     stream.produce(100, "while-paused")
     _wait_for(lambda: len(ledger.confirmed) >= 250, "records produced during the pause to be accepted", 60)
     b.proc.send_signal(signal.SIGCONT)
