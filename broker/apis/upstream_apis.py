@@ -17,6 +17,7 @@ from shoal.broker.common.purgatory import LogKey
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.broker.upstream.cluster import CoordinatorLookupFailed, Lane, UpstreamUnavailable
 from shoal.broker.upstream.forwarder import DELETE_RECORDS, LIST_OFFSETS
+from shoal.broker.upstream.state_topics import is_state_topic
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.codec import MessageBase
@@ -181,6 +182,9 @@ class SidecarHandlers:
         denied = [t for t in req.topic_data if not self._may(ctx, Operation.WRITE, t.name, t.topic_id)]
         if denied:
             return _all_partitions_error(req, ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+        if any(is_state_topic(self.forward.cluster.topic_name(t.name, t.topic_id)) for t in req.topic_data):
+            # The sidecars' own state on the upstream, as Kafka refuses clients' produce to internal topics.
+            return _all_partitions_error(req, ErrorCode.INVALID_TOPIC_EXCEPTION)
         response: messages.ProduceResponse | None = await self._guard(ctx, self.forward.produce(req, ctx.api_version))
         self._wake_share_fetches(req)
         return response

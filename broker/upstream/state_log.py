@@ -60,12 +60,23 @@ _READ_BYTES = 4 << 20
 _DECODE_YIELD_EVERY = 64  # batches decoded between yields while a partition is read at take
 TRANSACTION_TIMEOUT_MS = 60_000
 # Records one transaction carries at most; what is queued beyond them goes in the next.
-_MAX_TRANSACTION_RECORDS = 4096
+MAX_TRANSACTION_RECORDS = 4096
 
 
 def transactional_id(membership_group_id: str, topic: str, partition: int) -> str:
     """The transactional id one state partition is written with; whoever initialises it owns the partition."""
     return f"shoal-{membership_group_id}-state-{topic}-{partition}"
+
+
+def appends_per_transaction(queued: list[int], max_records: int) -> int:
+    """How many of the queued appends (their record counts, oldest first) the next transaction takes: as
+    many as fit in `max_records`, and always the first. Each append stays a batch of its own, as in the
+    local log, so no batch outgrows the upstream's max.message.bytes by being merged with others."""
+    taken, count = 0, 0
+    while taken < len(queued) and (taken == 0 or count + queued[taken] <= max_records):
+        count += queued[taken]
+        taken += 1
+    return taken
 
 
 class _Unknown(Exception):
@@ -149,14 +160,7 @@ class _PartitionWriter:
                 self._futures.pop(end_offset, None)
 
     def _next_transaction(self) -> list[_Pending]:
-        """The queued appends the next transaction takes: all of them, up to about `_MAX_TRANSACTION_RECORDS`
-        records (each append is a batch of its own, as in the local log, so no batch outgrows the upstream's
-        max.message.bytes by being merged with others)."""
-        taken, count = 0, 0
-        while taken < len(self._queue) and (taken == 0 or count + len(self._queue[taken].records)
-                                            <= _MAX_TRANSACTION_RECORDS):
-            count += len(self._queue[taken].records)
-            taken += 1
+        taken = appends_per_transaction([len(pending.records) for pending in self._queue], MAX_TRANSACTION_RECORDS)
         batch, self._queue = self._queue[:taken], self._queue[taken:]
         return batch
 
@@ -207,7 +211,13 @@ class _PartitionWriter:
         except Exception as exc:  # no answer: the batch may be in the log; aborting makes it not count
             await self._abort()
             raise CoordinatorLogError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"state write failed: {exc}") from exc
-        await self._end(commit=True)
+        try:
+            await self._end(commit=True)
+        except CoordinatorLogError as exc:
+            if self.lost is not None:
+                raise  # fenced: the new owner's InitProducerId ended the transaction, whichever way
+            # Still open, or committed: either way the next commit must not carry these records unreplayed.
+            raise _Unknown(str(exc)) from exc
         return base
 
     async def _produce(self, appends: list[list[CoordinatorRecord]]) -> int:
@@ -257,11 +267,12 @@ class _PartitionWriter:
         """Abort the open transaction; if even that fails, what the log holds is unknown: lose the partition."""
         try:
             await self._end(commit=False)
-        except CoordinatorLogError:
-            pass  # fenced: the new owner's InitProducerId aborted it
-        except _Unknown as exc:
-            self.lose(CoordinatorLogError(ErrorCode.NOT_COORDINATOR, f"state transaction abort failed: {exc}"),
-                      fenced=False)
+        except (CoordinatorLogError, _Unknown) as exc:
+            # Fenced: the new owner's InitProducerId aborted it. Otherwise the transaction may still be open
+            # with the failed write in it, and the next commit would make it count: lose the partition.
+            if self.lost is None:
+                self.lose(CoordinatorLogError(ErrorCode.NOT_COORDINATOR, f"state transaction abort failed: {exc}"),
+                          fenced=False)
         # The next transaction starts from a clean epoch, as Kafka's producer does after an abort it cannot
         # vouch for (its sequence may or may not have advanced).
         if self.lost is None:
@@ -408,6 +419,7 @@ class UpstreamStateLog:
             decoded = 0
             while True:
                 read = await source.read(offset, _READ_BYTES, read_committed=True)
+                start = offset
                 skip = undeliverable(read)
                 for header, data in read.batches:
                     if header.last_offset < offset or header.base_offset >= read.last_stable_offset:
@@ -423,11 +435,13 @@ class UpstreamStateLog:
                         await asyncio.sleep(0)
                 if offset >= read.high_watermark:
                     return out, offset
-                if offset >= read.last_stable_offset:
-                    # An earlier owner's transaction is still being completed (its marker is on the way).
+                if offset == start:
+                    # Nothing readable yet: an earlier owner's transaction is still being completed (its
+                    # marker is on the way, holding the last stable offset back), or the upstream sent nothing.
                     if time.monotonic() >= deadline:
                         raise CoordinatorLogError(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
-                                                  f"{self.topic}-{partition}: an open transaction did not end")
+                                                  f"{self.topic}-{partition}: no progress reading at {offset} "
+                                                  f"(last stable offset {read.last_stable_offset})")
                     await asyncio.sleep(_READ_RETRY_S)
         except SourceUnavailable as exc:
             raise CoordinatorLogError(ErrorCode.COORDINATOR_NOT_AVAILABLE,

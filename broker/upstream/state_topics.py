@@ -37,6 +37,11 @@ def state_topic_name(internal_topic: str) -> str:
     return STATE_TOPIC_PREFIX + internal_topic[1:]
 
 
+def is_state_topic(name: str | None) -> bool:
+    """One of the sidecars' state topics on the upstream (clients must not write them)."""
+    return name is not None and name.startswith(STATE_TOPIC_PREFIX + "_")
+
+
 @dataclass(frozen=True, slots=True)
 class StateTopic:
     name: str

@@ -396,3 +396,19 @@ def test_a_transactional_id_the_upstream_forgot_is_taken_again(tmp_path: Path) -
         asyncio.run(run())
     finally:
         upstream.stop()
+
+
+def test_clients_cannot_produce_to_the_state_topics_through_the_sidecar(tmp_path: Path,
+                                                                        upstream: BrokerProcess) -> None:
+    sidecar = _sidecar(tmp_path / "sidecar", upstream).start()
+    try:
+        for topic in ("__shoal_share_group_state", "__shoal_consumer_offsets"):
+            body = messages.ProduceRequest(acks=-1, timeout_ms=10_000, topic_data=[
+                messages.ProduceRequest.TopicProduceData(name=topic, partition_data=[
+                    messages.ProduceRequest.PartitionProduceData(index=0, records=encode_batch(
+                        [RecordInput(b"k", b"not a coordinator record")]))])])
+            with WireClient.connect(sidecar.bootstrap) as client:
+                response = client.request(ApiKey.PRODUCE, 9, body)
+            assert response.responses[0].partition_responses[0].error_code == ErrorCode.INVALID_TOPIC_EXCEPTION
+    finally:
+        sidecar.stop()
