@@ -553,6 +553,9 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
         """ShareGroupDescribe v1 bodies, one per requested group."""
         out = []
         for group_id in group_ids:
+            if self.released(group_id):  # sidecar mode: another instance holds the group's partition now
+                out.append(DescribedGroup(group_id=group_id, error_code=ErrorCode.NOT_COORDINATOR, members=[]))
+                continue
             group = self.groups.get(group_id)
             if group is None:
                 out.append(DescribedGroup(group_id=group_id, error_code=ErrorCode.GROUP_ID_NOT_FOUND,

@@ -128,6 +128,10 @@ class Broker:
         self.sidecar_group: SidecarGroup | None = None
         # Sidecar mode: the coordinators' record logs on the upstream, by local internal topic name.
         self.state_logs: dict[str, UpstreamStateLog] = {}
+        # Whether this instance is to own a state partition (internal topic name, partition): a partition
+        # lost without being fenced is taken again only while this says so. One sidecar owns them all;
+        # several set it to their assignment.
+        self.state_partition_assigned: Callable[[str, int], bool] = lambda _topic, _partition: True
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # The group coordinator's parts, one per group type.
@@ -569,7 +573,8 @@ class Broker:
         upstream left it unknown whether a transaction committed. Either way memory may not match the log."""
         log.warning("state partition lost", topic=internal_topic, partition=partition, fenced=fenced)
         self._unload_state_partition(internal_topic, partition)
-        if not fenced:  # nobody else has it: take it again, which re-reads what did commit
+        if not fenced and self.state_partition_assigned(internal_topic, partition):
+            # Nobody else has it: take it again, which re-reads what did commit.
             task = self.loop.create_task(self._retake_state_partition(internal_topic, partition))
             self._background.append(task)
             task.add_done_callback(self._background.remove)
@@ -578,6 +583,8 @@ class Broker:
         delay = 0.1
         while True:
             await asyncio.sleep(delay)
+            if not self.state_partition_assigned(internal_topic, partition):
+                return  # assigned elsewhere meanwhile: taking it would fence its new owner
             try:
                 await self.take_state_partition(internal_topic, partition)
                 return

@@ -149,15 +149,16 @@ class _PartitionWriter:
 
     async def flush(self, end_offset: int) -> None:
         future = self._futures.get(end_offset)
-        if future is None:
-            if self.lost is not None:
-                raise self.lost
-            return  # already waited for
+        if future is None:  # not this writer's (it replaced a lost one): never report it written
+            raise self.lost or CoordinatorLogError(ErrorCode.NOT_COORDINATOR, "state write of an earlier owner")
         try:
             await asyncio.shield(future)
-        finally:
-            if future.done():
-                self._futures.pop(end_offset, None)
+        except asyncio.CancelledError:
+            raise  # the caller asks again (the runtime finishes what it started): keep the outcome for it
+        except BaseException:
+            self._futures.pop(end_offset, None)
+            raise
+        self._futures.pop(end_offset, None)
 
     def _next_transaction(self) -> list[_Pending]:
         taken = appends_per_transaction([len(pending.records) for pending in self._queue], MAX_TRANSACTION_RECORDS)
@@ -324,9 +325,10 @@ class _PartitionWriter:
             if code in FENCING_ERRORS:
                 self._fenced(code)
             if code == ErrorCode.INVALID_PRODUCER_ID_MAPPING:
-                # The upstream forgot the transactional id (transactional.id.expiration.ms of quiet): nobody
-                # took it since, or this would be PRODUCER_FENCED. Taking the partition again starts afresh.
-                raise _Unknown(f"the upstream no longer knows {self.txn_id}")
+                # The upstream forgot the transactional id (transactional.id.expiration.ms of quiet), or another
+                # instance took it under a new producer id. The owner decides whether to take it again (which
+                # re-reads the partition); continuing with a fresh id here could take it from its new owner.
+                raise _Unknown(f"the upstream no longer knows {self.txn_id} under producer id {self.producer_id}")
             if code in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE):
                 self.cluster.forget_coordinator(KEY_TYPE_TRANSACTION, self.txn_id)
             last = f"error {code}"
@@ -361,6 +363,7 @@ class UpstreamStateLog:
         self.on_lost = on_lost
         self._writers: dict[int, _PartitionWriter] = {}
         self._loaded: dict[int, list[LoggedRecord]] = {}
+        self._issued: dict[int, int] = {}  # per partition: where the offsets handed to appends end
 
     @property
     def num_partitions(self) -> int:
@@ -387,7 +390,9 @@ class UpstreamStateLog:
                                   transactional_id(self.membership_group_id, self.topic, partition), timeout_s)
         await writer.init()
         records, end = await self._read_committed(partition, timeout_s)
-        writer.next_offset = end
+        # Offsets handed out stay monotonic across this partition's writers, so a flush of an earlier
+        # writer's append can never be taken for one of the new writer's.
+        writer.next_offset = max(end, self._issued.get(partition, 0))
         writer.on_lost = lambda fenced: self._lost(partition, writer, fenced)
         self._loaded[partition] = records
         self._writers[partition] = writer
@@ -459,7 +464,9 @@ class UpstreamStateLog:
         if writer is None:
             raise CoordinatorLogError(ErrorCode.NOT_COORDINATOR,
                                       f"state partition {self.topic}-{partition} is not owned by this instance")
-        return writer.append(records)
+        first = writer.append(records)
+        self._issued[partition] = writer.next_offset
+        return first
 
     async def flush(self, partition: int, end_offset: int) -> None:
         writer = self._writers.get(partition)

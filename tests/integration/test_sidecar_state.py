@@ -61,6 +61,21 @@ def _consumer(sidecar: BrokerProcess, group: str, topic: str) -> ShareConsumer:
     return consumer
 
 
+def _start_offset(sidecar: BrokerProcess, group: str, topic: str) -> int:
+    """The group's start offset (SPSO) of partition 0, once the sidecar serves the group (a state partition
+    being taken again answers NOT_COORDINATOR meanwhile)."""
+    deadline = time.monotonic() + POLL_DEADLINE_S
+    while True:
+        described = describe_offsets(sidecar.bootstrap, group)
+        if described.error_code == ErrorCode.NONE or time.monotonic() >= deadline:
+            break
+        assert described.error_code in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        time.sleep(0.1)
+    start, _lag, error = offsets_by_partition(described)[(topic, 0)]
+    assert error == ErrorCode.NONE
+    return int(start)
+
+
 def _deliveries(consumer: ShareConsumer, want: int, ack: dict[int, AcknowledgeType], *,
                 deadline_s: float = POLL_DEADLINE_S) -> list[tuple[int, int]]:
     """(offset, delivery count) of what arrives until `want` records came (or the deadline passed), each
@@ -412,3 +427,69 @@ def test_clients_cannot_produce_to_the_state_topics_through_the_sidecar(tmp_path
             assert response.responses[0].partition_responses[0].error_code == ErrorCode.INVALID_TOPIC_EXCEPTION
     finally:
         sidecar.stop()
+
+
+def test_a_sidecar_whose_transactional_ids_expired_takes_its_state_partitions_again(tmp_path: Path) -> None:
+    """The sidecar's state partitions are quiet past the upstream's transactional.id.expiration.ms: the next
+    acknowledgement or group change fails once (not reported done), the partition is taken again from what
+    committed, and then everything goes on with no state lost."""
+    upstream = BrokerProcess(tmp_path / "upstream", overrides=[
+        *NO_JOIN_DELAY, "transactional.id.expiration.ms=1500",
+        "transaction.remove.expired.transaction.cleanup.interval.ms=100"]).start()
+    sidecar: BrokerProcess | None = None
+    topic, group = unique_name("expired-t"), unique_name("expired-g")
+
+    def sidecar_ids() -> set[str]:
+        with WireClient.connect(upstream.bootstrap) as client:
+            response = client.request(ApiKey.LIST_TRANSACTIONS, 0, messages.ListTransactionsRequest(
+                state_filters=[], producer_id_filters=[]))
+        return {t.transactional_id for t in response.transaction_states if t.transactional_id.startswith("shoal-")}
+
+    def until_forgotten() -> None:
+        deadline = time.monotonic() + 30
+        while sidecar_ids() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not sidecar_ids()
+
+    def accept_until_done(consumer: ShareConsumer, offset: int) -> None:
+        """Poll and accept until the acknowledgement of `offset` is reported done; nothing else comes."""
+        deadline = time.monotonic() + POLL_DEADLINE_S
+        while time.monotonic() < deadline:
+            msgs = [m for m in consumer.poll(0.5) if m.error() is None]
+            for m in msgs:
+                assert m.offset() == offset
+                consumer.acknowledge(m, AcknowledgeType.ACCEPT)
+            if msgs and all(err is None for err in consumer.commit_sync(30).values()):
+                return
+        raise AssertionError(f"offset {offset} was never acknowledged")
+
+    try:
+        create_topic(upstream.bootstrap, topic, 1)
+        produce(upstream.bootstrap, topic, 1)
+        sidecar = _sidecar(tmp_path / "sidecar", upstream, "group.share.min.record.lock.duration.ms=1000").start()
+        set_group_config(sidecar.bootstrap, group, share_auto_offset_reset="earliest",
+                         share_record_lock_duration_ms="1000")
+        consumer = _consumer(sidecar, group, topic)
+        try:
+            accept_until_done(consumer, 0)
+            until_forgotten()
+            produce(upstream.bootstrap, topic, 1, prefix="later")
+            accept_until_done(consumer, 1)
+        finally:
+            consumer.close()
+        assert "state partition lost" in sidecar.log_text()
+        assert _start_offset(sidecar, group, topic) == 2
+        until_forgotten()
+        produce(upstream.bootstrap, topic, 1, prefix="last")
+        consumer = _consumer(sidecar, group, topic)  # its join changes the group: a write on an expired id
+        try:
+            accept_until_done(consumer, 2)
+            assert _deliveries(consumer, 1, {}, deadline_s=2) == []
+        finally:
+            consumer.close()
+        assert _start_offset(sidecar, group, topic) == 3
+        assert sidecar.alive()
+    finally:
+        if sidecar is not None:
+            sidecar.stop()
+        upstream.stop()
