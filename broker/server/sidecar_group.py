@@ -10,6 +10,7 @@ Kafka: a group id to its `__consumer_offsets` partition, (group, topic id, parti
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import structlog
@@ -47,6 +48,7 @@ class SidecarParts(Protocol):
     share_topics: ShareTopicView
     group_coordinator: GroupCoordinator
     state_logs: dict[str, UpstreamStateLog]
+    state_partition_assigned: Callable[[str, int], bool]
 
     async def take_state_partition(self, internal_topic: str, partition: int) -> None: ...
 
@@ -104,6 +106,8 @@ class SidecarGroup:
         self.ownership.release_hooks.append(lambda _serves: self._drop_unled())
         self.ownership.release_hooks.append(lambda _serves: self._release_state())
         self.ownership.take_hooks.append(lambda _gained: self._take_state())
+        # A state partition lost without a fence is taken again only while it is still this instance's.
+        self.broker.state_partition_assigned = lambda topic, p: self.ownership.assigned_here((topic, p))
 
     def unload_untaken(self) -> None:
         """After the coordinators' start-up load: the partitions not taken answer NOT_COORDINATOR until the

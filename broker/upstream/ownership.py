@@ -53,6 +53,10 @@ class Ownership:
         # A unit the leader has not assigned yet (a topic created since) is the leader's until it rebalances.
         return a.owners.get(unit, a.leader)
 
+    def assigned_here(self, unit: Unit) -> bool:
+        """This instance owns the unit and its membership is current (taken or not yet)."""
+        return self.owner(unit) == self.node_id and (self.alone or self._fresh())
+
     def serves(self, unit: Unit) -> bool:
         """This instance owns the unit and has taken it."""
         return self.owner(unit) == self.node_id and unit not in self._taking and (self.alone or self._fresh())
