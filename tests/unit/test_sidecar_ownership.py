@@ -35,6 +35,8 @@ class _Recorder:
 
     async def take(self, gained: set[Unit]) -> None:
         self.events.append(("take", (set(gained), {u for u in self.probe if self.ownership.serves(u)})))
+        # Being taken, a gained unit is this instance's already (a lost write may take it again).
+        assert all(self.ownership.assigned_here(u) for u in gained)
 
 
 def test_nothing_is_served_before_the_first_assignment_and_alone_everything_is() -> None:
@@ -88,4 +90,4 @@ def test_a_stale_membership_serves_nothing_even_before_it_lapses() -> None:
     asyncio.run(ownership.apply(_assignment(1, {a: _ME})))
     assert ownership.serves(a)
     fresh[0] = False  # paused or cut off past the session timeout
-    assert not ownership.serves(a) and ownership.owner(a) == _ME
+    assert not ownership.serves(a) and not ownership.assigned_here(a) and ownership.owner(a) == _ME
