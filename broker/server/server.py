@@ -427,8 +427,14 @@ class Broker:
         from shoal.broker.share.dead_letter import DeadLetterWriter
         from shoal.broker.storage.partition_budget import PartitionBudget
 
+        upstream_dead_letters = None
+        if self.upstream_forwarder is not None and self.upstream_topics is not None:
+            from shoal.broker.share.dead_letter import UpstreamDeadLetters
+
+            upstream_dead_letters = UpstreamDeadLetters(self.upstream_forwarder, self.upstream_topics, self.config)
         dead_letters = DeadLetterWriter(self.topics, self.config, self.group_configs, self.on_topic_created,
-                                        partition_budget=PartitionBudget(self.config, self.topics).problem)
+                                        partition_budget=PartitionBudget(self.config, self.topics).problem,
+                                        upstream=upstream_dead_letters)
         self.share_partitions = SharePartitionLeaders(self.persister, self.group_configs, self.purgatory,
                                                       dead_letters=dead_letters)
         self._wire_share_metrics()

@@ -89,11 +89,15 @@ def register_all(b: Broker) -> None:
                                              b.transaction_markers))
     if b.upstream_forwarder is not None:
         # Sidecar mode: these handlers replace the standalone ones for the APIs the upstream serves.
-        local_configs: dict[int, Callable[..., Any]] = {key: b.apis[key].handler for key in (ApiKey.DESCRIBE_CONFIGS, ApiKey.INCREMENTAL_ALTER_CONFIGS)}
+        local: dict[int, Callable[..., Any]] = {key: b.apis[key].handler for key in (
+            ApiKey.DESCRIBE_CONFIGS, ApiKey.INCREMENTAL_ALTER_CONFIGS, ApiKey.ALTER_CONFIGS, ApiKey.LIST_GROUPS,
+            ApiKey.DESCRIBE_GROUPS, ApiKey.DELETE_GROUPS)}
+        share_groups = b.share_groups
         group = b.sidecar_group
         upstream_apis.register(b, UpstreamServices(b.node_id, b.cluster_id, b.upstream_forwarder,
-                                                   b.advertised_listener, b.connection_listeners, local_configs,
-                                                   b.purgatory, None if group is None else group.ownership))
+                                                   b.advertised_listener, b.connection_listeners, local,
+                                                   b.purgatory, lambda group_id: group_id in share_groups.groups,
+                                                   ownership=None if group is None else group.ownership))
         if group is not None:
             # Several sidecars: answers naming an owner, and requests only the owner serves.
             wrapped = sidecar_group_apis.wrapped_keys()
