@@ -123,10 +123,13 @@ class SidecarHandlers:
         if response is None:
             return None
         node_id = self.services.node_id
-        lst = self.services.advertised_listener(ctx.connection.listener.name)
-        # Every partition is led by Shoal as far as the client knows; its leader epoch stays the upstream's.
-        response.brokers = [messages.MetadataResponse.MetadataResponseBroker(node_id=node_id, host=lst.host,
-                                                                              port=lst.port, rack=None)]
+        broker = messages.MetadataResponse.MetadataResponseBroker
+        # Every partition is led by a sidecar as far as the client knows (the one the sidecar group assigned
+        # it to); its leader epoch stays the upstream's.
+        response.brokers = [broker(node_id=n, host=host, port=port, rack=None)
+                            for n, host, port in self._sidecars(ctx)]
+        # Each sidecar names itself the controller: GROUP config changes go to the controller, and group
+        # configs are each sidecar's own (not shared between sidecars yet).
         response.controller_id = node_id
         response.cluster_id = self.services.cluster_id
         for topic in response.topics:
@@ -136,11 +139,34 @@ class SidecarHandlers:
                 continue
             for p in topic.partitions:
                 if p.leader_id >= 0:
-                    p.leader_id = node_id
-                p.replica_nodes = [node_id]
-                p.isr_nodes = [node_id] if p.leader_id >= 0 else []
+                    p.leader_id = self._leader(topic.name, p.partition_index)
+                    if p.leader_id < 0:
+                        p.error_code = ErrorCode.LEADER_NOT_AVAILABLE  # a rebalance of the sidecars is under way
+                p.replica_nodes = [p.leader_id] if p.leader_id >= 0 else [node_id]
+                p.isr_nodes = [p.leader_id] if p.leader_id >= 0 else []
                 p.offline_replicas = []
         return response
+
+    def _leader(self, topic: str | None, partition: int) -> int:
+        """The sidecar leading an upstream partition: this one, or another in the sidecar group."""
+        ownership = self.services.ownership
+        if ownership is None or topic is None:
+            return self.services.node_id
+        return ownership.owner((topic, partition))
+
+    def _sidecars(self, ctx: RequestContext) -> list[tuple[int, str, int]]:
+        """(node id, host, port) of every sidecar on the client's listener."""
+        name = ctx.connection.listener.name
+        ownership = self.services.ownership
+        if ownership is None:
+            lst = self.services.advertised_listener(name)
+            return [(self.services.node_id, lst.host, lst.port)]
+        found = []
+        for node in sorted(ownership.members()):
+            endpoint = ownership.endpoint(node, name)
+            if endpoint is not None:
+                found.append((node, endpoint.host, endpoint.port))
+        return found
 
     async def describe_topic_partitions(self, ctx: RequestContext,
                                         req: messages.DescribeTopicPartitionsRequest
@@ -158,9 +184,11 @@ class SidecarHandlers:
                 continue
             for p in topic.partitions:
                 if p.leader_id >= 0:
-                    p.leader_id = node_id
-                p.replica_nodes = [node_id]
-                p.isr_nodes = [node_id] if p.leader_id >= 0 else []
+                    p.leader_id = self._leader(topic.name, p.partition_index)
+                    if p.leader_id < 0:
+                        p.error_code = ErrorCode.LEADER_NOT_AVAILABLE
+                p.replica_nodes = [p.leader_id] if p.leader_id >= 0 else [node_id]
+                p.isr_nodes = [p.leader_id] if p.leader_id >= 0 else []
                 p.eligible_leader_replicas = []
                 p.last_known_elr = []
                 p.offline_replicas = []

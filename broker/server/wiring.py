@@ -21,6 +21,7 @@ from shoal.broker.apis import (
     share_group_admin,
     share_group_apis,
     share_state_apis,
+    sidecar_group_apis,
     topic_admin,
     txn_apis,
     upstream_apis,
@@ -41,6 +42,7 @@ from shoal.broker.apis.services import (
     ShareGroupAdminServices,
     ShareGroupServices,
     ShareStateServices,
+    SidecarGroupServices,
     TopicAdminServices,
     TransactionServices,
     UpstreamServices,
@@ -98,12 +100,21 @@ def register_all(b: Broker) -> None:
             ApiKey.DESCRIBE_CONFIGS, ApiKey.INCREMENTAL_ALTER_CONFIGS, ApiKey.ALTER_CONFIGS, ApiKey.LIST_GROUPS,
             ApiKey.DESCRIBE_GROUPS, ApiKey.DELETE_GROUPS)}
         share_groups = b.share_groups
+        group = b.sidecar_group
         upstream_apis.register(b, UpstreamServices(b.node_id, b.cluster_id, b.upstream_forwarder,
                                                    b.advertised_listener, b.connection_listeners, local,
-                                                   b.purgatory, lambda group_id: group_id in share_groups.groups))
+                                                   b.purgatory, lambda group_id: group_id in share_groups.groups,
+                                                   ownership=None if group is None else group.ownership))
         # An API the upstream does not serve at all is not advertised, as a Kafka broker advertises only what
         # it serves: clients then do without it (librdkafka skips offset validation without
         # OffsetForLeaderEpoch; a KIP-848 consumer reports the missing ConsumerGroupHeartbeat) instead of
         # retrying against an upstream that can never answer (Tansu serves neither).
         for key in b.upstream_forwarder.cluster.unserved(upstream_apis.UPSTREAM_ONLY_APIS):
             del b.apis[key]
+        if group is not None:
+            # Several sidecars: answers naming an owner, and requests only the owner serves.
+            wrapped = sidecar_group_apis.wrapped_keys()
+            sidecar_group_apis.register(b, SidecarGroupServices(
+                b.node_id, b.cluster_id, group.ownership, group.group_unit, group.state_unit,
+                {key: b.apis[key].handler for key in wrapped if key in b.apis}),
+                {key: (b.apis[key].min_version, b.apis[key].max_version) for key in wrapped if key in b.apis})

@@ -469,6 +469,8 @@ ACL_JAAS = 'org.apache.kafka.common.security.plain.PlainLoginModule required use
 def acl_sidecar(tmp_path_factory: pytest.TempPathFactory, upstream: BrokerProcess) -> Iterator[BrokerProcess]:
     proc = BrokerProcess(tmp_path_factory.mktemp("acl-sidecar") / "data", overrides=[
         f"upstream.bootstrap.servers={upstream.bootstrap}",
+        # A sidecar of its own beside the module's other one, not a second member of its sidecar group.
+        f"upstream.membership.group.id={unique_name('acl-sidecars')}",
         "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
         "super.users=User:ANONYMOUS",
         f"listener.name.sasl_plaintext.plain.sasl.jaas.config={ACL_JAAS}",
