@@ -103,6 +103,10 @@ class SidecarGroup:
         what it stops serving; the state partitions follow the assignment."""
         leaders = self.broker.share_partitions
         leaders.leads = self.leads
+        # Leadership moves with the assignment, and for the moment between two instances' SyncGroup answers
+        # both may lead a partition: each load records a higher leader epoch in the share state, so the
+        # share coordinator refuses the earlier leader's writes from then on (FENCED_LEADER_EPOCH).
+        leaders.bump_leader_epoch = True
         self.ownership.release_hooks.append(lambda _serves: self._drop_unled())
         self.ownership.release_hooks.append(lambda _serves: self._release_state())
         self.ownership.take_hooks.append(lambda _gained: self._take_state())

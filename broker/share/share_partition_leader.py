@@ -61,7 +61,19 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("shoal.share_partition")
 
+# The leader epoch of a broker that is the only leader of its share partitions (standalone).
 LEADER_EPOCH = 0
+_MAX_LEADER_EPOCH = 2**31 - 1
+
+
+def next_leader_epoch(stored: int) -> int | None:
+    """The leader epoch a new owner loads with when ownership can move (several sidecars): above the one the
+    share coordinator holds, so the coordinator refuses every write of an earlier owner from the moment the
+    new owner's read recorded it (FENCED_LEADER_EPOCH). Derived from the stored state, it keeps growing
+    whatever happens to the sidecar group's generation. None when the int32 epoch is spent."""
+    if stored < 0:
+        return 0
+    return stored + 1 if stored < _MAX_LEADER_EPOCH else None
 
 # How persister (share coordinator) errors surface to clients (as Kafka maps them).
 _PERSISTER_ERRORS: dict[int, ErrorCode] = {
@@ -130,8 +142,14 @@ class SharePartitionLeader:
         purgatory: Purgatory,
         on_change: Callable[[SharePartitionLeader], None] | None = None,
         dead_letters: DeadLetterWriter | None = None,
+        *,
+        bump_leader_epoch: bool = False,
     ):
         self.dead_letters = dead_letters
+        # When leadership can move between instances, each load takes a leader epoch above the stored one
+        # (`next_leader_epoch`); otherwise the one leader keeps LEADER_EPOCH.
+        self.bump_leader_epoch = bump_leader_epoch
+        self.leader_epoch = LEADER_EPOCH
         self._dead_letter_task: asyncio.Future[None] | None = None
         # Set when a loaded state holds ARCHIVING records: their dead-letter records may already exist.
         self._dead_letter_recovering = False
@@ -171,7 +189,10 @@ class SharePartitionLeader:
         if self.state is not None:
             return ErrorCode.NONE
         started = time.monotonic()
-        result = await self.persister.read_state(self.key, LEADER_EPOCH)
+        epoch_error, epoch = await self._load_epoch()
+        if epoch_error != ErrorCode.NONE:
+            return epoch_error
+        result = await self.persister.read_state(self.key, epoch)
         if result.error_code != ErrorCode.NONE:
             # Consumers retry at their poll rate: the failure is logged once, then at most once a minute.
             suppressed = self._load_failures.failed("load", time.monotonic())
@@ -190,6 +211,8 @@ class SharePartitionLeader:
                         partition=self.key.partition, error=str(exc))
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
         self._load_failures.succeeded("load")
+        # The read recorded the epoch: from now on an earlier owner's writes are refused, and ours carry it.
+        self.leader_epoch = epoch
         group = self.key.group_id
         self.state = SharePartition(
             group,
@@ -201,7 +224,7 @@ class SharePartitionLeader:
             lock_duration_ms=self.group_configs.get_int(group, "share.record.lock.duration.ms"),
             delivery_count_limit=self.group_configs.get_int(group, "share.delivery.count.limit"),
             max_in_flight_records=self.group_configs.get_int(group, "share.partition.max.record.locks"),
-            leader_epoch=LEADER_EPOCH,
+            leader_epoch=epoch,
             dead_letter=self._dead_letter_enabled(),
         )
         # Only ARCHIVING found on disk may already be in the dead-letter topic (a crash mid-way).
@@ -229,6 +252,21 @@ class SharePartitionLeader:
         log.info("share partition loaded", group=group, partition=self.key.partition, spso=start,
                  batches=len(result.state_batches), dead_letters_pending=self._dead_letter_recovering)
         return ErrorCode.NONE
+
+    async def _load_epoch(self) -> tuple[int, int]:
+        """(error code, the leader epoch to read the state with)."""
+        if not self.bump_leader_epoch:
+            return ErrorCode.NONE, LEADER_EPOCH
+        summary = await self.persister.read_state_summary(self.key, LEADER_EPOCH)
+        if summary.error_code != ErrorCode.NONE:
+            log.warning("share partition leader epoch not read", group=self.key.group_id,
+                        partition=self.key.partition, error_code=summary.error_code, error=summary.error_message)
+            return map_persister_error(summary.error_code), LEADER_EPOCH
+        epoch = next_leader_epoch(summary.leader_epoch)
+        if epoch is None:
+            log.error("share partition leader epoch exhausted", group=self.key.group_id, partition=self.key.partition)
+            return ErrorCode.UNKNOWN_SERVER_ERROR, LEADER_EPOCH
+        return ErrorCode.NONE, epoch
 
     async def _reset_offset(self) -> int:
         """Resolve an uninitialised start offset through the group's share.auto.offset.reset."""
@@ -460,7 +498,7 @@ class SharePartitionLeader:
         request = WriteStateRequest(
             key=self.key,
             state_epoch=snap.state_epoch,
-            leader_epoch=LEADER_EPOCH,
+            leader_epoch=self.leader_epoch,
             start_offset=snap.start_offset,
             delivery_complete_count=snap.delivery_complete_count,
             state_batches=list(snap.state_batches),
@@ -597,6 +635,9 @@ class SharePartitionLeaders:
         self.purgatory = purgatory
         self._leaders: dict[SharePartitionKey, SharePartitionLeader] = {}
         self.on_load: Callable[[float], None] | None = None  # metric hook for every leader's state load
+        # Set in several-sidecar mode, where share-partition leadership moves between instances without a
+        # take: each load then fences the previous leader through a higher leader epoch.
+        self.bump_leader_epoch = False
         # Whether this broker leads a (topic id, partition): always standalone; in sidecar mode only the
         # partitions the sidecar group assigned to this instance.
         self.leads: Callable[[bytes, int], bool] = lambda _topic_id, _partition: True
@@ -608,7 +649,7 @@ class SharePartitionLeaders:
         leader = self._leaders.get(key)
         if leader is None or leader.source is not source:
             leader = SharePartitionLeader(key, source, self.persister, self.group_configs, self.purgatory,
-                                          dead_letters=self.dead_letters)
+                                          dead_letters=self.dead_letters, bump_leader_epoch=self.bump_leader_epoch)
             leader.on_load = self.on_load
             self._leaders[key] = leader
         return leader
