@@ -249,7 +249,7 @@ class SharePartitionLeader:
             self.on_load(self.load_time_ms)
         self._publish()
         self._maybe_dead_letter()
-        log.info("share partition loaded", group=group, partition=self.key.partition, spso=start,
+        log.info("share partition loaded", group=group, partition=self.key.partition, spso=start, leader_epoch=epoch,
                  batches=len(result.state_batches), dead_letters_pending=self._dead_letter_recovering)
         return ErrorCode.NONE
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import AcknowledgeType, ShareConsumer
@@ -310,3 +311,134 @@ def test_a_sidecar_paused_past_its_session_is_fenced_and_hands_nothing_out_twice
     assert ledger.redelivered_after_accept == []
     delivered = {r for r, _ in ledger.deliveries}
     assert stream.produced <= delivered, sorted(stream.produced - delivered)[:10]
+
+
+def _topic_id(sidecar: BrokerProcess, topic: str) -> bytes:
+    md = messages.MetadataRequest
+    response = asyncio.run(_request(sidecar.bootstrap, ApiKey.METADATA, md(
+        topics=[md.MetadataRequestTopic(topic_id=bytes(16), name=topic)],  # type: ignore[attr-defined]
+        allow_auto_topic_creation=False), 12))
+    assert isinstance(response, messages.MetadataResponse)
+    [found] = response.topics
+    return bytes(found.topic_id)
+
+
+def _state_rpc(sidecars: tuple[BrokerProcess, ...], api_key: int, body: messages.MessageBase, version: int) -> object:
+    """The one partition result of a share-state RPC, from whichever sidecar coordinates its state partition
+    (the others answer NOT_COORDINATOR)."""
+    answers = []
+    for sidecar in sidecars:
+        response = asyncio.run(_request(sidecar.bootstrap, api_key, body, version))
+        [result] = response.results  # type: ignore[attr-defined]
+        [partition] = result.partitions
+        if partition.error_code != ErrorCode.NOT_COORDINATOR:
+            answers.append(partition)
+    assert len(answers) == 1, answers
+    return answers[0]
+
+
+def _stored_leader_epoch(sidecars: tuple[BrokerProcess, ...], group: str, topic_id: bytes, partition: int) -> int:
+    req = messages.ReadShareGroupStateSummaryRequest
+    body = req(group_id=group, topics=[req.ReadStateSummaryData(  # type: ignore[attr-defined]
+        topic_id=topic_id, partitions=[req.PartitionData(partition=partition, leader_epoch=0)])])  # type: ignore[attr-defined]
+    found = _state_rpc(sidecars, ApiKey.READ_SHARE_GROUP_STATE_SUMMARY, body, 1)
+    assert found.error_code == ErrorCode.NONE, found  # type: ignore[attr-defined]
+    return int(found.leader_epoch)  # type: ignore[attr-defined]
+
+
+def _read_as_leader(sidecars: tuple[BrokerProcess, ...], group: str, topic_id: bytes, partition: int,
+                    leader_epoch: int) -> int:
+    """ReadShareGroupState as a share-partition leader loading with `leader_epoch` does."""
+    req = messages.ReadShareGroupStateRequest
+    body = req(group_id=group, topics=[req.ReadStateData(  # type: ignore[attr-defined]
+        topic_id=topic_id, partitions=[req.PartitionData(partition=partition, leader_epoch=leader_epoch)])])  # type: ignore[attr-defined]
+    return int(_state_rpc(sidecars, ApiKey.READ_SHARE_GROUP_STATE, body, 0).error_code)  # type: ignore[attr-defined]
+
+
+_LOADED = re.compile(r"share partition loaded .*?leader_epoch=(\d+) .*?partition=(\d+)")
+
+
+def _load_epochs(sidecar: BrokerProcess, partition: int) -> list[int]:
+    """The leader epochs the sidecar loaded the share partition with, in order, from its log."""
+    return [int(e) for e, p in _LOADED.findall(sidecar.log_text()) if int(p) == partition]
+
+
+def test_a_later_leaders_epoch_refuses_the_earlier_leaders_acknowledgement(
+        upstream: BrokerProcess, tmp_path: Path) -> None:
+    group = unique_name("sidecars")
+    a = _sidecar(tmp_path, "a", 1, upstream, group).start()
+    b = _sidecar(tmp_path, "b", 2, upstream, group).start()
+    consumer: ShareConsumer | None = None
+    try:
+        topic, share_group = unique_name("members-epoch"), unique_name("members-epoch-g")
+        create_topic(upstream.bootstrap, topic, 4)
+        _wait_for(lambda: set(_view(a, topic)[1].values()) == {1, 2}, "the sidecars to split the topic")
+        p = min(q for q, leader in _view(a, topic)[1].items() if leader == 2)  # a partition b leads
+        for sidecar in (a, b):
+            set_group_config(sidecar.bootstrap, share_group, share_auto_offset_reset="earliest")
+        produced = {(q, o) for q, o, _ in produce(upstream.bootstrap, topic, 16, partitions=4)}
+        topic_id, both = _topic_id(a, topic), (a, b)
+
+        consumer = ShareConsumer({"bootstrap.servers": f"{a.bootstrap},{b.bootstrap}", "group.id": share_group,
+                                  "share.acknowledgement.mode": "explicit"})
+        consumer.subscribe([topic])
+        ledger = AckLedger()
+
+        def poll() -> list[Any]:
+            assert consumer is not None
+            msgs = [m for m in consumer.poll(0.3) if m.error() is None]
+            for m in msgs:
+                ledger.delivered((m.partition(), m.offset()), m.delivery_count())
+            return msgs
+
+        def accept(msgs: list[Any]) -> set[int]:
+            """ACCEPT the records; returns the partitions whose acknowledgement the sidecar refused."""
+            assert consumer is not None
+            for m in msgs:
+                consumer.acknowledge(m, AcknowledgeType.ACCEPT)
+            failed = {tp.partition for tp, err in consumer.commit_sync(10).items() if err is not None} if msgs else set()
+            ledger.committed([(m.partition(), m.offset()) for m in msgs], failed)
+            return failed
+
+        def poll_until_partition(q: int) -> list[Any]:
+            """Poll (accepting what else comes) until a poll hands out records of partition q; those are held."""
+            held: list[Any] = []
+
+            def got() -> bool:
+                msgs = poll()
+                if any(m.partition() == q for m in msgs):
+                    held.extend(msgs)
+                    return True
+                assert accept(msgs) == set()
+                return False
+
+            _wait_for(got, f"records of partition {q}")
+            return held
+
+        held = poll_until_partition(p)
+        held_p = {(m.partition(), m.offset()) for m in held if m.partition() == p}
+        [loaded_by_b] = _load_epochs(b, p)
+        assert _stored_leader_epoch(both, share_group, topic_id, p) == loaded_by_b
+
+        # A later leader of p loads its state with its own, higher epoch while b still holds the records
+        # acquired: from then on the share coordinator refuses b's write, so its ACCEPT is not confirmed.
+        assert _read_as_leader(both, share_group, topic_id, p, loaded_by_b + 1) == ErrorCode.NONE
+        assert p in accept(held)
+        assert not held_p & ledger.confirmed
+
+        # b dropped the partition; loading it again it goes above the epoch recorded, and the records come back.
+        _wait_for(lambda: accept(poll()) == set() and held_p <= ledger.confirmed, "the refused records to come back")
+        assert _load_epochs(b, p)[-1] > loaded_by_b + 1
+
+        # Ownership moves for real: b leaves, a leads p and loads it above every epoch b used.
+        b.stop()
+        _wait_for(lambda: _view(a, topic) == ({1}, dict.fromkeys(range(4), 1)), "a to lead every partition")
+        produced |= {(q, o) for q, o, _ in produce(upstream.bootstrap, topic, 8, partitions=4, prefix="after")}
+        _wait_for(lambda: accept(poll()) == set() and produced <= ledger.confirmed, "every record to be accepted")
+        assert _load_epochs(a, p)[-1] > _load_epochs(b, p)[-1]
+        assert ledger.redelivered_after_accept == []
+    finally:
+        if consumer is not None:
+            consumer.close()
+        b.stop()
+        a.stop()
