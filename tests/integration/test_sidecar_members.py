@@ -412,7 +412,9 @@ def test_a_later_leaders_epoch_refuses_the_earlier_leaders_acknowledgement(
                 assert accept(msgs) == set()
                 return False
 
-            _wait_for(got, f"records of partition {q}")
+            _wait_for(got, f"records of partition {q}", 60, detail=lambda: [
+                line for s in (a, b) for line in s.log_text().splitlines()[-400:]
+                if "share" in line or "ownership" in line or "warning" in line][-40:])
             return held
 
         held = poll_until_partition(p)
