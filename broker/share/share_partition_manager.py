@@ -216,6 +216,25 @@ class SharePartitionManager:
                               if pd.error_code != ErrorCode.NONE and tp in session.partitions)
         return ShareFetchResult(partitions=results)
 
+    async def release_withheld(self, group: str, member: str, result: ShareFetchResult) -> None:
+        """Give back what a fetch acquired but will not send (its response was throttled by a quota):
+        released as a RELEASE acknowledgement would, so the records are at once available again with the
+        delivery already counted. Kafka leaves them acquired until the lock expires, with the same count."""
+        releases = []
+        for tp, pr in result.partitions.items():
+            if not pr.acquired:
+                continue
+            leader = self.leaders.get(SharePartitionKey(group, tp.topic_id, tp.partition))
+            if leader is None:
+                continue
+            releases.append(leader.acknowledge(member, [
+                AckBatch(r.first_offset, r.last_offset, [AcknowledgeType.RELEASE]) for r in pr.acquired]))
+            pr.records, pr.acquired = b"", []
+        for code in await asyncio.gather(*releases):
+            if code != ErrorCode.NONE:
+                log.info("release of records withheld from a throttled fetch failed; they return when their "
+                         "locks expire", group=group, member=member, error_code=code)
+
     @staticmethod
     async def _ack_code(ack: _Ack, results: dict[TopicIdPartition, PartitionResult]) -> None:
         results[ack.tp].acknowledge_error_code = await ack.done
