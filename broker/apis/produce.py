@@ -31,6 +31,7 @@ ADMIN_CLIENT_ID = "__admin_client"
 ProduceResponse = messages.ProduceResponse
 TopicResponse = ProduceResponse.TopicProduceResponse
 PartitionResponse = ProduceResponse.PartitionProduceResponse
+_RecordError = ProduceResponse.BatchIndexAndErrorMessage
 DescribeProducersResponse = messages.DescribeProducersResponse
 _DpTopic = DescribeProducersResponse.TopicResponse
 _DpPartition = DescribeProducersResponse.PartitionResponse
@@ -80,7 +81,10 @@ class ProduceHandler:
                     except AppendRefused as exc:
                         parts.append(PartitionResponse(index=pd.index, error_code=exc.error_code, base_offset=-1,
                                                        error_message=exc.message,
-                                                       log_start_offset=exc.log_start_offset))
+                                                       log_start_offset=exc.log_start_offset,
+                                                       record_errors=[_RecordError(batch_index=index,
+                                                                                   batch_index_error_message=text)
+                                                                      for index, text in exc.record_errors]))
                         continue
                     parts.append(PartitionResponse(index=pd.index, error_code=ErrorCode.NONE,
                                                    base_offset=result.base_offset,

@@ -33,8 +33,8 @@ from tests.compat.allowlist import (
     check_against_source,
     judge,
     load,
-    read_report,
     numbers_in_source,
+    read_report,
 )
 from tests.integration.broker_process import BrokerProcess
 
