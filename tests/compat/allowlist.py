@@ -31,7 +31,8 @@ class Entry:
 
 def parse(text: str) -> list[Entry]:
     entries: list[Entry] = []
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
+    excluded: set[str] = set()
     for lineno, raw in enumerate(text.splitlines(), 1):
         line, _, note = raw.partition("#")
         words = line.split()
@@ -43,10 +44,12 @@ def parse(text: str) -> list[Entry]:
         if len(words) < 2 or not _NUMBER.match(words[1]):
             raise AllowlistError(f"line {lineno}: a four-digit test number must follow {kind!r}")
         number = words[1]
-        if number in seen:
+        # A number may have a line per mode (run in one, xfail in another), but each (number, mode) once,
+        # and an excluded number no other line.
+        if number in excluded or (kind == "exclude" and any(n == number for n, _ in seen)):
             raise AllowlistError(f"line {lineno}: test {number} is listed twice")
-        seen.add(number)
         if kind == "exclude":
+            excluded.add(number)
             reason = " ".join(words[2:])
             if not reason:
                 raise AllowlistError(f"line {lineno}: exclude {number} needs a reason")
@@ -58,6 +61,9 @@ def parse(text: str) -> list[Entry]:
         unknown = [mode for mode in modes if mode not in MODES]
         if unknown or len(set(modes)) != len(modes):
             raise AllowlistError(f"line {lineno}: modes must be distinct names from {MODES}, not {words[2]!r}")
+        if any((number, mode) in seen for mode in modes):
+            raise AllowlistError(f"line {lineno}: test {number} is listed twice for a mode")
+        seen.update((number, mode) for mode in modes)
         reason = " ".join(words[3:]) if kind == "xfail" else note.strip()
         if kind == "xfail" and not reason:
             raise AllowlistError(f"line {lineno}: xfail {number} needs a reason")

@@ -45,8 +45,8 @@ struct test tests[] = {
 
 def test_the_shipped_allowlist_parses_and_says_why_for_every_exclusion() -> None:
     entries = load()
-    numbers = [e.number for e in entries]
-    assert len(numbers) == len(set(numbers))
+    runs_by_mode = [(e.number, mode) for e in entries for mode in e.modes]
+    assert len(runs_by_mode) == len(set(runs_by_mode))
     runs = [e for e in entries if e.kind != "exclude"]
     assert runs and all(e.modes and set(e.modes) <= set(MODES) for e in runs)
     assert all(e.reason for e in entries if e.kind != "run")
@@ -83,10 +83,17 @@ def test_the_allowlist_is_checked_against_the_version_s_tests() -> None:
     ("exclude 0001", "needs a reason"),
     ("xfail 0001 classic", "needs a reason"),
     ("run 0001 classic\nexclude 0001 twice", "listed twice"),
+    ("exclude 0001 gone\nrun 0001 classic", "listed twice"),
+    ("run 0001 classic,consumer\nxfail 0001 consumer flaky", "listed twice for a mode"),
 ])
 def test_malformed_lines_are_refused_with_their_line(text: str, complaint: str) -> None:
     with pytest.raises(AllowlistError, match=complaint):
         parse(text)
+
+
+def test_a_number_may_run_in_one_mode_and_be_expected_to_fail_in_another() -> None:
+    [run, xfail] = parse("run 0045 classic\nxfail 0045 consumer regex resolved at once\n")
+    assert (run.kind, run.modes, xfail.kind, xfail.modes) == ("run", ("classic",), "xfail", ("consumer",))
 
 
 def test_comments_notes_and_modes_are_read() -> None:
