@@ -387,7 +387,10 @@ class _Gen:
                         self.ns[dname] = self.classes[f.struct.name]()
                         cond = f"o.{f.attr} is not None and o.{f.attr} != {dname}"
                     elif f.is_array:
-                        cond = f"o.{f.attr}"
+                        # As in Kafka: written unless it equals the default (None, or empty), so a null
+                        # array whose default is empty is written, and so is an empty one whose default is null.
+                        self.ns[dname] = f.default
+                        cond = f"o.{f.attr} != {dname}"
                     else:
                         self.ns[dname] = f.default
                         cond = f"o.{f.attr} != {dname}"

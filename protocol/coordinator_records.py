@@ -18,9 +18,11 @@ CONSUMER_OFFSETS = "__consumer_offsets"
 SHARE_GROUP_STATE = "__share_group_state"
 TRANSACTION_STATE = "__transaction_state"
 
-# Record types are numbered per internal topic: on `__share_group_state` 0 and 1 are share snapshots and
-# updates, on `__consumer_offsets` 0 and 1 are offset commits, 2 group metadata, and 3+ the newer groups;
-# on `__transaction_state` 0 is the TransactionLog record (its spec has no apiKey: Kafka's key version).
+# Record types are numbered per internal topic (the key spec's apiKey): on `__share_group_state` 0 and 1 are
+# share snapshots and updates, on `__consumer_offsets` 0 and 1 are offset commits, 2 group metadata, and 3+
+# the newer groups; on `__transaction_state` 0 is the TransactionLog record.
+_TOPIC_BY_KEY_SPEC = {"ShareSnapshotKey": SHARE_GROUP_STATE, "ShareUpdateKey": SHARE_GROUP_STATE,
+                      "TransactionLogKey": TRANSACTION_STATE}
 _TABLES: dict[str, dict[int, tuple[MessageCodec, MessageCodec]]] = {
     CONSUMER_OFFSETS: {}, SHARE_GROUP_STATE: {}, TRANSACTION_STATE: {}}
 _BY_KEY_CLASS: dict[type, tuple[MessageCodec, MessageCodec]] = {}
@@ -28,13 +30,8 @@ for _codec in CODECS.values():
     if _codec.spec.type == "coordinator-key" and _codec.spec.api_key is not None:
         _pair = (_codec, CODECS[_codec.spec.name.removesuffix("Key") + "Value"])
         _BY_KEY_CLASS[_codec.cls] = _pair
-        if _codec.spec.name.startswith("ShareSnapshot") or _codec.spec.name.startswith("ShareUpdate"):
-            _TABLES[SHARE_GROUP_STATE][_codec.spec.api_key] = _pair
-        else:
-            _TABLES[CONSUMER_OFFSETS][_codec.spec.api_key] = _pair
+        _TABLES[_TOPIC_BY_KEY_SPEC.get(_codec.spec.name, CONSUMER_OFFSETS)][_codec.spec.api_key] = _pair
 _TABLES[CONSUMER_OFFSETS][0] = _TABLES[CONSUMER_OFFSETS][1]  # Kafka's offset-commit key has versions 0 and 1
-_TABLES[TRANSACTION_STATE][0] = _BY_KEY_CLASS[CODECS["TransactionLogKey"].cls] = (
-    CODECS["TransactionLogKey"], CODECS["TransactionLogValue"])
 
 # Record types by name (the specs' apiKey).
 SHARE_SNAPSHOT = 0

@@ -487,8 +487,9 @@ class AlterConfigsResponse(MessageBase):
 
 
 class AlterPartitionReassignmentsRequest(MessageBase):
-    __slots__ = ("timeout_ms", "topics")
+    __slots__ = ("timeout_ms", "allow_replication_factor_change", "topics")
     timeout_ms: int
+    allow_replication_factor_change: bool
     topics: list[AlterPartitionReassignmentsRequest.ReassignableTopic]
 
     if TYPE_CHECKING:
@@ -496,6 +497,7 @@ class AlterPartitionReassignmentsRequest(MessageBase):
             self,
             *,
             timeout_ms: int = ...,
+            allow_replication_factor_change: bool = ...,
             topics: list[AlterPartitionReassignmentsRequest.ReassignableTopic] = ...,
         ) -> None: ...
 
@@ -527,8 +529,9 @@ class AlterPartitionReassignmentsRequest(MessageBase):
 
 
 class AlterPartitionReassignmentsResponse(MessageBase):
-    __slots__ = ("throttle_time_ms", "error_code", "error_message", "responses")
+    __slots__ = ("throttle_time_ms", "allow_replication_factor_change", "error_code", "error_message", "responses")
     throttle_time_ms: int
+    allow_replication_factor_change: bool
     error_code: int
     error_message: str | None
     responses: list[AlterPartitionReassignmentsResponse.ReassignableTopicResponse]
@@ -538,6 +541,7 @@ class AlterPartitionReassignmentsResponse(MessageBase):
             self,
             *,
             throttle_time_ms: int = ...,
+            allow_replication_factor_change: bool = ...,
             error_code: int = ...,
             error_message: str | None = ...,
             responses: list[AlterPartitionReassignmentsResponse.ReassignableTopicResponse] = ...,
@@ -736,9 +740,11 @@ class AlterUserScramCredentialsResponse(MessageBase):
 
 
 class ApiVersionsRequest(MessageBase):
-    __slots__ = ("client_software_name", "client_software_version")
+    __slots__ = ("client_software_name", "client_software_version", "cluster_id", "node_id")
     client_software_name: str
     client_software_version: str
+    cluster_id: str | None
+    node_id: int
 
     if TYPE_CHECKING:
         def __init__(
@@ -746,6 +752,8 @@ class ApiVersionsRequest(MessageBase):
             *,
             client_software_name: str = ...,
             client_software_version: str = ...,
+            cluster_id: str | None = ...,
+            node_id: int = ...,
         ) -> None: ...
 
 
@@ -852,9 +860,10 @@ class ConsumerGroupCurrentMemberAssignmentValue(MessageBase):
         ) -> None: ...
 
     class TopicPartitions(MessageBase):
-        __slots__ = ("topic_id", "partitions")
+        __slots__ = ("topic_id", "partitions", "assignment_epochs")
         topic_id: bytes
         partitions: list[int]
+        assignment_epochs: list[int] | None
 
         if TYPE_CHECKING:
             def __init__(
@@ -862,6 +871,7 @@ class ConsumerGroupCurrentMemberAssignmentValue(MessageBase):
                 *,
                 topic_id: bytes = ...,
                 partitions: list[int] = ...,
+                assignment_epochs: list[int] | None = ...,
             ) -> None: ...
 
 
@@ -1268,14 +1278,16 @@ class ConsumerGroupTargetAssignmentMetadataKey(MessageBase):
 
 
 class ConsumerGroupTargetAssignmentMetadataValue(MessageBase):
-    __slots__ = ("assignment_epoch",)
+    __slots__ = ("assignment_epoch", "assignment_timestamp")
     assignment_epoch: int
+    assignment_timestamp: int
 
     if TYPE_CHECKING:
         def __init__(
             self,
             *,
             assignment_epoch: int = ...,
+            assignment_timestamp: int = ...,
         ) -> None: ...
 
 
@@ -1648,9 +1660,10 @@ class DeleteGroupsResponse(MessageBase):
         ) -> None: ...
 
     class DeletableGroupResult(MessageBase):
-        __slots__ = ("group_id", "error_code")
+        __slots__ = ("group_id", "error_code", "error_message")
         group_id: str
         error_code: int
+        error_message: str | None
 
         if TYPE_CHECKING:
             def __init__(
@@ -1658,6 +1671,7 @@ class DeleteGroupsResponse(MessageBase):
                 *,
                 group_id: str = ...,
                 error_code: int = ...,
+                error_message: str | None = ...,
             ) -> None: ...
 
 
@@ -2383,12 +2397,13 @@ class DescribeLogDirsResponse(MessageBase):
         ) -> None: ...
 
     class DescribeLogDirsResult(MessageBase):
-        __slots__ = ("error_code", "log_dir", "topics", "total_bytes", "usable_bytes")
+        __slots__ = ("error_code", "log_dir", "topics", "total_bytes", "usable_bytes", "is_cordoned")
         error_code: int
         log_dir: str
         topics: list[DescribeLogDirsResponse.DescribeLogDirsTopic]
         total_bytes: int
         usable_bytes: int
+        is_cordoned: bool
 
         if TYPE_CHECKING:
             def __init__(
@@ -2399,6 +2414,7 @@ class DescribeLogDirsResponse(MessageBase):
                 topics: list[DescribeLogDirsResponse.DescribeLogDirsTopic] = ...,
                 total_bytes: int = ...,
                 usable_bytes: int = ...,
+                is_cordoned: bool = ...,
             ) -> None: ...
 
     class DescribeLogDirsTopic(MessageBase):
@@ -4116,10 +4132,11 @@ class ListPartitionReassignmentsResponse(MessageBase):
 
 
 class ListTransactionsRequest(MessageBase):
-    __slots__ = ("state_filters", "producer_id_filters", "duration_filter")
+    __slots__ = ("state_filters", "producer_id_filters", "duration_filter", "transactional_id_pattern")
     state_filters: list[str]
     producer_id_filters: list[int]
     duration_filter: int
+    transactional_id_pattern: str | None
 
     if TYPE_CHECKING:
         def __init__(
@@ -4128,6 +4145,7 @@ class ListTransactionsRequest(MessageBase):
             state_filters: list[str] = ...,
             producer_id_filters: list[int] = ...,
             duration_filter: int = ...,
+            transactional_id_pattern: str | None = ...,
         ) -> None: ...
 
 
@@ -6084,11 +6102,12 @@ class TransactionLogKey(MessageBase):
 
 
 class TransactionLogValue(MessageBase):
-    __slots__ = ("producer_id", "previous_producer_id", "next_producer_id", "producer_epoch", "transaction_timeout_ms", "transaction_status", "transaction_partitions", "transaction_last_update_timestamp_ms", "transaction_start_timestamp_ms", "client_transaction_version")
+    __slots__ = ("producer_id", "previous_producer_id", "next_producer_id", "producer_epoch", "next_producer_epoch", "transaction_timeout_ms", "transaction_status", "transaction_partitions", "transaction_last_update_timestamp_ms", "transaction_start_timestamp_ms", "client_transaction_version")
     producer_id: int
     previous_producer_id: int
     next_producer_id: int
     producer_epoch: int
+    next_producer_epoch: int
     transaction_timeout_ms: int
     transaction_status: int
     transaction_partitions: list[TransactionLogValue.PartitionsSchema] | None
@@ -6104,6 +6123,7 @@ class TransactionLogValue(MessageBase):
             previous_producer_id: int = ...,
             next_producer_id: int = ...,
             producer_epoch: int = ...,
+            next_producer_epoch: int = ...,
             transaction_timeout_ms: int = ...,
             transaction_status: int = ...,
             transaction_partitions: list[TransactionLogValue.PartitionsSchema] | None = ...,
@@ -6127,12 +6147,12 @@ class TransactionLogValue(MessageBase):
 
 
 class TxnOffsetCommitRequest(MessageBase):
-    __slots__ = ("transactional_id", "group_id", "producer_id", "producer_epoch", "generation_id", "member_id", "group_instance_id", "topics")
+    __slots__ = ("transactional_id", "group_id", "producer_id", "producer_epoch", "generation_id_or_member_epoch", "member_id", "group_instance_id", "topics")
     transactional_id: str
     group_id: str
     producer_id: int
     producer_epoch: int
-    generation_id: int
+    generation_id_or_member_epoch: int
     member_id: str
     group_instance_id: str | None
     topics: list[TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic]
@@ -6145,15 +6165,16 @@ class TxnOffsetCommitRequest(MessageBase):
             group_id: str = ...,
             producer_id: int = ...,
             producer_epoch: int = ...,
-            generation_id: int = ...,
+            generation_id_or_member_epoch: int = ...,
             member_id: str = ...,
             group_instance_id: str | None = ...,
             topics: list[TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic] = ...,
         ) -> None: ...
 
     class TxnOffsetCommitRequestTopic(MessageBase):
-        __slots__ = ("name", "partitions")
+        __slots__ = ("name", "topic_id", "partitions")
         name: str
+        topic_id: bytes
         partitions: list[TxnOffsetCommitRequest.TxnOffsetCommitRequestPartition]
 
         if TYPE_CHECKING:
@@ -6161,6 +6182,7 @@ class TxnOffsetCommitRequest(MessageBase):
                 self,
                 *,
                 name: str = ...,
+                topic_id: bytes = ...,
                 partitions: list[TxnOffsetCommitRequest.TxnOffsetCommitRequestPartition] = ...,
             ) -> None: ...
 
@@ -6196,8 +6218,9 @@ class TxnOffsetCommitResponse(MessageBase):
         ) -> None: ...
 
     class TxnOffsetCommitResponseTopic(MessageBase):
-        __slots__ = ("name", "partitions")
+        __slots__ = ("name", "topic_id", "partitions")
         name: str
+        topic_id: bytes
         partitions: list[TxnOffsetCommitResponse.TxnOffsetCommitResponsePartition]
 
         if TYPE_CHECKING:
@@ -6205,6 +6228,7 @@ class TxnOffsetCommitResponse(MessageBase):
                 self,
                 *,
                 name: str = ...,
+                topic_id: bytes = ...,
                 partitions: list[TxnOffsetCommitResponse.TxnOffsetCommitResponsePartition] = ...,
             ) -> None: ...
 
@@ -6405,12 +6429,13 @@ class WriteTxnMarkersRequest(MessageBase):
         ) -> None: ...
 
     class WritableTxnMarker(MessageBase):
-        __slots__ = ("producer_id", "producer_epoch", "transaction_result", "topics", "coordinator_epoch")
+        __slots__ = ("producer_id", "producer_epoch", "transaction_result", "topics", "coordinator_epoch", "transaction_version")
         producer_id: int
         producer_epoch: int
         transaction_result: bool
         topics: list[WriteTxnMarkersRequest.WritableTxnMarkerTopic]
         coordinator_epoch: int
+        transaction_version: int
 
         if TYPE_CHECKING:
             def __init__(
@@ -6421,6 +6446,7 @@ class WriteTxnMarkersRequest(MessageBase):
                 transaction_result: bool = ...,
                 topics: list[WriteTxnMarkersRequest.WritableTxnMarkerTopic] = ...,
                 coordinator_epoch: int = ...,
+                transaction_version: int = ...,
             ) -> None: ...
 
     class WritableTxnMarkerTopic(MessageBase):

@@ -147,15 +147,20 @@ def _parse_fields(raw_fields: list[dict[str, Any]], structs: dict[str, StructSpe
                     sub = common[elem]["fields"]
                 struct.fields = _parse_fields(sub, structs, common)
         flex = raw.get("flexibleVersions")
+        tagged = Versions.parse(raw.get("taggedVersions"))
+        # As in Kafka's generator, a field without "versions" exists in its tagged versions.
+        versions = Versions.parse(raw["versions"]) if "versions" in raw else tagged
+        if versions == NO_VERSIONS:
+            raise ValueError(f"field {raw['name']!r} gives neither versions nor taggedVersions")
         out.append(
             FieldSpec(
                 name=raw["name"],
                 attr=snake_case(raw["name"]),
                 type=elem,
                 is_array=is_array,
-                versions=Versions.parse(raw.get("versions")),
+                versions=versions,
                 nullable=Versions.parse(raw.get("nullableVersions")),
-                tagged=Versions.parse(raw.get("taggedVersions")),
+                tagged=tagged,
                 tag=raw.get("tag"),
                 default=_parse_default(raw.get("default"), elem, is_array),
                 flexible_override=Versions.parse(flex) if flex is not None else None,
@@ -195,8 +200,16 @@ def read_spec_json(text: str) -> dict[str, Any]:
     return doc
 
 
+def read_spec_file(path: Path) -> dict[str, Any]:
+    """`read_spec_json` of a file, naming the file when it is not a spec Shoal can read."""
+    try:
+        return read_spec_json(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # JSONDecodeError among them
+        raise ValueError(f"{path.name}: {exc}") from exc
+
+
 def load_spec(path: Path) -> MessageSpec:
-    return parse_spec(read_spec_json(path.read_text()))
+    return parse_spec(read_spec_file(path))
 
 
 class ExtensionError(ValueError):
@@ -251,9 +264,9 @@ def merge_extension(doc: dict[str, Any], extension: dict[str, Any]) -> None:
 
 def load_all(directory: Path = SPEC_DIR, extensions: Path = EXTENSION_DIR) -> dict[str, MessageSpec]:
     """Every spec in `directory`, with the extensions in `extensions` merged in."""
-    docs = {p.stem: read_spec_json(p.read_text()) for p in sorted(directory.glob("*.json"))}
+    docs = {p.stem: read_spec_file(p) for p in sorted(directory.glob("*.json"))}
     for p in sorted(extensions.glob("*.json")):
         if p.stem not in docs:
             raise ExtensionError(f"{p.name}: no spec {p.stem} to extend")
-        merge_extension(docs[p.stem], read_spec_json(p.read_text()))
+        merge_extension(docs[p.stem], read_spec_file(p))
     return {name: parse_spec(doc) for name, doc in docs.items()}

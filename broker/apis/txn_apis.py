@@ -200,7 +200,7 @@ class TransactionApis:
                 # KIP-447: from v3 the member's id, generation and instance id are checked by the group.
                 group_code, per = await self.services.group_coordinator.commit_transactional_offsets(
                     req.group_id, req.producer_id, req.producer_epoch, req.member_id if version >= 3 else "",
-                    req.group_instance_id if version >= 3 else None, req.generation_id if version >= 3 else -1,
+                    req.group_instance_id if version >= 3 else None, req.generation_id_or_member_epoch if version >= 3 else -1,
                     offsets)
                 group_code = client_error(ApiKey.TXN_OFFSET_COMMIT, version, group_code)
                 for w, c in zip(where, per or [group_code] * len(where), strict=True):

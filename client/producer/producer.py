@@ -300,7 +300,8 @@ class AsyncProducer:
                 partition_index=partition, committed_offset=offset, committed_leader_epoch=-1,
                 committed_metadata=""))
         commit = req(transactional_id=self._txn_id(), group_id=group_id, producer_id=self._producer_id,
-                     producer_epoch=self._producer_epoch, generation_id=-1, member_id="", group_instance_id=None,
+                     producer_epoch=self._producer_epoch, generation_id_or_member_epoch=-1, member_id="",
+                     group_instance_id=None,
                      topics=[req.TxnOffsetCommitRequestTopic(name=t, partitions=ps)
                              for t, ps in by_topic.items()])
         node = await self.cluster.find_coordinator(group_id)

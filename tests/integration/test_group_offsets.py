@@ -273,8 +273,8 @@ def _txn_offset_commit(wire: WireClient, txn: tuple[str, int, int], group: str, 
     tx = messages.TxnOffsetCommitRequest
     txn_id, pid, epoch = txn
     resp = wire.request(ApiKey.TXN_OFFSET_COMMIT, 3, tx(
-        transactional_id=txn_id, group_id=group, producer_id=pid, producer_epoch=epoch, generation_id=generation,
-        member_id=member_id, group_instance_id=instance_id,
+        transactional_id=txn_id, group_id=group, producer_id=pid, producer_epoch=epoch,
+        generation_id_or_member_epoch=generation, member_id=member_id, group_instance_id=instance_id,
         topics=[tx.TxnOffsetCommitRequestTopic(name=topic, partitions=[tx.TxnOffsetCommitRequestPartition(
             partition_index=0, committed_offset=2, committed_leader_epoch=-1, committed_metadata="")])]))
     return int(resp.topics[0].partitions[0].error_code)

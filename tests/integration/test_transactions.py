@@ -313,8 +313,9 @@ def _wait_for_state(bootstrap: str, txn_id: str, wanted: str) -> None:
 
 def _txn_offset_commit(wire: WireClient, txn_id: str, pid: int, epoch: int, topic: str) -> int:
     tc = messages.TxnOffsetCommitRequest
-    req = tc(transactional_id=txn_id, group_id="bad-group", producer_id=pid, producer_epoch=epoch, generation_id=-1,
-             member_id="", group_instance_id=None, topics=[tc.TxnOffsetCommitRequestTopic(
+    req = tc(transactional_id=txn_id, group_id="bad-group", producer_id=pid, producer_epoch=epoch,
+             generation_id_or_member_epoch=-1, member_id="", group_instance_id=None,
+             topics=[tc.TxnOffsetCommitRequestTopic(
                  name=topic, partitions=[tc.TxnOffsetCommitRequestPartition(
                      partition_index=0, committed_offset=5, committed_leader_epoch=-1, committed_metadata="")])])
     return int(wire.request(ApiKey.TXN_OFFSET_COMMIT, 3, req).topics[0].partitions[0].error_code)

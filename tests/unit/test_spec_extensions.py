@@ -31,7 +31,7 @@ def _fields(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("path", sorted(SPEC_DIR.glob("*.json")), ids=lambda p: p.stem)
 def test_kafka_specs_hold_no_shoal_field(path: Path) -> None:
-    doc = json.loads(path.read_text())
+    doc = read_spec_json(path.read_text())
     fields = _fields(doc.get("fields", [])) + [f for c in doc.get("commonStructs", []) for f in _fields(c["fields"])]
     ours = [f["name"] for f in fields if f.get("shoalExtension") or f.get("tag", -1) >= MIN_EXTENSION_TAG
             or f["name"].startswith("Shoal")]
