@@ -77,6 +77,11 @@ COMMON_OVERRIDES = [
     "group.share.enable=true",
     "group.share.min.record.lock.duration.ms=1000",
     "delete.topic.enable=true",
+    # trivup's brokers run the standard authorizer, open to everyone until an ACL names a resource; the
+    # admin tests create and delete ACLs.
+    "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+    "super.users=User:admin",
+    "allow.everyone.if.no.acl.found=true",
 ]
 
 
