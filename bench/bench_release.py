@@ -19,7 +19,10 @@ It prints every run and, per figure, new/baseline: the median of the paired roun
 ratio is of milliseconds, so below 1 is better). The machine is shared, so only paired ratios mean much.
 
 Usage: python bench/bench_release.py [COMMIT] [--records 100000] [--rounds 2] [--latency-seconds 5]
-       [--latency-rate 10000]
+       [--latency-rate 10000] [--new COMMIT] [--figures plain,share,acks-all,latency]
+
+With --new, a second commit is measured instead of the working tree; with --figures, only some figures
+(bisecting a regression of one figure between two commits: `--new C --figures share --latency-seconds 0`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ PARTITIONS = 4
 VALUE = os.urandom(100)
 # Figures where a larger number is better; the latency percentiles are better smaller.
 THROUGHPUT = ("produce acks=1", "produce acks=all", "plain consume", "share consume")
+# What --figures may pick: the consumers, acks=all produce and the latency runs.
+FIGURES = ("plain", "share", "acks-all", "latency")
 # Per-record broker CPU and latency figures are better smaller.
 
 
@@ -113,7 +118,8 @@ def plain_drain(bootstrap: str, topic: str, records: int) -> float:
         first = last = 0.0
         deadline = time.monotonic() + 300
         while got < records and time.monotonic() < deadline:
-            batch = [m for m in consumer.consume(10_000, 1.0) if m.error() is None]
+            # Never ask for more than are left: consume() waits its whole timeout for a count never reached.
+            batch = [m for m in consumer.consume(min(10_000, records - got), 1.0) if m.error() is None]
             if batch:
                 last = time.perf_counter()
                 first = first or last
@@ -144,9 +150,16 @@ def share_drain(bootstrap: str, topic: str, records: int) -> float:
 
 
 def broker_cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and its threads so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU time of a process's threads so far (Linux /proc): from each thread's schedstat, in nanoseconds,
+    since /proc/PID/stat counts in clock ticks (10 ms), too coarse for a figure of a few tenths of a second.
+    Threads that already ended are left out (the broker's are long-lived: the loop and the executor)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended meanwhile
+    return total / 1e9
 
 
 def run_build(python: str, work: Path, args: argparse.Namespace) -> dict[str, float]:
@@ -163,13 +176,19 @@ def run_build(python: str, work: Path, args: argparse.Namespace) -> dict[str, fl
 
     try:
         n = args.records
+        figures = args.figures
         create_topic(bootstrap, "release-acks1", PARTITIONS)
+        # The consumers read what this produce wrote, so it runs whenever they do.
         measure("produce acks=1", lambda: produce(bootstrap, "release-acks1", n, VALUE, PARTITIONS, "1").rate)
-        measure("plain consume", lambda: plain_drain(bootstrap, "release-acks1", n))
-        measure("share consume", lambda: share_drain(bootstrap, "release-acks1", n))
-        create_topic(bootstrap, "release-acksall", PARTITIONS)
-        measure("produce acks=all", lambda: produce(bootstrap, "release-acksall", n, VALUE, PARTITIONS, "all").rate)
-        if args.latency_seconds > 0:
+        if "plain" in figures:
+            measure("plain consume", lambda: plain_drain(bootstrap, "release-acks1", n))
+        if "share" in figures:
+            measure("share consume", lambda: share_drain(bootstrap, "release-acks1", n))
+        if "acks-all" in figures:
+            create_topic(bootstrap, "release-acksall", PARTITIONS)
+            measure("produce acks=all",
+                    lambda: produce(bootstrap, "release-acksall", n, VALUE, PARTITIONS, "all").rate)
+        if args.latency_seconds > 0 and "latency" in figures:
             for kind in ("plain", "share"):
                 topic = f"release-latency-{kind}"
                 latency_topic(bootstrap, topic)
@@ -191,15 +210,26 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--latency-seconds", type=float, default=5.0, help="0 skips the latency figures")
     parser.add_argument("--latency-rate", type=int, default=10_000)
+    parser.add_argument("--new", metavar="COMMIT",
+                        help="measure this commit instead of the working tree (e.g. to bisect a regression)")
+    parser.add_argument("--figures", default=",".join(FIGURES),
+                        help=f"comma-separated subset of {','.join(FIGURES)} (produce acks=1 always runs)")
     args = parser.parse_args()
+    args.figures = set(args.figures.split(","))
+    if not args.figures <= set(FIGURES):
+        parser.error(f"--figures: not one of {','.join(FIGURES)}: {','.join(args.figures - set(FIGURES))}")
     commit = args.commit or (BENCH / "BASELINE").read_text().split()[0]
     resolved = git("rev-parse", "--short", commit).strip()
+    new_label = "working tree" if args.new is None else git("rev-parse", "--short", args.new).strip()
 
     work = Path(tempfile.mkdtemp(prefix="shoal-release-"))
     try:
-        print(f"building baseline {resolved} and the working tree in {work}", flush=True)
+        print(f"building baseline {resolved} and {new_label} in {work}", flush=True)
         export_commit(resolved, work / "baseline-src")
-        export_working_tree(work / "new-src")
+        if args.new is None:
+            export_working_tree(work / "new-src")
+        else:
+            export_commit(new_label, work / "new-src")
         builds = {"baseline": make_venv(work / "baseline-src", work / "baseline-venv"),
                   "new": make_venv(work / "new-src", work / "new-venv")}
         for name, python in builds.items():
@@ -218,7 +248,7 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"\nnew (working tree) / baseline ({resolved}), {args.records:,} records x 100 B, {PARTITIONS} partitions,"
+    print(f"\nnew ({new_label}) / baseline ({resolved}), {args.records:,} records x 100 B, {PARTITIONS} partitions,"
           f" {args.rounds} alternating rounds; latency at {args.latency_rate:,} rec/s")
     print(f"  {'figure':<24} {'baseline runs':>28} {'new runs':>28} {'paired ratios':>20} {'median':>7}")
     for key in runs["baseline"][0]:

@@ -125,6 +125,13 @@ class GroupCoordinator:
         log.info("group coordinator loaded", groups=sum(len(s.groups) for s in self.runtime.shards),
                  offsets=sum(len(s.offsets.offsets(g)) for s in self.runtime.shards for g in s.offsets.group_ids()))
 
+    async def load_partition(self, partition: int) -> None:
+        """A partition taken (again) after start-up (sidecar mode): read it like the others were, then arm
+        the timers its groups need, as `start` did for the partitions loaded first."""
+        await self.load()
+        self.share.start()  # re-arms every share member's session timer (by name, replacing) and the retries
+        self._schedule_expiry(partition)
+
     def start(self) -> None:
         """Timers and background work (needs a running loop)."""
         self.classic.start()
@@ -180,6 +187,8 @@ class GroupCoordinator:
     def _not_ready(self, group_id: str) -> int:
         if not valid_group_id(group_id):
             return ErrorCode.INVALID_GROUP_ID
+        if self.partition_for(group_id) in self.runtime.released:
+            return ErrorCode.NOT_COORDINATOR  # another instance owns the group's partition now (sidecar mode)
         if not self.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         return ErrorCode.NONE

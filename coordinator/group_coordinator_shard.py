@@ -197,6 +197,10 @@ class GroupsOfOneType(Generic[G]):
     def shard_of(self, group_id: str) -> GroupCoordinatorShard:
         return self.runtime.shard(self.partition_for(group_id))
 
+    def released(self, group_id: str) -> bool:
+        """The group's partition belongs to another instance now (sidecar mode): answer NOT_COORDINATOR."""
+        return self.partition_for(group_id) in self.runtime.released
+
     async def _write_steps(self, group_id: str, operation: Callable[[], Steps[T]]) -> T:
         """Run an operation on one group through the runtime, one at a time per group and to completion
         even if the caller goes away: it yields the records of each step and the runtime appends and

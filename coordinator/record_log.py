@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol, runtime_checkable
 
+from shoal.broker.storage.internal_topic_log import CoordinatorLogError
 from shoal.protocol.coordinator_records import (
     NO_PRODUCER_ID,
     CoordinatorRecord,
@@ -16,7 +17,7 @@ from shoal.protocol.coordinator_records import (
     LoggedRecord,
 )
 
-__all__ = ["NO_PRODUCER_ID", "CoordinatorRecordLog", "EndTransactionMarker", "LoggedRecord", "TransactionalRecordLog"]
+__all__ = ["NO_PRODUCER_ID", "CoordinatorLogError", "CoordinatorRecordLog", "EndTransactionMarker", "LoggedRecord", "TransactionalRecordLog"]
 
 
 class CoordinatorRecordLog(Protocol):
@@ -27,7 +28,8 @@ class CoordinatorRecordLog(Protocol):
     def num_partitions(self) -> int: ...
 
     async def append(self, partition: int, records: list[CoordinatorRecord]) -> int:
-        """Append records as one batch and return once they are fsynced; returns the first offset."""
+        """Append records as one batch and return once they are fsynced; returns the first offset. A log that
+        can refuse (sidecar mode's upstream) raises CoordinatorLogError with the code to answer."""
         ...
 
     def append_nowait(self, partition: int, records: list[CoordinatorRecord]) -> int:

@@ -167,6 +167,8 @@ class CoordinatorRuntime(Generic[S]):
         self._new_shard = new_shard
         self.shards: list[S] = [new_shard(p) for p in range(self.num_partitions)]
         self.loaded: set[int] = set()
+        # Partitions this instance gave up (another owns them now): their keys answer NOT_COORDINATOR.
+        self.released: set[int] = set()
         self._gates = [PartitionGate() for _ in range(self.num_partitions)]
         self._operations: set[asyncio.Task[Any]] = set()
         self._timers: dict[tuple[int, TimerKey], asyncio.TimerHandle] = {}
@@ -190,7 +192,17 @@ class CoordinatorRuntime(Generic[S]):
                 await asyncio.sleep(0)
         self.shards[partition] = shard
         self.loaded.add(partition)
+        self.released.discard(partition)
         return n
+
+    def unload(self, partition: int) -> None:
+        """Forget the partition's shard and timers: its records are no longer this instance's to write
+        (sidecar mode: another instance took the state partition). A later `load` brings it back."""
+        self.loaded.discard(partition)
+        self.released.add(partition)
+        self.shards[partition] = self._new_shard(partition)
+        for timer in [key for key in self._timers if key[0] == partition]:
+            self._timers.pop(timer).cancel()
 
     def _replays(self, partition: int, shard: S) -> Iterator[tuple[int, Callable[[], None]]]:
         for offset, record in self.record_log.replay(partition):

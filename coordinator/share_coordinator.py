@@ -40,7 +40,7 @@ from shoal.protocol.share_state_rpcs import (
 from shoal.protocol.uuids import ZERO_UUID
 
 from .placement import Placement
-from .record_log import CoordinatorRecordLog
+from .record_log import CoordinatorLogError, CoordinatorRecordLog
 from .runtime import CoordinatorRuntime, Steps
 from .share_state import (
     UNINITIALIZED_DELIVERY_COMPLETE_COUNT,
@@ -192,6 +192,8 @@ class ShareCoordinator:
         key = SharePartitionKey(group_id, topic_id, partition)
         sp = self.partition_for(key)
         if sp not in self.loaded:
+            if sp in self.runtime.released:
+                return _Outcome(ErrorCode.NOT_COORDINATOR, "This instance is not the share coordinator of the key.")
             return _Outcome(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, "The share coordinator is loading.")
         if self.partition_count is not None:
             count = self.partition_count(topic_id)
@@ -204,6 +206,9 @@ class ShareCoordinator:
                 return (yield from action(key, sp))
             except _Refused as exc:
                 return _Outcome(exc.code, exc.message)
+            except CoordinatorLogError as exc:  # the log says why: not ours any more, or try again
+                log.warning("share state write failed", key=str(key), error_code=exc.error_code, error=str(exc))
+                return _Outcome(exc.error_code, f"Share state write failed: {exc}")
             except Exception as exc:  # a failed append: nothing was replayed, memory is unchanged
                 log.exception("share state write failed", key=str(key))
                 return _Outcome(ErrorCode.UNKNOWN_SERVER_ERROR, f"Share state write failed: {exc}")

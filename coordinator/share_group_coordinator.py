@@ -27,7 +27,7 @@ from shoal.protocol.uuids import MAX_MEMBER_ID_LENGTH
 from .assignor import ASSIGNOR_NAME, SimpleAssignor
 from .group_coordinator_shard import GroupRuntime, GroupsOfOneType
 from .placement import Placement, coordinator_partition
-from .record_log import CoordinatorRecordLog
+from .record_log import CoordinatorLogError, CoordinatorRecordLog
 from .runtime import Answer, AsyncSteps, Steps
 from .share_group import (
     JOIN_GROUP_MEMBER_EPOCH,
@@ -241,6 +241,8 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
             return _error_response(ErrorCode.INVALID_REQUEST, invalid)
         if not self.loaded:
             return _error_response(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        if self.released(req.group_id):
+            return _error_response(ErrorCode.NOT_COORDINATOR)
 
         def operation() -> Steps[HeartbeatResponse]:
             try:
@@ -249,6 +251,9 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
                 return (yield from self._heartbeat(req, client_id, client_host))
             except ShareGroupError as exc:
                 return _error_response(exc.code, exc.message)
+            except CoordinatorLogError as exc:  # the state log says why (not ours any more, or try again)
+                log.warning("share group heartbeat not written", group_id=req.group_id, error=str(exc))
+                return _error_response(ErrorCode(exc.error_code), str(exc))
             except Exception:
                 log.exception("share group heartbeat failed", group_id=req.group_id)
                 return _error_response(ErrorCode.COORDINATOR_NOT_AVAILABLE, "the group coordinator could not write")
@@ -548,6 +553,9 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
         """ShareGroupDescribe v1 bodies, one per requested group."""
         out = []
         for group_id in group_ids:
+            if self.released(group_id):  # sidecar mode: another instance holds the group's partition now
+                out.append(DescribedGroup(group_id=group_id, error_code=ErrorCode.NOT_COORDINATOR, members=[]))
+                continue
             group = self.groups.get(group_id)
             if group is None:
                 out.append(DescribedGroup(group_id=group_id, error_code=ErrorCode.GROUP_ID_NOT_FOUND,

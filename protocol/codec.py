@@ -7,6 +7,7 @@ with the field layout baked in: fixed-width runs are read and written with one p
 
 from __future__ import annotations
 
+import keyword
 import struct
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -156,10 +157,58 @@ def bind_classes(spec: MessageSpec, root: type[MessageBase]) -> type[MessageBase
             if f.struct is not None:
                 bind(f.struct)
         cls._fields, cls._defaults, cls._factories = names, tuple(defaults), factories
+        init = _compiled_init(cls, names, defaults, factories)
+        if init is not None:
+            cls.__init__ = init  # type: ignore[method-assign]
+            cls.__eq__ = _compiled_eq(cls, names)  # type: ignore[method-assign]
         bound.add(s.name)
         return cls
 
     return bind(spec.root)
+
+
+_MISSING: Any = object()
+
+
+def _compiled_init(cls: type[MessageBase], names: tuple[str, ...], defaults: list[Any],
+                   factories: dict[str, Callable[[], Any]]) -> Callable[..., None] | None:
+    """A keyword-only `__init__` for the class with its fields spelled out: what MessageBase.__init__
+    does, without its loop over every field and the kwargs dict (handlers build responses per request
+    and per partition). None when a field name cannot be a parameter; the generic one serves then."""
+    if any(not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_") or name == "self"
+           for name in names):
+        return None
+    ns: dict[str, Any] = {"_M": _MISSING}
+    params: list[str] = []
+    body: list[str] = []
+    for i, (name, default) in enumerate(zip(names, defaults, strict=True)):
+        if name in factories:
+            ns[f"_f{i}"] = factories[name]
+            params.append(f"{name}=_M")
+            body.append(f"    self.{name} = _f{i}() if {name} is _M else {name}")
+        else:
+            ns[f"_d{i}"] = default
+            params.append(f"{name}=_d{i}")
+            body.append(f"    self.{name} = {name}")
+    src = f"def __init__(self, *, {', '.join(params)}):\n" + ("\n".join(body) or "    pass") + "\n"
+    if not params:
+        src = "def __init__(self):\n    pass\n"
+    exec(compile(src, f"<shoal init {cls.__qualname__}>", "exec"), ns)
+    init: Callable[..., None] = ns["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    return init
+
+
+def _compiled_eq(cls: type[MessageBase], names: tuple[str, ...]) -> Callable[[Any, object], bool]:
+    """MessageBase.__eq__ with the fields spelled out (encoders compare tagged structs to their defaults)."""
+    same = " and ".join(f"self.{name} == other.{name}" for name in names) or "True"
+    src = (f"def __eq__(self, other):\n    if type(other) is not type(self):\n        return NotImplemented\n"
+           f"    return {same}\n")
+    ns: dict[str, Any] = {}
+    exec(compile(src, f"<shoal eq {cls.__qualname__}>", "exec"), ns)
+    eq: Callable[[Any, object], bool] = ns["__eq__"]
+    eq.__qualname__ = f"{cls.__qualname__}.__eq__"
+    return eq
 
 
 def _stale(spec: MessageSpec, struct: str) -> NoReturn:
@@ -398,11 +447,14 @@ class _Gen:
                     L.append("        t = bytearray()")
                     self.encode_field(L, f, f"o.{f.attr}", "        ", out="t")
                     L.append(f"        tags.append(({f.tag}, t))")
-                L.append("    _wuv(out, len(tags))")
-                L.append("    for tag, t in tags:")
-                L.append("        _wuv(out, tag)")
-                L.append("        _wuv(out, len(t))")
-                L.append("        out += t")
+                L.append("    if not tags:")
+                L.append("        out.append(0)")
+                L.append("    else:")
+                L.append("        _wuv(out, len(tags))")
+                L.append("        for tag, t in tags:")
+                L.append("            _wuv(out, tag)")
+                L.append("            _wuv(out, len(t))")
+                L.append("            out += t")
         if len(L) == 1:
             L.append("    pass")
         self.lines.extend(L)
@@ -420,7 +472,7 @@ class _Gen:
                 L.append(f"{ind}    {out} += b'\\xff\\xff\\xff\\xff'")
             L.append(f"{ind}else:")
             if flex:
-                L.append(f"{ind}    _wuv({out}, len({v}) + 1)")
+                self.write_length(L, f"len({v}) + 1", ind + "    ", out)
             else:
                 L.append(f"{ind}    {out} += _I32.pack(len({v}))")
             item = self.uniq("x")
@@ -428,6 +480,15 @@ class _Gen:
             self.encode_scalar(L, f, item, ind + "        ", flex, out)
         else:
             self.encode_scalar(L, f, value, ind, flex, out)
+
+    def write_length(self, L: list[str], length: str, ind: str, out: str) -> None:
+        """A compact length (uvarint): one byte, appended in place, for the usual short string or array."""
+        n = self.uniq("n")
+        L.append(f"{ind}{n} = {length}")
+        L.append(f"{ind}if {n} < 128:")
+        L.append(f"{ind}    {out}.append({n})")
+        L.append(f"{ind}else:")
+        L.append(f"{ind}    _wuv({out}, {n})")
 
     def encode_scalar(self, L: list[str], f: FieldSpec, value: str, ind: str, flex: bool, out: str) -> None:
         t = f.type
@@ -460,7 +521,7 @@ class _Gen:
             if t == "string":
                 L.append(f"{ind}    {v} = {v}.encode('utf-8')")
             if flex:
-                L.append(f"{ind}    _wuv({out}, len({v}) + 1)")
+                self.write_length(L, f"len({v}) + 1", ind + "    ", out)
             elif t == "string":
                 L.append(f"{ind}    {out} += _I16.pack(len({v}))")
             else:

@@ -7,6 +7,7 @@ typed classes generated from the specs (`message_classes.py`), so handlers build
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,18 +66,48 @@ class UnknownApi(DecodeError):
     """A request for an API key this build has no spec for."""
 
 
+_HEADER_START = struct.Struct(">hhi")  # api key, api version, correlation id
+_CLIENT_ID_LENGTH = struct.Struct(">h")
+# Client ids seen, by their bytes: a connection sends the same one with every request.
+_CLIENT_IDS: dict[bytes, str] = {}
+_CLIENT_IDS_MAX = 4096
+_CLIENT_ID_CACHED_LENGTH = 255
+# Whether each (api key, version) has a flexible (v2) header.
+_FLEXIBLE: dict[tuple[int, int], bool] = {}
+
+
 def decode_request_header(buf: Buffer) -> tuple[RequestHeader, int]:
-    """Parse the header far enough to route the request; returns the header and the body's position."""
+    """Parse the header far enough to route the request; returns the header and the body's position.
+
+    The usual header (an ASCII client id, and for v2 no tagged fields) is read here directly; anything
+    else goes through the header's codec, which gives the same result and the same errors."""
     if len(buf) < 8:
         raise DecodeError("request shorter than its header")
-    api_key = int.from_bytes(buf[0:2], "big", signed=True)
-    api_version = int.from_bytes(buf[2:4], "big", signed=True)
-    correlation_id = int.from_bytes(buf[4:8], "big", signed=True)
-    codec = REQUESTS.get(api_key)
-    if codec is None:
-        raise UnknownApi(f"unknown api key {api_key}")
-    version = 2 if codec.is_flexible(api_version) else 1
-    hdr, pos = _REQUEST_HEADER.decode(buf, version)
+    api_key, api_version, correlation_id = _HEADER_START.unpack_from(buf, 0)
+    flexible = _FLEXIBLE.get((api_key, api_version))
+    if flexible is None:
+        codec = REQUESTS.get(api_key)
+        if codec is None:
+            raise UnknownApi(f"unknown api key {api_key}")
+        flexible = codec.is_flexible(api_version)
+        if api_version in codec.spec.valid:
+            _FLEXIBLE[(api_key, api_version)] = flexible  # versions that exist only: the map stays small
+    if len(buf) >= 10:
+        end = 10 + _CLIENT_ID_LENGTH.unpack_from(buf, 8)[0]
+        # The client id and, in v2, the tagged-field count after it must be there (a null id goes the long way).
+        if 10 <= end and (end < len(buf) if flexible else end <= len(buf)):
+            raw = bytes(buf[10:end])
+            client_id = _CLIENT_IDS.get(raw)
+            if client_id is None and raw.isascii():
+                client_id = raw.decode("ascii")
+                if len(raw) <= _CLIENT_ID_CACHED_LENGTH and len(_CLIENT_IDS) < _CLIENT_IDS_MAX:
+                    _CLIENT_IDS[raw] = client_id
+            if client_id is not None:
+                if not flexible:
+                    return RequestHeader(api_key, api_version, correlation_id, client_id), end
+                if buf[end] == 0:  # no tagged fields
+                    return RequestHeader(api_key, api_version, correlation_id, client_id), end + 1
+    hdr, pos = _REQUEST_HEADER.decode(buf, 2 if flexible else 1)
     return RequestHeader(api_key, api_version, correlation_id, hdr.client_id), pos
 
 

@@ -8,6 +8,7 @@ acks=-1 is answered after the data is fsynced; concurrent producers share fsyncs
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 import structlog
@@ -42,8 +43,10 @@ class ProduceHandler:
     def __init__(self, services: ProduceServices):
         self.services = services
 
-    async def handle(self, ctx: RequestContext, req: messages.ProduceRequest) -> messages.ProduceResponse | None:
-        """The response, or None for acks=0 (nothing is sent back)."""
+    def handle(self, ctx: RequestContext, req: messages.ProduceRequest
+               ) -> messages.ProduceResponse | None | Awaitable[messages.ProduceResponse | None]:
+        """The response, or None for acks=0 (nothing is sent back). Appends happen here, at once; with
+        acks=all the answer waits for their fsync, so an awaitable of it is returned instead."""
         version = ctx.api_version
         acks = req.acks
         if req.transactional_id is not None and not ctx.authorize(Operation.WRITE, ResourceType.TRANSACTIONAL_ID,
@@ -70,6 +73,14 @@ class ProduceHandler:
                     parts.append(
                         PartitionResponse(index=pd.index, error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, base_offset=-1)
                     )
+                elif acks == -1 and (min_isr := topic.partitions[pd.index].config.produce.min_insync_replicas) > 1:
+                    # Kafka refuses before appending when the ISR (here: this broker alone) is below the minimum.
+                    log.warning("acks=all produce refused: not enough in-sync replicas", topic=topic.name,
+                                partition=pd.index, min_insync_replicas=min_isr)
+                    parts.append(PartitionResponse(
+                        index=pd.index, error_code=ErrorCode.NOT_ENOUGH_REPLICAS, base_offset=-1,
+                        error_message=f"The size of the current ISR 1 is insufficient to satisfy the min.isr "
+                                      f"requirement of {min_isr} for partition {topic.name}-{pd.index}"))
                 else:
                     plog = topic.partitions[pd.index]
                     try:
@@ -93,19 +104,26 @@ class ProduceHandler:
                     if acks == -1:
                         flushes.append((plog, plog.log_end_offset))
             responses.append(TopicResponse(name=topic_name, topic_id=td.topic_id, partition_responses=parts))
+        response = ProduceResponse(responses=responses)
         if flushes:
-            try:
-                await asyncio.gather(*(plog.flush(offset) for plog, offset in flushes))
-                self.services.metrics.log_fsyncs.inc(len(flushes))
-            except OSError:
-                log.exception("fsync failed")
-                for tr in responses:
-                    for pr in tr.partition_responses:
-                        if pr.error_code == ErrorCode.NONE:
-                            pr.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+            return self._after_fsync(flushes, response)
         if acks == 0:
             return None
-        return ProduceResponse(responses=responses)
+        return response
+
+    async def _after_fsync(self, flushes: list[tuple[PartitionLog, int]],
+                           response: messages.ProduceResponse) -> messages.ProduceResponse:
+        """acks=all: the answer once every appended partition is fsynced up to its new records."""
+        try:
+            await asyncio.gather(*(plog.flush(offset) for plog, offset in flushes))
+            self.services.metrics.log_fsyncs.inc(len(flushes))
+        except OSError:
+            log.exception("fsync failed")
+            for tr in response.responses:
+                for pr in tr.partition_responses:
+                    if pr.error_code == ErrorCode.NONE:
+                        pr.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+        return response
 
     def describe_producers(self, ctx: RequestContext, req: messages.DescribeProducersRequest) -> messages.DescribeProducersResponse:
         """DescribeProducers: the producers each partition knows and their open transactions (READ on the topic)."""

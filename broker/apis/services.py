@@ -205,8 +205,11 @@ class UpstreamServices:
     advertised_listener: Callable[[str], Listener]
     # The sidecar's handlers close a client connection's upstream fetch connections with it.
     connection_listeners: list[Callable[[Any], None]]
-    # The standalone DescribeConfigs and IncrementalAlterConfigs handlers, by API key: share groups are the
-    # sidecar's own, so their GROUP configs are answered here, not by the upstream.
-    local_config_handlers: dict[int, Callable[..., object]] = field(default_factory=dict)
+    # Standalone handlers by API key: share groups are the sidecar's own, so their GROUP configs
+    # (DescribeConfigs, IncrementalAlterConfigs) and ListGroups, DescribeGroups and DeleteGroups for them are
+    # answered here, not by the upstream.
+    local_handlers: dict[int, Callable[..., object]] = field(default_factory=dict)
     # Where share fetches park: a produce through the sidecar wakes those waiting on its partitions.
     purgatory: Purgatory | None = None
+    # Whether a group id names one of the sidecar's share groups.
+    share_group_exists: Callable[[str], bool] = lambda _group_id: False

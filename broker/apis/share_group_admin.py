@@ -72,7 +72,7 @@ class ShareGroupAdmin(ShareGroupHandlers):
             return ErrorCode.GROUP_AUTHORIZATION_FAILED, None
         if not group_id or not fits_key_string(group_id):
             return ErrorCode.INVALID_GROUP_ID, "The group id must be non-empty and at most 32767 bytes."
-        code = self._coordinator_error()
+        code = self._coordinator_error(group_id)
         if code != ErrorCode.NONE:
             return code, None
         return None
@@ -82,13 +82,15 @@ class ShareGroupAdmin(ShareGroupHandlers):
         classic = self.services.classic_groups
         return None if classic is None else classic.groups.get(group_id)
 
-    def _coordinator_error(self) -> int:
-        """Why the coordinator cannot serve now (NONE when it can)."""
+    def _coordinator_error(self, group_id: str) -> int:
+        """Why the coordinator cannot serve the group now (NONE when it can)."""
         coordinator = self.coordinator
         if coordinator is None:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if not coordinator.loaded:
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        if coordinator.released(group_id):  # sidecar mode: its state partition is not this instance's now
+            return ErrorCode.NOT_COORDINATOR
         return ErrorCode.NONE
 
     # ---- DescribeShareGroupOffsets ------------------------------------------------------------------
@@ -111,7 +113,7 @@ class ShareGroupAdmin(ShareGroupHandlers):
             return failed(ErrorCode.GROUP_AUTHORIZATION_FAILED)
         if not group_id:
             return failed(ErrorCode.INVALID_GROUP_ID, "The group id must not be empty.")
-        code = self._coordinator_error()
+        code = self._coordinator_error(group_id)
         if code != ErrorCode.NONE:
             return failed(code)
         coordinator = self.coordinator
@@ -300,7 +302,7 @@ class ShareGroupAdmin(ShareGroupHandlers):
                 code = ErrorCode.GROUP_AUTHORIZATION_FAILED
             elif not group_id:
                 code = ErrorCode.INVALID_GROUP_ID
-            elif (code := self._coordinator_error()) == ErrorCode.NONE:
+            elif (code := self._coordinator_error(group_id)) == ErrorCode.NONE:
                 groups = self.services.group_coordinator
                 assert groups is not None and self.coordinator is not None
                 share = group_id in self.coordinator.groups
@@ -319,7 +321,7 @@ class ShareGroupAdmin(ShareGroupHandlers):
             if not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, group_id):
                 out.append(_DescribedGroup(group_id=group_id, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED))
                 continue
-            code = self._coordinator_error()
+            code = self._coordinator_error(group_id)
             if code != ErrorCode.NONE:
                 out.append(_DescribedGroup(group_id=group_id, error_code=code))
                 continue

@@ -17,6 +17,7 @@ from shoal.broker.common.purgatory import LogKey
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.broker.upstream.cluster import CoordinatorLookupFailed, Lane, UpstreamUnavailable
 from shoal.broker.upstream.forwarder import DELETE_RECORDS, LIST_OFFSETS
+from shoal.broker.upstream.state_topics import is_state_topic
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.codec import MessageBase
@@ -35,7 +36,8 @@ _CONFIG_TOPIC, _CONFIG_GROUP = 2, 32
 
 _Response = TypeVar("_Response", bound=MessageBase)
 _Item = TypeVar("_Item")
-_ConfigRequest = TypeVar("_ConfigRequest", messages.DescribeConfigsRequest, messages.IncrementalAlterConfigsRequest)
+_ConfigRequest = TypeVar("_ConfigRequest", messages.DescribeConfigsRequest, messages.IncrementalAlterConfigsRequest,
+                          messages.AlterConfigsRequest)
 _Answer = TypeVar("_Answer")
 # The group APIs answered by one coordinator call with a top-level error code.
 GroupRequest = (messages.JoinGroupRequest | messages.SyncGroupRequest | messages.HeartbeatRequest
@@ -153,6 +155,9 @@ class SidecarHandlers:
         denied = [t for t in req.topic_data if not self._may(ctx, Operation.WRITE, t.name, t.topic_id)]
         if denied:
             return _all_partitions_error(req, ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+        if any(is_state_topic(self.forward.cluster.topic_name(t.name, t.topic_id)) for t in req.topic_data):
+            # The sidecars' own state on the upstream, as Kafka refuses clients' produce to internal topics.
+            return _all_partitions_error(req, ErrorCode.INVALID_TOPIC_EXCEPTION)
         response: messages.ProduceResponse | None = await self._guard(ctx, self.forward.produce(req, ctx.api_version))
         self._wake_share_fetches(req)
         return response
@@ -276,40 +281,55 @@ class SidecarHandlers:
                                        lambda: self._incremental_alter_configs(ctx, req),
                                        lambda upstream, local: upstream.responses.extend(local.responses))
 
+    async def alter_configs(self, ctx: RequestContext, req: messages.AlterConfigsRequest
+                            ) -> messages.AlterConfigsResponse | None:
+        """The legacy AlterConfigs (v0-2), split as IncrementalAlterConfigs is."""
+        result = messages.AlterConfigsResponse.AlterConfigsResourceResponse
+        return await self._groups_here(
+            ctx, req, messages.AlterConfigsResponse,
+            lambda: self._partly(
+                ctx, req, "resources", req.resources, lambda r: self._may_config(ctx, Operation.ALTER_CONFIGS, r),
+                lambda: self.forward.to_any_broker(ApiKey.ALTER_CONFIGS, req, ctx.api_version),
+                messages.AlterConfigsResponse, "responses",
+                lambda r: result(error_code=_config_denied(r), resource_type=r.resource_type,
+                                 resource_name=r.resource_name)),
+            lambda upstream, local: upstream.responses.extend(local.responses))
+
     async def _groups_here(self, ctx: RequestContext, req: _ConfigRequest, answer: type[_Response],
                            upstream: Callable[[], Awaitable[_Response | None]],
                            join: Callable[[_Response, _Response], None]) -> _Response | None:
-        """GROUP resources are the sidecar's own (share groups live here): answered by its standalone
-        handler; the rest go to the upstream; the answers are joined."""
-        others = [r for r in req.resources if r.resource_type != _CONFIG_GROUP]
-        local = await self._local_config(ctx, req, answer)
-        if local is None:
+        """GROUP resources are the sidecar's own (share groups live here)."""
+        return await self._split(ctx, req, "resources", req.resources, _is_group_resource, answer, upstream, join)
+
+    async def _split(self, ctx: RequestContext, req: MessageBase, items: str, listed: Sequence[_Item],
+                     here: Callable[[_Item], bool], answer: type[_Response],
+                     upstream: Callable[[], Awaitable[_Response | None]],
+                     join: Callable[[_Response, _Response], None]) -> _Response | None:
+        """The items of `req.<items>` (`listed`, given typed) that `here` picks are answered by the API's
+        standalone handler, the rest by `upstream`; the answers are joined (the upstream's first)."""
+        handler = self.services.local_handlers.get(ctx.header.api_key)
+        # Picked before the local handler runs: a group it deletes is not the sidecar's any more.
+        picked = [here(item) for item in listed]
+        mine = [item for item, ours in zip(listed, picked, strict=True) if ours]
+        others = [item for item, ours in zip(listed, picked, strict=True) if not ours]
+        if handler is None or not mine:
             return await upstream()
+        setattr(req, items, mine)
+        try:
+            local = await _answer_of(handler(ctx, req))
+        finally:
+            setattr(req, items, listed)
+        assert isinstance(local, answer), local
         if not others:
             return local
-        req.resources = others
-        response = await upstream()
+        setattr(req, items, others)
+        try:
+            response = await upstream()
+        finally:
+            setattr(req, items, listed)
         if response is not None:
             join(response, local)
         return response
-
-    async def _local_config(self, ctx: RequestContext, req: _ConfigRequest,
-                            answer: type[_Response]) -> _Response | None:
-        """The standalone handler's answer for the GROUP resources alone; None when there are none."""
-        handler = self.services.local_config_handlers.get(ctx.header.api_key)
-        groups = [r for r in req.resources if r.resource_type == _CONFIG_GROUP]
-        if handler is None or not groups:
-            return None
-        resources = req.resources
-        req.resources = groups
-        try:
-            answered = handler(ctx, req)
-            if inspect.isawaitable(answered):  # the standalone handlers may be plain functions
-                answered = await answered
-        finally:
-            req.resources = resources
-        assert isinstance(answered, answer), answered
-        return answered
 
     async def _describe_configs(self, ctx: RequestContext, req: messages.DescribeConfigsRequest
                                 ) -> messages.DescribeConfigsResponse | None:
@@ -441,10 +461,41 @@ class SidecarHandlers:
         return await self._guard(ctx, self.forward.consumer_group_describe(req, ctx.api_version))
 
     async def list_groups(self, ctx: RequestContext, req: messages.ListGroupsRequest) -> messages.ListGroupsResponse | None:
-        return await self._guard(ctx, self.forward.list_groups(req, ctx.api_version),
-                                 lambda code: messages.ListGroupsResponse(error_code=code, groups=[]))
+        """The upstream's groups and the sidecar's own share groups in one answer, as Kafka's admin client
+        joins the answers of every broker. A group the principal may not describe is left out, as Kafka's
+        broker does (unless it may describe the cluster)."""
+        response: messages.ListGroupsResponse | None = await self._guard(
+            ctx, self.forward.list_groups(req, ctx.api_version),
+            lambda code: messages.ListGroupsResponse(error_code=code, groups=[]))
+        if response is None:
+            return None
+        if not ctx.authorize(Operation.DESCRIBE, ResourceType.CLUSTER, CLUSTER_NAME):
+            response.groups = [g for g in response.groups
+                               if ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, g.group_id)]
+        handler = self.services.local_handlers.get(ApiKey.LIST_GROUPS)
+        if handler is None:
+            return response
+        local = await _answer_of(handler(ctx, req))
+        assert isinstance(local, messages.ListGroupsResponse), local
+        # A group id names one group: where both have it, the sidecar's share group is the one it serves.
+        own = {g.group_id for g in local.groups}
+        response.groups = [g for g in response.groups if g.group_id not in own] + list(local.groups)
+        if response.error_code == ErrorCode.NONE:
+            response.error_code = local.error_code
+        return response
+
+    def _is_share_group(self, group_id: str) -> bool:
+        return self.services.share_group_exists(group_id)
 
     async def describe_groups(self, ctx: RequestContext, req: messages.DescribeGroupsRequest) -> messages.DescribeGroupsResponse | None:
+        """Share groups are described by the sidecar (as Kafka answers DescribeGroups for one), the others
+        by the upstream."""
+        return await self._split(ctx, req, "groups", req.groups, self._is_share_group, messages.DescribeGroupsResponse,
+                                 lambda: self._describe_upstream_groups(ctx, req),
+                                 lambda upstream, local: upstream.groups.extend(local.groups))
+
+    async def _describe_upstream_groups(self, ctx: RequestContext, req: messages.DescribeGroupsRequest
+                                        ) -> messages.DescribeGroupsResponse | None:
         if any(not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, g) for g in req.groups):
             return messages.DescribeGroupsResponse(groups=[messages.DescribeGroupsResponse.DescribedGroup(
                 group_id=g, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, group_state="", protocol_type="",
@@ -452,6 +503,14 @@ class SidecarHandlers:
         return await self._guard(ctx, self.forward.describe_groups(req, ctx.api_version))
 
     async def delete_groups(self, ctx: RequestContext, req: messages.DeleteGroupsRequest) -> messages.DeleteGroupsResponse | None:
+        """Share groups are deleted by the sidecar, the others by the upstream."""
+        return await self._split(ctx, req, "groups_names", req.groups_names, self._is_share_group,
+                                 messages.DeleteGroupsResponse,
+                                 lambda: self._delete_upstream_groups(ctx, req),
+                                 lambda upstream, local: upstream.results.extend(local.results))
+
+    async def _delete_upstream_groups(self, ctx: RequestContext, req: messages.DeleteGroupsRequest
+                                      ) -> messages.DeleteGroupsResponse | None:
         if any(not ctx.authorize(Operation.DELETE, ResourceType.GROUP, g) for g in req.groups_names):
             return messages.DeleteGroupsResponse(results=[messages.DeleteGroupsResponse.DeletableGroupResult(
                 group_id=g, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED) for g in req.groups_names])
@@ -477,6 +536,17 @@ class SidecarHandlers:
         if any(not ctx.authorize(Operation.DESCRIBE, ResourceType.GROUP, g) for g in groups):
             return error(ErrorCode.GROUP_AUTHORIZATION_FAILED)
         return await self._guard(ctx, self.forward.offset_fetch(req, ctx.api_version), error)
+
+
+def _is_group_resource(resource: ConfigResource) -> bool:
+    return resource.resource_type == _CONFIG_GROUP
+
+
+async def _answer_of(answered: object) -> object:
+    """A standalone handler's answer: some are plain functions, some coroutines."""
+    if inspect.isawaitable(answered):
+        return await answered
+    return answered
 
 
 def _may_txn(ctx: RequestContext, transactional_id: str) -> bool:
@@ -514,6 +584,7 @@ def register(table: ApiTable, services: UpstreamServices) -> SidecarHandlers:
     table.register(ApiKey.CREATE_PARTITIONS, 0, 3, h.create_partitions)
     table.register(ApiKey.DESCRIBE_CONFIGS, 1, 4, h.describe_configs)
     table.register(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1, h.incremental_alter_configs)
+    table.register(ApiKey.ALTER_CONFIGS, 0, 2, h.alter_configs)
     table.register(ApiKey.INIT_PRODUCER_ID, 0, 5, h.init_producer_id)
     table.register(ApiKey.ADD_PARTITIONS_TO_TXN, 0, 5, h.add_partitions_to_txn)
     table.register(ApiKey.ADD_OFFSETS_TO_TXN, 0, 4, h.add_offsets_to_txn)

@@ -11,6 +11,7 @@ import asyncio
 import collections
 import ssl
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -98,6 +99,7 @@ class KafkaConnection(asyncio.Protocol):
         self._buffer = bytearray()
         self._pending: collections.deque[_Slot] = collections.deque()
         self._reading_paused = False
+        self._flush_scheduled = False
         self._closed = False
         self._last_activity = time.monotonic()
         self._idle_handle: asyncio.TimerHandle | None = None
@@ -264,16 +266,23 @@ class KafkaConnection(asyncio.Protocol):
             self.transport.pause_reading()
             self._reading_paused = True
         if api.is_async:
-            self.broker.track_request(asyncio.get_running_loop().create_task(self._run_async(api, ctx, body, slot)))
-        else:
-            try:
-                response = api.handler(ctx, body)
-            except Exception:
-                log.exception("handler failed", api=api.name, api_version=header.api_version)
-                self.broker.metrics.request_errors.labels(api=api.name).inc()
-                self.close()
-                return
+            self.broker.track_request(asyncio.get_running_loop().create_task(
+                self._run_async(api, ctx, api.handler(ctx, body), slot)))
+            return
+        try:
+            response = api.handler(ctx, body)
+        except Exception:
+            log.exception("handler failed", api=api.name, api_version=header.api_version)
+            self.broker.metrics.request_errors.labels(api=api.name).inc()
+            self.close()
+            return
+        if isinstance(response, MessageBase) or response is None:
             self._complete(slot, api, ctx, response)
+        else:
+            # The handler did what it could at once and left the rest to await (Produce with acks=all
+            # waits for the fsync); a request that needs no wait costs no task.
+            self.broker.track_request(asyncio.get_running_loop().create_task(
+                self._run_async(api, ctx, response, slot)))
 
     def _reject(self, rejected: Rejected) -> None:
         log.warning(rejected.reason, **rejected.log_fields, client=self.client_host)
@@ -294,9 +303,10 @@ class KafkaConnection(asyncio.Protocol):
             return False
         return True
 
-    async def _run_async(self, api: Api, ctx: RequestContext, body: MessageBase, slot: _Slot) -> None:
+    async def _run_async(self, api: Api, ctx: RequestContext, pending: Awaitable[MessageBase | None],
+                         slot: _Slot) -> None:
         try:
-            response = await api.handler(ctx, body)
+            response = await pending
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -322,7 +332,11 @@ class KafkaConnection(asyncio.Protocol):
                 return
         slot.close_after = ctx.close_after
         slot.ready = True
-        self._flush_ready()
+        if self._pending and self._pending[0].ready and not self._flush_scheduled:
+            # Responses completed in this pass of the loop (pipelined requests of one read, handlers woken
+            # together) leave in one write: one send instead of one per response.
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_ready)
 
     def _respond_now(self, body: MessageBase, header: messages.RequestHeader, version: int) -> None:
         slot = _Slot()
@@ -332,17 +346,25 @@ class KafkaConnection(asyncio.Protocol):
         self._flush_ready()
 
     def _flush_ready(self) -> None:
+        """Write every response at the head of the queue that is ready, in order, in one write."""
+        self._flush_scheduled = False
         pending = self._pending
-        transport = self.transport
+        out: list[Buffer] = []
+        close = False
         while pending and pending[0].ready:
             slot = pending.popleft()
-            if slot.payload is not None and transport is not None and not self._closed:
-                self._write(slot.payload)
-                self.broker.metrics.bytes_out.inc(sum(len(part) for part in slot.payload))
+            if slot.payload is not None:
+                out.extend(slot.payload)
             if slot.close_after:
-                # Transport close flushes what was written first, so the client still reads the reason.
-                self.close()
-                return
+                close = True
+                break
+        if out and self.transport is not None and not self._closed:
+            self._write(out)
+            self.broker.metrics.bytes_out.inc(sum(len(part) for part in out))
+        if close:
+            # Transport close flushes what was written first, so the client still reads the reason.
+            self.close()
+            return
         self._maybe_resume_reading()
 
     def _maybe_resume_reading(self) -> None:

@@ -31,7 +31,9 @@ def next_frame(buf: bytearray, max_size: int) -> bytes | None:
         raise FrameSizeError(size, max_size)
     if len(buf) < 4 + size:
         return None
-    frame = bytes(buf[4 : 4 + size])
+    # One copy, through a view released before the buffer shrinks (a bytearray slice would copy twice).
+    with memoryview(buf) as view:
+        frame = bytes(view[4 : 4 + size])
     del buf[: 4 + size]
     return frame
 

@@ -45,11 +45,13 @@ if TYPE_CHECKING:
     from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
     from shoal.broker.upstream.cluster import UpstreamCluster
     from shoal.broker.upstream.forwarder import Forwarder
+    from shoal.broker.upstream.state_log import UpstreamStateLog
     from shoal.broker.upstream.topics import UpstreamTopics
     from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
     from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
     from shoal.coordinator.group_coordinator import GroupCoordinator
     from shoal.coordinator.placement import Placement
+    from shoal.coordinator.record_log import CoordinatorRecordLog, TransactionalRecordLog
     from shoal.coordinator.share_coordinator import ShareCoordinator
     from shoal.coordinator.share_group_coordinator import ShareGroupCoordinator
     from shoal.coordinator.transaction_coordinator import TransactionCoordinator
@@ -120,6 +122,12 @@ class Broker:
         self.upstream_cluster: UpstreamCluster | None = None
         self.upstream_forwarder: Forwarder | None = None
         self.upstream_topics: UpstreamTopics | None = None
+        # Sidecar mode: the coordinators' record logs on the upstream, by local internal topic name.
+        self.state_logs: dict[str, UpstreamStateLog] = {}
+        # Whether this instance is to own a state partition (internal topic name, partition): a partition
+        # lost without being fenced is taken again only while this says so. One sidecar owns them all;
+        # several set it to their assignment.
+        self.state_partition_assigned: Callable[[str, int], bool] = lambda _topic, _partition: True
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # The group coordinator's parts, one per group type.
@@ -347,7 +355,6 @@ class Broker:
 
     async def _start_share_groups(self) -> None:
         from shoal.broker.share.share_partition_leader import SharePartitionLeaders
-        from shoal.broker.storage.internal_topic_log import InternalTopicLog
         from shoal.coordinator.classic_coordinator import ClassicGroupConfig
         from shoal.coordinator.consumer_assignors import parse_assignors
         from shoal.coordinator.consumer_coordinator import ConsumerGroupConfig
@@ -364,7 +371,9 @@ class Broker:
         assert state_topic is not None and offsets_topic is not None
         cfg = self.config
         # One placement per internal topic, shared by everything that writes or looks up its keys.
-        self.offsets_placement = Placement(self.coordinator_partitions(CONSUMER_OFFSETS, len(offsets_topic.partitions)),
+        offsets_log, state_log = await self._coordinator_logs()
+        self.offsets_placement = Placement(self.coordinator_partitions(CONSUMER_OFFSETS, len(offsets_topic.partitions))
+                                           if not self.state_logs else offsets_log.num_partitions,
                                            topic=CONSUMER_OFFSETS)
         # One code path for share groups in both modes: only where topics and records come from differs.
         topic_metadata: BrokerTopicMetadata | UpstreamTopics
@@ -384,24 +393,34 @@ class Broker:
             self.share_topics = LocalShareTopics(self.topics)
             topic_metadata = BrokerTopicMetadata(self.topics)
         self.share_coordinator = ShareCoordinator(
-            InternalTopicLog(state_topic),
-            snapshot_update_records_per_snapshot=int(cfg["share.coordinator.snapshot.update.records.per.snapshot"]),
+            state_log,
+            # On a compacted upstream topic only the latest record of a key is sure to stay: every write is a
+            # snapshot there (an update would be lost once a later one of the key replaced it).
+            snapshot_update_records_per_snapshot=0 if self.state_logs else int(
+                cfg["share.coordinator.snapshot.update.records.per.snapshot"]),
             cold_snapshot_interval_ms=int(cfg["share.coordinator.cold.partition.snapshot.interval.ms"]),
             partition_count=self._partition_count,
-            placement=Placement(self.coordinator_partitions(SHARE_GROUP_STATE, len(state_topic.partitions)),
+            placement=Placement(self.coordinator_partitions(SHARE_GROUP_STATE, len(state_topic.partitions))
+                                if not self.state_logs else state_log.num_partitions,
                                 state_key_string, topic=SHARE_GROUP_STATE),
         )
         self.persister = DefaultStatePersister(InProcessShareCoordinatorClient(self.share_coordinator))
         from shoal.broker.share.dead_letter import DeadLetterWriter
         from shoal.broker.storage.partition_budget import PartitionBudget
 
+        upstream_dead_letters = None
+        if self.upstream_forwarder is not None and self.upstream_topics is not None:
+            from shoal.broker.share.dead_letter import UpstreamDeadLetters
+
+            upstream_dead_letters = UpstreamDeadLetters(self.upstream_forwarder, self.upstream_topics, self.config)
         dead_letters = DeadLetterWriter(self.topics, self.config, self.group_configs, self.on_topic_created,
-                                        partition_budget=PartitionBudget(self.config, self.topics).problem)
+                                        partition_budget=PartitionBudget(self.config, self.topics).problem,
+                                        upstream=upstream_dead_letters)
         self.share_partitions = SharePartitionLeaders(self.persister, self.group_configs, self.purgatory,
                                                       dead_letters=dead_letters)
         self._wire_share_metrics()
         coordinator = self.group_coordinator = GroupCoordinator(
-            InternalTopicLog(offsets_topic),
+            offsets_log,
             topic_metadata,
             self.persister,
             share_config=ShareGroupConfig(
@@ -435,6 +454,7 @@ class Broker:
         # The scrape-time collector reads every part above, from prometheus_client's thread.
         self.metrics.registry.register(ShareGroupCollector(self, self.metrics.share))
         started = time.monotonic()
+        await self._take_state_partitions()
         await self.share_coordinator.load()
         if self.upstream_cluster is None:
             # Sidecar mode keeps the state of topics its upstream metadata does not name (yet): a topic missed
@@ -445,6 +465,117 @@ class Broker:
         coordinator.start()
         self.topic_listeners.append(self._share_groups_on_topic_event)
         self._background.append(self.loop.create_task(self._share_coordinator_housekeeping()))
+
+    # ==== sidecar mode: the coordinators' records on the upstream ==================================
+    # Everything that wires the state topics on the upstream (broker/upstream/state_*.py) is here.
+
+    async def _coordinator_logs(self) -> tuple[TransactionalRecordLog, CoordinatorRecordLog]:
+        """The record logs of `__consumer_offsets` and `__share_group_state`: the local topics standalone; in
+        sidecar mode the upstream's `__shoal_*` topics (created when missing; raises UpstreamStartError when
+        they cannot be created or written with acks=all)."""
+        from shoal.broker.storage.internal_topic_log import InternalTopicLog
+
+        if self.upstream_cluster is None:
+            offsets_topic, state_topic = self.topics.get(CONSUMER_OFFSETS), self.topics.get(SHARE_GROUP_STATE)
+            assert offsets_topic is not None and state_topic is not None
+            return InternalTopicLog(offsets_topic), InternalTopicLog(state_topic)
+        from shoal.broker.storage.partition_source import SourceUnavailable
+        from shoal.broker.upstream.cluster import UpstreamStartError
+        from shoal.broker.upstream.state_log import UpstreamStateLog
+        from shoal.broker.upstream.state_topics import ensure_state_topics, state_topic_name
+
+        settings = self.upstream_cluster.settings
+        wanted = {state_topic_name(name): int(self.config[INTERNAL_TOPIC_PARTITIONS_KEYS[name]])
+                  for name in (CONSUMER_OFFSETS, SHARE_GROUP_STATE)}
+        try:
+            created = await ensure_state_topics(self.upstream_cluster, wanted,
+                                                settings.state_topic_replication_factor)
+        except SourceUnavailable as exc:
+            raise UpstreamStartError(f"cannot set up the upstream state topics: {exc}") from exc
+        for name in (CONSUMER_OFFSETS, SHARE_GROUP_STATE):
+            upstream_name = state_topic_name(name)
+            self.state_logs[name] = UpstreamStateLog(
+                self.upstream_cluster, upstream_name, name, created[upstream_name].partitions,
+                settings.membership_group_id,
+                on_lost=functools.partial(self._on_state_partition_lost, name))
+        return self.state_logs[CONSUMER_OFFSETS], self.state_logs[SHARE_GROUP_STATE]
+
+    async def _take_state_partitions(self) -> None:
+        """Sidecar mode, at start-up: this instance takes every state partition (fencing any earlier
+        writer) and reads it, before the coordinators load. Several sidecars divide them instead through
+        `take_state_partition` / `release_state_partition`."""
+        if not self.state_logs:
+            return
+        from shoal.broker.storage.internal_topic_log import CoordinatorLogError
+        from shoal.broker.storage.partition_source import SourceUnavailable
+        from shoal.broker.upstream.cluster import UpstreamStartError
+
+        limit = asyncio.Semaphore(8)
+
+        async def take(state_log: UpstreamStateLog, partition: int) -> None:
+            async with limit:
+                await state_log.take(partition)
+
+        try:
+            await asyncio.gather(*(take(state_log, p) for state_log in self.state_logs.values()
+                                   for p in range(state_log.num_partitions)))
+        except (CoordinatorLogError, SourceUnavailable) as exc:
+            raise UpstreamStartError(f"cannot take the upstream state topics: {exc}") from exc
+        except Exception as exc:  # an answer Shoal cannot use: the reason goes on stderr, not a traceback alone
+            log.exception("taking the upstream state topics failed")
+            raise UpstreamStartError(f"cannot take the upstream state topics: {exc!r}") from exc
+
+    async def take_state_partition(self, internal_topic: str, partition: int) -> None:
+        """Own one state partition (`internal_topic` is `__consumer_offsets` or `__share_group_state`):
+        fence its previous owner on the upstream, read what committed there, and serve its keys."""
+        await self.state_logs[internal_topic].take(partition)
+        if internal_topic == SHARE_GROUP_STATE:
+            await self.share_coordinator.runtime.load(partition)
+        else:
+            await self.group_coordinator.load_partition(partition)
+        log.info("state partition serving", topic=internal_topic, partition=partition)
+
+    def release_state_partition(self, internal_topic: str, partition: int) -> None:
+        """Stop owning one state partition: its writes stop, its keys answer NOT_COORDINATOR, and the share
+        partitions whose state it holds hand out nothing more."""
+        self.state_logs[internal_topic].release(partition)
+        self._unload_state_partition(internal_topic, partition)
+
+    def _unload_state_partition(self, internal_topic: str, partition: int) -> None:
+        if internal_topic == SHARE_GROUP_STATE:
+            self.share_coordinator.runtime.unload(partition)
+            dropped = self.share_partitions.drop_where(
+                lambda key: self.share_coordinator.partition_for(key) == partition)
+            log.info("share partitions dropped with their state partition", partition=partition, count=dropped)
+        else:
+            self.group_coordinator.runtime.unload(partition)
+
+    def _on_state_partition_lost(self, internal_topic: str, partition: int, fenced: bool) -> None:
+        """A state write failed for good: fenced by another instance (which now owns the partition), or the
+        upstream left it unknown whether a transaction committed. Either way memory may not match the log."""
+        log.warning("state partition lost", topic=internal_topic, partition=partition, fenced=fenced)
+        self._unload_state_partition(internal_topic, partition)
+        if not fenced and self.state_partition_assigned(internal_topic, partition):
+            # Nobody else has it: take it again, which re-reads what did commit.
+            task = self.loop.create_task(self._retake_state_partition(internal_topic, partition))
+            self._background.append(task)
+            task.add_done_callback(self._background.remove)
+
+    async def _retake_state_partition(self, internal_topic: str, partition: int) -> None:
+        delay = 0.1
+        while True:
+            await asyncio.sleep(delay)
+            if not self.state_partition_assigned(internal_topic, partition):
+                return  # assigned elsewhere meanwhile: taking it would fence its new owner
+            try:
+                await self.take_state_partition(internal_topic, partition)
+                return
+            except Exception as exc:
+                log.warning("taking a state partition again failed; retrying", topic=internal_topic,
+                            partition=partition, error=str(exc))
+                delay = min(delay * 2, 5.0)
+
+    # ==== end of sidecar state ====================================================================
 
     def _on_marker_durable(self, topic: str, partition: int, producer_id: int, commit: bool) -> None:
         if topic == CONSUMER_OFFSETS:

@@ -87,7 +87,10 @@ def register_all(b: Broker) -> None:
                                              b.transaction_markers))
     if b.upstream_forwarder is not None:
         # Sidecar mode: these handlers replace the standalone ones for the APIs the upstream serves.
-        local_configs: dict[int, Callable[..., Any]] = {key: b.apis[key].handler for key in (ApiKey.DESCRIBE_CONFIGS, ApiKey.INCREMENTAL_ALTER_CONFIGS)}
+        local: dict[int, Callable[..., Any]] = {key: b.apis[key].handler for key in (
+            ApiKey.DESCRIBE_CONFIGS, ApiKey.INCREMENTAL_ALTER_CONFIGS, ApiKey.ALTER_CONFIGS, ApiKey.LIST_GROUPS,
+            ApiKey.DESCRIBE_GROUPS, ApiKey.DELETE_GROUPS)}
+        share_groups = b.share_groups
         upstream_apis.register(b, UpstreamServices(b.node_id, b.cluster_id, b.upstream_forwarder,
-                                                   b.advertised_listener, b.connection_listeners, local_configs,
-                                                   b.purgatory))
+                                                   b.advertised_listener, b.connection_listeners, local,
+                                                   b.purgatory, lambda group_id: group_id in share_groups.groups))

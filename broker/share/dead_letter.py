@@ -17,21 +17,32 @@ Kafka checks the prefix and the topic's opt-in when it writes. Shoal also checks
 config is set (`group_configs`), but a topic created later, a changed prefix or a topic whose opt-in was
 turned off can still fail them here. A record that cannot be dead-lettered is archived without a
 dead-letter record, and the reason is logged with Kafka's wording.
+
+In sidecar mode (`UpstreamDeadLetters`) the dead-letter topic is on the upstream: the records, with the
+same headers, are produced with acks=all through the forwarding path, the topic is created there if
+missing (with the upstream's partition count and replication factor), and the recovery scan reads the
+upstream partition. An upstream that does not know the topic opt-in (Kafka before KIP-1191) neither
+stores nor reports it; the group's dead-letter topic config is then the only opt-in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
 from shoal.broker.common.config import BrokerConfig
-from shoal.broker.storage.partition_log import AppendOrigin, AppendRefused, OffsetOutOfRange, PartitionLog
+from shoal.broker.storage.partition_log import AppendOrigin, AppendRefused, PartitionLog
+from shoal.broker.storage.partition_source import EARLIEST, LATEST, LocalPartitionSource, PartitionSource
 from shoal.broker.storage.topic_registry import Topic, TopicRegistry
-from shoal.protocol.records import Header, RecordInput, decode_batches, encode_batch
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.errors import ErrorCode
+from shoal.protocol.records import Header, Record, RecordInput, decode_batches, encode_batch
 
 from .group_configs import (
     DLQ_TOPIC_ENABLE,
@@ -63,6 +74,11 @@ _BATCH_OVERHEAD = 61  # v2 batch header
 _RECORD_OVERHEAD = 24  # upper bound of a record's varint fields without its key, value and headers
 
 
+if TYPE_CHECKING:
+    from shoal.broker.upstream.forwarder import Forwarder
+    from shoal.broker.upstream.topics import UpstreamTopics
+
+
 class NotDeadLettered(Exception):
     """The group's dead-letter topic is not usable now; the records are archived without one."""
 
@@ -76,7 +92,11 @@ class Source:
     group_id: str
     topic: str
     partition: int
-    log: PartitionLog
+    log: PartitionLog | PartitionSource  # the local log, or the upstream partition in sidecar mode
+
+
+def _reader(log_or_source: PartitionLog | PartitionSource) -> PartitionSource:
+    return LocalPartitionSource(log_or_source) if isinstance(log_or_source, PartitionLog) else log_or_source
 
 
 class DeadLetterWriter:
@@ -87,8 +107,10 @@ class DeadLetterWriter:
         group_configs: GroupConfigs,
         on_topic_created: Callable[[Topic], None],
         partition_budget: Callable[[int], str | None] = lambda _n: None,
+        upstream: UpstreamDeadLetters | None = None,
     ) -> None:
         self.topics = topics
+        self.upstream = upstream  # sidecar mode: dead-letter topics live on the upstream
         self.broker_config = broker_config
         self.group_configs = group_configs
         self.on_topic_created = on_topic_created
@@ -101,12 +123,7 @@ class DeadLetterWriter:
 
     def target(self, group_id: str) -> Topic:
         """The group's dead-letter topic, created if allowed; NotDeadLettered says why not (Kafka's words)."""
-        name = self.group_configs.get(group_id, DLQ_TOPIC_NAME)
-        if not name:
-            raise NotDeadLettered(f"Configured DLQ topic name in share group: {group_id} is empty.")
-        if name.startswith("__"):
-            raise NotDeadLettered(
-                f"Configured DLQ topic name in share group: {group_id} cannot start with __, topic: {name}.")
+        name = self._configured_name(group_id)
         topic = self.topics.get(name)
         if topic is not None and not dead_letter_enabled(topic.configs):
             raise NotDeadLettered(
@@ -115,11 +132,7 @@ class DeadLetterWriter:
             raise NotDeadLettered(
                 "DLQ topic does not exist and auto create is disabled on cluster for share group: "
                 f"{group_id}, topic: {name}.")
-        prefix = str(self.broker_config[DLQ_TOPIC_NAME_PREFIX])
-        if prefix and not name.startswith(prefix):
-            raise NotDeadLettered(
-                "Configured DLQ topic name does not comply with the DLQ topic prefix in share group: "
-                f"{group_id}, topic: {name}, prefix: {prefix}.")
+        self._check_prefix(group_id, name)
         if topic is None:
             partitions = int(self.broker_config["num.partitions"])
             problem = self.partition_budget(partitions)
@@ -132,20 +145,52 @@ class DeadLetterWriter:
             log.info("dead-letter topic created", topic=name, group=group_id)
         return topic
 
+    def topic_name(self, topic_id: bytes) -> str | None:
+        """The name of a share partition's topic: the local one, or the upstream's in sidecar mode."""
+        if self.upstream is not None:
+            found = self.upstream.topics.topic_by_id(topic_id)
+            return None if found is None else found[0]
+        topic = self.topics.get_by_id(topic_id)
+        return None if topic is None else topic.name
+
+    def _configured_name(self, group_id: str) -> str:
+        name = self.group_configs.get(group_id, DLQ_TOPIC_NAME)
+        if not name:
+            raise NotDeadLettered(f"Configured DLQ topic name in share group: {group_id} is empty.")
+        if name.startswith("__"):
+            raise NotDeadLettered(
+                f"Configured DLQ topic name in share group: {group_id} cannot start with __, topic: {name}.")
+        return name
+
+    def _check_prefix(self, group_id: str, name: str) -> None:
+        prefix = str(self.broker_config[DLQ_TOPIC_NAME_PREFIX])
+        if prefix and not name.startswith(prefix):
+            raise NotDeadLettered(
+                "Configured DLQ topic name does not comply with the DLQ topic prefix in share group: "
+                f"{group_id}, topic: {name}, prefix: {prefix}.")
+
     async def write(self, source: Source, runs: Sequence[Run], *, skip_existing: bool) -> int:
-        """Append and fsync one dead-letter record per offset of `runs`; returns how many were written.
+        """Append and fsync (sidecar mode: produce with acks=all to the upstream) one dead-letter record per
+        offset of `runs`; returns how many were written.
 
         Raises NotDeadLettered when the group's dead-letter topic cannot be used.
         """
+        if self.upstream is not None:
+            name = self._configured_name(source.group_id)
+            target = await self.upstream.target(source.group_id, name, source.partition,
+                                                lambda: self._check_prefix(source.group_id, name))
+            return await self._write(source, runs, target, skip_existing=skip_existing)
         topic = self.target(source.group_id)
-        index = source.partition % len(topic.partitions)
-        dlq_log = topic.partitions[index]
+        dlq_log = topic.partitions[source.partition % len(topic.partitions)]
+        return await self._write(source, runs, _LocalTarget(topic.name, dlq_log), skip_existing=skip_existing)
+
+    async def _write(self, source: Source, runs: Sequence[Run], target: _Target, *, skip_existing: bool) -> int:
         # The reason is the one the archiving transition recorded, not a guess from the delivery count:
         # a REJECT on the last allowed delivery is a rejection.
         offsets = [(o, count, REASON_REJECTED if rejected else REASON_DELIVERY_COUNT)
                    for first, last, count, rejected in runs for o in range(first, last + 1)]
         if skip_existing:
-            present = await already_dead_lettered(dlq_log, source)
+            present = await already_dead_lettered(target.reader, source)
             offsets = [x for x in offsets if x[0] not in present]
         if not offsets:
             return 0
@@ -155,23 +200,10 @@ class DeadLetterWriter:
         records = []
         for offset, count, reason in offsets:
             key, value = copies.get(offset, (None, None))
-            headers = [
-                Header(HEADER_TOPIC, source.topic.encode()),
-                Header(HEADER_PARTITION, str(source.partition).encode()),
-                Header(HEADER_OFFSET, str(offset).encode()),
-                Header(HEADER_GROUP, source.group_id.encode()),
-                Header(HEADER_DELIVERY_COUNT, str(count).encode()),
-                Header(HEADER_MESSAGE, reason.encode()),
-            ]
-            records.append(RecordInput(key=key, value=value, headers=headers, timestamp=now))
-        batches = b"".join(encode_batch(chunk) for chunk in _chunks(records, dlq_log.config.produce.max_message_bytes))
-        try:
-            # The topic's rules (compression.type, timestamps, max.message.bytes) apply as to a produce, and
-            # long polls on the partition wake.
-            result = dlq_log.append_as_leader(batches, origin=AppendOrigin.COORDINATOR)
-        except AppendRefused as exc:
-            raise NotDeadLettered(f"The DLQ topic {topic.name} refused the records: {exc}") from exc
-        await dlq_log.flush(result.last_offset + 1)
+            records.append(RecordInput(key=key, value=value, headers=_headers(source, offset, count, reason),
+                                       timestamp=now))
+        batches = b"".join(encode_batch(chunk) for chunk in _chunks(records, target.max_message_bytes))
+        await target.append(batches)
         if self.on_written is not None:
             self.on_written(source.group_id, len(records))
         return len(records)
@@ -181,23 +213,69 @@ class DeadLetterWriter:
         """Key and value of each offset still in the source log (retention may have removed some)."""
         wanted = {o for o, _c, _r in offsets}
         out: dict[int, tuple[bytes | None, bytes | None]] = {}
-        cursor, last = offsets[0][0], offsets[-1][0]
-        while cursor <= last:
-            try:
-                data = source.log.read(max(cursor, source.log.log_start_offset), _READ_BYTES)
-            except OffsetOutOfRange:
-                break
-            if not data:
-                break
-            records = decode_batches(data)
-            if not records:
-                break
+        reader = _reader(source.log)
+        cursor = max(offsets[0][0], await reader.list_offset(EARLIEST))
+        async for records in _records_from(reader, cursor, offsets[-1][0] + 1, _READ_BYTES):
             for rec in records:
                 if rec.offset in wanted:
                     out[rec.offset] = (rec.key, rec.value)
-            cursor = records[-1].offset + 1
-            await asyncio.sleep(0)
         return out
+
+
+def _headers(source: Source, offset: int, count: int, reason: str) -> list[Header]:
+    return [
+        Header(HEADER_TOPIC, source.topic.encode()),
+        Header(HEADER_PARTITION, str(source.partition).encode()),
+        Header(HEADER_OFFSET, str(offset).encode()),
+        Header(HEADER_GROUP, source.group_id.encode()),
+        Header(HEADER_DELIVERY_COUNT, str(count).encode()),
+        Header(HEADER_MESSAGE, reason.encode()),
+    ]
+
+
+async def _records_from(reader: PartitionSource, cursor: int, end: int, slice_bytes: int
+                        ) -> AsyncIterator[list[Record]]:
+    """The records of `reader` from `cursor` up to `end` (exclusive), one slice at a time with a turn for
+    the event loop after each, so requests keep being answered while a large range is read."""
+    while cursor < end:
+        read = await reader.read(cursor, slice_bytes)
+        if not read.batches:
+            return
+        records = decode_batches(b"".join(view for _header, view in read.batches))
+        if not records:
+            return
+        yield [rec for rec in records if rec.offset < end]
+        cursor = read.batches[-1][0].last_offset + 1
+        await asyncio.sleep(0)
+
+
+class _Target(Protocol):
+    """One partition of a dead-letter topic."""
+
+    @property
+    def max_message_bytes(self) -> int: ...
+    @property
+    def reader(self) -> PartitionSource: ...
+    async def append(self, batches: bytes) -> None:
+        """Durable when it returns; NotDeadLettered when the topic refuses the records."""
+        ...
+
+
+class _LocalTarget:
+    def __init__(self, topic: str, dlq_log: PartitionLog):
+        self.topic, self.dlq_log = topic, dlq_log
+        self.max_message_bytes = dlq_log.config.produce.max_message_bytes
+        self.reader: PartitionSource = LocalPartitionSource(dlq_log)
+
+    async def append(self, batches: bytes) -> None:
+        dlq_log = self.dlq_log
+        try:
+            # The topic's rules (compression.type, timestamps, max.message.bytes) apply as to a produce, and
+            # long polls on the partition wake.
+            result = dlq_log.append_as_leader(batches, origin=AppendOrigin.COORDINATOR)
+        except AppendRefused as exc:
+            raise NotDeadLettered(f"The DLQ topic {self.topic} refused the records: {exc}") from exc
+        await dlq_log.flush(result.last_offset + 1)
 
 
 def _chunks(records: list[RecordInput], max_batch_bytes: int) -> list[list[RecordInput]]:
@@ -215,26 +293,142 @@ def _chunks(records: list[RecordInput], max_batch_bytes: int) -> list[list[Recor
     return out
 
 
-async def already_dead_lettered(dlq_log: PartitionLog, source: Source) -> set[int]:
+async def already_dead_lettered(dlq_log: PartitionLog | PartitionSource, source: Source) -> set[int]:
     """Source offsets of `source`'s share partition that already have a record in `dlq_log`.
 
     The whole partition is read, one slice at a time with a turn for the event loop after each, so
     requests keep being answered while a large dead-letter partition is scanned."""
     found: set[int] = set()
     want_group, want_topic, want_partition = source.group_id.encode(), source.topic.encode(), str(source.partition).encode()
-    cursor = dlq_log.log_start_offset
-    while cursor < dlq_log.log_end_offset:
-        data = dlq_log.read(cursor, _SCAN_BYTES)
-        if not data:
-            break
-        records = decode_batches(data)
-        if not records:
-            break
+    reader = _reader(dlq_log)
+    start, end = await reader.list_offset(EARLIEST), await reader.list_offset(LATEST)
+    async for records in _records_from(reader, start, end, _SCAN_BYTES):
         for rec in records:
             h = {x.key: x.value for x in rec.headers}
             if h.get(HEADER_GROUP) == want_group and h.get(HEADER_TOPIC) == want_topic \
                     and h.get(HEADER_PARTITION) == want_partition and h.get(HEADER_OFFSET) is not None:
                 found.add(int(h[HEADER_OFFSET] or b"-1"))
-        cursor = records[-1].offset + 1
-        await asyncio.sleep(0)
     return found
+
+
+# ---- sidecar mode -----------------------------------------------------------------------------------
+
+# Kafka's default max.message.bytes: the upstream topic's own setting is not read, so batches stay below it.
+_UPSTREAM_MAX_BATCH_BYTES = 1024 * 1024
+_UPSTREAM_PRODUCE_VERSION = 9
+_CREATE_TOPICS_VERSION = 5
+_DESCRIBE_CONFIGS_VERSION = 4
+_CONFIG_TOPIC = 2  # ConfigResource.Type.TOPIC
+
+
+class UpstreamDeadLetters:
+    """Dead-letter topics on the upstream, written through the sidecar's forwarding path."""
+
+    def __init__(self, forwarder: Forwarder, topics: UpstreamTopics, broker_config: BrokerConfig,
+                 timeout_ms: int = 30_000):
+        self.forwarder = forwarder
+        self.topics = topics
+        self.broker_config = broker_config
+        self.timeout_ms = timeout_ms
+
+    async def target(self, group_id: str, name: str, source_partition: int,
+                     check_prefix: Callable[[], None]) -> _UpstreamTarget:
+        """The partition of the group's dead-letter topic for `source_partition`, the topic created first
+        if it is missing and auto-creation is on; the checks in Kafka's order (see DeadLetterWriter.target)."""
+        found = self.topics.topic_by_name(name)
+        if found is None:
+            await self.forwarder.cluster.refresh_metadata([name])
+            found = self.topics.topic_by_name(name)
+        if found is not None and not await self._opted_in(name):
+            raise NotDeadLettered(
+                f"DLQ is not enabled on configured DLQ topic for share group: {group_id}, topic: {name}.")
+        if found is None and not self.broker_config["errors.deadletterqueue.auto.create.topics.enable"]:
+            raise NotDeadLettered(
+                "DLQ topic does not exist and auto create is disabled on cluster for share group: "
+                f"{group_id}, topic: {name}.")
+        check_prefix()
+        if found is None:
+            await self._create(name)
+            log.info("dead-letter topic created on the upstream", topic=name, group=group_id)
+            await self.forwarder.cluster.refresh_metadata([name])
+            found = self.topics.topic_by_name(name)
+            if found is None:
+                raise NotDeadLettered(f"The DLQ topic {name} is not in the upstream's metadata yet.")
+        topic_id, partitions = found
+        index = source_partition % partitions
+        reader = self.topics.source(topic_id, index)
+        if reader is None:
+            raise NotDeadLettered(f"The DLQ topic {name} has no partition {index} on the upstream.")
+        return _UpstreamTarget(self, name, index, reader)
+
+    async def _opted_in(self, name: str) -> bool:
+        """The topic's opt-in as the upstream reports it; an upstream that does not report the key (Kafka
+        before KIP-1191) cannot hold it, and the group's config alone decides."""
+        resource = messages.DescribeConfigsRequest.DescribeConfigsResource(
+            resource_type=_CONFIG_TOPIC, resource_name=name, configuration_keys=[DLQ_TOPIC_ENABLE])
+        response = await self.forwarder.to_any_broker(
+            ApiKey.DESCRIBE_CONFIGS, messages.DescribeConfigsRequest(resources=[resource]), _DESCRIBE_CONFIGS_VERSION)
+        for result in response.results:
+            if result.error_code != ErrorCode.NONE:
+                raise NotDeadLettered(f"The upstream could not describe the DLQ topic {name}: error {result.error_code}.")
+            for entry in result.configs:
+                if entry.name == DLQ_TOPIC_ENABLE:
+                    return dead_letter_enabled({DLQ_TOPIC_ENABLE: entry.value or ""})
+        return True
+
+    async def _create(self, name: str) -> None:
+        """With the upstream's default partition count and replication factor; without the opt-in when the
+        upstream does not know it."""
+        base = {"message.timestamp.type": "CreateTime"}
+        for configs in ({DLQ_TOPIC_ENABLE: "true", **base}, base):
+            topic = messages.CreateTopicsRequest.CreatableTopic(
+                name=name, num_partitions=-1, replication_factor=-1, assignments=[],
+                configs=[messages.CreateTopicsRequest.CreatableTopicConfig(name=k, value=v) for k, v in configs.items()])
+            response = await self.forwarder.to_any_broker(
+                ApiKey.CREATE_TOPICS, messages.CreateTopicsRequest(topics=[topic], timeout_ms=self.timeout_ms,
+                                                                   validate_only=False), _CREATE_TOPICS_VERSION)
+            code = response.topics[0].error_code
+            if code in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
+                return
+            if code != ErrorCode.INVALID_CONFIG:
+                break
+        raise NotDeadLettered(f"The upstream refused to create the DLQ topic {name}: error {code}.")
+
+    async def produce(self, topic: str, partition: int, batches: bytes) -> None:
+        """Produce with acks=all, retrying what a moving leader or a just-created topic answers; the caller
+        logs a failure and archives the records, as Kafka does once its retries are spent."""
+        part = messages.ProduceRequest.PartitionProduceData(index=partition, records=batches)
+        request = messages.ProduceRequest(
+            transactional_id=None, acks=-1, timeout_ms=self.timeout_ms,
+            topic_data=[messages.ProduceRequest.TopicProduceData(name=topic, partition_data=[part])])
+        for backoff_s in _PRODUCE_BACKOFF_S:
+            response = await self.forwarder.produce(request, _UPSTREAM_PRODUCE_VERSION)
+            assert response is not None  # acks=all is answered
+            codes = [p.error_code for t in response.responses for p in t.partition_responses]
+            code = next((c for c in codes if c != ErrorCode.NONE), ErrorCode.NONE)
+            if code == ErrorCode.NONE:
+                return
+            if code not in _RETRIED or backoff_s is None:
+                raise UpstreamProduceFailed(
+                    f"the upstream refused the dead-letter records for {topic}-{partition}: error {code}")
+            await asyncio.sleep(backoff_s)
+
+
+# Retried produce answers (leadership moving, a topic just created), and the waits between tries.
+_RETRIED = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.LEADER_NOT_AVAILABLE,
+                      ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.REQUEST_TIMED_OUT})
+_PRODUCE_BACKOFF_S = (0.1, 0.5, 1.0, None)
+
+
+class UpstreamProduceFailed(Exception):
+    """The upstream did not take the dead-letter records."""
+
+
+class _UpstreamTarget:
+    max_message_bytes = _UPSTREAM_MAX_BATCH_BYTES
+
+    def __init__(self, owner: UpstreamDeadLetters, topic: str, partition: int, reader: PartitionSource):
+        self.owner, self.topic, self.partition, self.reader = owner, topic, partition, reader
+
+    async def append(self, batches: bytes) -> None:
+        await self.owner.produce(self.topic, self.partition, batches)

@@ -522,24 +522,21 @@ class SharePartitionLeader:
                                   recovering: bool) -> None:
         writer = self.dead_letters
         group = self.key.group_id
-        topic = writer.topics.get_by_id(self.key.topic_id) if writer is not None else None
+        topic = writer.topic_name(self.key.topic_id) if writer is not None else None
         if writer is None or topic is None:
             return
-        if self.plog is None:
-            log.warning("records archived without a dead-letter record: no local log to copy them from",
-                        group=group, topic=topic.name, partition=self.key.partition)
-            return
-        source = Source(group, topic.name, self.key.partition, self.plog)
+        # The local log, or in sidecar mode the upstream partition, which copies are read from.
+        source = Source(group, topic, self.key.partition, self.plog if self.plog is not None else self.source)
         try:
             written = await writer.write(source, runs, skip_existing=recovering)
-            log.debug("records dead-lettered", group=group, topic=topic.name, partition=self.key.partition,
+            log.debug("records dead-lettered", group=group, topic=topic, partition=self.key.partition,
                       records=written)
         except NotDeadLettered as exc:
-            log.warning("records archived without a dead-letter record", group=group, topic=topic.name,
+            log.warning("records archived without a dead-letter record", group=group, topic=topic,
                         partition=self.key.partition, reason=str(exc))
         except Exception:
             # As Kafka does once its retries are spent: the records are archived all the same.
-            log.exception("dead-letter write failed; records archived", group=group, topic=topic.name,
+            log.exception("dead-letter write failed; records archived", group=group, topic=topic,
                           partition=self.key.partition)
 
     def _after_failed_write(self, code: int) -> None:
@@ -639,6 +636,14 @@ class SharePartitionLeaders:
     def drop_topic(self, topic_id: bytes) -> None:
         for key in [k for k in self._leaders if k.topic_id == topic_id]:
             self._leaders.pop(key).drop()
+
+    def drop_where(self, predicate: Callable[[SharePartitionKey], bool]) -> int:
+        """Forget the share partitions whose key matches (their state partition was lost to another
+        instance: they hand out nothing until their state is read again); returns how many went."""
+        keys = [k for k in self._leaders if predicate(k)]
+        for key in keys:
+            self._leaders.pop(key).drop()
+        return len(keys)
 
     def group_config_changed(self, group_id: str) -> None:
         for key, leader in self._leaders.items():

@@ -32,6 +32,37 @@ log = structlog.get_logger("shoal.internal_topic")
 _READ_CHUNK = 4 * 1024 * 1024
 
 
+def logged_records(topic: str, partition: int, header: BatchHeader,
+                   records: list[Record]) -> Iterator[LoggedRecord | EndTransactionMarker]:
+    """One batch of an internal topic as coordinator records (or its end-transaction marker), as replay
+    reads them: a transactional record carries its producer id; records without a key and undecodable
+    ones are skipped, the latter with a warning. `topic` is the internal topic whose formats apply."""
+    if header.is_control:
+        if records:
+            commit = control_record_type(records[0]) == CONTROL_COMMIT
+            yield EndTransactionMarker(records[0].offset, header.producer_id, commit)
+        return
+    producer_id = header.producer_id if header.is_transactional else NO_PRODUCER_ID
+    for r in records:
+        if r.key is None:
+            continue
+        try:
+            decoded = decode_record(bytes(r.key), None if r.value is None else bytes(r.value), topic=topic)
+        except ValueError as exc:  # DecodeError, or a value version no spec knows
+            log.warning("skipping undecodable coordinator record", topic=topic, partition=partition,
+                        offset=r.offset, error=str(exc))
+            continue
+        yield LoggedRecord(r.offset, decoded, producer_id)
+
+
+def encode_records(records: list[CoordinatorRecord], *, producer_id: int = NO_PRODUCER_ID, producer_epoch: int = -1,
+                   base_sequence: int = -1, is_transactional: bool = False) -> bytes:
+    """Coordinator records as one record batch, in the bytes an internal topic holds."""
+    return encode_batch([RecordInput(key=k, value=v) for k, v in map(encode_record, records)],
+                        producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence,
+                        is_transactional=is_transactional)
+
+
 class InternalTopicLog:
     def __init__(self, topic: Topic):
         self.topic = topic
@@ -48,7 +79,7 @@ class InternalTopicLog:
     def append_nowait(self, partition: int, records: list[CoordinatorRecord]) -> int:
         """Append as the coordinator, through the checks and bookkeeping every writer gets
         (`PartitionLog.append_as_leader`); raises AppendRefused if the topic's rules refuse the batch."""
-        batch = encode_batch([RecordInput(key=k, value=v) for k, v in map(encode_record, records)])
+        batch = encode_records(records)
         plog = self.topic.partitions[partition]
         return plog.append_as_leader(batch, origin=AppendOrigin.COORDINATOR).base_offset
 
@@ -56,8 +87,7 @@ class InternalTopicLog:
                                     producer_epoch: int) -> int:
         """Append records as one transactional batch of the producer (TxnOffsetCommit); its marker later
         decides whether they count."""
-        batch = encode_batch([RecordInput(key=k, value=v) for k, v in map(encode_record, records)],
-                             producer_id=producer_id, producer_epoch=producer_epoch, is_transactional=True)
+        batch = encode_records(records, producer_id=producer_id, producer_epoch=producer_epoch, is_transactional=True)
         plog = self.topic.partitions[partition]
         return plog.append_as_leader(batch, origin=AppendOrigin.COORDINATOR).base_offset
 
@@ -77,23 +107,7 @@ class InternalTopicLog:
         its own offset with its producer id (its marker decides later), not held back until the marker.
         Undecodable records are skipped with a warning."""
         for header, records in self._batches(partition):
-            if header.is_control:
-                if records:
-                    commit = control_record_type(records[0]) == CONTROL_COMMIT
-                    yield EndTransactionMarker(records[0].offset, header.producer_id, commit)
-                continue
-            producer_id = header.producer_id if header.is_transactional else NO_PRODUCER_ID
-            for r in records:
-                if r.key is None:
-                    continue
-                try:
-                    decoded = decode_record(bytes(r.key), None if r.value is None else bytes(r.value),
-                                            topic=self.topic.name)
-                except ValueError as exc:  # DecodeError, or a value version no spec knows
-                    log.warning("skipping undecodable coordinator record", topic=self.topic.name,
-                                partition=partition, offset=r.offset, error=str(exc))
-                    continue
-                yield LoggedRecord(r.offset, decoded, producer_id)
+            yield from logged_records(self.topic.name, partition, header, records)
 
     def _batches(self, partition: int) -> Iterator[tuple[BatchHeader, list[Record]]]:
         """Every batch the partition holds with its records, oldest first.
@@ -167,3 +181,13 @@ class LazyInternalTopicLog:
         log_ = self._log()
         if log_ is not None:
             log_.delete_before(partition, offset)
+
+
+class CoordinatorLogError(Exception):
+    """A coordinator record log's write (or read) that failed with a Kafka error code the coordinator
+    answers with: NOT_COORDINATOR when this instance no longer owns the partition (fenced or released),
+    a retriable code when the write may be tried again. Nothing of a failed write is replayed."""
+
+    def __init__(self, error_code: int, message: str):
+        super().__init__(message)
+        self.error_code = error_code

@@ -137,8 +137,10 @@ _DEFS: list[TopicConfigDef] = [
                    choices=("compact", "delete")),
     TopicConfigDef("unclean.leader.election.enable", TYPE_BOOLEAN, "false",
                    "Whether a replica outside the ISR may become leader.", no_effect=_REPLICATION),
+    # This broker is every partition's only in-sync replica: above 1, acks=all writes fail with
+    # NOT_ENOUGH_REPLICAS, as Kafka's do when the ISR is smaller than the topic's minimum.
     TopicConfigDef("min.insync.replicas", TYPE_INT, "1",
-                   "The least number of in-sync replicas an acks=all write needs.", minimum=1, no_effect=_REPLICATION),
+                   "The least number of in-sync replicas an acks=all write needs.", minimum=1),
     TopicConfigDef("compression.type", TYPE_STRING, "producer",
                    "The codec of stored batches: uncompressed, zstd, lz4, snappy, gzip, or producer (keep the "
                    "producer's).", _s("compression.type"),
@@ -389,6 +391,8 @@ class ProducePolicy:
     # The codec stored batches must have, None to keep the producer's (compression.type=producer).
     codec: int | None = None
     level: int | None = None
+    # An acks=all write needs this many in-sync replicas; this broker is the only one.
+    min_insync_replicas: int = 1
 
     @classmethod
     def of(cls, overrides: dict[str, str], broker: BrokerConfig) -> ProducePolicy:
@@ -412,6 +416,7 @@ class ProducePolicy:
             timestamp_after_max_ms=int(value("message.timestamp.after.max.ms")),
             codec=codec,
             level=level,
+            min_insync_replicas=int(overrides.get("min.insync.replicas", "1")),
         )
 
 

@@ -574,7 +574,9 @@ class PartitionLog:
         return self._producer_state.expire_producers(now_ms, expiration_ms)
 
     def aborted_transactions(self, start: int, end: int) -> list[AbortedTxn]:
-        """Aborted transactions with records in [start, end), for the log cleaner."""
+        """Aborted transactions with records in [start, end) (what a read_committed fetch of that range
+        lists, and the log cleaner). A partition that never saw a transaction has none: its producer state
+        is not built for this (that reads up to 64 MiB of the log's tail)."""
         if self._producer_state is None and not self._has_txns:
             return []
         return self.producer_state.aborted_between(start, end)

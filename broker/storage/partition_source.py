@@ -75,9 +75,9 @@ class LocalPartitionSource:
             return SourceRead([], plog.high_watermark, plog.last_stable_offset, plog.log_start_offset)
         batches = plog.read_batch_headers(fetch_offset, max_bytes, max_offset=limit)
         aborted: list[tuple[int, int]] = []
-        if read_committed and batches and plog.producer_state.aborted:
+        if read_committed and batches:
             end = batches[-1][0].last_offset + 1
-            aborted = [(t.producer_id, t.first_offset) for t in plog.producer_state.aborted_between(fetch_offset, end)]
+            aborted = [(t.producer_id, t.first_offset) for t in plog.aborted_transactions(fetch_offset, end)]
         return SourceRead(batches, plog.high_watermark, plog.last_stable_offset, plog.log_start_offset, aborted)
 
     async def bytes_from(self, offset: int, enough: int, *, read_committed: bool = False) -> int:

@@ -270,6 +270,9 @@ class Forwarder:
                                                           enough, still_polling)
         for t in topics:
             name = self.cluster.topic_name(t.topic, t.topic_id)  # type: ignore[attr-defined]
+            passed = sum(len(p.records or b"") for p in t.partitions)  # type: ignore[attr-defined]
+            if passed:
+                self.cluster.metrics.forwarded_fetch_bytes.labels(topic=name or "").inc(passed)
             for p in t.partitions:  # type: ignore[attr-defined]
                 p.current_leader = _Fetch.LeaderIdAndEpoch()
                 p.preferred_read_replica = -1

@@ -29,6 +29,11 @@ class UpstreamMetrics:
             "shoal_upstream_metadata_refreshes_total", "Reads of the upstream's metadata by the sidecar itself.",
             registry=r,
         )
+        self.forwarded_fetch_bytes = Counter(
+            "shoal_upstream_forwarded_fetch_bytes_total",
+            "Record bytes of upstream Fetch answers the sidecar passed on to its clients, by topic.",
+            ["topic"], registry=r,
+        )
         self.cache_hits = Counter(
             "shoal_upstream_batch_cache_hits_total", "Upstream partition reads answered from the batch cache.",
             registry=r,

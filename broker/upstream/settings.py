@@ -35,6 +35,10 @@ _DIRECT = {
 # Accepted and meaningless for PEM files (Kafka requires them for JKS).
 _ACCEPTED = frozenset({"ssl.truststore.type", "ssl.keystore.type", "ssl.truststore.password",
                        "ssl.keystore.password"})
+# Shoal's own sidecar keys (not client settings), with their defaults.
+DEFAULT_MEMBERSHIP_GROUP_ID = "shoal-sidecars"
+_MEMBERSHIP_GROUP_ID = "membership.group.id"
+_STATE_TOPIC_REPLICATION_FACTOR = "state.topic.replication.factor"
 _JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
 
 
@@ -46,6 +50,10 @@ class UpstreamConfigError(ValueError):
 class UpstreamSettings:
     bootstrap: list[tuple[str, int]]
     client: ClientConfig
+    # Sidecars with the same id share the work (and fence each other's state writes).
+    membership_group_id: str = DEFAULT_MEMBERSHIP_GROUP_ID
+    # The state topics' replication factor when Shoal creates them; None: the upstream's default.
+    state_topic_replication_factor: int | None = None
 
     @property
     def bootstrap_text(self) -> str:
@@ -68,8 +76,21 @@ def parse_upstream(keys: Mapping[str, str]) -> UpstreamSettings:
     except ValueError as exc:
         raise UpstreamConfigError(f"upstream.bootstrap.servers: {exc}") from exc
     client: dict[str, str] = {"client.id": "shoal-sidecar"}
+    group_id = keys.get(_MEMBERSHIP_GROUP_ID, DEFAULT_MEMBERSHIP_GROUP_ID).strip()
+    if not group_id:
+        raise UpstreamConfigError(f"upstream.{_MEMBERSHIP_GROUP_ID} must not be empty")
+    replication: int | None = None
+    if _STATE_TOPIC_REPLICATION_FACTOR in keys:
+        try:
+            replication = int(keys[_STATE_TOPIC_REPLICATION_FACTOR])
+        except ValueError:
+            replication = 0
+        if replication < 1 and replication != -1:
+            raise UpstreamConfigError(f"upstream.{_STATE_TOPIC_REPLICATION_FACTOR} must be a positive number "
+                                      "(or -1 for the upstream's default)")
+        replication = None if replication == -1 else replication
     for key, value in keys.items():
-        if key == "bootstrap.servers" or key in _ACCEPTED:
+        if key in ("bootstrap.servers", _MEMBERSHIP_GROUP_ID, _STATE_TOPIC_REPLICATION_FACTOR) or key in _ACCEPTED:
             continue
         if key == "sasl.jaas.config":
             client["sasl.username"], client["sasl.password"] = jaas_credentials(value)
@@ -84,4 +105,4 @@ def parse_upstream(keys: Mapping[str, str]) -> UpstreamSettings:
         config = ClientConfig.from_dict(client)
     except ValueError as exc:
         raise UpstreamConfigError(f"upstream settings: {exc}") from exc
-    return UpstreamSettings(bootstrap, config)
+    return UpstreamSettings(bootstrap, config, group_id, replication)

@@ -42,12 +42,34 @@ def client_options(options: Mapping[str, str]) -> ClientOptions:
     return ClientOptions(bootstrap, config)
 
 
-def check_known(options: Mapping[str, str], known: Iterable[str], what: str) -> None:
+UPSTREAM_PREFIX = "upstream."
+
+
+def upstream_options(options: Mapping[str, str]) -> ClientOptions | None:
+    """`upstream.bootstrap.servers` and any other `upstream.<client config>`: the cluster behind a Shoal
+    sidecar, for reading records straight from its brokers; None when the option is not given."""
+    config = {
+        key[len(UPSTREAM_PREFIX) :]: value
+        for key, value in options.items()
+        if key.startswith(UPSTREAM_PREFIX) and key != "upstream.bootstrap.servers"
+    }
+    bootstrap = options.get("upstream.bootstrap.servers", "").strip()
+    if not bootstrap:
+        if config:
+            raise SparkOptionError(
+                f"option '{UPSTREAM_PREFIX}{next(iter(config))}' needs 'upstream.bootstrap.servers'")
+        return None
+    check_connection_config(config, UPSTREAM_PREFIX)
+    return ClientOptions(bootstrap, config)
+
+
+def check_known(options: Mapping[str, str], known: Iterable[str], what: str,
+                client_prefixes: tuple[str, ...] = ("kafka.",)) -> None:
     """Fail on an option nobody reads (a typo would otherwise be ignored silently), naming it and the
-    closest known name. `kafka.*` options are checked as client settings instead."""
+    closest known name. Options with one of `client_prefixes` are checked as client settings instead."""
     names = {name.lower(): name for name in known}
     for key in options:
-        if key.startswith("kafka.") or key in names:
+        if key.startswith(client_prefixes) or key in names:
             continue
         close = difflib.get_close_matches(key, list(names), n=1, cutoff=0.75)
         hint = f"; did you mean {names[close[0]]!r}?" if close else ""
@@ -74,14 +96,14 @@ def choice_option(options: Mapping[str, str], name: str, choices: tuple[str, ...
     raise SparkOptionError(f"option {name!r} must be one of {', '.join(choices)}, not {raw!r}")
 
 
-def check_connection_config(config: Mapping[str, str]) -> None:
+def check_connection_config(config: Mapping[str, str], prefix: str = "kafka.") -> None:
     """Reject unknown client settings when the query is defined, not later inside Spark's worker processes."""
     from shoal.client.security import ClientConfig
 
     try:
         ClientConfig.from_dict(config)
     except ValueError as exc:
-        raise SparkOptionError(f"kafka.* option: {exc}") from None
+        raise SparkOptionError(f"{prefix}* option: {exc}") from None
 
 
 def int_option(options: Mapping[str, str], name: str, default: int, *, minimum: int = 1) -> int:

@@ -59,7 +59,10 @@ renewed: a running batch's in commit mode, the next batch's while it waits in ch
 0 = never renew); journalTopic (checkpoint mode: the compacted topic of the acquisition journal, created
 if missing, default kafka-share-journal; none = no journal); kafka.max.partition.fetch.bytes (the most a
 task's Fetch asks of one partition at a time, default 1 MiB as in Kafka's consumer); kafka.<client config>
-(security settings and the like). Any other option is an error.
+(security settings and the like); upstream.bootstrap.servers and upstream.<client config> (when
+kafka.bootstrap.servers is a Shoal sidecar: executors read their ranges straight from these upstream
+brokers, so record bytes never pass through the sidecar; the driver still acquires through it). Any
+other option is an error.
 """
 
 from __future__ import annotations
@@ -96,6 +99,8 @@ from shoal.client.spark.journal import (
     journal_key,
 )
 from shoal.client.spark.options import (
+    UPSTREAM_PREFIX,
+    ClientOptions,
     SparkOptionError,
     bool_option,
     check_connection_config,
@@ -104,6 +109,7 @@ from shoal.client.spark.options import (
     client_options,
     int_option,
     lowered,
+    upstream_options,
 )
 from shoal.client.spark.ranges import (
     BatchRanges,
@@ -200,11 +206,13 @@ class SourceOptions:
     include_headers: bool = False
     lock_renew_interval_ms: int = DEFAULT_LOCK_RENEW_INTERVAL_MS
     journal_topic: str | None = DEFAULT_JOURNAL_TOPIC
+    # Sidecar mode: the cluster behind the Shoal sidecar, which executors read their ranges from.
+    upstream: ClientOptions | None = None
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> SourceOptions:
         options = lowered(raw)
-        check_known(options, SOURCE_OPTIONS, "kafka-share source")
+        check_known(options, SOURCE_OPTIONS, "kafka-share source", ("kafka.", UPSTREAM_PREFIX))
         conn = client_options(options)
         group = options.get("group.id") or options.get("kafka.group.id")
         if not group:
@@ -244,7 +252,13 @@ class SourceOptions:
                 options, "lockRenewIntervalMs", DEFAULT_LOCK_RENEW_INTERVAL_MS, minimum=0
             ),
             journal_topic=_journal_topic(options),
+            upstream=upstream_options(options),
         )
+
+    def reads_from(self) -> ClientOptions:
+        """Where executors read their ranges: the upstream brokers behind a sidecar when the source names
+        them (record bytes then never pass through Shoal), else the brokers the driver acquires from."""
+        return self.upstream or ClientOptions(self.bootstrap_servers, self.client_config)
 
     def schema(self) -> str:
         columns = [_COLUMNS]
@@ -284,7 +298,8 @@ _READERS_LOCK = threading.Lock()
 def _offset_reader(options: SourceOptions) -> OffsetReader:
     from shoal.client.consumer.offset_reader import OffsetReader
 
-    bootstrap, config, fetch_bytes = options.bootstrap_servers, options.client_config, options.max_partition_fetch_bytes
+    source, fetch_bytes = options.reads_from(), options.max_partition_fetch_bytes
+    bootstrap, config = source.bootstrap_servers, source.client_config
     key = (bootstrap, tuple(sorted(config.items())), fetch_bytes)
     with _READERS_LOCK:
         reader = _READERS.get(key)

@@ -554,6 +554,38 @@ def test_the_sidecars_acls_guard_upstream_administration_and_transactions(upstre
     assert init.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
 
+def test_the_sidecar_lists_only_the_upstream_groups_a_principal_may_describe(upstream: BrokerProcess,
+                                                                            acl_sidecar: BrokerProcess) -> None:
+    """As Kafka's ListGroups: without DESCRIBE on the cluster, a group is listed only if the principal may
+    describe it (a DENY wins over the READ on every group another test of this module grants)."""
+    topic, seen, hidden = unique_name("acl-groups"), unique_name("acl-seen"), unique_name("acl-hidden")
+    create_topic(upstream.bootstrap, topic, 1)
+    for group in (seen, hidden):  # empty classic groups with an offset, on the upstream
+        committer = Consumer({"bootstrap.servers": upstream.bootstrap, "group.id": group,
+                              "enable.auto.commit": False})
+        committer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+        committer.close()
+    admin = AdminClient({"bootstrap.servers": acl_sidecar.bootstrap})
+    bindings = [AclBinding(ResourceType.GROUP, group, ResourcePatternType.LITERAL, "User:alice", "*",
+                           AclOperation.DESCRIBE, permission)
+                for group, permission in ((seen, AclPermissionType.ALLOW), (hidden, AclPermissionType.DENY))]
+    for future in admin.create_acls(bindings).values():
+        future.result(30)
+
+    def listed(address: str, user: str | None) -> set[str]:
+        with WireClient.connect(address) as client:
+            if user is not None:
+                assert sasl_plain(client, user, f"{user}-secret").error_code == ErrorCode.NONE
+            response = client.request(ApiKey.LIST_GROUPS, 5, messages.ListGroupsRequest(states_filter=[],
+                                                                                       types_filter=[]))
+        assert response.error_code == ErrorCode.NONE
+        return {g.group_id for g in response.groups}
+
+    assert {seen, hidden} <= listed(acl_sidecar.bootstrap, None)  # ANONYMOUS is a super user
+    alice = listed(acl_sidecar.address("SASL_PLAINTEXT"), "alice")
+    assert seen in alice and hidden not in alice
+
+
 # ---- TLS to the upstream ------------------------------------------------------------------------
 
 

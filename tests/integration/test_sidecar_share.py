@@ -204,3 +204,22 @@ def test_share_group_offsets_are_described_and_altered_on_the_sidecar(upstream: 
         assert sorted(o for _p, o, _v, _d in _poll(consumer, 10)) == list(range(90, 100))
     finally:
         consumer.close()
+
+
+def test_a_share_long_poll_is_woken_by_a_produce_through_the_sidecar(upstream: BrokerProcess,
+                                                                     sidecar: BrokerProcess) -> None:
+    """The consumer's MaxWaitMs is far beyond the test's deadline, so only the wake-up by the produce can
+    deliver the record in time."""
+    topic, group = _setup(upstream, sidecar)
+    consumer = _consumer(sidecar, group, topic, **{"fetch.wait.max.ms": 120_000})
+    try:
+        # Joined, assigned, and parked in a ShareFetch on the empty partition (not asserted on: the fetch is
+        # parked whether or not it arrived before the produce below).
+        assert [m for m in consumer.poll(3.0) if m.error() is None] == []
+        producer = Producer({"bootstrap.servers": sidecar.bootstrap, "acks": "all"})
+        producer.produce(topic, b"woken", partition=0)
+        assert producer.flush(30) == 0
+        got = _poll(consumer, 1)
+        assert [(p, o, v) for p, o, v, _ in got] == [(0, 0, b"woken")]
+    finally:
+        consumer.close()

@@ -1,11 +1,13 @@
 """A Spark driver the crash tests run as their own process: kafka-share source -> parquet file sink.
 
-    python share_query_job.py BOOTSTRAP TOPIC GROUP CHECKPOINT OUT_DIR MODE MAX_PER_TRIGGER CONTROL_DIR [once]
+    python share_query_job.py BOOTSTRAP TOPIC GROUP CHECKPOINT OUT_DIR MODE MAX_PER_TRIGGER CONTROL_DIR \
+        [once] [upstream=HOST:PORT]
 
 MODE is the source's acknowledgeMode. Rows keep partition, offset and deliveryCount. Tasks pass their rows
 through mapInArrow, which, when CONTROL_DIR/hang exists and a batch has committed, stops inside the running
 micro-batch (after the batch is in Spark's offset log, before it can commit), leaving CONTROL_DIR/hanging
 so the test can kill the driver then. With `once`, the query drains what is available (trigger availableNow) and the job exits.
+With `upstream=HOST:PORT`, BOOTSTRAP is a Shoal sidecar and the executors read their ranges from that upstream.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any
 
 def main(argv: list[str]) -> int:
     bootstrap, topic, group, checkpoint, out_dir, mode, per_trigger, control = argv[:8]
-    once = len(argv) > 8 and argv[8] == "once"
+    once = "once" in argv[8:]
+    upstream = next((arg.split("=", 1)[1] for arg in argv[8:] if arg.startswith("upstream=")), None)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
@@ -35,16 +38,17 @@ def main(argv: list[str]) -> int:
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    df = (
+    reader = (
         spark.readStream.format("kafka-share")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("group.id", group)
         .option("subscribe", topic)
         .option("acknowledgeMode", mode)
         .option("maxOffsetsPerTrigger", per_trigger)
-        .load()
-        .select("partition", "offset", "deliveryCount")
     )
+    if upstream is not None:
+        reader = reader.option("upstream.bootstrap.servers", upstream)
+    df = reader.load().select("partition", "offset", "deliveryCount")
 
     def committed_once() -> bool:
         commits = os.path.join(checkpoint, "commits")

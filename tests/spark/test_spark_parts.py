@@ -66,9 +66,24 @@ def test_headers_column_only_when_asked_and_delivery_count_always() -> None:
     assert with_headers.endswith("deliveryCount INT")
 
 
+def test_executors_read_from_the_upstream_only_when_the_source_names_it() -> None:
+    through = SourceOptions.parse({**BASE, "kafka.client.id": "me"})
+    assert through.upstream is None
+    assert (through.reads_from().bootstrap_servers, through.reads_from().client_config) == (
+        "127.0.0.1:9092", {"client.id": "me"})
+    direct = SourceOptions.parse({**BASE, "kafka.client.id": "me", "upstream.bootstrap.servers": "up:9092",
+                                  "upstream.security.protocol": "SSL", "upstream.client.id": "exec"})
+    assert (direct.reads_from().bootstrap_servers, direct.reads_from().client_config) == (
+        "up:9092", {"security.protocol": "SSL", "client.id": "exec"})
+    # The driver keeps acquiring through the sidecar with its own settings.
+    assert (direct.bootstrap_servers, direct.client_config) == ("127.0.0.1:9092", {"client.id": "me"})
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
+        ({"upstream.security.protocol": "SSL"}, "upstream.security.protocol.*needs 'upstream.bootstrap.servers'"),
+        ({"upstream.bootstrap.servers": "up:9092", "upstream.no.such.setting": "1"}, "upstream.*no.such.setting"),
         ({"group.id": ""}, "group.id"),
         ({"subscribe": " , "}, "subscribe"),
         ({"subscribePattern": "a.*"}, "subscribe"),

@@ -1,5 +1,6 @@
 """A Spark driver killed with SIGKILL in the middle of a micro-batch and restarted from its checkpoint,
-writing to the parquet file sink: exactly once in checkpoint mode, at least once in commit mode."""
+writing to the parquet file sink: exactly once in checkpoint mode, at least once in commit mode. The same
+through a Shoal sidecar whose executors read straight from its upstream (the suite's broker)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,20 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from shoal.client.admin import Admin
+from shoal.client.spark.journal import DEFAULT_JOURNAL_TOPIC
 from tests.integration.broker_process import BrokerProcess
 from tests.integration.share_clients import create_topic, produce, set_group_config
+from tests.integration.test_metrics import scrape
 
-from .conftest import spark_env
+from .conftest import BROKER_OVERRIDES, spark_env
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -25,11 +32,37 @@ if TYPE_CHECKING:
 JOB = Path(__file__).with_name("share_query_job.py")
 REPO = Path(__file__).resolve().parents[2]
 RECORDS = 3000
+FORWARDED_FETCH_BYTES = "shoal_upstream_forwarded_fetch_bytes_total"
 
 
-def _start_job(broker: BrokerProcess, topic: str, group: str, base: Path, mode: str, *extra: str) -> subprocess.Popen[bytes]:
-    args = [sys.executable, str(JOB), broker.bootstrap, topic, group, str(base / "ckpt"), str(base / "out"), mode,
-            "1000", str(base / "control"), *extra]
+@dataclass(frozen=True)
+class Deployment:
+    """`shoal` is what the driver acquires through; behind a sidecar, `upstream` holds the topics and the
+    executors read from it."""
+
+    shoal: BrokerProcess
+    upstream: BrokerProcess | None = None
+
+    @property
+    def data(self) -> BrokerProcess:
+        return self.upstream or self.shoal
+
+    def job_args(self) -> list[str]:
+        return [] if self.upstream is None else [f"upstream={self.upstream.bootstrap}"]
+
+
+@pytest.fixture(scope="module")
+def sidecar(broker: BrokerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """A Shoal sidecar in front of the suite's broker (a standalone Shoal as the upstream)."""
+    proc = BrokerProcess(tmp_path_factory.mktemp("spark-sidecar") / "data", overrides=[
+        *BROKER_OVERRIDES, "node.id=7", f"upstream.bootstrap.servers={broker.bootstrap}"]).start()
+    yield proc
+    proc.stop()
+
+
+def _start_job(where: Deployment, topic: str, group: str, base: Path, mode: str, *extra: str) -> subprocess.Popen[bytes]:
+    args = [sys.executable, str(JOB), where.shoal.bootstrap, topic, group, str(base / "ckpt"), str(base / "out"),
+            mode, "1000", str(base / "control"), *extra, *where.job_args()]
     env = {**os.environ, **spark_env(), "PYTHONPATH": str(REPO)}
     with open(base / "jobs.log", "ab") as log_file:
         # Own session: the driver, its JVM and every Python worker can be killed together.
@@ -70,18 +103,20 @@ class CrashRun:
     """One mode's scenario: a streaming job that is SIGKILLed inside a micro-batch, then a restart from its
     checkpoint that drains the topic. Both modes run side by side to share the JVMs' start-up time."""
 
-    def __init__(self, broker: BrokerProcess, base: Path, mode: str) -> None:
-        self.broker, self.base, self.mode = broker, base, mode
-        self.topic, self.group = f"spark-crash-{mode}", f"spark-crash-{mode}-group"
+    def __init__(self, where: Deployment, base: Path, mode: str) -> None:
+        self.where, self.base, self.mode = where, base, mode
+        name = f"spark-crash-{mode}" if where.upstream is None else f"spark-crash-sidecar-{mode}"
+        self.topic, self.group = name, f"{name}-group"
         self.ckpt, self.control, self.log = base / "ckpt", base / "control", base / "jobs.log"
         self.control.mkdir(parents=True)
-        create_topic(broker.bootstrap, self.topic, 3)
-        set_group_config(broker.bootstrap, self.group, share_auto_offset_reset="earliest")
-        self.produced = {(p, o) for p, o, _ in produce(broker.bootstrap, self.topic, RECORDS, partitions=3)}
+        create_topic(where.data.bootstrap, self.topic, 3)
+        # Share groups, and so their configs, belong to the Shoal the driver acquires through.
+        set_group_config(where.shoal.bootstrap, self.group, share_auto_offset_reset="earliest")
+        self.produced = {(p, o) for p, o, _ in produce(where.data.bootstrap, self.topic, RECORDS, partitions=3)}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, *extra: str) -> None:
-        self.proc = _start_job(self.broker, self.topic, self.group, self.base, self.mode, *extra)
+        self.proc = _start_job(self.where, self.topic, self.group, self.base, self.mode, *extra)
 
     def _alive(self) -> None:
         assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-3000:]
@@ -127,15 +162,25 @@ class CrashRun:
                 for first, last, _, _ in rs for o in range(first, last + 1)
             }
             assert in_flight_offsets <= redelivered
-        with Admin(self.broker.bootstrap) as admin:
+        with Admin(self.where.shoal.bootstrap) as admin:
             offsets = admin.list_share_group_offsets(self.group, [self.topic])
         assert {o.lag for o in offsets.values()} == {0}
 
 
+def _forwarded_fetch_bytes(sidecar: BrokerProcess, topic: str) -> float:
+    samples, _ = scrape(sidecar)
+    return samples.get((FORWARDED_FETCH_BYTES, (("topic", topic),)), 0.0)
+
+
 def test_killed_driver_restarts_exactly_once_in_checkpoint_mode_at_least_once_in_commit_mode(
-    spark: SparkSession, broker: BrokerProcess, tmp_path: Path
+    spark: SparkSession, broker: BrokerProcess, sidecar: BrokerProcess, tmp_path: Path
 ) -> None:
-    runs = [CrashRun(broker, tmp_path / mode, mode) for mode in ("checkpoint", "commit")]
+    """Standalone in both modes, and through a sidecar whose executors read the upstream (checkpoint mode,
+    where exactly-once is at stake), the three side by side to share the JVMs' start-up time."""
+    standalone, behind_sidecar = Deployment(broker), Deployment(sidecar, upstream=broker)
+    runs = [CrashRun(standalone, tmp_path / mode, mode) for mode in ("checkpoint", "commit")]
+    through = CrashRun(behind_sidecar, tmp_path / "sidecar", "checkpoint")
+    runs.append(through)
     try:
         # Run 1 streams until a batch has committed; a task of the next batch stops mid-batch, and the job's
         # whole process tree is SIGKILLed.
@@ -160,3 +205,7 @@ def test_killed_driver_restarts_exactly_once_in_checkpoint_mode_at_least_once_in
                 _kill_session(run.proc)
     for run in runs:
         run.check(spark)
+    # No record of the data topic passed through the sidecar: the executors fetched from the upstream.
+    # The counter does count: the restarted driver read its acquisition journal through the sidecar.
+    assert _forwarded_fetch_bytes(sidecar, through.topic) == 0
+    assert _forwarded_fetch_bytes(sidecar, DEFAULT_JOURNAL_TOPIC) > 0

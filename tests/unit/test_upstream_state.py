@@ -1,0 +1,70 @@
+"""Sidecar mode's state settings and names: the `__shoal_*` topics, the transactional ids that fence their
+writers, the `upstream.` keys that are Shoal's own rather than client settings, and how queued state
+writes are cut into upstream transactions."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shoal.broker.storage.topic_registry import CONSUMER_OFFSETS, SHARE_GROUP_STATE, TRANSACTION_STATE
+from shoal.broker.upstream.settings import DEFAULT_MEMBERSHIP_GROUP_ID, UpstreamConfigError, parse_upstream
+from shoal.broker.upstream.state_log import appends_per_transaction, transactional_id
+from shoal.broker.upstream.state_topics import state_topic_name
+
+
+def test_state_topics_carry_the_shoal_prefix_and_never_an_internal_topics_name() -> None:
+    assert state_topic_name(CONSUMER_OFFSETS) == "__shoal_consumer_offsets"
+    assert state_topic_name(SHARE_GROUP_STATE) == "__shoal_share_group_state"
+    assert {state_topic_name(t) for t in (CONSUMER_OFFSETS, SHARE_GROUP_STATE)}.isdisjoint(
+        {CONSUMER_OFFSETS, SHARE_GROUP_STATE, TRANSACTION_STATE})
+
+
+def test_each_state_partition_has_its_own_transactional_id_per_membership_group() -> None:
+    ids = {transactional_id(group, topic, p) for group in ("a", "b") for topic in ("__shoal_x", "__shoal_y")
+           for p in range(3)}
+    assert len(ids) == 12
+    assert transactional_id("shoal-sidecars", "__shoal_share_group_state", 7) == \
+        "shoal-shoal-sidecars-state-__shoal_share_group_state-7"
+
+
+def test_membership_group_and_state_replication_factor_are_shoal_keys() -> None:
+    default = parse_upstream({"bootstrap.servers": "h:1"})
+    assert default.membership_group_id == DEFAULT_MEMBERSHIP_GROUP_ID == "shoal-sidecars"
+    assert default.state_topic_replication_factor is None  # the upstream's default
+    chosen = parse_upstream({"bootstrap.servers": "h:1", "membership.group.id": "team-a",
+                             "state.topic.replication.factor": "3"})
+    assert (chosen.membership_group_id, chosen.state_topic_replication_factor) == ("team-a", 3)
+    assert parse_upstream({"bootstrap.servers": "h:1",
+                           "state.topic.replication.factor": "-1"}).state_topic_replication_factor is None
+
+
+@pytest.mark.parametrize("keys", [
+    {"state.topic.replication.factor": "0"},
+    {"state.topic.replication.factor": "three"},
+    {"membership.group.id": " "},
+])
+def test_bad_state_settings_are_refused_by_name(keys: dict[str, str]) -> None:
+    with pytest.raises(UpstreamConfigError, match="upstream\\.(state\\.topic\\.replication\\.factor|membership)"):
+        parse_upstream({"bootstrap.servers": "h:1", **keys})
+
+
+@given(st.lists(st.integers(min_value=1, max_value=50), max_size=40), st.integers(min_value=1, max_value=120))
+def test_a_transaction_takes_the_oldest_appends_that_fit_and_at_least_one(queued: list[int], limit: int) -> None:
+    taken = appends_per_transaction(queued, limit)
+    if not queued:
+        assert taken == 0
+        return
+    assert 1 <= taken <= len(queued)
+    assert taken == 1 or sum(queued[:taken]) <= limit  # within the limit, unless one append alone is larger
+    assert taken == len(queued) or sum(queued[:taken + 1]) > limit  # the next one would not fit
+
+
+def test_every_queued_append_is_taken_in_order_across_transactions() -> None:
+    queued, limit, transactions = [3, 5, 1, 9, 2, 2, 7], 8, []
+    while queued:
+        taken = appends_per_transaction(queued, limit)
+        transactions.append(queued[:taken])
+        queued = queued[taken:]
+    assert transactions == [[3, 5], [1], [9], [2, 2], [7]]
