@@ -33,6 +33,12 @@ log = structlog.get_logger("shoal.transactions")
 TRANSACTION_STATE = "__transaction_state"
 CONSUMER_OFFSETS = "__consumer_offsets"
 MAX_EPOCH = 32767
+# The transaction.version this coordinator serves (KIP-890 part 2); clients of versions 0 and 1 keep working.
+TRANSACTION_VERSION = 2
+# Kafka's coordinator epoch is the leader epoch of the coordinator's __transaction_state partition, carried
+# in every marker so partitions can fence a zombie coordinator. On this one broker that epoch is always 0
+# (Metadata reports leader epoch 0 for every partition).
+COORDINATOR_EPOCH = 0
 MAX_KEY_BYTES = 32767
 _MARKER_RETRY_S = 0.5
 _MARKER_RETRY_MAX_S = 10.0
@@ -70,7 +76,8 @@ class MarkerWriter(Protocol):
     """Writes a transaction's control records; implemented by the broker over its partition logs."""
 
     async def write_markers(self, producer_id: int, producer_epoch: int, commit: bool,
-                            partitions: Iterable[TopicPartition]) -> set[TopicPartition]:
+                            partitions: Iterable[TopicPartition], coordinator_epoch: int = 0,
+                            transaction_version: int = 0) -> set[TopicPartition]:
         """Append and fsync a COMMIT or ABORT marker on each partition that still exists; returns the
         partitions whose marker failed (to be retried). A deleted partition needs none."""
         ...
@@ -85,6 +92,17 @@ class InitResult:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _completed(prepared: TxnMetadata) -> TxnMetadata:
+    """The Complete* state a Prepare* state ends in (Kafka's prepareComplete): no partitions, and for a
+    transaction.version 2 transaction whose epoch ran out, the next producer id at epoch 0."""
+    done = TxnState.COMPLETE_COMMIT if prepared.state == TxnState.PREPARE_COMMIT else TxnState.COMPLETE_ABORT
+    meta = prepared.but(state=done, partitions=frozenset())
+    if prepared.client_transaction_version >= 2 and prepared.next_producer_id >= 0:
+        meta = meta.but(producer_id=prepared.next_producer_id, producer_epoch=0,
+                        previous_producer_id=prepared.producer_id, next_producer_id=-1)
+    return meta
 
 
 class TransactionCoordinator:
@@ -214,7 +232,7 @@ class TransactionCoordinator:
                 return InitResult(ErrorCode.CONCURRENT_TRANSACTIONS)
             if meta.state == TxnState.ONGOING:
                 # The previous incarnation left a transaction open: fence it (epoch bump) and abort it.
-                yield from self._prepare(meta.but(producer_epoch=meta.producer_epoch + 1), commit=False, now=now)
+                yield from self._fence_and_abort(meta.but(producer_epoch=meta.producer_epoch + 1), now)
                 return InitResult(ErrorCode.CONCURRENT_TRANSACTIONS)
             if meta.producer_epoch + 1 >= MAX_EPOCH:
                 new = meta.but(producer_id=self.allocate_producer_id(), producer_epoch=0)
@@ -234,7 +252,10 @@ class TransactionCoordinator:
     # ---- AddPartitionsToTxn / AddOffsetsToTxn ---------------------------------------------------
 
     async def add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
-                             partitions: Iterable[TopicPartition]) -> int:
+                             partitions: Iterable[TopicPartition], transaction_version: int = 1) -> int:
+        """AddPartitionsToTxn; with `transaction_version` 2 the broker adds a partition on the producer's
+        behalf (its first transactional Produce or TxnOffsetCommit, KIP-890 part 2), and the transaction
+        is marked as a transaction.version 2 one, whose EndTxn bumps the epoch."""
         wanted = frozenset(partitions)
         completing = self._completing.get(transactional_id)
         if completing is not None:
@@ -254,25 +275,31 @@ class TransactionCoordinator:
             now = self.clock()
             start = meta.start_ms if meta.state == TxnState.ONGOING else now
             yield [to_record(meta.but(state=TxnState.ONGOING, partitions=meta.partitions | wanted,
-                                      start_ms=start, update_ms=now))]
+                                      start_ms=start, update_ms=now,
+                                      client_transaction_version=2 if transaction_version >= 2 else 0))]
             return ErrorCode.NONE
 
         return await self._holding(transactional_id, operation)
 
     def verify_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
                           partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        """AddPartitionsToTxn v4+ with VerifyOnly: is each partition already in the open transaction?"""
+        """AddPartitionsToTxn v4+ with VerifyOnly: is each partition already in the open transaction? As
+        Kafka's coordinator answers: CONCURRENT_TRANSACTIONS while the last one ends, and TRANSACTION_ABORTABLE
+        for a partition not in it (older clients get INVALID_TXN_STATE instead, by their request version)."""
         parts = list(partitions)
         err, meta = self._validate(transactional_id, producer_id, producer_epoch)
         if meta is None:
             return dict.fromkeys(parts, err)
+        if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            return dict.fromkeys(parts, ErrorCode.CONCURRENT_TRANSACTIONS)
         ongoing = meta.state == TxnState.ONGOING
-        return {tp: ErrorCode.NONE if ongoing and tp in meta.partitions else ErrorCode.INVALID_TXN_STATE
+        return {tp: ErrorCode.NONE if ongoing and tp in meta.partitions else ErrorCode.TRANSACTION_ABORTABLE
                 for tp in parts}
 
-    async def add_offsets(self, transactional_id: str, producer_id: int, producer_epoch: int, group_id: str) -> int:
+    async def add_offsets(self, transactional_id: str, producer_id: int, producer_epoch: int, group_id: str,
+                          transaction_version: int = 1) -> int:
         return await self.add_partitions(transactional_id, producer_id, producer_epoch,
-                                         [self.offsets_partition(group_id)])
+                                         [self.offsets_partition(group_id)], transaction_version)
 
     def check_offset_commit(self, transactional_id: str, producer_id: int, producer_epoch: int,
                             group_id: str) -> int:
@@ -281,6 +308,73 @@ class TransactionCoordinator:
                                       [self.offsets_partition(group_id)])[self.offsets_partition(group_id)]
 
     # ---- EndTxn ---------------------------------------------------------------------------------
+
+    async def end_txn_v2(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                         commit: bool) -> InitResult:
+        """EndTxn v5 (transaction.version 2, KIP-890 part 2): every end bumps the producer epoch, so a late
+        write of the ended transaction is fenced; the answer carries the producer id and epoch to use next
+        (a new producer id at epoch 0 once the epoch runs out). A retry is recognised by its epoch being the
+        one just before the current one, and answered with the current producer id and epoch."""
+        if not transactional_id:
+            return InitResult(ErrorCode.INVALID_REQUEST)
+
+        def operation() -> Steps[InitResult]:
+            meta = self._get(transactional_id)
+            if meta is None:
+                return InitResult(ErrorCode.INVALID_PRODUCER_ID_MAPPING)
+            if transactional_id in self._completing and meta.state not in (TxnState.PREPARE_COMMIT,
+                                                                             TxnState.PREPARE_ABORT):
+                return InitResult(ErrorCode.CONCURRENT_TRANSACTIONS)
+            retry_on_overflow = (meta.previous_producer_id == producer_id and producer_epoch == MAX_EPOCH - 1
+                                 and meta.producer_epoch == 0)
+            retry_on_bump = meta.producer_epoch == producer_epoch + 1
+            if meta.producer_id != producer_id and not retry_on_overflow:
+                return InitResult(ErrorCode.INVALID_PRODUCER_ID_MAPPING)
+            state = meta.state
+            if state in (TxnState.ONGOING, TxnState.EMPTY):
+                valid = producer_epoch == meta.producer_epoch
+            elif state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+                valid = retry_on_bump
+            else:
+                valid = retry_on_bump or retry_on_overflow or producer_epoch == meta.producer_epoch
+            if not valid:
+                return InitResult(ErrorCode.PRODUCER_FENCED)
+            retry = retry_on_bump or retry_on_overflow
+            current = InitResult(ErrorCode.NONE, meta.producer_id, meta.producer_epoch)
+            if state == TxnState.ONGOING:
+                return (yield from self._prepare_v2(meta, commit=commit, no_partitions=False))
+            if state == TxnState.COMPLETE_COMMIT:
+                if commit:
+                    return current if retry else InitResult(ErrorCode.INVALID_TXN_STATE)
+                if retry:
+                    return InitResult(ErrorCode.INVALID_TXN_STATE)
+                return (yield from self._prepare_v2(meta, commit=False, no_partitions=True))
+            if state == TxnState.COMPLETE_ABORT:
+                if commit:
+                    return InitResult(ErrorCode.INVALID_TXN_STATE)
+                if retry:
+                    return current
+                return (yield from self._prepare_v2(meta, commit=False, no_partitions=True))
+            if state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+                same = (state == TxnState.PREPARE_COMMIT) == commit
+                return InitResult(ErrorCode.CONCURRENT_TRANSACTIONS if same else ErrorCode.INVALID_TXN_STATE)
+            if state == TxnState.EMPTY and not commit:
+                return (yield from self._prepare_v2(meta, commit=False, no_partitions=True))
+            return InitResult(ErrorCode.INVALID_TXN_STATE)
+
+        return await self._holding(transactional_id, operation)
+
+    def _prepare_v2(self, meta: TxnMetadata, *, commit: bool, no_partitions: bool) -> Steps[InitResult]:
+        """Kafka's prepareAbortOrCommit for transaction.version 2: the Prepare record carries the bumped
+        epoch (the markers' epoch) and, once the epoch is exhausted, the producer id to continue with."""
+        now = self.clock()
+        next_producer_id = self.allocate_producer_id() if meta.producer_epoch >= MAX_EPOCH - 1 else -1
+        epoch = meta.producer_epoch if meta.producer_epoch >= MAX_EPOCH else meta.producer_epoch + 1
+        prepared = meta.but(producer_epoch=epoch, next_producer_id=next_producer_id, client_transaction_version=2,
+                            start_ms=now if no_partitions else meta.start_ms)
+        yield from self._prepare(prepared, commit=commit, now=now)
+        done = _completed(prepared.but(state=TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT))
+        return InitResult(ErrorCode.NONE, done.producer_id, done.producer_epoch)
 
     async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool) -> int:
 
@@ -299,6 +393,14 @@ class TransactionCoordinator:
             return ErrorCode.INVALID_TXN_STATE
 
         return await self._holding(transactional_id, operation)
+
+    def _fence_and_abort(self, fenced: TxnMetadata, now: int) -> Steps[None]:
+        """Abort an open transaction at the fencing epoch; a transaction.version 2 transaction's abort bumps
+        the epoch once more, as any of its ends does (Kafka's epoch fence followed by endTransaction)."""
+        if fenced.client_transaction_version >= 2:
+            yield from self._prepare_v2(fenced, commit=False, no_partitions=False)
+        else:
+            yield from self._prepare(fenced, commit=False, now=now)
 
     def _prepare(self, meta: TxnMetadata, *, commit: bool, now: int) -> Steps[None]:
         state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
@@ -329,18 +431,18 @@ class TransactionCoordinator:
         delay = _MARKER_RETRY_S
 
         def operation() -> Steps[None]:
-            done = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
             current = self._get(transactional_id)
             if current is None or (current.producer_id, current.producer_epoch, current.state) != (
                     meta.producer_id, meta.producer_epoch, meta.state):
                 return  # completed meanwhile (an admin abort repaired it, or expiry removed it)
-            yield [to_record(meta.but(state=done, partitions=frozenset(), update_ms=self.clock()))]
+            yield [to_record(_completed(meta).but(update_ms=self.clock()))]
 
         while True:
             try:
                 if pending:
                     pending = set(await self.markers.write_markers(meta.producer_id, meta.producer_epoch, commit,
-                                                                   pending))
+                                                                   pending, COORDINATOR_EPOCH,
+                                                                   meta.client_transaction_version))
                 if not pending:
                     await self._holding(transactional_id, operation)
                     break
@@ -369,7 +471,7 @@ class TransactionCoordinator:
                     return False
                 epoch = current.producer_epoch + 1 if current.producer_epoch + 1 < MAX_EPOCH else current.producer_epoch
                 log.info("txn.timed_out", transactional_id=meta.transactional_id, producer_id=meta.producer_id)
-                yield from self._prepare(current.but(producer_epoch=epoch), commit=False, now=now)
+                yield from self._fence_and_abort(current.but(producer_epoch=epoch), now)
                 return True
 
             if await self._holding(meta.transactional_id, operation):

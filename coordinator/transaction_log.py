@@ -1,7 +1,10 @@
 """`__transaction_state` records in Kafka's TransactionLog format, and the transaction metadata they carry.
 
 key   = int16 key version (0), then TransactionLogKey v0 (the transactional id)
-value = int16 value version (0), then TransactionLogValue v0; a null value is a tombstone
+value = int16 value version, then TransactionLogValue; a null value is a tombstone. A transaction of a
+        transaction.version 2 client is written at value version 1 (flexible), whose tagged fields carry
+        the previous and next producer ids, the next epoch and the client's transaction version (KIP-890);
+        the others at version 0, as before.
 The coordinator records' framing is the same (the key version plays the record type's part), so these
 are `CoordinatorRecord`s of type TRANSACTION_LOG on that topic.
 """
@@ -16,6 +19,7 @@ from shoal.protocol.codec import DecodeError
 from shoal.protocol.coordinator_records import TRANSACTION_LOG, CoordinatorRecord
 
 _VALUE_VERSION = 0
+_FLEXIBLE_VALUE_VERSION = 1
 
 
 class TxnState(IntEnum):
@@ -49,6 +53,12 @@ class TxnMetadata:
     partitions: frozenset[tuple[str, int]] = field(default_factory=frozenset)
     start_ms: int = -1
     update_ms: int = -1
+    # KIP-890 part 2: a transaction.version 2 client's epoch is bumped by every EndTxn; when the epoch runs
+    # out the Prepare record names the producer id the Complete record switches to.
+    client_transaction_version: int = 0
+    previous_producer_id: int = -1
+    next_producer_id: int = -1
+    next_producer_epoch: int = -1
 
     def but(self, **changes: object) -> TxnMetadata:
         return replace(self, **changes)  # type: ignore[arg-type]  # keyword changes are checked by the dataclass at run time
@@ -67,9 +77,14 @@ def to_record(meta: TxnMetadata) -> CoordinatorRecord:
         transaction_partitions=[schema(topic=t, partition_ids=ps) for t, ps in by_topic.items()],
         transaction_last_update_timestamp_ms=meta.update_ms,
         transaction_start_timestamp_ms=meta.start_ms,
+        client_transaction_version=meta.client_transaction_version,
+        previous_producer_id=meta.previous_producer_id,
+        next_producer_id=meta.next_producer_id,
+        next_producer_epoch=meta.next_producer_epoch,
     )
+    version = _FLEXIBLE_VALUE_VERSION if meta.client_transaction_version >= 2 else _VALUE_VERSION
     return CoordinatorRecord(TRANSACTION_LOG, messages.TransactionLogKey(transactional_id=meta.transactional_id),
-                             value, _VALUE_VERSION)
+                             value, version)
 
 
 def tombstone(transactional_id: str) -> CoordinatorRecord:
@@ -98,4 +113,8 @@ def from_record(record: CoordinatorRecord) -> tuple[str, TxnMetadata | None]:
         partitions=partitions,
         start_ms=v.transaction_start_timestamp_ms,
         update_ms=v.transaction_last_update_timestamp_ms,
+        client_transaction_version=v.client_transaction_version,
+        previous_producer_id=v.previous_producer_id,
+        next_producer_id=v.next_producer_id,
+        next_producer_epoch=v.next_producer_epoch,
     )

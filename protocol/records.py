@@ -405,6 +405,14 @@ def encode_txn_marker(
     )
 
 
+def txn_marker_coordinator_epoch(record: Record) -> int:
+    """The coordinator epoch an end-transaction marker's value carries (Kafka's EndTransactionMarker)."""
+    if record.value is None or len(record.value) < _TXN_MARKER_VALUE.size:
+        raise InvalidRecordBatch("transaction marker without a valid value")
+    _version, coordinator_epoch = _TXN_MARKER_VALUE.unpack_from(record.value)
+    return int(coordinator_epoch)
+
+
 def control_record_type(record: Record) -> int:
     """CONTROL_ABORT / CONTROL_COMMIT (or another type id) from a control record's key."""
     if record.key is None or len(record.key) < _CONTROL_KEY.size:

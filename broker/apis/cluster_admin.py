@@ -2,7 +2,8 @@
 reassignments, client quotas, DescribeQuorum and UpdateFeatures.
 
 This broker is the only replica and the leader of every partition, so elections are never needed and the
-only assignment a partition can have is the one it has. Quotas are kept and described, not enforced.
+only assignment a partition can have is the one it has. Quotas are kept and described here;
+security/client_quota_manager.py enforces the byte rates.
 """
 
 from __future__ import annotations

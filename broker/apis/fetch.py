@@ -46,6 +46,11 @@ class FetchHandler:
             response, total, keys = self._read_all(ctx, req, version)
             remaining = deadline - time.monotonic()
             if total >= req.min_bytes or remaining <= 0 or not keys or ctx.connection.closed:
+                throttle_ms = self.services.quotas.throttle_fetch(ctx, total)
+                if throttle_ms > 0:
+                    # Over quota: Kafka answers with no data at all and the throttle time.
+                    return FetchResponse(throttle_time_ms=throttle_ms, error_code=ErrorCode.NONE, session_id=0,
+                                         responses=[])
                 return response
             await self.services.purgatory.wait([*keys, ctx.connection.wake_key], remaining)
 
@@ -66,7 +71,9 @@ class FetchHandler:
         self, ctx: RequestContext, req: messages.FetchRequest, version: int
     ) -> tuple[messages.FetchResponse, int, list[LogKey]]:
         topics = self.services.topics
-        budget = min(req.max_bytes if version >= 3 else 2**31 - 1, self.broker_max_bytes)
+        # As Kafka: never more than the consumer's quota allows in one window, which would throttle it for sure.
+        budget = int(min(req.max_bytes if version >= 3 else 2**31 - 1, self.broker_max_bytes,
+                         self.services.quotas.fetch_max_bytes(ctx)))
         total = 0
         keys: list[LogKey] = []
         out = []

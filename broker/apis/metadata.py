@@ -8,6 +8,7 @@ import structlog
 
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from shoal.broker.storage.topic_registry import INTERNAL_TOPICS, Topic, validate_topic_name
+from shoal.coordinator.transaction_coordinator import TRANSACTION_VERSION
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -63,12 +64,20 @@ class DiscoveryHandlers:
         finalized = ApiVersionsResponse.FinalizedFeatureKey
         # share.version 2 (Kafka 4.4) adds dead-letter topics for share groups (KIP-1191).
         share_level = 2 if self.services.config["group.share.enable"] else 0
+        # Sidecar mode forwards transactions to the upstream cluster, which decides its own version.
+        txn_level = 0 if self.services.config.upstream else TRANSACTION_VERSION
+        # transaction.version 2 (KIP-890 part 2): a client that speaks it ends every transaction with an epoch
+        # bump (EndTxn v5) and lets the broker add its partitions (Produce v12, TxnOffsetCommit v5); older
+        # clients keep using AddPartitionsToTxn, AddOffsetsToTxn and EndTxn up to v4.
         return ApiVersionsResponse(
             error_code=ErrorCode.NONE,
             api_keys=self.services.api_version_entries(),
-            supported_features=[feature(name="share.version", min_version=0, max_version=2)],
+            supported_features=[feature(name="share.version", min_version=0, max_version=2),
+                                feature(name="transaction.version", min_version=0, max_version=2)],
             finalized_features_epoch=0,
-            finalized_features=[finalized(name="share.version", max_version_level=share_level, min_version_level=share_level)],
+            finalized_features=[
+                finalized(name="share.version", max_version_level=share_level, min_version_level=share_level),
+                finalized(name="transaction.version", max_version_level=txn_level, min_version_level=txn_level)],
         )
 
     def _listener(self, ctx: RequestContext) -> Listener:

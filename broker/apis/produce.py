@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from shoal.broker.apis.txn_apis import client_error
 from shoal.broker.security.authorizer import Operation, ResourceType
 from shoal.broker.storage.partition_log import AppendOrigin, AppendRefused
 from shoal.protocol import messages
@@ -54,6 +55,25 @@ class ProduceHandler:
             return _refuse_all(req, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
         if acks not in (-1, 0, 1):
             return _refuse_all(req, ErrorCode.INVALID_REQUIRED_ACKS)
+        if req.transactional_id is not None and version >= 12 and self.services.add_txn_partitions is not None:
+            return self._after_adding_partitions(ctx, req)
+        return self._append_all(ctx, req, {})
+
+    async def _after_adding_partitions(self, ctx: RequestContext, req: messages.ProduceRequest
+                                       ) -> messages.ProduceResponse | None:
+        """KIP-890 part 2: from v12 the broker adds a transactional batch's partition to the producer's
+        transaction (a transaction.version 2 producer sends no AddPartitionsToTxn), then appends."""
+        assert self.services.add_txn_partitions is not None
+        not_added = await self.services.add_txn_partitions(ctx, req)
+        result = self._append_all(ctx, req, not_added)
+        if result is None or isinstance(result, ProduceResponse):
+            return result
+        return await result
+
+    def _append_all(self, ctx: RequestContext, req: messages.ProduceRequest, not_added: dict[tuple[str, int], int]
+                    ) -> messages.ProduceResponse | None | Awaitable[messages.ProduceResponse | None]:
+        version = ctx.api_version
+        acks = req.acks
         internal_allowed = ctx.header.client_id == ADMIN_CLIENT_ID
         responses = []
         flushes: list[tuple[PartitionLog, int]] = []
@@ -81,6 +101,9 @@ class ProduceHandler:
                         index=pd.index, error_code=ErrorCode.NOT_ENOUGH_REPLICAS, base_offset=-1,
                         error_message=f"The size of the current ISR 1 is insufficient to satisfy the min.isr "
                                       f"requirement of {min_isr} for partition {topic.name}-{pd.index}"))
+                elif (topic.name, pd.index) in not_added:
+                    parts.append(PartitionResponse(index=pd.index, error_code=not_added[(topic.name, pd.index)],
+                                                   base_offset=-1))
                 else:
                     plog = topic.partitions[pd.index]
                     try:
@@ -90,7 +113,8 @@ class ProduceHandler:
                             verify_transaction=self.services.verify_txn_partition,
                         )
                     except AppendRefused as exc:
-                        parts.append(PartitionResponse(index=pd.index, error_code=exc.error_code, base_offset=-1,
+                        parts.append(PartitionResponse(index=pd.index, base_offset=-1,
+                                                       error_code=client_error(ApiKey.PRODUCE, version, exc.error_code),
                                                        error_message=exc.message,
                                                        log_start_offset=exc.log_start_offset,
                                                        record_errors=[_RecordError(batch_index=index,
@@ -104,7 +128,9 @@ class ProduceHandler:
                     if acks == -1:
                         flushes.append((plog, plog.log_end_offset))
             responses.append(TopicResponse(name=topic_name, topic_id=td.topic_id, partition_responses=parts))
-        response = ProduceResponse(responses=responses)
+        # Kafka records the request's size against the producer's quota once the partitions are handled.
+        response = ProduceResponse(responses=responses, throttle_time_ms=self.services.quotas.throttle_produce(
+            ctx, ctx.size))
         if flushes:
             return self._after_fsync(flushes, response)
         if acks == 0:
@@ -144,7 +170,7 @@ class ProduceHandler:
                     parts.append(_DpPartition(partition_index=index, error_code=ErrorCode.NONE, active_producers=[
                         _DpProducer(producer_id=pid, producer_epoch=entry.epoch, last_sequence=entry.last_seq,
                                     last_timestamp=entry.last_timestamp,
-                                    coordinator_epoch=0 if pid in state.ongoing else -1,
+                                    coordinator_epoch=entry.coordinator_epoch,
                                     current_txn_start_offset=state.ongoing.get(pid, -1))
                         for pid, entry in sorted(state.producers.items())
                     ]))

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from shoal.broker.common.metrics import BrokerMetrics
     from shoal.broker.common.purgatory import Purgatory
     from shoal.broker.security.authorizer import Authorizer
+    from shoal.broker.security.client_quota_manager import ClientQuotas
     from shoal.broker.security.scram import ScramCredentialStore
     from shoal.broker.share.group_configs import GroupConfigs
     from shoal.broker.share.share_partition_leader import SharePartitionLeaders
@@ -25,7 +26,9 @@ if TYPE_CHECKING:
     from shoal.broker.storage.producer_state import ProducerIdAllocator
     from shoal.broker.storage.topic_registry import Topic, TopicRegistry
     from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
+    from shoal.broker.upstream.assignment import Unit
     from shoal.broker.upstream.forwarder import Forwarder
+    from shoal.broker.upstream.ownership import Ownership
     from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
     from shoal.coordinator.consumer_coordinator import ConsumerGroupCoordinator
     from shoal.coordinator.group_coordinator import GroupCoordinator
@@ -66,9 +69,13 @@ class ProduceServices:
     topics: TopicRegistry
     purgatory: Purgatory
     metrics: BrokerMetrics
+    quotas: ClientQuotas
     # KIP-890 part 1: (transactional id, producer id, epoch, (topic, partition)) -> the coordinator's
     # answer to "is this partition in the producer's open transaction?"; None when verification is off.
     verify_txn_partition: Callable[[str, int, int, tuple[str, int]], int] | None = None
+    # KIP-890 part 2: Produce v12+ adds its transactional partitions to the producer's transaction; the
+    # partitions refused, with their error codes.
+    add_txn_partitions: Callable[[Any, Any], Awaitable[dict[tuple[str, int], int]]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +83,7 @@ class FetchServices:
     config: BrokerConfig
     topics: TopicRegistry
     purgatory: Purgatory
+    quotas: ClientQuotas
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,3 +221,20 @@ class UpstreamServices:
     purgatory: Purgatory | None = None
     # Whether a group id names one of the sidecar's share groups.
     share_group_exists: Callable[[str], bool] = lambda _group_id: False
+    # Several sidecars: who leads each upstream partition and where every sidecar is (None: this one alone).
+    ownership: Ownership | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarGroupServices:
+    """Several sidecars: the answers that name an owner (coordinators, the cluster's brokers) and the
+    requests served only by the owner of their unit (share groups, share-state RPCs)."""
+
+    node_id: int
+    cluster_id: str
+    ownership: Ownership
+    # Kafka's placement of a key on a state topic: a group id, and a share partition's state.
+    group_unit: Callable[[str], Unit]
+    state_unit: Callable[[str, bytes, int], Unit]
+    # The standalone handlers these answers start from, by API key.
+    local_handlers: dict[int, Callable[..., object]]

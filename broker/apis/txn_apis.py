@@ -14,17 +14,19 @@ from typing import TYPE_CHECKING
 import structlog
 
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
-from shoal.broker.storage.partition_log import LogClosed
+from shoal.broker.storage.partition_log import AppendRefused, LogClosed
 from shoal.coordinator.classic_coordinator import OffsetToCommit
 from shoal.coordinator.transaction_coordinator import TopicPartition
 from shoal.coordinator.transaction_log import STATE_BY_NAME
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.record_batch import InvalidRecordBatch, parse_batch_header
 
 if TYPE_CHECKING:
     from shoal.broker.apis.services import ApiTable, TransactionServices
     from shoal.broker.network.connection import RequestContext
+    from shoal.broker.storage.topic_registry import TopicRegistry
     from shoal.coordinator.transaction_coordinator import TransactionCoordinator
 
 log = structlog.get_logger("shoal.txn")
@@ -60,9 +62,18 @@ _FENCED_SINCE = {ApiKey.INIT_PRODUCER_ID: 4, ApiKey.ADD_PARTITIONS_TO_TXN: 2, Ap
                  ApiKey.END_TXN: 2, ApiKey.TXN_OFFSET_COMMIT: 3}
 
 
+# First version of each API whose clients understand TRANSACTION_ABORTABLE (KIP-890); older ones get
+# INVALID_TXN_STATE, as Kafka answers them.
+_ABORTABLE_SINCE = {ApiKey.PRODUCE: 11, ApiKey.ADD_PARTITIONS_TO_TXN: 5, ApiKey.TXN_OFFSET_COMMIT: 4,
+                    ApiKey.END_TXN: 4, ApiKey.ADD_OFFSETS_TO_TXN: 4, ApiKey.INIT_PRODUCER_ID: 5}
+
+
 def client_error(api: ApiKey, version: int, code: int) -> int:
-    if code == ErrorCode.PRODUCER_FENCED and version < _FENCED_SINCE[api]:
+    """A coordinator error as a client of this API version understands it."""
+    if code == ErrorCode.PRODUCER_FENCED and version < _FENCED_SINCE.get(api, 0):
         return ErrorCode.INVALID_PRODUCER_EPOCH
+    if code == ErrorCode.TRANSACTION_ABORTABLE and version < _ABORTABLE_SINCE[api]:
+        return ErrorCode.INVALID_TXN_STATE
     return code
 
 
@@ -140,7 +151,8 @@ class TransactionApis:
                 log.info("add_partitions_to_txn refused", transactional_id=txn_id,
                          partitions=[f"{t}-{p}" for (t, p), e in errors.items() if e != ErrorCode.OPERATION_NOT_ATTEMPTED])
             elif verify_only:
-                errors = self.coordinator.verify_partitions(txn_id, pid, epoch, wanted)
+                errors = {tp: client_error(ApiKey.ADD_PARTITIONS_TO_TXN, version, code)
+                          for tp, code in self.coordinator.verify_partitions(txn_id, pid, epoch, wanted).items()}
             else:
                 code = await self.coordinator.add_partitions(txn_id, pid, epoch, wanted)
                 errors = dict.fromkeys(wanted, client_error(ApiKey.ADD_PARTITIONS_TO_TXN, version, code))
@@ -163,6 +175,14 @@ class TransactionApis:
     async def end_txn(self, ctx: RequestContext, req: messages.EndTxnRequest) -> messages.EndTxnResponse:
         if not self._txn_authorized(ctx, req.transactional_id):
             return EndTxnResponse(error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+        if ctx.api_version >= 5:
+            # transaction.version 2: the epoch is bumped by every end, and the answer names what to use next.
+            result = await self.coordinator.end_txn_v2(req.transactional_id, req.producer_id, req.producer_epoch,
+                                                      req.committed)
+            if result.error != ErrorCode.NONE:
+                log.info("end_txn refused", transactional_id=req.transactional_id, error_code=result.error)
+            return EndTxnResponse(error_code=result.error, producer_id=result.producer_id,
+                                  producer_epoch=result.producer_epoch)
         code = await self.coordinator.end_txn(req.transactional_id, req.producer_id, req.producer_epoch, req.committed)
         if code != ErrorCode.NONE:
             log.info("end_txn refused", transactional_id=req.transactional_id, error_code=code)
@@ -180,8 +200,15 @@ class TransactionApis:
         elif not req.group_id or len(req.group_id.encode()) > MAX_GROUP_ID_BYTES:
             codes = {(n, p.partition_index): ErrorCode.INVALID_GROUP_ID for n, p in wanted}
         else:
-            group_code = client_error(ApiKey.TXN_OFFSET_COMMIT, version, self.coordinator.check_offset_commit(
-                req.transactional_id, req.producer_id, req.producer_epoch, req.group_id))
+            added: int = ErrorCode.NONE
+            if version >= 5:
+                # transaction.version 2 (KIP-890 part 2): the group's offsets partition joins the transaction
+                # here; such a producer sends no AddOffsetsToTxn.
+                added = await self.coordinator.add_offsets(req.transactional_id, req.producer_id,
+                                                           req.producer_epoch, req.group_id, transaction_version=2)
+            group_code = client_error(ApiKey.TXN_OFFSET_COMMIT, version, added if added != ErrorCode.NONE else (
+                self.coordinator.check_offset_commit(req.transactional_id, req.producer_id, req.producer_epoch,
+                                                     req.group_id)))
             offsets: list[OffsetToCommit] = []
             where: list[tuple[str, int]] = []
             for name, p in wanted:
@@ -218,8 +245,9 @@ class TransactionApis:
     async def write_txn_markers(self, ctx: RequestContext, req: messages.WriteTxnMarkersRequest) -> messages.WriteTxnMarkersResponse:
         """Markers written on request: Kafka's coordinators send these to partition leaders; on one broker
         the coordinator writes its own, so what arrives here is Admin.abortTransaction closing a hanging
-        transaction (CLUSTER_ACTION required, as in Kafka)."""
-        authorized = ctx.authorize(Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME)
+        transaction (ALTER or CLUSTER_ACTION on the cluster, as in Kafka)."""
+        authorized = (ctx.authorize(Operation.ALTER, ResourceType.CLUSTER, CLUSTER_NAME)
+                      or ctx.authorize(Operation.CLUSTER_ACTION, ResourceType.CLUSTER, CLUSTER_NAME))
         out = []
         for marker in req.markers:
             wanted = [(t.name, index) for t in marker.topics for index in t.partition_indexes]
@@ -239,15 +267,14 @@ class TransactionApis:
         topic = self.services.topics.get(name)
         if topic is None or not 0 <= index < len(topic.partitions):
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        entry = topic.partitions[index].producer_state.producers.get(marker.producer_id)
-        if entry is not None and marker.producer_epoch < entry.epoch:
-            # Kafka's ProducerStateManager refuses a marker older than the producer's epoch.
-            log.info("write_txn_markers refused", topic=name, partition=index, producer_id=marker.producer_id,
-                     producer_epoch=marker.producer_epoch, current_epoch=entry.epoch)
-            return ErrorCode.INVALID_PRODUCER_EPOCH
         try:
+            # The partition refuses a marker of an older producer epoch or an older coordinator epoch than
+            # the last marker it took for this producer (Kafka's ProducerAppendInfo).
             written = await self.services.markers.write_marker(name, index, marker.producer_id, marker.producer_epoch,
-                                                               marker.transaction_result, max(0, marker.coordinator_epoch))
+                                                               marker.transaction_result, marker.coordinator_epoch,
+                                                               marker.transaction_version)
+        except AppendRefused as exc:
+            return exc.error_code
         except OSError as exc:
             log.error("write_txn_markers failed", topic=name, partition=index, error=repr(exc))
             return ErrorCode.KAFKA_STORAGE_ERROR
@@ -300,14 +327,53 @@ class TransactionApis:
                                         transaction_states=listed)
 
 
+async def add_produce_partitions(coordinator: TransactionCoordinator, topics: TopicRegistry, ctx: RequestContext,
+                                 req: messages.ProduceRequest) -> dict[TopicPartition, int]:
+    """KIP-890 part 2: a Produce from v12 on adds its transactional partitions to the producer's transaction
+    itself (Kafka's AddPartitionsToTxn v5 from broker to coordinator), so a transaction.version 2 producer
+    sends no AddPartitionsToTxn. Only partitions not yet in the transaction are written; the refusals by
+    partition are returned (a fenced producer's as INVALID_PRODUCER_EPOCH, as Produce always answers it)."""
+    txn_id = req.transactional_id
+    if txn_id is None:
+        return {}
+    by_producer: dict[tuple[int, int], list[TopicPartition]] = {}
+    for td in req.topic_data:
+        topic = topics.get_by_id(td.topic_id) if ctx.api_version >= 13 else topics.get(td.name)
+        if topic is None or not ctx.authorize(Operation.WRITE, ResourceType.TOPIC, topic.name):
+            continue  # the produce answers these partitions itself
+        for pd in td.partition_data:
+            if not pd.records or not 0 <= pd.index < len(topic.partitions):
+                continue
+            try:
+                header = parse_batch_header(pd.records, 0, whole=False)
+            except InvalidRecordBatch:
+                continue
+            if header.is_transactional and header.producer_id >= 0:
+                by_producer.setdefault((header.producer_id, header.producer_epoch), []).append((topic.name, pd.index))
+    refused: dict[TopicPartition, int] = {}
+    for (pid, epoch), wanted in by_producer.items():
+        verified = coordinator.verify_partitions(txn_id, pid, epoch, wanted)
+        missing = [tp for tp, code in verified.items() if code != ErrorCode.NONE]
+        if not missing:
+            continue
+        code = await coordinator.add_partitions(txn_id, pid, epoch, missing, transaction_version=2)
+        if code == ErrorCode.PRODUCER_FENCED:
+            code = ErrorCode.INVALID_PRODUCER_EPOCH
+        if code != ErrorCode.NONE:
+            log.info("transactional produce refused: partitions not added", transactional_id=txn_id,
+                     producer_id=pid, producer_epoch=epoch, error_code=int(code))
+            refused.update(dict.fromkeys(missing, code))
+    return refused
+
+
 def register(table: ApiTable, services: TransactionServices) -> TransactionApis:
     h = TransactionApis(services)
     table.register(ApiKey.INIT_PRODUCER_ID, 0, 5, h.init_producer_id)
     table.register(ApiKey.ADD_PARTITIONS_TO_TXN, 0, 5, h.add_partitions_to_txn)
     table.register(ApiKey.ADD_OFFSETS_TO_TXN, 0, 4, h.add_offsets_to_txn)
-    table.register(ApiKey.END_TXN, 0, 4, h.end_txn)
-    table.register(ApiKey.TXN_OFFSET_COMMIT, 0, 3, h.txn_offset_commit)
+    table.register(ApiKey.END_TXN, 0, 5, h.end_txn)
+    table.register(ApiKey.TXN_OFFSET_COMMIT, 0, 5, h.txn_offset_commit)
     table.register(ApiKey.DESCRIBE_TRANSACTIONS, 0, 0, h.describe_transactions)
     table.register(ApiKey.LIST_TRANSACTIONS, 0, 1, h.list_transactions)
-    table.register(ApiKey.WRITE_TXN_MARKERS, 1, 1, h.write_txn_markers)
+    table.register(ApiKey.WRITE_TXN_MARKERS, 1, 2, h.write_txn_markers)
     return h

@@ -15,7 +15,13 @@ import structlog
 
 from shoal.broker.common.purgatory import LogKey
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
-from shoal.broker.upstream.cluster import CoordinatorLookupFailed, Lane, UpstreamUnavailable
+from shoal.broker.upstream.cluster import (
+    SHARED_LANE,
+    CoordinatorLookupFailed,
+    Lane,
+    UpstreamUnavailable,
+    UpstreamUnsupported,
+)
 from shoal.broker.upstream.forwarder import DELETE_RECORDS, LIST_OFFSETS
 from shoal.broker.upstream.state_topics import is_state_topic
 from shoal.protocol import messages
@@ -31,6 +37,10 @@ if TYPE_CHECKING:
 log = structlog.get_logger("shoal.sidecar")
 
 _FETCH_LANE = "sidecar.fetch_lane"
+_GROUP_LANE = "sidecar.group_lane"
+# Group requests the coordinator holds until the group's rebalance moves on (up to the rebalance timeout):
+# on the shared upstream connection they held up every request behind them, other groups' heartbeats too.
+_WAITING_GROUP_APIS = frozenset({ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP})
 # ConfigResource types (Kafka's ConfigResource.Type codes) whose ACL resource is not the cluster.
 _CONFIG_TOPIC, _CONFIG_GROUP = 2, 32
 
@@ -58,12 +68,13 @@ class SidecarHandlers:
         self.services = services
         self.forward = services.forwarder
 
-    def _lane(self, ctx: RequestContext) -> Lane:
-        """This client connection's own upstream connections for its fetches (see cluster.py)."""
+    def _lane(self, ctx: RequestContext, which: str = _FETCH_LANE) -> Lane:
+        """This client connection's own upstream connections for its fetches, or for its JoinGroup and
+        SyncGroup (see cluster.py): a broker answers one request of a connection at a time, and these wait."""
         conn = ctx.connection
-        lane = conn.attachments.get(_FETCH_LANE)
+        lane = conn.attachments.get(which)
         if lane is None:
-            lane = conn.attachments[_FETCH_LANE] = Lane()
+            lane = conn.attachments[which] = Lane()
         return lane  # type: ignore[no-any-return]
 
     def _may(self, ctx: RequestContext, operation: Operation, name: str | None, topic_id: bytes | None) -> bool:
@@ -73,9 +84,10 @@ class SidecarHandlers:
         return resolved is None or ctx.authorize(operation, ResourceType.TOPIC, resolved)
 
     def on_connection_closed(self, conn: KafkaConnection) -> None:
-        lane = conn.attachments.get(_FETCH_LANE)
-        if lane is not None:
-            self.services.forwarder.cluster.close_lane(lane)
+        for which in (_FETCH_LANE, _GROUP_LANE):
+            lane = conn.attachments.get(which)
+            if lane is not None:
+                self.services.forwarder.cluster.close_lane(lane)
 
     async def _guard(self, ctx: RequestContext, call: Awaitable[_Answer],
                      on_error: Callable[[int], _Answer] | None = None) -> _Answer | None:
@@ -86,6 +98,11 @@ class SidecarHandlers:
             return await call
         except CoordinatorLookupFailed as exc:
             code = exc.error_code
+            reason = str(exc)
+        except UpstreamUnsupported as exc:
+            # As a Kafka broker answers an API it has switched off (ConsumerGroupHeartbeat without the
+            # consumer protocol): retrying cannot help.
+            code = ErrorCode.UNSUPPORTED_VERSION
             reason = str(exc)
         except UpstreamUnavailable as exc:
             if ctx.connection.closed:
@@ -106,10 +123,13 @@ class SidecarHandlers:
         if response is None:
             return None
         node_id = self.services.node_id
-        lst = self.services.advertised_listener(ctx.connection.listener.name)
-        # Every partition is led by Shoal as far as the client knows; its leader epoch stays the upstream's.
-        response.brokers = [messages.MetadataResponse.MetadataResponseBroker(node_id=node_id, host=lst.host,
-                                                                              port=lst.port, rack=None)]
+        broker = messages.MetadataResponse.MetadataResponseBroker
+        # Every partition is led by a sidecar as far as the client knows (the one the sidecar group assigned
+        # it to); its leader epoch stays the upstream's.
+        response.brokers = [broker(node_id=n, host=host, port=port, rack=None)
+                            for n, host, port in self._sidecars(ctx)]
+        # Each sidecar names itself the controller: GROUP config changes go to the controller, and group
+        # configs are each sidecar's own (not shared between sidecars yet).
         response.controller_id = node_id
         response.cluster_id = self.services.cluster_id
         for topic in response.topics:
@@ -119,11 +139,34 @@ class SidecarHandlers:
                 continue
             for p in topic.partitions:
                 if p.leader_id >= 0:
-                    p.leader_id = node_id
-                p.replica_nodes = [node_id]
-                p.isr_nodes = [node_id] if p.leader_id >= 0 else []
+                    p.leader_id = self._leader(topic.name, p.partition_index)
+                    if p.leader_id < 0:
+                        p.error_code = ErrorCode.LEADER_NOT_AVAILABLE  # a rebalance of the sidecars is under way
+                p.replica_nodes = [p.leader_id] if p.leader_id >= 0 else [node_id]
+                p.isr_nodes = [p.leader_id] if p.leader_id >= 0 else []
                 p.offline_replicas = []
         return response
+
+    def _leader(self, topic: str | None, partition: int) -> int:
+        """The sidecar leading an upstream partition: this one, or another in the sidecar group."""
+        ownership = self.services.ownership
+        if ownership is None or topic is None:
+            return self.services.node_id
+        return ownership.owner((topic, partition))
+
+    def _sidecars(self, ctx: RequestContext) -> list[tuple[int, str, int]]:
+        """(node id, host, port) of every sidecar on the client's listener."""
+        name = ctx.connection.listener.name
+        ownership = self.services.ownership
+        if ownership is None:
+            lst = self.services.advertised_listener(name)
+            return [(self.services.node_id, lst.host, lst.port)]
+        found = []
+        for node in sorted(ownership.members()):
+            endpoint = ownership.endpoint(node, name)
+            if endpoint is not None:
+                found.append((node, endpoint.host, endpoint.port))
+        return found
 
     async def describe_topic_partitions(self, ctx: RequestContext,
                                         req: messages.DescribeTopicPartitionsRequest
@@ -141,9 +184,11 @@ class SidecarHandlers:
                 continue
             for p in topic.partitions:
                 if p.leader_id >= 0:
-                    p.leader_id = node_id
-                p.replica_nodes = [node_id]
-                p.isr_nodes = [node_id] if p.leader_id >= 0 else []
+                    p.leader_id = self._leader(topic.name, p.partition_index)
+                    if p.leader_id < 0:
+                        p.error_code = ErrorCode.LEADER_NOT_AVAILABLE
+                p.replica_nodes = [p.leader_id] if p.leader_id >= 0 else [node_id]
+                p.isr_nodes = [p.leader_id] if p.leader_id >= 0 else []
                 p.eligible_leader_replicas = []
                 p.last_known_elr = []
                 p.offline_replicas = []
@@ -432,8 +477,9 @@ class SidecarHandlers:
         cls = messages.RESPONSES[ctx.header.api_key].cls
         if not ctx.authorize(Operation.READ, ResourceType.GROUP, req.group_id):
             return cls(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
+        lane = self._lane(ctx, _GROUP_LANE) if ctx.header.api_key in _WAITING_GROUP_APIS else SHARED_LANE
         return await self._guard(
-            ctx, self.forward.group_request(req.group_id, ctx.header.api_key, req, ctx.api_version),
+            ctx, self.forward.group_request(req.group_id, ctx.header.api_key, req, ctx.api_version, lane),
             lambda code: cls(error_code=code))
 
     async def offset_commit(self, ctx: RequestContext, req: messages.OffsetCommitRequest
@@ -568,6 +614,19 @@ def _all_partitions_error(req: messages.ProduceRequest, code: int) -> messages.P
         topic(name=t.name, topic_id=t.topic_id,
               partition_responses=[part(index=p.index, error_code=code, base_offset=-1) for p in t.partition_data])
         for t in req.topic_data], node_endpoints=[])
+
+
+# The APIs answered by the upstream alone (the config APIs also answer GROUP resources here, and the group
+# listing, describing and deleting APIs the sidecar's share groups): one the upstream does not serve at all
+# is not advertised either (see wiring).
+UPSTREAM_ONLY_APIS = (
+    ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS, ApiKey.DELETE_RECORDS, ApiKey.OFFSET_FOR_LEADER_EPOCH,
+    ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.CREATE_PARTITIONS, ApiKey.INIT_PRODUCER_ID,
+    ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT,
+    ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT, ApiKey.LEAVE_GROUP, ApiKey.CONSUMER_GROUP_HEARTBEAT,
+    ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.OFFSET_DELETE, ApiKey.CONSUMER_GROUP_DESCRIBE,
+    ApiKey.DESCRIBE_TOPIC_PARTITIONS,
+)
 
 
 def register(table: ApiTable, services: UpstreamServices) -> SidecarHandlers:

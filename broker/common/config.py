@@ -146,6 +146,9 @@ _KEYS: list[ConfigKey] = [
               "A partition forgets a producer (its sequences) whose last batch is this old.", 1),
     ConfigKey("producer.id.expiration.check.interval.ms", int, 600000,
               "How often partitions look for expired producer ids.", 1),
+    # Client quotas (Kafka's QuotaConfig): the rate a quota bounds is measured over this many windows.
+    ConfigKey("quota.window.num", int, 11, "Samples kept per client quota rate.", 1),
+    ConfigKey("quota.window.size.seconds", int, 1, "Length of each client quota sample, in seconds.", 1),
     ConfigKey("transaction.partition.verification.enable", _bool, True,
               "Check a transactional batch's partition with the coordinator before appending it (KIP-890)."),
     ConfigKey("share.coordinator.state.topic.replication.factor", int, 1, "Accepted for compatibility."),

@@ -12,8 +12,8 @@ _REPLICATION = "Shoal is a single broker that holds the only replica of every pa
 _ZOOKEEPER = "ZooKeeper mode was removed in Kafka 4.0 and Shoal never used ZooKeeper"
 _LEADERSHIP = "the one broker leads every partition; there is no leadership to balance"
 _SOCKET_BUFFERS = "socket buffer sizes are left to the operating system"
-_TRANSACTIONS = "transactions are not supported"
-_QUOTAS = "client quotas are not enforced"
+_TRANSACTIONS = "a transaction coordinator setting this single broker does not use"
+_QUOTAS = "client quotas follow Kafka's default quota rules; no custom quota callback is loaded"
 
 # Exact keys.
 IGNORED_KEYS: dict[str, str] = {

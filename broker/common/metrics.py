@@ -30,6 +30,11 @@ class BrokerMetrics:
         self.messages_in = Counter("shoal_messages_in_total", "Records appended to logs.", ["topic"], registry=r)
         self.log_bytes_in = Counter("shoal_log_bytes_in_total", "Record batch bytes appended.", ["topic"], registry=r)
         self.log_fsyncs = Counter("shoal_log_flushes_total", "Fsyncs of partition logs.", registry=r)
+        self.quota_throttle_time = Histogram(
+            "shoal_client_quota_throttle_time_seconds",
+            "Throttle times given to clients over a byte-rate quota, by quota type (Produce, Fetch).",
+            ["quota"], buckets=(0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, float("inf")), registry=r,
+        )
         # KIP-932 share-group metrics; the scrape-time part is registered by the broker once wired.
         self.share = ShareGroupMetrics(r)
         self.http_server: Any = None

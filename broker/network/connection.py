@@ -49,6 +49,8 @@ class RequestContext:
     connection: KafkaConnection
     received_at: float = field(default_factory=time.monotonic)
     close_after: bool = False
+    # The request's size on the wire (header and body), what Kafka's produce quota records.
+    size: int = 0
 
     @property
     def api_version(self) -> int:
@@ -68,6 +70,17 @@ class RequestContext:
         return self.connection.broker.authorizer.authorize_any(
             self.connection.principal, self.connection.client_host, operation, resource_type
         )
+
+    @property
+    def quota_user(self) -> str:
+        return self.connection.principal.name
+
+    @property
+    def quota_client_id(self) -> str:
+        return self.header.client_id or ""
+
+    def throttle_connection(self, throttle_ms: int) -> None:
+        self.connection.throttle(throttle_ms)
 
     def close_after_response(self) -> None:
         """Close the connection once this request's response has been written (e.g. a failed login)."""
@@ -103,6 +116,9 @@ class KafkaConnection(asyncio.Protocol):
         self._closed = False
         self._last_activity = time.monotonic()
         self._idle_handle: asyncio.TimerHandle | None = None
+        # While a quota throttles this client its requests are not read (KIP-219: the broker mutes the channel).
+        self._throttle_handle: asyncio.TimerHandle | None = None
+        self._throttled_until = 0.0
         self._max_request = int(broker.config["socket.request.max.bytes"])
         self._max_in_flight = int(broker.config["queued.max.requests"])
         self._idle_ms = int(broker.config["connections.max.idle.ms"])
@@ -219,6 +235,8 @@ class KafkaConnection(asyncio.Protocol):
         self._closed = True
         if self._idle_handle is not None:
             self._idle_handle.cancel()
+        if self._throttle_handle is not None:
+            self._throttle_handle.cancel()
         # Handlers still running are not cancelled: they finish and their responses are dropped.
         self._pending.clear()
         self.broker.purgatory.notify(self.wake_key)
@@ -259,7 +277,7 @@ class KafkaConnection(asyncio.Protocol):
             return
         header, api, body = decoded.header, decoded.api, decoded.body
         self.broker.metrics.bytes_in.inc(len(frame) + 4)
-        ctx = RequestContext(header, self)
+        ctx = RequestContext(header, self, size=len(frame))
         slot = _Slot()
         self._pending.append(slot)
         if len(self._pending) >= self._max_in_flight and self.transport is not None and not self._reading_paused:
@@ -367,9 +385,30 @@ class KafkaConnection(asyncio.Protocol):
             return
         self._maybe_resume_reading()
 
+    def throttle(self, throttle_ms: int) -> None:
+        """Stop reading this client's requests for `throttle_ms` (or longer, if already throttled longer)."""
+        if self._closed or self.transport is None or throttle_ms <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        until = loop.time() + throttle_ms / 1000
+        if until <= self._throttled_until:
+            return
+        self._throttled_until = until
+        if self._throttle_handle is not None:
+            self._throttle_handle.cancel()
+        self._throttle_handle = loop.call_at(until, self._end_throttle)
+        if not self._reading_paused:
+            self.transport.pause_reading()
+            self._reading_paused = True
+
+    def _end_throttle(self) -> None:
+        self._throttle_handle = None
+        self._maybe_resume_reading()
+
     def _maybe_resume_reading(self) -> None:
         if (
             self._reading_paused
+            and self._throttle_handle is None
             and self.transport is not None
             and not self._closed
             and len(self._pending) < self._max_in_flight // 2 + 1

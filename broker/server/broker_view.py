@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from shoal.persister.persister import Persister
     from shoal.protocol.messages import ApiVersionsResponse, RequestHeader
 
+    from .sidecar_group import SidecarGroup
+
 
 class Broker(Protocol):
     config: BrokerConfig
@@ -75,6 +77,8 @@ class Broker(Protocol):
 
     # Sidecar mode (upstream.bootstrap.servers set): the forwarding to the upstream; None when standalone.
     upstream_forwarder: Forwarder | None
+    # Several sidecars: the sidecar group and its ownership view (None standalone).
+    sidecar_group: SidecarGroup | None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop: ...

@@ -34,6 +34,7 @@ from shoal.broker.storage.topic_registry import (
     Topic,
     TopicRegistry,
 )
+from shoal.coordinator.transaction_coordinator import TRANSACTION_VERSION
 from shoal.protocol import messages
 from shoal.protocol.errors import ErrorCode
 
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
     from shoal.coordinator.share_group_coordinator import ShareGroupCoordinator
     from shoal.coordinator.transaction_coordinator import TransactionCoordinator
     from shoal.persister.persister import Persister
+
+    from .sidecar_group import SidecarGroup
 
 log = structlog.get_logger("shoal.broker")
 
@@ -122,6 +125,8 @@ class Broker:
         self.upstream_cluster: UpstreamCluster | None = None
         self.upstream_forwarder: Forwarder | None = None
         self.upstream_topics: UpstreamTopics | None = None
+        # Sidecar mode: this instance's part in the group of sidecars on the upstream (set up in start()).
+        self.sidecar_group: SidecarGroup | None = None
         # Sidecar mode: the coordinators' record logs on the upstream, by local internal topic name.
         self.state_logs: dict[str, UpstreamStateLog] = {}
         # Whether this instance is to own a state partition (internal topic name, partition): a partition
@@ -274,6 +279,8 @@ class Broker:
             port = server.sockets[0].getsockname()[1]
             self.bound.append(Listener(listener.name, listener.security_protocol, listener.host, port))
         self.advertised = self.config.advertised(self.bound)
+        if self.sidecar_group is not None:
+            await self.sidecar_group.start()  # members advertise their bound listeners
         if int(self.config["metrics.port"]) >= 0:
             self.metrics_port = self.metrics.serve(str(self.config["metrics.host"]), int(self.config["metrics.port"]))
         self._background.append(loop.create_task(self._retention_loop()))
@@ -312,6 +319,8 @@ class Broker:
                         log.exception("retention failed", topic=topic.name)
 
     async def stop(self) -> None:
+        if self.sidecar_group is not None:
+            await self.sidecar_group.stop()  # the others take over at once
         for server in self._servers:
             server.close()
         for conn in list(self.connections):
@@ -404,7 +413,18 @@ class Broker:
                                 if not self.state_logs else state_log.num_partitions,
                                 state_key_string, topic=SHARE_GROUP_STATE),
         )
-        self.persister = DefaultStatePersister(InProcessShareCoordinatorClient(self.share_coordinator))
+        if self.upstream_cluster is not None:
+            from shoal.broker.upstream.peer_state_client import PeerShareCoordinatorClient
+
+            from .sidecar_group import SidecarGroup
+
+            # Each state partition's RPCs go to the sidecar instance that owns it.
+            self.sidecar_group = SidecarGroup(self)
+            self.persister = DefaultStatePersister(PeerShareCoordinatorClient(
+                InProcessShareCoordinatorClient(self.share_coordinator), self.sidecar_group.ownership,
+                self.sidecar_group.state_unit))
+        else:
+            self.persister = DefaultStatePersister(InProcessShareCoordinatorClient(self.share_coordinator))
         from shoal.broker.share.dead_letter import DeadLetterWriter
         from shoal.broker.storage.partition_budget import PartitionBudget
 
@@ -419,6 +439,8 @@ class Broker:
         self.share_partitions = SharePartitionLeaders(self.persister, self.group_configs, self.purgatory,
                                                       dead_letters=dead_letters)
         self._wire_share_metrics()
+        if self.sidecar_group is not None:
+            self.sidecar_group.wire()
         coordinator = self.group_coordinator = GroupCoordinator(
             offsets_log,
             topic_metadata,
@@ -454,13 +476,16 @@ class Broker:
         # The scrape-time collector reads every part above, from prometheus_client's thread.
         self.metrics.registry.register(ShareGroupCollector(self, self.metrics.share))
         started = time.monotonic()
-        await self._take_state_partitions()
+        if self.sidecar_group is None:
+            await self._take_state_partitions()
         await self.share_coordinator.load()
         if self.upstream_cluster is None:
             # Sidecar mode keeps the state of topics its upstream metadata does not name (yet): a topic missed
             # in one metadata read must not lose its share groups' state.
             await self.share_coordinator.delete_orphaned_state()
         await coordinator.load()
+        if self.sidecar_group is not None:
+            self.sidecar_group.unload_untaken()  # the sidecar group's assignment says which to take
         log.info("coordinators loaded", seconds=round(time.monotonic() - started, 3))
         coordinator.start()
         self.topic_listeners.append(self._share_groups_on_topic_event)
@@ -734,7 +759,7 @@ class Broker:
 
     def finalized_features(self) -> dict[str, int]:
         # share.version 2 (Kafka 4.4) adds dead-letter topics for share groups (KIP-1191); ApiVersions agrees.
-        return {"share.version": 2 if self.config["group.share.enable"] else 0}
+        return {"share.version": 2 if self.config["group.share.enable"] else 0, "transaction.version": 0 if self.config.upstream else TRANSACTION_VERSION}
 
     def advertised_listener(self, name: str) -> Listener:
         for lst in self.advertised:

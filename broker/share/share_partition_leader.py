@@ -597,6 +597,9 @@ class SharePartitionLeaders:
         self.purgatory = purgatory
         self._leaders: dict[SharePartitionKey, SharePartitionLeader] = {}
         self.on_load: Callable[[float], None] | None = None  # metric hook for every leader's state load
+        # Whether this broker leads a (topic id, partition): always standalone; in sidecar mode only the
+        # partitions the sidecar group assigned to this instance.
+        self.leads: Callable[[bytes, int], bool] = lambda _topic_id, _partition: True
 
     def get(self, key: SharePartitionKey) -> SharePartitionLeader | None:
         return self._leaders.get(key)
@@ -629,6 +632,14 @@ class SharePartitionLeaders:
         """Forget the group's share partitions that nothing is using (their state is durable and is
         loaded again on next use); returns how many went."""
         keys = [k for k, leader in self._leaders.items() if k.group_id == group_id and leader.idle]
+        for key in keys:
+            self._leaders.pop(key).drop()
+        return len(keys)
+
+    def drop_unled(self) -> int:
+        """Forget the share partitions this broker no longer leads (their state is durable: the new leader
+        loads it); returns how many went."""
+        keys = [k for k in self._leaders if not self.leads(k.topic_id, k.partition)]
         for key in keys:
             self._leaders.pop(key).drop()
         return len(keys)

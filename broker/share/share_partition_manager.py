@@ -325,6 +325,8 @@ class SharePartitionManager:
         source = self.topics.source(tp.topic_id, tp.partition)
         if source is None:
             return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        if not self.leaders.leads(tp.topic_id, tp.partition):
+            return None, ErrorCode.NOT_LEADER_OR_FOLLOWER  # another sidecar leads it: the client refreshes
         key = SharePartitionKey(group_id, tp.topic_id, tp.partition)
         return self.leaders.get_or_create(key, source), ErrorCode.NONE
 
@@ -366,6 +368,8 @@ class SharePartitionManager:
         if code != ErrorCode.NONE or not batches:
             # Nothing to apply when no batches came, whether or not the share partition is loaded.
             return _Ack(tp, *_completed(code))
+        if not self.leaders.leads(tp.topic_id, tp.partition):
+            return _Ack(tp, *_completed(ErrorCode.NOT_LEADER_OR_FOLLOWER))
         leader = self.leaders.get(SharePartitionKey(group, tp.topic_id, tp.partition))
         if leader is None:
             return _Ack(tp, *_completed(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))

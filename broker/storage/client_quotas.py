@@ -1,6 +1,6 @@
 """Client quotas (KIP-546): stored, validated and described as Kafka's controller does, persisted in one small
-JSON file. This broker does not throttle clients, so the values are kept for the admin APIs only; that is
-logged once when the first quota is set.
+JSON file. `security/client_quota_manager.py` enforces producer_byte_rate and consumer_byte_rate from here;
+the other keys are kept for the admin APIs only, which is logged once when the first of them is set.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ MATCH_EXACT, MATCH_DEFAULT, MATCH_SPECIFIED = 0, 1, 2
 _USER_CLIENT_KEYS = {"producer_byte_rate": "LONG", "consumer_byte_rate": "LONG",
                      "request_percentage": "DOUBLE", "controller_mutation_rate": "DOUBLE"}
 _IP_KEYS = {"connection_creation_rate": "INT"}
+# The keys this broker enforces (security/client_quota_manager.py).
+ENFORCED_KEYS = frozenset({"producer_byte_rate", "consumer_byte_rate"})
 _LIMITS = {"LONG": float(2**63 - 1), "INT": float(2**31 - 1)}
 
 # An entity: each of its types with a name, None naming the type's default entity.
@@ -111,6 +113,10 @@ class ClientQuotaStore:
         self.path = data_dir / FILE_NAME
         self._quotas: dict[str, tuple[Entity, dict[str, float]]] = {}
         self._noted = False
+        # Bumped on every change, so enforcement knows when its cached quota lookups are stale.
+        self.generation = 0
+        self._keys: set[str] = set()
+        self._keys_generation = -1
         if self.path.exists():
             for item in json.loads(self.path.read_text())["quotas"]:
                 entity: Entity = tuple((str(t), None if n is None else str(n)) for t, n in item["entity"])
@@ -140,11 +146,25 @@ class ClientQuotaStore:
         else:
             self._quotas.pop(key, None)
         self._save()
-        if values and not self._noted:
+        self.generation += 1
+        unenforced = sorted(set(values) - ENFORCED_KEYS)
+        if unenforced and not self._noted:
             self._noted = True
-            log.info("client quotas are stored and described but not enforced",
-                     reason="this broker does not throttle clients")
+            log.info("client quotas stored and described but not enforced", keys=unenforced,
+                     reason="this broker throttles only producer_byte_rate and consumer_byte_rate")
         return None
+
+    def value(self, entity: Entity, key: str) -> float | None:
+        """The quota `key` set on exactly this entity, or None."""
+        found = self._quotas.get(_entity_key(entity))
+        return None if found is None else found[1].get(key)
+
+    def has_quota_key(self, key: str) -> bool:
+        """Whether any entity has a quota for `key` (no sensor is kept for a key nobody has a quota for)."""
+        if self._keys_generation != self.generation:
+            self._keys = {k for _entity, values in self._quotas.values() for k in values}
+            self._keys_generation = self.generation
+        return key in self._keys
 
     def describe(self, components: list[tuple[str, int, str | None]], strict: bool) -> list[tuple[Entity, dict[str, float]]]:
         """Entities matching the filter, as Kafka's ClientQuotasImage matches them; raises QuotaRequestError."""

@@ -291,6 +291,11 @@ class TxnTracker:
     def _reach(self, offset: int) -> None:
         while self._pending and self._pending[0].first_offset <= offset:
             txn = self._pending.popleft()
+            if txn.last_offset < offset:
+                # Its ABORT marker lies before this batch, in a part the walk skipped (the offset map
+                # starts at the first dirty offset): the transaction ended there. Making it current
+                # would take the producer's later, committed batches for aborted ones.
+                continue
             self._aborted[txn.producer_id] = _OpenAborted(txn)
 
     def on_batch(self, header: BatchHeader) -> bool:
@@ -299,6 +304,9 @@ class TxnTracker:
         if not header.is_transactional:
             return False
         open_txn = self._aborted.get(header.producer_id)
+        if open_txn is not None and open_txn.txn.last_offset < header.base_offset:
+            del self._aborted[header.producer_id]  # ended at a marker the walk did not see
+            open_txn = None
         if open_txn is not None:
             open_txn.batch_seen = True
             return True
@@ -340,7 +348,9 @@ def build_offset_map(plan: CleanPlan) -> tuple[dict[bytes, int], int, dict[int, 
     offset_map: dict[bytes, int] = {}
     end = plan.first_dirty_offset
     last_batches: dict[int, int] = {}
-    txns = TxnTracker(plan.aborted)
+    # As Kafka's collectAbortedTransactions from the first dirty offset: only transactions whose ABORT
+    # marker is in the mapped part.
+    txns = TxnTracker([t for t in plan.aborted if t.last_offset >= plan.first_dirty_offset])
     for src in plan.sources:
         if src.base_offset < plan.first_dirty_offset or end < src.base_offset:
             continue  # already clean, or past a segment that did not fit the map

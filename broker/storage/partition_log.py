@@ -83,6 +83,7 @@ from shoal.protocol.records import (
     decode_batch,
     decode_records,
     encode_txn_marker,
+    txn_marker_coordinator_epoch,
     validate_batch_for_append,
 )
 
@@ -469,9 +470,11 @@ class PartitionLog:
             try:
                 _h, records = decode_batch(data, pos, check_crc=False)
                 commit = bool(records) and control_record_type(records[0]) == CONTROL_COMMIT
+                coordinator_epoch = txn_marker_coordinator_epoch(records[0]) if records else -1
             except InvalidRecordBatch:
                 return None
-            return state.on_marker(header.producer_id, header.producer_epoch, commit, header.base_offset)
+            return state.on_marker(header.producer_id, header.producer_epoch, commit, header.base_offset,
+                                   coordinator_epoch)
         if header.is_transactional:
             state.on_transactional_batch(header.producer_id, header.base_offset)
         return None
@@ -588,8 +591,15 @@ class PartitionLog:
         state.aborted = [t for t in state.aborted if t not in gone]
 
     def append_marker(self, *, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
-                      timestamp_ms: int) -> AppendResult:
-        """Write a transaction's COMMIT or ABORT control batch and close the transaction here."""
+                      timestamp_ms: int, transaction_version: int = 0) -> AppendResult:
+        """Write a transaction's COMMIT or ABORT control batch and close the transaction here. A
+        transaction.version 2 marker must carry an epoch above the producer's (KIP-1228): checked here,
+        since the batch itself does not say which version wrote it."""
+        if transaction_version >= 2:
+            refused = self.producer_state.check_marker(producer_id, producer_epoch, coordinator_epoch,
+                                                       transaction_version)
+            if refused is not None:
+                raise AppendRefused(*refused)
         batch = encode_txn_marker(commit=commit, producer_id=producer_id, producer_epoch=producer_epoch,
                                   coordinator_epoch=coordinator_epoch, timestamp=timestamp_ms)
         return self.append_as_leader(batch, origin=AppendOrigin.COORDINATOR)
@@ -645,6 +655,8 @@ class PartitionLog:
                                           f"errors in total, and only showing the first three errors at most: "
                                           f"[{shown}]", record_errors=errors) from exc
             raise AppendRefused(code, str(exc)) from exc
+        if origin is not AppendOrigin.REPLICATION and any(h.is_control for _p, h in headers):
+            self._check_markers(buf, headers)
         # Only idempotent batches need the producer state; touching it first rebuilds it from the log's tail.
         idempotent = [h for _p, h in headers if h.producer_id >= 0 and h.base_sequence >= 0 and not h.is_control]
         state = self.producer_state if idempotent else None
@@ -671,6 +683,25 @@ class PartitionLog:
             # Fetch and ShareFetch long polls on this partition see the new records now.
             ctx.purgatory.notify(LogKey(ctx.topic_id, ctx.partition))
         return result
+
+    def _check_markers(self, buf: bytearray, headers: list[tuple[int, BatchHeader]]) -> None:
+        """Refuse end-transaction markers from a fenced producer epoch or a fenced coordinator epoch."""
+        state = self.producer_state
+        for pos, header in headers:
+            if not header.is_control:
+                continue
+            try:
+                _h, records = decode_batch(buf, pos, check_crc=False)
+                coordinator_epoch = txn_marker_coordinator_epoch(records[0]) if records else -1
+            except InvalidRecordBatch as exc:
+                raise AppendRefused(ErrorCode.CORRUPT_MESSAGE, str(exc)) from exc
+            refused = state.check_marker(header.producer_id, header.producer_epoch, coordinator_epoch)
+            if refused is not None:
+                code, message = refused
+                log.info("transaction marker refused", topic=self.context.topic, partition=self.context.partition,
+                         producer_id=header.producer_id, producer_epoch=header.producer_epoch,
+                         coordinator_epoch=coordinator_epoch, error=ErrorCode(code).name)
+                raise AppendRefused(code, message)
 
     def _validate(self, buf: bytearray, policy: ProducePolicy, stamp: bool,
                   origin: AppendOrigin) -> tuple[bytearray, list[tuple[int, BatchHeader]]]:

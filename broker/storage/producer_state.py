@@ -19,6 +19,7 @@ from pathlib import Path
 from shoal.protocol.errors import ErrorCode
 
 MAX_CACHED_BATCHES = 5
+MAX_PRODUCER_EPOCH = 32767
 _ID_BLOCK = 1000
 
 
@@ -33,6 +34,9 @@ class _BatchMeta:
 class ProducerEntry:
     epoch: int
     last_timestamp: int = -1  # max timestamp of its last batch (DescribeProducers)
+    # The coordinator epoch of the last marker written for this producer here; a marker with an older one
+    # comes from a fenced coordinator (Kafka's ProducerStateEntry.coordinatorEpoch).
+    coordinator_epoch: int = -1
     batches: deque[_BatchMeta] = field(default_factory=lambda: deque(maxlen=MAX_CACHED_BATCHES))
 
     @property
@@ -78,12 +82,14 @@ class PartitionProducerState:
     def on_transactional_batch(self, producer_id: int, base_offset: int) -> None:
         self.ongoing.setdefault(producer_id, base_offset)
 
-    def on_marker(self, producer_id: int, epoch: int, commit: bool, offset: int) -> AbortedTxn | None:
+    def on_marker(self, producer_id: int, epoch: int, commit: bool, offset: int,
+                  coordinator_epoch: int = -1) -> AbortedTxn | None:
         """A COMMIT/ABORT control batch at `offset` ends the producer's open transaction; an epoch bump
         (a fenced producer's transaction aborted by the coordinator) restarts its sequences."""
         entry = self.producers.get(producer_id)
         if entry is None or epoch > entry.epoch:
-            self.producers[producer_id] = ProducerEntry(epoch)
+            entry = self.producers[producer_id] = ProducerEntry(epoch)
+        entry.coordinator_epoch = coordinator_epoch
         first = self.ongoing.pop(producer_id, None)
         if commit or first is None:
             return None
@@ -122,6 +128,32 @@ class PartitionProducerState:
             del self.producers[pid]
         return len(expired)
 
+    def check_marker(self, producer_id: int, epoch: int, coordinator_epoch: int,
+                     transaction_version: int = 0) -> tuple[int, str] | None:
+        """Kafka's checks of an end-transaction marker against the producer (ProducerAppendInfo): the error
+        code and message refusing it, or None. An older producer epoch is INVALID_PRODUCER_EPOCH (for a
+        transaction.version 2 marker, whose epoch was bumped, the same epoch too, unless it repeats the marker
+        that already ended the transaction here); a coordinator epoch older than the last marker's is a zombie
+        coordinator's, TRANSACTION_COORDINATOR_FENCED."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            return None
+        if transaction_version >= 2:
+            repeat = epoch == entry.epoch and (producer_id not in self.ongoing or epoch == MAX_PRODUCER_EPOCH)
+            invalid = epoch <= entry.epoch and not repeat
+        else:
+            invalid = epoch < entry.epoch
+        if invalid:
+            comparison = "<=" if transaction_version >= 2 else "<"
+            return (ErrorCode.INVALID_PRODUCER_EPOCH,
+                    f"Epoch of producer {producer_id} is {epoch}, which is {comparison} the last seen epoch "
+                    f"{entry.epoch} (TV{transaction_version})")
+        if entry.coordinator_epoch > coordinator_epoch:
+            return (ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+                    f"Invalid coordinator epoch for producerId {producer_id}: {coordinator_epoch} (zombie), "
+                    f"{entry.coordinator_epoch} (current)")
+        return None
+
     def check(self, producer_id: int, epoch: int, first_seq: int, record_count: int) -> SequenceCheck:
         entry = self.producers.get(producer_id)
         last_seq = (first_seq + record_count - 1) & 0x7FFFFFFF
@@ -146,7 +178,8 @@ class PartitionProducerState:
                max_timestamp: int = -1) -> None:
         entry = self.producers.get(producer_id)
         if entry is None or entry.epoch != epoch:
-            entry = ProducerEntry(epoch)
+            # A new epoch restarts the sequences; the last coordinator epoch stays, as in Kafka.
+            entry = ProducerEntry(epoch, coordinator_epoch=-1 if entry is None else entry.coordinator_epoch)
             self.producers[producer_id] = entry
         entry.last_timestamp = max_timestamp
         entry.batches.append(_BatchMeta(first_seq, (first_seq + record_count - 1) & 0x7FFFFFFF, base_offset))

@@ -15,12 +15,15 @@ from collections.abc import Callable, Iterable
 
 import structlog
 
-from shoal.broker.storage.partition_log import LogClosed
+from shoal.broker.storage.partition_log import AppendRefused, LogClosed
 from shoal.broker.storage.topic_registry import TopicRegistry
+from shoal.protocol.errors import ErrorCode
 
 log = structlog.get_logger("shoal.txn")
 
 TopicPartition = tuple[str, int]
+# Marker refusals that mean the transaction was ended here by someone newer: retrying cannot succeed.
+_FENCED = frozenset({ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.TRANSACTION_COORDINATOR_FENCED})
 # Called once a marker is durable: (topic, partition, producer id, commit).
 MarkerDurable = Callable[[str, int, int, bool], None]
 
@@ -31,7 +34,7 @@ class TransactionMarkerWriter:
         self.on_durable = on_durable
 
     async def write_marker(self, topic_name: str, index: int, producer_id: int, producer_epoch: int, commit: bool,
-                           coordinator_epoch: int = 0) -> bool:
+                           coordinator_epoch: int = 0, transaction_version: int = 0) -> bool:
         """Append and fsync one marker; False if the partition does not exist (or was deleted while its
         marker was written)."""
         topic = self.topics.get(topic_name)
@@ -40,7 +43,8 @@ class TransactionMarkerWriter:
         plog = topic.partitions[index]
         try:
             result = plog.append_marker(producer_id=producer_id, producer_epoch=producer_epoch, commit=commit,
-                                        coordinator_epoch=coordinator_epoch, timestamp_ms=int(time.time() * 1000))
+                                        coordinator_epoch=coordinator_epoch, timestamp_ms=int(time.time() * 1000),
+                                        transaction_version=transaction_version)
             await plog.flush(result.last_offset + 1)
         except LogClosed:
             if self.topics.get(topic_name) is not topic:
@@ -51,17 +55,25 @@ class TransactionMarkerWriter:
         return True
 
     async def write_markers(self, producer_id: int, producer_epoch: int, commit: bool,
-                            partitions: Iterable[TopicPartition]) -> set[TopicPartition]:
+                            partitions: Iterable[TopicPartition], coordinator_epoch: int = 0,
+                            transaction_version: int = 0) -> set[TopicPartition]:
         """The transaction coordinator's side: a marker on every partition of the transaction at once.
         A partition deleted since it joined the transaction (or while its marker was written) needs no
         marker, as in Kafka; the partitions whose marker failed are returned, to be retried."""
         parts = list(partitions)
-        results = await asyncio.gather(*(self.write_marker(topic, index, producer_id, producer_epoch, commit)
+        results = await asyncio.gather(*(self.write_marker(topic, index, producer_id, producer_epoch, commit,
+                                                           coordinator_epoch, transaction_version)
                                          for topic, index in parts), return_exceptions=True)
         failed: set[TopicPartition] = set()
         for tp, result in zip(parts, results, strict=True):
             if isinstance(result, asyncio.CancelledError):
                 raise result
+            if isinstance(result, AppendRefused) and result.error_code in _FENCED:
+                # A newer producer epoch or coordinator epoch ended this producer's transaction here already
+                # (an operator's abort, or the producer's next incarnation): Kafka stops sending this marker.
+                log.warning("txn.marker_fenced", topic=tp[0], partition=tp[1], producer_id=producer_id,
+                            error=ErrorCode(result.error_code).name, reason=str(result))
+                continue
             if isinstance(result, BaseException):
                 log.warning("txn.marker_failed", topic=tp[0], partition=tp[1], error=repr(result))
                 failed.add(tp)

@@ -52,6 +52,10 @@ class UpstreamUnavailable(SourceUnavailable):
         self.timed_out = timed_out
 
 
+class UpstreamUnsupported(UpstreamUnavailable):
+    """The upstream broker does not serve the API at all (not in its ApiVersions): no retry makes it work."""
+
+
 class UpstreamStartError(Exception):
     """Shoal cannot start in sidecar mode: the upstream is unreachable or refused the credentials."""
 
@@ -171,7 +175,7 @@ class UpstreamCluster:
         The codec carries every field both versions share; the records stay bytes either way."""
         rng = conn.api_versions.get(api_key)
         if rng is None:
-            raise UpstreamUnavailable(f"upstream broker {conn.node_id} does not serve {messages.API_NAMES.get(api_key)}")
+            raise UpstreamUnsupported(f"upstream broker {conn.node_id} does not serve {messages.API_NAMES.get(api_key)}")
         spec = messages.REQUESTS[api_key].spec.valid
         lo = max(rng[0], spec.low)
         hi = rng[1] if spec.high is None else min(rng[1], spec.high)
@@ -196,7 +200,14 @@ class UpstreamCluster:
                 raise
             raise UpstreamUnavailable(str(exc)) from exc
         self.metrics.request_latency.labels(**labels).observe(time.monotonic() - started)
+        self.metrics.observe_response(labels["api"], response)
         return response
+
+    def unserved(self, api_keys: Iterable[int]) -> list[int]:
+        """The APIs among `api_keys` that no upstream broker connected so far serves (none lists it in its
+        ApiVersions); empty before any connection."""
+        conns = [c for (_node, lane), c in self._conns.items() if lane == SHARED_LANE and c.connected]
+        return [key for key in api_keys if conns and all(key not in c.api_versions for c in conns)]
 
     async def any_node(self) -> int:
         """A broker to send cluster-wide requests to (any broker forwards to the controller)."""

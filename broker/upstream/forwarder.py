@@ -243,9 +243,14 @@ class Forwarder:
     async def fetch(self, req: messages.FetchRequest, version: int, lane: Hashable) -> messages.FetchResponse:
         """A full fetch upstream, and none of the client's fetch session: Shoal answers with session id 0, so
         the client keeps sending full fetches (a broker may always decline a session, KIP-227)."""
+        # At least 1 ms: a Kafka broker with records answers at once either way, but some Kafka-protocol
+        # brokers (Tansu) answer max_wait_ms=0 with no partitions at all, which the client would take for
+        # a lost leader.
+        max_wait_ms = max(1, req.max_wait_ms)
+
         def build(topics: list[Any]) -> MessageBase:
             return messages.FetchRequest(
-                replica_id=-1, max_wait_ms=req.max_wait_ms, min_bytes=req.min_bytes, max_bytes=req.max_bytes,
+                replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=req.min_bytes, max_bytes=req.max_bytes,
                 isolation_level=req.isolation_level, session_id=0, session_epoch=-1, topics=topics,
                 forgotten_topics_data=[], rack_id=req.rack_id or "")
 
@@ -323,17 +328,19 @@ class Forwarder:
 
     # ---- coordinator requests --------------------------------------------------------------------
 
-    async def to_coordinator(self, key_type: int, key: str, api_key: int, req: MessageBase, version: int) -> Any:
+    async def to_coordinator(self, key_type: int, key: str, api_key: int, req: MessageBase, version: int,
+                             lane: Hashable = SHARED_LANE) -> Any:
         """Send to the upstream coordinator of `key`; a NOT_COORDINATOR-like answer passes through to the
         client (which asks Shoal again and retries) and makes Shoal look the coordinator up afresh."""
         node = await self.cluster.coordinator(key_type, key)
-        response = await self.cluster.send(node, api_key, req, version)
+        response = await self.cluster.send(node, api_key, req, version, lane=lane)
         if any(code in COORDINATOR_ERRORS for code in _error_codes(response)):
             self.cluster.forget_coordinator(key_type, key)
         return response
 
-    async def group_request(self, group_id: str, api_key: int, req: MessageBase, version: int) -> Any:
-        return await self.to_coordinator(KEY_TYPE_GROUP, group_id, api_key, req, version)
+    async def group_request(self, group_id: str, api_key: int, req: MessageBase, version: int,
+                            lane: Hashable = SHARED_LANE) -> Any:
+        return await self.to_coordinator(KEY_TYPE_GROUP, group_id, api_key, req, version, lane)
 
     async def txn_request(self, transactional_id: str, api_key: int, req: MessageBase, version: int) -> Any:
         return await self.to_coordinator(KEY_TYPE_TRANSACTION, transactional_id, api_key, req, version)

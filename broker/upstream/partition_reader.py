@@ -27,6 +27,9 @@ _LENGTH_END = 12  # base offset (8) and batch length (4): enough to know a batch
 # An upstream read asks for at least this much: a share acquisition is sized to the records one pass may
 # take, and the cache keeps the rest for the next pass and the other consumers of the partition.
 MIN_UPSTREAM_READ_BYTES = 1 << 20
+# The long poll of an upstream read. Kafka answers at once when records are there; some Kafka-protocol
+# brokers (Tansu) answer a Fetch with max_wait_ms=0 before reading anything, with no partitions at all.
+READ_MAX_WAIT_MS = 1
 
 
 @dataclass(slots=True)
@@ -79,10 +82,15 @@ class BatchCache:
             if self.metrics is not None:
                 self.metrics.cache_hits.inc()
         else:
-            self.misses += 1
-            if self.metrics is not None:
-                self.metrics.cache_misses.inc()
+            self.miss()
         return found
+
+    def miss(self) -> None:
+        """Count a read the cache could not answer (also one that could not even look: a partition's first
+        read, before its high watermark is known), so hits / (hits + misses) is the hit rate."""
+        self.misses += 1
+        if self.metrics is not None:
+            self.metrics.cache_misses.inc()
 
     def put(self, key: tuple[str, int], batches: list[tuple[BatchHeader, bytes]]) -> None:
         part = self._partitions.get(key)
@@ -133,10 +141,13 @@ class UpstreamPartitionSource:
         self._inflight: dict[tuple[int, int, bool], asyncio.Future[SourceRead]] = {}
 
     async def read(self, fetch_offset: int, max_bytes: int, *, read_committed: bool = False) -> SourceRead:
-        if not read_committed and self.high_watermark >= 0 and fetch_offset >= self.log_start_offset:
-            cached = self.cache.get(self.key, fetch_offset, max_bytes, self.high_watermark)
-            if cached:
-                return SourceRead(cached, self.high_watermark, self.last_stable_offset, self.log_start_offset)
+        if not read_committed:
+            if self.high_watermark >= 0 and fetch_offset >= self.log_start_offset:
+                cached = self.cache.get(self.key, fetch_offset, max_bytes, self.high_watermark)
+                if cached:
+                    return SourceRead(cached, self.high_watermark, self.last_stable_offset, self.log_start_offset)
+            else:
+                self.cache.miss()
         wanted = max_bytes
         max_bytes = max(max_bytes, self.min_read_bytes)
         flight = (fetch_offset, max_bytes, read_committed)
@@ -174,7 +185,10 @@ class UpstreamPartitionSource:
             name=topic, partitions=[req.ListOffsetsPartition(partition_index=partition, current_leader_epoch=-1,
                                                              timestamp=timestamp)])])
         response = await self.cluster.send(leader, ApiKey.LIST_OFFSETS, body, 7)
-        (part,) = [p for t in response.topics for p in t.partitions]
+        parts = [p for t in response.topics for p in t.partitions if p.partition_index == partition]
+        if not parts:
+            raise UpstreamUnavailable(f"upstream ListOffsets of {topic}-{partition}: the answer left the partition out")
+        part = parts[0]
         if part.error_code != ErrorCode.NONE:
             if part.error_code in LEADERSHIP_ERRORS:
                 self.cluster.request_refresh()
@@ -197,7 +211,7 @@ class UpstreamPartitionSource:
         topic, partition = self.key
         leader = await self._leader()
         req = messages.FetchRequest
-        body = req(replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=max_bytes,
+        body = req(replica_id=-1, max_wait_ms=READ_MAX_WAIT_MS, min_bytes=1, max_bytes=max_bytes,
                    isolation_level=1 if read_committed else 0, session_id=0, session_epoch=-1,
                    topics=[req.FetchTopic(topic=topic, partitions=[req.FetchPartition(
                        partition=partition, current_leader_epoch=-1, fetch_offset=fetch_offset,
@@ -205,7 +219,11 @@ class UpstreamPartitionSource:
                    forgotten_topics_data=[], rack_id="")
         self.upstream_reads += 1
         response = await self.cluster.send(leader, ApiKey.FETCH, body, 12)
-        (part,) = [p for t in response.responses for p in t.partitions]
+        parts = [p for t in response.responses for p in t.partitions if p.partition_index == partition]
+        if not parts:
+            raise UpstreamUnavailable(f"upstream Fetch of {topic}-{partition}: the answer left the partition out"
+                                      f" (top-level error {response.error_code})")
+        part = parts[0]
         if part.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
             raise OffsetOutOfRange(fetch_offset, part.log_start_offset, part.high_watermark)
         if part.error_code != ErrorCode.NONE:

@@ -42,6 +42,9 @@ _STATE_TOPIC_REPLICATION_FACTOR = "state.topic.replication.factor"
 _JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
 
 
+MEMBERSHIP_PREFIX = "membership."
+
+
 class UpstreamConfigError(ValueError):
     """An upstream.* setting Shoal cannot start with."""
 
@@ -90,8 +93,9 @@ def parse_upstream(keys: Mapping[str, str]) -> UpstreamSettings:
                                       "(or -1 for the upstream's default)")
         replication = None if replication == -1 else replication
     for key, value in keys.items():
-        if key in ("bootstrap.servers", _MEMBERSHIP_GROUP_ID, _STATE_TOPIC_REPLICATION_FACTOR) or key in _ACCEPTED:
-            continue
+        if key in ("bootstrap.servers", _STATE_TOPIC_REPLICATION_FACTOR) or key in _ACCEPTED \
+                or key.startswith(MEMBERSHIP_PREFIX):
+            continue  # membership.*: the sidecar group's settings (membership.parse_membership)
         if key == "sasl.jaas.config":
             client["sasl.username"], client["sasl.password"] = jaas_credentials(value)
         elif key == "ssl.keystore.location":

@@ -11,6 +11,7 @@ import struct
 from typing import Any
 
 from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
 
 
 class WireClient:
@@ -58,3 +59,34 @@ class WireClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def alter_client_quota(wire: WireClient, ops: list[tuple[str, float, bool]], **names: str | None) -> Any:
+    """AlterClientQuotas for one entity named by keyword (`user=`, `client_id=`, `ip=`; None is the default
+    entity) with (key, value, remove) ops; the entity's result."""
+    acq = messages.AlterClientQuotasRequest
+    entity = [acq.EntityData(entity_type=t.replace("_", "-"), entity_name=n)  # type: ignore[attr-defined]
+              for t, n in names.items()]
+    entry = acq.EntryData(entity=entity, ops=[acq.OpData(key=k, value=v, remove=r)  # type: ignore[attr-defined]
+                                              for k, v, r in ops])
+    [res] = wire.request(ApiKey.ALTER_CLIENT_QUOTAS, 1, acq(entries=[entry], validate_only=False)).entries
+    return res
+
+
+def produce(wire: WireClient, topic: str, batch: bytes, *, transactional_id: str | None = None, version: int = 9,
+            acks: int = -1, partition: int = 0) -> Any:
+    """One Produce of `batch` to one partition of `topic` (by name: versions up to 12); the response."""
+    req = messages.ProduceRequest
+    data = req.TopicProduceData(name=topic, partition_data=[req.PartitionProduceData(index=partition, records=batch)])
+    return wire.request(ApiKey.PRODUCE, version, req(transactional_id=transactional_id, acks=acks, timeout_ms=10_000,
+                                                     topic_data=[data]))
+
+
+def write_txn_marker(wire: WireClient, topic: str, pid: int, epoch: int, coordinator_epoch: int, *,
+                     commit: bool = False, version: int = 1, transaction_version: int = 0) -> int:
+    """WriteTxnMarkers as the admin path sends it: one marker on partition 0 of `topic`; its error code."""
+    wm = messages.WriteTxnMarkersRequest
+    resp = wire.request(ApiKey.WRITE_TXN_MARKERS, version, wm(markers=[wm.WritableTxnMarker(
+        producer_id=pid, producer_epoch=epoch, transaction_result=commit, coordinator_epoch=coordinator_epoch,
+        transaction_version=transaction_version, topics=[wm.WritableTxnMarkerTopic(name=topic, partition_indexes=[0])])]))
+    return int(resp.markers[0].topics[0].partitions[0].error_code)

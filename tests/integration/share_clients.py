@@ -19,9 +19,12 @@ from confluent_kafka.admin import (
 )
 
 
-def create_topic(bootstrap: str, name: str, partitions: int, config: dict[str, str] | None = None) -> None:
+def create_topic(bootstrap: str, name: str, partitions: int, config: dict[str, str] | None = None, *,
+                 replication_factor: int = 1) -> None:
+    """replication_factor=-1 takes the broker's default (a cluster whose min.insync.replicas is above 1
+    refuses acks=all writes to a topic with one replica)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(name, partitions, 1, config=config or {})]).values():
+    for future in admin.create_topics([NewTopic(name, partitions, replication_factor, config=config or {})]).values():
         future.result(30)
 
 

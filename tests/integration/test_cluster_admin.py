@@ -29,7 +29,7 @@ from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
 from .broker_process import BrokerProcess
-from .kafka_wire import WireClient
+from .kafka_wire import WireClient, alter_client_quota
 from .test_security import sasl_plain
 
 NEW_APIS = (ApiKey.ALTER_CONFIGS, ApiKey.DESCRIBE_LOG_DIRS, ApiKey.ELECT_LEADERS, ApiKey.ALTER_PARTITION_REASSIGNMENTS,
@@ -139,19 +139,6 @@ def test_update_features(broker: BrokerProcess) -> None:
         assert [r.error_code for r in unknown.results] == [ErrorCode.INVALID_UPDATE_VERSION]
 
 
-def _quota_entity(**names: str | None) -> list[Any]:
-    acq = messages.AlterClientQuotasRequest
-    return [acq.EntityData(entity_type=t.replace("_", "-"), entity_name=n) for t, n in names.items()]  # type: ignore[attr-defined]
-
-
-def _alter_quota(wire: WireClient, ops: list[tuple[str, float, bool]], **names: str | None) -> Any:
-    acq = messages.AlterClientQuotasRequest
-    entry = acq.EntryData(entity=_quota_entity(**names), ops=[  # type: ignore[attr-defined]
-        acq.OpData(key=k, value=v, remove=r) for k, v, r in ops])  # type: ignore[attr-defined]
-    [res] = wire.request(ApiKey.ALTER_CLIENT_QUOTAS, 1, acq(entries=[entry], validate_only=False)).entries
-    return res
-
-
 def _describe_quotas(wire: WireClient, components: list[tuple[str, int, str | None]], strict: bool = False) -> Any:
     dcq = messages.DescribeClientQuotasRequest
     return wire.request(ApiKey.DESCRIBE_CLIENT_QUOTAS, 1, dcq(strict=strict, components=[
@@ -162,16 +149,16 @@ def test_client_quotas_are_kept_and_described(tmp_path: Path) -> None:
     broker = BrokerProcess(tmp_path / "data").start()
     try:
         with WireClient.connect(broker.bootstrap) as wire:
-            assert _alter_quota(wire, [("producer_byte_rate", 1024.0, False)], user="alice").error_code == ErrorCode.NONE
-            assert _alter_quota(wire, [("consumer_byte_rate", 2048.0, False)], user="alice",
+            assert alter_client_quota(wire, [("producer_byte_rate", 1024.0, False)], user="alice").error_code == ErrorCode.NONE
+            assert alter_client_quota(wire, [("consumer_byte_rate", 2048.0, False)], user="alice",
                                 client_id="app").error_code == ErrorCode.NONE
-            assert _alter_quota(wire, [("request_percentage", 50.0, False)], user=None).error_code == ErrorCode.NONE
+            assert alter_client_quota(wire, [("request_percentage", 50.0, False)], user=None).error_code == ErrorCode.NONE
             refused = [
-                _alter_quota(wire, [("no_such_quota", 1.0, False)], user="bob"),
-                _alter_quota(wire, [("producer_byte_rate", 1.5, False)], user="bob"),
-                _alter_quota(wire, [("producer_byte_rate", 0.0, False)], user="bob"),
-                _alter_quota(wire, [("connection_creation_rate", 5.0, False)], user="bob", ip="10.0.0.1"),
-                _alter_quota(wire, [("producer_byte_rate", 1.0, False)], group="g"),
+                alter_client_quota(wire, [("no_such_quota", 1.0, False)], user="bob"),
+                alter_client_quota(wire, [("producer_byte_rate", 1.5, False)], user="bob"),
+                alter_client_quota(wire, [("producer_byte_rate", 0.0, False)], user="bob"),
+                alter_client_quota(wire, [("connection_creation_rate", 5.0, False)], user="bob", ip="10.0.0.1"),
+                alter_client_quota(wire, [("producer_byte_rate", 1.0, False)], group="g"),
             ]
             assert [r.error_code for r in refused] == [ErrorCode.INVALID_REQUEST] * 5
             assert refused[1].error_message == "producer_byte_rate cannot be a fractional value."
@@ -190,7 +177,7 @@ def test_client_quotas_are_kept_and_described(tmp_path: Path) -> None:
             bad = _describe_quotas(wire, [("user", 0, None)])
             assert bad.error_code == ErrorCode.INVALID_REQUEST and bad.entries is None
             # Removing the last value removes the entity.
-            assert _alter_quota(wire, [("producer_byte_rate", 0.0, True)], user="alice").error_code == ErrorCode.NONE
+            assert alter_client_quota(wire, [("producer_byte_rate", 0.0, True)], user="alice").error_code == ErrorCode.NONE
             assert len(_describe_quotas(wire, [("user", 0, "alice")], strict=True).entries) == 0
     finally:
         broker.stop()

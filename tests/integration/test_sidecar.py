@@ -5,6 +5,7 @@ what they did is checked by reading the upstream directly."""
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 import time
 from collections.abc import Iterator
@@ -468,6 +469,8 @@ ACL_JAAS = 'org.apache.kafka.common.security.plain.PlainLoginModule required use
 def acl_sidecar(tmp_path_factory: pytest.TempPathFactory, upstream: BrokerProcess) -> Iterator[BrokerProcess]:
     proc = BrokerProcess(tmp_path_factory.mktemp("acl-sidecar") / "data", overrides=[
         f"upstream.bootstrap.servers={upstream.bootstrap}",
+        # A sidecar of its own beside the module's other one, not a second member of its sidecar group.
+        f"upstream.membership.group.id={unique_name('acl-sidecars')}",
         "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
         "super.users=User:ANONYMOUS",
         f"listener.name.sasl_plaintext.plain.sasl.jaas.config={ACL_JAAS}",
@@ -633,3 +636,47 @@ def test_an_untrusted_upstream_certificate_stops_start_up(tmp_path: Path,
         proc.start()
     proc.stop()
     assert f"authentication with upstream {upstream_.address('SSL')} failed" in proc.log_text()
+
+
+def test_a_join_group_waiting_upstream_holds_up_no_other_request(upstream: BrokerProcess, sidecar: BrokerProcess) -> None:
+    """A broker answers one request of a connection at a time, and a JoinGroup waits there until the
+    group's other members rejoin. Sent on the sidecar's shared upstream connection, it held up everything
+    behind it (Metadata, produce, other groups' heartbeats) for up to the rebalance timeout."""
+    group = unique_name("join")
+    join = messages.JoinGroupRequest
+
+    def join_body(member_id: str) -> messages.JoinGroupRequest:
+        return join(group_id=group, session_timeout_ms=30_000, rebalance_timeout_ms=30_000, member_id=member_id,
+                    protocol_type="consumer", protocols=[join.JoinGroupRequestProtocol(name="range", metadata=b"")])
+
+    def group_state() -> str:
+        with WireClient.connect(upstream.bootstrap) as direct:
+            described = direct.request(ApiKey.DESCRIBE_GROUPS, 3, messages.DescribeGroupsRequest(groups=[group]))
+        return str(described.groups[0].group_state)
+
+    def member_id(client: WireClient) -> str:
+        """The member id the coordinator hands out on a first join (KIP-394's MEMBER_ID_REQUIRED round)."""
+        answer = client.request(ApiKey.JOIN_GROUP, 5, join_body(""))
+        assert answer.error_code == ErrorCode.MEMBER_ID_REQUIRED and answer.member_id
+        return str(answer.member_id)
+
+    with WireClient.connect(sidecar.bootstrap) as first, WireClient.connect(sidecar.bootstrap) as second, \
+            WireClient.connect(sidecar.bootstrap) as other:
+        first_id = member_id(first)
+        joined = first.request(ApiKey.JOIN_GROUP, 5, join_body(first_id))
+        assert joined.error_code == ErrorCode.NONE
+        # The second member's join waits upstream until the first rejoins.
+        second.send(ApiKey.JOIN_GROUP, 5, join_body(member_id(second)))
+        deadline = time.monotonic() + 30
+        while group_state() != "PreparingRebalance":
+            assert time.monotonic() < deadline, group_state()
+            time.sleep(0.05)
+        metadata = other.request(ApiKey.METADATA, 9, messages.MetadataRequest(topics=None,
+                                                                             allow_auto_topic_creation=False))
+        assert metadata.brokers
+        assert select.select([second.sock], [], [], 0)[0] == []  # still waiting for the rebalance
+        # The first member rejoins: the rebalance completes and both are answered.
+        rejoined = first.request(ApiKey.JOIN_GROUP, 5, join_body(first_id))
+        _, second_joined = second.receive(ApiKey.JOIN_GROUP, 5)
+        assert rejoined.error_code == second_joined.error_code == ErrorCode.NONE
+        assert rejoined.generation_id == second_joined.generation_id > joined.generation_id

@@ -1,7 +1,8 @@
 """Hanging transactions: a transactional write the coordinator knows nothing of (a late retry after an
 abort) is refused with INVALID_TXN_STATE while partition verification is on (KIP-890 part 1); with it
 off, the write opens a transaction no one ends, and kafka-python's admin client repairs it the way
-`kafka-transactions.sh abort` does (DescribeProducers, then WriteTxnMarkers)."""
+`kafka-transactions.sh abort` does (DescribeProducers, then WriteTxnMarkers). A marker carries its
+coordinator's epoch, and a partition refuses one older than the last it took (TRANSACTION_COORDINATOR_FENCED)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from shoal.protocol.errors import ErrorCode
 from shoal.protocol.records import RecordInput, encode_batch
 
 from .broker_process import BrokerProcess
-from .kafka_wire import WireClient
+from .kafka_wire import WireClient, produce, write_txn_marker
 from .names import unique_name
 from .partition_reader import read_partition
 
@@ -36,10 +37,7 @@ def _produce(wire: WireClient, txn_id: str | None, topic: str, value: bytes, *, 
              seq: int = -1, transactional: bool = False) -> int:
     batch = encode_batch([RecordInput(value=value)], producer_id=pid, producer_epoch=epoch, base_sequence=seq,
                          is_transactional=transactional)
-    req = messages.ProduceRequest
-    data = req.TopicProduceData(name=topic, partition_data=[req.PartitionProduceData(index=0, records=batch)])
-    resp = wire.request(ApiKey.PRODUCE, 9, req(transactional_id=txn_id, acks=-1, timeout_ms=10_000,
-                                               topic_data=[data]))
+    resp = produce(wire, topic, batch, transactional_id=txn_id)
     return int(resp.responses[0].partition_responses[0].error_code)
 
 
@@ -75,6 +73,13 @@ def _aborted_transaction(wire: WireClient, topic: str, txn_id: str) -> tuple[int
         assert time.monotonic() < deadline, state
         time.sleep(0.05)
     return pid, epoch
+
+
+def _coordinator_epoch(wire: WireClient, topic: str, pid: int) -> int:
+    dp = messages.DescribeProducersRequest
+    resp = wire.request(ApiKey.DESCRIBE_PRODUCERS, 0, dp(topics=[dp.TopicRequest(name=topic, partition_indexes=[0])]))
+    [state] = [p for p in resp.topics[0].partitions[0].active_producers if p.producer_id == pid]
+    return int(state.coordinator_epoch)
 
 
 def test_a_late_transactional_write_after_an_abort_is_refused(tmp_path: Path) -> None:
@@ -113,6 +118,13 @@ def test_a_hanging_transaction_is_repaired_through_the_admin_api(tmp_path: Path)
             assert _produce(wire, None, topic, b"after") == 0
             lso, end = _lso_and_end(wire, topic)
             assert lso < end  # the LSO is stuck at the hanging transaction's first offset
+            # The coordinator's ABORT marker carried its coordinator epoch (0 on one broker); the partition
+            # keeps it, and refuses markers of an older coordinator epoch or producer epoch, as Kafka does.
+            assert _coordinator_epoch(wire, topic, pid) == 0
+            assert write_txn_marker(wire, topic, pid, epoch, -1) == ErrorCode.TRANSACTION_COORDINATOR_FENCED
+            if epoch > 0:
+                assert write_txn_marker(wire, topic, pid, epoch - 1, 0) == ErrorCode.INVALID_PRODUCER_EPOCH
+            assert _lso_and_end(wire, topic)[0] == lso  # nothing was written
         assert [v for _o, _k, v in read_partition(proc.bootstrap, topic, "read_committed")] == []
 
         admin: Any = KafkaAdminClient(bootstrap_servers=proc.bootstrap)
@@ -131,6 +143,16 @@ def test_a_hanging_transaction_is_repaired_through_the_admin_api(tmp_path: Path)
         with WireClient.connect(proc.bootstrap) as wire:
             lso, end = _lso_and_end(wire, topic)
             assert lso == end
+            # A marker from a newer coordinator epoch is taken and remembered; the older one is then fenced.
+            assert write_txn_marker(wire, topic, pid, epoch, 7) == ErrorCode.NONE
+            assert _coordinator_epoch(wire, topic, pid) == 7
+            assert write_txn_marker(wire, topic, pid, epoch, 5) == ErrorCode.TRANSACTION_COORDINATOR_FENCED
         assert [v for _o, _k, v in read_partition(proc.bootstrap, topic, "read_committed")] == [b"after"]
+        # The partition's producer state is rebuilt from the log after a restart, coordinator epoch included.
+        proc.stop()
+        proc.start()
+        with WireClient.connect(proc.bootstrap) as wire:
+            assert write_txn_marker(wire, topic, pid, epoch, 5) == ErrorCode.TRANSACTION_COORDINATOR_FENCED
+            assert _coordinator_epoch(wire, topic, pid) == 7
     finally:
         proc.stop()

@@ -364,6 +364,39 @@ def test_an_aborted_value_never_replaces_the_committed_one(tmp_path: Path) -> No
     plog.close()
 
 
+def test_a_producers_old_aborted_transaction_does_not_hide_its_later_committed_tombstone(tmp_path: Path) -> None:
+    """An aborted transaction whose ABORT marker lies below the first dirty offset ended there: it must
+    not make the same producer's later committed batches look aborted when the offset map is built over
+    the dirty part, or the committed tombstone never supersedes the key's older value, and once the
+    tombstone reaches its delete horizon read_committed consumers see that older value again."""
+    plog = PartitionLog.open(tmp_path, _config())
+    w = _TxnWriter(plog)
+    w.write(b"k", b"v1", pid=1)
+    w.end(1, commit=False)
+    for i in range(8):  # roll segments so the aborted transaction is cleaned below the checkpoint
+        w.write(b"other%d" % (i % 3), b"x%d" % i)
+    plog.flush_sync()
+    _clean(plog, NOW)
+    checkpoint = plog.cleaner_checkpoint
+    assert checkpoint > 0
+    w.write(b"k", b"v2")
+    w.write(b"k", None, pid=1)  # the same producer, a new transaction: a committed tombstone
+    w.end(1, commit=True)
+    for i in range(8):
+        w.write(b"other%d" % (i % 3), b"y%d" % i)
+    plog.flush_sync()
+    assert b"k" not in _read_committed(plog)
+    _clean(plog, NOW)
+    assert plog.cleaner_checkpoint > checkpoint
+    assert b"k" not in _read_committed(plog)
+    # The committed tombstone superseded v2 in the clean above, so dropping it after delete.retention.ms
+    # leaves nothing of the key.
+    _clean(plog, NOW + 2 * DAY_MS)
+    assert b"k" not in _read_committed(plog)
+    assert not [r for r in _all_records(plog) if r.key == b"k" and r.value is not None]
+    plog.close()
+
+
 def test_markers_go_after_delete_retention_and_their_aborted_entry_with_them(tmp_path: Path) -> None:
     plog = PartitionLog.open(tmp_path, _config())
     w = _TxnWriter(plog)

@@ -137,7 +137,8 @@ async def test_transactional_offsets_go_where_the_group_coordinator_keeps_the_gr
 
 
 class _NoMarkers:
-    async def write_markers(self, producer_id: int, producer_epoch: int, commit: bool, partitions: Any) -> None:
+    async def write_markers(self, producer_id: int, producer_epoch: int, commit: bool, partitions: Any,
+                            coordinator_epoch: int = 0, transaction_version: int = 0) -> None:
         raise AssertionError("not used")
 
 

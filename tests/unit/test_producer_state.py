@@ -110,3 +110,38 @@ async def test_a_partition_that_never_saw_a_transaction_is_not_built_for_its_lso
     await reopened.load_producer_state()
     assert reopened.producer_state.check(7, 0, 0, 1).duplicate_offset == 0
     reopened.close()
+
+
+def test_markers_keep_the_coordinator_epoch_and_fence_older_ones() -> None:
+    """Kafka's ProducerAppendInfo: a marker older than the producer's epoch or than the last marker's
+    coordinator epoch is refused; a new producer epoch keeps the coordinator epoch."""
+    state = PartitionProducerState()
+    assert state.check_marker(1, 0, -1) is None  # unknown producer: nothing to fence against
+    state.record(1, 2, 0, 1, base_offset=0)
+    state.on_transactional_batch(1, 0)
+    assert state.check_marker(1, 2, 3) is None
+    state.on_marker(1, 2, commit=True, offset=1, coordinator_epoch=3)
+    assert state.producers[1].coordinator_epoch == 3
+    refused = state.check_marker(1, 2, 2)
+    assert refused is not None and refused[0] == ErrorCode.TRANSACTION_COORDINATOR_FENCED
+    refused = state.check_marker(1, 1, 3)
+    assert refused is not None and refused[0] == ErrorCode.INVALID_PRODUCER_EPOCH
+    state.record(1, 3, 0, 1, base_offset=2)
+    assert state.producers[1].coordinator_epoch == 3
+    assert state.check_marker(1, 3, 3) is None
+
+
+def test_a_transaction_version_2_marker_needs_a_bumped_epoch_unless_it_repeats_the_last_one() -> None:
+    """KIP-1228: a version 2 marker at the producer's own epoch is refused while its transaction is open
+    (the coordinator bumps the epoch for every end), and taken again once the transaction has ended there
+    (a marker retried after a coordinator restart)."""
+    state = PartitionProducerState()
+    state.record(1, 4, 0, 1, base_offset=0)
+    state.on_transactional_batch(1, 0)
+    refused = state.check_marker(1, 4, 0, transaction_version=2)
+    assert refused is not None and refused[0] == ErrorCode.INVALID_PRODUCER_EPOCH
+    assert state.check_marker(1, 4, 0, transaction_version=1) is None
+    assert state.check_marker(1, 5, 0, transaction_version=2) is None
+    state.on_marker(1, 5, commit=True, offset=1, coordinator_epoch=0)
+    assert state.check_marker(1, 5, 0, transaction_version=2) is None
+    assert state.check_marker(1, 4, 0, transaction_version=2) is not None

@@ -44,13 +44,15 @@ class LogMarkers:
         self.written: list[tuple[str, int]] = []
 
     async def write_markers(self, producer_id: int, producer_epoch: int, commit: bool,
-                            partitions: Iterable[tuple[str, int]]) -> set[tuple[str, int]]:
+                            partitions: Iterable[tuple[str, int]], coordinator_epoch: int = 0,
+                            transaction_version: int = 0) -> set[tuple[str, int]]:
         for tp in sorted(partitions):
             if self.fail_after is not None and len(self.written) >= self.fail_after:
                 await asyncio.Event().wait()  # hangs here until the "crash" cancels it
             plog = self.logs[tp]
             result = plog.append_marker(producer_id=producer_id, producer_epoch=producer_epoch, commit=commit,
-                                        coordinator_epoch=0, timestamp_ms=0)
+                                        coordinator_epoch=coordinator_epoch, timestamp_ms=0,
+                                        transaction_version=transaction_version)
             await plog.flush(result.last_offset + 1)
             self.written.append(tp)
         return set()
@@ -156,7 +158,7 @@ def test_fencing_and_bad_input_leave_state_unchanged(tmp_path: Path) -> None:
         assert await coord.end_txn("app", pid, epoch, True) == ErrorCode.PRODUCER_FENCED
         assert await coord.add_partitions("app", pid, epoch, [("t", 1)]) == ErrorCode.PRODUCER_FENCED
         assert coord.check_offset_commit("app", pid, epoch, "g") == ErrorCode.PRODUCER_FENCED
-        assert coord.check_offset_commit("app", pid, second.producer_epoch, "g") == ErrorCode.INVALID_TXN_STATE
+        assert coord.check_offset_commit("app", pid, second.producer_epoch, "g") == ErrorCode.TRANSACTION_ABORTABLE
         assert coord.txns["app"] == before
         assert await coord.end_txn("app", pid, second.producer_epoch, True) == ErrorCode.INVALID_TXN_STATE
         plog = cluster.logs[("t", 0)]
@@ -368,3 +370,86 @@ def test_transaction_log_records_round_trip_on_their_own_topic(txn_id: str, stat
     assert type(decode_record(key, None, topic=TRANSACTION_STATE).key) is not type(
         decode_record(*encode_record(CoordinatorRecord(SHARE_SNAPSHOT, key_class(SHARE_SNAPSHOT, topic=SHARE_GROUP_STATE)(
             group_id="g", topic_id=b"\x01" * 16, partition=0), None)), topic=SHARE_GROUP_STATE).key)
+
+
+def test_transaction_version_2_bumps_the_epoch_and_moves_to_a_new_producer_id_when_it_runs_out(tmp_path: Path) -> None:
+    """KIP-890 part 2: EndTxn v5 ends each transaction with the epoch bumped (markers included); at the
+    last epoch the Prepare record names a new producer id, the Complete record switches to it at epoch 0,
+    a retry of that EndTxn gets the same answer, and the state survives a reload of __transaction_state."""
+    async def run() -> None:
+        cluster = Cluster(tmp_path)
+        coord = await cluster.coordinator(LogMarkers(cluster.logs))
+        init = await coord.init_producer_id("app", 30_000)
+        pid = init.producer_id
+        tp = ("t", 0)
+        assert await coord.add_partitions("app", pid, 0, [tp], transaction_version=2) == ErrorCode.NONE
+        cluster.produce_txn(tp, pid, 0, 0)
+        ended = await coord.end_txn_v2("app", pid, 0, commit=True)
+        assert (ended.error, ended.producer_id, ended.producer_epoch) == (ErrorCode.NONE, pid, 1)
+        # While the markers are written a retry is told to wait, as in Kafka.
+        assert (await coord.end_txn_v2("app", pid, 0, commit=True)).error in (
+            ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.NONE)
+        await _settle(coord)
+        assert coord.txns["app"].state == TxnState.COMPLETE_COMMIT
+        # Then the same EndTxn again (its answer was lost) is a retry: the same answer, nothing written.
+        again = await coord.end_txn_v2("app", pid, 0, commit=True)
+        assert (again.error, again.producer_id, again.producer_epoch) == (ErrorCode.NONE, pid, 1)
+        assert cluster.logs[tp].last_stable_offset == cluster.logs[tp].log_end_offset
+        # The old epoch is fenced now, for EndTxn as for adding partitions.
+        assert (await coord.end_txn_v2("app", pid, 0, commit=False)).error == ErrorCode.INVALID_TXN_STATE
+        assert await coord.add_partitions("app", pid, 0, [tp], transaction_version=2) == ErrorCode.PRODUCER_FENCED
+
+        def near_the_end() -> Any:
+            yield [to_record(coord.txns["app"].but(producer_epoch=32765))]
+
+        await coord._holding("app", near_the_end)
+        for epoch in (32765, 32766):
+            assert await coord.add_partitions("app", pid, epoch, [tp], transaction_version=2) == ErrorCode.NONE
+            cluster.produce_txn(tp, pid, epoch, 0)
+            ended = await coord.end_txn_v2("app", pid, epoch, commit=True)
+            await _settle(coord)
+        new_pid = ended.producer_id
+        assert ended.error == ErrorCode.NONE and new_pid != pid and ended.producer_epoch == 0
+        meta = coord.txns["app"]
+        assert (meta.producer_id, meta.producer_epoch, meta.previous_producer_id) == (new_pid, 0, pid)
+        retry = await coord.end_txn_v2("app", pid, 32766, commit=True)
+        assert (retry.error, retry.producer_id, retry.producer_epoch) == (ErrorCode.NONE, new_pid, 0)
+        assert cluster.logs[tp].last_stable_offset == cluster.logs[tp].log_end_offset
+        # An abort with no partition added still bumps the epoch (it fences whoever used the last one).
+        aborted = await coord.end_txn_v2("app", new_pid, 0, commit=False)
+        assert (aborted.error, aborted.producer_id, aborted.producer_epoch) == (ErrorCode.NONE, new_pid, 1)
+        await _settle(coord)
+        await coord.stop()
+        reloaded = await cluster.coordinator(LogMarkers(cluster.logs))
+        assert reloaded.txns["app"] == coord.txns["app"]
+        assert reloaded.txns["app"].client_transaction_version == 2
+        cluster.close()
+
+    asyncio.run(run())
+
+
+def test_a_timed_out_transaction_version_2_transaction_is_fenced_past_a_retry(tmp_path: Path) -> None:
+    """The timeout's abort fences the epoch and, for a version 2 transaction, bumps it again as every end
+    does, so the producer's own late EndTxn is PRODUCER_FENCED rather than taken for a retry."""
+    async def run() -> None:
+        cluster = Cluster(tmp_path)
+        now = [1_000_000]
+        coord = TransactionCoordinator(InternalTopicLog(cluster.state_topic), LogMarkers(cluster.logs),
+                                       cluster.allocate, max_timeout_ms=MAX_TIMEOUT, offsets_placement=Placement(3),
+                                       clock=lambda: now[0])
+        await coord.load()
+        init = await coord.init_producer_id("app", 1000)
+        pid = init.producer_id
+        assert await coord.add_partitions("app", pid, 0, [("t", 0)], transaction_version=2) == ErrorCode.NONE
+        cluster.produce_txn(("t", 0), pid, 0, 0)
+        now[0] += 5000
+        assert await coord.abort_timed_out() == ["app"]
+        await _settle(coord)
+        meta = coord.txns["app"]
+        assert (meta.state, meta.producer_epoch) == (TxnState.COMPLETE_ABORT, 2)
+        assert cluster.logs[("t", 0)].producer_state.aborted[-1].producer_id == pid
+        assert (await coord.end_txn_v2("app", pid, 0, commit=True)).error == ErrorCode.PRODUCER_FENCED
+        await coord.stop()
+        cluster.close()
+
+    asyncio.run(run())
