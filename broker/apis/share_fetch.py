@@ -83,10 +83,8 @@ class ShareFetchHandlers:
         throttle_ms = self.services.quotas.throttle_fetch(ctx, response, ApiKey.SHARE_FETCH, version)
         if throttle_ms > 0:
             # Over the consumer_byte_rate quota: as Kafka, no records, only the acknowledgements' outcomes.
-            await self.manager.release_withheld(group, member, result)
-            result.partitions = {tp: PartitionResult(acknowledge_error_code=pr.acknowledge_error_code)
-                                 for tp, pr in result.partitions.items() if acks.get(tp)}
-            response = self._response(group, result, req.shoal_headers_only)
+            withheld = await self.manager.withhold_records(group, member, result, [tp for tp, b in acks.items() if b])
+            response = self._response(group, withheld, req.shoal_headers_only)
             response.throttle_time_ms = throttle_ms
         return response
 

@@ -154,7 +154,7 @@ def test_share_consumer_over_its_quota_is_throttled_and_still_gets_every_record(
     group, client_id = unique_name("share-quota"), unique_name("share-slow")
     set_group_config(bootstrap, group, share_auto_offset_reset="earliest")
     # Each 2000-byte record in a batch of its own; one quota window (3000 bytes) holds one of them.
-    assert _produce_all(bootstrap, unique_name("seed"), topic, 6) == []
+    assert _produce_all(bootstrap, unique_name("seed"), topic, 4) == []
     _set_quota(bootstrap, "consumer_byte_rate", 3000.0, client_id=client_id)
     events: list[Any] = []
     consumer = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group, "client.id": client_id,
@@ -162,11 +162,14 @@ def test_share_consumer_over_its_quota_is_throttled_and_still_gets_every_record(
     consumer.subscribe([topic])
     try:
         sink = Consumed()
-        poll_until(consumer, lambda: len({r[1] for r in sink.records}) >= 6, sink, 60)
+        poll_until(consumer, lambda: len({r[1] for r in sink.records}) >= 4, sink, 60)
         consumer.poll(0)
     finally:
         consumer.close()
         _set_quota(bootstrap, "consumer_byte_rate", None, client_id=client_id)
-    assert sorted({r[1] for r in sink.records}) == list(range(6))
+    assert sorted({r[1] for r in sink.records}) == list(range(4))
     assert all(r[2] == PAYLOAD for r in sink.records)
     assert any(e.throttle_time > 0 for e in events)
+    # Only an answer with records can go over the quota here, so some record was withheld from a throttled
+    # answer: it came again, one delivery later.
+    assert any(r[3] > 1 for r in sink.records)
