@@ -7,6 +7,7 @@ which the caller supplies.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -180,8 +181,9 @@ class GroupConfigStore(Protocol):
     """Where group configs are kept when not in the local directory (sidecar mode: a topic on the upstream)."""
 
     async def write(self, group_id: str, configs: Mapping[str, str] | None) -> None:
-        """Store the group's whole explicit config map (None: the group has none left); returns once durable,
-        raises GroupConfigStoreError when it cannot."""
+        """Store the group's whole explicit config map (None: the group has none left) and apply it here
+        through `GroupConfigs.replace`, unless a later change of the group already was; returns once
+        durable, raises GroupConfigStoreError when it cannot."""
 
 
 class GroupConfigs:
@@ -191,6 +193,7 @@ class GroupConfigs:
         self._groups: dict[str, dict[str, str]] = {}
         # None: the local file holds them (standalone); otherwise the store does and the file is not used.
         self.store: GroupConfigStore | None = None
+        self._writing = asyncio.Lock()
         if self.path.exists():
             self._groups = json.loads(self.path.read_text())
 
@@ -263,17 +266,22 @@ class GroupConfigs:
 
     async def alter(self, group_id: str, changes: list[tuple[str, str | None]], ctx: ValidationContext) -> None:
         """As `apply`, through the store when there is one: in effect here once the store has it."""
-        updated = self.planned(group_id, changes, ctx)
-        if self.store is not None:
-            await self.store.write(group_id, updated or None)
-        self.replace(group_id, updated)
+        # One change at a time: each is planned from the one before (a change through another sidecar may
+        # still land in between; the later record wins).
+        async with self._writing:
+            updated = self.planned(group_id, changes, ctx)
+            await self._write(group_id, updated)
 
     async def delete_group(self, group_id: str) -> None:
-        if group_id not in self._groups:
-            return
-        if self.store is not None:
-            await self.store.write(group_id, None)
-        self.replace(group_id, None)
+        async with self._writing:
+            if group_id in self._groups:
+                await self._write(group_id, {})
+
+    async def _write(self, group_id: str, configs: dict[str, str]) -> None:
+        if self.store is None:
+            self.replace(group_id, configs)
+        else:
+            await self.store.write(group_id, configs or None)  # the store applies it here through `replace`
 
     def replace(self, group_id: str, configs: Mapping[str, str] | None) -> None:
         """Make the group's explicit configs exactly `configs` (empty or None: none), saved to the local

@@ -85,11 +85,15 @@ class UpstreamGroupConfigLog:
             await asyncio.gather(self._tail, return_exceptions=True)
 
     async def write(self, group_id: str, configs: Mapping[str, str] | None) -> None:
-        """Raises UpstreamProduceFailed when the upstream does not take it."""
+        """Produce the group's configs with acks=all, then apply them here (`on_change`); raises
+        UpstreamProduceFailed when the upstream does not take them."""
         batch = encode_batch([RecordInput(key=group_id.encode(), value=encode_value(configs))])
         offset = await produce_acks_all(self.forwarder, GROUP_CONFIGS_TOPIC, PARTITION, batch,
                                         timeout_ms=self.timeout_ms, what="group configs")
-        self._applied_at[group_id] = max(offset, self._applied_at.get(group_id, -1))
+        # The tail may already have applied a later change of the group (made through another sidecar).
+        if offset >= self._applied_at.get(group_id, -1):
+            self._applied_at[group_id] = offset
+            self.on_change(group_id, configs)
 
     async def catch_up(self) -> None:
         """Read and apply every record up to the partition's current end."""
