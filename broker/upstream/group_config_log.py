@@ -101,8 +101,11 @@ class UpstreamGroupConfigLog:
             try:
                 read = await self.source.read(self.next_offset, _READ_BYTES)
             except OffsetOutOfRange as exc:
-                # Below the log start (records deleted by retention): what is left starts there.
-                if exc.log_start_offset > self.next_offset:
+                # Below the log start (records deleted by retention), or past the end (the topic was deleted
+                # and created again): read what there is from its start.
+                if 0 <= exc.log_start_offset != self.next_offset:
+                    if exc.log_start_offset < self.next_offset:
+                        self._applied_at.clear()  # offsets start again: the new topic's records all count
                     self.next_offset = exc.log_start_offset
                     continue
                 raise SourceUnavailable(f"{GROUP_CONFIGS_TOPIC}: {exc}") from exc
