@@ -37,17 +37,19 @@ from typing import Any
 import structlog
 
 from shoal.broker.storage.internal_topic_log import CoordinatorLogError, encode_records, logged_records
-from shoal.broker.storage.partition_source import EARLIEST, SourceUnavailable, undeliverable
+from shoal.broker.storage.partition_source import EARLIEST, SourceUnavailable
 from shoal.client.errors import error_name
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.codec import MessageBase
 from shoal.protocol.coordinator_records import CoordinatorRecord, EndTransactionMarker, LoggedRecord
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.record_batch import BatchHeader
 from shoal.protocol.records import decode_records
 
 from .cluster import KEY_TYPE_TRANSACTION, LEADERSHIP_ERRORS, CoordinatorLookupFailed, UpstreamCluster
 from .partition_reader import BatchCache, UpstreamPartitionSource
+from .state_replay import MarkerFilter
 
 log = structlog.get_logger("shoal.upstream.state")
 
@@ -487,6 +489,9 @@ class UpstreamStateLog:
         so the read reaches the high watermark."""
         source = UpstreamPartitionSource(self.cluster, BatchCache(0), self.topic, partition)
         deadline = time.monotonic() + timeout_s
+        # Which transactions committed is decided by the markers read, not by the aborted list of the Fetch
+        # answer: the same on a correct upstream, and right on one that returns aborted records unlisted.
+        committed: MarkerFilter[tuple[BatchHeader, memoryview]] = MarkerFilter()
         try:
             offset = await source.list_offset(EARLIEST)
             out: list[LoggedRecord] = []
@@ -494,24 +499,28 @@ class UpstreamStateLog:
             while True:
                 read = await source.read(offset, _READ_BYTES, read_committed=True)
                 start = offset
-                skip = undeliverable(read)
                 for header, data in read.batches:
                     if header.last_offset < offset or header.base_offset >= read.last_stable_offset:
                         continue
                     offset = header.last_offset + 1
-                    if (header.base_offset, header.last_offset) in skip:
-                        continue
-                    for item in logged_records(self.local_topic, partition, header, decode_records(data, 0, header)):
-                        if isinstance(item, LoggedRecord):  # committed: it counts as written plainly
-                            out.append(LoggedRecord(item.offset, item.record))
-                    decoded += 1
-                    if decoded % _DECODE_YIELD_EVERY == 0:
-                        await asyncio.sleep(0)
-                if offset >= read.high_watermark:
+                    commit = None
+                    if header.is_control:
+                        markers = logged_records(self.local_topic, partition, header, decode_records(data, 0, header))
+                        commit = any(isinstance(m, EndTransactionMarker) and m.commit for m in markers)
+                    for kept_header, kept in committed.add(header, (header, data), commit):
+                        for item in logged_records(self.local_topic, partition, kept_header,
+                                                   decode_records(kept, 0, kept_header)):
+                            if isinstance(item, LoggedRecord):  # committed: it counts as written plainly
+                                out.append(LoggedRecord(item.offset, item.record))
+                        decoded += 1
+                        if decoded % _DECODE_YIELD_EVERY == 0:
+                            await asyncio.sleep(0)
+                if offset >= read.high_watermark and not committed.undecided:
                     return out, offset
-                if offset == start:
+                if offset == start or offset >= read.high_watermark:
                     # Nothing readable yet: an earlier owner's transaction is still being completed (its
-                    # marker is on the way, holding the last stable offset back), or the upstream sent nothing.
+                    # marker is on the way, holding the last stable offset back, or, on an upstream that
+                    # reads past it, leaving batches undecided), or the upstream sent nothing.
                     if time.monotonic() >= deadline:
                         raise CoordinatorLogError(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
                                                   f"{self.topic}-{partition}: no progress reading at {offset} "
