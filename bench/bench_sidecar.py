@@ -19,7 +19,9 @@ Share-state writes: the sidecar writes its share state to the upstream in transa
 transaction.version 2 when the upstream finalizes it (standalone Shoal does). A second sidecar with
 `upstream.state.transaction.version=1` (its own membership group, so neither fences the other) drains
 the same topic with a group of its own in each round, so the two transaction protocols are paired in one
-run: "share consume sidecar tv1" against "share consume sidecar".
+run: "share consume sidecar tv1" against "share consume sidecar". Whichever of the two consumes first in a
+round also waits for its sidecar to discover the new topic (the upstream metadata refresh), which the second
+finds done: they alternate, so pair them with an even `--rounds`, or compare the "1st rec on" figures.
 
 Usage: python bench/bench_sidecar.py [--records 300000] [--value-bytes 100] [--partitions 4] [--rounds 3]
        [--no-tv1]

@@ -69,6 +69,8 @@ _DECODE_YIELD_EVERY = 64  # batches decoded between yields while a partition is 
 TRANSACTION_TIMEOUT_MS = 60_000
 # Records one transaction carries at most; what is queued beyond them goes in the next.
 MAX_TRANSACTION_RECORDS = 4096
+# Connections per state topic and upstream broker that the partitions' writers spread over.
+STATE_LANES = 8
 TRANSACTION_VERSION_FEATURE = "transaction.version"
 # Request versions per transaction version: TV2 needs Produce v12 (implicit AddPartitionsToTxn) and EndTxn v5
 # (the epoch bump); Kafka's coordinator takes an EndTxn below v5 as a TV1 client's.
@@ -122,9 +124,10 @@ class _PartitionWriter:
         self.partition = partition
         self.txn_id = txn_id
         self.timeout_s = timeout_s
-        # State writes have connections of their own (one per state topic and upstream broker): an upstream
-        # broker answers a connection's requests one at a time, and these must not wait behind other traffic.
-        self.lane = ("shoal-state", topic)
+        # State writes have connections of their own: an upstream broker answers a connection's requests one at
+        # a time, so these must not wait behind other traffic, nor the partitions behind each other (as
+        # Kafka's producers, one per transactional id, would not); STATE_LANES bounds the connections.
+        self.lane = ("shoal-state", topic, partition % STATE_LANES)
         self.producer_id = -1
         self.producer_epoch = -1
         self.sequence = 0
