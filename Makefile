@@ -9,7 +9,7 @@ QUIX_VENV := .venv-quix
 # protocol/, coordinator/ and persister/ are also checked with --strict.
 STRICT_PACKAGES := -p shoal.protocol -p shoal.coordinator -p shoal.persister
 
-.PHONY: run test check install install-test lint typecheck unit integration bench clean generate compose-test compose-up compose-down
+.PHONY: run test check install install-test lint typecheck unit integration bench clean generate compose-test compose-up compose-down compat
 
 $(VENV)/.installed: pyproject.toml setup.py protocol/_record_walk.c
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,12 @@ compose-up:
 
 compose-down:
 	$(COMPOSE) -p shoal -f docker/docker-compose.yml down
+
+# librdkafka's own broker tests against a Shoal broker, from tests/compat/allowlist.txt (docs/compat.md). Close
+# to an hour, so not part of `make test`. Builds librdkafka into .cache/ first (and apt-get installs the
+# build packages when run as root). COMPAT_ARGS="--only 0001,0102" runs a few.
+compat: install-test
+	$(PY) -m tests.compat.run_librdkafka_tests $(COMPAT_ARGS)
 
 bench: install-test
 	$(PY) bench/bench_produce_fetch.py

@@ -80,7 +80,26 @@ class InvalidRecord(CorruptRecordBatch):
 
     It subclasses CorruptRecordBatch so callers that only know CORRUPT_MESSAGE still reject it, but
     INVALID_RECORD is the better answer: producers treat CORRUPT_MESSAGE as retriable.
+
+    `keyless` lists the records (their index in the batch) a compacted topic refuses for want of a key:
+    Kafka answers those as the Produce response's RecordErrors, so a client fails only those records with
+    INVALID_RECORD and the rest of the batch as collateral, to be sent again.
     """
+
+    def __init__(self, message: str, keyless: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.keyless = keyless
+
+
+class _KeylessRecords(InvalidRecordBatch):
+    """Raised by the record walk once every record was read, naming each keyless one."""
+
+    def __init__(self, indexes: list[int]) -> None:
+        super().__init__(KEYLESS_RECORD_MESSAGE)
+        self.indexes = tuple(indexes)
+
+
+KEYLESS_RECORD_MESSAGE = "Compacted topic cannot accept message without key"
 
 
 class InvalidTimestamp(InvalidRecord):
@@ -688,6 +707,8 @@ def validate_batch_for_append(
         # No compiled walk, or it found a fault: the Python walk decides and words the error.
         try:
             deltas = _walk_records(bytes(data), header.records_count, require_keys=require_keys)
+        except _KeylessRecords as exc:
+            raise InvalidRecord(str(exc), exc.indexes) from exc
         except InvalidRecordBatch as exc:
             raise InvalidRecord(str(exc)) from exc
     min_delta, max_delta = deltas
@@ -716,6 +737,7 @@ def _walk_records(data: bytes, count: int, *, require_keys: bool = False) -> tup
     end = len(data)
     pos = 0
     min_delta = max_delta = 0
+    keyless: list[int] = []
     try:
         for index in range(count):
             length, pos = read(data, pos)
@@ -740,7 +762,8 @@ def _walk_records(data: bytes, count: int, *, require_keys: bool = False) -> tup
             if key_size < -1 or value_size < -1:
                 raise InvalidRecordBatch(f"record {index} has invalid key or value length")
             if require_keys and key_size < 0:
-                raise InvalidRecordBatch("Compacted topic cannot accept message without key")
+                # Kafka names every keyless record of the batch, so the walk goes on (framing first).
+                keyless.append(index)
             # Each header takes at least two bytes (two length varints).
             if header_count < 0 or 2 * header_count > record_end - pos:
                 raise InvalidRecordBatch(f"record {index} has invalid header count {header_count}")
@@ -757,6 +780,8 @@ def _walk_records(data: bytes, count: int, *, require_keys: bool = False) -> tup
         raise InvalidRecordBatch("truncated record") from None
     if pos != end:
         raise InvalidRecordBatch(f"{end - pos} bytes left after the last of {count} records")
+    if keyless:
+        raise _KeylessRecords(keyless)
     return min_delta, max_delta
 
 

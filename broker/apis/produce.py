@@ -33,6 +33,7 @@ ADMIN_CLIENT_ID = "__admin_client"
 ProduceResponse = messages.ProduceResponse
 TopicResponse = ProduceResponse.TopicProduceResponse
 PartitionResponse = ProduceResponse.PartitionProduceResponse
+_RecordError = ProduceResponse.BatchIndexAndErrorMessage
 DescribeProducersResponse = messages.DescribeProducersResponse
 _DpTopic = DescribeProducersResponse.TopicResponse
 _DpPartition = DescribeProducersResponse.PartitionResponse
@@ -115,7 +116,10 @@ class ProduceHandler:
                         parts.append(PartitionResponse(index=pd.index, base_offset=-1,
                                                        error_code=client_error(ApiKey.PRODUCE, version, exc.error_code),
                                                        error_message=exc.message,
-                                                       log_start_offset=exc.log_start_offset))
+                                                       log_start_offset=exc.log_start_offset,
+                                                       record_errors=[_RecordError(batch_index=index,
+                                                                                   batch_index_error_message=text)
+                                                                      for index, text in exc.record_errors]))
                         continue
                     parts.append(PartitionResponse(index=pd.index, error_code=ErrorCode.NONE,
                                                    base_offset=result.base_offset,

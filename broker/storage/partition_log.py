@@ -30,7 +30,7 @@ import os
 import shutil
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -201,11 +201,14 @@ class LogContext:
 class AppendRefused(Exception):
     """An append as leader refused, with the Kafka error code a Produce answers it with."""
 
-    def __init__(self, error_code: int, message: str | None = None, *, log_start_offset: int = -1) -> None:
+    def __init__(self, error_code: int, message: str | None = None, *, log_start_offset: int = -1,
+                 record_errors: Sequence[tuple[int, str]] = ()) -> None:
         super().__init__(message or ErrorCode(error_code).name)
         self.error_code = error_code
         self.message = message
         self.log_start_offset = log_start_offset
+        # (index in its batch, message) of each record that caused the refusal: Produce's RecordErrors.
+        self.record_errors = tuple(record_errors)
 
 
 @dataclass
@@ -644,6 +647,13 @@ class PartitionLog:
                     else ErrorCode.INVALID_RECORD if isinstance(exc, InvalidRecord) else ErrorCode.CORRUPT_MESSAGE)
             log.warning(_REJECTED[origin], topic=ctx.topic, partition=ctx.partition, error=str(exc),
                         error_code=int(code))
+            if isinstance(exc, InvalidRecord) and exc.keyless:
+                # Kafka's LogValidator: one RecordError per keyless record, and a summary as the message.
+                errors = [(index, f"{exc} in topic partition {ctx.topic}-{ctx.partition}.") for index in exc.keyless]
+                shown = ", ".join(f"RecordError(batchIndex={i}, message='{m}')" for i, m in errors[:3])
+                raise AppendRefused(code, f"One or more records have been rejected due to {len(errors)} record "
+                                          f"errors in total, and only showing the first three errors at most: "
+                                          f"[{shown}]", record_errors=errors) from exc
             raise AppendRefused(code, str(exc)) from exc
         if origin is not AppendOrigin.REPLICATION and any(h.is_control for _p, h in headers):
             self._check_markers(buf, headers)

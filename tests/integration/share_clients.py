@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Producer, ShareConsumer
+from confluent_kafka import AcknowledgeType, KafkaException, Producer, ShareConsumer
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -93,3 +93,27 @@ def poll_until(consumer: ShareConsumer, done: Callable[[], bool], sink: Consumed
             sink.add(msg)
             if on_message is not None:
                 on_message(msg)
+
+
+def reject_confirmed(consumer: ShareConsumer, count: int, timeout: float,
+                     after_batch: Callable[[set[int]], None] | None = None) -> set[int]:
+    """REJECT every record `consumer` gets, committing each poll's acknowledgements, until `count`
+    rejections are confirmed or `timeout` passes; the offsets whose rejection the broker confirmed.
+    `after_batch` sees the confirmed offsets after each commit (to crash a broker part-way)."""
+    rejected: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while len(rejected) < count and time.monotonic() < deadline:
+        msgs = [m for m in consumer.poll(0.5) if not m.error()]
+        for m in msgs:
+            consumer.acknowledge(m, AcknowledgeType.REJECT)
+        if not msgs:
+            continue
+        try:
+            results = consumer.commit_sync(30)
+        except KafkaException:
+            continue
+        if all(err is None for err in results.values()):
+            rejected.update(m.offset() for m in msgs)
+        if after_batch is not None:
+            after_batch(rejected)
+    return rejected

@@ -23,7 +23,7 @@ from shoal.client.admin import RESOURCE_BROKER, Admin
 from shoal.protocol.errors import ErrorCode
 
 from .broker_process import BrokerProcess
-from .share_clients import create_topic, produce, set_group_config, share_consumer
+from .share_clients import create_topic, produce, reject_confirmed, set_group_config, share_consumer
 from .test_metrics import scrape
 from .test_share_admin_metrics import delta
 
@@ -294,28 +294,19 @@ def test_kill_while_dead_lettering_loses_none_and_writes_none_twice(fresh_broker
     _create_dlq_topic(bs, dlq)
     set_group_config(bs, group, share_auto_offset_reset="earliest", errors_deadletterqueue_topic_name=dlq)
     produce(bs, topic, count)
-    rejected: set[int] = set()
     consumer = share_consumer(bs, group, [topic], share_acknowledgement_mode="explicit", max_poll_records=20)
     killed = False
-    deadline = time.monotonic() + 120
+
+    def crash_once(rejected: set[int]) -> None:
+        nonlocal killed
+        if not killed and len(rejected) >= 60:
+            # Crash right behind answered rejections, whose dead-letter writes are under way.
+            fresh_broker.kill()
+            killed = True
+            fresh_broker.start()
+
     try:
-        while len(rejected) < count and time.monotonic() < deadline:
-            msgs = [m for m in consumer.poll(0.5) if not m.error()]
-            for m in msgs:
-                consumer.acknowledge(m, AcknowledgeType.REJECT)
-            if not msgs:
-                continue
-            try:
-                results = consumer.commit_sync(30)
-            except KafkaException:
-                continue
-            if all(err is None for err in results.values()):
-                rejected.update(m.offset() for m in msgs)
-            if not killed and len(rejected) >= 60:
-                # Crash right behind answered rejections, whose dead-letter writes are under way.
-                fresh_broker.kill()
-                killed = True
-                fresh_broker.start()
+        rejected = reject_confirmed(consumer, count, 120, crash_once)
     finally:
         consumer.close()
     assert killed

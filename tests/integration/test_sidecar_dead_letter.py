@@ -9,11 +9,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import AcknowledgeType, KafkaException
 
 from .broker_process import BrokerProcess
 from .names import unique_name
-from .share_clients import create_topic, produce, set_group_config, share_consumer
+from .share_clients import create_topic, produce, reject_confirmed, set_group_config, share_consumer
 from .sidecar_pair import upstream_and_sidecar
 from .test_share_dead_letter import _create_dlq_topic, _dead_letters, _headers, _wait_logged
 
@@ -31,24 +30,10 @@ def _reject(sidecar: BrokerProcess, topic: str, group: str, count: int, **extra:
     """REJECT `count` records of `topic` as a member of `group` through the sidecar; the offsets whose
     rejection the sidecar confirmed."""
     consumer = share_consumer(sidecar.bootstrap, group, [topic], share_acknowledgement_mode="explicit", **extra)
-    rejected: set[int] = set()
-    deadline = time.monotonic() + DEADLINE_S
     try:
-        while len(rejected) < count and time.monotonic() < deadline:
-            msgs = [m for m in consumer.poll(0.5) if not m.error()]
-            for m in msgs:
-                consumer.acknowledge(m, AcknowledgeType.REJECT)
-            if not msgs:
-                continue
-            try:
-                results = consumer.commit_sync(30)
-            except KafkaException:
-                continue
-            if all(err is None for err in results.values()):
-                rejected.update(m.offset() for m in msgs)
+        return reject_confirmed(consumer, count, DEADLINE_S)
     finally:
         consumer.close()
-    return rejected
 
 
 def _setup(upstream: BrokerProcess, sidecar: BrokerProcess, prefix: str, **group_configs: str) -> tuple[str, str, str]:
@@ -112,27 +97,18 @@ def test_a_sidecar_killed_while_dead_lettering_loses_none_and_writes_none_twice(
     produce(upstream.bootstrap, topic, count)
     consumer = share_consumer(sidecar.bootstrap, group, [topic], share_acknowledgement_mode="explicit",
                               max_poll_records=20)
-    rejected: set[int] = set()
     killed = False
-    deadline = time.monotonic() + 120
+
+    def crash_once(rejected: set[int]) -> None:
+        nonlocal killed
+        if not killed and len(rejected) >= 40:
+            # Right behind answered rejections, whose dead-letter writes are under way.
+            sidecar.kill()
+            killed = True
+            sidecar.start()
+
     try:
-        while len(rejected) < count and time.monotonic() < deadline:
-            msgs = [m for m in consumer.poll(0.5) if not m.error()]
-            for m in msgs:
-                consumer.acknowledge(m, AcknowledgeType.REJECT)
-            if not msgs:
-                continue
-            try:
-                results = consumer.commit_sync(30)
-            except KafkaException:
-                continue
-            if all(err is None for err in results.values()):
-                rejected.update(m.offset() for m in msgs)
-            if not killed and len(rejected) >= 40:
-                # Right behind answered rejections, whose dead-letter writes are under way.
-                sidecar.kill()
-                killed = True
-                sidecar.start()
+        rejected = reject_confirmed(consumer, count, 120, crash_once)
     finally:
         consumer.close()
     assert killed

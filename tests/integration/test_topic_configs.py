@@ -357,6 +357,26 @@ def test_append_and_subtract_on_cleanup_policy(admin: AdminClient) -> None:
     assert info.value.args[0].code() == KafkaError.INVALID_CONFIG
 
 
+def test_compacted_topic_names_each_keyless_record(broker: BrokerProcess, admin: AdminClient) -> None:
+    """Kafka refuses the whole batch but lists each keyless record in RecordErrors, so librdkafka fails only
+    those with INVALID_RECORD and the others with _INVALID_DIFFERENT_RECORD (librdkafka's test 0011)."""
+    name = unique("keyless")
+    create(admin, name, {"cleanup.policy": "compact"})
+    outcome: dict[int, int] = {}
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 1000, "retries": 0})
+    for i in range(10):
+        key = None if i % 5 == 0 else b"k%d" % i
+
+        def delivered(err: KafkaError | None, _msg: Any, i: int = i) -> None:
+            outcome[i] = err.code() if err is not None else 0
+
+        producer.produce(name, key=key, value=b"v%d" % i, on_delivery=delivered)
+    assert producer.flush(30) == 0
+    assert outcome == {i: KafkaError.INVALID_RECORD if i % 5 == 0 else KafkaError._INVALID_DIFFERENT_RECORD
+                       for i in range(10)}
+    assert fetch_batches(broker.bootstrap, name) == b""
+
+
 def test_dynamic_broker_defaults_reach_topics(tmp_path: Path) -> None:
     """A broker's log default changed at runtime applies to every topic that does not set the key, as in
     Kafka's DynamicLogConfig; keys Kafka treats as dynamic that mean nothing here are accepted."""

@@ -296,3 +296,15 @@ def test_corner_cases_walk_the_same(raw: bytes, count: int, require_keys: bool, 
     for codec in CODECS:
         batch = encode_batch([RecordInput(b"k", b"v", (), 0)], compression=codec)
         assert_same_outcome(with_records_section(batch, raw, count=count), require_keys=require_keys, bounds=bounds)
+
+
+def test_every_keyless_record_of_a_batch_is_named() -> None:
+    """A compacted topic's refusal lists each keyless record by its index in the batch, as Kafka's
+    RecordErrors do, whichever walk found the first one."""
+    keys = [b"a", None, b"c", None, None, b"f"]
+    buf = bytearray(encode_batch([RecordInput(key, b"v", (), NOW) for key in keys]))
+    header = parse_batch_header(buf, 0)
+    with pytest.raises(InvalidRecord) as info:
+        validate_batch_for_append(buf, 0, header, require_keys=True)
+    assert info.value.keyless == (1, 3, 4)
+    validate_batch_for_append(buf, 0, header, require_keys=False)
