@@ -150,9 +150,13 @@ def test_a_second_sidecar_taking_the_state_fences_the_first(tmp_path: Path, upst
         finally:
             consumer.close()
         # The same membership group: the second sidecar joins it and the group hands it half the state
-        # partitions, each taken with a new producer epoch, which fences the first's writer of it.
-        second = _sidecar(tmp_path / "b", upstream, membership, "node.id=8").start()
-        assert re.search(r"state partition taken .*producer_epoch=[1-9]", second.log_text())
+        # partitions, each taken with a new producer epoch, which fences the first's writer of it. The first
+        # writes with transaction.version 2 (the upstream finalizes it), the second is held to 1: fencing
+        # does not depend on the protocol either side speaks.
+        assert re.search(r"state partition taken .*transaction_version=2", first.log_text())
+        second = _sidecar(tmp_path / "b", upstream, membership, "node.id=8",
+                          "upstream.state.transaction.version=1").start()
+        assert re.search(r"state partition taken .*producer_epoch=[1-9].*transaction_version=1", second.log_text())
         # What the first sidecar acknowledged before counts, whichever sidecar now holds its state (asked of
         # the group's coordinator, as an admin client would find it; the other answers NOT_COORDINATOR).
         described = [describe_offsets(s.bootstrap, group) for s in (first, second)]
