@@ -73,7 +73,7 @@ class SplicedBuffer(bytearray):
 
 def _write_records(out: bytearray, data: Buffer) -> None:
     """Append a record set, or splice it in when `out` is a SplicedBuffer and the set is large."""
-    if len(data) >= SplicedBuffer.SPLICE_MIN and type(out) is SplicedBuffer:
+    if isinstance(out, SplicedBuffer) and len(data) >= out.SPLICE_MIN:
         out.splices.append((len(out), data))
         out.spliced_bytes += len(data)
     else:

@@ -137,6 +137,22 @@ def encode_response_parts(body: MessageBase, api_key: int, api_version: int, cor
     return out.parts()
 
 
+class _SizingBuffer(SplicedBuffer):
+    """Every record set is spliced: measuring a response copies none of its records."""
+
+    SPLICE_MIN = 0
+
+
+def response_size(body: MessageBase, api_key: int, api_version: int) -> int:
+    """The size of the response as `encode_response_parts` frames it (size prefix and header included),
+    its record sets counted but not copied. What a fetch quota records (Kafka's FetchResponse.sizeOf)."""
+    out = _SizingBuffer(b"\x00" * 8)
+    if response_header_version(api_key, api_version) >= 1:
+        out.append(0)
+    RESPONSES[api_key].encode(body, api_version, out)
+    return len(out) + out.spliced_bytes
+
+
 def encode_response(body: MessageBase, api_key: int, api_version: int, correlation_id: int, *, framed: bool = True) -> bytearray:
     """Response header + body, with the 4-byte size prefix when `framed`."""
     out = bytearray(b"\x00\x00\x00\x00") if framed else bytearray()

@@ -46,7 +46,7 @@ class FetchHandler:
             response, total, keys = self._read_all(ctx, req, version)
             remaining = deadline - time.monotonic()
             if total >= req.min_bytes or remaining <= 0 or not keys or ctx.connection.closed:
-                throttle_ms = self.services.quotas.throttle_fetch(ctx, total)
+                throttle_ms = self.services.quotas.throttle_fetch(ctx, response, ApiKey.FETCH, version)
                 if throttle_ms > 0:
                     # Over quota: Kafka answers with no data at all and the throttle time.
                     return FetchResponse(throttle_time_ms=throttle_ms, error_code=ErrorCode.NONE, session_id=0,

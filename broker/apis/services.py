@@ -130,6 +130,8 @@ class ShareFetchServices:
     share_partitions: SharePartitionLeaders
     # Called with each connection that closes (its share sessions end with it).
     connection_listeners: list[Callable[[Any], None]]
+    # consumer_byte_rate applies to ShareFetch as to Fetch.
+    quotas: ClientQuotas
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from shoal.broker.share.share_partition_manager import (
     AckRules,
     FetchParams,
     PartitionResult,
+    ShareFetchResult,
     SharePartitionManager,
     TopicReadAuthorizer,
 )
@@ -65,7 +66,10 @@ class ShareFetchHandlers:
                               error_message="a renew-only ShareFetch must not ask for records")
         mode = AcquireMode(req.share_acquire_mode) if version >= 2 and req.share_acquire_mode in (0, 1) \
             else AcquireMode.BATCH_OPTIMIZED
-        params = FetchParams(max_wait_ms=req.max_wait_ms, min_bytes=req.min_bytes, max_bytes=req.max_bytes,
+        # As Kafka: never more than the consumer's quota allows in one window, which would throttle it for sure.
+        max_bytes = req.max_bytes if req.max_bytes <= 0 else max(1, int(min(
+            req.max_bytes, self.services.quotas.fetch_max_bytes(ctx))))
+        params = FetchParams(max_wait_ms=req.max_wait_ms, min_bytes=min(req.min_bytes, max_bytes), max_bytes=max_bytes,
                              max_records=req.max_records, batch_size=req.batch_size, mode=mode,
                              headers_only=req.shoal_headers_only)
         acks = {TopicIdPartition(t.topic_id, p.partition_index): _ack_batches(p.acknowledgement_batches)
@@ -75,9 +79,19 @@ class ShareFetchHandlers:
                                           acks, forgotten, _ack_rules(version, is_renew), params)
         if result.error_code != ErrorCode.NONE:
             return SfResponse(error_code=result.error_code, error_message=result.error_message)
+        response = self._response(group, result, req.shoal_headers_only)
+        throttle_ms = self.services.quotas.throttle_fetch(ctx, response, ApiKey.SHARE_FETCH, version)
+        if throttle_ms > 0:
+            # Over the consumer_byte_rate quota: as Kafka, no records, only the acknowledgements' outcomes.
+            withheld = await self.manager.withhold_records(group, member, result, [tp for tp, b in acks.items() if b])
+            response = self._response(group, withheld, req.shoal_headers_only)
+            response.throttle_time_ms = throttle_ms
+        return response
+
+    def _response(self, group: str, result: ShareFetchResult, headers_only: bool) -> SfResponse:
         by_topic: dict[bytes, list[SfPartition]] = {}
         for tp, pr in result.partitions.items():
-            by_topic.setdefault(tp.topic_id, []).append(self._fetched_partition(tp.partition, pr, req.shoal_headers_only))
+            by_topic.setdefault(tp.topic_id, []).append(self._fetched_partition(tp.partition, pr, headers_only))
         return SfResponse(
             error_code=ErrorCode.NONE,
             acquisition_lock_timeout_ms=self.manager.lock_timeout_ms(group),

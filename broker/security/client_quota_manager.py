@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 
 from shoal.broker.storage.client_quotas import CLIENT_ID, USER, ClientQuotaStore
+from shoal.protocol import messages
+from shoal.protocol.codec import MessageBase
 
 if TYPE_CHECKING:
     from shoal.broker.common.metrics import BrokerMetrics
@@ -267,17 +269,22 @@ class ClientQuotas:
         return throttle
 
     def fetch_max_bytes(self, request: ThrottledRequest) -> float:
-        """The most bytes a Fetch may answer with before its own size alone would throttle it."""
+        """The most bytes a Fetch or ShareFetch may answer with before its own size alone would throttle it."""
         return self.fetch.max_value_in_quota_window(request.quota_user, request.quota_client_id)
 
-    def throttle_fetch(self, request: ThrottledRequest, response_size: int) -> int:
-        """Record a Fetch response's size. Over quota the connection is muted and the size taken back,
-        because the caller then answers with no records (Kafka's throttled fetch response)."""
+    def throttle_fetch(self, request: ThrottledRequest, response: MessageBase, api_key: int, version: int) -> int:
+        """Record a Fetch or ShareFetch response's encoded size (as Kafka, the whole response, not only its
+        records). Over quota the connection is muted and the size taken back, because the caller then
+        answers with no records (Kafka's throttled fetch response). The throttle time in ms."""
         manager = self.fetch
+        if not manager.quotas_enabled():
+            return 0  # no quota anywhere: the response is not measured at all
+        size = messages.response_size(response, api_key, version)
         user, client_id = request.quota_user, request.quota_client_id
         now = manager.now_ms()
-        throttle = manager.record_and_get_throttle_ms(user, client_id, response_size, now)
+        throttle = manager.record_and_get_throttle_ms(user, client_id, size, now)
         if throttle > 0:
-            manager.unrecord(user, client_id, response_size, now)
+            manager.unrecord(user, client_id, size, now)
+            # Kafka's quota type: ShareFetch records into the same Fetch sensor.
             self._throttled(request, "Fetch", throttle)
         return throttle

@@ -79,7 +79,7 @@ def register_all(b: Broker) -> None:
                                                    b.finalized_features))
     alter_configs.register(b, AlterConfigsServices(b.config, b.node_id, b.topics, b.group_configs, b.on_group_config_changed))
     share_fetch.register(b, ShareFetchServices(b.config, b.node_id, b.share_topics, b.purgatory, b.group_configs,
-                                               b.metrics, b.share_partitions, b.connection_listeners))
+                                               b.metrics, b.share_partitions, b.connection_listeners, quotas))
     share_group_apis.register(b, ShareGroupServices(b.config, b.share_groups, b.classic_groups, b.consumer_groups))
     classic_group_apis.register(b, ClassicGroupServices(b.topics, b.classic_groups, b.group_coordinator))
     consumer_group_apis.register(b, ConsumerGroupServices(b.consumer_groups))

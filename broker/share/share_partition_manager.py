@@ -216,6 +216,26 @@ class SharePartitionManager:
                               if pd.error_code != ErrorCode.NONE and tp in session.partitions)
         return ShareFetchResult(partitions=results)
 
+    async def withhold_records(self, group: str, member: str, result: ShareFetchResult,
+                               acknowledged: Iterable[TopicIdPartition]) -> ShareFetchResult:
+        """What a throttled ShareFetch answers (Kafka's throttleResponse): no records, only the outcomes of
+        the acknowledgements it carried (the `acknowledged` partitions). What it acquired is given back as a
+        RELEASE acknowledgement would, so the records are available again at once with the delivery
+        counted; Kafka leaves them acquired until their lock expires, with the same count."""
+        releases = []
+        for tp, pr in result.partitions.items():
+            leader = self.leaders.get(SharePartitionKey(group, tp.topic_id, tp.partition)) if pr.acquired else None
+            if leader is not None:
+                releases.append(leader.acknowledge(member, [
+                    AckBatch(r.first_offset, r.last_offset, [AcknowledgeType.RELEASE]) for r in pr.acquired]))
+        for code in await asyncio.gather(*releases):
+            if code != ErrorCode.NONE:
+                log.info("release of records withheld from a throttled fetch failed; they return when their "
+                         "locks expire", group=group, member=member, error_code=code)
+        return ShareFetchResult(partitions={
+            tp: PartitionResult(acknowledge_error_code=result.partitions[tp].acknowledge_error_code)
+            for tp in acknowledged if tp in result.partitions})
+
     @staticmethod
     async def _ack_code(ack: _Ack, results: dict[TopicIdPartition, PartitionResult]) -> None:
         results[ack.tp].acknowledge_error_code = await ack.done

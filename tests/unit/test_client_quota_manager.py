@@ -19,6 +19,9 @@ from shoal.broker.security.client_quota_manager import (
     throttle_time_ms,
 )
 from shoal.broker.storage.client_quotas import CLIENT_ID, USER, ClientQuotaStore, QuotaOp
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.codec import SplicedBuffer
 
 # (gap in ms since the previous record, value)
 records = st.lists(st.tuples(st.integers(0, 3000), st.integers(0, 10**6)), min_size=1, max_size=60)
@@ -167,16 +170,71 @@ class _Request:
         self.muted.append(throttle_ms)
 
 
+def _fetch_response(*records: bytes) -> messages.FetchResponse:
+    fr = messages.FetchResponse
+    parts = [fr.PartitionData(partition_index=i, high_watermark=0, last_stable_offset=0, log_start_offset=0,
+                              aborted_transactions=None, preferred_read_replica=-1, records=data)
+             for i, data in enumerate(records)]
+    return fr(error_code=0, session_id=0, responses=[
+        fr.FetchableTopicResponse(topic="t", topic_id=b"\x01" * 16, partitions=parts)])
+
+
+def _share_fetch_response(*records: bytes) -> messages.ShareFetchResponse:
+    sf = messages.ShareFetchResponse
+    parts = [sf.PartitionData(partition_index=i, records=data, current_leader=sf.LeaderIdAndEpoch(),
+                              acquired_records=[sf.AcquiredRecords(first_offset=0, last_offset=0, delivery_count=1)])
+             for i, data in enumerate(records)]
+    return sf(responses=[sf.ShareFetchableTopicResponse(topic_id=b"\x01" * 16, partitions=parts)], node_endpoints=[])
+
+
+FETCH_V = 16
+
+
 def test_throttled_fetch_is_not_counted_and_mutes_the_connection(tmp_path):
     store = _store(tmp_path, (((CLIENT_ID, "reader"),), CONSUMER_BYTE_RATE, 100.0))
     clock = _Clock()
     quotas = ClientQuotas(store, 11, 1, clock)
     request = _Request("ANONYMOUS", "reader")
     assert quotas.fetch_max_bytes(request) == 1000
-    assert quotas.throttle_fetch(request, 800) == 0
-    throttle = quotas.throttle_fetch(request, 800)
+    big = _fetch_response(b"x" * 700)
+    size = messages.response_size(big, ApiKey.FETCH, FETCH_V)
+    assert 700 < size < 1000
+    assert quotas.throttle_fetch(request, big, ApiKey.FETCH, FETCH_V) == 0
+    throttle = quotas.throttle_fetch(request, big, ApiKey.FETCH, FETCH_V)
     assert throttle > 0 and request.muted == [throttle]
-    # The throttled response carried no records, so only the first 800 bytes count: 200 more are within quota.
-    assert quotas.throttle_fetch(request, 200) == 0
+    # The throttled response carried no records, so only the first one counts: what is left is within quota.
+    rest = _fetch_response(b"y" * (1000 - size - 100))
+    assert quotas.throttle_fetch(request, rest, ApiKey.FETCH, FETCH_V) == 0
     # Produce has no quota here: nothing is throttled whatever the size.
     assert quotas.throttle_produce(request, 10**9) == 0 and request.muted == [throttle]
+
+
+def test_fetch_quota_counts_the_whole_response_not_only_its_records(tmp_path):
+    """As Kafka (FetchResponse.sizeOf): a response of many partitions and no records still costs its bytes."""
+    store = _store(tmp_path, (((CLIENT_ID, "reader"),), CONSUMER_BYTE_RATE, 100.0))
+    quotas = ClientQuotas(store, 11, 1, _Clock())
+    request = _Request("ANONYMOUS", "reader")
+    empty = _fetch_response(*([b""] * 100))
+    assert messages.response_size(empty, ApiKey.FETCH, FETCH_V) > 1000
+    assert quotas.throttle_fetch(request, empty, ApiKey.FETCH, FETCH_V) > 0
+    share_empty = _share_fetch_response(*([b""] * 100))
+    assert quotas.throttle_fetch(_Request("other", "reader2"), share_empty, ApiKey.SHARE_FETCH, 1) == 0
+    assert quotas.throttle_fetch(request, share_empty, ApiKey.SHARE_FETCH, 1) > 0
+
+
+def test_no_quota_no_measure(tmp_path):
+    """Without any consumer_byte_rate quota the response is not even measured (it could not throttle)."""
+    quotas = ClientQuotas(_store(tmp_path, (((CLIENT_ID, "x"),), PRODUCER_BYTE_RATE, 1.0)), 11, 1, _Clock())
+    assert quotas.throttle_fetch(_Request("u", "x"), _fetch_response(b"z" * 10**6), ApiKey.FETCH, FETCH_V) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 3 * SplicedBuffer.SPLICE_MIN), min_size=0, max_size=4), st.booleans(),
+       st.sampled_from([4, 11, 12, 16, 17]))
+def test_response_size_is_the_framed_encoded_size(sizes, share, fetch_version):
+    """response_size equals what the connection writes, record sets small (copied) and large (spliced)."""
+    records = [bytes(n) for n in sizes]
+    body, key, version = ((_share_fetch_response(*records), ApiKey.SHARE_FETCH, 1) if share
+                          else (_fetch_response(*records), ApiKey.FETCH, fetch_version))
+    parts = messages.encode_response_parts(body, key, version, correlation_id=7)
+    assert messages.response_size(body, key, version) == sum(len(memoryview(p)) for p in parts)
