@@ -549,7 +549,8 @@ class Broker:
             self.state_logs[name] = UpstreamStateLog(
                 self.upstream_cluster, upstream_name, name, created[upstream_name].partitions,
                 settings.membership_group_id,
-                on_lost=functools.partial(self._on_state_partition_lost, name))
+                on_lost=functools.partial(self._on_state_partition_lost, name),
+                max_transaction_version=settings.state_transaction_version)
         return self.state_logs[CONSUMER_OFFSETS], self.state_logs[SHARE_GROUP_STATE]
 
     async def _take_state_partitions(self) -> None:
