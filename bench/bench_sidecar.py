@@ -15,7 +15,16 @@ to the last record (the group's join and first heartbeat included, as the plain 
 from the first record received to the last (as bench_share.py counts; librdkafka's ShareConsumer fetches in
 the background, so records may be waiting already when the first poll returns: this one flatters).
 
+Share-state writes: the sidecar writes its share state to the upstream in transactions, with
+transaction.version 2 when the upstream finalizes it (standalone Shoal does). A second sidecar with
+`upstream.state.transaction.version=1` (its own membership group, so neither fences the other) drains
+the same topic with a group of its own in each round, so the two transaction protocols are paired in one
+run: "share consume sidecar tv1" against "share consume sidecar". Whichever of the two consumes first in a
+round also waits for its sidecar to discover the new topic (the upstream metadata refresh), which the second
+finds done: they alternate, so pair them with an even `--rounds`, or compare the "1st rec on" figures.
+
 Usage: python bench/bench_sidecar.py [--records 300000] [--value-bytes 100] [--partitions 4] [--rounds 3]
+       [--no-tv1]
 """
 
 from __future__ import annotations
@@ -60,6 +69,7 @@ def main() -> int:
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-tv1", action="store_true", help="skip the sidecar writing its state with TV1")
     args = parser.parse_args()
     value = os.urandom(args.value_bytes)
     n, parts = args.records, args.partitions
@@ -67,10 +77,16 @@ def main() -> int:
     small = ["offsets.topic.num.partitions=4", "share.coordinator.state.topic.num.partitions=4",
              "transaction.state.log.num.partitions=4"]
     upstream, up_addr = start_shoal(os.path.join(base, "upstream"), small)
-    sidecar = None
+    sidecar = tv1 = None
     try:
         sidecar, side_addr = start_shoal(os.path.join(base, "sidecar"),
-                                         [*small, "node.id=2", f"upstream.bootstrap.servers={up_addr}"])
+                                         [*small, "node.id=2", f"upstream.bootstrap.servers={up_addr}",
+                                          "upstream.membership.group.id=bench-sidecar"])
+        if not args.no_tv1:
+            tv1, tv1_addr = start_shoal(os.path.join(base, "sidecar-tv1"),
+                                        [*small, "node.id=3", f"upstream.bootstrap.servers={up_addr}",
+                                         "upstream.membership.group.id=bench-sidecar-tv1",
+                                         "upstream.state.transaction.version=1"])
         runs: dict[str, list[Result]] = {}
         for round_ in range(args.rounds):
             order = [("direct", up_addr), ("sidecar", side_addr)]
@@ -80,10 +96,12 @@ def main() -> int:
                 runs.setdefault(f"produce {label}", []).append(produce(addr, topic, n, value, parts, "1"))
                 runs.setdefault(f"consume {label}", []).append(fetch(addr, topic, n, parts, args.value_bytes))
                 if label == "direct":
-                    group = f"bench-share-{round_}-{time.time_ns()}"
-                    whole, streaming = share_consume(side_addr, topic, group, n, args.value_bytes)
-                    runs.setdefault("share consume sidecar", []).append(whole)
-                    runs.setdefault("share sidecar, 1st rec on", []).append(streaming)
+                    sharers = [("", side_addr)] + ([] if tv1 is None else [(" tv1", tv1_addr)])
+                    for suffix, addr in sharers if round_ % 2 == 0 else sharers[::-1]:
+                        group = f"bench-share{suffix.strip()}-{round_}-{time.time_ns()}"
+                        whole, streaming = share_consume(addr, topic, group, n, args.value_bytes)
+                        runs.setdefault(f"share consume sidecar{suffix}", []).append(whole)
+                        runs.setdefault(f"share sidecar{suffix}, 1st rec on", []).append(streaming)
         results = {label: sorted(rs, key=lambda r: r.rate)[len(rs) // 2] for label, rs in runs.items()}
         print(f"{n:,} records x {args.value_bytes} B over {parts} partitions, upstream: one standalone Shoal; "
               f"median of {args.rounds} rounds")
@@ -98,9 +116,15 @@ def main() -> int:
         streaming_ratio = results["share sidecar, 1st rec on"].rate / results["consume direct"].rate
         print(f"  share consume through the sidecar / plain consume direct: {share_ratio:.2f} "
               f"(from the first record: {streaming_ratio:.2f})")
+        if tv1 is not None:
+            tv1_ratio = results["share consume sidecar tv1"].rate / results["consume direct"].rate
+            tv1_streaming = results["share sidecar tv1, 1st rec on"].rate / results["consume direct"].rate
+            print(f"  the same, state written with transaction.version 1: {tv1_ratio:.2f} "
+                  f"(from the first record: {tv1_streaming:.2f})")
     finally:
-        if sidecar is not None:
-            stop(sidecar)
+        for proc in (sidecar, tv1):
+            if proc is not None:
+                stop(proc)
         stop(upstream)
         shutil.rmtree(base, ignore_errors=True)
     return 0

@@ -17,7 +17,7 @@ from shoal.broker.common.config import (
     ConfigError,
 )
 from shoal.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
-from shoal.broker.share.group_configs import InvalidGroupConfig, validation_context
+from shoal.broker.share.group_configs import GroupConfigStoreError, InvalidGroupConfig, validation_context
 from shoal.broker.storage.log_config import LIST_TYPED, apply_list_op
 from shoal.broker.storage.topic_registry import validate_topic_config
 from shoal.protocol import messages
@@ -44,7 +44,7 @@ class AlterConfigs:
     def __init__(self, services: AlterConfigsServices):
         self.services = services
 
-    def incremental_alter_configs(self, ctx: RequestContext, req: messages.IncrementalAlterConfigsRequest) -> messages.IncrementalAlterConfigsResponse:
+    async def incremental_alter_configs(self, ctx: RequestContext, req: messages.IncrementalAlterConfigsRequest) -> messages.IncrementalAlterConfigsResponse:
         out = []
         for r in req.resources:
             res = ResourceResponse(error_code=ErrorCode.NONE, error_message=None,
@@ -75,7 +75,7 @@ class AlterConfigs:
                          reason=bad)
                 continue
             if r.resource_type == RESOURCE_GROUP:
-                self._alter_group(ctx, r.resource_name, changes, req.validate_only, res)
+                await self._alter_group(ctx, r.resource_name, changes, req.validate_only, res)
             elif r.resource_type == RESOURCE_TOPIC:
                 self._alter_topic(ctx, r.resource_name, changes, req.validate_only, res)
             elif r.resource_type == RESOURCE_BROKER:
@@ -85,7 +85,7 @@ class AlterConfigs:
                 res.error_message = f"resource type {r.resource_type} cannot be altered on this broker"
         return Response(responses=out)
 
-    def alter_configs(self, ctx: RequestContext, req: messages.AlterConfigsRequest) -> messages.AlterConfigsResponse:
+    async def alter_configs(self, ctx: RequestContext, req: messages.AlterConfigsRequest) -> messages.AlterConfigsResponse:
         """The legacy, non-incremental AlterConfigs: each resource's dynamic configs become exactly the ones
         given; any other set before returns to its default (as Kafka does)."""
         out = []
@@ -107,7 +107,7 @@ class AlterConfigs:
             elif r.resource_type == RESOURCE_GROUP:
                 current = list(self.services.group_configs.explicit(r.resource_name))
                 changes = given + [(k, None) for k in current if k not in names]
-                self._alter_group(ctx, r.resource_name, changes, req.validate_only, res)
+                await self._alter_group(ctx, r.resource_name, changes, req.validate_only, res)
             else:
                 res.error_code = ErrorCode.INVALID_REQUEST
                 res.error_message = f"resource type {r.resource_type} cannot be altered on this broker"
@@ -115,7 +115,7 @@ class AlterConfigs:
                                               resource_type=r.resource_type, resource_name=r.resource_name))
         return messages.AlterConfigsResponse(responses=out)
 
-    def _alter_group(self, ctx: RequestContext, group: str, changes: list[tuple[str, str | None]],
+    async def _alter_group(self, ctx: RequestContext, group: str, changes: list[tuple[str, str | None]],
                      validate_only: bool, res: ResourceResponse) -> None:
         if not ctx.authorize(Operation.ALTER_CONFIGS, ResourceType.GROUP, group):
             res.error_code = ErrorCode.GROUP_AUTHORIZATION_FAILED
@@ -127,10 +127,15 @@ class AlterConfigs:
             if validate_only:
                 configs.validate_all(changes, check)
                 return
-            configs.apply(group, changes, check)
+            # Sidecar mode: answered once the upstream has the change (acks=all).
+            await configs.alter(group, changes, check)
         except InvalidGroupConfig as exc:
             res.error_code, res.error_message = ErrorCode.INVALID_CONFIG, str(exc)
             log.info("group config refused", group=group, reason=res.error_message)
+            return
+        except GroupConfigStoreError as exc:
+            res.error_code, res.error_message = exc.error_code, shorten(str(exc))
+            log.warning("group config not stored", group=group, reason=res.error_message)
             return
         log.info("group config changed", group=group, changes=dict(changes))
         self.services.on_group_config_changed(group)

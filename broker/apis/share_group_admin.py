@@ -14,6 +14,7 @@ import structlog
 
 from shoal.broker.apis.share_group_apis import GROUP_OPERATIONS, ShareGroupHandlers
 from shoal.broker.security.authorizer import Operation, ResourceType
+from shoal.broker.share.group_configs import GroupConfigStoreError
 from shoal.broker.storage.partition_source import LATEST, SourceUnavailable
 from shoal.coordinator.classic_group import ClassicGroup, ClassicGroupState
 from shoal.persister.persister import SharePartitionKey, StateSummary
@@ -309,7 +310,10 @@ class ShareGroupAdmin(ShareGroupHandlers):
                 code = await groups.delete_group(group_id)
                 if code == ErrorCode.NONE and share:
                     # Dynamic configs and in-memory share partitions die with the group.
-                    self.services.group_configs.delete_group(group_id)
+                    try:
+                        await self.services.group_configs.delete_group(group_id)
+                    except GroupConfigStoreError as exc:  # the group is gone; its configs stay stored
+                        log.warning("deleted group's configs not removed", group=group_id, reason=str(exc))
                     self.services.share_partitions.drop_group(group_id)
             results.append(_DeletableGroup(group_id=group_id, error_code=code))
         return DeleteGroupsResponse(results=results)

@@ -7,7 +7,7 @@ import functools
 import inspect
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from shoal.broker.storage.transaction_markers import TransactionMarkerWriter
     from shoal.broker.upstream.cluster import UpstreamCluster
     from shoal.broker.upstream.forwarder import Forwarder
+    from shoal.broker.upstream.group_config_log import UpstreamGroupConfigLog
     from shoal.broker.upstream.state_log import UpstreamStateLog
     from shoal.broker.upstream.topics import UpstreamTopics
     from shoal.coordinator.classic_coordinator import ClassicGroupCoordinator
@@ -125,6 +126,8 @@ class Broker:
         self.upstream_cluster: UpstreamCluster | None = None
         self.upstream_forwarder: Forwarder | None = None
         self.upstream_topics: UpstreamTopics | None = None
+        # Sidecar mode: where the group configs are kept (set up in start()).
+        self.group_config_log: UpstreamGroupConfigLog | None = None
         # Sidecar mode: this instance's part in the group of sidecars on the upstream (set up in start()).
         self.sidecar_group: SidecarGroup | None = None
         # Sidecar mode: the coordinators' record logs on the upstream, by local internal topic name.
@@ -305,6 +308,28 @@ class Broker:
             raise
         self.upstream_cluster = cluster
         self.upstream_forwarder = Forwarder(cluster)
+        await self._start_group_config_log()
+
+    async def _start_group_config_log(self) -> None:
+        """Sidecar mode: group configs live on the upstream (`__shoal_group_configs`), read whole before
+        anything is served, and followed from then on."""
+        from shoal.broker.storage.partition_source import SourceUnavailable
+        from shoal.broker.upstream.cluster import UpstreamStartError
+        from shoal.broker.upstream.group_config_log import UpstreamGroupConfigLog
+
+        assert self.upstream_cluster is not None and self.upstream_forwarder is not None
+
+        def changed(group_id: str, configs: Mapping[str, str] | None) -> None:
+            self.group_configs.replace(group_id, configs)
+            self.on_group_config_changed(group_id)
+
+        group_config_log = UpstreamGroupConfigLog(self.upstream_cluster, self.upstream_forwarder, changed)
+        self.group_configs.use_store(group_config_log)
+        try:
+            await group_config_log.start(self.upstream_cluster.settings.state_topic_replication_factor)
+        except SourceUnavailable as exc:
+            raise UpstreamStartError(f"cannot read the upstream group configs: {exc}") from exc
+        self.group_config_log = group_config_log
 
     async def _retention_loop(self) -> None:
         interval = int(self.config["log.retention.check.interval.ms"]) / 1000
@@ -356,6 +381,8 @@ class Broker:
                     log.exception("final flush failed", topic=topic.name)
                 await plog.stop_background()
         self.topics.close()
+        if self.group_config_log is not None:
+            await self.group_config_log.stop()
         if self.upstream_topics is not None:
             await self.upstream_topics.stop()
         if self.upstream_cluster is not None:
@@ -522,7 +549,8 @@ class Broker:
             self.state_logs[name] = UpstreamStateLog(
                 self.upstream_cluster, upstream_name, name, created[upstream_name].partitions,
                 settings.membership_group_id,
-                on_lost=functools.partial(self._on_state_partition_lost, name))
+                on_lost=functools.partial(self._on_state_partition_lost, name),
+                max_transaction_version=settings.state_transaction_version)
         return self.state_logs[CONSUMER_OFFSETS], self.state_logs[SHARE_GROUP_STATE]
 
     async def _take_state_partitions(self) -> None:

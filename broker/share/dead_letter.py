@@ -39,6 +39,7 @@ from shoal.broker.common.config import BrokerConfig
 from shoal.broker.storage.partition_log import AppendOrigin, AppendRefused, PartitionLog
 from shoal.broker.storage.partition_source import EARLIEST, LATEST, LocalPartitionSource, PartitionSource
 from shoal.broker.storage.topic_registry import Topic, TopicRegistry
+from shoal.broker.upstream.produce import produce_acks_all
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -315,7 +316,6 @@ async def already_dead_lettered(dlq_log: PartitionLog | PartitionSource, source:
 
 # Kafka's default max.message.bytes: the upstream topic's own setting is not read, so batches stay below it.
 _UPSTREAM_MAX_BATCH_BYTES = 1024 * 1024
-_UPSTREAM_PRODUCE_VERSION = 9
 _CREATE_TOPICS_VERSION = 5
 _DESCRIBE_CONFIGS_VERSION = 4
 _CONFIG_TOPIC = 2  # ConfigResource.Type.TOPIC
@@ -397,31 +397,8 @@ class UpstreamDeadLetters:
     async def produce(self, topic: str, partition: int, batches: bytes) -> None:
         """Produce with acks=all, retrying what a moving leader or a just-created topic answers; the caller
         logs a failure and archives the records, as Kafka does once its retries are spent."""
-        part = messages.ProduceRequest.PartitionProduceData(index=partition, records=batches)
-        request = messages.ProduceRequest(
-            transactional_id=None, acks=-1, timeout_ms=self.timeout_ms,
-            topic_data=[messages.ProduceRequest.TopicProduceData(name=topic, partition_data=[part])])
-        for backoff_s in _PRODUCE_BACKOFF_S:
-            response = await self.forwarder.produce(request, _UPSTREAM_PRODUCE_VERSION)
-            assert response is not None  # acks=all is answered
-            codes = [p.error_code for t in response.responses for p in t.partition_responses]
-            code = next((c for c in codes if c != ErrorCode.NONE), ErrorCode.NONE)
-            if code == ErrorCode.NONE:
-                return
-            if code not in _RETRIED or backoff_s is None:
-                raise UpstreamProduceFailed(
-                    f"the upstream refused the dead-letter records for {topic}-{partition}: error {code}")
-            await asyncio.sleep(backoff_s)
-
-
-# Retried produce answers (leadership moving, a topic just created), and the waits between tries.
-_RETRIED = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.LEADER_NOT_AVAILABLE,
-                      ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.REQUEST_TIMED_OUT})
-_PRODUCE_BACKOFF_S = (0.1, 0.5, 1.0, None)
-
-
-class UpstreamProduceFailed(Exception):
-    """The upstream did not take the dead-letter records."""
+        await produce_acks_all(self.forwarder, topic, partition, batches, timeout_ms=self.timeout_ms,
+                               what="dead-letter records")
 
 
 class _UpstreamTarget:

@@ -7,19 +7,25 @@ which the caller supplies.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
+
+import structlog
 
 from shoal.broker.common.config import SHARE_BOUNDS, BrokerConfig
+from shoal.broker.upstream.produce import UpstreamProduceFailed
 from shoal.iso_duration import parse_iso_duration_ms
 from shoal.protocol.errors import shorten
 
 if TYPE_CHECKING:
     from shoal.broker.storage.topic_registry import TopicRegistry
+
+log = structlog.get_logger("shoal.group_configs")
 
 FILE_NAME = "shoal-group-configs.json"
 
@@ -166,13 +172,39 @@ KEYS: dict[str, GroupConfigKey] = {
 }
 
 
+# A store's write that did not succeed (sidecar mode: the upstream refused it or did not answer), with the
+# Kafka error code to answer the change with.
+GroupConfigStoreError = UpstreamProduceFailed
+
+
+class GroupConfigStore(Protocol):
+    """Where group configs are kept when not in the local directory (sidecar mode: a topic on the upstream)."""
+
+    async def write(self, group_id: str, configs: Mapping[str, str] | None) -> None:
+        """Store the group's whole explicit config map (None: the group has none left) and apply it here
+        through `GroupConfigs.replace`, unless a later change of the group already was; returns once
+        durable, raises GroupConfigStoreError when it cannot."""
+
+
 class GroupConfigs:
     def __init__(self, data_dir: Path, broker_config: BrokerConfig):
         self.path = data_dir / FILE_NAME
         self.broker_config = broker_config
         self._groups: dict[str, dict[str, str]] = {}
+        # None: the local file holds them (standalone); otherwise the store does and the file is not used.
+        self.store: GroupConfigStore | None = None
+        self._writing = asyncio.Lock()
         if self.path.exists():
             self._groups = json.loads(self.path.read_text())
+
+    def use_store(self, store: GroupConfigStore) -> None:
+        """Keep the configs in `store` from now on; what the local file held is dropped (the store's
+        reader fills them in through `replace`)."""
+        if self._groups:
+            log.warning("group configs in the local directory are not used: they are kept on the upstream",
+                        path=str(self.path), groups=len(self._groups))
+        self._groups = {}
+        self.store = store
 
     def explicit(self, group_id: str) -> dict[str, str]:
         return dict(self._groups.get(group_id, {}))
@@ -214,21 +246,51 @@ class GroupConfigs:
         for key, value in changes:
             cls.validate(key, value, ctx)
 
-    def apply(self, group_id: str, changes: list[tuple[str, str | None]], ctx: ValidationContext) -> None:
-        """Set (value) or delete (None) keys, all validated first, then persisted atomically."""
+    def planned(self, group_id: str, changes: list[tuple[str, str | None]],
+                ctx: ValidationContext) -> dict[str, str]:
+        """The group's explicit configs once `changes` (set a value, or delete with None) are made; every
+        change validated first. Nothing changes yet."""
         self.validate_all(changes, ctx)
-        current = self._groups.setdefault(group_id, {})
+        updated = dict(self._groups.get(group_id, {}))
         for key, value in changes:
             if value is None:
-                current.pop(key, None)
+                updated.pop(key, None)
             else:
-                current[key] = value
-        if not current:
-            del self._groups[group_id]
-        self._save()
+                updated[key] = value
+        return updated
 
-    def delete_group(self, group_id: str) -> None:
-        if self._groups.pop(group_id, None) is not None:
+    def apply(self, group_id: str, changes: list[tuple[str, str | None]], ctx: ValidationContext) -> None:
+        """Standalone: set (value) or delete (None) keys, all validated first, then persisted atomically."""
+        assert self.store is None, "with a store, changes go through alter()"
+        self.replace(group_id, self.planned(group_id, changes, ctx))
+
+    async def alter(self, group_id: str, changes: list[tuple[str, str | None]], ctx: ValidationContext) -> None:
+        """As `apply`, through the store when there is one: in effect here once the store has it."""
+        # One change at a time: each is planned from the one before (a change through another sidecar may
+        # still land in between; the later record wins).
+        async with self._writing:
+            updated = self.planned(group_id, changes, ctx)
+            await self._write(group_id, updated)
+
+    async def delete_group(self, group_id: str) -> None:
+        async with self._writing:
+            if group_id in self._groups:
+                await self._write(group_id, {})
+
+    async def _write(self, group_id: str, configs: dict[str, str]) -> None:
+        if self.store is None:
+            self.replace(group_id, configs)
+        else:
+            await self.store.write(group_id, configs or None)  # the store applies it here through `replace`
+
+    def replace(self, group_id: str, configs: Mapping[str, str] | None) -> None:
+        """Make the group's explicit configs exactly `configs` (empty or None: none), saved to the local
+        file when there is no store (the store's reader calls this for what it reads)."""
+        if configs:
+            self._groups[group_id] = dict(configs)
+        elif self._groups.pop(group_id, None) is None:
+            return
+        if self.store is None:
             self._save()
 
     def _save(self) -> None:

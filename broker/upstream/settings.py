@@ -39,6 +39,7 @@ _ACCEPTED = frozenset({"ssl.truststore.type", "ssl.keystore.type", "ssl.truststo
 DEFAULT_MEMBERSHIP_GROUP_ID = "shoal-sidecars"
 _MEMBERSHIP_GROUP_ID = "membership.group.id"
 _STATE_TOPIC_REPLICATION_FACTOR = "state.topic.replication.factor"
+_STATE_TRANSACTION_VERSION = "state.transaction.version"
 _JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
 
 
@@ -57,6 +58,9 @@ class UpstreamSettings:
     membership_group_id: str = DEFAULT_MEMBERSHIP_GROUP_ID
     # The state topics' replication factor when Shoal creates them; None: the upstream's default.
     state_topic_replication_factor: int | None = None
+    # The highest transaction.version the state writers use (2 when the upstream finalizes it; 1 always
+    # sends AddPartitionsToTxn).
+    state_transaction_version: int = 2
 
     @property
     def bootstrap_text(self) -> str:
@@ -92,8 +96,12 @@ def parse_upstream(keys: Mapping[str, str]) -> UpstreamSettings:
             raise UpstreamConfigError(f"upstream.{_STATE_TOPIC_REPLICATION_FACTOR} must be a positive number "
                                       "(or -1 for the upstream's default)")
         replication = None if replication == -1 else replication
+    transaction_version = keys.get(_STATE_TRANSACTION_VERSION, "2").strip()
+    if transaction_version not in ("1", "2"):
+        raise UpstreamConfigError(f"upstream.{_STATE_TRANSACTION_VERSION} must be 1 or 2")
     for key, value in keys.items():
-        if key in ("bootstrap.servers", _STATE_TOPIC_REPLICATION_FACTOR) or key in _ACCEPTED \
+        if key in ("bootstrap.servers", _STATE_TOPIC_REPLICATION_FACTOR, _STATE_TRANSACTION_VERSION) \
+                or key in _ACCEPTED \
                 or key.startswith(MEMBERSHIP_PREFIX):
             continue  # membership.*: the sidecar group's settings (membership.parse_membership)
         if key == "sasl.jaas.config":
@@ -109,4 +117,4 @@ def parse_upstream(keys: Mapping[str, str]) -> UpstreamSettings:
         config = ClientConfig.from_dict(client)
     except ValueError as exc:
         raise UpstreamConfigError(f"upstream settings: {exc}") from exc
-    return UpstreamSettings(bootstrap, config, group_id, replication)
+    return UpstreamSettings(bootstrap, config, group_id, replication, int(transaction_version))

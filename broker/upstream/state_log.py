@@ -13,6 +13,12 @@ committed. `release(partition)` stops writing it. Between the two, appends are g
 append that arrives while one transaction is in flight goes into the next one (AddPartitionsToTxn,
 one Produce with acks=all, EndTxn commit), and `flush` returns only once that transaction committed.
 
+When the upstream finalizes `transaction.version` 2 (KIP-890 part 2, Kafka 4.x), a transaction is one round
+trip shorter: no AddPartitionsToTxn, the Produce (v12+) adds the partition to the transaction itself, and
+EndTxn v5 bumps the producer epoch and names the id and epoch the next transaction uses. Fencing is the same:
+a new owner's InitProducerId bumps the epoch past anything the old one holds. `upstream.state.transaction.version`
+caps the version used (1 keeps AddPartitionsToTxn on any upstream).
+
 A write that was not committed never reports success: it raises `CoordinatorLogError` with the code the
 coordinator answers (NOT_COORDINATOR once the partition is lost, COORDINATOR_NOT_AVAILABLE for a write that
 may be tried again). When the upstream's answer leaves it unknown whether a transaction committed, or the
@@ -31,17 +37,19 @@ from typing import Any
 import structlog
 
 from shoal.broker.storage.internal_topic_log import CoordinatorLogError, encode_records, logged_records
-from shoal.broker.storage.partition_source import EARLIEST, SourceUnavailable, undeliverable
+from shoal.broker.storage.partition_source import EARLIEST, SourceUnavailable
 from shoal.client.errors import error_name
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.codec import MessageBase
 from shoal.protocol.coordinator_records import CoordinatorRecord, EndTransactionMarker, LoggedRecord
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.record_batch import BatchHeader
 from shoal.protocol.records import decode_records
 
 from .cluster import KEY_TYPE_TRANSACTION, LEADERSHIP_ERRORS, CoordinatorLookupFailed, UpstreamCluster
 from .partition_reader import BatchCache, UpstreamPartitionSource
+from .state_replay import MarkerFilter
 
 log = structlog.get_logger("shoal.upstream.state")
 
@@ -61,6 +69,21 @@ _DECODE_YIELD_EVERY = 64  # batches decoded between yields while a partition is 
 TRANSACTION_TIMEOUT_MS = 60_000
 # Records one transaction carries at most; what is queued beyond them goes in the next.
 MAX_TRANSACTION_RECORDS = 4096
+# Connections per state topic and upstream broker that the partitions' writers spread over.
+STATE_LANES = 8
+TRANSACTION_VERSION_FEATURE = "transaction.version"
+# Request versions per transaction version: TV2 needs Produce v12 (implicit AddPartitionsToTxn) and EndTxn v5
+# (the epoch bump); Kafka's coordinator takes an EndTxn below v5 as a TV1 client's.
+_PRODUCE_V = {1: 9, 2: 12}
+_END_TXN_V = {1: 4, 2: 5}
+
+
+def transaction_version_to_use(finalized: int, produce_max: int, end_txn_max: int, cap: int) -> int:
+    """The transaction protocol the state writers speak: 2 only when the upstream finalized it and serves
+    the request versions it needs, and the setting allows it; otherwise 1."""
+    if cap >= 2 and finalized >= 2 and produce_max >= _PRODUCE_V[2] and end_txn_max >= _END_TXN_V[2]:
+        return 2
+    return 1
 
 
 def transactional_id(membership_group_id: str, topic: str, partition: int) -> str:
@@ -92,15 +115,19 @@ class _Pending:
 class _PartitionWriter:
     """The transactional producer of one state partition: one transaction per flush of what is queued."""
 
-    def __init__(self, cluster: UpstreamCluster, topic: str, partition: int, txn_id: str, timeout_s: float):
+    def __init__(self, cluster: UpstreamCluster, topic: str, partition: int, txn_id: str, timeout_s: float,
+                 max_transaction_version: int = 2):
         self.cluster = cluster
+        self.max_transaction_version = max_transaction_version
+        self.transaction_version = 1  # what the upstream offers, found at init
         self.topic = topic
         self.partition = partition
         self.txn_id = txn_id
         self.timeout_s = timeout_s
-        # State writes have connections of their own (one per state topic and upstream broker): an upstream
-        # broker answers a connection's requests one at a time, and these must not wait behind other traffic.
-        self.lane = ("shoal-state", topic)
+        # State writes have connections of their own: an upstream broker answers a connection's requests one at
+        # a time, so these must not wait behind other traffic, nor the partitions behind each other (as
+        # Kafka's producers, one per transactional id, would not); STATE_LANES bounds the connections.
+        self.lane = ("shoal-state", topic, partition % STATE_LANES)
         self.producer_id = -1
         self.producer_epoch = -1
         self.sequence = 0
@@ -120,6 +147,24 @@ class _PartitionWriter:
                                               producer_id=-1, producer_epoch=-1)
         response = await self._txn_request(ApiKey.INIT_PRODUCER_ID, body, 4, lambda r: int(r.error_code))
         self.producer_id, self.producer_epoch, self.sequence = response.producer_id, response.producer_epoch, 0
+        if self.max_transaction_version >= 2:
+            self.transaction_version = await self._upstream_transaction_version()
+
+    async def _upstream_transaction_version(self) -> int:
+        """Ask the transactional id's coordinator (ApiVersions v3) which transaction.version it finalized; an
+        upstream that cannot say (older ApiVersions, no such feature) gets TV1."""
+        try:
+            node = await self.cluster.coordinator(KEY_TYPE_TRANSACTION, self.txn_id)
+            conn = await self.cluster.connection(node, self.lane)
+            response = await self.cluster.send(node, ApiKey.API_VERSIONS, messages.ApiVersionsRequest(
+                client_software_name="shoal-sidecar", client_software_version="0"), 3, lane=self.lane)
+        except Exception as exc:  # unreachable, or no ApiVersions v3: TV1 works on every upstream
+            log.info("upstream transaction.version unknown; using transaction version 1", error=str(exc))
+            return 1
+        finalized = {f.name: int(f.max_version_level) for f in (response.finalized_features or [])}
+        return transaction_version_to_use(finalized.get(TRANSACTION_VERSION_FEATURE, 0),
+                                          conn.max_version(ApiKey.PRODUCE), conn.max_version(ApiKey.END_TXN),
+                                          self.max_transaction_version)
 
     def lose(self, error: CoordinatorLogError, *, fenced: bool) -> None:
         """Stop writing: everything queued fails with `error`, and so does every later append."""
@@ -195,20 +240,23 @@ class _PartitionWriter:
 
     async def _transaction(self, appends: list[list[CoordinatorRecord]]) -> int:
         """One committed transaction holding the appends (one batch each); returns their base offset."""
-        req = messages.AddPartitionsToTxnRequest
-        add = req(v3_and_below_transactional_id=self.txn_id, v3_and_below_producer_id=self.producer_id,
-                  v3_and_below_producer_epoch=self.producer_epoch,
-                  v3_and_below_topics=[req.AddPartitionsToTxnTopic(name=self.topic, partitions=[self.partition])])
-        try:
-            await self._txn_request(ApiKey.ADD_PARTITIONS_TO_TXN, add, 3, _add_partitions_error)
-        except SourceUnavailable as exc:  # nothing was written: the write may simply be tried again
-            raise CoordinatorLogError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"state write failed: {exc}") from exc
+        if self.transaction_version < 2:  # TV2: the Produce adds the partition to the transaction
+            req = messages.AddPartitionsToTxnRequest
+            add = req(v3_and_below_transactional_id=self.txn_id, v3_and_below_producer_id=self.producer_id,
+                      v3_and_below_producer_epoch=self.producer_epoch,
+                      v3_and_below_topics=[req.AddPartitionsToTxnTopic(name=self.topic, partitions=[self.partition])])
+            try:
+                await self._txn_request(ApiKey.ADD_PARTITIONS_TO_TXN, add, 3, _add_partitions_error)
+            except SourceUnavailable as exc:  # nothing was written: the write may simply be tried again
+                raise CoordinatorLogError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"state write failed: {exc}") from exc
         try:
             base = await self._produce(appends)
         except CoordinatorLogError as exc:
             if self.lost is None:
                 await self._abort()
             raise exc
+        except _Unknown:
+            raise  # the upstream forgot the transactional id: nothing to abort, the owner takes it again
         except Exception as exc:  # no answer: the batch may be in the log; aborting makes it not count
             await self._abort()
             raise CoordinatorLogError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"state write failed: {exc}") from exc
@@ -239,14 +287,26 @@ class _PartitionWriter:
         body = req(transactional_id=self.txn_id, acks=-1, timeout_ms=int(self.timeout_s * 1000),
                    topic_data=[req.TopicProduceData(name=self.topic, partition_data=[
                        req.PartitionProduceData(index=self.partition, records=batch)])])
-        response = await self.cluster.send(leader, ApiKey.PRODUCE, body, 9, lane=self.lane)
-        (part,) = [p for t in response.responses for p in t.partition_responses]
-        code = int(part.error_code)
+        deadline = time.monotonic() + self.timeout_s
+        delay = _FIRST_RETRY_S
+        while True:
+            response = await self.cluster.send(leader, ApiKey.PRODUCE, body, _PRODUCE_V[self.transaction_version],
+                                               lane=self.lane)
+            (part,) = [p for t in response.responses for p in t.partition_responses]
+            code = int(part.error_code)
+            # TV2: the upstream adds the partition for the Produce, and refuses while the previous transaction's
+            # markers are still being written; nothing was appended, so the same batch goes again.
+            if code != ErrorCode.CONCURRENT_TRANSACTIONS or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _MAX_RETRY_S)
         if code == ErrorCode.NONE:
             self.sequence = sequence
             return int(part.base_offset)
         if code in FENCING_ERRORS:
             self._fenced(code)
+        if code == ErrorCode.INVALID_PRODUCER_ID_MAPPING:  # TV2: the Produce asked the coordinator, see below
+            raise _Unknown(_forgotten(self.txn_id, self.producer_id))
         if code in LEADERSHIP_ERRORS:
             self.cluster.request_refresh()
         # NOT_ENOUGH_REPLICAS (the topic's min.insync.replicas not met) and the like: nothing was written.
@@ -257,17 +317,24 @@ class _PartitionWriter:
     async def _end(self, *, commit: bool) -> None:
         body = messages.EndTxnRequest(transactional_id=self.txn_id, producer_id=self.producer_id,
                                       producer_epoch=self.producer_epoch, committed=commit)
+        version = _END_TXN_V[self.transaction_version]
         try:
-            await self._txn_request(ApiKey.END_TXN, body, 3, lambda r: int(r.error_code))
+            response = await self._txn_request(ApiKey.END_TXN, body, version, lambda r: int(r.error_code))
         except CoordinatorLogError:
             raise
         except Exception as exc:
             raise _Unknown(str(exc)) from exc
+        if self.transaction_version >= 2:
+            # EndTxn v5 bumped the epoch (the markers carry the bumped one); the next transaction uses what
+            # it names, from sequence 0.
+            self.producer_id, self.producer_epoch, self.sequence = response.producer_id, response.producer_epoch, 0
 
     async def _abort(self) -> None:
         """Abort the open transaction; if even that fails, what the log holds is unknown: lose the partition."""
         try:
             await self._end(commit=False)
+            if self.transaction_version >= 2:
+                return  # EndTxn v5 bumped the epoch already
         except (CoordinatorLogError, _Unknown) as exc:
             # Fenced: the new owner's InitProducerId aborted it. Otherwise the transaction may still be open
             # with the failed write in it, and the next commit would make it count: lose the partition.
@@ -328,7 +395,7 @@ class _PartitionWriter:
                 # The upstream forgot the transactional id (transactional.id.expiration.ms of quiet), or another
                 # instance took it under a new producer id. The owner decides whether to take it again (which
                 # re-reads the partition); continuing with a fresh id here could take it from its new owner.
-                raise _Unknown(f"the upstream no longer knows {self.txn_id} under producer id {self.producer_id}")
+                raise _Unknown(_forgotten(self.txn_id, self.producer_id))
             if code in (ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE):
                 self.cluster.forget_coordinator(KEY_TYPE_TRANSACTION, self.txn_id)
             last = f"error {code}"
@@ -337,6 +404,10 @@ class _PartitionWriter:
                                           f"upstream {messages.API_NAMES.get(api_key)} for {self.txn_id}: {last}")
             await asyncio.sleep(delay)
             delay = min(delay * 2, _MAX_RETRY_S)
+
+
+def _forgotten(txn_id: str, producer_id: int) -> str:
+    return f"the upstream no longer knows {txn_id} under producer id {producer_id}"
 
 
 def _add_partitions_error(response: messages.AddPartitionsToTxnResponse) -> int:
@@ -354,8 +425,10 @@ class UpstreamStateLog:
     """
 
     def __init__(self, cluster: UpstreamCluster, topic: str, local_topic: str, num_partitions: int,
-                 membership_group_id: str, *, on_lost: Callable[[int, bool], None] | None = None):
+                 membership_group_id: str, *, on_lost: Callable[[int, bool], None] | None = None,
+                 max_transaction_version: int = 2):
         self.cluster = cluster
+        self.max_transaction_version = max_transaction_version
         self.topic = topic
         self.local_topic = local_topic  # whose record formats the partitions hold
         self._num_partitions = num_partitions
@@ -387,7 +460,8 @@ class UpstreamStateLog:
             old.lose(CoordinatorLogError(ErrorCode.NOT_COORDINATOR, "state partition taken again"), fenced=False)
         timeout_s = self.cluster.config.request_timeout_ms / 1000
         writer = _PartitionWriter(self.cluster, self.topic, partition,
-                                  transactional_id(self.membership_group_id, self.topic, partition), timeout_s)
+                                  transactional_id(self.membership_group_id, self.topic, partition), timeout_s,
+                                  self.max_transaction_version)
         await writer.init()
         records, end = await self._read_committed(partition, timeout_s)
         # Offsets handed out stay monotonic across this partition's writers, so a flush of an earlier
@@ -397,7 +471,7 @@ class UpstreamStateLog:
         self._loaded[partition] = records
         self._writers[partition] = writer
         log.info("state partition taken", topic=self.topic, partition=partition, records=len(records),
-                 producer_epoch=writer.producer_epoch)
+                 producer_epoch=writer.producer_epoch, transaction_version=writer.transaction_version)
 
     def release(self, partition: int) -> None:
         """Stop writing `partition` (another instance is taking it); appends waiting on it fail with
@@ -418,6 +492,9 @@ class UpstreamStateLog:
         so the read reaches the high watermark."""
         source = UpstreamPartitionSource(self.cluster, BatchCache(0), self.topic, partition)
         deadline = time.monotonic() + timeout_s
+        # Which transactions committed is decided by the markers read, not by the aborted list of the Fetch
+        # answer: the same on a correct upstream, and right on one that returns aborted records unlisted.
+        committed: MarkerFilter[tuple[BatchHeader, memoryview]] = MarkerFilter()
         try:
             offset = await source.list_offset(EARLIEST)
             out: list[LoggedRecord] = []
@@ -425,24 +502,28 @@ class UpstreamStateLog:
             while True:
                 read = await source.read(offset, _READ_BYTES, read_committed=True)
                 start = offset
-                skip = undeliverable(read)
                 for header, data in read.batches:
                     if header.last_offset < offset or header.base_offset >= read.last_stable_offset:
                         continue
                     offset = header.last_offset + 1
-                    if (header.base_offset, header.last_offset) in skip:
-                        continue
-                    for item in logged_records(self.local_topic, partition, header, decode_records(data, 0, header)):
-                        if isinstance(item, LoggedRecord):  # committed: it counts as written plainly
-                            out.append(LoggedRecord(item.offset, item.record))
-                    decoded += 1
-                    if decoded % _DECODE_YIELD_EVERY == 0:
-                        await asyncio.sleep(0)
-                if offset >= read.high_watermark:
+                    commit = None
+                    if header.is_control:
+                        markers = logged_records(self.local_topic, partition, header, decode_records(data, 0, header))
+                        commit = any(isinstance(m, EndTransactionMarker) and m.commit for m in markers)
+                    for kept_header, kept in committed.add(header, (header, data), commit):
+                        for item in logged_records(self.local_topic, partition, kept_header,
+                                                   decode_records(kept, 0, kept_header)):
+                            if isinstance(item, LoggedRecord):  # committed: it counts as written plainly
+                                out.append(LoggedRecord(item.offset, item.record))
+                        decoded += 1
+                        if decoded % _DECODE_YIELD_EVERY == 0:
+                            await asyncio.sleep(0)
+                if offset >= read.high_watermark and not committed.undecided:
                     return out, offset
-                if offset == start:
+                if offset == start or offset >= read.high_watermark:
                     # Nothing readable yet: an earlier owner's transaction is still being completed (its
-                    # marker is on the way, holding the last stable offset back), or the upstream sent nothing.
+                    # marker is on the way, holding the last stable offset back, or, on an upstream that
+                    # reads past it, leaving batches undecided), or the upstream sent nothing.
                     if time.monotonic() >= deadline:
                         raise CoordinatorLogError(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
                                                   f"{self.topic}-{partition}: no progress reading at {offset} "

@@ -39,6 +39,13 @@ def set_group_config(bootstrap: str, group: str, *, validate_only: bool = False,
         future.result(30)
 
 
+def group_configs(bootstrap: str, group: str) -> dict[str, tuple[str, bool]]:
+    """DescribeConfigs of a GROUP resource: each key's value and whether the group set it."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    [future] = admin.describe_configs([ConfigResource(ResourceType.GROUP, group)]).values()
+    return {name: (entry.value, not entry.is_default) for name, entry in future.result(30).items()}
+
+
 def produce(bootstrap: str, topic: str, count: int, *, partitions: int = 1, prefix: str = "v",
             extra: dict[str, Any] | None = None) -> list[tuple[int, int, bytes]]:
     """Produce `count` records round-robin over partitions; returns (partition, offset, value) of each."""

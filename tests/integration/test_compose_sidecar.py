@@ -122,20 +122,19 @@ def test_spark_job_and_tests_reach_a_sidecar_on_its_internal_listener(services: 
     found = sidecars(services)
     internal = {name: addresses(keys["advertised.listeners"])["INTERNAL"] for name, (_c, keys, _s) in found.items()}
     job = services["spark-orders-job"]
-    assert job["environment"]["SHOAL_BOOTSTRAP"] in internal.values()
+    # Both sidecars are active (they split the work through the sidecar group), and clients know both.
+    assert set(job["environment"]["SHOAL_BOOTSTRAP"].split(",")) == set(internal.values())
     assert all(job["depends_on"][n]["condition"] == "service_healthy" for n in job["depends_on"])
     tests = services["tests"]
     assert tests["profiles"] == ["test"]  # a plain `up` starts the stack without running the tests
     built = service_build(SIDECAR_COMPOSE, tests)
     assert built is not None and built[2].name == "tests"
-    assert tests["environment"]["SHOAL_BOOTSTRAP"] in internal.values()
+    assert set(tests["environment"]["SHOAL_BOOTSTRAP"].split(",")) == set(internal.values())
     upstream = {c.upstream["bootstrap.servers"] for c, _k, _s in found.values()}
     assert {tests["environment"]["SHOAL_UPSTREAM_BOOTSTRAP"]} == upstream
-    # Sidecars do not share work yet: one is active, the other a standby in a profile of its own.
-    active = {n for n in found if "profiles" not in services[n]}
-    assert len(active) == 1 and [services[n]["profiles"] for n in set(found) - active] == [["standby"]]
-    assert {n: d["condition"] for n, d in tests["depends_on"].items()} == {n: "service_healthy" for n in active}
-    assert job["environment"]["SHOAL_BOOTSTRAP"] in {internal[n] for n in active}
+    assert len(found) == 2 and not any("profiles" in services[n] for n in found)
+    for dependant in (job, tests):
+        assert {n: d["condition"] for n, d in dependant["depends_on"].items()} == {n: "service_healthy" for n in found}
     # It runs the sidecar tests, which take the external upstream from SHOAL_UPSTREAM_BOOTSTRAP.
     for arg in as_list(tests["command"]):
         assert (REPO / arg).exists()

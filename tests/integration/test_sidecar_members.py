@@ -27,7 +27,7 @@ from shoal.protocol.errors import ErrorCode
 from .broker_process import BrokerProcess
 from .conftest import FAST_HEARTBEAT, NO_JOIN_DELAY
 from .names import unique_name
-from .share_clients import create_topic, produce, set_group_config
+from .share_clients import create_topic, group_configs, produce, set_group_config
 
 # Short sessions on both sides, so a dead sidecar's work moves within seconds.
 UPSTREAM_GROUPS = [*NO_JOIN_DELAY, "group.min.session.timeout.ms=1000"]
@@ -236,6 +236,14 @@ class Stream:
         self.consumers.clear()
 
 
+def _from_earliest(a: BrokerProcess, b: BrokerProcess, share_group: str) -> None:
+    """share.auto.offset.reset=earliest, set through one sidecar, in effect on both once the other has read
+    it from the upstream."""
+    set_group_config(a.bootstrap, share_group, share_auto_offset_reset="earliest")
+    _wait_for(lambda: group_configs(b.bootstrap, share_group)["share.auto.offset.reset"] == ("earliest", True),
+              "the other sidecar to see the group config")
+
+
 @pytest.fixture
 def stream(upstream: BrokerProcess, tmp_path: Path) -> Iterator[Stream]:
     group = unique_name("sidecars")
@@ -246,8 +254,7 @@ def stream(upstream: BrokerProcess, tmp_path: Path) -> Iterator[Stream]:
         create_topic(upstream.bootstrap, s.topic, 4)
         _wait_for(lambda: set(_view(a, s.topic)[1].values()) == {1, 2}, "the sidecars to split the topic")
         share_group = unique_name("members-g")
-        for sidecar in (a, b):  # group configs are each sidecar's own
-            set_group_config(sidecar.bootstrap, share_group, share_auto_offset_reset="earliest")
+        _from_earliest(a, b, share_group)
         s.produce(200, "first")
         s.consume(share_group)
         _wait_for(lambda: len(s.ledger.confirmed) >= 100, "half of the first records to be accepted", 60)
@@ -374,8 +381,7 @@ def test_a_later_leaders_epoch_refuses_the_earlier_leaders_acknowledgement(
         create_topic(upstream.bootstrap, topic, 4)
         _wait_for(lambda: set(_view(a, topic)[1].values()) == {1, 2}, "the sidecars to split the topic")
         p = min(q for q, leader in _view(a, topic)[1].items() if leader == 2)  # a partition b leads
-        for sidecar in (a, b):
-            set_group_config(sidecar.bootstrap, share_group, share_auto_offset_reset="earliest")
+        _from_earliest(a, b, share_group)
         produced = {(q, o) for q, o, _ in produce(upstream.bootstrap, topic, 16, partitions=4)}
         topic_id, both = _topic_id(a, topic), (a, b)
 

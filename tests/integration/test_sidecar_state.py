@@ -150,9 +150,13 @@ def test_a_second_sidecar_taking_the_state_fences_the_first(tmp_path: Path, upst
         finally:
             consumer.close()
         # The same membership group: the second sidecar joins it and the group hands it half the state
-        # partitions, each taken with a new producer epoch, which fences the first's writer of it.
-        second = _sidecar(tmp_path / "b", upstream, membership, "node.id=8").start()
-        assert re.search(r"state partition taken .*producer_epoch=[1-9]", second.log_text())
+        # partitions, each taken with a new producer epoch, which fences the first's writer of it. The first
+        # writes with transaction.version 2 (the upstream finalizes it), the second is held to 1: fencing
+        # does not depend on the protocol either side speaks.
+        assert re.search(r"state partition taken .*transaction_version=2", first.log_text())
+        second = _sidecar(tmp_path / "b", upstream, membership, "node.id=8",
+                          "upstream.state.transaction.version=1").start()
+        assert re.search(r"state partition taken .*producer_epoch=[1-9].*transaction_version=1", second.log_text())
         # What the first sidecar acknowledged before counts, whichever sidecar now holds its state (asked of
         # the group's coordinator, as an admin client would find it; the other answers NOT_COORDINATOR).
         described = [describe_offsets(s.bootstrap, group) for s in (first, second)]
@@ -165,10 +169,14 @@ def test_a_second_sidecar_taking_the_state_fences_the_first(tmp_path: Path, upst
             second.stop()
 
 
-def test_two_writers_of_a_state_partition_the_later_one_fences_the_earlier(upstream: BrokerProcess) -> None:
+@pytest.mark.parametrize("transaction_version", [1, 2])
+def test_two_writers_of_a_state_partition_the_later_one_fences_the_earlier(upstream: BrokerProcess,
+                                                                         transaction_version: int) -> None:
     """At the log level, against the real upstream: take() bumps the partition's producer epoch, so the
     earlier owner's next write fails with NOT_COORDINATOR and never reports success; the later owner read
-    every committed write of the earlier one."""
+    every committed write of the earlier one. On both transaction protocols: the standalone upstream
+    finalizes transaction.version 2 (no AddPartitionsToTxn, EndTxn v5 bumps the epoch), and a cap of 1
+    forces AddPartitionsToTxn against it."""
     topic, membership = unique_name("__shoal_fence"), unique_name("fence-log")
 
     def record(offset: int) -> object:
@@ -180,10 +188,15 @@ def test_two_writers_of_a_state_partition_the_later_one_fences_the_earlier(upstr
             for cluster in clusters:
                 await cluster.start()
             await ensure_state_topics(clusters[0], {topic: 1}, None)
-            logs = [UpstreamStateLog(c, topic, CONSUMER_OFFSETS, 1, membership) for c in clusters]
+            logs = [UpstreamStateLog(c, topic, CONSUMER_OFFSETS, 1, membership,
+                                     max_transaction_version=transaction_version) for c in clusters]
             await logs[0].take(0)
+            assert logs[0]._writers[0].transaction_version == transaction_version
+            epoch = logs[0]._writers[0].producer_epoch
             await logs[0].append(0, [record(1)])  # type: ignore[list-item]
             await logs[0].append(0, [record(2), record(3)])  # type: ignore[list-item]
+            # TV2: each EndTxn v5 bumped the epoch, and the writer adopted it; TV1 keeps its epoch.
+            assert logs[0]._writers[0].producer_epoch == epoch + (2 if transaction_version == 2 else 0)
             await logs[1].take(0)
             replayed = [r.value.offset for _o, r in logs[1].replay(0) if r.value is not None]
             assert replayed == [1, 2, 3]

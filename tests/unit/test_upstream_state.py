@@ -10,7 +10,11 @@ from hypothesis import strategies as st
 
 from shoal.broker.storage.topic_registry import CONSUMER_OFFSETS, SHARE_GROUP_STATE, TRANSACTION_STATE
 from shoal.broker.upstream.settings import DEFAULT_MEMBERSHIP_GROUP_ID, UpstreamConfigError, parse_upstream
-from shoal.broker.upstream.state_log import appends_per_transaction, transactional_id
+from shoal.broker.upstream.state_log import (
+    appends_per_transaction,
+    transaction_version_to_use,
+    transactional_id,
+)
 from shoal.broker.upstream.state_topics import state_topic_name
 
 
@@ -44,9 +48,12 @@ def test_membership_group_and_state_replication_factor_are_shoal_keys() -> None:
     {"state.topic.replication.factor": "0"},
     {"state.topic.replication.factor": "three"},
     {"membership.group.id": " "},
+    {"state.transaction.version": "3"},
+    {"state.transaction.version": "two"},
 ])
 def test_bad_state_settings_are_refused_by_name(keys: dict[str, str]) -> None:
-    with pytest.raises(UpstreamConfigError, match="upstream\\.(state\\.topic\\.replication\\.factor|membership)"):
+    with pytest.raises(UpstreamConfigError,
+                       match="upstream\\.(state\\.topic\\.replication\\.factor|membership|state\\.transaction)"):
         parse_upstream({"bootstrap.servers": "h:1", **keys})
 
 
@@ -68,3 +75,21 @@ def test_every_queued_append_is_taken_in_order_across_transactions() -> None:
         transactions.append(queued[:taken])
         queued = queued[taken:]
     assert transactions == [[3, 5], [1], [9], [2, 2], [7]]
+
+
+def test_the_state_transaction_version_setting_caps_what_the_writers_use() -> None:
+    assert parse_upstream({"bootstrap.servers": "h:1"}).state_transaction_version == 2
+    assert parse_upstream({"bootstrap.servers": "h:1", "state.transaction.version": "1"}).state_transaction_version == 1
+
+
+@pytest.mark.parametrize(("finalized", "produce_max", "end_txn_max", "cap", "used"), [
+    (2, 13, 5, 2, 2),  # Kafka 4.x, standalone Shoal: no AddPartitionsToTxn
+    (2, 13, 5, 1, 1),  # the setting keeps TV1
+    (1, 13, 5, 2, 1),  # TV2 served but not finalized
+    (0, 11, 4, 2, 1),  # Kafka 3.9, librdkafka's mock, Tansu: no transaction.version feature
+    (2, 11, 5, 2, 1),  # finalized, but no Produce v12 to add the partition with
+    (2, 12, 4, 2, 1),  # nor EndTxn v5 to bump the epoch with
+])
+def test_transaction_version_2_needs_the_feature_and_the_request_versions(
+        finalized: int, produce_max: int, end_txn_max: int, cap: int, used: int) -> None:
+    assert transaction_version_to_use(finalized, produce_max, end_txn_max, cap) == used
