@@ -35,9 +35,9 @@ run: install
 	$(VENV)/bin/shoal-broker config/server.properties
 
 # Workers for the suite: the Spark tests share one worker (one JVM), each other module runs on one worker
-# (its broker starts once). Most integration tests wait on brokers and timers, so a third worker pays off
-# even on two cores.
-TEST_WORKERS ?= 3
+# (its broker starts once). Most integration tests wait on brokers, timers and other processes, so four
+# workers pay off even on two cores.
+TEST_WORKERS ?= 4
 
 test: lint
 	$(VENV)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup tests
