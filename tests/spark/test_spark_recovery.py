@@ -1,6 +1,9 @@
 """A Spark driver killed with SIGKILL in the middle of a micro-batch and restarted from its checkpoint,
 writing to the parquet file sink: exactly once in checkpoint mode, at least once in commit mode. The same
-through a Shoal sidecar whose executors read straight from its upstream (the suite's broker)."""
+through a Shoal sidecar whose executors read straight from its upstream (the suite's broker).
+
+The jobs run in processes of their own, and the output is read without a SparkSession (the file sink's log
+names the committed files), so this module needs no session and runs beside the session's tests."""
 
 from __future__ import annotations
 
@@ -14,8 +17,9 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 from shoal.client.admin import Admin
@@ -25,9 +29,6 @@ from tests.integration.share_clients import create_topic, produce, set_group_con
 from tests.integration.test_metrics import scrape
 
 from .conftest import BROKER_OVERRIDES, spark_env
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 JOB = Path(__file__).with_name("share_query_job.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -146,17 +147,16 @@ class CrashRun:
                 _kill_session(self.proc)
         assert _source_offset(self.ckpt, max(_batch_ids(self.ckpt, "offsets")))["member"] == self.member
 
-    def check(self, spark: SparkSession) -> None:
-        # The file sink's log decides which files are part of the output.
-        rows = spark.read.parquet(str(self.base / "out")).select("partition", "offset", "deliveryCount").collect()
-        seen = Counter((r.partition, r.offset) for r in rows)
+    def check(self) -> None:
+        rows = committed_rows(self.base / "out", ["partition", "offset", "deliveryCount"])
+        seen = Counter((r["partition"], r["offset"]) for r in rows)
         assert set(seen) == self.produced  # none missing
         if self.mode == "checkpoint":
             # The killed batch was replayed by offset, with the rows it had: nothing twice.
             assert all(n == 1 for n in seen.values()), [r for r, n in seen.items() if n > 1][:10]
         else:
             # Commit mode: the killed batch's records came back to the group and were read again, later.
-            redelivered = {(r.partition, r.offset) for r in rows if r.deliveryCount > 1}
+            redelivered = {(r["partition"], r["offset"]) for r in rows if r["deliveryCount"] > 1}
             in_flight_offsets = {
                 (int(p), o) for parts in self.in_flight_ranges.values() for p, rs in parts.items()
                 for first, last, _, _ in rs for o in range(first, last + 1)
@@ -167,13 +167,30 @@ class CrashRun:
         assert {o.lag for o in offsets.values()} == {0}
 
 
+def committed_rows(out: Path, columns: list[str]) -> list[dict[str, Any]]:
+    """The rows of the parquet files the file sink committed: its log (`_spark_metadata`, one JSON entry a
+    line after a version line, in per-batch and compacted files) names them, so a file the killed batch
+    left half-written is not read, as Spark's own reader skips it."""
+    committed: set[str] = set()
+    removed: set[str] = set()
+    for log in (out / "_spark_metadata").iterdir():
+        if log.name.startswith("."):  # Hadoop's checksum files and temporaries
+            continue
+        for line in log.read_text().splitlines()[1:]:
+            entry = json.loads(line)
+            (committed if entry["action"] == "add" else removed).add(entry["path"].removeprefix("file://"))
+    files = sorted(committed - removed)
+    assert files, f"the file sink committed nothing in {out}"
+    return pq.read_table(files, columns=columns).to_pylist()
+
+
 def _forwarded_fetch_bytes(sidecar: BrokerProcess, topic: str) -> float:
     samples, _ = scrape(sidecar)
     return samples.get((FORWARDED_FETCH_BYTES, (("topic", topic),)), 0.0)
 
 
 def test_killed_driver_restarts_exactly_once_in_checkpoint_mode_at_least_once_in_commit_mode(
-    spark: SparkSession, broker: BrokerProcess, sidecar: BrokerProcess, tmp_path: Path
+    broker: BrokerProcess, sidecar: BrokerProcess, tmp_path: Path
 ) -> None:
     """Standalone in both modes, and through a sidecar whose executors read the upstream (checkpoint mode,
     where exactly-once is at stake), the three side by side to share the JVMs' start-up time."""
@@ -204,7 +221,7 @@ def test_killed_driver_restarts_exactly_once_in_checkpoint_mode_at_least_once_in
             if run.proc is not None and run.proc.poll() is None:
                 _kill_session(run.proc)
     for run in runs:
-        run.check(spark)
+        run.check()
     # No record of the data topic passed through the sidecar: the executors fetched from the upstream.
     # The counter does count: the restarted driver read its acquisition journal through the sidecar.
     assert _forwarded_fetch_bytes(sidecar, through.topic) == 0
