@@ -90,3 +90,15 @@ def write_txn_marker(wire: WireClient, topic: str, pid: int, epoch: int, coordin
         producer_id=pid, producer_epoch=epoch, transaction_result=commit, coordinator_epoch=coordinator_epoch,
         transaction_version=transaction_version, topics=[wm.WritableTxnMarkerTopic(name=topic, partition_indexes=[0])])]))
     return int(resp.markers[0].topics[0].partitions[0].error_code)
+
+
+def lso_and_end(wire: WireClient, topic: str) -> tuple[int, int]:
+    """Partition 0's last stable offset (read_committed ListOffsets LATEST) and its end offset."""
+    lo = messages.ListOffsetsRequest
+    out = []
+    for isolation in (1, 0):
+        topic_req = lo.ListOffsetsTopic(name=topic, partitions=[lo.ListOffsetsPartition(
+            partition_index=0, current_leader_epoch=-1, timestamp=-1)])
+        resp = wire.request(ApiKey.LIST_OFFSETS, 7, lo(replica_id=-1, isolation_level=isolation, topics=[topic_req]))
+        out.append(int(resp.topics[0].partitions[0].offset))
+    return out[0], out[1]

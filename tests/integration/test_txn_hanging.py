@@ -21,7 +21,7 @@ from shoal.protocol.errors import ErrorCode
 from shoal.protocol.records import RecordInput, encode_batch
 
 from .broker_process import BrokerProcess
-from .kafka_wire import WireClient, produce, write_txn_marker
+from .kafka_wire import WireClient, lso_and_end, produce, write_txn_marker
 from .names import unique_name
 from .partition_reader import read_partition
 
@@ -39,17 +39,6 @@ def _produce(wire: WireClient, txn_id: str | None, topic: str, value: bytes, *, 
                          is_transactional=transactional)
     resp = produce(wire, topic, batch, transactional_id=txn_id)
     return int(resp.responses[0].partition_responses[0].error_code)
-
-
-def _lso_and_end(wire: WireClient, topic: str) -> tuple[int, int]:
-    lo = messages.ListOffsetsRequest
-    out = []
-    for isolation in (1, 0):
-        topic_req = lo.ListOffsetsTopic(name=topic, partitions=[lo.ListOffsetsPartition(
-            partition_index=0, current_leader_epoch=-1, timestamp=-1)])
-        resp = wire.request(ApiKey.LIST_OFFSETS, 7, lo(replica_id=-1, isolation_level=isolation, topics=[topic_req]))
-        out.append(int(resp.topics[0].partitions[0].offset))
-    return out[0], out[1]
 
 
 def _aborted_transaction(wire: WireClient, topic: str, txn_id: str) -> tuple[int, int]:
@@ -99,7 +88,7 @@ def test_a_late_transactional_write_after_an_abort_is_refused(tmp_path: Path) ->
             assert _produce(wire, None, topic, b"anon", pid=pid, epoch=epoch, seq=1,
                             transactional=True) == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
             assert _produce(wire, None, topic, b"plain") == ErrorCode.NONE
-            lso, end = _lso_and_end(wire, topic)
+            lso, end = lso_and_end(wire, topic)
             assert lso == end  # nothing hangs
         assert [v for _o, _k, v in read_partition(proc.bootstrap, topic, "read_committed")] == [b"plain"]
     finally:
@@ -116,7 +105,7 @@ def test_a_hanging_transaction_is_repaired_through_the_admin_api(tmp_path: Path)
             # Without verification the late retry is appended and opens a transaction no one will end.
             assert _produce(wire, txn_id, topic, b"late", pid=pid, epoch=epoch, seq=1, transactional=True) == 0
             assert _produce(wire, None, topic, b"after") == 0
-            lso, end = _lso_and_end(wire, topic)
+            lso, end = lso_and_end(wire, topic)
             assert lso < end  # the LSO is stuck at the hanging transaction's first offset
             # The coordinator's ABORT marker carried its coordinator epoch (0 on one broker); the partition
             # keeps it, and refuses markers of an older coordinator epoch or producer epoch, as Kafka does.
@@ -124,7 +113,7 @@ def test_a_hanging_transaction_is_repaired_through_the_admin_api(tmp_path: Path)
             assert write_txn_marker(wire, topic, pid, epoch, -1) == ErrorCode.TRANSACTION_COORDINATOR_FENCED
             if epoch > 0:
                 assert write_txn_marker(wire, topic, pid, epoch - 1, 0) == ErrorCode.INVALID_PRODUCER_EPOCH
-            assert _lso_and_end(wire, topic)[0] == lso  # nothing was written
+            assert lso_and_end(wire, topic)[0] == lso  # nothing was written
         assert [v for _o, _k, v in read_partition(proc.bootstrap, topic, "read_committed")] == []
 
         admin: Any = KafkaAdminClient(bootstrap_servers=proc.bootstrap)
@@ -141,7 +130,7 @@ def test_a_hanging_transaction_is_repaired_through_the_admin_api(tmp_path: Path)
         finally:
             admin.close()
         with WireClient.connect(proc.bootstrap) as wire:
-            lso, end = _lso_and_end(wire, topic)
+            lso, end = lso_and_end(wire, topic)
             assert lso == end
             # A marker from a newer coordinator epoch is taken and remembered; the older one is then fenced.
             assert write_txn_marker(wire, topic, pid, epoch, 7) == ErrorCode.NONE

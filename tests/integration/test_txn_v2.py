@@ -20,7 +20,7 @@ from shoal.protocol.errors import ErrorCode
 from shoal.protocol.records import RecordInput, encode_batch
 
 from .broker_process import BrokerProcess
-from .kafka_wire import WireClient, produce, write_txn_marker
+from .kafka_wire import WireClient, lso_and_end, produce, write_txn_marker
 from .names import unique_name
 from .partition_reader import read_partition
 
@@ -70,17 +70,6 @@ def _wait_state(wire: WireClient, txn_id: str, state: str) -> None:
         time.sleep(0.05)
 
 
-def _lso_and_end(wire: WireClient, topic: str) -> tuple[int, int]:
-    lo = messages.ListOffsetsRequest
-    out = []
-    for isolation in (1, 0):
-        topic_req = lo.ListOffsetsTopic(name=topic, partitions=[lo.ListOffsetsPartition(
-            partition_index=0, current_leader_epoch=-1, timestamp=-1)])
-        resp = wire.request(ApiKey.LIST_OFFSETS, 7, lo(replica_id=-1, isolation_level=isolation, topics=[topic_req]))
-        out.append(int(resp.topics[0].partitions[0].offset))
-    return out[0], out[1]
-
-
 def test_transaction_version_2_is_finalized(tv2_broker: BrokerProcess) -> None:
     with WireClient.connect(tv2_broker.bootstrap) as wire:
         resp = wire.request(ApiKey.API_VERSIONS, 3, messages.ApiVersionsRequest(
@@ -103,7 +92,7 @@ def test_every_end_bumps_the_epoch_and_fences_a_late_write(tv2_broker: BrokerPro
         state = _describe(wire, txn_id)
         assert state.transaction_state == "Ongoing"
         assert [(t.topic, list(t.partitions)) for t in state.topics] == [(topic, [0])]
-        lso, end = _lso_and_end(wire, topic)
+        lso, end = lso_and_end(wire, topic)
         assert lso < end
         ended = _end(wire, txn_id, pid, epoch, True)
         assert (ended.error_code, ended.producer_id, ended.producer_epoch) == (ErrorCode.NONE, pid, epoch + 1)
@@ -124,7 +113,7 @@ def test_every_end_bumps_the_epoch_and_fences_a_late_write(tv2_broker: BrokerPro
         # The aborted transaction's late retry carries the old epoch: fenced, and nothing is left open.
         assert _send(wire, txn_id, topic, b"late", pid, epoch, 1) == ErrorCode.INVALID_PRODUCER_EPOCH
         assert _end(wire, txn_id, pid, epoch - 1, True).error_code == ErrorCode.PRODUCER_FENCED
-        lso, end = _lso_and_end(wire, topic)
+        lso, end = lso_and_end(wire, topic)
         assert lso == end
     assert [v for _o, _k, v in read_partition(tv2_broker.bootstrap, topic, "read_committed")] == [b"committed"]
 
@@ -180,6 +169,6 @@ def test_a_new_incarnation_fences_an_open_version_2_transaction(tv2_broker: Brok
         assert init.error_code == ErrorCode.NONE and init.producer_id == pid and init.producer_epoch > epoch + 1
         assert _end(wire, txn_id, pid, epoch, True).error_code == ErrorCode.PRODUCER_FENCED
         assert _send(wire, txn_id, topic, b"late", pid, epoch, 1) == ErrorCode.INVALID_PRODUCER_EPOCH
-        lso, end = _lso_and_end(wire, topic)
+        lso, end = lso_and_end(wire, topic)
         assert lso == end
     assert read_partition(tv2_broker.bootstrap, topic, "read_committed") == []
