@@ -110,7 +110,7 @@ class ProduceHandler:
                         result = plog.append_as_leader(
                             pd.records, origin=AppendOrigin.CLIENT, internal_topics_allowed=internal_allowed,
                             transactional_id=req.transactional_id,
-                            verify_transaction=self.services.verify_txn_partition,
+                            verify_transaction=self.services.verify_txn_partition, handed_over=True,
                         )
                     except AppendRefused as exc:
                         parts.append(PartitionResponse(index=pd.index, base_offset=-1,

@@ -614,9 +614,14 @@ class PartitionLog:
         internal_topics_allowed: bool = False,
         transactional_id: str | None = None,
         verify_transaction: TransactionVerifier | None = None,
+        handed_over: bool = False,
     ) -> AppendResult:
         """Check `records` as `origin` requires, append them (page cache only; `flush` makes them durable),
         track their producers and transactions, wake the partition's long polls and count them.
+
+        With `handed_over` the caller gives up `records` (a Produce request's record set, a view into
+        the request's own frame): when writable it is patched in place (base offsets, LogAppendTime),
+        not copied first.
 
         Raises AppendRefused with the Kafka error code when the records are refused; nothing is appended
         then. A client's retry of one of its producer's last batches is answered with that batch's
@@ -633,7 +638,11 @@ class PartitionLog:
             self._verify_transaction(records, transactional_id, verify_transaction)
         if not records:
             raise AppendRefused(ErrorCode.CORRUPT_MESSAGE, "empty record set")
-        buf = bytearray(records)
+        buf: bytearray | memoryview
+        if handed_over and isinstance(records, (bytearray, memoryview)) and not _readonly(records):
+            buf = records
+        else:
+            buf = bytearray(records)
         policy = self.config.produce
         stamp = policy.log_append_time and origin is not AppendOrigin.REPLICATION
         try:
@@ -684,7 +693,7 @@ class PartitionLog:
             ctx.purgatory.notify(LogKey(ctx.topic_id, ctx.partition))
         return result
 
-    def _check_markers(self, buf: bytearray, headers: list[tuple[int, BatchHeader]]) -> None:
+    def _check_markers(self, buf: bytearray | memoryview, headers: list[tuple[int, BatchHeader]]) -> None:
         """Refuse end-transaction markers from a fenced producer epoch or a fenced coordinator epoch."""
         state = self.producer_state
         for pos, header in headers:
@@ -703,8 +712,8 @@ class PartitionLog:
                          coordinator_epoch=coordinator_epoch, error=ErrorCode(code).name)
                 raise AppendRefused(code, message)
 
-    def _validate(self, buf: bytearray, policy: ProducePolicy, stamp: bool,
-                  origin: AppendOrigin) -> tuple[bytearray, list[tuple[int, BatchHeader]]]:
+    def _validate(self, buf: bytearray | memoryview, policy: ProducePolicy, stamp: bool,
+                  origin: AppendOrigin) -> tuple[bytearray | memoryview, list[tuple[int, BatchHeader]]]:
         """Kafka's LogValidator over the batches in `buf`: their size against max.message.bytes, CRC and
         records, timestamps (CreateTime), keys of a compacted topic; then the topic's compression.type.
         Returns the batches to append (`buf`, or its recompressed copy) and their headers."""
@@ -773,7 +782,7 @@ class PartitionLog:
 
     def append(
         self,
-        batches: bytearray,
+        batches: bytearray | memoryview,
         headers: list[tuple[int, BatchHeader]],
         *,
         log_append_time_ms: int | None = None,
@@ -1313,3 +1322,7 @@ def _consume_exception(task: asyncio.Task[None]) -> None:
     # when every waiter was cancelled.
     if not task.cancelled():
         task.exception()
+
+
+def _readonly(records: bytearray | memoryview) -> bool:
+    return isinstance(records, memoryview) and records.readonly
