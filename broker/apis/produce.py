@@ -137,19 +137,42 @@ class ProduceHandler:
             return None
         return response
 
-    async def _after_fsync(self, flushes: list[tuple[PartitionLog, int]],
-                           response: messages.ProduceResponse) -> messages.ProduceResponse:
-        """acks=all: the answer once every appended partition is fsynced up to its new records."""
-        try:
-            await asyncio.gather(*(plog.flush(offset) for plog, offset in flushes))
+    def _after_fsync(self, flushes: list[tuple[PartitionLog, int]], response: messages.ProduceResponse
+                     ) -> messages.ProduceResponse | asyncio.Future[messages.ProduceResponse]:
+        """acks=all: the answer once every appended partition is fsynced up to its new records; a future
+        of it while some fsync is still to come (no task per request: the partitions' group commit
+        resolves it). A failed fsync answers KAFKA_STORAGE_ERROR; any other error fails the request."""
+        waiters = [waiter for plog, offset in flushes if (waiter := plog.durable(offset)) is not None]
+        if not waiters:
             self.services.metrics.log_fsyncs.inc(len(flushes))
-        except OSError:
-            log.exception("fsync failed")
-            for tr in response.responses:
-                for pr in tr.partition_responses:
-                    if pr.error_code == ErrorCode.NONE:
-                        pr.error_code = ErrorCode.KAFKA_STORAGE_ERROR
-        return response
+            return response
+        answer: asyncio.Future[messages.ProduceResponse] = asyncio.get_running_loop().create_future()
+        pending = len(waiters)
+
+        def one_done(waiter: asyncio.Future[None]) -> None:
+            nonlocal pending
+            pending -= 1
+            if answer.done():
+                if not waiter.cancelled():
+                    waiter.exception()  # retrieved: the answer went with the first failure
+                return
+            if waiter.cancelled():
+                answer.cancel()
+                return
+            error = waiter.exception()
+            if isinstance(error, OSError):
+                log.error("fsync failed", exc_info=error)
+                _storage_error(response)
+                answer.set_result(response)
+            elif error is not None:
+                answer.set_exception(error)
+            elif pending == 0:
+                self.services.metrics.log_fsyncs.inc(len(flushes))
+                answer.set_result(response)
+
+        for waiter in waiters:
+            waiter.add_done_callback(one_done)
+        return answer
 
     def describe_producers(self, ctx: RequestContext, req: messages.DescribeProducersRequest) -> messages.DescribeProducersResponse:
         """DescribeProducers: the producers each partition knows and their open transactions (READ on the topic)."""
@@ -176,6 +199,13 @@ class ProduceHandler:
                     ]))
             topics.append(_DpTopic(name=t.name, partitions=parts))
         return DescribeProducersResponse(topics=topics)
+
+
+def _storage_error(response: messages.ProduceResponse) -> None:
+    for tr in response.responses:
+        for pr in tr.partition_responses:
+            if pr.error_code == ErrorCode.NONE:
+                pr.error_code = ErrorCode.KAFKA_STORAGE_ERROR
 
 
 def _refuse_all(req: messages.ProduceRequest, code: int) -> messages.ProduceResponse:

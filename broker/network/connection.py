@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import ssl
 import time
 from collections.abc import Awaitable
@@ -311,6 +312,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
             return
         if isinstance(response, MessageBase) or response is None:
             self._complete(slot, api, ctx, response)
+        elif isinstance(response, asyncio.Future):
+            # An answer someone else completes (acks=all Produce: the partitions' group commit): no task.
+            response.add_done_callback(functools.partial(self._answer_done, api, ctx, slot))
         else:
             # The handler did what it could at once and left the rest to await (Produce with acks=all
             # waits for the fsync); a request that needs no wait costs no task.
@@ -348,6 +352,18 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self.close()
             return
         self._complete(slot, api, ctx, response)
+
+    def _answer_done(self, api: Api, ctx: RequestContext, slot: _Slot, answer: asyncio.Future[MessageBase | None]
+                     ) -> None:
+        if answer.cancelled():
+            return  # as a cancelled handler task: no response (the broker is stopping)
+        error = answer.exception()
+        if error is not None:
+            log.error("handler failed", api=api.name, api_version=ctx.api_version, exc_info=error)
+            self.broker.metrics.request_errors.labels(api=api.name).inc()
+            self.close()
+            return
+        self._complete(slot, api, ctx, answer.result())
 
     def _complete(self, slot: _Slot, api: Api, ctx: RequestContext, response: MessageBase | None) -> None:
         self.broker.metrics.observe_request(api.name, time.monotonic() - ctx.received_at)

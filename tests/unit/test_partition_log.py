@@ -494,6 +494,67 @@ async def test_flush_propagates_fsync_errors(tmp_path: Path, monkeypatch: pytest
     plog.close()
 
 
+async def test_durable_waiters_share_rounds_and_each_waits_for_its_own_data(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    plog = PartitionLog.open(tmp_path / "t-0", cfg())
+    assert plog.durable(plog.log_end_offset) is None  # nothing to fsync
+    release = threading.Event()
+    real_fsync = os.fsync
+
+    def held_fsync(fd: int) -> None:
+        release.wait(10)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", held_fsync)
+    append(plog, make_batch([b"a"]))
+    first = [plog.durable(plog.log_end_offset) for _ in range(3)]
+    flush_caller = asyncio.ensure_future(plog.flush())
+    await asyncio.sleep(0)  # the round has taken its plan: later appends are not in it
+    append(plog, make_batch([b"b"]))
+    second = plog.durable(plog.log_end_offset)
+    assert all(w is not None and not w.done() for w in [*first, second])
+    base_count = plog.fsync_count
+    release.set()
+    await asyncio.gather(*(w for w in first if w is not None), flush_caller)
+    assert plog.flushed_offset == 1 and plog.fsync_count - base_count == 1
+    assert second is not None
+    await second  # its data needed the next round
+    assert plog.flushed_offset == 2 and plog.fsync_count - base_count == 2
+    assert plog.durable(1) is None
+    plog.close()
+
+
+async def test_durable_waiters_fail_with_the_fsync_error_and_on_close(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    plog = PartitionLog.open(tmp_path / "t-0", cfg())
+    append(plog, make_batch([b"e"]))
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(5, "EIO")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    waiters = [plog.durable(1) for _ in range(2)]
+    results = await asyncio.gather(*(w for w in waiters if w is not None), return_exceptions=True)
+    assert len(results) == 2 and all(isinstance(r, OSError) for r in results)
+    assert plog.flushed_offset == 0
+    monkeypatch.undo()
+    waiter = plog.durable(1)
+    assert waiter is not None
+    await waiter
+    assert plog.flushed_offset == 1
+    # A partition deleted while a waiter waits fails it instead of leaving it hanging.
+    append(plog, make_batch([b"f"]))
+    monkeypatch.setattr(os, "fsync", lambda fd: time.sleep(0.05))
+    waiter = plog.durable(2)
+    assert waiter is not None
+    round_in_flight = plog._flush_task
+    plog.delete()
+    with pytest.raises(LogClosed):
+        await waiter
+    if round_in_flight is not None:
+        await asyncio.wait([round_in_flight])  # its fsync of the deleted files ends before the test does
+
+
 async def test_flush_interval_messages_schedules_flush(tmp_path: Path) -> None:
     plog = PartitionLog.open(tmp_path / "t-0", cfg(flush_interval_messages=5))
     append(plog, make_batch([b"m"] * 3))
