@@ -8,7 +8,11 @@ them back with an assigned Consumer. Shoal is also measured with acks=all (every
 The mock keeps everything in memory and does no fsync or CRC checks, so it is an upper bound for what the
 client side can drive on this machine, not a like-for-like broker.
 
-Usage: python bench/bench_produce_fetch.py [--records 200000] [--value-bytes 100] [--partitions 3]
+With --rounds N the whole comparison runs N times, each broker going first in turn (the first producer of
+a run pays for warming the client and the machine), and each ratio is the median of the rounds' paired
+ratios: on a shared machine one run of a fraction of a second swings with what else runs.
+
+Usage: python bench/bench_produce_fetch.py [--records 200000] [--value-bytes 100] [--partitions 3] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,11 +146,12 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1, help="repeat, rotating which broker goes first")
     args = parser.parse_args()
 
     value = os.urandom(args.value_bytes)
     n, parts = args.records, args.partitions
-    results: dict[str, Result] = {}
+    runs: dict[str, list[Result]] = defaultdict(list)
     data_dir = tempfile.mkdtemp(prefix="shoal-bench-")
     shoal, shoal_bootstrap = start_shoal(data_dir)
     mock, mock_bootstrap = start_mock()
@@ -154,13 +161,18 @@ def main() -> int:
         peers.append(("tansu", tansu[1]))
     print(", ".join(f"{name} at {bootstrap}" for name, bootstrap in peers), flush=True)
     try:
-        for name, bootstrap in peers:
-            (create_topic if name == "shoal" else auto_create_topic)(bootstrap, "bench-acks1", parts)
-            results[f"{name} produce acks=1"] = produce(bootstrap, "bench-acks1", n, value, parts, "1")
-            results[f"{name} fetch"] = fetch(bootstrap, "bench-acks1", n, parts, args.value_bytes,
-                                             exact=name != "tansu")
-        create_topic(shoal_bootstrap, "bench-acksall", parts)
-        results["shoal produce acks=all"] = produce(shoal_bootstrap, "bench-acksall", n, value, parts, "all")
+        for round_ in range(args.rounds):
+            first = round_ % len(peers)
+            suffix = f"-{round_}" if round_ else ""
+            for name, bootstrap in peers[first:] + peers[:first]:
+                topic = f"bench-acks1{suffix}"
+                (create_topic if name == "shoal" else auto_create_topic)(bootstrap, topic, parts)
+                runs[f"{name} produce acks=1"].append(produce(bootstrap, topic, n, value, parts, "1"))
+                runs[f"{name} fetch"].append(fetch(bootstrap, topic, n, parts, args.value_bytes,
+                                                   exact=name != "tansu"))
+            create_topic(shoal_bootstrap, f"bench-acksall{suffix}", parts)
+            runs["shoal produce acks=all"].append(
+                produce(shoal_bootstrap, f"bench-acksall{suffix}", n, value, parts, "all"))
     finally:
         stop(shoal)
         stop(mock)
@@ -169,13 +181,15 @@ def main() -> int:
         shutil.rmtree(data_dir, ignore_errors=True)
 
     print(f"{n:,} records x {args.value_bytes} B values over {parts} partitions, confluent-kafka "
-          f"(linger.ms=5), one process per broker")
-    for label, r in results.items():
-        print(line(label, r))
+          f"(linger.ms=5), one process per broker" + (f", {args.rounds} rounds" if args.rounds > 1 else ""))
+    for label, results in runs.items():
+        for r in results:
+            print(line(label, r))
     for peer in [name for name, _b in peers if name != "shoal"]:
         for kind in ("produce acks=1", "fetch"):
-            ratio = results[f"shoal {kind}"].rate / results[f"{peer} {kind}"].rate
-            print(f"  ratio shoal/{peer} {kind:<17} {ratio:>6.2f}")
+            paired = [s.rate / p.rate for s, p in zip(runs[f"shoal {kind}"], runs[f"{peer} {kind}"], strict=True)]
+            each = f"   (rounds: {' '.join(f'{x:.2f}' for x in paired)})" if len(paired) > 1 else ""
+            print(f"  ratio shoal/{peer} {kind:<17} {statistics.median(paired):>6.2f}{each}")
     return 0
 
 
