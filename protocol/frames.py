@@ -4,7 +4,7 @@
 A frame is a 4-byte big-endian size and that many bytes. Small frames arrive in one scratch buffer and
 are copied out once. A frame larger than half the scratch buffer gets a buffer of its own as soon as its
 size is known, and the rest of it is received straight into that buffer: a multi-megabyte Fetch response
-is not copied again on its way to the decoder.
+(the bundled client) or Produce request (the broker) is not copied again on its way to the decoder.
 """
 
 from __future__ import annotations
