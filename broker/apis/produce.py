@@ -80,12 +80,14 @@ class ProduceHandler:
         for td in req.topic_data:
             topic = self.services.topics.get_by_id(td.topic_id) if version >= 13 else self.services.topics.get(td.name)
             topic_name = topic.name if topic is not None else td.name
+            # As Kafka, each topic is authorized once per request, not once per partition.
+            writable = topic is not None and ctx.authorize(Operation.WRITE, ResourceType.TOPIC, topic.name)
             parts = []
             for pd in td.partition_data:
                 if topic is None:
                     code = ErrorCode.UNKNOWN_TOPIC_ID if version >= 13 else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     parts.append(PartitionResponse(index=pd.index, error_code=code, base_offset=-1))
-                elif not ctx.authorize(Operation.WRITE, ResourceType.TOPIC, topic.name):
+                elif not writable:
                     parts.append(
                         PartitionResponse(index=pd.index, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, base_offset=-1)
                     )
