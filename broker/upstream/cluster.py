@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,12 @@ LEADERSHIP_ERRORS = frozenset({
     ErrorCode.KAFKA_STORAGE_ERROR,
 })
 COORDINATOR_ERRORS = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE})
+# Metadata re-reads asked for by errors or unknown names start at most this often (the client's
+# retry.backoff.ms); a name still unknown after a re-read is asked about again only after a backoff that
+# doubles up to the last figure, so clients naming topics that do not exist cannot keep Shoal re-reading.
+MIN_REFRESH_GAP_S = 0.1
+UNKNOWN_TOPIC_BACKOFF_S = (0.1, 5.0)
+_UNKNOWN_TOPICS_KEPT = 10_000
 
 
 class UpstreamUnavailable(SourceUnavailable):
@@ -90,6 +96,11 @@ class UpstreamCluster:
         self._connecting: dict[tuple[int, Hashable], asyncio.Task[BrokerConnection]] = {}
         self._coordinators: dict[tuple[int, str], int] = {}
         self._refresh: asyncio.Task[None] | None = None
+        self._last_refresh = -MIN_REFRESH_GAP_S
+        # Per topic name still unknown after a re-read: (when it may be asked about again, the backoff).
+        self._unknown: dict[str, tuple[float, float]] = {}
+        # Called when a metadata answer changed the topics (created, deleted, partitions added).
+        self.topic_listeners: list[Callable[[], None]] = []
         self._closed = False
 
     # ---- start-up ------------------------------------------------------------------------------
@@ -232,18 +243,62 @@ class UpstreamCluster:
         await self.metadata(messages.MetadataRequest(topics=req_topics, allow_auto_topic_creation=False), 12)
 
     def request_refresh(self) -> None:
-        """Re-read leadership in the background (coalesced): a leader moved or a topic changed."""
+        """Re-read the metadata in the background (coalesced, and at most every MIN_REFRESH_GAP_S): a leader
+        moved or a topic changed."""
         if self._refresh is None or self._refresh.done():
             self.metrics.metadata_refreshes.inc()
             self._refresh = asyncio.get_running_loop().create_task(self._background_refresh())
 
     async def _background_refresh(self) -> None:
+        gap = self._last_refresh + MIN_REFRESH_GAP_S - time.monotonic()
+        if gap > 0:
+            await asyncio.sleep(gap)
         try:
             await self.refresh_metadata()
         except Exception as exc:  # the next error asks again
             log.warning("upstream metadata refresh failed", error=str(exc))
+        finally:
+            self._last_refresh = time.monotonic()
+
+    async def learn_topics(self, names: Iterable[str]) -> None:
+        """Re-read the metadata at once when some of `names` is not known (joining a refresh already under
+        way), so a topic created on the upstream is seen by the request that names it. A name that stays
+        unknown backs off (UNKNOWN_TOPIC_BACKOFF_S) before it can cause another re-read."""
+        now = time.monotonic()
+        unknown = [n for n in names if n not in self.topic_ids]
+        due = [n for n in unknown if self._unknown.get(n, (0.0, 0.0))[0] <= now]
+        if not due:
+            return
+        # A re-read already under way may have started before the topic was created: then one more.
+        for _ in range(2):
+            self.request_refresh()
+            refresh = self._refresh
+            if refresh is not None:
+                await asyncio.shield(refresh)
+            if all(n in self.topic_ids for n in due):
+                break
+        if len(self._unknown) > _UNKNOWN_TOPICS_KEPT:
+            self._unknown.clear()
+        now = time.monotonic()
+        first, most = UNKNOWN_TOPIC_BACKOFF_S
+        for name in due:
+            if name in self.topic_ids:
+                self._unknown.pop(name, None)
+            else:
+                backoff = min(most, self._unknown.get(name, (0.0, first / 2))[1] * 2)
+                self._unknown[name] = (now + backoff, backoff)
 
     def _apply(self, response: messages.MetadataResponse, *, full: bool) -> None:
+        before = self._topic_shape()
+        self._apply_answer(response, full=full)
+        if self._topic_shape() != before:
+            for listener in self.topic_listeners:
+                listener()
+
+    def _topic_shape(self) -> tuple[frozenset[tuple[str, bytes]], frozenset[tuple[str, int]]]:
+        return frozenset(self.topic_ids.items()), frozenset(self.partition_counts.items())
+
+    def _apply_answer(self, response: messages.MetadataResponse, *, full: bool) -> None:
         if response.brokers:
             self.brokers = {b.node_id: (b.host, b.port) for b in response.brokers}
         if response.cluster_id is not None:

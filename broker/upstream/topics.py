@@ -8,6 +8,7 @@ It serves both the share-partition manager (`ShareTopicView`) and the group coor
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 
 from shoal.protocol.uuids import ZERO_UUID
 
@@ -39,6 +40,11 @@ class UpstreamTopics:
             self.cluster.request_refresh()
 
     # ---- the group coordinator's view -------------------------------------------------------------
+
+    async def learn_topics(self, names: Iterable[str]) -> None:
+        """Re-read the upstream's metadata now when some of `names` is not known yet (coalesced, backed
+        off per unknown name), so a topic created on the upstream is seen by the heartbeat naming it."""
+        await self.cluster.learn_topics(names)
 
     def topic_by_name(self, name: str) -> tuple[bytes, int] | None:
         topic_id = self.cluster.topic_ids.get(name)
