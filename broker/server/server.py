@@ -420,6 +420,7 @@ class Broker:
             upstream_topics = UpstreamTopics(self.upstream_cluster,
                                              BatchCache(UPSTREAM_BATCH_CACHE_BYTES, self.upstream_cluster.metrics))
             upstream_topics.start()
+            upstream_topics.follow(self.purgatory)
             self.upstream_topics = upstream_topics
             self.share_topics: ShareTopicView = upstream_topics
             topic_metadata = upstream_topics

@@ -230,14 +230,22 @@ class UpstreamPartitionSource:
             if part.error_code in LEADERSHIP_ERRORS:
                 self.cluster.request_refresh()
             raise UpstreamUnavailable(f"upstream Fetch of {topic}-{partition}: error {part.error_code}")
+        batches = self.absorb(part)
+        aborted = [(a.producer_id, a.first_offset) for a in part.aborted_transactions or []] if read_committed else []
+        return SourceRead([(h, memoryview(data)) for h, data in batches], self.high_watermark,
+                          self.last_stable_offset, self.log_start_offset, aborted)
+
+
+    def absorb(self, part: messages.FetchResponse.PartitionData) -> list[tuple[BatchHeader, bytes]]:
+        """Take in an error-free Fetch answer for the partition: its watermarks, and its batches into the
+        cache (also those read ahead by the tail poller, which the next acquisition then finds there)."""
         self.high_watermark = part.high_watermark
         self.last_stable_offset = part.last_stable_offset if part.last_stable_offset >= 0 else part.high_watermark
         self.log_start_offset = part.log_start_offset
         batches = whole_batches(part.records or b"")
-        self.cache.put(self.key, batches)
-        aborted = [(a.producer_id, a.first_offset) for a in part.aborted_transactions or []] if read_committed else []
-        return SourceRead([(h, memoryview(data)) for h, data in batches], self.high_watermark,
-                          self.last_stable_offset, self.log_start_offset, aborted)
+        if batches:
+            self.cache.put(self.key, batches)
+        return batches
 
 
 def _trimmed(read: SourceRead, max_bytes: int) -> SourceRead:

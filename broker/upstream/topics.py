@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
+from shoal.broker.common.purgatory import Purgatory
 from shoal.protocol.uuids import ZERO_UUID
 
 from .cluster import UpstreamCluster
 from .partition_reader import MIN_UPSTREAM_READ_BYTES, BatchCache, UpstreamPartitionSource
+from .tail_poller import TailPoller
 
 # The upstream's topic list is re-read this often, so topics created there reach share-group assignment.
 METADATA_REFRESH_S = 5.0
@@ -25,14 +27,22 @@ class UpstreamTopics:
         self.cache = cache
         self._sources: dict[tuple[bytes, int], UpstreamPartitionSource] = {}
         self._refresher: asyncio.Task[None] | None = None
+        self.tail: TailPoller | None = None
 
     def start(self) -> None:
         self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
+
+    def follow(self, purgatory: Purgatory) -> None:
+        """Wake the share fetches parked on upstream partitions when records reach the upstream."""
+        self.tail = TailPoller(self.cluster, purgatory, lambda tid, p: self._sources.get((tid, p)))
+        purgatory.on_park = self.tail.on_park
 
     async def stop(self) -> None:
         if self._refresher is not None:
             self._refresher.cancel()
             await asyncio.gather(self._refresher, return_exceptions=True)
+        if self.tail is not None:
+            await self.tail.stop()
 
     async def _refresh_loop(self) -> None:
         while True:

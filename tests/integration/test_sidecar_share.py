@@ -206,20 +206,23 @@ def test_share_group_offsets_are_described_and_altered_on_the_sidecar(upstream: 
         consumer.close()
 
 
-def test_a_share_long_poll_is_woken_by_a_produce_through_the_sidecar(upstream: BrokerProcess,
-                                                                     sidecar: BrokerProcess) -> None:
+@pytest.mark.parametrize("produce_to", ["sidecar", "upstream"])
+def test_a_share_long_poll_is_woken_by_a_produce(upstream: BrokerProcess, sidecar: BrokerProcess,
+                                                 produce_to: str) -> None:
     """The consumer's MaxWaitMs is far beyond the test's deadline, so only the wake-up by the produce can
-    deliver the record in time."""
+    deliver the record in time: a produce through the sidecar notifies its parked share fetches itself; one
+    straight to the upstream reaches them through the sidecar's long poll of the upstream."""
     topic, group = _setup(upstream, sidecar)
     consumer = _consumer(sidecar, group, topic, **{"fetch.wait.max.ms": 120_000})
     try:
         # Joined, assigned, and parked in a ShareFetch on the empty partition (not asserted on: the fetch is
         # parked whether or not it arrived before the produce below).
         assert [m for m in consumer.poll(3.0) if m.error() is None] == []
-        producer = Producer({"bootstrap.servers": sidecar.bootstrap, "acks": "all"})
+        target = sidecar if produce_to == "sidecar" else upstream
+        producer = Producer({"bootstrap.servers": target.bootstrap, "acks": "all"})
         producer.produce(topic, b"woken", partition=0)
         assert producer.flush(30) == 0
-        got = _poll(consumer, 1)
+        got = _poll(consumer, 1, deadline_s=30)
         assert [(p, o, v) for p, o, v, _ in got] == [(0, 0, b"woken")]
     finally:
         consumer.close()
