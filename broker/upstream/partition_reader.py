@@ -14,6 +14,8 @@ import bisect
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import structlog
+
 from shoal.broker.storage.partition_source import EARLIEST, LATEST, OffsetOutOfRange, SourceRead
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -22,6 +24,8 @@ from shoal.protocol.record_batch import BatchHeader, parse_batch_header
 
 from .cluster import LEADERSHIP_ERRORS, UpstreamCluster, UpstreamUnavailable
 from .metrics import UpstreamMetrics
+
+log = structlog.get_logger("shoal.upstream.reader")
 
 _LENGTH_END = 12  # base offset (8) and batch length (4): enough to know a batch's size
 # An upstream read asks for at least this much: a share acquisition is sized to the records one pass may
@@ -85,6 +89,14 @@ class BatchCache:
             self.miss()
         return found
 
+    def holds(self, key: tuple[str, int], offset: int) -> bool:
+        """Whether the batch holding `offset` is cached (a look that counts neither a hit nor a miss)."""
+        part = self._partitions.get(key)
+        if part is None:
+            return False
+        i = bisect.bisect_right(part.bases, offset) - 1
+        return i >= 0 and part.batches[part.bases[i]].header.last_offset >= offset
+
     def miss(self) -> None:
         """Count a read the cache could not answer (also one that could not even look: a partition's first
         read, before its high watermark is known), so hits / (hits + misses) is the hit rate."""
@@ -139,21 +151,26 @@ class UpstreamPartitionSource:
         self.log_start_offset = -1
         self.upstream_reads = 0
         self._inflight: dict[tuple[int, int, bool], asyncio.Future[SourceRead]] = {}
+        self._read_aheads: set[asyncio.Task[SourceRead]] = set()
 
     async def read(self, fetch_offset: int, max_bytes: int, *, read_committed: bool = False) -> SourceRead:
         if not read_committed:
             if self.high_watermark >= 0 and fetch_offset >= self.log_start_offset:
                 cached = self.cache.get(self.key, fetch_offset, max_bytes, self.high_watermark)
                 if cached:
+                    self._read_ahead(cached[-1][0].last_offset + 1)
                     return SourceRead(cached, self.high_watermark, self.last_stable_offset, self.log_start_offset)
             else:
                 self.cache.miss()
-        wanted = max_bytes
-        max_bytes = max(max_bytes, self.min_read_bytes)
+        return _trimmed(await self._shared_read(fetch_offset, max(max_bytes, self.min_read_bytes), read_committed),
+                        max_bytes)
+
+    async def _shared_read(self, fetch_offset: int, max_bytes: int, read_committed: bool) -> SourceRead:
+        """One upstream Fetch, shared by every read of the same range that comes while it is out."""
         flight = (fetch_offset, max_bytes, read_committed)
         running = self._inflight.get(flight)
         if running is not None:
-            return _trimmed(await asyncio.shield(running), wanted)
+            return await asyncio.shield(running)
         future: asyncio.Future[SourceRead] = asyncio.get_running_loop().create_future()
         self._inflight[flight] = future
         try:
@@ -164,9 +181,27 @@ class UpstreamPartitionSource:
             raise
         else:
             future.set_result(result)
-            return _trimmed(result, wanted)
+            return result
         finally:
             del self._inflight[flight]
+
+    def _read_ahead(self, offset: int) -> None:
+        """A read served from the cache took the last cached batch before `offset`: fetch the next range now,
+        while those records are handed out, so the next acquisition finds it cached (or joins the Fetch)."""
+        if offset >= self.high_watermark or self.min_read_bytes <= 0 or self.cache.holds(self.key, offset):
+            return
+        if (offset, self.min_read_bytes, False) in self._inflight:
+            return
+        task = asyncio.get_running_loop().create_task(self._shared_read(offset, self.min_read_bytes, False))
+        self._read_aheads.add(task)
+        task.add_done_callback(self._read_ahead_done)
+
+    def _read_ahead_done(self, task: asyncio.Task[SourceRead]) -> None:
+        self._read_aheads.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # The acquisition that needs the range reads it again and reports what fails.
+            log.debug("upstream read-ahead failed", topic=self.key[0], partition=self.key[1],
+                      error=str(task.exception()))
 
     async def bytes_from(self, offset: int, enough: int, *, read_committed: bool = False) -> int:
         try:

@@ -92,6 +92,43 @@ def test_reads_come_from_the_upstream_once_and_then_from_the_cache(upstream: Bro
     asyncio.run(run())
 
 
+def test_a_read_that_takes_the_last_cached_batch_reads_the_next_range_ahead(upstream: BrokerProcess) -> None:
+    topic = _topic(upstream)
+    _produce(upstream, topic, [f"a{i}".encode() for i in range(10)])
+
+    async def run() -> None:
+        cluster, plain = await _source(upstream, topic)
+        # Upstream reads of a few batches each, so the partition takes several.
+        source = UpstreamPartitionSource(cluster, plain.cache, topic, 0, min_read_bytes=200)
+        try:
+            first = await source.read(0, 1)
+            assert source.upstream_reads == 1 and len(first.batches) == 1
+            run_end = max(h.last_offset for h, _ in (await source.read(0, 1 << 20)).batches) + 1
+            assert 1 < run_end < 10 and source.upstream_reads == 1
+            # That read took the last cached batch: the next range is on its way before anyone asks.
+            deadline = asyncio.get_running_loop().time() + 10
+            while not source.cache.holds(source.key, run_end):
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.01)
+            assert source.upstream_reads == 2
+            hits = source.cache.hits
+            assert _values(await source.read(run_end, 1 << 20))[0] == f"a{run_end}".encode()
+            assert source.cache.hits == hits + 1
+            # Nothing is read ahead past the high watermark.
+            offset = run_end
+            while offset < 10:
+                offset = (await source.read(offset, 1 << 20)).batches[-1][0].last_offset + 1
+                await asyncio.sleep(0.05)  # room for a read-ahead to land
+            reads = source.upstream_reads
+            await source.read(9, 1 << 20)
+            await asyncio.sleep(0.05)
+            assert source.upstream_reads == reads
+        finally:
+            await cluster.close()
+
+    asyncio.run(run())
+
+
 def test_a_small_cache_keeps_the_newest_batches_and_still_answers_everything(upstream: BrokerProcess) -> None:
     topic = _topic(upstream)
     _produce(upstream, topic, [f"s{i}".encode() * 20 for i in range(8)])
