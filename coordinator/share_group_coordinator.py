@@ -304,13 +304,14 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
         return await self._write_steps(req.group_id, lambda: guarded(
             lambda: self._after_initialization(req, response, client_id, client_host)))
 
-    @staticmethod
-    async def _learn_topics(topics: TopicLearner, req: HeartbeatRequest) -> None:
+    async def _learn_topics(self, topics: TopicLearner, req: HeartbeatRequest) -> None:
         names = req.subscribed_topic_names
         if names is None:
             return  # a regular heartbeat; a topic created later reaches the group through its listener
         try:
-            await topics.learn_topics(names)
+            # Bounded, as the wait for an initialisation is: an upstream that does not answer leaves the
+            # topic to a later heartbeat, not this one hanging.
+            await asyncio.wait_for(topics.learn_topics(names), self.heartbeat_interval_ms(req.group_id) / 1000)
         except Exception as exc:  # the heartbeat goes on with what is known
             log.warning("topic metadata refresh for a share group heartbeat failed", group_id=req.group_id,
                         error=str(exc))

@@ -271,11 +271,12 @@ class UpstreamCluster:
             return
         # A re-read already under way may have started before the topic was created: then one more.
         for _ in range(2):
+            joined = self._refresh is not None and not self._refresh.done()
             self.request_refresh()
             refresh = self._refresh
             if refresh is not None:
                 await asyncio.shield(refresh)
-            if all(n in self.topic_ids for n in due):
+            if not joined or all(n in self.topic_ids for n in due):
                 break
         if len(self._unknown) > _UNKNOWN_TOPICS_KEPT:
             self._unknown.clear()
@@ -289,14 +290,23 @@ class UpstreamCluster:
                 self._unknown[name] = (now + backoff, backoff)
 
     def _apply(self, response: messages.MetadataResponse, *, full: bool) -> None:
-        before = self._topic_shape()
-        self._apply_answer(response, full=full)
-        if self._topic_shape() != before:
+        if full:
+            before = (dict(self.topic_ids), dict(self.partition_counts))
+            self._apply_answer(response, full=True)
+            changed = before != (self.topic_ids, self.partition_counts)
+        else:  # only the topics it names, so a client's Metadata for a few topics costs no full comparison
+            changed = any(self._changes(topic) for topic in response.topics)
+            self._apply_answer(response, full=False)
+        if changed:
             for listener in self.topic_listeners:
                 listener()
 
-    def _topic_shape(self) -> tuple[frozenset[tuple[str, bytes]], frozenset[tuple[str, int]]]:
-        return frozenset(self.topic_ids.items()), frozenset(self.partition_counts.items())
+    def _changes(self, topic: messages.MetadataResponse.MetadataResponseTopic) -> bool:
+        """Whether the answer's topic is new here, or has another id or partition count."""
+        if topic.error_code not in (ErrorCode.NONE, ErrorCode.LEADER_NOT_AVAILABLE) or topic.name is None:
+            return False
+        new_id = topic.topic_id and topic.topic_id != ZERO_UUID and self.topic_ids.get(topic.name) != topic.topic_id
+        return bool(new_id) or self.partition_counts.get(topic.name) != len(topic.partitions)
 
     def _apply_answer(self, response: messages.MetadataResponse, *, full: bool) -> None:
         if response.brokers:

@@ -182,3 +182,33 @@ def test_read_committed_stops_at_the_last_stable_offset_and_names_aborted_transa
 
     asyncio.run(run())
     holder.abort_transaction(30)
+
+
+def test_a_topic_named_before_the_metadata_knows_it_is_learnt_at_once_and_a_missing_one_backs_off(
+        upstream: BrokerProcess) -> None:
+    async def run() -> None:
+        cluster, _source_ = await _source(upstream, _topic(upstream))
+        changes: list[None] = []
+        cluster.topic_listeners.append(lambda: changes.append(None))
+        refreshes = "shoal_upstream_metadata_refreshes_total"
+        try:
+            created = _topic(upstream)  # after the cluster's last metadata read
+            assert created not in cluster.topic_ids
+            await cluster.learn_topics([created])
+            assert created in cluster.topic_ids and cluster.partition_counts[created] == 1
+            assert changes  # the share groups hear of it
+            # Known names cost nothing; a missing one re-reads once, then backs off.
+            count = cluster.metrics.registry.get_sample_value(refreshes)
+            await cluster.learn_topics([created])
+            assert cluster.metrics.registry.get_sample_value(refreshes) == count
+            missing = unique_name("seam-missing")
+            await cluster.learn_topics([missing])
+            after_first = cluster.metrics.registry.get_sample_value(refreshes)
+            assert after_first is not None and count is not None and after_first == count + 1
+            for _ in range(5):
+                await cluster.learn_topics([missing])
+            assert cluster.metrics.registry.get_sample_value(refreshes) == after_first
+        finally:
+            await cluster.close()
+
+    asyncio.run(run())
