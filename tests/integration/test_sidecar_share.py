@@ -12,10 +12,13 @@ from typing import Any
 import pytest
 from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
 
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
 from .broker_process import BrokerProcess
 from .conftest import FAST_HEARTBEAT, NO_JOIN_DELAY
+from .kafka_wire import WireClient
 from .names import unique_name
 from .share_clients import create_topic, produce, set_group_config
 from .test_metrics import scrape
@@ -226,3 +229,24 @@ def test_a_share_long_poll_is_woken_by_a_produce(upstream: BrokerProcess, sideca
         assert [(p, o, v) for p, o, v, _ in got] == [(0, 0, b"woken")]
     finally:
         consumer.close()
+
+
+def test_a_join_for_a_topic_just_created_on_the_upstream_is_answered_with_its_assignment(
+        upstream: BrokerProcess, sidecar: BrokerProcess) -> None:
+    """The sidecar has not read the upstream's metadata since the topic was created: the heartbeat re-reads it,
+    initialises the share partitions and answers with them assigned (Kafka's join would answer with none and
+    assign them at the member's next heartbeat). The heartbeat interval stays the configured one."""
+    topic, group = _setup(upstream, sidecar, partitions=3)
+    with WireClient.connect(sidecar.bootstrap) as wire:
+        joined = wire.request(ApiKey.SHARE_GROUP_HEARTBEAT, 1, messages.ShareGroupHeartbeatRequest(
+            group_id=group, member_id=unique_name("m")[:22], member_epoch=0, rack_id=None,
+            subscribed_topic_names=[topic]))
+        assert joined.error_code == ErrorCode.NONE
+        assert joined.heartbeat_interval_ms == 1000  # FAST_HEARTBEAT, as configured
+        assert joined.assignment is not None
+        assert [sorted(tp.partitions) for tp in joined.assignment.topic_partitions] == [[0, 1, 2]]
+        # The next heartbeat finds the group settled: same epoch, nothing new to hand out.
+        again = wire.request(ApiKey.SHARE_GROUP_HEARTBEAT, 1, messages.ShareGroupHeartbeatRequest(
+            group_id=group, member_id=joined.member_id, member_epoch=joined.member_epoch, rack_id=None,
+            subscribed_topic_names=None))
+        assert (again.error_code, again.member_epoch, again.assignment) == (ErrorCode.NONE, joined.member_epoch, None)
