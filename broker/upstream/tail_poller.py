@@ -48,7 +48,14 @@ class TailPoller:
         self.polls = 0
 
     def on_park(self, keys: Sequence[WakeKey]) -> None:
-        """A waiter parked on `keys` (the purgatory's hook): follow the upstream partitions among them."""
+        """A waiter parked on `keys` (the purgatory's hook): follow the upstream partitions among them. It
+        runs inside the waiter's wait, so nothing it meets may reach the waiter."""
+        try:
+            self._follow_keys(keys)
+        except Exception:
+            log.exception("following upstream partitions for parked share fetches failed")
+
+    def _follow_keys(self, keys: Sequence[WakeKey]) -> None:
         for key in keys:
             if not isinstance(key, LogKey):
                 continue
