@@ -80,9 +80,11 @@ class TailPoller:
 
     def _still_waited(self, leader: int) -> dict[LogKey, UpstreamPartitionSource]:
         waited = self._waited.get(leader, {})
-        for key in [k for k, s in waited.items()
-                    if not self.purgatory.watching(k) or self.cluster.leader(*s.key) != leader]:
-            del waited[key]
+        moved = [k for k, s in waited.items() if self.cluster.leader(*s.key) != leader]
+        for key in [k for k in waited if not self.purgatory.watching(k)] + moved:
+            waited.pop(key, None)
+        # A partition whose upstream leader moved is followed on its new leader.
+        self._follow_keys([k for k in moved if self.purgatory.watching(k)])
         return waited
 
     async def _follow(self, leader: int) -> None:
