@@ -89,13 +89,24 @@ class BatchCache:
             self.miss()
         return found
 
-    def holds(self, key: tuple[str, int], offset: int) -> bool:
-        """Whether the batch holding `offset` is cached (a look that counts neither a hit nor a miss)."""
-        part = self._partitions.get(key)
-        if part is None:
-            return False
+    @staticmethod
+    def _holding(part: _PartitionCache, offset: int) -> _Cached | None:
         i = bisect.bisect_right(part.bases, offset) - 1
-        return i >= 0 and part.batches[part.bases[i]].header.last_offset >= offset
+        entry = part.batches.get(part.bases[i]) if i >= 0 else None
+        return entry if entry is not None and entry.header.last_offset >= offset else None
+
+    def run_after(self, key: tuple[str, int], offset: int, enough: int) -> tuple[int, int]:
+        """(bytes, end): the cached run from the batch holding `offset`, followed until it holds `enough`
+        bytes or ends; `end` is the offset after its last batch (`offset` itself when nothing holds it). A
+        look that counts neither a hit nor a miss."""
+        part = self._partitions.get(key)
+        entry = None if part is None else self._holding(part, offset)
+        total, end = 0, offset
+        while entry is not None and part is not None and total < enough:
+            total += len(entry.data)
+            end = entry.header.last_offset + 1
+            entry = part.batches.get(entry.next_base) if entry.next_base is not None else None
+        return total, end
 
     def miss(self) -> None:
         """Count a read the cache could not answer (also one that could not even look: a partition's first
@@ -104,11 +115,18 @@ class BatchCache:
         if self.metrics is not None:
             self.metrics.cache_misses.inc()
 
-    def put(self, key: tuple[str, int], batches: list[tuple[BatchHeader, bytes]]) -> None:
+    def put(self, key: tuple[str, int], batches: list[tuple[BatchHeader, bytes]], from_offset: int | None = None
+            ) -> None:
+        """Cache the batches of one upstream read. `from_offset`: the offset the read asked for; a cached batch
+        ending just before it leads on to this read's first batch (one run, followed by `get` and `run_after`)."""
         part = self._partitions.get(key)
         if part is None:
             part = self._partitions[key] = _PartitionCache()
         self._partitions.move_to_end(key)
+        if batches and from_offset is not None:
+            before = self._holding(part, from_offset - 1)
+            if before is not None and before.header.last_offset == from_offset - 1 and before.next_base is None:
+                before.next_base = batches[0][0].base_offset
         for i, (header, data) in enumerate(batches):
             following = batches[i + 1][0].base_offset if i + 1 < len(batches) else None
             old = part.batches.get(header.base_offset)
@@ -162,8 +180,11 @@ class UpstreamPartitionSource:
                     return SourceRead(cached, self.high_watermark, self.last_stable_offset, self.log_start_offset)
             else:
                 self.cache.miss()
-        return _trimmed(await self._shared_read(fetch_offset, max(max_bytes, self.min_read_bytes), read_committed),
+        read = _trimmed(await self._shared_read(fetch_offset, max(max_bytes, self.min_read_bytes), read_committed),
                         max_bytes)
+        if read.batches and not read_committed:
+            self._read_ahead(read.batches[-1][0].last_offset + 1)
+        return read
 
     async def _shared_read(self, fetch_offset: int, max_bytes: int, read_committed: bool) -> SourceRead:
         """One upstream Fetch, shared by every read of the same range that comes while it is out."""
@@ -186,13 +207,18 @@ class UpstreamPartitionSource:
             del self._inflight[flight]
 
     def _read_ahead(self, offset: int) -> None:
-        """A read served from the cache took the last cached batch before `offset`: fetch the next range now,
-        while those records are handed out, so the next acquisition finds it cached (or joins the Fetch)."""
-        if offset >= self.high_watermark or self.min_read_bytes <= 0 or self.cache.holds(self.key, offset):
+        """A read handed out the records before `offset`: when less than one upstream read's worth is cached
+        from there on, fetch the range after the cached run now, while those records go to the consumer, so
+        later acquisitions find it cached (or join the Fetch). So about one to two reads stay ahead of the
+        partition's readers, and never past the high watermark."""
+        if offset >= self.high_watermark or self.min_read_bytes <= 0:
             return
-        if (offset, self.min_read_bytes, False) in self._inflight:
+        ahead, end = self.cache.run_after(self.key, offset, self.min_read_bytes)
+        if ahead >= self.min_read_bytes or end >= self.high_watermark:
             return
-        task = asyncio.get_running_loop().create_task(self._shared_read(offset, self.min_read_bytes, False))
+        if (end, self.min_read_bytes, False) in self._inflight:
+            return
+        task = asyncio.get_running_loop().create_task(self._shared_read(end, self.min_read_bytes, False))
         self._read_aheads.add(task)
         task.add_done_callback(self._read_ahead_done)
 
@@ -265,21 +291,21 @@ class UpstreamPartitionSource:
             if part.error_code in LEADERSHIP_ERRORS:
                 self.cluster.request_refresh()
             raise UpstreamUnavailable(f"upstream Fetch of {topic}-{partition}: error {part.error_code}")
-        batches = self.absorb(part)
+        batches = self.absorb(part, fetch_offset)
         aborted = [(a.producer_id, a.first_offset) for a in part.aborted_transactions or []] if read_committed else []
         return SourceRead([(h, memoryview(data)) for h, data in batches], self.high_watermark,
                           self.last_stable_offset, self.log_start_offset, aborted)
 
 
-    def absorb(self, part: messages.FetchResponse.PartitionData) -> list[tuple[BatchHeader, bytes]]:
-        """Take in an error-free Fetch answer for the partition: its watermarks, and its batches into the
-        cache (also those read ahead by the tail poller, which the next acquisition then finds there)."""
+    def absorb(self, part: messages.FetchResponse.PartitionData, from_offset: int) -> list[tuple[BatchHeader, bytes]]:
+        """Take in an error-free Fetch answer for the partition, read from `from_offset`: its watermarks, and
+        its batches into the cache (also those the tail poller read, which the next acquisition finds there)."""
         self.high_watermark = part.high_watermark
         self.last_stable_offset = part.last_stable_offset if part.last_stable_offset >= 0 else part.high_watermark
         self.log_start_offset = part.log_start_offset
         batches = whole_batches(part.records or b"")
         if batches:
-            self.cache.put(self.key, batches)
+            self.cache.put(self.key, batches, from_offset)
         return batches
 
 

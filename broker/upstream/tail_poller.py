@@ -146,7 +146,7 @@ class TailPoller:
                     woke = failed = True
                     continue
                 if part.high_watermark > offset or part.records:
-                    source.absorb(part)
+                    source.absorb(part, offset)
                     self.purgatory.notify(key)
                     woke = True
         return woke, failed

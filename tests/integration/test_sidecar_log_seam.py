@@ -92,7 +92,7 @@ def test_reads_come_from_the_upstream_once_and_then_from_the_cache(upstream: Bro
     asyncio.run(run())
 
 
-def test_a_read_that_takes_the_last_cached_batch_reads_the_next_range_ahead(upstream: BrokerProcess) -> None:
+def test_reads_keep_about_one_upstream_read_cached_ahead_of_what_they_hand_out(upstream: BrokerProcess) -> None:
     topic = _topic(upstream)
     _produce(upstream, topic, [f"a{i}".encode() for i in range(10)])
 
@@ -100,28 +100,34 @@ def test_a_read_that_takes_the_last_cached_batch_reads_the_next_range_ahead(upst
         cluster, plain = await _source(upstream, topic)
         # Upstream reads of a few batches each, so the partition takes several.
         source = UpstreamPartitionSource(cluster, plain.cache, topic, 0, min_read_bytes=200)
+        loop = asyncio.get_running_loop()
+
+        async def until(cached_to: int) -> None:
+            deadline = loop.time() + 10
+            while source.cache.run_after(source.key, 0, 1 << 20)[1] < cached_to:
+                assert loop.time() < deadline
+                await asyncio.sleep(0.01)
+
         try:
             first = await source.read(0, 1)
             assert source.upstream_reads == 1 and len(first.batches) == 1
-            run_end = max(h.last_offset for h, _ in (await source.read(0, 1 << 20)).batches) + 1
-            assert 1 < run_end < 10 and source.upstream_reads == 1
-            # That read took the last cached batch: the next range is on its way before anyone asks.
-            deadline = asyncio.get_running_loop().time() + 10
-            while not source.cache.holds(source.key, run_end):
-                assert asyncio.get_running_loop().time() < deadline
-                await asyncio.sleep(0.01)
-            assert source.upstream_reads == 2
+            first_run_end = source.cache.run_after(source.key, 0, 1 << 20)[1]
+            assert 1 < first_run_end < 10
+            # Less than one upstream read is cached past what was handed out: the next range comes ahead of
+            # any reader, and joins the cached run.
+            await until(first_run_end + 1)
+            assert source.upstream_reads >= 2
             hits = source.cache.hits
-            assert _values(await source.read(run_end, 1 << 20))[0] == f"a{run_end}".encode()
+            through = await source.read(0, 1 << 20)
             assert source.cache.hits == hits + 1
-            # Nothing is read ahead past the high watermark.
-            offset = run_end
+            assert _values(through)[:first_run_end + 1] == [f"a{i}".encode() for i in range(first_run_end + 1)]
+            # Reading on keeps reads ahead until the high watermark, and none past it.
+            offset = first_run_end
             while offset < 10:
                 offset = (await source.read(offset, 1 << 20)).batches[-1][0].last_offset + 1
-                await asyncio.sleep(0.05)  # room for a read-ahead to land
+                await until(min(10, offset + 1))
             reads = source.upstream_reads
-            await source.read(9, 1 << 20)
-            await asyncio.sleep(0.05)
+            assert _values(await source.read(9, 1 << 20)) == [b"a9"]
             assert source.upstream_reads == reads
         finally:
             await cluster.close()
