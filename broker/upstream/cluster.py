@@ -97,8 +97,8 @@ class UpstreamCluster:
         self._coordinators: dict[tuple[int, str], int] = {}
         self._refresh: asyncio.Task[None] | None = None
         self._last_refresh = -MIN_REFRESH_GAP_S
-        # Per topic name still unknown after a re-read: (when it may be asked about again, the backoff).
-        self._unknown: dict[str, tuple[float, float]] = {}
+        # Per topic name (or id) still unknown after a re-read: (when it may cause another, the backoff).
+        self._unknown: dict[str | bytes, tuple[float, float]] = {}
         # Called when a metadata answer changed the topics (created, deleted, partitions added).
         self.topic_listeners: list[Callable[[], None]] = []
         self._closed = False
@@ -278,16 +278,26 @@ class UpstreamCluster:
                 await asyncio.shield(refresh)
             if not joined or all(n in self.topic_ids for n in due):
                 break
-        if len(self._unknown) > _UNKNOWN_TOPICS_KEPT:
-            self._unknown.clear()
-        now = time.monotonic()
-        first, most = UNKNOWN_TOPIC_BACKOFF_S
         for name in due:
             if name in self.topic_ids:
                 self._unknown.pop(name, None)
             else:
-                backoff = min(most, self._unknown.get(name, (0.0, first / 2))[1] * 2)
-                self._unknown[name] = (now + backoff, backoff)
+                self._back_off(name)
+
+    def request_refresh_for(self, topic: str | bytes) -> None:
+        """A request named a topic (by name or id) the metadata lacks: re-read it in the background, unless
+        that name or id caused a re-read within its backoff (UNKNOWN_TOPIC_BACKOFF_S, doubling)."""
+        if self._unknown.get(topic, (0.0, 0.0))[0] > time.monotonic():
+            return
+        self._back_off(topic)
+        self.request_refresh()
+
+    def _back_off(self, topic: str | bytes) -> None:
+        if len(self._unknown) > _UNKNOWN_TOPICS_KEPT:
+            self._unknown.clear()
+        first, most = UNKNOWN_TOPIC_BACKOFF_S
+        backoff = min(most, self._unknown.get(topic, (0.0, first / 2))[1] * 2)
+        self._unknown[topic] = (time.monotonic() + backoff, backoff)
 
     def _apply(self, response: messages.MetadataResponse, *, full: bool) -> None:
         if full:

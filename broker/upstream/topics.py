@@ -60,7 +60,7 @@ class UpstreamTopics:
         topic_id = self.cluster.topic_ids.get(name)
         count = self.cluster.partition_counts.get(name)
         if topic_id is None or count is None:
-            self.cluster.request_refresh()  # perhaps created upstream since the last read
+            self.cluster.request_refresh_for(name)  # perhaps created upstream since the last read
             return None
         return topic_id, count
 
@@ -69,7 +69,7 @@ class UpstreamTopics:
         count = None if name is None else self.cluster.partition_counts.get(name)
         if name is None or count is None:
             if topic_id != ZERO_UUID:
-                self.cluster.request_refresh()
+                self.cluster.request_refresh_for(topic_id)
             return None
         return name, count
 

@@ -214,6 +214,11 @@ def test_a_topic_named_before_the_metadata_knows_it_is_learnt_at_once_and_a_miss
             for _ in range(5):
                 await cluster.learn_topics([missing])
             assert cluster.metrics.registry.get_sample_value(refreshes) == after_first
+            # A ShareFetch naming an unknown topic id re-reads in the background, once per backoff too.
+            for _ in range(5):
+                cluster.request_refresh_for(b"\x07" * 16)
+                await asyncio.sleep(0)
+            assert cluster.metrics.registry.get_sample_value(refreshes) == after_first + 1
         finally:
             await cluster.close()
 
