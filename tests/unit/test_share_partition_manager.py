@@ -8,7 +8,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shoal.broker.share.share_partition import AckBatch
-from shoal.broker.share.share_partition_manager import AckRules, count_ack_types, join_batches, validate_ack_batches
+from shoal.broker.share.share_partition_manager import (
+    AckRules,
+    count_ack_types,
+    join_batches,
+    validate_ack_batches,
+)
 from shoal.protocol.acknowledge_type import AcknowledgeType
 from shoal.protocol.record_batch import HEADER_SIZE, set_base_offset
 
