@@ -247,8 +247,9 @@ class SharePartitionManager:
         The response cannot leave before those writes (their outcomes are in it, and a write is answered
         only once fsynced), so records produced during them go with it instead of a round trip later: for a
         consumer keeping up with its partitions that is most of the produce-to-delivery latency. Not done
-        when the acknowledgements release records, which are available again once written: as in Kafka,
-        a record released by a fetch is not handed back in that fetch's own response."""
+        when the acknowledgements release records: those are available again once written, and the fetch
+        that released them would get them straight back (the pass alongside the write never sees them, and
+        in Kafka, whose fetch and acknowledgement also run side by side, neither does the fetch)."""
         taken = sum(r.last_offset - r.first_offset + 1 for pd in results.values() for r in pd.acquired)
         max_bytes = min(params.max_bytes, self.broker_max_bytes) - sum(len(pd.records) for pd in results.values())
         if taken >= params.max_records or max_bytes <= 0:
