@@ -207,9 +207,19 @@ class SharePartitionManager:
             return ShareFetchResult(partitions=results)
 
         if params.max_records > 0 and params.max_bytes > 0 and not rules.is_renew:
-            await asyncio.gather(*pending, self._fetch_records(client, authorize, params, session, results))
-            if has_acks and not client.closed and not _releases_any(acks):
-                await self._top_up(client, authorize, params, session, results)
+            if not has_acks or _releases_any(acks):
+                await asyncio.gather(*pending, self._fetch_records(client, authorize, params, session, results))
+            else:
+                # Which partitions get records while this request runs: those are worth a second pass.
+                produced = {tp: self.purgatory.watch([LogKey(tp.topic_id, tp.partition)]) for tp in session.partitions}
+                try:
+                    await asyncio.gather(*pending, self._fetch_records(client, authorize, params, session, results))
+                finally:
+                    for watch in produced.values():
+                        watch.close()
+                grown = {tp for tp, watch in produced.items() if watch.notified}
+                if grown and not client.closed:
+                    await self._top_up(client, authorize, params, session, results, grown)
         else:
             await asyncio.gather(*pending)
         extra = session.partitions.keys() if epoch == INITIAL_EPOCH else new_partitions
@@ -241,8 +251,10 @@ class SharePartitionManager:
             for tp in acknowledged if tp in result.partitions})
 
     async def _top_up(self, client: ShareClient, authorize: TopicReadAuthorizer, params: FetchParams,
-                      session: ShareSession, results: dict[TopicIdPartition, PartitionResult]) -> None:
-        """One more acquisition pass, without waiting, once the acknowledgements' state writes are done.
+                      session: ShareSession, results: dict[TopicIdPartition, PartitionResult],
+                      grown: set[TopicIdPartition]) -> None:
+        """One more acquisition pass over the `grown` partitions (records appended since the request came),
+        without waiting, once the acknowledgements' state writes are done.
 
         The response cannot leave before those writes (their outcomes are in it, and a write is answered
         only once fsynced), so records produced during them go with it instead of a round trip later: for a
@@ -255,7 +267,7 @@ class SharePartitionManager:
         if taken >= params.max_records or max_bytes <= 0:
             return
         more: dict[TopicIdPartition, PartitionResult] = {}
-        order = _rotated(session)
+        order = [tp for tp in _rotated(session) if tp in grown]
         await self._acquire_pass(client, authorize, replace(params, max_records=params.max_records - taken,
                                                             max_bytes=max_bytes), session, order, more)
         for tp, extra in more.items():
