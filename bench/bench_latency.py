@@ -6,7 +6,8 @@ own process (so neither side waits on the other's interpreter lock) takes the ti
 Consumer assigned every partition, or a ShareConsumer (implicit acknowledgement). The first `--warm-up` seconds
 are left out. Printed: p50, p99 and p99.9 in milliseconds, for Shoal, librdkafka's mock cluster and Tansu
 (plain only: it has no share groups) in the same run, every peer with the same producer and consumer settings;
-for Shoal also its CPU time per record (from /proc, so not the time it waited for a core on a busy machine).
+and each broker process's CPU time per record (from /proc, so not the time it waited for a core on a busy
+machine; the mock's process is a Python interpreter hosting librdkafka's mock cluster).
 
 Why linger.ms=1 and not the 5 of the throughput benches (librdkafka's and Kafka 4's default): the producer holds
 each record up to linger.ms before it sends, so with 5 every record starts with up to 5 ms of client-side wait
@@ -203,18 +204,17 @@ def main() -> int:
                 brokers["tansu"] = tansu
         results: dict[str, Latency] = {}
         cpu_us: dict[str, float] = {}
-        for name, (_proc, bootstrap) in brokers.items():
+        for name, (proc, bootstrap) in brokers.items():
             kinds = [k for k in args.kinds.split(",") if k and not (name == "tansu" and k == "share")]
             for kind in kinds:
                 topic = f"latency-{kind}"
                 create_topic(bootstrap, topic, share_group=f"latency-{topic}" if kind == "share" else None)
-                before = broker_cpu_seconds(_proc.pid) if name == "shoal" else 0.0
+                before = broker_cpu_seconds(proc.pid)
                 results[f"{name} {kind}"] = delivery_latency(bootstrap, topic, kind, rate=args.rate,
                                                              seconds=args.seconds, warm_up=args.warm_up,
                                                              linger_ms=args.linger_ms)
-                if name == "shoal":
-                    # Steadier than the percentiles on a shared machine: it leaves out waiting for a core.
-                    cpu_us[kind] = (broker_cpu_seconds(_proc.pid) - before) / (args.rate * args.seconds) * 1e6
+                # Steadier than the percentiles on a shared machine: it leaves out waiting for a core.
+                cpu_us[f"{name} {kind}"] = (broker_cpu_seconds(proc.pid) - before) / (args.rate * args.seconds) * 1e6
                 print(f"  {name + ' ' + kind:<14} {results[f'{name} {kind}'].line()}", flush=True)
     finally:
         for proc, _bootstrap in brokers.values():
@@ -225,14 +225,15 @@ def main() -> int:
           f"left out), acks=all, linger.ms={args.linger_ms:g}, 4 partitions, 100 B values")
     for label, r in results.items():
         print(f"  {label:<14} {r.line()}")
-    for kind, us in cpu_us.items():
-        print(f"  shoal {kind:<8} broker CPU {us:6.1f} us/record (probes and warm-up included)")
+    for label, us in cpu_us.items():
+        print(f"  {label:<14} broker CPU {us:6.1f} us/record (probes and warm-up included)")
     for kind in ("plain", "share"):
         for peer in ("mock", "tansu"):
             mine, theirs = results.get(f"shoal {kind}"), results.get(f"{peer} {kind}")
             if mine and theirs:
                 print(f"  p99 ratio shoal/{peer} {kind:<6} {mine.p99_ms / theirs.p99_ms:6.2f}   "
-                      f"p50 ratio {mine.p50_ms / theirs.p50_ms:6.2f}")
+                      f"p50 ratio {mine.p50_ms / theirs.p50_ms:6.2f}   "
+                      f"CPU/record ratio {cpu_us[f'shoal {kind}'] / cpu_us[f'{peer} {kind}']:6.2f}")
     return 0
 
 
