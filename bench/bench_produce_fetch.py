@@ -21,7 +21,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from bench_share import ConsumerGroup
@@ -34,7 +36,7 @@ from confluent_kafka.admin import (
     NewTopic,
     ResourceType,
 )
-from peers import start_mock, start_shoal, start_tansu, stop
+from peers import broker_cpu_seconds, start_mock, start_shoal, start_tansu, stop
 
 
 @dataclass
@@ -42,6 +44,9 @@ class Result:
     records: int
     seconds: float
     payload_bytes: int
+    # The broker process's CPU time per record while it ran (`measured`): steadier than the rate on a
+    # machine shared with other work, since it leaves out the waits for a core.
+    broker_us_per_record: float | None = None
 
     @property
     def rate(self) -> float:
@@ -165,8 +170,26 @@ def share_drain(bootstrap: str, topic: str, records: int, value_bytes: int = 100
         cg.close()
 
 
+def measured(pid: int, work: Callable[[], Result]) -> Result:
+    """`work`'s result with the CPU time broker process `pid` spent per record meanwhile."""
+    before = broker_cpu_seconds(pid)
+    result = work()
+    result.broker_us_per_record = (broker_cpu_seconds(pid) - before) / result.records * 1e6
+    return result
+
+
 def line(label: str, r: Result) -> str:
-    return f"  {label:<28} {r.rate:>12,.0f} rec/s {r.mb_per_s:>9.1f} MB/s   ({r.records:,} in {r.seconds:.2f} s)"
+    cpu = f"   broker {r.broker_us_per_record:.2f} us/rec" if r.broker_us_per_record is not None else ""
+    return (f"  {label:<28} {r.rate:>12,.0f} rec/s {r.mb_per_s:>9.1f} MB/s   ({r.records:,} in {r.seconds:.2f} s)"
+            f"{cpu}")
+
+
+def ratio_line(label: str, mine: Result, theirs: Result) -> str:
+    """Rate ratio, and the CPU-per-record ratio (below 1: fewer broker cycles per record)."""
+    cpu = ""
+    if mine.broker_us_per_record and theirs.broker_us_per_record:
+        cpu = f"   CPU/record ratio {mine.broker_us_per_record / theirs.broker_us_per_record:6.2f}"
+    return f"  ratio {label:<28} {mine.rate / theirs.rate:>6.2f}{cpu}"
 
 
 def main() -> int:
@@ -183,20 +206,23 @@ def main() -> int:
     shoal, shoal_bootstrap = start_shoal(data_dir)
     mock, mock_bootstrap = start_mock()
     tansu = start_tansu()
-    peers = [("shoal", shoal_bootstrap), ("mock", mock_bootstrap)]
+    peers = [("shoal", shoal_bootstrap, shoal.pid), ("mock", mock_bootstrap, mock.pid)]
     if tansu is not None:
-        peers.append(("tansu", tansu[1]))
-    print(", ".join(f"{name} at {bootstrap}" for name, bootstrap in peers), flush=True)
+        peers.append(("tansu", tansu[1], tansu[0].pid))
+    print(", ".join(f"{name} at {bootstrap}" for name, bootstrap, _pid in peers), flush=True)
     try:
-        for name, bootstrap in peers:
+        for name, bootstrap, pid in peers:
             (create_topic if name == "shoal" else auto_create_topic)(bootstrap, "bench-acks1", parts)
-            results[f"{name} produce acks=1"] = produce(bootstrap, "bench-acks1", n, value, parts, "1")
-            results[f"{name} fetch"] = fetch(bootstrap, "bench-acks1", n, parts, args.value_bytes,
-                                             exact=name != "tansu")
+            results[f"{name} produce acks=1"] = measured(
+                pid, partial(produce, bootstrap, "bench-acks1", n, value, parts, "1"))
+            results[f"{name} fetch"] = measured(
+                pid, partial(fetch, bootstrap, "bench-acks1", n, parts, args.value_bytes, exact=name != "tansu"))
             if name == "shoal":
-                results["shoal share consume"] = share_drain(bootstrap, "bench-acks1", n, args.value_bytes)
+                results["shoal share consume"] = measured(
+                    pid, partial(share_drain, bootstrap, "bench-acks1", n, args.value_bytes))
         create_topic(shoal_bootstrap, "bench-acksall", parts)
-        results["shoal produce acks=all"] = produce(shoal_bootstrap, "bench-acksall", n, value, parts, "all")
+        results["shoal produce acks=all"] = measured(
+            shoal.pid, partial(produce, shoal_bootstrap, "bench-acksall", n, value, parts, "all"))
     finally:
         stop(shoal)
         stop(mock)
@@ -208,11 +234,10 @@ def main() -> int:
           f"(linger.ms=5), one process per broker")
     for label, r in results.items():
         print(line(label, r))
-    for peer in [name for name, _b in peers if name != "shoal"]:
+    for peer in [name for name, _b, _pid in peers if name != "shoal"]:
         for kind in ("produce acks=1", "fetch"):
-            ratio = results[f"shoal {kind}"].rate / results[f"{peer} {kind}"].rate
-            print(f"  ratio shoal/{peer} {kind:<17} {ratio:>6.2f}")
-    print(f"  ratio shoal fetch/share consume    {results['shoal fetch'].rate / results['shoal share consume'].rate:>6.2f}")
+            print(ratio_line(f"shoal/{peer} {kind}", results[f"shoal {kind}"], results[f"{peer} {kind}"]))
+    print(ratio_line("shoal fetch/share consume", results["shoal fetch"], results["shoal share consume"]))
     return 0
 
 
