@@ -197,31 +197,33 @@ class SharePartitionManager:
         started = self._start_acknowledgements(authorize, group, member, acks, rules)
         for ack in started:
             results.setdefault(ack.tp, PartitionResult())
-        # Memory holds every acknowledgement before this request acquires; their writes go on meanwhile.
-        await asyncio.gather(*(ack.applied for ack in started))
-        pending = [self._ack_code(ack, results) for ack in started]
+        # Memory holds every acknowledgement before this request acquires; their writes go on meanwhile,
+        # each in its task. Awaited one by one and the acquisition run in this task, not through gather:
+        # each relay through another future or task is one more pass of the event loop before the answer.
+        for ack in started:
+            await ack.applied
 
         if epoch == FINAL_EPOCH:
-            await asyncio.gather(*pending)
+            await self._ack_codes(started, results)
             await self.close_session(session)
             return ShareFetchResult(partitions=results)
 
         if params.max_records > 0 and params.max_bytes > 0 and not rules.is_renew:
-            if not has_acks or _releases_any(acks):
-                await asyncio.gather(*pending, self._fetch_records(client, authorize, params, session, results))
-            else:
-                # Which partitions get records while this request runs: those are worth a second pass.
-                produced = {tp: self.purgatory.watch([LogKey(tp.topic_id, tp.partition)]) for tp in session.partitions}
-                try:
-                    await asyncio.gather(*pending, self._fetch_records(client, authorize, params, session, results))
-                finally:
-                    for watch in produced.values():
-                        watch.close()
-                grown = {tp for tp, watch in produced.items() if watch.notified}
-                if grown and not client.closed:
-                    await self._top_up(client, authorize, params, session, results, grown)
+            # Which partitions get records while this request runs: those are worth a second pass once
+            # the writes are done (`_top_up`), unless the acknowledgements release records.
+            produced = {} if not has_acks or _releases_any(acks) else {
+                tp: self.purgatory.watch([LogKey(tp.topic_id, tp.partition)]) for tp in session.partitions}
+            try:
+                await self._fetch_records(client, authorize, params, session, results)
+                await self._ack_codes(started, results)
+            finally:
+                for watch in produced.values():
+                    watch.close()
+            grown = {tp for tp, watch in produced.items() if watch.notified}
+            if grown and not client.closed:
+                await self._top_up(client, authorize, params, session, results, grown)
         else:
-            await asyncio.gather(*pending)
+            await self._ack_codes(started, results)
         extra = session.partitions.keys() if epoch == INITIAL_EPOCH else new_partitions
         for tp in [*extra, *session.take_resend()]:
             if tp in session.partitions:
@@ -279,8 +281,10 @@ class SharePartitionManager:
             pd.acquired.extend(extra.acquired)
 
     @staticmethod
-    async def _ack_code(ack: _Ack, results: dict[TopicIdPartition, PartitionResult]) -> None:
-        results[ack.tp].acknowledge_error_code = await ack.done
+    async def _ack_codes(started: list[_Ack], results: dict[TopicIdPartition, PartitionResult]) -> None:
+        """Each acknowledgement's outcome once written (the writes run side by side, in their own tasks)."""
+        for ack in started:
+            results[ack.tp].acknowledge_error_code = await ack.done
 
     async def _fetch_records(self, client: ShareClient, authorize: TopicReadAuthorizer, params: FetchParams,
                              session: ShareSession, results: dict[TopicIdPartition, PartitionResult]) -> None:
