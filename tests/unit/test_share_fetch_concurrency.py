@@ -17,7 +17,7 @@ from shoal.broker.common.purgatory import LogKey
 from shoal.broker.network.connection import KafkaConnection, RequestContext
 from shoal.broker.server.server import Broker
 from shoal.broker.share.share_partition_leader import SharePartitionLeader
-from shoal.persister.persister import Persister, SharePartitionKey, WriteStateRequest
+from shoal.persister.persister import Persister, ReadStateResult, SharePartitionKey, WriteStateRequest
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -197,3 +197,41 @@ async def test_a_release_is_not_topped_up_with_records_produced_during_its_write
     # The released records are available once written; as in Kafka they are not handed back in this response.
     assert acquired(await running.fetch({0: (0, 4, RELEASE)})) == {}
     assert acquired(await running.fetch()) == {0: [(0, 4, 2), (5, 7, 1)]}
+
+
+class LoadConcurrency:
+    """The broker's own persister, where the first share partition's state read waits (a bounded while) for
+    a second one to start, and notes how many were under way at once."""
+
+    def __init__(self, inner: Persister):
+        self.inner = inner
+        self.in_flight = 0
+        self.most = 0
+        self.second = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def read_state(self, key: SharePartitionKey, leader_epoch: int) -> ReadStateResult:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            if self.in_flight == 1:
+                try:
+                    await asyncio.wait_for(self.second.wait(), 5)
+                except TimeoutError:
+                    pass  # loaded one after another: the assertion below says so
+            else:
+                self.second.set()
+            return await self.inner.read_state(key, leader_epoch)
+        finally:
+            self.in_flight -= 1
+
+
+async def test_a_first_fetch_loads_its_share_partitions_side_by_side(running: Running) -> None:
+    loads = LoadConcurrency(running.broker.persister)
+    running.broker.share_partitions.persister = loads
+    for p in (0, 1):
+        running.append(p, 2)
+    assert acquired(await running.fetch()) == {0: [(0, 1, 1)], 1: [(0, 1, 1)]}
+    assert loads.most == 2
