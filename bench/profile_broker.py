@@ -30,10 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_produce_fetch import create_topic, produce
-from bench_release import broker_cpu_seconds, plain_drain, share_drain
+from bench_produce_fetch import create_topic, fetch, produce, share_drain
 from confluent_kafka import Producer
-from peers import start_shoal, stop
+from peers import broker_cpu_seconds, start_shoal, stop
 
 PARTITIONS = 4
 VALUE = os.urandom(100)
@@ -118,7 +117,7 @@ def main() -> int:
         elif args.workload.startswith("produce-bulk"):
             produce(bootstrap, topic, args.records, VALUE, PARTITIONS, "all" if args.workload.endswith("all") else "1")
         elif args.workload == "plain":
-            plain_drain(bootstrap, topic, args.records)
+            fetch(bootstrap, topic, args.records, PARTITIONS, len(VALUE))
         else:
             share_drain(bootstrap, topic, args.records)
         cpu = broker_cpu_seconds(proc.pid) - before

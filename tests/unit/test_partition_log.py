@@ -13,7 +13,7 @@ from pathlib import Path
 
 import crc32c
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -256,6 +256,27 @@ def test_read_returns_one_batch_even_when_bigger_than_max_bytes(tmp_path: Path) 
     plog = PartitionLog.open(tmp_path / "t-0", cfg(segment_bytes=10_000))
     assert plog.read(0, 10) == big
     plog.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(0, 300), min_size=1, max_size=40), index_interval=st.sampled_from([0, 100, 4096]),
+       data=st.data())
+def test_a_read_cuts_at_the_last_whole_batch_within_max_bytes(sizes: list[int], index_interval: int,
+                                                             data: st.DataObject) -> None:
+    # Many batches in one segment, indexed sparsely or densely: the cut is found from the index, not by
+    # walking every batch, and must still be the last batch boundary within max_bytes.
+    with tempfile.TemporaryDirectory() as d:
+        plog = PartitionLog.open(Path(d), cfg(index_interval_bytes=index_interval))
+        stored = [append(plog, make_batch([b"x" * n]))[1] for n in sizes]
+        start = data.draw(st.integers(0, len(stored) - 1))
+        max_bytes = data.draw(st.integers(0, sum(len(b) for b in stored) + 10))
+        expected = stored[start]
+        for batch in stored[start + 1:]:
+            if len(expected) + len(batch) > max_bytes:
+                break
+            expected += batch
+        assert plog.read(start, max_bytes) == expected
+        plog.close()
 
 
 def test_read_batch_headers_and_log_append_time(tmp_path: Path) -> None:
