@@ -2,7 +2,8 @@
 retention and DeleteRecords.
 
 Appends go to the page cache only; durability comes from `flush()`, which shares one fsync between all
-concurrent callers (group commit) and runs it in a worker thread so the event loop never blocks on disk.
+concurrent callers (group commit) and runs it in a worker thread so the event loop never blocks on disk;
+rounds of several logs due at once run together (`flush_batch.py`).
 
 Crash safety: a sealed segment's index files are written only after its `.log` was fsynced, so on open
 sealed segments with index files are trusted and only the active segment (plus any sealed segment whose
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import json
 import os
 import shutil
@@ -39,6 +41,7 @@ import structlog
 
 from shoal.backoff import Backoff
 from shoal.broker.common.purgatory import LogKey, Purgatory
+from shoal.broker.storage.flush_batch import batcher_for
 from shoal.broker.storage.log_config import (
     ProducePolicy,
     batch_too_large,
@@ -976,7 +979,10 @@ class PartitionLog:
         plan: _FlushPlan | None = None
         try:
             plan = self._plan_flush()
-            await asyncio.get_running_loop().run_in_executor(None, self._execute_flush, self.directory, plan)
+            # Rounds of other logs due in the same pass (a ShareFetch's acknowledgements on several
+            # `__share_group_state` partitions) fsync together, in one executor job.
+            await batcher_for(asyncio.get_running_loop()).submit(
+                functools.partial(self._execute_flush, self.directory, plan))
         except BaseException:
             self._dir_dirty = True
             _txn_indexes_unsynced(plan)
