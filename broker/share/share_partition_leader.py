@@ -291,6 +291,29 @@ class SharePartitionLeader:
         self.state = None
         self._cancel_timer()
 
+    async def drop_if_state_changed(self) -> bool:
+        """KIP-932: when a share session starts using this share partition, check that the stored state is
+        still the one loaded. An alter of the group's offsets (a higher state epoch) or their deletion
+        (no state, or state not initialised yet) made by a group coordinator elsewhere (another sidecar)
+        means memory is stale: it is dropped and the next use loads the stored state. Returns whether it
+        was dropped; an unanswered check keeps it (a stale write is still fenced, FENCED_STATE_EPOCH)."""
+        state = self.state
+        if state is None:
+            return False
+        summary = await self.persister.read_state_summary(self.key, LEADER_EPOCH)
+        if summary.error_code != ErrorCode.NONE:
+            return False
+        if summary.start_offset >= 0 and summary.state_epoch == state.state_epoch:
+            return False
+        async with self.lock:
+            if self.state is not state:
+                return False  # dropped or loaded again meanwhile
+            log.info("share partition state changed under its leader; loading it again", group=self.key.group_id,
+                     partition=self.key.partition, state_epoch=state.state_epoch,
+                     stored_state_epoch=summary.state_epoch, stored_start_offset=summary.start_offset)
+            self.drop()
+        return True
+
     @property
     def idle(self) -> bool:
         """Nothing is loading, acquiring, acknowledging, writing or dead-lettering. Records in ARCHIVING keep

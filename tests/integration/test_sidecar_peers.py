@@ -1,0 +1,194 @@
+"""Two sidecars of one sidecar group over one upstream (a standalone Shoal process), whose requests to each
+other are inter-broker traffic: they go to the INTERNAL listener (SASL_PLAINTEXT, `inter.broker.listener.name`)
+with the PLAIN credentials of its JAAS line, and the anonymous principal of the clients' PLAINTEXT listener
+may not send them (CLUSTER_ACTION denied). Share state written by a leader on one sidecar to the state
+partition the other owns; offsets altered through one sidecar reach the share-partition leader on the other;
+group configs changed through both at once all take effect."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+)
+
+from shoal.client.admin import Admin
+from shoal.client.connection import BrokerConnection
+from shoal.client.security import ClientConfig
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
+from shoal.protocol.errors import ErrorCode
+
+from .broker_process import BrokerProcess
+from .conftest import FAST_HEARTBEAT, NO_JOIN_DELAY
+from .kafka_wire import WireClient
+from .names import unique_name
+from .share_clients import Consumed, create_topic, group_configs, poll_until, set_group_config, share_consumer
+from .test_share_protocol import (
+    ACCEPT,
+    RawShareMember,
+    fetch_until,
+    heartbeat,
+    join,
+    produce_batches,
+    topic_id_of,
+)
+from .test_sidecar_members import MEMBERSHIP, UPSTREAM_GROUPS, _view
+
+WAIT_S = 30.0
+PEER_JAAS = ('org.apache.kafka.common.security.plain.PlainLoginModule required username="peer" '
+             'password="peer-secret" user_peer="peer-secret";')
+# Inter-broker traffic on its own SASL listener; clients on PLAINTEXT, whose anonymous principal may do
+# anything but CLUSTER_ACTION (the ACLs are set once the sidecars are up).
+PEER_SECURITY = [
+    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,INTERNAL:SASL_PLAINTEXT",
+    f"listener.name.internal.plain.sasl.jaas.config={PEER_JAAS}",
+    "inter.broker.listener.name=INTERNAL",
+    "sasl.mechanism.inter.broker.protocol=PLAIN",
+    "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+    "super.users=User:peer",
+    "allow.everyone.if.no.acl.found=true",
+]
+_KEY_TYPE_GROUP, _KEY_TYPE_SHARE = 0, 2
+
+
+def _wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _deny_anonymous_cluster_action(sidecar: BrokerProcess) -> None:
+    admin = AdminClient({"bootstrap.servers": sidecar.bootstrap})
+    cluster = (ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, "User:ANONYMOUS", "*")
+    bindings = [AclBinding(*cluster, AclOperation.ALL, AclPermissionType.ALLOW),
+                AclBinding(*cluster, AclOperation.CLUSTER_ACTION, AclPermissionType.DENY)]
+    for future in admin.create_acls(bindings).values():
+        future.result(30)
+
+
+@dataclass
+class Pair:
+    upstream: BrokerProcess
+    a: BrokerProcess
+    b: BrokerProcess
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    base = tmp_path_factory.mktemp("peers")
+    upstream = BrokerProcess(base / "upstream", overrides=UPSTREAM_GROUPS).start()
+    group = unique_name("peers")
+    sidecars: list[BrokerProcess] = []
+    try:
+        for node_id in (1, 2):
+            sidecars.append(BrokerProcess(base / f"sidecar-{node_id}", extra_listeners=["INTERNAL://127.0.0.1:0"],
+                                          overrides=[
+                f"node.id={node_id}", f"upstream.bootstrap.servers={upstream.bootstrap}",
+                f"upstream.membership.group.id={group}", *MEMBERSHIP, *FAST_HEARTBEAT, *NO_JOIN_DELAY,
+                *PEER_SECURITY]).start())
+        for sidecar in sidecars:
+            _deny_anonymous_cluster_action(sidecar)
+        yield Pair(upstream, *sidecars)
+    finally:
+        for sidecar in sidecars:
+            sidecar.stop()
+        upstream.stop()
+
+
+def _topic_text(topic_id: bytes) -> str:
+    return base64.urlsafe_b64encode(topic_id).rstrip(b"=").decode()
+
+
+async def _coordinators(sidecar: BrokerProcess, key_type: int, keys: list[str]) -> list[tuple[int, int]]:
+    """(error code, node id) of each key's coordinator, asked as the peer user on the INTERNAL listener
+    (a SHARE key needs CLUSTER_ACTION)."""
+    host, port = sidecar.address("INTERNAL").rsplit(":", 1)
+    config = ClientConfig.from_dict({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                                     "sasl.username": "peer", "sasl.password": "peer-secret"})
+    conn = await BrokerConnection(host, int(port), config).connect()
+    try:
+        response = await conn.request(ApiKey.FIND_COORDINATOR, messages.FindCoordinatorRequest(
+            key_type=key_type, coordinator_keys=keys), version=6)
+    finally:
+        await conn.close()
+    assert isinstance(response, messages.FindCoordinatorResponse)
+    return [(c.error_code, c.node_id) for c in response.coordinators]
+
+
+def _group_on(sidecar: BrokerProcess, node_id: int, topic_id: bytes, partition: int) -> str:
+    """A share group whose group coordinator and whose state partition for (topic, partition) are both on
+    sidecar `node_id`."""
+    groups = [unique_name("peers-g") for _ in range(64)]
+    coordinators = asyncio.run(_coordinators(sidecar, _KEY_TYPE_GROUP, groups))
+    state_owners = asyncio.run(_coordinators(sidecar, _KEY_TYPE_SHARE,
+                                             [f"{g}:{_topic_text(topic_id)}:{partition}" for g in groups]))
+    for group, coordinator, state_owner in zip(groups, coordinators, state_owners, strict=True):
+        if coordinator == state_owner == (ErrorCode.NONE, node_id):
+            return group
+    raise AssertionError(f"no group coordinated by sidecar {node_id}: {coordinators} {state_owners}")
+
+
+def test_offsets_altered_through_one_sidecar_reach_the_leader_on_the_other(pair: Pair) -> None:
+    a, b = pair.a, pair.b
+    topic = unique_name("peers-alter")
+    create_topic(pair.upstream.bootstrap, topic, 2)
+    _wait_for(lambda: all(set(_view(s, topic)[1].values()) == {1, 2} for s in (a, b))
+              and _view(a, topic)[1] == _view(b, topic)[1], "the sidecars to split the topic")
+    [p] = [q for q, leader in _view(a, topic)[1].items() if leader == 2]  # the partition b leads
+    upstream = WireClient.connect(pair.upstream.bootstrap)
+    coordinator = WireClient.connect(a.bootstrap)
+    member = None
+    consumer = None
+    try:
+        topic_id = topic_id_of(upstream, topic)
+        # Coordinated by a, its share state on a too: b's share-partition leader reads and writes it over the
+        # INTERNAL listener, as user peer.
+        group = _group_on(a, 1, topic_id, p)
+        produce_batches(upstream, topic, [10], partition=p)
+        set_group_config(a.bootstrap, group, share_auto_offset_reset="earliest")
+        _wait_for(lambda: group_configs(b.bootstrap, group)["share.auto.offset.reset"] == ("earliest", True),
+                  "b to see the group config")
+
+        # A member takes p's records through b and accepts them all (SPSO 10 in b's memory and stored), then
+        # leaves the group; its share session on b stays open, as a consumer's does that its coordinator
+        # (on another sidecar) has expired.
+        member = RawShareMember(b, group, topic_id)
+        join(coordinator, group, member.member_id, topic, topic_id, {p})
+        got = fetch_until(member, [p], 10)
+        assert [r for _p, r in got] == [(0, 9, 1)]
+        assert member.ack_codes({p: [(0, 9, [ACCEPT])]}) == {p: ErrorCode.NONE}
+        left = heartbeat(coordinator, group, member.member_id, -1, None)
+        assert left.error_code == ErrorCode.NONE
+
+        # The group is empty: its coordinator (a) moves p's start back to 4.
+        with Admin(a.bootstrap) as admin:
+            assert admin.alter_share_group_offsets(group, {(topic, p): 4}) == {(topic, p): None}
+
+        # A new consumer's session on b finds the stored state changed and b loads it again: records 4..9
+        # of p are handed out once more, nothing else.
+        consumer = share_consumer(f"{a.bootstrap},{b.bootstrap}", group, [topic])
+        consumed = Consumed()
+        poll_until(consumer, lambda: len(consumed) >= 6, consumed, WAIT_S)
+        assert sorted((q, offset) for q, offset, _v, _d in consumed.records) == [(p, o) for o in range(4, 10)]
+    finally:
+        if consumer is not None:
+            consumer.close()
+        if member is not None:
+            member.close()
+        coordinator.close()
+        upstream.close()
