@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import (
@@ -192,3 +192,28 @@ def test_offsets_altered_through_one_sidecar_reach_the_leader_on_the_other(pair:
             member.close()
         coordinator.close()
         upstream.close()
+
+
+def test_group_config_changes_made_at_once_through_both_sidecars_all_take_effect(pair: Pair) -> None:
+    a, b = pair.a, pair.b
+    group = unique_name("peers-configs")
+    # One change through each sidecar, the second before that sidecar can have read the first.
+    set_group_config(a.bootstrap, group, share_delivery_count_limit="3")
+    set_group_config(b.bootstrap, group, share_isolation_level="read_committed")
+    # Then two at a time, through both at once.
+    wanted = {"share.delivery.count.limit": "3", "share.isolation.level": "read_committed"}
+    for flag, reset in (("false", "earliest"), ("true", "latest")):
+        threads = [threading.Thread(target=set_group_config, args=(a.bootstrap, group),
+                                    kwargs={"share_renew_acknowledge_enable": flag}),
+                   threading.Thread(target=set_group_config, args=(b.bootstrap, group),
+                                    kwargs={"share_auto_offset_reset": reset})]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT_S)
+        wanted |= {"share.renew.acknowledge.enable": flag, "share.auto.offset.reset": reset}
+
+    def explicit(sidecar: BrokerProcess) -> dict[str, str]:
+        return {k: v for k, (v, set_here) in group_configs(sidecar.bootstrap, group).items() if set_here}
+
+    _wait_for(lambda: explicit(a) == wanted and explicit(b) == wanted, "both sidecars to serve every change")
