@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -45,9 +44,8 @@ from .test_share_protocol import (
     produce_batches,
     topic_id_of,
 )
-from .test_sidecar_members import MEMBERSHIP, UPSTREAM_GROUPS, _view
+from .test_sidecar_members import MEMBERSHIP, UPSTREAM_GROUPS, WAIT_S, _view, _wait_for
 
-WAIT_S = 30.0
 PEER_JAAS = ('org.apache.kafka.common.security.plain.PlainLoginModule required username="peer" '
              'password="peer-secret" user_peer="peer-secret";')
 # Inter-broker traffic on its own SASL listener; clients on PLAINTEXT, whose anonymous principal may do
@@ -62,14 +60,6 @@ PEER_SECURITY = [
     "allow.everyone.if.no.acl.found=true",
 ]
 _KEY_TYPE_GROUP, _KEY_TYPE_SHARE = 0, 2
-
-
-def _wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def _deny_anonymous_cluster_action(sidecar: BrokerProcess) -> None:
