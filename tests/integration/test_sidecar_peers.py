@@ -1,9 +1,10 @@
 """Two sidecars of one sidecar group over one upstream (a standalone Shoal process), whose requests to each
-other are inter-broker traffic: they go to the INTERNAL listener (SASL_PLAINTEXT, `inter.broker.listener.name`)
-with the PLAIN credentials of its JAAS line, and the anonymous principal of the clients' PLAINTEXT listener
-may not send them (CLUSTER_ACTION denied). Share state written by a leader on one sidecar to the state
-partition the other owns; offsets altered through one sidecar reach the share-partition leader on the other;
-group configs changed through both at once all take effect."""
+other are inter-broker traffic: they go to the INTERNAL listener (SASL_SSL with client certificates,
+`inter.broker.listener.name`) with the PLAIN credentials of its JAAS line and its keystore and truststore,
+and the anonymous principal of the clients' PLAINTEXT listener may not send them (CLUSTER_ACTION denied).
+Share state written by a leader on one sidecar to the state partition the other owns; offsets altered
+through one sidecar reach the share-partition leader on the other; group configs changed through both at
+once all take effect."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import base64
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import (
@@ -35,6 +37,7 @@ from .conftest import FAST_HEARTBEAT, NO_JOIN_DELAY
 from .kafka_wire import WireClient
 from .names import unique_name
 from .share_clients import Consumed, create_topic, group_configs, poll_until, set_group_config, share_consumer
+from .test_security import make_pki
 from .test_share_protocol import (
     ACCEPT,
     RawShareMember,
@@ -48,17 +51,24 @@ from .test_sidecar_members import MEMBERSHIP, UPSTREAM_GROUPS, WAIT_S, _view, _w
 
 PEER_JAAS = ('org.apache.kafka.common.security.plain.PlainLoginModule required username="peer" '
              'password="peer-secret" user_peer="peer-secret";')
-# Inter-broker traffic on its own SASL listener; clients on PLAINTEXT, whose anonymous principal may do
-# anything but CLUSTER_ACTION (the ACLs are set once the sidecars are up).
-PEER_SECURITY = [
-    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,INTERNAL:SASL_PLAINTEXT",
-    f"listener.name.internal.plain.sasl.jaas.config={PEER_JAAS}",
-    "inter.broker.listener.name=INTERNAL",
-    "sasl.mechanism.inter.broker.protocol=PLAIN",
-    "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-    "super.users=User:peer",
-    "allow.everyone.if.no.acl.found=true",
-]
+# Inter-broker traffic on its own listener, SASL over TLS with client certificates required; clients on
+# PLAINTEXT, whose anonymous principal may do anything but CLUSTER_ACTION (the ACLs are set once the sidecars
+# are up).
+def _peer_security(pki: dict[str, Path]) -> list[str]:
+    return [
+        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,INTERNAL:SASL_SSL",
+        f"listener.name.internal.plain.sasl.jaas.config={PEER_JAAS}",
+        f"listener.name.internal.ssl.keystore.location={pki['server.pem']}",
+        f"listener.name.internal.ssl.truststore.location={pki['ca.pem']}",
+        "listener.name.internal.ssl.client.auth=required",
+        "inter.broker.listener.name=INTERNAL",
+        "sasl.mechanism.inter.broker.protocol=PLAIN",
+        "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users=User:peer",
+        "allow.everyone.if.no.acl.found=true",
+    ]
+
+
 _KEY_TYPE_GROUP, _KEY_TYPE_SHARE = 0, 2
 
 
@@ -76,11 +86,13 @@ class Pair:
     upstream: BrokerProcess
     a: BrokerProcess
     b: BrokerProcess
+    pki: dict[str, Path]
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     base = tmp_path_factory.mktemp("peers")
+    pki = make_pki(base)
     upstream = BrokerProcess(base / "upstream", overrides=UPSTREAM_GROUPS).start()
     group = unique_name("peers")
     sidecars: list[BrokerProcess] = []
@@ -90,10 +102,10 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
                                           overrides=[
                 f"node.id={node_id}", f"upstream.bootstrap.servers={upstream.bootstrap}",
                 f"upstream.membership.group.id={group}", *MEMBERSHIP, *FAST_HEARTBEAT, *NO_JOIN_DELAY,
-                *PEER_SECURITY]).start())
+                *_peer_security(pki)]).start())
         for sidecar in sidecars:
             _deny_anonymous_cluster_action(sidecar)
-        yield Pair(upstream, *sidecars)
+        yield Pair(upstream, sidecars[0], sidecars[1], pki)
     finally:
         for sidecar in sidecars:
             sidecar.stop()
@@ -104,12 +116,14 @@ def _topic_text(topic_id: bytes) -> str:
     return base64.urlsafe_b64encode(topic_id).rstrip(b"=").decode()
 
 
-async def _coordinators(sidecar: BrokerProcess, key_type: int, keys: list[str]) -> list[tuple[int, int]]:
-    """(error code, node id) of each key's coordinator, asked as the peer user on the INTERNAL listener
-    (a SHARE key needs CLUSTER_ACTION)."""
-    host, port = sidecar.address("INTERNAL").rsplit(":", 1)
-    config = ClientConfig.from_dict({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-                                     "sasl.username": "peer", "sasl.password": "peer-secret"})
+async def _coordinators(pair: Pair, key_type: int, keys: list[str]) -> list[tuple[int, int]]:
+    """(error code, node id) of each key's coordinator, asked of sidecar a as the peer user on the INTERNAL
+    listener (a SHARE key needs CLUSTER_ACTION)."""
+    host, port = pair.a.address("INTERNAL").rsplit(":", 1)
+    config = ClientConfig.from_dict({
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.username": "peer",
+        "sasl.password": "peer-secret", "ssl.ca.location": str(pair.pki["ca.pem"]),
+        "ssl.certificate.location": str(pair.pki["alice.crt"]), "ssl.key.location": str(pair.pki["alice.key"])})
     conn = await BrokerConnection(host, int(port), config).connect()
     try:
         response = await conn.request(ApiKey.FIND_COORDINATOR, messages.FindCoordinatorRequest(
@@ -120,12 +134,12 @@ async def _coordinators(sidecar: BrokerProcess, key_type: int, keys: list[str]) 
     return [(c.error_code, c.node_id) for c in response.coordinators]
 
 
-def _group_on(sidecar: BrokerProcess, node_id: int, topic_id: bytes, partition: int) -> str:
+def _group_on(pair: Pair, node_id: int, topic_id: bytes, partition: int) -> str:
     """A share group whose group coordinator and whose state partition for (topic, partition) are both on
     sidecar `node_id`."""
     groups = [unique_name("peers-g") for _ in range(64)]
-    coordinators = asyncio.run(_coordinators(sidecar, _KEY_TYPE_GROUP, groups))
-    state_owners = asyncio.run(_coordinators(sidecar, _KEY_TYPE_SHARE,
+    coordinators = asyncio.run(_coordinators(pair, _KEY_TYPE_GROUP, groups))
+    state_owners = asyncio.run(_coordinators(pair, _KEY_TYPE_SHARE,
                                              [f"{g}:{_topic_text(topic_id)}:{partition}" for g in groups]))
     for group, coordinator, state_owner in zip(groups, coordinators, state_owners, strict=True):
         if coordinator == state_owner == (ErrorCode.NONE, node_id):
@@ -148,7 +162,7 @@ def test_offsets_altered_through_one_sidecar_reach_the_leader_on_the_other(pair:
         topic_id = topic_id_of(upstream, topic)
         # Coordinated by a, its share state on a too: b's share-partition leader reads and writes it over the
         # INTERNAL listener, as user peer.
-        group = _group_on(a, 1, topic_id, p)
+        group = _group_on(pair, 1, topic_id, p)
         produce_batches(upstream, topic, [10], partition=p)
         set_group_config(a.bootstrap, group, share_auto_offset_reset="earliest")
         _wait_for(lambda: group_configs(b.bootstrap, group)["share.auto.offset.reset"] == ("earliest", True),
