@@ -190,7 +190,7 @@ class SharePartitionManager:
             if epoch != INITIAL_EPOCH:
                 for tp in forgotten:
                     session.forget(tp)
-        if decision.action is EpochAction.OPEN:
+        if decision.action is EpochAction.OPEN and self.leaders.check_state_on_open:
             await self._drop_changed_state(group, new_partitions)
 
         results: dict[TopicIdPartition, PartitionResult] = {}

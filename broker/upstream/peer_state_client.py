@@ -127,6 +127,9 @@ def _client_settings(config: BrokerConfig, listener: Listener, client_id: str) -
         def setting(key: str) -> str:
             return str(config.for_listener(listener.name, key) or "")
 
+        if setting("ssl.truststore.certificates") or setting("ssl.keystore.certificate.chain"):
+            raise ConfigError(f"listener {listener.name}: the inter-broker client reads its certificates from "
+                              "files: set ssl.truststore.location and ssl.keystore.location for it")
         client["ssl.endpoint.identification.algorithm"] = setting("ssl.endpoint.identification.algorithm")
         if setting("ssl.truststore.location"):
             client["ssl.ca.location"] = setting("ssl.truststore.location")

@@ -62,6 +62,10 @@ def test_security_inter_broker_protocol_names_the_listener_after_its_protocol() 
       "listener.name.internal.plain.sasl.jaas.config":
           'org.apache.kafka.common.security.plain.PlainLoginModule required user_peer="s3cret";'},
      "needs username"),
+    ({"listeners": "PLAINTEXT://127.0.0.1:9092,SSL://127.0.0.1:9093", "security.inter.broker.protocol": "SSL",
+      "listener.name.ssl.ssl.keystore.certificate.chain": "-----BEGIN CERTIFICATE-----",
+      "listener.name.ssl.ssl.keystore.key": "-----BEGIN PRIVATE KEY-----"},
+     "reads its certificates from files"),
 ])
 def test_a_configured_inter_broker_listener_that_cannot_work_stops_start_up(keys: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
