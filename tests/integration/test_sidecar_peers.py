@@ -221,3 +221,17 @@ def test_group_config_changes_made_at_once_through_both_sidecars_all_take_effect
         return {k: v for k, (v, set_here) in group_configs(sidecar.bootstrap, group).items() if set_here}
 
     _wait_for(lambda: explicit(a) == wanted and explicit(b) == wanted, "both sidecars to serve every change")
+
+    # The group is deleted through its coordinator just after a config was set through the other sidecar:
+    # that one goes with the rest.
+    topic = unique_name("peers-configs")
+    create_topic(pair.upstream.bootstrap, topic, 1)
+    [(code, coordinator)] = asyncio.run(_coordinators(pair, _KEY_TYPE_GROUP, [group]))
+    assert code == ErrorCode.NONE
+    other = b if coordinator == 1 else a
+    with Admin(a.bootstrap) as admin:
+        _wait_for(lambda: admin.alter_share_group_offsets(group, {(topic, 0): 0}) == {(topic, 0): None},
+                  "the group to be created by an offsets alter")
+        set_group_config(other.bootstrap, group, share_delivery_count_limit="4")
+        assert admin.delete_groups([group]) == {group: None}
+    _wait_for(lambda: explicit(a) == {} and explicit(b) == {}, "both sidecars to have no configs for the group")
