@@ -21,6 +21,9 @@ from confluent_kafka.admin import (
     AclOperation,
     AclPermissionType,
     AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
     ResourcePatternType,
     ResourceType,
 )
@@ -198,9 +201,23 @@ def test_offsets_altered_through_one_sidecar_reach_the_leader_on_the_other(pair:
         upstream.close()
 
 
-def test_group_config_changes_made_at_once_through_both_sidecars_all_take_effect(pair: Pair) -> None:
+def test_group_config_changes_through_both_sidecars_all_take_effect(pair: Pair) -> None:
     a, b = pair.a, pair.b
-    group = unique_name("peers-configs")
+    group, key = unique_name("peers-configs"), "share.record.lock.duration.ms"
+    # A change through one sidecar is seen by the other; a later change of the same name through the other
+    # wins on both, and a deleted name returns to its default.
+    set_group_config(a.bootstrap, group, share_record_lock_duration_ms="20000")
+    _wait_for(lambda: group_configs(b.bootstrap, group)[key] == ("20000", True), "the other sidecar to see the change")
+    set_group_config(b.bootstrap, group, share_record_lock_duration_ms="25000")
+    _wait_for(lambda: group_configs(a.bootstrap, group)[key] == ("25000", True), "the first sidecar to see it")
+    delete = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+        ConfigEntry(key, None, incremental_operation=AlterConfigOpType.DELETE)])
+    configs_admin = AdminClient({"bootstrap.servers": a.bootstrap})
+    for future in configs_admin.incremental_alter_configs([delete]).values():
+        future.result(30)
+    assert not group_configs(a.bootstrap, group)[key][1]
+    _wait_for(lambda: not group_configs(b.bootstrap, group)[key][1], "the other sidecar to see the name deleted")
+
     # One change through each sidecar, the second before that sidecar can have read the first.
     set_group_config(a.bootstrap, group, share_delivery_count_limit="3")
     set_group_config(b.bootstrap, group, share_isolation_level="read_committed")
@@ -230,8 +247,8 @@ def test_group_config_changes_made_at_once_through_both_sidecars_all_take_effect
     assert code == ErrorCode.NONE
     other = b if coordinator == 1 else a
     with Admin(a.bootstrap) as admin:
-        _wait_for(lambda: admin.alter_share_group_offsets(group, {(topic, 0): 0}) == {(topic, 0): None},
-                  "the group to be created by an offsets alter")
+        assert admin.alter_share_group_offsets(group, {(topic, 0): 0}) == {(topic, 0): None}  # creates the group
         set_group_config(other.bootstrap, group, share_delivery_count_limit="4")
         assert admin.delete_groups([group]) == {group: None}
     _wait_for(lambda: explicit(a) == {} and explicit(b) == {}, "both sidecars to have no configs for the group")
+
