@@ -247,7 +247,9 @@ def test_group_config_changes_through_both_sidecars_all_take_effect(pair: Pair) 
     assert code == ErrorCode.NONE
     other = b if coordinator == 1 else a
     with Admin(a.bootstrap) as admin:
-        assert admin.alter_share_group_offsets(group, {(topic, 0): 0}) == {(topic, 0): None}  # creates the group
+        # Creates the group, once the sidecar's view of the upstream's topics has the new one.
+        _wait_for(lambda: admin.alter_share_group_offsets(group, {(topic, 0): 0}) == {(topic, 0): None},
+                  "the offsets alter to create the group")
         set_group_config(other.bootstrap, group, share_delivery_count_limit="4")
         assert admin.delete_groups([group]) == {group: None}
     _wait_for(lambda: explicit(a) == {} and explicit(b) == {}, "both sidecars to have no configs for the group")
