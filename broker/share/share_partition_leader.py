@@ -661,10 +661,10 @@ class SharePartitionLeaders:
         # Set in several-sidecar mode, where share-partition leadership moves between instances without a
         # take: each load then fences the previous leader through a higher leader epoch.
         self.bump_leader_epoch = False
-        # Set in several-sidecar mode, where a share group's coordinator may run in another instance: a new
-        # share session checks the partitions it names against their stored state (`drop_if_state_changed`).
+        # Set in several-sidecar mode, where a share group's coordinator may run in another instance: a share
+        # session that starts using a partition checks it against its stored state (`drop_if_state_changed`).
         # Standalone, the coordinator drops the partitions itself when it alters or deletes their state.
-        self.check_state_on_open = False
+        self.check_stored_state = False
         # Whether this broker leads a (topic id, partition): always standalone; in sidecar mode only the
         # partitions the sidecar group assigned to this instance.
         self.leads: Callable[[bytes, int], bool] = lambda _topic_id, _partition: True

@@ -190,7 +190,7 @@ class SharePartitionManager:
             if epoch != INITIAL_EPOCH:
                 for tp in forgotten:
                     session.forget(tp)
-        if decision.action is EpochAction.OPEN and self.leaders.check_state_on_open:
+        if new_partitions and self.leaders.check_stored_state:
             await self._drop_changed_state(group, new_partitions)
 
         results: dict[TopicIdPartition, PartitionResult] = {}
@@ -219,10 +219,11 @@ class SharePartitionManager:
         return ShareFetchResult(partitions=results)
 
     async def _drop_changed_state(self, group: str, partitions: Iterable[TopicIdPartition]) -> None:
-        """A new session checks the share partitions it names that are in memory against their stored state
-        (KIP-932 checks when a partition's sessions go from none to one; a session of a member that its group
-        coordinator, on another sidecar, has already expired may still be open here, so every new session
-        checks). Offsets altered or deleted meanwhile make the leader load the stored state again."""
+        """Share partitions a session starts using (it opens with them, or they join it) that are in memory are
+        checked against their stored state (KIP-932 checks when a partition's sessions go from none to one; a
+        session of a member that its group coordinator, on another sidecar, has already expired may still be
+        open here, so every session that starts using a partition checks). Offsets altered or deleted
+        meanwhile make the leader load the stored state again."""
         leaders = [leader for tp in partitions
                    if (leader := self.leaders.get(SharePartitionKey(group, tp.topic_id, tp.partition))) is not None
                    and leader.state is not None]
