@@ -8,7 +8,7 @@ that arrives while it looks is not lost.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -69,6 +69,8 @@ class Watch:
             return self._fut.result()
         if timeout_s <= 0:
             return False
+        if self._purgatory.on_park is not None:
+            self._purgatory.on_park(self._keys)
         handle = asyncio.get_running_loop().call_later(timeout_s, _expire, self._fut)
         try:
             return await asyncio.shield(self._fut)
@@ -95,6 +97,13 @@ class Watch:
 class Purgatory:
     def __init__(self) -> None:
         self._watchers: dict[WakeKey, set[asyncio.Future[bool]]] = {}
+        # Told the keys of every waiter that parks: sidecar mode follows the upstream for the partitions
+        # share fetches wait on, since records produced straight to the upstream notify nothing here.
+        self.on_park: Callable[[Sequence[WakeKey]], None] | None = None
+
+    def watching(self, key: WakeKey) -> bool:
+        """Whether some waiter is registered on `key`."""
+        return key in self._watchers
 
     def watch(self, keys: Iterable[WakeKey]) -> Watch:
         return Watch(self, keys)

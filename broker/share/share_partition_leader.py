@@ -184,6 +184,11 @@ class SharePartitionLeader:
 
     # ---- loading ------------------------------------------------------------------------------
 
+    async def load(self) -> int:
+        """Load persisted state now (under the lock acquisitions take); returns a client-facing error code."""
+        async with self.lock:
+            return await self.ensure_loaded()
+
     async def ensure_loaded(self) -> int:
         """Load persisted state once; returns a client-facing error code."""
         if self.state is not None:

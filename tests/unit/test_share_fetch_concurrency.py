@@ -17,7 +17,7 @@ from shoal.broker.common.purgatory import LogKey
 from shoal.broker.network.connection import KafkaConnection, RequestContext
 from shoal.broker.server.server import Broker
 from shoal.broker.share.share_partition_leader import SharePartitionLeader
-from shoal.persister.persister import Persister, SharePartitionKey, WriteStateRequest
+from shoal.persister.persister import Persister, ReadStateResult, SharePartitionKey, WriteStateRequest
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -149,3 +149,41 @@ async def test_a_produce_during_the_partition_scan_wakes_the_long_poll(running: 
     # MaxWaitMs far beyond the bound below: only the produce can end this long poll in time.
     resp = await asyncio.wait_for(running.fetch(max_wait_ms=600_000), timeout=60)
     assert acquired(resp) == {scanned[0]: [(0, 2, 1)]}
+
+
+class LoadConcurrency:
+    """The broker's own persister, where the first share partition's state read waits (a bounded while) for
+    a second one to start, and notes how many were under way at once."""
+
+    def __init__(self, inner: Persister):
+        self.inner = inner
+        self.in_flight = 0
+        self.most = 0
+        self.second = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def read_state(self, key: SharePartitionKey, leader_epoch: int) -> ReadStateResult:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            if self.in_flight == 1:
+                try:
+                    await asyncio.wait_for(self.second.wait(), 5)
+                except TimeoutError:
+                    pass  # loaded one after another: the assertion below says so
+            else:
+                self.second.set()
+            return await self.inner.read_state(key, leader_epoch)
+        finally:
+            self.in_flight -= 1
+
+
+async def test_a_first_fetch_loads_its_share_partitions_side_by_side(running: Running) -> None:
+    loads = LoadConcurrency(running.broker.persister)
+    running.broker.share_partitions.persister = loads
+    for p in (0, 1):
+        running.append(p, 2)
+    assert acquired(await running.fetch()) == {0: [(0, 1, 1)], 1: [(0, 1, 1)]}
+    assert loads.most == 2
