@@ -61,19 +61,22 @@ class Watch:
 
     @property
     def notified(self) -> bool:
-        return self._fut.done() and self._fut.result()
+        fut = self._fut
+        return fut.done() and not fut.cancelled() and fut.result()
 
     async def wait(self, timeout_s: float) -> bool:
         """Park until a notify (possibly one that already happened) or `timeout_s`; True if notified."""
         if self._fut.done():
-            return self._fut.result()
+            return self.notified
         if timeout_s <= 0:
             return False
         if self._purgatory.on_park is not None:
             self._purgatory.on_park(self._keys)
         handle = asyncio.get_running_loop().call_later(timeout_s, _expire, self._fut)
         try:
-            return await asyncio.shield(self._fut)
+            # Awaited directly, not through a shield: the future is this watch's alone, so a cancelled
+            # waiter may cancel it, and a notify resumes the waiter one pass of the loop sooner.
+            return await self._fut
         finally:
             handle.cancel()
 
