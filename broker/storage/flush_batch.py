@@ -5,7 +5,7 @@ Each `PartitionLog` keeps its own group commit (one round at a time, later calle
 coordinator write that touches several partitions (a ShareFetch acknowledging four share partitions writes to
 four `__share_group_state` partitions) would otherwise start one executor job per partition, each finishing
 with its own wake-up of the loop, and jobs queued behind other logs' fsyncs in the shared default executor.
-Here the jobs submitted in one pass go to the executor as one job, which runs them concurrently on a pool of
+Here the rounds submitted in one pass are planned together at the start of the next and go to the executor as one job, which runs them concurrently on a pool of
 its own (concurrent fsyncs of different files share the filesystem's journal commit; sequential ones pay for
 one each) and comes back once with every job's outcome: a failed job fails only its own round.
 """
@@ -52,19 +52,32 @@ class FlushBatcher:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._pending: list[tuple[Job, asyncio.Future[None]]] = []
+        self._pending: list[tuple[Callable[[], Job], asyncio.Future[None]]] = []
         self.batches = 0  # executor jobs started (for tests and metrics)
 
-    def submit(self, job: Job) -> asyncio.Future[None]:
-        """A future done once `job` ran in a worker thread, with its error if it raised."""
+    def submit(self, prepare: Callable[[], Job]) -> asyncio.Future[None]:
+        """A future done once the job `prepare` returns ran in a worker thread, with its error if it raised.
+
+        `prepare` runs on the loop when the batch starts (the next pass), so a log's round covers what was
+        appended until then, as when each round planned in its own task."""
         done: asyncio.Future[None] = self._loop.create_future()
-        self._pending.append((job, done))
+        self._pending.append((prepare, done))
         if len(self._pending) == 1:
             self._loop.call_soon(self._dispatch)
         return done
 
     def _dispatch(self) -> None:
-        batch, self._pending = self._pending, []
+        pending, self._pending = self._pending, []
+        batch: list[tuple[Job, asyncio.Future[None]]] = []
+        for prepare, done in pending:
+            if done.done():
+                continue  # its round was cancelled before it started
+            try:
+                batch.append((prepare(), done))
+            except Exception as exc:  # e.g. no fd left to dup: that round fails, the others go on
+                done.set_exception(exc)
+        if not batch:
+            return
         self.batches += 1
         outcome = self._loop.run_in_executor(None, run_together, [job for job, _ in batch])
         outcome.add_done_callback(lambda f: _settle(batch, f))

@@ -930,7 +930,17 @@ class PartitionLog:
         return waiter
 
     def _start_round(self) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(self._flush_round())
+        loop = asyncio.get_running_loop()
+        planned: list[_FlushPlan] = []
+
+        def prepare() -> Callable[[], None]:
+            plan = self._plan_flush()
+            planned.append(plan)
+            return functools.partial(self._execute_flush, self.directory, plan)
+
+        # Rounds of other logs due in the same pass (a ShareFetch's acknowledgements on several
+        # `__share_group_state` partitions) fsync together, in one executor job.
+        task = loop.create_task(self._flush_round(batcher_for(loop).submit(prepare), planned))
         task.add_done_callback(self._round_done)
         self._flush_task = task
         return task
@@ -975,21 +985,16 @@ class PartitionLog:
         self._check_open()
         await asyncio.shield(self._start_round())
 
-    async def _flush_round(self) -> None:
-        plan: _FlushPlan | None = None
+    async def _flush_round(self, fsynced: asyncio.Future[None], planned: list[_FlushPlan]) -> None:
         try:
-            plan = self._plan_flush()
-            # Rounds of other logs due in the same pass (a ShareFetch's acknowledgements on several
-            # `__share_group_state` partitions) fsync together, in one executor job.
-            await batcher_for(asyncio.get_running_loop()).submit(
-                functools.partial(self._execute_flush, self.directory, plan))
+            await fsynced
         except BaseException:
             self._dir_dirty = True
-            _txn_indexes_unsynced(plan)
+            _txn_indexes_unsynced(planned[0] if planned else None)
             raise
         finally:
             self._flush_task = None
-        self._finish_flush(plan)
+        self._finish_flush(planned[0])
 
     def flush_sync(self) -> None:
         """Blocking flush of everything, for shutdown and callers without an event loop."""

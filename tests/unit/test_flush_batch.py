@@ -137,3 +137,17 @@ def test_run_together_reports_each_jobs_error() -> None:
     outcomes = run_together([bad, ok(1), ok(2), bad])
     assert [type(o) for o in outcomes] == [OSError, type(None), type(None), OSError]
     assert sorted(ran) == [1, 2]
+
+
+async def test_a_round_that_cannot_be_planned_fails_alone() -> None:
+    ran = threading.Event()
+
+    def unplannable() -> Callable[[], None]:
+        raise OSError(24, "EMFILE")
+
+    batcher = batcher_for(asyncio.get_running_loop())
+    failed = batcher.submit(unplannable)
+    fine = batcher.submit(lambda: ran.set)
+    outcomes = await asyncio.gather(failed, fine, return_exceptions=True)
+    assert isinstance(outcomes[0], OSError) and outcomes[1] is None
+    assert ran.is_set()
