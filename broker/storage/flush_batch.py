@@ -5,9 +5,10 @@ Each `PartitionLog` keeps its own group commit (one round at a time, later calle
 coordinator write that touches several partitions (a ShareFetch acknowledging four share partitions writes to
 four `__share_group_state` partitions) would otherwise start one executor job per partition, each finishing
 with its own wake-up of the loop, and jobs queued behind other logs' fsyncs in the shared default executor.
-Here the rounds submitted in one pass are planned together at the start of the next and go to the executor as one job, which runs them concurrently on a pool of
-its own (concurrent fsyncs of different files share the filesystem's journal commit; sequential ones pay for
-one each) and comes back once with every job's outcome: a failed job fails only its own round.
+Here the rounds submitted in one pass are planned together at the start of the next and go to the executor
+as one job, which runs them concurrently on a pool of its own (concurrent fsyncs of different files share the
+filesystem's journal commit; sequential ones pay for one each) and comes back once with every job's outcome:
+a failed job fails only its own round.
 """
 
 from __future__ import annotations
