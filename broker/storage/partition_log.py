@@ -3,7 +3,7 @@ retention and DeleteRecords.
 
 Appends go to the page cache only; durability comes from `flush()`, which shares one fsync between all
 concurrent callers (group commit) and runs it in a worker thread so the event loop never blocks on disk;
-rounds of several logs due at once run together (`flush_batch.py`).
+rounds of several logs due at once fsync concurrently on a pool of their own (`flush_pool.py`).
 
 Crash safety: a sealed segment's index files are written only after its `.log` was fsynced, so on open
 sealed segments with index files are trusted and only the active segment (plus any sealed segment whose
@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import functools
 import json
 import os
 import shutil
@@ -41,7 +40,7 @@ import structlog
 
 from shoal.backoff import Backoff
 from shoal.broker.common.purgatory import LogKey, Purgatory
-from shoal.broker.storage.flush_batch import batcher_for
+from shoal.broker.storage.flush_pool import flush_executor
 from shoal.broker.storage.log_config import (
     ProducePolicy,
     batch_too_large,
@@ -930,17 +929,7 @@ class PartitionLog:
         return waiter
 
     def _start_round(self) -> asyncio.Task[None]:
-        loop = asyncio.get_running_loop()
-        planned: list[_FlushPlan] = []
-
-        def prepare() -> Callable[[], None]:
-            plan = self._plan_flush()
-            planned.append(plan)
-            return functools.partial(self._execute_flush, self.directory, plan)
-
-        # Rounds of other logs due in the same pass (a ShareFetch's acknowledgements on several
-        # `__share_group_state` partitions) fsync together, in one executor job.
-        task = loop.create_task(self._flush_round(batcher_for(loop).submit(prepare), planned))
+        task = asyncio.get_running_loop().create_task(self._flush_round())
         task.add_done_callback(self._round_done)
         self._flush_task = task
         return task
@@ -985,16 +974,21 @@ class PartitionLog:
         self._check_open()
         await asyncio.shield(self._start_round())
 
-    async def _flush_round(self, fsynced: asyncio.Future[None], planned: list[_FlushPlan]) -> None:
+    async def _flush_round(self) -> None:
+        plan: _FlushPlan | None = None
         try:
-            await fsynced
+            plan = self._plan_flush()
+            # Its own pool: rounds of several logs due at once (a ShareFetch's acknowledgements on several
+            # `__share_group_state` partitions) fsync concurrently, not queued behind each other.
+            await asyncio.get_running_loop().run_in_executor(flush_executor(), self._execute_flush, self.directory,
+                                                             plan)
         except BaseException:
             self._dir_dirty = True
-            _txn_indexes_unsynced(planned[0] if planned else None)
+            _txn_indexes_unsynced(plan)
             raise
         finally:
             self._flush_task = None
-        self._finish_flush(planned[0])
+        self._finish_flush(plan)
 
     def flush_sync(self) -> None:
         """Blocking flush of everything, for shutdown and callers without an event loop."""
