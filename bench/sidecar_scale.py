@@ -12,7 +12,8 @@ last record (the group's join included; librdkafka's ShareConsumer fetches in th
 subscription on, so records wait in the client before the first poll returns, and a rate from the first
 record received flatters, the more so the fewer the records: it is printed beside), the ratio two / one
 per round, and the CPU each sidecar process, the upstream and the consumers (this process) used during
-the drain (their user+system seconds from /proc/<pid>/stat, over the drain's wall time: the cores used). On a machine with few cores that also runs the upstream and the clients, the ratio shows
+the drain (their user+system seconds from /proc/<pid>/stat, over the drain's wall time: the cores used;
+and per 100k records, which holds better than cores on a machine busy with other work). On a machine with few cores that also runs the upstream and the clients, the ratio shows
 the cost of splitting the work more than the gain of a second machine.
 
 A drain that stops making progress for `stall_s` fails with every consumer's count and each sidecar's
@@ -217,7 +218,8 @@ def two_vs_one(records: int = 300_000, value_bytes: int = 100, partitions: int =
             print(f"  {label} sidecar{'s' if label == 'two' else ''}: {median:>10,.0f} rec/s (rounds: {per_round}; "
                   f"from the first record: {streaming:,.0f})")
             for x in runs:
-                used = ", ".join(f"{name} {c:.2f}" for name, c in x.cores.items())
+                used = ", ".join(f"{name} {c:.2f} ({c * x.seconds / records * 1e5:.2f} s per 100k records)"
+                                 for name, c in x.cores.items())
                 print(f"      cores used over {x.seconds:.1f} s: {used}")
         ratios = [two.rate / one.rate for one, two in zip(drains["one"], drains["two"], strict=True)]
         print(f"  two sidecars / one: {statistics.median(ratios):.2f} (per round: "
