@@ -12,7 +12,7 @@ last record (the group's join included; librdkafka's ShareConsumer fetches in th
 subscription on, so records wait in the client before the first poll returns, and a rate from the first
 record received flatters, the more so the fewer the records: it is printed beside), the ratio two / one
 per round, and the CPU each sidecar process, the upstream and the consumers (this process) used during
-the drain (their user+system seconds from /proc/<pid>/stat, over the drain's wall time: the cores used;
+the drain (their threads' CPU seconds from /proc/<pid>/task, over the drain's wall time: the cores used;
 and per 100k records, which holds better than cores on a machine busy with other work). On a machine with few cores that also runs the upstream and the clients, the ratio shows
 the cost of splitting the work more than the gain of a second machine.
 
@@ -40,9 +40,8 @@ from typing import IO
 from bench_produce_fetch import create_topic, produce
 from bench_share import ConsumerGroup
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
-from peers import start_shoal, stop
+from peers import broker_cpu_seconds, start_shoal, stop
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SMALL_STATE = ["offsets.topic.num.partitions=4", "share.coordinator.state.topic.num.partitions=4",
                "transaction.state.log.num.partitions=4"]
 # The sidecars re-read the upstream's topics every few seconds and then rebalance: a minute is plenty.
@@ -54,13 +53,6 @@ BATCH_RECORDS = 100
 # The sidecars' share-group heartbeat interval: consumers get their assignment with a heartbeat, so Kafka's
 # 5 s would make the join most of a drain.
 SIDECAR_SHARE_GROUPS = ["group.share.min.heartbeat.interval.ms=1000", "group.share.heartbeat.interval.ms=1000"]
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU seconds of the process (every thread), from /proc/<pid>/stat."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
 
 
 @dataclass
@@ -141,7 +133,7 @@ def drain(deployment: Deployment, topic: str, group: str, records: int, consumer
     from their subscription (the group's join included) to the last record. Fails once no record arrived
     for `stall_s` (before the first one too), with the per-consumer counts."""
     set_earliest(deployment, group)
-    cpu_before = {name: cpu_seconds(pid) for name, pid in watched.items()}
+    cpu_before = {name: broker_cpu_seconds(pid) for name, pid in watched.items()}
     started = time.perf_counter()
     cg = ConsumerGroup(deployment.bootstrap, group, topic, consumers)
     try:
@@ -158,7 +150,7 @@ def drain(deployment: Deployment, topic: str, group: str, records: int, consumer
                     f"{deployment.label}: the drain of {topic} stalled: no record for {stall_s:.0f} s, "
                     f"{seen}/{records} received; per consumer {cg.per_consumer}; leaders per sidecar {views}")
         wall = time.perf_counter() - started
-        cores = {name: (cpu_seconds(pid) - cpu_before[name]) / wall for name, pid in watched.items()}
+        cores = {name: (broker_cpu_seconds(pid) - cpu_before[name]) / wall for name, pid in watched.items()}
         whole, streaming = cg.last_record_at - started, cg.last_record_at - cg.first_record_at
     finally:
         cg.close()
