@@ -29,11 +29,17 @@ from .conftest import FAST_HEARTBEAT, NO_JOIN_DELAY
 from .names import unique_name
 from .share_clients import create_topic, group_configs, produce, set_group_config
 
-# Short sessions on both sides, so a dead sidecar's work moves within seconds.
+# A sidecar the test kills or pauses has a short session, so its work moves within seconds. The others keep
+# theirs through a loaded machine: a sidecar starved of CPU for a few seconds would otherwise see its own
+# membership lapse and hand its work around in the middle of a test. Heartbeats are frequent either way, so a
+# rebalance (a sidecar joining or leaving) completes as soon as every member has rejoined; the rebalance
+# timeout only bounds how long the group waits for a member that does not.
 UPSTREAM_GROUPS = [*NO_JOIN_DELAY, "group.min.session.timeout.ms=1000"]
-MEMBERSHIP = ["upstream.membership.session.timeout.ms=3000", "upstream.membership.heartbeat.interval.ms=300",
-              "upstream.membership.rebalance.timeout.ms=5000"]
-WAIT_S = 30.0
+SHORT_SESSION_MS = 3000
+STEADY_SESSION_MS = 20000
+MEMBERSHIP = ["upstream.membership.heartbeat.interval.ms=300", "upstream.membership.rebalance.timeout.ms=20000"]
+# Waits on conditions: generous, as they end as soon as the condition holds.
+WAIT_S = 60.0
 
 
 def _wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT_S,
@@ -45,10 +51,12 @@ def _wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT_S,
         time.sleep(0.2)
 
 
-def _sidecar(base: Path, name: str, node_id: int, upstream: BrokerProcess, group: str) -> BrokerProcess:
+def _sidecar(base: Path, name: str, node_id: int, upstream: BrokerProcess, group: str,
+             session_ms: int = STEADY_SESSION_MS) -> BrokerProcess:
     return BrokerProcess(base / name, overrides=[
         f"node.id={node_id}", f"upstream.bootstrap.servers={upstream.bootstrap}",
-        f"upstream.membership.group.id={group}", *MEMBERSHIP, *FAST_HEARTBEAT])
+        f"upstream.membership.group.id={group}", f"upstream.membership.session.timeout.ms={session_ms}",
+        *MEMBERSHIP, *FAST_HEARTBEAT])
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +256,7 @@ def _from_earliest(a: BrokerProcess, b: BrokerProcess, share_group: str) -> None
 def stream(upstream: BrokerProcess, tmp_path: Path) -> Iterator[Stream]:
     group = unique_name("sidecars")
     a = _sidecar(tmp_path, "a", 1, upstream, group).start()
-    b = _sidecar(tmp_path, "b", 2, upstream, group).start()
+    b = _sidecar(tmp_path, "b", 2, upstream, group, SHORT_SESSION_MS).start()  # killed or paused
     s = Stream(upstream, a, b, unique_name("members-stream"))
     try:
         create_topic(upstream.bootstrap, s.topic, 4)
@@ -299,10 +307,12 @@ def test_a_sidecar_paused_past_its_session_is_fenced_and_hands_nothing_out_twice
     b.proc.send_signal(signal.SIGSTOP)
     _wait_for(lambda: _view(a, stream.topic) == ({1}, dict.fromkeys(range(4), 1)),
               "the other sidecar to take everything over")
-    # Every state partition the paused sidecar held was taken with a higher producer epoch: the upstream
-    # refuses that sidecar's writes from now on.
-    took = _taken(a.log_text())
-    assert all(took[key] > epoch for key, epoch in held.items()), (held, took)
+    # Every state partition the paused sidecar held is taken with a higher producer epoch: the upstream
+    # refuses that sidecar's writes from then on. Metadata names the new owner as soon as the assignment
+    # arrives, before the take (InitProducerId, then the read of the partition) is done, so wait for it.
+    _wait_for(lambda: all(_taken(a.log_text()).get(key, -1) > epoch for key, epoch in held.items()),
+              "the other sidecar to take every state partition the paused one held",
+              detail=lambda: (held, _taken(a.log_text())))
     stream.produce(100, "while-paused")
     _wait_for(lambda: len(ledger.confirmed) >= 250, "records produced during the pause to be accepted", 60)
     b.proc.send_signal(signal.SIGCONT)
