@@ -16,6 +16,14 @@ SPARK_SUITE = Path(__file__).parent / "spark"
 BROKER_SUITES = [Path(__file__).parent / "integration", SPARK_SUITE]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The groups go to the workers in the order group_for_xdist sorts them (the longest first), not in
+    # xdist's default order by test count, which put the Spark group (a few long tests) behind every module of
+    # many short unit tests and made it the tail of the run.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     group_for_xdist(items)
     skip_unless_external(items)
