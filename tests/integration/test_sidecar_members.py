@@ -40,6 +40,8 @@ STEADY_SESSION_MS = 20000
 MEMBERSHIP = ["upstream.membership.heartbeat.interval.ms=300", "upstream.membership.rebalance.timeout.ms=20000"]
 # Waits on conditions: generous, as they end as soon as the condition holds.
 WAIT_S = 60.0
+PEER_TIMEOUT_S = 30.0  # a sidecar's share-state request to another sidecar (the client's request.timeout.ms)
+LOCK_S = 30.0  # group.share.record.lock.duration.ms, the default
 
 
 def _wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT_S,
@@ -159,6 +161,16 @@ class AckLedger:
                 else:
                     self.confirmed.add(r)
 
+    def settled(self, records: set[Record]) -> bool:
+        """Every one of `records` was accepted: confirmed, or its commit was cut off."""
+        with self.lock:
+            return records <= self.confirmed | self.unsure
+
+    def missing(self, records: set[Record]) -> object:
+        with self.lock:
+            left = records - self.confirmed - self.unsure
+            return {"missing": sorted(left)[:8], "count": len(left), "unsure": len(self.unsure)}
+
     def partitions_after(self, since: int) -> set[int]:
         with self.lock:
             return {r[0] for r, _ in self.deliveries[since:]}
@@ -199,9 +211,10 @@ class Stream:
     consumers: list[ShareConsumer] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
 
-    def produce(self, count: int, prefix: str) -> None:
-        self.produced |= {(p, o) for p, o, _ in produce(self.upstream.bootstrap, self.topic, count, partitions=4,
-                                                           prefix=prefix)}
+    def produce(self, count: int, prefix: str) -> set[Record]:
+        records = {(p, o) for p, o, _ in produce(self.upstream.bootstrap, self.topic, count, partitions=4, prefix=prefix)}
+        self.produced |= records
+        return records
 
     def consume(self, share_group: str) -> None:
         for _ in range(4):
@@ -227,12 +240,7 @@ class Stream:
                 quiet = time.monotonic() - ledger.last_delivery > 5
                 return quiet and self.produced <= ledger.confirmed | ledger.unsure
 
-        def missing() -> object:
-            with ledger.lock:
-                left = self.produced - ledger.confirmed - ledger.unsure
-                return {"missing": sorted(left)[:8], "count": len(left), "unsure": len(ledger.unsure)}
-
-        _wait_for(settled, "every record to be accepted", 60, missing)
+        _wait_for(settled, "every record to be accepted", 60, lambda: ledger.missing(self.produced))
         self.close()
 
     def close(self) -> None:
@@ -313,8 +321,13 @@ def test_a_sidecar_paused_past_its_session_is_fenced_and_hands_nothing_out_twice
     _wait_for(lambda: all(_taken(a.log_text()).get(key, -1) > epoch for key, epoch in held.items()),
               "the other sidecar to take every state partition the paused one held",
               detail=lambda: (held, _taken(a.log_text())))
-    stream.produce(100, "while-paused")
-    _wait_for(lambda: len(ledger.confirmed) >= 250, "records produced during the pause to be accepted", 60)
+    while_paused = stream.produce(100, "while-paused")
+    # A state write the survivor sent to the paused sidecar just before the pause waits out the peer request
+    # timeout (30 s) and fails, and the writes queued behind it on that share partition wait with it: a
+    # consumer's commit may give up first (its ACCEPT is then unsure, as in settle()), and records whose
+    # ACCEPT the failed write rolled back come back once their acquisition lock (30 s) runs out.
+    _wait_for(lambda: ledger.settled(while_paused), "records produced during the pause to be accepted",
+              PEER_TIMEOUT_S + LOCK_S + WAIT_S, detail=lambda: ledger.missing(while_paused))
     b.proc.send_signal(signal.SIGCONT)
     # Resumed, it finds its membership lapsed and serves nothing until the group assigns it work again;
     # what it takes back it takes with a new producer epoch, which fences the other's writes on it.
