@@ -117,9 +117,34 @@ def exec_form(path: Path, text: str) -> list[str]:
 
 
 def load_compose(path: Path) -> dict[str, Any]:
+    """The file as compose reads it; an override (docker-compose.NAME.VARIANT.yml, used with `-f` after
+    docker-compose.NAME.yml) merged onto its base, so it is checked as the stack it runs."""
     doc = yaml.safe_load(path.read_text())
     assert isinstance(doc, dict) and isinstance(doc.get("services"), dict), f"{path} has no services"
+    m = re.fullmatch(r"(docker-compose\.[\w-]+)\.[\w-]+\.yml", path.name)
+    if m is not None and (path.parent / f"{m[1]}.yml").is_file():
+        merged = merge_compose(load_compose(path.parent / f"{m[1]}.yml"), doc)
+        assert set(merged["services"]) == set(load_compose(path.parent / f"{m[1]}.yml")["services"]), \
+            f"{path.name} adds services its base does not have"
+        return merged
     return doc
+
+
+def merge_compose(base: Any, override: Any, key: str = "") -> Any:
+    """Compose's merge of an override file: mappings key by key; `volumes` and `ports` lists joined (an
+    override's mount of a path replaces the base's); any other value replaced."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for k, v in override.items():
+            out[k] = merge_compose(base[k], v, k) if k in base else v
+        return out
+    if key in ("volumes", "ports") and isinstance(base, list) and isinstance(override, list):
+        def target(entry: Any) -> str:
+            parts = str(entry).split(":")  # SOURCE:TARGET[:MODE], or a bare TARGET
+            return parts[min(1, len(parts) - 1)] if key == "volumes" else str(entry)
+        replaced = {target(e) for e in override}
+        return [e for e in base if target(e) not in replaced] + list(override)
+    return override
 
 
 def service_build(compose: Path, service: dict[str, Any]) -> tuple[Path, Path, Stage] | None:
