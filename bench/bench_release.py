@@ -7,10 +7,10 @@ only Shoal itself differs. Then, for `--rounds` rounds (baseline first in even r
 first in odd ones), each build gets a fresh broker and the same confluent-kafka workload:
 
 - produce acks=1 and acks=all: N records of 100 B to a 4-partition topic, linger.ms=5;
-- plain consume: an assigned Consumer drains the acks=1 topic;
-- share consume: one ShareConsumer (implicit acknowledgement) drains the same topic; both consume rates run
-  from the first record received to the last;
-- produce-to-delivery latency at a fixed offered load (bench_latency.py, linger.ms=5), plain and share:
+- plain consume: an assigned Consumer drains the acks=1 topic, timed from its assign to the last record;
+- share consume: one ShareConsumer (implicit acknowledgement) drains the same topic, timed from the first
+  record received (after its group join) to the last (both from bench_produce_fetch.py);
+- produce-to-delivery latency at a fixed offered load (bench_latency.py, linger.ms=1), plain and share:
   p50/p99/p99.9;
 - for each throughput figure, the broker's CPU time per record while it ran (from /proc): on a machine
   shared with other work, rates swing with the cores others take, CPU time per record much less.
@@ -41,11 +41,8 @@ from pathlib import Path
 
 from bench_latency import create_topic as latency_topic
 from bench_latency import delivery_latency
-from bench_produce_fetch import create_topic, produce
-from bench_share import ConsumerGroup
-from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
-from peers import start_shoal, stop
+from bench_produce_fetch import create_topic, fetch, produce, share_drain
+from peers import broker_cpu_seconds, start_shoal, stop
 
 BENCH = Path(__file__).resolve().parent
 PARTITIONS = 4
@@ -107,61 +104,6 @@ def describe_build(python: str, cwd: Path) -> str:
                           text=True).stdout.strip()
 
 
-def plain_drain(bootstrap: str, topic: str, records: int) -> float:
-    """Records/s of an assigned Consumer draining `topic` from offset 0, timed like share_drain (first
-    record received to last), so the two compare the read paths and not the consumers' start-up."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "release-unused", "enable.auto.commit": False,
-                         "fetch.max.bytes": 52_428_800, "max.partition.fetch.bytes": 10_485_760})
-    try:
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-        got = 0
-        first = last = 0.0
-        deadline = time.monotonic() + 300
-        while got < records and time.monotonic() < deadline:
-            # Never ask for more than are left: consume() waits its whole timeout for a count never reached.
-            batch = [m for m in consumer.consume(min(10_000, records - got), 1.0) if m.error() is None]
-            if batch:
-                last = time.perf_counter()
-                first = first or last
-                got += len(batch)
-    finally:
-        consumer.close()
-    if got < records:
-        raise RuntimeError(f"plain consumer got {got} of {records}")
-    return records / (last - first)
-
-
-def share_drain(bootstrap: str, topic: str, records: int) -> float:
-    """Records/s of one ShareConsumer draining `topic` from its start (first record to last)."""
-    group = f"release-{topic}"
-    entry = ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.incremental_alter_configs([ConfigResource(ResourceType.GROUP, group,
-                                                             incremental_configs=[entry])]).values():
-        f.result(30)
-    cg = ConsumerGroup(bootstrap, group, topic, 1)
-    try:
-        cg.running.set()
-        if not cg.wait(lambda: cg.records >= records, 300):
-            raise RuntimeError(f"share consumer got {cg.records} of {records}")
-        return records / (cg.last_record_at - cg.first_record_at)
-    finally:
-        cg.close()
-
-
-def broker_cpu_seconds(pid: int) -> float:
-    """CPU time of a process's threads so far (Linux /proc): from each thread's schedstat, in nanoseconds,
-    since /proc/PID/stat counts in clock ticks (10 ms), too coarse for a figure of a few tenths of a second.
-    Threads that already ended are left out (the broker's are long-lived: the loop and the executor)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # the thread ended meanwhile
-    return total / 1e9
-
-
 def run_build(python: str, work: Path, args: argparse.Namespace) -> dict[str, float]:
     data_dir = Path(tempfile.mkdtemp(prefix="data-", dir=work))
     proc, bootstrap = start_shoal(str(data_dir), python=python)
@@ -181,9 +123,9 @@ def run_build(python: str, work: Path, args: argparse.Namespace) -> dict[str, fl
         # The consumers read what this produce wrote, so it runs whenever they do.
         measure("produce acks=1", lambda: produce(bootstrap, "release-acks1", n, VALUE, PARTITIONS, "1").rate)
         if "plain" in figures:
-            measure("plain consume", lambda: plain_drain(bootstrap, "release-acks1", n))
+            measure("plain consume", lambda: fetch(bootstrap, "release-acks1", n, PARTITIONS, len(VALUE)).rate)
         if "share" in figures:
-            measure("share consume", lambda: share_drain(bootstrap, "release-acks1", n))
+            measure("share consume", lambda: share_drain(bootstrap, "release-acks1", n).rate)
         if "acks-all" in figures:
             create_topic(bootstrap, "release-acksall", PARTITIONS)
             measure("produce acks=all",

@@ -4,6 +4,8 @@ goes (py-spy samples of the broker's threads, summed by function).
 Workloads, each against a fresh broker with a 4-partition topic:
 - produce: many small Produce requests (confluent-kafka, linger.ms=0, 20 records a batch), to show the
   per-request cost; prints the broker's CPU time per Produce request (the count from librdkafka's stats);
+- produce-bulk, produce-bulk-all: the benches' produce (linger.ms=5, batches of a thousand records and more)
+  with acks=1 or acks=all, to show the per-record cost: the receive path, the record walk, the write, fsyncs;
 - plain: an assigned Consumer drains N records written before;
 - share: one ShareConsumer drains N records written before.
 
@@ -11,7 +13,7 @@ CPU time comes from /proc (each thread's schedstat), so it does not count the ti
 core on a busy machine. With --spy (py-spy from the test extra; it may need ptrace rights) the samples are
 written to --out in py-spy's raw format (one stack a line: feed it to flamegraph.pl, or read the summary).
 
-Usage: python bench/profile_broker.py {produce,plain,share} [--records 100000] [--spy] [--out FILE]
+Usage: python bench/profile_broker.py {produce,produce-bulk,produce-bulk-all,plain,share} [--records 100000] [--spy] [--out FILE]
 """
 
 from __future__ import annotations
@@ -28,10 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_produce_fetch import create_topic, produce
-from bench_release import broker_cpu_seconds, plain_drain, share_drain
+from bench_produce_fetch import create_topic, fetch, produce, share_drain
 from confluent_kafka import Producer
-from peers import start_shoal, stop
+from peers import broker_cpu_seconds, start_shoal, stop
 
 PARTITIONS = 4
 VALUE = os.urandom(100)
@@ -87,7 +88,7 @@ def summarize(raw: Path, top: int) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("workload", choices=("produce", "plain", "share"))
+    parser.add_argument("workload", choices=("produce", "produce-bulk", "produce-bulk-all", "plain", "share"))
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--spy", action="store_true", help="sample the broker with py-spy")
     parser.add_argument("--rate", type=int, default=1000, help="py-spy samples per second")
@@ -102,7 +103,7 @@ def main() -> int:
     try:
         topic = "profile"
         create_topic(bootstrap, topic, PARTITIONS)
-        if args.workload != "produce":
+        if not args.workload.startswith("produce"):
             produce(bootstrap, topic, args.records, VALUE, PARTITIONS, "1")
         if args.spy:
             spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "-p", str(proc.pid),
@@ -113,8 +114,10 @@ def main() -> int:
         started = time.perf_counter()
         if args.workload == "produce":
             requests = small_requests(bootstrap, topic, args.records)
+        elif args.workload.startswith("produce-bulk"):
+            produce(bootstrap, topic, args.records, VALUE, PARTITIONS, "all" if args.workload.endswith("all") else "1")
         elif args.workload == "plain":
-            plain_drain(bootstrap, topic, args.records)
+            fetch(bootstrap, topic, args.records, PARTITIONS, len(VALUE))
         else:
             share_drain(bootstrap, topic, args.records)
         cpu = broker_cpu_seconds(proc.pid) - before

@@ -13,7 +13,7 @@ import functools
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import structlog
 
@@ -72,12 +72,24 @@ class ShareGroupConfig:
     assignment_interval_ms: int = 1000  # group.share.assignment.interval.ms (KIP-1263)
     # How often initialisations and state deletions that failed are looked at again (a runtime timer).
     maintenance_interval_ms: int = 1000
+    # A heartbeat that starts initialising partitions waits for it and answers with them assigned, instead
+    # of leaving them to the member's next heartbeat as Kafka does (sidecar mode: there the wait for the
+    # next heartbeat is what a new share consumer of a busy upstream notices first).
+    assign_after_initialization: bool = False
 
 
 class GroupConfigSource(Protocol):
     """Dynamic per-group configs (`share.session.timeout.ms`, `share.heartbeat.interval.ms`), with broker fallbacks."""
 
     def get_int(self, group_id: str, key: str) -> int: ...
+
+
+@runtime_checkable
+class TopicLearner(Protocol):
+    """A topic source that may not know every topic yet (sidecar mode: the upstream's metadata, re-read
+    periodically): asked to re-read it when a heartbeat names topics it does not know."""
+
+    async def learn_topics(self, names: Iterable[str]) -> None: ...
 
 
 def partition_for_group(group_id: str, num_partitions: int) -> int:
@@ -122,6 +134,8 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._started = False
         self._init_inflight: set[tuple[str, bytes, int]] = set()
+        # Initialisations under way per group, which a heartbeat that started one waits for.
+        self._init_tasks: dict[str, set[asyncio.Task[None]]] = {}
         # Partitions of deleted topics whose persisted state still has to be deleted, per group.
         self._pending_state_deletes: dict[str, dict[bytes, set[int]]] = {}
         # Background retries (initialisations, state deletions) back off and log sparingly.
@@ -150,10 +164,23 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
             return self.group_configs.get_int(group_id, "share.assignment.interval.ms")
         return self.config.assignment_interval_ms
 
-    def _spawn(self, coro: Coroutine[object, None, None]) -> None:
+    def _spawn(self, coro: Coroutine[object, None, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _spawn_initialize(self, req: InitRequest) -> None:
+        tasks = self._init_tasks.setdefault(req.group_id, set())
+        task = self._spawn(self._initialize(req))
+        tasks.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            tasks.discard(t)
+            if not tasks and self._init_tasks.get(req.group_id) is tasks:
+                del self._init_tasks[req.group_id]
+
+        task.add_done_callback(done)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -244,11 +271,12 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
         if self.released(req.group_id):
             return _error_response(ErrorCode.NOT_COORDINATOR)
 
-        def operation() -> Steps[HeartbeatResponse]:
+        if req.member_epoch != LEAVE_GROUP_MEMBER_EPOCH and isinstance(self.topics, TopicLearner):
+            await self._learn_topics(self.topics, req)
+
+        def guarded(steps: Callable[[], Steps[HeartbeatResponse]]) -> Steps[HeartbeatResponse]:
             try:
-                if req.member_epoch == LEAVE_GROUP_MEMBER_EPOCH:
-                    return (yield from self._leave(req.group_id, req.member_id))
-                return (yield from self._heartbeat(req, client_id, client_host))
+                return (yield from steps())
             except ShareGroupError as exc:
                 return _error_response(exc.code, exc.message)
             except CoordinatorLogError as exc:  # the state log says why (not ours any more, or try again)
@@ -258,7 +286,54 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
                 log.exception("share group heartbeat failed", group_id=req.group_id)
                 return _error_response(ErrorCode.COORDINATOR_NOT_AVAILABLE, "the group coordinator could not write")
 
-        return await self._write_steps(req.group_id, operation)
+        if req.member_epoch == LEAVE_GROUP_MEMBER_EPOCH:
+            return await self._write_steps(req.group_id, lambda: guarded(
+                lambda: self._leave(req.group_id, req.member_id)))
+        response = await self._write_steps(req.group_id, lambda: guarded(
+            lambda: self._heartbeat(req, client_id, client_host)))
+        initializing = self._init_tasks.get(req.group_id)
+        if response.error_code != ErrorCode.NONE or not initializing or not self.config.assign_after_initialization:
+            return response
+        # Partitions of the group's subscriptions are being initialised: Kafka assigns only initialised
+        # partitions, and hands them out at the member's next heartbeat, one heartbeat interval later. Here
+        # the heartbeat waits for the initialisation and then takes the step that next heartbeat would, so
+        # the member gets them in this response.
+        # Bounded by the heartbeat interval: an initialisation that hangs (the state log away) leaves the
+        # assignment to the member's next heartbeat, as in Kafka.
+        await asyncio.wait(set(initializing), timeout=self.heartbeat_interval_ms(req.group_id) / 1000)
+        return await self._write_steps(req.group_id, lambda: guarded(
+            lambda: self._after_initialization(req, response, client_id, client_host)))
+
+    async def _learn_topics(self, topics: TopicLearner, req: HeartbeatRequest) -> None:
+        names = req.subscribed_topic_names
+        if names is None:
+            return  # a regular heartbeat; a topic created later reaches the group through its listener
+        try:
+            # Bounded, as the wait for an initialisation is: an upstream that does not answer leaves the
+            # topic to a later heartbeat, not this one hanging.
+            await asyncio.wait_for(topics.learn_topics(names), self.heartbeat_interval_ms(req.group_id) / 1000)
+        except Exception as exc:  # the heartbeat goes on with what is known
+            log.warning("topic metadata refresh for a share group heartbeat failed", group_id=req.group_id,
+                        error=str(exc))
+
+    def _after_initialization(self, req: HeartbeatRequest, response: HeartbeatResponse, client_id: str,
+                              client_host: str) -> Steps[HeartbeatResponse]:
+        """The member's heartbeat taken again once the initialisation it waited for has finished: the
+        newly initialised partitions bump the group epoch and are assigned."""
+        group = self.groups.get(req.group_id)
+        member = None if group is None else group.members.get(req.member_id)
+        if group is None or member is None or member.member_epoch != response.member_epoch:
+            return response  # left, fenced or moved on meanwhile: what was answered stands
+        if not group.initialized_assignment_pending(group.subscribed_topic_names(), self.topics):
+            return response
+        again = HeartbeatRequest(group_id=req.group_id, member_id=req.member_id, member_epoch=response.member_epoch,
+                                 rack_id=None, subscribed_topic_names=None)
+        # The target computed a moment ago by this heartbeat lacked only these partitions: the assignment
+        # interval, which bounds assignor runs across heartbeats, does not hold this one back.
+        followed = yield from self._heartbeat(again, client_id, client_host, assignment_interval_ms=0)
+        if followed.assignment is None:
+            followed.assignment = response.assignment
+        return followed
 
     @staticmethod
     def _validate(req: HeartbeatRequest) -> str | None:
@@ -278,7 +353,8 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
             return f"MemberEpoch is {req.member_epoch}, but must be greater than or equal to -1."
         return None
 
-    def _heartbeat(self, req: HeartbeatRequest, client_id: str, client_host: str) -> Steps[HeartbeatResponse]:
+    def _heartbeat(self, req: HeartbeatRequest, client_id: str, client_host: str, *,
+                   assignment_interval_ms: int | None = None) -> Steps[HeartbeatResponse]:
         group = self.groups.get(req.group_id)
         if group is None:
             if self.groups.held_by_other_type(req.group_id):
@@ -302,7 +378,8 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
             now=now,
             init_retry_interval=self.config.initialize_retry_interval_ms / 1000,
             now_ms=int(self.wall_clock() * 1000),
-            assignment_interval_ms=self.assignment_interval_ms(req.group_id),
+            assignment_interval_ms=(self.assignment_interval_ms(req.group_id) if assignment_interval_ms is None
+                                    else assignment_interval_ms),
         )
         yield plan.records
         live = self.groups[req.group_id]
@@ -310,7 +387,7 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
         self._arm_session(req.group_id, req.member_id, self.session_timeout(req.group_id))
         if plan.init is not None:
             self._mark_initializing(live, plan.init, now)
-            self._spawn(self._initialize(plan.init))
+            self._spawn_initialize(plan.init)
         return HeartbeatResponse(
             error_code=ErrorCode.NONE,
             member_id=plan.member_id,
@@ -435,7 +512,7 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
             if topics:
                 req = InitRequest(group_id, group.group_epoch, topics)
                 self._mark_initializing(group, req, now)
-                self._spawn(self._initialize(req))
+                self._spawn_initialize(req)
         for group_id in list(self._pending_state_deletes):
             if self._retries.ready(("delete-state", group_id), now):
                 await self._delete_topic_state(group_id)
@@ -452,7 +529,17 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
             return
         self._spawn(self.refresh_topic_metadata())
 
-    async def refresh_topic_metadata(self) -> None:
+    def on_upstream_topics_changed(self) -> None:
+        """Sidecar mode: the upstream's metadata changed. Groups subscribed to a topic created or grown there
+        bump their epoch and initialise its partitions now, not at their next heartbeat; a topic missing
+        from the upstream's answer keeps its state (one metadata answer is not a deletion)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._spawn(self.refresh_topic_metadata(forget_deleted=False))
+
+    async def refresh_topic_metadata(self, *, forget_deleted: bool = True) -> None:
         """Handle deleted topics, bump epochs of groups whose subscribed metadata changed, start
         initialising new partitions."""
         if not self.loaded:
@@ -463,7 +550,8 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
             group = self.groups.get(group_id)
             if group is None or group.deleting_group:
                 return
-            yield from self._move_deleted_topics(group)
+            if forget_deleted:
+                yield from self._move_deleted_topics(group)
             group = self.groups[group_id]
             records = group.plan_metadata_refresh(self.topics)
             missing = group.uninitialized_partitions(
@@ -476,7 +564,7 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
                 live = self.groups[group_id]
                 req = InitRequest(group_id, live.group_epoch, {tid: set(ti.partitions) for tid, ti in missing.items()})
                 self._mark_initializing(live, req, now)
-                self._spawn(self._initialize(req))
+                self._spawn_initialize(req)
 
         for group_id in list(self.groups):
             await self._write_steps(group_id, functools.partial(refresh, group_id))

@@ -218,9 +218,12 @@ def _stale(spec: MessageSpec, struct: str) -> NoReturn:
 class _Gen:
     """Emits Python source for one message version."""
 
-    def __init__(self, spec: MessageSpec, version: int, classes: dict[str, type[MessageBase]]):
+    def __init__(self, spec: MessageSpec, version: int, classes: dict[str, type[MessageBase]],
+                 view_records: bool = False):
         self.spec = spec
         self.version = version
+        # Decode record sets as views into the buffer (a memoryview) instead of copies.
+        self.view_records = view_records
         self.flexible = version in spec.flexible
         self.classes = classes
         self.ns: dict[str, Any] = {
@@ -397,6 +400,8 @@ class _Gen:
             L.append(f"{ind}    _check(buf, pos + {n})")
             if t == "string":
                 L.append(f"{ind}    {target} = str(buf[pos:pos + {n}], 'utf-8')")
+            elif t == "records" and self.view_records:
+                L.append(f"{ind}    {target} = buf[pos:pos + {n}]")
             else:
                 L.append(f"{ind}    {target} = bytes(buf[pos:pos + {n}])")
             L.append(f"{ind}    pos += {n}")
@@ -555,6 +560,7 @@ class MessageCodec:
         for name in spec.structs:
             self._classes[name] = getattr(self.cls, name)
         self._compiled: dict[int, tuple[Decoder, Encoder]] = {}
+        self._view_decoders: dict[int, Decoder] = {}
 
     def _get(self, version: int) -> tuple[Decoder, Encoder]:
         pair = self._compiled.get(version)
@@ -565,9 +571,23 @@ class MessageCodec:
             self._compiled[version] = pair
         return pair
 
-    def decode(self, buf: Buffer, version: int, pos: int = 0) -> tuple[Any, int]:
-        """The message (an instance of `cls`, Any so callers can name its class) and the end position."""
+    def _view_decoder(self, version: int) -> Decoder:
+        decoder = self._view_decoders.get(version)
+        if decoder is None:
+            if version not in self.spec.valid:
+                raise ValueError(f"{self.spec.name} has no version {version}")
+            decoder = _Gen(self.spec, version, self._classes, view_records=True).compile()[0]
+            self._view_decoders[version] = decoder
+        return decoder
+
+    def decode(self, buf: Buffer, version: int, pos: int = 0, *, view_records: bool = False) -> tuple[Any, int]:
+        """The message (an instance of `cls`, Any so callers can name its class) and the end position.
+
+        With `view_records` its record sets are memoryviews into `buf`, not copies (writable when `buf`
+        is): for a receiver that owns `buf` and hands the records on without keeping `buf` for more."""
         try:
+            if view_records:
+                return self._view_decoder(version)(buf if isinstance(buf, memoryview) else memoryview(buf), pos)
             return self._get(version)[0](buf, pos)
         except (IndexError, struct.error, UnicodeDecodeError, InvalidRecordBatch) as exc:
             raise DecodeError(f"cannot decode {self.spec.name} v{version}: {exc}") from exc

@@ -4,10 +4,12 @@
 A frame is a 4-byte big-endian size and that many bytes. Small frames arrive in one scratch buffer and
 are copied out once. A frame larger than half the scratch buffer gets a buffer of its own as soon as its
 size is known, and the rest of it is received straight into that buffer: a multi-megabyte Fetch response
-is not copied again on its way to the decoder.
+(the bundled client) or Produce request (the broker) is not copied again on its way to the decoder.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 DEFAULT_SCRATCH_SIZE = 256 * 1024
 
@@ -15,10 +17,12 @@ DEFAULT_SCRATCH_SIZE = 256 * 1024
 class FrameSizeError(Exception):
     """The size prefix is negative or above the limit."""
 
-    def __init__(self, size: int, limit: int):
+    def __init__(self, size: int, limit: int, frames: list[bytes | bytearray] | None = None):
         super().__init__(f"frame size {size} outside [0, {limit}]")
         self.size = size
         self.limit = limit
+        # Whole frames that came before the bad prefix in the same bytes: a server still answers them.
+        self.frames: list[bytes | bytearray] = frames or []
 
 
 class FrameReader:
@@ -61,7 +65,7 @@ class FrameReader:
             at = self._start
             size = int.from_bytes(view[at : at + 4], "big", signed=True)
             if size < 0 or size > self.max_size:
-                raise FrameSizeError(size, self.max_size)
+                raise FrameSizeError(size, self.max_size, frames)
             have = self._end - at - 4
             if have >= size:
                 frames.append(bytes(view[at + 4 : at + 4 + size]))
@@ -75,4 +79,22 @@ class FrameReader:
             break
         if self._start == self._end:
             self._start = self._end = 0
+        return frames
+
+    def feed(self, data: Any) -> list[bytes | bytearray]:
+        """Bytes that arrived elsewhere (decrypted TLS records): copied in as if received into
+        `get_buffer()`; returns the frames they completed. Raises FrameSizeError as `buffer_updated` does,
+        with every frame completed before the bad prefix in its `frames`."""
+        frames: list[bytes | bytearray] = []
+        with memoryview(data) as view:
+            pos = 0
+            while pos < len(view):
+                target = self.get_buffer()
+                n = min(len(target), len(view) - pos)
+                target[:n] = view[pos : pos + n]
+                pos += n
+                try:
+                    frames += self.buffer_updated(n)
+                except FrameSizeError as exc:
+                    raise FrameSizeError(exc.size, exc.limit, frames + exc.frames) from None
         return frames

@@ -146,12 +146,12 @@ def iter_packed_headers(buf: bytes | bytearray | memoryview) -> Iterator[BatchHe
         yield parse_batch_header(buf, pos, whole=False)
 
 
-def set_base_offset(buf: bytearray, pos: int, base_offset: int) -> None:
+def set_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -> None:
     """Assign the broker's offset; the CRC does not cover the base offset, so it stays valid."""
     struct.pack_into(">q", buf, pos + BASE_OFFSET_POS, base_offset)
 
 
-def set_log_append_time(buf: bytearray, pos: int, header: BatchHeader, timestamp_ms: int) -> None:
+def set_log_append_time(buf: bytearray | memoryview, pos: int, header: BatchHeader, timestamp_ms: int) -> None:
     """Stamp LogAppendTime: set the timestamp-type bit and max timestamp, then recompute the CRC."""
     attributes = header.attributes | TIMESTAMP_TYPE_MASK
     struct.pack_into(">h", buf, pos + ATTRIBUTES_POS, attributes)

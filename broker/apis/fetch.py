@@ -80,6 +80,8 @@ class FetchHandler:
         read_committed = req.isolation_level == READ_COMMITTED
         for ft in req.topics:
             topic = topics.get_by_id(ft.topic_id) if version >= 13 else topics.get(ft.topic)
+            # Once per topic, as Kafka does, not once per partition.
+            authorized = topic is not None and ctx.authorize(Operation.READ, ResourceType.TOPIC, topic.name)
             parts = []
             for fp in ft.partitions:
                 pd = PartitionData(
@@ -95,7 +97,7 @@ class FetchHandler:
                 if topic is None:
                     pd.error_code = ErrorCode.UNKNOWN_TOPIC_ID if version >= 13 else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
-                if not ctx.authorize(Operation.READ, ResourceType.TOPIC, topic.name):
+                if not authorized:
                     pd.error_code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                     continue
                 if not 0 <= fp.partition < len(topic.partitions):

@@ -80,12 +80,14 @@ class ProduceHandler:
         for td in req.topic_data:
             topic = self.services.topics.get_by_id(td.topic_id) if version >= 13 else self.services.topics.get(td.name)
             topic_name = topic.name if topic is not None else td.name
+            # As Kafka, each topic is authorized once per request, not once per partition.
+            writable = topic is not None and ctx.authorize(Operation.WRITE, ResourceType.TOPIC, topic.name)
             parts = []
             for pd in td.partition_data:
                 if topic is None:
                     code = ErrorCode.UNKNOWN_TOPIC_ID if version >= 13 else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     parts.append(PartitionResponse(index=pd.index, error_code=code, base_offset=-1))
-                elif not ctx.authorize(Operation.WRITE, ResourceType.TOPIC, topic.name):
+                elif not writable:
                     parts.append(
                         PartitionResponse(index=pd.index, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, base_offset=-1)
                     )
@@ -110,7 +112,7 @@ class ProduceHandler:
                         result = plog.append_as_leader(
                             pd.records, origin=AppendOrigin.CLIENT, internal_topics_allowed=internal_allowed,
                             transactional_id=req.transactional_id,
-                            verify_transaction=self.services.verify_txn_partition,
+                            verify_transaction=self.services.verify_txn_partition, handed_over=True,
                         )
                     except AppendRefused as exc:
                         parts.append(PartitionResponse(index=pd.index, base_offset=-1,
@@ -137,19 +139,42 @@ class ProduceHandler:
             return None
         return response
 
-    async def _after_fsync(self, flushes: list[tuple[PartitionLog, int]],
-                           response: messages.ProduceResponse) -> messages.ProduceResponse:
-        """acks=all: the answer once every appended partition is fsynced up to its new records."""
-        try:
-            await asyncio.gather(*(plog.flush(offset) for plog, offset in flushes))
+    def _after_fsync(self, flushes: list[tuple[PartitionLog, int]], response: messages.ProduceResponse
+                     ) -> messages.ProduceResponse | asyncio.Future[messages.ProduceResponse]:
+        """acks=all: the answer once every appended partition is fsynced up to its new records; a future
+        of it while some fsync is still to come (no task per request: the partitions' group commit
+        resolves it). A failed fsync answers KAFKA_STORAGE_ERROR; any other error fails the request."""
+        waiters = [waiter for plog, offset in flushes if (waiter := plog.durable(offset)) is not None]
+        if not waiters:
             self.services.metrics.log_fsyncs.inc(len(flushes))
-        except OSError:
-            log.exception("fsync failed")
-            for tr in response.responses:
-                for pr in tr.partition_responses:
-                    if pr.error_code == ErrorCode.NONE:
-                        pr.error_code = ErrorCode.KAFKA_STORAGE_ERROR
-        return response
+            return response
+        answer: asyncio.Future[messages.ProduceResponse] = asyncio.get_running_loop().create_future()
+        pending = len(waiters)
+
+        def one_done(waiter: asyncio.Future[None]) -> None:
+            nonlocal pending
+            pending -= 1
+            if answer.done():
+                if not waiter.cancelled():
+                    waiter.exception()  # retrieved: the answer went with the first failure
+                return
+            if waiter.cancelled():
+                answer.cancel()
+                return
+            error = waiter.exception()
+            if isinstance(error, OSError):
+                log.error("fsync failed", exc_info=error)
+                _storage_error(response)
+                answer.set_result(response)
+            elif error is not None:
+                answer.set_exception(error)
+            elif pending == 0:
+                self.services.metrics.log_fsyncs.inc(len(flushes))
+                answer.set_result(response)
+
+        for waiter in waiters:
+            waiter.add_done_callback(one_done)
+        return answer
 
     def describe_producers(self, ctx: RequestContext, req: messages.DescribeProducersRequest) -> messages.DescribeProducersResponse:
         """DescribeProducers: the producers each partition knows and their open transactions (READ on the topic)."""
@@ -176,6 +201,13 @@ class ProduceHandler:
                     ]))
             topics.append(_DpTopic(name=t.name, partitions=parts))
         return DescribeProducersResponse(topics=topics)
+
+
+def _storage_error(response: messages.ProduceResponse) -> None:
+    for tr in response.responses:
+        for pr in tr.partition_responses:
+            if pr.error_code == ErrorCode.NONE:
+                pr.error_code = ErrorCode.KAFKA_STORAGE_ERROR
 
 
 def _refuse_all(req: messages.ProduceRequest, code: int) -> messages.ProduceResponse:

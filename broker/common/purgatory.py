@@ -8,7 +8,7 @@ that arrives while it looks is not lost.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -61,17 +61,22 @@ class Watch:
 
     @property
     def notified(self) -> bool:
-        return self._fut.done() and self._fut.result()
+        fut = self._fut
+        return fut.done() and not fut.cancelled() and fut.result()
 
     async def wait(self, timeout_s: float) -> bool:
         """Park until a notify (possibly one that already happened) or `timeout_s`; True if notified."""
         if self._fut.done():
-            return self._fut.result()
+            return self.notified
         if timeout_s <= 0:
             return False
+        if self._purgatory.on_park is not None:
+            self._purgatory.on_park(self._keys)
         handle = asyncio.get_running_loop().call_later(timeout_s, _expire, self._fut)
         try:
-            return await asyncio.shield(self._fut)
+            # Awaited directly, not through a shield: the future is this watch's alone, so a cancelled
+            # waiter may cancel it, and a notify resumes the waiter one pass of the loop sooner.
+            return await self._fut
         finally:
             handle.cancel()
 
@@ -95,6 +100,13 @@ class Watch:
 class Purgatory:
     def __init__(self) -> None:
         self._watchers: dict[WakeKey, set[asyncio.Future[bool]]] = {}
+        # Told the keys of every waiter that parks: sidecar mode follows the upstream for the partitions
+        # share fetches wait on, since records produced straight to the upstream notify nothing here.
+        self.on_park: Callable[[Sequence[WakeKey]], None] | None = None
+
+    def watching(self, key: WakeKey) -> bool:
+        """Whether some waiter is registered on `key`."""
+        return key in self._watchers
 
     def watch(self, keys: Iterable[WakeKey]) -> Watch:
         return Watch(self, keys)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import ssl
 import time
 from collections.abc import Awaitable
@@ -32,7 +33,7 @@ from shoal.broker.security.tls import TlsSession, principal_from_certificate
 from shoal.protocol import messages
 from shoal.protocol.codec import Buffer, MessageBase
 
-from .framing import FrameSizeError, Rejected, decode_body, decode_header, next_frame
+from .framing import FrameReader, FrameSizeError, Rejected, decode_body, decode_header
 
 if TYPE_CHECKING:
     from shoal.broker.common.config import Listener
@@ -99,8 +100,15 @@ class _Slot:
         self.close_after = False
 
 
-class KafkaConnection(asyncio.Protocol):
-    """Frames are `int32 size` + request; handlers may finish out of order, responses never leave out of order."""
+# What a connection receives small requests into; a larger one gets a buffer of its own (FrameReader).
+_SCRATCH_BYTES = 64 * 1024
+
+
+class KafkaConnection(asyncio.BufferedProtocol):
+    """Frames are `int32 size` + request; handlers may finish out of order, responses never leave out of order.
+
+    Requests are received straight into the FrameReader's buffers (asyncio's BufferedProtocol): a large
+    Produce lands in a buffer of its own, whose record sets are appended to the log without a copy."""
 
     def __init__(self, broker: RequestChannel, listener: Listener):
         self.broker = broker
@@ -109,7 +117,7 @@ class KafkaConnection(asyncio.Protocol):
         self.client_host = ""
         self.client_port = 0
         self.transport: asyncio.Transport | None = None
-        self._buffer = bytearray()
+        self._frames = FrameReader(int(broker.config["socket.request.max.bytes"]), scratch_size=_SCRATCH_BYTES)
         self._pending: collections.deque[_Slot] = collections.deque()
         self._reading_paused = False
         self._flush_scheduled = False
@@ -119,7 +127,6 @@ class KafkaConnection(asyncio.Protocol):
         # While a quota throttles this client its requests are not read (KIP-219: the broker mutes the channel).
         self._throttle_handle: asyncio.TimerHandle | None = None
         self._throttled_until = 0.0
-        self._max_request = int(broker.config["socket.request.max.bytes"])
         self._max_in_flight = int(broker.config["queued.max.requests"])
         self._idle_ms = int(broker.config["connections.max.idle.ms"])
         # Per-connection state other layers attach (share sessions bound to this socket, ...).
@@ -131,6 +138,7 @@ class KafkaConnection(asyncio.Protocol):
         tls_context = broker.ssl_contexts.get(listener.name)
         if tls_context is not None:
             self._tls = TlsSession(tls_context)
+        self._tls_in = memoryview(bytearray(_SCRATCH_BYTES if tls_context is not None else 0))
 
     # ---- asyncio.Protocol ------------------------------------------------------------------
 
@@ -142,30 +150,38 @@ class KafkaConnection(asyncio.Protocol):
         self.broker.on_connection_opened(self)
         self._arm_idle_timer()
 
-    def data_received(self, data: bytes) -> None:
-        self._last_activity = time.monotonic()
+    def get_buffer(self, sizehint: int) -> memoryview:
         if self._tls is not None:
-            data = self._tls_received(data)
-            if not data:
+            # Ciphertext lands in the scratch buffer of the TLS session's own; frames are cut from the plaintext.
+            return self._tls_in
+        return self._frames.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._last_activity = time.monotonic()
+        try:
+            if self._tls is not None:
+                plaintext = self._tls_received(bytes(self._tls_in[:nbytes]))
+                frames = self._frames.feed(plaintext) if plaintext else []
+            else:
+                frames = self._frames.buffer_updated(nbytes)
+        except FrameSizeError as exc:
+            self._dispatch(exc.frames)
+            log.warning(
+                "request frame size rejected, closing connection",
+                size=exc.size,
+                limit=exc.limit,
+                client=self.client_host,
+            )
+            self.close()
+            return
+        self._dispatch(frames)
+
+    def _dispatch(self, frames: list[bytes | bytearray]) -> None:
+        for frame in frames:
+            if self._closed:
                 return
-        buf = self._buffer
-        buf += data
-        while not self._closed:
-            try:
-                frame = next_frame(buf, self._max_request)
-            except FrameSizeError as exc:
-                log.warning(
-                    "request frame size rejected, closing connection",
-                    size=exc.size,
-                    limit=exc.limit,
-                    client=self.client_host,
-                )
-                self.close()
-                return
-            if frame is None:
-                break
             if self.sasl is not None and self.sasl.raw_tokens:
-                self._on_raw_sasl_token(frame)
+                self._on_raw_sasl_token(bytes(frame))
             else:
                 self._on_frame(frame)
 
@@ -258,7 +274,7 @@ class KafkaConnection(asyncio.Protocol):
 
     # ---- requests ----------------------------------------------------------------------------
 
-    def _on_frame(self, frame: bytes) -> None:
+    def _on_frame(self, frame: bytes | bytearray) -> None:
         head = decode_header(frame)
         if isinstance(head, Rejected):
             self._reject(head)
@@ -296,6 +312,9 @@ class KafkaConnection(asyncio.Protocol):
             return
         if isinstance(response, MessageBase) or response is None:
             self._complete(slot, api, ctx, response)
+        elif isinstance(response, asyncio.Future):
+            # An answer someone else completes (acks=all Produce: the partitions' group commit): no task.
+            response.add_done_callback(functools.partial(self._answer_done, api, ctx, slot))
         else:
             # The handler did what it could at once and left the rest to await (Produce with acks=all
             # waits for the fsync); a request that needs no wait costs no task.
@@ -333,6 +352,18 @@ class KafkaConnection(asyncio.Protocol):
             self.close()
             return
         self._complete(slot, api, ctx, response)
+
+    def _answer_done(self, api: Api, ctx: RequestContext, slot: _Slot, answer: asyncio.Future[MessageBase | None]
+                     ) -> None:
+        if answer.cancelled():
+            return  # as a cancelled handler task: no response (the broker is stopping)
+        error = answer.exception()
+        if error is not None:
+            log.error("handler failed", api=api.name, api_version=ctx.api_version, exc_info=error)
+            self.broker.metrics.request_errors.labels(api=api.name).inc()
+            self.close()
+            return
+        self._complete(slot, api, ctx, answer.result())
 
     def _complete(self, slot: _Slot, api: Api, ctx: RequestContext, response: MessageBase | None) -> None:
         self.broker.metrics.observe_request(api.name, time.monotonic() - ctx.received_at)

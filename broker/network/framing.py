@@ -1,7 +1,8 @@
 """Kafka request framing and decoding, without I/O.
 
-A request is a 4-byte big-endian size and that many bytes. `next_frame` cuts frames off a receive buffer;
-`decode_header` and `decode_body` turn a frame into a routed request or say why the connection must be
+A request is a 4-byte big-endian size and that many bytes, cut out of the stream by the connection's
+`protocol.frames.FrameReader` (the bundled client's too: a large request is received straight into a
+buffer of its own); `decode_header` and `decode_body` turn a frame into a routed request or say why the connection must be
 closed (or, for an ApiVersions version we do not know, answered in v0 form, KIP-511). The connection
 puts the SASL gate between the two steps, then dispatches.
 """
@@ -15,27 +16,12 @@ from typing import TYPE_CHECKING, Any
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.codec import DecodeError, MessageBase
-from shoal.protocol.frames import FrameSizeError
+from shoal.protocol.frames import FrameReader, FrameSizeError
 
 if TYPE_CHECKING:
     from shoal.broker.network.request_channel import Api
 
-
-def next_frame(buf: bytearray, max_size: int) -> bytes | None:
-    """Remove the first complete frame from `buf` and return it without its size prefix; None if `buf`
-    does not hold a whole frame yet. Raises FrameSizeError as soon as the size prefix is readable."""
-    if len(buf) < 4:
-        return None
-    size = int.from_bytes(buf[0:4], "big", signed=True)
-    if size < 0 or size > max_size:
-        raise FrameSizeError(size, max_size)
-    if len(buf) < 4 + size:
-        return None
-    # One copy, through a view released before the buffer shrinks (a bytearray slice would copy twice).
-    with memoryview(buf) as view:
-        frame = bytes(view[4 : 4 + size])
-    del buf[: 4 + size]
-    return frame
+__all__ = ["Decoded", "FrameReader", "FrameSizeError", "Rejected", "RequestHead", "decode_body", "decode_header"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +48,7 @@ class Decoded:
     body: MessageBase
 
 
-def decode_header(frame: bytes) -> RequestHead | Rejected:
+def decode_header(frame: bytes | bytearray) -> RequestHead | Rejected:
     try:
         header, pos = messages.decode_request_header(frame)
     except messages.UnknownApi as exc:
@@ -72,7 +58,7 @@ def decode_header(frame: bytes) -> RequestHead | Rejected:
     return RequestHead(header, pos)
 
 
-def decode_body(frame: bytes, head: RequestHead, apis: Mapping[int, Api]) -> Decoded | Rejected:
+def decode_body(frame: bytes | bytearray, head: RequestHead, apis: Mapping[int, Api]) -> Decoded | Rejected:
     """Check the API and version against what this broker serves, then decode the body."""
     header = head.header
     api = apis.get(header.api_key)
@@ -85,7 +71,9 @@ def decode_body(frame: bytes, head: RequestHead, apis: Mapping[int, Api]) -> Dec
             metric_label=str(header.api_key),
         )
     try:
-        body, _ = messages.REQUESTS[header.api_key].decode(frame, header.api_version, head.body_pos)
+        # Record sets (Produce) stay views into the frame: appended without a copy, patched in place.
+        body, _ = messages.REQUESTS[header.api_key].decode(frame, header.api_version, head.body_pos,
+                                                           view_records=True)
     except DecodeError as exc:
         return Rejected(
             "malformed request body, closing connection",

@@ -420,6 +420,7 @@ class Broker:
             upstream_topics = UpstreamTopics(self.upstream_cluster,
                                              BatchCache(UPSTREAM_BATCH_CACHE_BYTES, self.upstream_cluster.metrics))
             upstream_topics.start()
+            upstream_topics.follow(self.purgatory)
             self.upstream_topics = upstream_topics
             self.share_topics: ShareTopicView = upstream_topics
             topic_metadata = upstream_topics
@@ -478,6 +479,7 @@ class Broker:
                 max_size=int(cfg["group.share.max.size"]),
                 initialize_retry_interval_ms=int(cfg["group.share.initialize.retry.interval.ms"]),
                 assignment_interval_ms=int(cfg["group.share.assignment.interval.ms"]),
+                assign_after_initialization=self.upstream_cluster is not None,
             ),
             classic_config=ClassicGroupConfig(
                 min_session_timeout_ms=int(cfg["group.min.session.timeout.ms"]),
@@ -516,6 +518,9 @@ class Broker:
         log.info("coordinators loaded", seconds=round(time.monotonic() - started, 3))
         coordinator.start()
         self.topic_listeners.append(self._share_groups_on_topic_event)
+        if self.upstream_cluster is not None:
+            # Topics created, deleted or grown on the upstream re-balance the share groups subscribed to them.
+            self.upstream_cluster.topic_listeners.append(coordinator.share.on_upstream_topics_changed)
         self._background.append(self.loop.create_task(self._share_coordinator_housekeeping()))
 
     # ==== sidecar mode: the coordinators' records on the upstream ==================================

@@ -168,6 +168,11 @@ class SharePartitionLeader:
         self.lock = asyncio.Lock()
         self.write_lock = asyncio.Lock()
         self.writes_in_flight = 0
+        # Group commit of state writes (`_persist`): requests numbered in order, the last one a finished
+        # write covered, and that write's outcome.
+        self._write_requests = 0
+        self._written_through = 0
+        self._last_write_code: int = ErrorCode.NONE
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
         self.load_time_ms: float = 0.0
@@ -183,6 +188,11 @@ class SharePartitionLeader:
         return ShareFetchKey(self.key.group_id, self.key.topic_id, self.key.partition)
 
     # ---- loading ------------------------------------------------------------------------------
+
+    async def load(self) -> int:
+        """Load persisted state now (under the lock acquisitions take); returns a client-facing error code."""
+        async with self.lock:
+            return await self.ensure_loaded()
 
     async def ensure_loaded(self) -> int:
         """Load persisted state once; returns a client-facing error code."""
@@ -482,11 +492,23 @@ class SharePartitionLeader:
                 sp.mark_write_failed()
 
     async def _persist(self) -> int:
-        """Write what changed, in order with every other write of this share partition."""
+        """Write what changed, in order with every other write of this share partition.
+
+        Group commit: each caller has applied its change in memory before it asks, and a write carries the
+        whole state as it is when the write starts. So the writes that queued behind one in flight are all
+        covered by the next one to start, and share its outcome, instead of each waiting for a write (and
+        an fsync) of its own in turn."""
         self.writes_in_flight += 1
+        self._write_requests += 1
+        ticket = self._write_requests
         try:
             async with self.write_lock:
-                return await self._write()
+                if self._written_through >= ticket:
+                    return self._last_write_code
+                through = self._write_requests
+                code = await self._write()
+                self._written_through, self._last_write_code = through, code
+                return code
         finally:
             self.writes_in_flight -= 1
 

@@ -8,15 +8,16 @@ and releases a member's records when its session closes or its connection goes.
 Order within one ShareFetch, as in Kafka: the piggybacked acknowledgements are applied in memory first,
 every partition at once; then the fetch acquires while their state writes are under way. An ACCEPT
 therefore frees room under the in-flight limit for the very fetch that carries it, while a record it
-releases stays out of reach until its write completes.
+releases stays out of reach until its write completes. The response waits for those writes; unless they
+release records, one more acquisition pass then takes what was produced meanwhile (`_top_up`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import structlog
@@ -25,6 +26,7 @@ from shoal.broker.common.purgatory import SHARE_SESSION_SLOT, LogKey, Purgatory,
 from shoal.persister.persister import SharePartitionKey
 from shoal.protocol.acknowledge_type import AcknowledgeType
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.record_batch import HEADER_SIZE, BatchHeader, iter_batches, iter_packed_headers
 from shoal.protocol.topic_id_partition import TopicIdPartition
 
 from .share_partition import AckBatch, AcquiredRange, AcquireMode
@@ -195,19 +197,33 @@ class SharePartitionManager:
         started = self._start_acknowledgements(authorize, group, member, acks, rules)
         for ack in started:
             results.setdefault(ack.tp, PartitionResult())
-        # Memory holds every acknowledgement before this request acquires; their writes go on meanwhile.
-        await asyncio.gather(*(ack.applied for ack in started))
-        pending = [self._ack_code(ack, results) for ack in started]
+        # Memory holds every acknowledgement before this request acquires; their writes go on meanwhile,
+        # each in its task. Awaited one by one and the acquisition run in this task, not through gather:
+        # each relay through another future or task is one more pass of the event loop before the answer.
+        for ack in started:
+            await ack.applied
 
         if epoch == FINAL_EPOCH:
-            await asyncio.gather(*pending)
+            await self._ack_codes(started, results)
             await self.close_session(session)
             return ShareFetchResult(partitions=results)
 
         if params.max_records > 0 and params.max_bytes > 0 and not rules.is_renew:
-            await asyncio.gather(*pending, self._fetch_records(client, authorize, params, session, results))
+            # Which partitions get records while this request runs: those are worth a second pass once
+            # the writes are done (`_top_up`), unless the acknowledgements release records.
+            produced = {} if not has_acks or _releases_any(acks) else {
+                tp: self.purgatory.watch([LogKey(tp.topic_id, tp.partition)]) for tp in session.partitions}
+            try:
+                await self._fetch_records(client, authorize, params, session, results)
+                await self._ack_codes(started, results)
+            finally:
+                for watch in produced.values():
+                    watch.close()
+            grown = {tp for tp, watch in produced.items() if watch.notified}
+            if grown and not client.closed:
+                await self._top_up(client, authorize, params, session, results, grown)
         else:
-            await asyncio.gather(*pending)
+            await self._ack_codes(started, results)
         extra = session.partitions.keys() if epoch == INITIAL_EPOCH else new_partitions
         for tp in [*extra, *session.take_resend()]:
             if tp in session.partitions:
@@ -236,9 +252,39 @@ class SharePartitionManager:
             tp: PartitionResult(acknowledge_error_code=result.partitions[tp].acknowledge_error_code)
             for tp in acknowledged if tp in result.partitions})
 
+    async def _top_up(self, client: ShareClient, authorize: TopicReadAuthorizer, params: FetchParams,
+                      session: ShareSession, results: dict[TopicIdPartition, PartitionResult],
+                      grown: set[TopicIdPartition]) -> None:
+        """One more acquisition pass over the `grown` partitions (records appended since the request came),
+        without waiting, once the acknowledgements' state writes are done.
+
+        The response cannot leave before those writes (their outcomes are in it, and a write is answered
+        only once fsynced), so records produced during them go with it instead of a round trip later: for a
+        consumer keeping up with its partitions that is most of the produce-to-delivery latency. Not done
+        when the acknowledgements release records: those are available again once written, and the fetch
+        that released them would get them straight back (the pass alongside the write never sees them, and
+        in Kafka, whose fetch and acknowledgement also run side by side, neither does the fetch)."""
+        taken = sum(r.last_offset - r.first_offset + 1 for pd in results.values() for r in pd.acquired)
+        max_bytes = min(params.max_bytes, self.broker_max_bytes) - sum(len(pd.records) for pd in results.values())
+        if taken >= params.max_records or max_bytes <= 0:
+            return
+        more: dict[TopicIdPartition, PartitionResult] = {}
+        order = [tp for tp in _rotated(session) if tp in grown]
+        await self._acquire_pass(client, authorize, replace(params, max_records=params.max_records - taken,
+                                                            max_bytes=max_bytes), session, order, more)
+        for tp, extra in more.items():
+            if not extra.acquired:
+                continue  # the first pass reported this partition; an error now waits for the next fetch
+            pd = results.setdefault(tp, PartitionResult())
+            pd.error_code = ErrorCode.NONE
+            pd.records = join_batches(pd.records, extra.records, headers_only=params.headers_only)
+            pd.acquired.extend(extra.acquired)
+
     @staticmethod
-    async def _ack_code(ack: _Ack, results: dict[TopicIdPartition, PartitionResult]) -> None:
-        results[ack.tp].acknowledge_error_code = await ack.done
+    async def _ack_codes(started: list[_Ack], results: dict[TopicIdPartition, PartitionResult]) -> None:
+        """Each acknowledgement's outcome once written (the writes run side by side, in their own tasks)."""
+        for ack in started:
+            results[ack.tp].acknowledge_error_code = await ack.done
 
     async def _fetch_records(self, client: ShareClient, authorize: TopicReadAuthorizer, params: FetchParams,
                              session: ShareSession, results: dict[TopicIdPartition, PartitionResult]) -> None:
@@ -259,11 +305,7 @@ class SharePartitionManager:
         """
         deadline = time.monotonic() + max(0, params.max_wait_ms) / 1000
         while True:
-            # Rotate the starting partition by epoch so one busy partition cannot starve the others.
-            order = list(session.partitions)
-            if order:
-                shift = session.expected_epoch % len(order)
-                order = order[shift:] + order[:shift]
+            order = _rotated(session)
             # A closed connection stops the poll. An acquisition already waiting for its partition when the
             # connection closed is undone by the close's release, queued behind it on the partition's lock.
             keys = [key for tp in order for key in _wake_keys(session.group_id, tp)]
@@ -312,6 +354,11 @@ class SharePartitionManager:
                 leaders.append((tp, leader))
         if not leaders:
             return False, False
+        # Share partitions not loaded yet load side by side, each under its own lock, rather than one after
+        # another in the loop below: a new member's first fetch waits for the slowest load, not their sum.
+        unloaded = [leader for _tp, leader in leaders if leader.state is None]
+        if len(unloaded) > 1:
+            await asyncio.gather(*(leader.load() for leader in unloaded), return_exceptions=True)
         per_partition_bytes = max(1, min(params.max_bytes, self.broker_max_bytes) // len(leaders))
         remaining_records = params.max_records
         got_any = False
@@ -449,6 +496,42 @@ class SharePartitionManager:
         self.purgatory.notify(SHARE_SESSION_SLOT)
         for session in closed:
             self._release_member(session.group_id, session.member_id)
+
+
+def _rotated(session: ShareSession) -> list[TopicIdPartition]:
+    """The session's partitions, the first one rotated by epoch so one busy partition cannot starve the others."""
+    order = list(session.partitions)
+    if order:
+        shift = session.expected_epoch % len(order)
+        order = order[shift:] + order[:shift]
+    return order
+
+
+def _releases_any(acks: dict[TopicIdPartition, list[AckBatch]]) -> bool:
+    return any(AcknowledgeType.RELEASE in b.ack_types for batches in acks.values() for b in batches)
+
+
+def _batches(buf: bytes, headers_only: bool) -> Iterator[tuple[int, BatchHeader]]:
+    """(byte position, header) of each batch of an acquisition's records, or of its packed headers."""
+    if headers_only:
+        for i, header in enumerate(iter_packed_headers(buf)):
+            yield i * HEADER_SIZE, header
+    else:
+        yield from iter_batches(buf)
+
+
+def join_batches(first: bytes, more: bytes, *, headers_only: bool = False) -> bytes:
+    """The batches of `first`, then those of `more` past them: a pass that stopped inside a batch (at the
+    in-flight limit) hands that whole batch out again with the next pass's records."""
+    if not first:
+        return more
+    last_base = -1
+    for _pos, header in _batches(first, headers_only):
+        last_base = header.base_offset
+    for pos, header in _batches(more, headers_only):
+        if header.base_offset > last_base:
+            return first + more[pos:]
+    return first
 
 
 def _wake_keys(group_id: str, tp: TopicIdPartition) -> tuple[WakeKey, ...]:

@@ -446,7 +446,7 @@ def needs_recompression(headers: list[tuple[int, BatchHeader]], policy: ProduceP
     return policy.codec is not None and any(h.compression != policy.codec for _p, h in headers)
 
 
-def recompress(buf: bytearray, headers: list[tuple[int, BatchHeader]],
+def recompress(buf: bytearray | memoryview, headers: list[tuple[int, BatchHeader]],
                policy: ProducePolicy) -> tuple[bytearray, list[tuple[int, BatchHeader]]]:
     """Validated batches rewritten in the topic's codec and level; batches already in it are kept as they are."""
     assert policy.codec is not None

@@ -413,6 +413,8 @@ class LogSegment:
         end = self.size
         if position >= end:
             return b"", False
+        if max_offset is None or max_offset >= self.next_offset:
+            return self._read_whole_batches(position, max_bytes, min_one=min_one)
         buf = os.pread(self.fd, max(0, min(max_bytes, end - position)), position)
         cut = 0
         while cut + LOG_OVERHEAD <= len(buf):
@@ -430,6 +432,29 @@ class LogSegment:
             first = os.pread(self.fd, _batch_size(head, 0), position)
             return first, position + len(first) < end
         return (buf if cut == len(buf) else buf[:cut]), position + cut < end
+
+    def _read_whole_batches(self, position: int, max_bytes: int, *, min_one: bool) -> tuple[bytes, bool]:
+        """`read_batches` with no offset bound, without walking every batch it returns: the segment ends on
+        a batch boundary, and so does each offset-index entry, so only the batches between the last entry
+        at or below the byte limit and the limit itself are walked to find where to cut."""
+        end = self.size
+        limit = position + max(0, max_bytes)
+        if limit >= end:
+            return os.pread(self.fd, end - position, position), False
+        i = bisect_right(self._idx_positions, limit) - 1
+        # Every batch before that entry ends at or below the limit.
+        cut = max(position, self._idx_positions[i] if i >= 0 else 0)
+        for pos, _base, size, _last in self._walk(cut):
+            if pos + size > limit:
+                break
+            cut = pos + size
+        if cut == position:
+            if not min_one:
+                return b"", True
+            # Kafka returns a batch larger than the fetch size rather than stalling the consumer.
+            first = os.pread(self.fd, _batch_size(os.pread(self.fd, LOG_OVERHEAD, position), 0), position)
+            return first, position + len(first) < end
+        return os.pread(self.fd, cut - position, position), True
 
     # -- recovery and truncation -------------------------------------------------------------------
 

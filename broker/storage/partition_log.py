@@ -67,6 +67,9 @@ from shoal.broker.storage.log_segment import (
 from shoal.broker.storage.producer_state import AbortedTxn, PartitionProducerState
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.record_batch import (
+    ATTRIBUTES_POS,
+    HEADER_SIZE,
+    TRANSACTIONAL_FLAG,
     BatchHeader,
     InvalidRecordBatch,
     iter_batches,
@@ -244,6 +247,8 @@ class PartitionLog:
         self._dir_dirty = False
         self._unflushed_messages = 0
         self._flush_task: asyncio.Task[None] | None = None
+        # (offset, future) of `durable` callers: resolved once a flush round covers the offset.
+        self._durable_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._background: asyncio.Task[None] | None = None
         self._scheduled: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -614,9 +619,14 @@ class PartitionLog:
         internal_topics_allowed: bool = False,
         transactional_id: str | None = None,
         verify_transaction: TransactionVerifier | None = None,
+        handed_over: bool = False,
     ) -> AppendResult:
         """Check `records` as `origin` requires, append them (page cache only; `flush` makes them durable),
         track their producers and transactions, wake the partition's long polls and count them.
+
+        With `handed_over` the caller gives up `records` (a Produce request's record set, a view into
+        the request's own frame): when writable it is patched in place (base offsets, LogAppendTime),
+        not copied first.
 
         Raises AppendRefused with the Kafka error code when the records are refused; nothing is appended
         then. A client's retry of one of its producer's last batches is answered with that batch's
@@ -633,7 +643,11 @@ class PartitionLog:
             self._verify_transaction(records, transactional_id, verify_transaction)
         if not records:
             raise AppendRefused(ErrorCode.CORRUPT_MESSAGE, "empty record set")
-        buf = bytearray(records)
+        buf: bytearray | memoryview
+        if handed_over and isinstance(records, (bytearray, memoryview)) and not _readonly(records):
+            buf = records
+        else:
+            buf = bytearray(records)
         policy = self.config.produce
         stamp = policy.log_append_time and origin is not AppendOrigin.REPLICATION
         try:
@@ -684,7 +698,7 @@ class PartitionLog:
             ctx.purgatory.notify(LogKey(ctx.topic_id, ctx.partition))
         return result
 
-    def _check_markers(self, buf: bytearray, headers: list[tuple[int, BatchHeader]]) -> None:
+    def _check_markers(self, buf: bytearray | memoryview, headers: list[tuple[int, BatchHeader]]) -> None:
         """Refuse end-transaction markers from a fenced producer epoch or a fenced coordinator epoch."""
         state = self.producer_state
         for pos, header in headers:
@@ -703,8 +717,8 @@ class PartitionLog:
                          coordinator_epoch=coordinator_epoch, error=ErrorCode(code).name)
                 raise AppendRefused(code, message)
 
-    def _validate(self, buf: bytearray, policy: ProducePolicy, stamp: bool,
-                  origin: AppendOrigin) -> tuple[bytearray, list[tuple[int, BatchHeader]]]:
+    def _validate(self, buf: bytearray | memoryview, policy: ProducePolicy, stamp: bool,
+                  origin: AppendOrigin) -> tuple[bytearray | memoryview, list[tuple[int, BatchHeader]]]:
         """Kafka's LogValidator over the batches in `buf`: their size against max.message.bytes, CRC and
         records, timestamps (CreateTime), keys of a compacted topic; then the topic's compression.type.
         Returns the batches to append (`buf`, or its recompressed copy) and their headers."""
@@ -735,7 +749,8 @@ class PartitionLog:
         of a producer on a partition is appended only if the coordinator has the partition in that
         producer's open transaction, so a late retry after an abort or a fenced producer's write cannot
         open a transaction no one will end."""
-        if not records:
+        # Most batches are not transactional: one byte of the attributes says so, without parsing the header.
+        if not records or len(records) < HEADER_SIZE or not records[ATTRIBUTES_POS + 1] & TRANSACTIONAL_FLAG:
             return
         try:
             header = parse_batch_header(records, 0, whole=False)
@@ -773,7 +788,7 @@ class PartitionLog:
 
     def append(
         self,
-        batches: bytearray,
+        batches: bytearray | memoryview,
         headers: list[tuple[int, BatchHeader]],
         *,
         log_append_time_ms: int | None = None,
@@ -893,11 +908,61 @@ class PartitionLog:
             self._check_open()
             task = self._flush_task
             if task is None:
-                task = asyncio.get_running_loop().create_task(self._flush_round())
-                task.add_done_callback(_consume_exception)
-                self._flush_task = task
+                task = self._start_round()
             # Shield: a cancelled waiter must not cancel the round others are waiting on.
             await asyncio.shield(task)
+
+    def durable(self, up_to_offset: int) -> asyncio.Future[None] | None:
+        """`flush(up_to_offset)` without a task per caller (acks=all Produce): None when every offset below
+        it is fsynced already, else a future resolved once a flush round covers it, or failed with the
+        round's error. Callers share rounds with `flush` callers."""
+        target = min(up_to_offset, self.log_end_offset)
+        if self.flushed_offset >= target:
+            return None
+        self._check_open()
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._durable_waiters.append((target, waiter))
+        if self._flush_task is None:
+            self._start_round()
+        return waiter
+
+    def _start_round(self) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(self._flush_round())
+        task.add_done_callback(self._round_done)
+        self._flush_task = task
+        return task
+
+    def _round_done(self, task: asyncio.Task[None]) -> None:
+        """A flush round ended: on an error its `durable` waiters fail with it (as `flush` callers do);
+        waiters it did not cover (they came during the round) get the next round."""
+        error: BaseException | None = asyncio.CancelledError() if task.cancelled() else task.exception()
+        if error is not None:
+            self._fail_durable(error)
+        elif self._durable_waiters and self._flush_task is None:
+            if self._closed:
+                self._fail_durable(LogClosed(str(self.directory)))
+            else:
+                self._start_round()
+
+    def _wake_durable(self) -> None:
+        waiters = self._durable_waiters
+        if not waiters:
+            return
+        flushed = self.flushed_offset
+        self._durable_waiters = [(target, w) for target, w in waiters if target > flushed and not w.done()]
+        for target, waiter in waiters:
+            if target <= flushed and not waiter.done():
+                waiter.set_result(None)
+
+    def _fail_durable(self, error: BaseException) -> None:
+        waiters, self._durable_waiters = self._durable_waiters, []
+        for _target, waiter in waiters:
+            if waiter.done():
+                continue
+            if isinstance(error, asyncio.CancelledError):
+                waiter.cancel()
+            else:
+                waiter.set_exception(error)
 
     async def flush_metadata(self) -> None:
         """One flush round even when no offset awaits an fsync: it persists sealed segments' indexes and
@@ -905,10 +970,7 @@ class PartitionLog:
         while self._flush_task is not None:
             await asyncio.shield(self._flush_task)
         self._check_open()
-        task = asyncio.get_running_loop().create_task(self._flush_round())
-        task.add_done_callback(_consume_exception)
-        self._flush_task = task
-        await asyncio.shield(task)
+        await asyncio.shield(self._start_round())
 
     async def _flush_round(self) -> None:
         plan: _FlushPlan | None = None
@@ -975,6 +1037,7 @@ class PartitionLog:
             seg.flushed_size = max(seg.flushed_size, size)
         self.flushed_offset = max(self.flushed_offset, plan.target_offset)
         self.fsync_count += 1
+        self._wake_durable()
 
     def _fsync_dir(self) -> None:
         fsync_directory(self.directory)
@@ -1274,6 +1337,7 @@ class PartitionLog:
             self.flush_sync()
         finally:
             self._closed = True
+            self._fail_durable(LogClosed(str(self.directory)))
             for seg in self.segments:
                 seg.close()
 
@@ -1281,6 +1345,7 @@ class PartitionLog:
         """Close without flushing and remove the partition's directory."""
         self._cancel_tasks()
         self._closed = True
+        self._fail_durable(LogClosed(str(self.directory)))
         for seg in self.segments:
             seg.delete()
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -1308,8 +1373,5 @@ def _txn_indexes_unsynced(plan: _FlushPlan | None) -> None:
             seg.txn_unsynced = True
 
 
-def _consume_exception(task: asyncio.Task[None]) -> None:
-    # Waiters see the exception through shield(); this keeps asyncio from logging it as unretrieved
-    # when every waiter was cancelled.
-    if not task.cancelled():
-        task.exception()
+def _readonly(records: bytearray | memoryview) -> bool:
+    return isinstance(records, memoryview) and records.readonly

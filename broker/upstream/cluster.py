@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,12 @@ LEADERSHIP_ERRORS = frozenset({
     ErrorCode.KAFKA_STORAGE_ERROR,
 })
 COORDINATOR_ERRORS = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE})
+# Metadata re-reads asked for by errors or unknown names start at most this often (the client's
+# retry.backoff.ms); a name still unknown after a re-read is asked about again only after a backoff that
+# doubles up to the last figure, so clients naming topics that do not exist cannot keep Shoal re-reading.
+MIN_REFRESH_GAP_S = 0.1
+UNKNOWN_TOPIC_BACKOFF_S = (0.1, 5.0)
+_UNKNOWN_TOPICS_KEPT = 10_000
 
 
 class UpstreamUnavailable(SourceUnavailable):
@@ -90,6 +96,11 @@ class UpstreamCluster:
         self._connecting: dict[tuple[int, Hashable], asyncio.Task[BrokerConnection]] = {}
         self._coordinators: dict[tuple[int, str], int] = {}
         self._refresh: asyncio.Task[None] | None = None
+        self._last_refresh = -MIN_REFRESH_GAP_S
+        # Per topic name (or id) still unknown after a re-read: (when it may cause another, the backoff).
+        self._unknown: dict[str | bytes, tuple[float, float]] = {}
+        # Called when a metadata answer changed the topics (created, deleted, partitions added).
+        self.topic_listeners: list[Callable[[], None]] = []
         self._closed = False
 
     # ---- start-up ------------------------------------------------------------------------------
@@ -232,18 +243,82 @@ class UpstreamCluster:
         await self.metadata(messages.MetadataRequest(topics=req_topics, allow_auto_topic_creation=False), 12)
 
     def request_refresh(self) -> None:
-        """Re-read leadership in the background (coalesced): a leader moved or a topic changed."""
+        """Re-read the metadata in the background (coalesced, and at most every MIN_REFRESH_GAP_S): a leader
+        moved or a topic changed."""
         if self._refresh is None or self._refresh.done():
             self.metrics.metadata_refreshes.inc()
             self._refresh = asyncio.get_running_loop().create_task(self._background_refresh())
 
     async def _background_refresh(self) -> None:
+        gap = self._last_refresh + MIN_REFRESH_GAP_S - time.monotonic()
+        if gap > 0:
+            await asyncio.sleep(gap)
         try:
             await self.refresh_metadata()
         except Exception as exc:  # the next error asks again
             log.warning("upstream metadata refresh failed", error=str(exc))
+        finally:
+            self._last_refresh = time.monotonic()
+
+    async def learn_topics(self, names: Iterable[str]) -> None:
+        """Re-read the metadata at once when some of `names` is not known (joining a refresh already under
+        way), so a topic created on the upstream is seen by the request that names it. A name that stays
+        unknown backs off (UNKNOWN_TOPIC_BACKOFF_S) before it can cause another re-read."""
+        now = time.monotonic()
+        unknown = [n for n in names if n not in self.topic_ids]
+        due = [n for n in unknown if self._unknown.get(n, (0.0, 0.0))[0] <= now]
+        if not due:
+            return
+        # A re-read already under way may have started before the topic was created: then one more.
+        for _ in range(2):
+            joined = self._refresh is not None and not self._refresh.done()
+            self.request_refresh()
+            refresh = self._refresh
+            if refresh is not None:
+                await asyncio.shield(refresh)
+            if not joined or all(n in self.topic_ids for n in due):
+                break
+        for name in due:
+            if name in self.topic_ids:
+                self._unknown.pop(name, None)
+            else:
+                self._back_off(name)
+
+    def request_refresh_for(self, topic: str | bytes) -> None:
+        """A request named a topic (by name or id) the metadata lacks: re-read it in the background, unless
+        that name or id caused a re-read within its backoff (UNKNOWN_TOPIC_BACKOFF_S, doubling)."""
+        if self._unknown.get(topic, (0.0, 0.0))[0] > time.monotonic():
+            return
+        self._back_off(topic)
+        self.request_refresh()
+
+    def _back_off(self, topic: str | bytes) -> None:
+        if len(self._unknown) > _UNKNOWN_TOPICS_KEPT:
+            self._unknown.clear()
+        first, most = UNKNOWN_TOPIC_BACKOFF_S
+        backoff = min(most, self._unknown.get(topic, (0.0, first / 2))[1] * 2)
+        self._unknown[topic] = (time.monotonic() + backoff, backoff)
 
     def _apply(self, response: messages.MetadataResponse, *, full: bool) -> None:
+        if full:
+            before = (dict(self.topic_ids), dict(self.partition_counts))
+            self._apply_answer(response, full=True)
+            changed = before != (self.topic_ids, self.partition_counts)
+        else:  # only the topics it names, so a client's Metadata for a few topics costs no full comparison
+            changed = any(self._changes(topic) for topic in response.topics)
+            self._apply_answer(response, full=False)
+        if changed:
+            for listener in self.topic_listeners:
+                listener()
+
+    def _changes(self, topic: messages.MetadataResponse.MetadataResponseTopic) -> bool:
+        """Whether the answer's topic is new here, or has another id or partition count."""
+        if topic.error_code not in (ErrorCode.NONE, ErrorCode.LEADER_NOT_AVAILABLE) or topic.name is None:
+            return False
+        new_id = topic.topic_id and topic.topic_id != ZERO_UUID and self.topic_ids.get(topic.name) != topic.topic_id
+        return bool(new_id) or self.partition_counts.get(topic.name) != len(topic.partitions)
+
+    def _apply_answer(self, response: messages.MetadataResponse, *, full: bool) -> None:
         if response.brokers:
             self.brokers = {b.node_id: (b.host, b.port) for b in response.brokers}
         if response.cluster_id is not None:

@@ -87,6 +87,12 @@ class Ownership:
     async def apply(self, assignment: GroupAssignment) -> None:
         before = None if self.alone else self.local_units()
         now = assignment.units_of(self.node_id)
+        previous = None if self._lapsed else self.assignment
+        if before is not None and previous is not None and previous.leader == self.node_id:
+            # Units the previous assignment did not name yet (a topic created since) were this instance's
+            # as its leader: it keeps serving them, as a gained unit would stop being served until taken
+            # (its share partitions dropped and loaded again, handing out what was in flight once more).
+            before |= {unit for unit in now if unit not in previous.owners}
         # Alone, this instance held every unit already; after a lapse it held none.
         gained = set() if before is None else now - before
         self.assignment = assignment

@@ -14,6 +14,8 @@ import bisect
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import structlog
+
 from shoal.broker.storage.partition_source import EARLIEST, LATEST, OffsetOutOfRange, SourceRead
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -22,6 +24,8 @@ from shoal.protocol.record_batch import BatchHeader, parse_batch_header
 
 from .cluster import LEADERSHIP_ERRORS, UpstreamCluster, UpstreamUnavailable
 from .metrics import UpstreamMetrics
+
+log = structlog.get_logger("shoal.upstream.reader")
 
 _LENGTH_END = 12  # base offset (8) and batch length (4): enough to know a batch's size
 # An upstream read asks for at least this much: a share acquisition is sized to the records one pass may
@@ -85,6 +89,25 @@ class BatchCache:
             self.miss()
         return found
 
+    @staticmethod
+    def _holding(part: _PartitionCache, offset: int) -> _Cached | None:
+        i = bisect.bisect_right(part.bases, offset) - 1
+        entry = part.batches.get(part.bases[i]) if i >= 0 else None
+        return entry if entry is not None and entry.header.last_offset >= offset else None
+
+    def run_after(self, key: tuple[str, int], offset: int, enough: int) -> tuple[int, int]:
+        """(bytes, end): the cached run from the batch holding `offset`, followed until it holds `enough`
+        bytes or ends; `end` is the offset after its last batch (`offset` itself when nothing holds it). A
+        look that counts neither a hit nor a miss."""
+        part = self._partitions.get(key)
+        entry = None if part is None else self._holding(part, offset)
+        total, end = 0, offset
+        while entry is not None and part is not None and total < enough:
+            total += len(entry.data)
+            end = entry.header.last_offset + 1
+            entry = part.batches.get(entry.next_base) if entry.next_base is not None else None
+        return total, end
+
     def miss(self) -> None:
         """Count a read the cache could not answer (also one that could not even look: a partition's first
         read, before its high watermark is known), so hits / (hits + misses) is the hit rate."""
@@ -92,11 +115,18 @@ class BatchCache:
         if self.metrics is not None:
             self.metrics.cache_misses.inc()
 
-    def put(self, key: tuple[str, int], batches: list[tuple[BatchHeader, bytes]]) -> None:
+    def put(self, key: tuple[str, int], batches: list[tuple[BatchHeader, bytes]], from_offset: int | None = None
+            ) -> None:
+        """Cache the batches of one upstream read. `from_offset`: the offset the read asked for; a cached batch
+        ending just before it leads on to this read's first batch (one run, followed by `get` and `run_after`)."""
         part = self._partitions.get(key)
         if part is None:
             part = self._partitions[key] = _PartitionCache()
         self._partitions.move_to_end(key)
+        if batches and from_offset is not None:
+            before = self._holding(part, from_offset - 1)
+            if before is not None and before.header.last_offset == from_offset - 1 and before.next_base is None:
+                before.next_base = batches[0][0].base_offset
         for i, (header, data) in enumerate(batches):
             following = batches[i + 1][0].base_offset if i + 1 < len(batches) else None
             old = part.batches.get(header.base_offset)
@@ -139,21 +169,29 @@ class UpstreamPartitionSource:
         self.log_start_offset = -1
         self.upstream_reads = 0
         self._inflight: dict[tuple[int, int, bool], asyncio.Future[SourceRead]] = {}
+        self._read_aheads: set[asyncio.Task[SourceRead]] = set()
 
     async def read(self, fetch_offset: int, max_bytes: int, *, read_committed: bool = False) -> SourceRead:
         if not read_committed:
             if self.high_watermark >= 0 and fetch_offset >= self.log_start_offset:
                 cached = self.cache.get(self.key, fetch_offset, max_bytes, self.high_watermark)
                 if cached:
+                    self._read_ahead(cached[-1][0].last_offset + 1)
                     return SourceRead(cached, self.high_watermark, self.last_stable_offset, self.log_start_offset)
             else:
                 self.cache.miss()
-        wanted = max_bytes
-        max_bytes = max(max_bytes, self.min_read_bytes)
+        read = _trimmed(await self._shared_read(fetch_offset, max(max_bytes, self.min_read_bytes), read_committed),
+                        max_bytes)
+        if read.batches and not read_committed:
+            self._read_ahead(read.batches[-1][0].last_offset + 1)
+        return read
+
+    async def _shared_read(self, fetch_offset: int, max_bytes: int, read_committed: bool) -> SourceRead:
+        """One upstream Fetch, shared by every read of the same range that comes while it is out."""
         flight = (fetch_offset, max_bytes, read_committed)
         running = self._inflight.get(flight)
         if running is not None:
-            return _trimmed(await asyncio.shield(running), wanted)
+            return await asyncio.shield(running)
         future: asyncio.Future[SourceRead] = asyncio.get_running_loop().create_future()
         self._inflight[flight] = future
         try:
@@ -164,9 +202,32 @@ class UpstreamPartitionSource:
             raise
         else:
             future.set_result(result)
-            return _trimmed(result, wanted)
+            return result
         finally:
             del self._inflight[flight]
+
+    def _read_ahead(self, offset: int) -> None:
+        """A read handed out the records before `offset`: when less than one upstream read's worth is cached
+        from there on, fetch the range after the cached run now, while those records go to the consumer, so
+        later acquisitions find it cached (or join the Fetch). So about one to two reads stay ahead of the
+        partition's readers, and never past the high watermark."""
+        if offset >= self.high_watermark or self.min_read_bytes <= 0:
+            return
+        ahead, end = self.cache.run_after(self.key, offset, self.min_read_bytes)
+        if ahead >= self.min_read_bytes or end >= self.high_watermark:
+            return
+        if (end, self.min_read_bytes, False) in self._inflight:
+            return
+        task = asyncio.get_running_loop().create_task(self._shared_read(end, self.min_read_bytes, False))
+        self._read_aheads.add(task)
+        task.add_done_callback(self._read_ahead_done)
+
+    def _read_ahead_done(self, task: asyncio.Task[SourceRead]) -> None:
+        self._read_aheads.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # The acquisition that needs the range reads it again and reports what fails.
+            log.debug("upstream read-ahead failed", topic=self.key[0], partition=self.key[1],
+                      error=str(task.exception()))
 
     async def bytes_from(self, offset: int, enough: int, *, read_committed: bool = False) -> int:
         try:
@@ -230,14 +291,22 @@ class UpstreamPartitionSource:
             if part.error_code in LEADERSHIP_ERRORS:
                 self.cluster.request_refresh()
             raise UpstreamUnavailable(f"upstream Fetch of {topic}-{partition}: error {part.error_code}")
+        batches = self.absorb(part, fetch_offset)
+        aborted = [(a.producer_id, a.first_offset) for a in part.aborted_transactions or []] if read_committed else []
+        return SourceRead([(h, memoryview(data)) for h, data in batches], self.high_watermark,
+                          self.last_stable_offset, self.log_start_offset, aborted)
+
+
+    def absorb(self, part: messages.FetchResponse.PartitionData, from_offset: int) -> list[tuple[BatchHeader, bytes]]:
+        """Take in an error-free Fetch answer for the partition, read from `from_offset`: its watermarks, and
+        its batches into the cache (also those the tail poller read, which the next acquisition finds there)."""
         self.high_watermark = part.high_watermark
         self.last_stable_offset = part.last_stable_offset if part.last_stable_offset >= 0 else part.high_watermark
         self.log_start_offset = part.log_start_offset
         batches = whole_batches(part.records or b"")
-        self.cache.put(self.key, batches)
-        aborted = [(a.producer_id, a.first_offset) for a in part.aborted_transactions or []] if read_committed else []
-        return SourceRead([(h, memoryview(data)) for h, data in batches], self.high_watermark,
-                          self.last_stable_offset, self.log_start_offset, aborted)
+        if batches:
+            self.cache.put(self.key, batches, from_offset)
+        return batches
 
 
 def _trimmed(read: SourceRead, max_bytes: int) -> SourceRead:

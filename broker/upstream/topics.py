@@ -8,11 +8,14 @@ It serves both the share-partition manager (`ShareTopicView`) and the group coor
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 
+from shoal.broker.common.purgatory import Purgatory
 from shoal.protocol.uuids import ZERO_UUID
 
 from .cluster import UpstreamCluster
 from .partition_reader import MIN_UPSTREAM_READ_BYTES, BatchCache, UpstreamPartitionSource
+from .tail_poller import TailPoller
 
 # The upstream's topic list is re-read this often, so topics created there reach share-group assignment.
 METADATA_REFRESH_S = 5.0
@@ -24,14 +27,22 @@ class UpstreamTopics:
         self.cache = cache
         self._sources: dict[tuple[bytes, int], UpstreamPartitionSource] = {}
         self._refresher: asyncio.Task[None] | None = None
+        self.tail: TailPoller | None = None
 
     def start(self) -> None:
         self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
+
+    def follow(self, purgatory: Purgatory) -> None:
+        """Wake the share fetches parked on upstream partitions when records reach the upstream."""
+        self.tail = TailPoller(self.cluster, purgatory, lambda tid, p: self._sources.get((tid, p)))
+        purgatory.on_park = self.tail.on_park
 
     async def stop(self) -> None:
         if self._refresher is not None:
             self._refresher.cancel()
             await asyncio.gather(self._refresher, return_exceptions=True)
+        if self.tail is not None:
+            await self.tail.stop()
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -40,11 +51,16 @@ class UpstreamTopics:
 
     # ---- the group coordinator's view -------------------------------------------------------------
 
+    async def learn_topics(self, names: Iterable[str]) -> None:
+        """Re-read the upstream's metadata now when some of `names` is not known yet (coalesced, backed
+        off per unknown name), so a topic created on the upstream is seen by the heartbeat naming it."""
+        await self.cluster.learn_topics(names)
+
     def topic_by_name(self, name: str) -> tuple[bytes, int] | None:
         topic_id = self.cluster.topic_ids.get(name)
         count = self.cluster.partition_counts.get(name)
         if topic_id is None or count is None:
-            self.cluster.request_refresh()  # perhaps created upstream since the last read
+            self.cluster.request_refresh_for(name)  # perhaps created upstream since the last read
             return None
         return topic_id, count
 
@@ -53,7 +69,7 @@ class UpstreamTopics:
         count = None if name is None else self.cluster.partition_counts.get(name)
         if name is None or count is None:
             if topic_id != ZERO_UUID:
-                self.cluster.request_refresh()
+                self.cluster.request_refresh_for(topic_id)
             return None
         return name, count
 

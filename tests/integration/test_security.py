@@ -149,15 +149,16 @@ def ensure_scram_user(broker: BrokerProcess) -> None:
         future.result(30)
 
 
-def confluent_roundtrip(conf: dict[str, Any], count: int = 300) -> str:
-    """Create a topic with the admin client, produce, read back with an assigned consumer; returns the topic."""
+def confluent_roundtrip(conf: dict[str, Any], count: int = 300, pad: int = 0) -> str:
+    """Create a topic with the admin client, produce, read back with an assigned consumer; returns the topic.
+    `pad` bytes after each value make the Produce requests large (received into buffers of their own)."""
     topic = _name("sec")
     admin = AdminClient(conf)
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
     assert topic in admin.list_topics(timeout=30).topics
     producer = Producer({**conf, "linger.ms": 5})
     for i in range(count):
-        producer.produce(topic, value=b"v-%d" % i)
+        producer.produce(topic, value=b"v-%d" % i + b"." * pad)
     assert producer.flush(30) == 0
     consumer = Consumer({**conf, "group.id": _name("unused"), "enable.auto.commit": False})
     consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
@@ -168,8 +169,13 @@ def confluent_roundtrip(conf: dict[str, Any], count: int = 300) -> str:
         if msg is not None and msg.error() is None:
             got.append(msg.value() or b"")
     consumer.close()
-    assert got == [b"v-%d" % i for i in range(count)]
+    assert got == [b"v-%d" % i + b"." * pad for i in range(count)]
     return topic
+
+
+def test_large_produce_requests_over_tls(secure_broker: BrokerProcess, pki: dict[str, Path]) -> None:
+    # Requests of hundreds of KiB arrive as many TLS records: decrypted, they are cut into the same frames.
+    confluent_roundtrip(client_conf(secure_broker, pki, "SSL"), count=120, pad=8 * 1024)
 
 
 @pytest.mark.parametrize("kind", ["SSL", "PLAIN", "SCRAM-SHA-512", "SASL_SSL"])

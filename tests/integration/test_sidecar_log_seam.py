@@ -92,6 +92,49 @@ def test_reads_come_from_the_upstream_once_and_then_from_the_cache(upstream: Bro
     asyncio.run(run())
 
 
+def test_reads_keep_about_one_upstream_read_cached_ahead_of_what_they_hand_out(upstream: BrokerProcess) -> None:
+    topic = _topic(upstream)
+    _produce(upstream, topic, [f"a{i}".encode() for i in range(10)])
+
+    async def run() -> None:
+        cluster, plain = await _source(upstream, topic)
+        # Upstream reads of a few batches each, so the partition takes several.
+        source = UpstreamPartitionSource(cluster, plain.cache, topic, 0, min_read_bytes=200)
+        loop = asyncio.get_running_loop()
+
+        async def until(cached_to: int) -> None:
+            deadline = loop.time() + 10
+            while source.cache.run_after(source.key, 0, 1 << 20)[1] < cached_to:
+                assert loop.time() < deadline
+                await asyncio.sleep(0.01)
+
+        try:
+            first = await source.read(0, 1)
+            assert source.upstream_reads == 1 and len(first.batches) == 1
+            first_run_end = source.cache.run_after(source.key, 0, 1 << 20)[1]
+            assert 1 < first_run_end < 10
+            # Less than one upstream read is cached past what was handed out: the next range comes ahead of
+            # any reader, and joins the cached run.
+            await until(first_run_end + 1)
+            assert source.upstream_reads >= 2
+            hits = source.cache.hits
+            through = await source.read(0, 1 << 20)
+            assert source.cache.hits == hits + 1
+            assert _values(through)[:first_run_end + 1] == [f"a{i}".encode() for i in range(first_run_end + 1)]
+            # Reading on keeps reads ahead until the high watermark, and none past it.
+            offset = first_run_end
+            while offset < 10:
+                offset = (await source.read(offset, 1 << 20)).batches[-1][0].last_offset + 1
+                await until(min(10, offset + 1))
+            reads = source.upstream_reads
+            assert _values(await source.read(9, 1 << 20)) == [b"a9"]
+            assert source.upstream_reads == reads
+        finally:
+            await cluster.close()
+
+    asyncio.run(run())
+
+
 def test_a_small_cache_keeps_the_newest_batches_and_still_answers_everything(upstream: BrokerProcess) -> None:
     topic = _topic(upstream)
     _produce(upstream, topic, [f"s{i}".encode() * 20 for i in range(8)])
@@ -145,3 +188,38 @@ def test_read_committed_stops_at_the_last_stable_offset_and_names_aborted_transa
 
     asyncio.run(run())
     holder.abort_transaction(30)
+
+
+def test_a_topic_named_before_the_metadata_knows_it_is_learnt_at_once_and_a_missing_one_backs_off(
+        upstream: BrokerProcess) -> None:
+    async def run() -> None:
+        cluster, _source_ = await _source(upstream, _topic(upstream))
+        changes: list[None] = []
+        cluster.topic_listeners.append(lambda: changes.append(None))
+        refreshes = "shoal_upstream_metadata_refreshes_total"
+        try:
+            created = _topic(upstream)  # after the cluster's last metadata read
+            assert created not in cluster.topic_ids
+            await cluster.learn_topics([created])
+            assert created in cluster.topic_ids and cluster.partition_counts[created] == 1
+            assert changes  # the share groups hear of it
+            # Known names cost nothing; a missing one re-reads once, then backs off.
+            count = cluster.metrics.registry.get_sample_value(refreshes)
+            await cluster.learn_topics([created])
+            assert cluster.metrics.registry.get_sample_value(refreshes) == count
+            missing = unique_name("seam-missing")
+            await cluster.learn_topics([missing])
+            after_first = cluster.metrics.registry.get_sample_value(refreshes)
+            assert after_first is not None and count is not None and after_first == count + 1
+            for _ in range(5):
+                await cluster.learn_topics([missing])
+            assert cluster.metrics.registry.get_sample_value(refreshes) == after_first
+            # A ShareFetch naming an unknown topic id re-reads in the background, once per backoff too.
+            for _ in range(5):
+                cluster.request_refresh_for(b"\x07" * 16)
+                await asyncio.sleep(0)
+            assert cluster.metrics.registry.get_sample_value(refreshes) == after_first + 1
+        finally:
+            await cluster.close()
+
+    asyncio.run(run())

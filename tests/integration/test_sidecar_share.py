@@ -12,10 +12,13 @@ from typing import Any
 import pytest
 from confluent_kafka import AcknowledgeType, Producer, ShareConsumer
 
+from shoal.protocol import messages
+from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 
 from .broker_process import BrokerProcess
 from .conftest import FAST_HEARTBEAT, NO_JOIN_DELAY
+from .kafka_wire import WireClient
 from .names import unique_name
 from .share_clients import create_topic, produce, set_group_config
 from .test_metrics import scrape
@@ -206,20 +209,44 @@ def test_share_group_offsets_are_described_and_altered_on_the_sidecar(upstream: 
         consumer.close()
 
 
-def test_a_share_long_poll_is_woken_by_a_produce_through_the_sidecar(upstream: BrokerProcess,
-                                                                     sidecar: BrokerProcess) -> None:
+@pytest.mark.parametrize("produce_to", ["sidecar", "upstream"])
+def test_a_share_long_poll_is_woken_by_a_produce(upstream: BrokerProcess, sidecar: BrokerProcess,
+                                                 produce_to: str) -> None:
     """The consumer's MaxWaitMs is far beyond the test's deadline, so only the wake-up by the produce can
-    deliver the record in time."""
+    deliver the record in time: a produce through the sidecar notifies its parked share fetches itself; one
+    straight to the upstream reaches them through the sidecar's long poll of the upstream."""
     topic, group = _setup(upstream, sidecar)
     consumer = _consumer(sidecar, group, topic, **{"fetch.wait.max.ms": 120_000})
     try:
         # Joined, assigned, and parked in a ShareFetch on the empty partition (not asserted on: the fetch is
         # parked whether or not it arrived before the produce below).
         assert [m for m in consumer.poll(3.0) if m.error() is None] == []
-        producer = Producer({"bootstrap.servers": sidecar.bootstrap, "acks": "all"})
+        target = sidecar if produce_to == "sidecar" else upstream
+        producer = Producer({"bootstrap.servers": target.bootstrap, "acks": "all"})
         producer.produce(topic, b"woken", partition=0)
         assert producer.flush(30) == 0
-        got = _poll(consumer, 1)
+        got = _poll(consumer, 1, deadline_s=30)
         assert [(p, o, v) for p, o, v, _ in got] == [(0, 0, b"woken")]
     finally:
         consumer.close()
+
+
+def test_a_join_for_a_topic_just_created_on_the_upstream_is_answered_with_its_assignment(
+        upstream: BrokerProcess, sidecar: BrokerProcess) -> None:
+    """The sidecar has not read the upstream's metadata since the topic was created: the heartbeat re-reads it,
+    initialises the share partitions and answers with them assigned (Kafka's join would answer with none and
+    assign them at the member's next heartbeat). The heartbeat interval stays the configured one."""
+    topic, group = _setup(upstream, sidecar, partitions=3)
+    with WireClient.connect(sidecar.bootstrap) as wire:
+        joined = wire.request(ApiKey.SHARE_GROUP_HEARTBEAT, 1, messages.ShareGroupHeartbeatRequest(
+            group_id=group, member_id=unique_name("m")[:22], member_epoch=0, rack_id=None,
+            subscribed_topic_names=[topic]))
+        assert joined.error_code == ErrorCode.NONE
+        assert joined.heartbeat_interval_ms == 1000  # FAST_HEARTBEAT, as configured
+        assert joined.assignment is not None
+        assert [sorted(tp.partitions) for tp in joined.assignment.topic_partitions] == [[0, 1, 2]]
+        # The next heartbeat finds the group settled: same epoch, nothing new to hand out.
+        again = wire.request(ApiKey.SHARE_GROUP_HEARTBEAT, 1, messages.ShareGroupHeartbeatRequest(
+            group_id=group, member_id=joined.member_id, member_epoch=joined.member_epoch, rack_id=None,
+            subscribed_topic_names=None))
+        assert (again.error_code, again.member_epoch, again.assignment) == (ErrorCode.NONE, joined.member_epoch, None)

@@ -8,6 +8,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from shoal.broker.common.config import BrokerConfig
 from shoal.broker.common.metrics import BrokerMetrics
@@ -192,3 +194,59 @@ async def test_dead_letters_take_the_dead_letter_topic_s_codec_and_wake_its_long
     assert [codec for _o, codec, _c in _stored(dlq_log)] == [ZSTD]
     assert [r.offset for r in decode_batches(dlq_log.read(0, 1 << 20))] == [0, 1]
     assert dlq_log.flushed_offset == 2
+
+
+# ---- records handed over (Produce: views into the request's own frame) -------------------------------
+
+_handed_over_batches = st.lists(
+    st.tuples(st.integers(1, 5), st.sampled_from([NONE, ZSTD]), st.booleans()), min_size=1, max_size=4)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=_handed_over_batches, log_append_time=st.booleans(), fail_one=st.booleans())
+def test_records_handed_over_are_patched_in_place_and_stored_as_a_copy_would_be(
+        tmp_path_factory: pytest.TempPathFactory, batches: list[tuple[int, int, bool]], log_append_time: bool,
+        fail_one: bool) -> None:
+    # Two partitions alike, one given copies of the batches, the other writable views it may patch: the
+    # same answers, the same stored bytes, and a refusal leaves the handed-over bytes untouched.
+    topics, _p, _m = _registry(tmp_path_factory.mktemp("handed"))
+    configs = {"message.timestamp.type": "LogAppendTime"} if log_append_time else {}
+    copied, handed = _log(topics, "copied", configs), _log(topics, "handed", configs)
+    for n, codec, corrupt in batches:
+        data = bytearray(_batch(n, compression=codec))
+        if fail_one and corrupt:
+            data[-1] ^= 0xFF  # the CRC no longer matches
+        frame = bytearray(b"\x00" * 7 + data + b"\x00" * 3)  # the records sit inside a larger frame
+        view = memoryview(frame)[7 : 7 + len(data)]
+        if fail_one and corrupt:
+            a, b = _refused(copied, bytes(data)), _refused(handed, view, handed_over=True)
+            assert (a.error_code, a.message) == (b.error_code, b.message)
+            assert view == data  # refused: not patched
+            continue
+        first = copied.append_as_leader(bytes(data))
+        second = handed.append_as_leader(view, handed_over=True)
+        assert (first.base_offset, first.last_offset) == (second.base_offset, second.last_offset)
+        # The view itself was patched (its base offset), and only its own bytes.
+        assert frame[:7] == b"\x00" * 7 and frame[-3:] == b"\x00" * 3
+        assert int.from_bytes(view[0:8], "big") == second.base_offset
+    assert copied.log_end_offset == handed.log_end_offset
+    stored_copied = copied.read(0, 1 << 20)
+    stored_handed = handed.read(0, 1 << 20)
+    if log_append_time:
+        # Stamped with each append's own clock: compare the batches with the stamp (and CRC) left out.
+        assert [(h.base_offset, h.records_count, h.timestamp_type) for _p, h in iter_batches(stored_copied)] == \
+               [(h.base_offset, h.records_count, h.timestamp_type) for _p, h in iter_batches(stored_handed)]
+    else:
+        assert stored_copied == stored_handed
+    topics.close()
+
+
+def test_read_only_records_handed_over_are_copied_not_patched(tmp_path: Path) -> None:
+    topics, _p, _m = _registry(tmp_path)
+    plog = _log(topics, "t")
+    plog.append_as_leader(_batch(1))
+    data = _batch(2)
+    view = memoryview(data)  # over bytes: read-only
+    result = plog.append_as_leader(view, handed_over=True)
+    assert result.base_offset == 1 and data == _batch(2)
+    topics.close()

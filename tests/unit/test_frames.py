@@ -64,3 +64,36 @@ def test_a_bad_size_prefix_is_an_error(size: int) -> None:
     buf[:4] = size.to_bytes(4, "big", signed=True)
     with pytest.raises(FrameSizeError):
         reader.buffer_updated(4)
+
+
+@given(frames=frame_lists, chunks=st.lists(st.integers(1, 400), min_size=1, max_size=8),
+       scratch=st.sampled_from([8, 64, 4096]))
+def test_bytes_fed_from_elsewhere_come_out_as_the_same_frames(frames: list[bytes], chunks: list[int],
+                                                              scratch: int) -> None:
+    # What a TLS connection does with each decrypted piece: whatever its size, the frames are the same.
+    reader = FrameReader(1 << 20, scratch_size=scratch)
+    data = _stream(frames)
+    out: list[bytes] = []
+    pos = i = 0
+    while pos < len(data):
+        n = chunks[i % len(chunks)]
+        i += 1
+        out.extend(bytes(f) for f in reader.feed(data[pos : pos + n]))
+        pos += n
+    assert out == frames
+
+
+@pytest.mark.parametrize("fed", [False, True], ids=["received", "fed"])
+def test_frames_before_a_bad_size_prefix_come_with_the_error(fed: bool) -> None:
+    # A server answers the requests that came whole before it closes over the bad one.
+    reader = FrameReader(1 << 20, scratch_size=64)
+    data = _stream([b"one", b"two"]) + (-1).to_bytes(4, "big", signed=True)
+    with pytest.raises(FrameSizeError) as exc:
+        if fed:
+            reader.feed(data)
+        else:
+            buf = reader.get_buffer()
+            buf[: len(data)] = data
+            reader.buffer_updated(len(data))
+    assert exc.value.size == -1
+    assert [bytes(f) for f in exc.value.frames] == [b"one", b"two"]

@@ -4,46 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
 from shoal.broker.network.framing import (
     Decoded,
-    FrameSizeError,
     Rejected,
     RequestHead,
     decode_body,
     decode_header,
-    next_frame,
 )
 from shoal.broker.network.request_channel import Api
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
-
-
-def _framed(payload: bytes) -> bytes:
-    return len(payload).to_bytes(4, "big") + payload
-
-
-@given(st.lists(st.binary(max_size=40), max_size=6), st.integers(min_value=1, max_value=7))
-def test_frames_come_out_whole_and_in_order_whatever_the_chunking(payloads: list[bytes], chunk: int) -> None:
-    stream = b"".join(_framed(p) for p in payloads)
-    buf = bytearray()
-    out = []
-    for i in range(0, len(stream), chunk):
-        buf += stream[i : i + chunk]
-        while (frame := next_frame(buf, 1000)) is not None:
-            out.append(frame)
-    assert out == payloads
-    assert buf == bytearray()
-
-
-@pytest.mark.parametrize("size", [-1, 101])
-def test_a_size_outside_the_limit_is_refused_before_the_body_arrives(size: int) -> None:
-    with pytest.raises(FrameSizeError) as exc:
-        next_frame(bytearray(size.to_bytes(4, "big", signed=True)), 100)
-    assert (exc.value.size, exc.value.limit) == (size, 100)
 
 
 def _apis() -> dict[int, Api]:
@@ -109,3 +79,22 @@ def test_a_malformed_body_is_counted_under_its_api_and_closes() -> None:
     rejected = decode_body(frame[: head.body_pos], head, _apis())
     assert isinstance(rejected, Rejected)
     assert rejected.metric_label == "Metadata"
+
+
+def test_a_produce_request_keeps_its_records_as_a_writable_view_into_its_frame() -> None:
+    # The partition patches base offsets into the records in place: they must be the frame's own bytes.
+    records = bytes(range(200))
+    body = messages.ProduceRequest(acks=1, timeout_ms=1000, topic_data=[
+        messages.ProduceRequest.TopicProduceData(name="t", partition_data=[
+            messages.ProduceRequest.PartitionProduceData(index=0, records=records)])])
+    frame = bytearray(_request(ApiKey.PRODUCE, 9, body))
+    at = frame.find(records)
+    head = decode_header(frame)
+    assert isinstance(head, RequestHead)
+    produce = Api(ApiKey.PRODUCE, "Produce", 3, 13, lambda ctx, body: None, False)
+    decoded = decode_body(frame, head, {produce.key: produce})
+    assert isinstance(decoded, Decoded)
+    view = decoded.body.topic_data[0].partition_data[0].records
+    assert isinstance(view, memoryview) and not view.readonly and view == records
+    view[0] = 0xFF
+    assert frame[at] == 0xFF

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import crc32c
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -258,6 +258,27 @@ def test_read_returns_one_batch_even_when_bigger_than_max_bytes(tmp_path: Path) 
     plog.close()
 
 
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(0, 300), min_size=1, max_size=40), index_interval=st.sampled_from([0, 100, 4096]),
+       data=st.data())
+def test_a_read_cuts_at_the_last_whole_batch_within_max_bytes(sizes: list[int], index_interval: int,
+                                                             data: st.DataObject) -> None:
+    # Many batches in one segment, indexed sparsely or densely: the cut is found from the index, not by
+    # walking every batch, and must still be the last batch boundary within max_bytes.
+    with tempfile.TemporaryDirectory() as d:
+        plog = PartitionLog.open(Path(d), cfg(index_interval_bytes=index_interval))
+        stored = [append(plog, make_batch([b"x" * n]))[1] for n in sizes]
+        start = data.draw(st.integers(0, len(stored) - 1))
+        max_bytes = data.draw(st.integers(0, sum(len(b) for b in stored) + 10))
+        expected = stored[start]
+        for batch in stored[start + 1:]:
+            if len(expected) + len(batch) > max_bytes:
+                break
+            expected += batch
+        assert plog.read(start, max_bytes) == expected
+        plog.close()
+
+
 def test_read_batch_headers_and_log_append_time(tmp_path: Path) -> None:
     plog = PartitionLog.open(tmp_path / "t-0", cfg())
     append(plog, make_batch([b"a", b"b"]))
@@ -492,6 +513,70 @@ async def test_flush_propagates_fsync_errors(tmp_path: Path, monkeypatch: pytest
     await plog.flush()
     assert plog.flushed_offset == 1
     plog.close()
+
+
+async def test_durable_waiters_share_rounds_and_each_waits_for_its_own_data(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    plog = PartitionLog.open(tmp_path / "t-0", cfg())
+    assert plog.durable(plog.log_end_offset) is None  # nothing to fsync
+    release = threading.Event()
+    real_fsync = os.fsync
+
+    def held_fsync(fd: int) -> None:
+        release.wait(10)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", held_fsync)
+    append(plog, make_batch([b"a"]))
+    first = [plog.durable(plog.log_end_offset) for _ in range(3)]
+    flush_caller = asyncio.ensure_future(plog.flush())
+    await asyncio.sleep(0)  # the round has taken its plan: later appends are not in it
+    append(plog, make_batch([b"b"]))
+    second = plog.durable(plog.log_end_offset)
+    assert second is not None and all(w is not None and not w.done() for w in [*first, second])
+    # What the log had made durable when the first waiters were resolved, and whether the later one was too.
+    seen: list[tuple[int, bool]] = []
+    assert first[0] is not None
+    first[0].add_done_callback(lambda _w: seen.append((plog.flushed_offset, second.done())))
+    base_count = plog.fsync_count
+    release.set()
+    await asyncio.gather(*(w for w in first if w is not None), flush_caller)
+    assert seen == [(1, False)]
+    await second  # its data needed the next round
+    assert plog.flushed_offset == 2 and plog.fsync_count - base_count == 2
+    assert plog.durable(1) is None
+    plog.close()
+
+
+async def test_durable_waiters_fail_with_the_fsync_error_and_on_close(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    plog = PartitionLog.open(tmp_path / "t-0", cfg())
+    append(plog, make_batch([b"e"]))
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(5, "EIO")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    waiters = [plog.durable(1) for _ in range(2)]
+    results = await asyncio.gather(*(w for w in waiters if w is not None), return_exceptions=True)
+    assert len(results) == 2 and all(isinstance(r, OSError) for r in results)
+    assert plog.flushed_offset == 0
+    monkeypatch.undo()
+    waiter = plog.durable(1)
+    assert waiter is not None
+    await waiter
+    assert plog.flushed_offset == 1
+    # A partition deleted while a waiter waits fails it instead of leaving it hanging.
+    append(plog, make_batch([b"f"]))
+    monkeypatch.setattr(os, "fsync", lambda fd: time.sleep(0.05))
+    waiter = plog.durable(2)
+    assert waiter is not None
+    round_in_flight = plog._flush_task
+    plog.delete()
+    with pytest.raises(LogClosed):
+        await waiter
+    if round_in_flight is not None:
+        await asyncio.wait([round_in_flight])  # its fsync of the deleted files ends before the test does
 
 
 async def test_flush_interval_messages_schedules_flush(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ long poll does not miss a produce that lands while it looks at its partitions.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from shoal.broker.common.purgatory import LogKey
 from shoal.broker.network.connection import KafkaConnection, RequestContext
 from shoal.broker.server.server import Broker
 from shoal.broker.share.share_partition_leader import SharePartitionLeader
-from shoal.persister.persister import Persister, SharePartitionKey, WriteStateRequest
+from shoal.persister.persister import Persister, ReadStateResult, SharePartitionKey, WriteStateRequest
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -25,7 +25,7 @@ from shoal.protocol.errors import ErrorCode
 from .test_partition_log import append, make_batch
 
 GROUP, MEMBER, TOPIC = "g1", "member-1", "orders"
-RELEASE = 2
+ACCEPT, RELEASE = 1, 2
 Req = messages.ShareFetchRequest
 AckReq = messages.ShareAcknowledgeRequest
 
@@ -37,11 +37,15 @@ class WriteConcurrency:
         self.inner = inner
         self.in_flight = 0
         self.most = 0
+        # Runs at the start of every write, before the state reaches the coordinator.
+        self.before_write: Callable[[], Awaitable[None]] | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     async def write_state(self, request: WriteStateRequest) -> int:
+        if self.before_write is not None:
+            await self.before_write()
         self.in_flight += 1
         self.most = max(self.most, self.in_flight)
         try:
@@ -149,3 +153,85 @@ async def test_a_produce_during_the_partition_scan_wakes_the_long_poll(running: 
     # MaxWaitMs far beyond the bound below: only the produce can end this long poll in time.
     resp = await asyncio.wait_for(running.fetch(max_wait_ms=600_000), timeout=60)
     assert acquired(resp) == {scanned[0]: [(0, 2, 1)]}
+
+
+async def during_acknowledgement_write(running: Running, partition: int, count: int) -> None:
+    """From the next state write on: once the fetch's first acquisition pass over `partition` is done,
+    `count` records land there, then the write goes on."""
+    leader = running.broker.share_partitions.get(SharePartitionKey(GROUP, running.topic_id, partition))
+    assert leader is not None
+    original = leader.acquire
+    passed = asyncio.Event()
+
+    async def acquire(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await original(*args, **kwargs)
+        finally:
+            passed.set()
+
+    async def before_write() -> None:
+        running.writes.before_write = None
+        await passed.wait()
+        running.append(partition, count)
+
+    leader.acquire = acquire  # type: ignore[method-assign]
+    running.writes.before_write = before_write
+
+
+async def test_records_produced_during_the_acknowledgement_write_ride_its_response(running: Running) -> None:
+    running.append(0, 5)
+    assert acquired(await running.fetch()) == {0: [(0, 4, 1)]}
+    await during_acknowledgement_write(running, 0, 3)
+    # The first pass found nothing new; the response waits for the ACCEPT's write, and so do records 5-7.
+    resp = await running.fetch({0: (0, 4, ACCEPT)})
+    assert [p.acknowledge_error_code for t in resp.responses for p in t.partitions if p.partition_index == 0] == [0]
+    assert acquired(resp) == {0: [(5, 7, 1)]}
+    # Handed out once: the next fetch acquires nothing.
+    assert acquired(await running.fetch({0: (5, 7, ACCEPT)})) == {}
+
+
+async def test_a_release_is_not_topped_up_with_records_produced_during_its_write(running: Running) -> None:
+    running.append(0, 5)
+    assert acquired(await running.fetch()) == {0: [(0, 4, 1)]}
+    await during_acknowledgement_write(running, 0, 3)
+    # The released records are available once written; as in Kafka they are not handed back in this response.
+    assert acquired(await running.fetch({0: (0, 4, RELEASE)})) == {}
+    assert acquired(await running.fetch()) == {0: [(0, 4, 2), (5, 7, 1)]}
+
+
+class LoadConcurrency:
+    """The broker's own persister, where the first share partition's state read waits (a bounded while) for
+    a second one to start, and notes how many were under way at once."""
+
+    def __init__(self, inner: Persister):
+        self.inner = inner
+        self.in_flight = 0
+        self.most = 0
+        self.second = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def read_state(self, key: SharePartitionKey, leader_epoch: int) -> ReadStateResult:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            if self.in_flight == 1:
+                try:
+                    await asyncio.wait_for(self.second.wait(), 5)
+                except TimeoutError:
+                    pass  # loaded one after another: the assertion below says so
+            else:
+                self.second.set()
+            return await self.inner.read_state(key, leader_epoch)
+        finally:
+            self.in_flight -= 1
+
+
+async def test_a_first_fetch_loads_its_share_partitions_side_by_side(running: Running) -> None:
+    loads = LoadConcurrency(running.broker.persister)
+    running.broker.share_partitions.persister = loads
+    for p in (0, 1):
+        running.append(p, 2)
+    assert acquired(await running.fetch()) == {0: [(0, 1, 1)], 1: [(0, 1, 1)]}
+    assert loads.most == 2

@@ -745,3 +745,114 @@ async def test_assignment_timestamp_is_persisted(tmp_path: Path) -> None:
     finally:
         await e.coord.stop()
         close_log(e.log)
+
+
+# ---- sidecar mode: assignment in the heartbeat that initialised the partitions --------------------------
+
+
+class LearningTopics(Topics):
+    """Topic metadata that knows a topic only once asked to re-read it (as the upstream's metadata is
+    learnt by the sidecar), counting the re-reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = {"late": (b"\x30" * 16, 3)}
+        self.learnt: list[list[str]] = []
+
+    async def learn_topics(self, names: Any) -> None:
+        wanted = sorted(names)
+        self.learnt.append(wanted)
+        for name in wanted:
+            if name in self.hidden:
+                self.by_name[name] = self.hidden.pop(name)
+
+
+async def test_sidecar_join_is_answered_with_its_initialised_assignment(tmp_path: Path) -> None:
+    # The assignment interval (KIP-1263) is on: the step after the initialisation is part of the same heartbeat.
+    e = Env(tmp_path, ShareGroupConfig(assignment_interval_ms=1000, assign_after_initialization=True))
+    await e.coord.load()
+    try:
+        resp = await e.hb("m1", 0, ["orders"])
+        assert (resp.error_code, resp.member_epoch) == (0, 2)
+        assert parts(resp) == {T_ORDERS: {0, 1, 2, 3}}
+        # Initialised at the epoch of the join, as Kafka initialises them.
+        assert {(k.partition, epoch) for k, epoch, _ in e.persister.initialized} == {(p, 1) for p in range(4)}
+        # Steady state afterwards, as after Kafka's second heartbeat.
+        again = await e.hb("m1", 2)
+        assert (again.error_code, again.member_epoch, again.assignment) == (0, 2, None)
+        # A second member joins partitions that are initialised already: nothing to wait for (past the
+        # assignment interval, which holds back a target computed across heartbeats).
+        calls = e.persister.initialize_calls
+        e.clock.now += 2
+        other = await e.hb("m2", 0, ["orders"])
+        assert other.member_epoch == 3 and len(parts(other)[T_ORDERS]) == 2
+        assert e.persister.initialize_calls == calls
+    finally:
+        await e.coord.stop()
+        close_log(e.log)
+
+
+async def test_sidecar_join_keeps_kafkas_answer_when_initialisation_fails(tmp_path: Path) -> None:
+    e = Env(tmp_path, ShareGroupConfig(assignment_interval_ms=0, assign_after_initialization=True))
+    e.persister.fail_initialize = True
+    await e.coord.load()
+    try:
+        resp = await e.hb("m1", 0, ["orders"])
+        assert (resp.error_code, resp.member_epoch, parts(resp)) == (0, 1, {})
+    finally:
+        await e.coord.stop()
+        close_log(e.log)
+
+
+async def test_heartbeat_learns_a_topic_it_does_not_know(tmp_path: Path) -> None:
+    e = Env(tmp_path, ShareGroupConfig(assignment_interval_ms=0, assign_after_initialization=True))
+    e.topics = LearningTopics()
+    e.coord = e.new_coordinator()
+    await e.coord.load()
+    try:
+        resp = await e.hb("m1", 0, ["late"])
+        assert e.topics.learnt == [["late"]]
+        assert parts(resp) == {b"\x30" * 16: {0, 1, 2}}
+        # Regular heartbeats name no topics and re-read nothing.
+        await e.hb("m1", resp.member_epoch)
+        assert e.topics.learnt == [["late"]]
+    finally:
+        await e.coord.stop()
+        close_log(e.log)
+
+
+async def test_topic_created_later_reaches_the_group_through_the_metadata_listener(tmp_path: Path) -> None:
+    e = Env(tmp_path)
+    e.topics = LearningTopics()
+    e.coord = e.new_coordinator()
+    await e.coord.load()
+    try:
+        first = await e.hb("m1", 0, ["later"])  # not created yet
+        assert (first.member_epoch, parts(first)) == (1, {})
+        assert e.persister.initialized == []
+        # Created, and the upstream's metadata now names it (a periodic re-read): the group bumps and
+        # initialises at once.
+        e.topics.by_name["later"] = e.topics.hidden.pop("late")
+        e.coord.on_upstream_topics_changed()
+        await e.coord.wait_for_background()
+        assert sorted(k.partition for k, _, _ in e.persister.initialized) == [0, 1, 2]
+        resp = await e.hb("m1", first.member_epoch)
+        assert resp.member_epoch > first.member_epoch
+        assert parts(resp) == {b"\x30" * 16: {0, 1, 2}}
+    finally:
+        await e.coord.stop()
+        close_log(e.log)
+
+
+async def test_upstream_metadata_change_keeps_state_of_topics_it_no_longer_names(tmp_path: Path) -> None:
+    e = Env(tmp_path)
+    await e.coord.load()
+    try:
+        await e.join_initialised("m1", ["orders"])
+        del e.topics.by_name["orders"]  # missing from one upstream metadata answer
+        e.coord.on_upstream_topics_changed()
+        await e.coord.wait_for_background()
+        assert T_ORDERS in e.coord.initialized_partitions(GROUP)  # type: ignore[operator]
+    finally:
+        await e.coord.stop()
+        close_log(e.log)

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ from shoal.broker.storage.partition_source import LocalPartitionSource
 from shoal.broker.storage.topic_registry import Topic
 from shoal.coordinator.share_coordinator_client import InProcessShareCoordinatorClient
 from shoal.persister.default_persister import DefaultStatePersister
-from shoal.persister.persister import SharePartitionKey
+from shoal.persister.persister import Persister, SharePartitionKey, WriteStateRequest
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.record_batch import HEADER_SIZE, iter_packed_headers
 
@@ -94,6 +95,37 @@ async def test_an_acknowledgement_is_applied_in_memory_before_its_write_complete
     assert sp is not None and sp.start_offset == 5  # memory holds the ACCEPT
     assert not pending.done.done() and leader.writes_in_flight == 1  # while its write is under way
     assert await pending.done == ErrorCode.NONE
+
+
+class CountingPersister:
+    """The leader's own persister, counting its state writes."""
+
+    def __init__(self, inner: Persister):
+        self.inner = inner
+        self.writes = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def write_state(self, request: WriteStateRequest) -> int:
+        self.writes += 1
+        return await self.inner.write_state(request)
+
+
+async def test_acknowledgements_queued_behind_a_write_share_the_next_one(parts: Parts) -> None:
+    leader = parts.leader
+    counting = CountingPersister(leader.persister)
+    leader.persister = counting
+    assert await acquire(leader, "m1") == [(0, 9, 1)]
+    # The first write is under way when the other two are applied: one write (one fsync) carries both.
+    acks = [leader.acknowledge("m1", [AckBatch(first, last, [ACCEPT])]) for first, last in ((0, 3), (4, 6), (7, 9))]
+    assert await asyncio.gather(*acks) == [ErrorCode.NONE] * 3
+    assert counting.writes == 2
+    # And what they share is durable: a leader loading the state afresh finds all ten acknowledged.
+    reloaded = SharePartitionLeader(KEY, leader.source, counting.inner, leader.group_configs, Purgatory())
+    append(parts.plog, make_batch([b"v10"]))
+    assert await acquire(reloaded, "m2") == [(10, 10, 1)]
+    reloaded.drop()
 
 
 async def test_a_refused_acknowledgement_settles_applied_too(parts: Parts) -> None:

@@ -8,8 +8,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shoal.broker.share.share_partition import AckBatch
-from shoal.broker.share.share_partition_manager import AckRules, count_ack_types, validate_ack_batches
+from shoal.broker.share.share_partition_manager import (
+    AckRules,
+    count_ack_types,
+    join_batches,
+    validate_ack_batches,
+)
 from shoal.protocol.acknowledge_type import AcknowledgeType
+from shoal.protocol.record_batch import HEADER_SIZE, set_base_offset
+
+from .test_partition_log import make_batch
 
 GAP, ACCEPT, RELEASE, REJECT, RENEW = (AcknowledgeType.GAP, AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE,
                                        AcknowledgeType.REJECT, AcknowledgeType.RENEW)
@@ -65,3 +73,28 @@ def test_counts_cover_every_acknowledged_offset_once(batches: list[AckBatch]) ->
         expected = sum((b.last_offset - b.first_offset + 1) if len(b.ack_types) == 1 and b.ack_types[0] == t
                        else (b.ack_types.count(t) if len(b.ack_types) > 1 else 0) for b in batches)
         assert counted.get(t, 0) == expected
+
+
+def stored_batches(sizes: list[int]) -> list[bytes]:
+    """Batches of `sizes` records each, at consecutive offsets from 0, as a log stores them."""
+    out, offset = [], 0
+    for n in sizes:
+        batch = bytearray(make_batch([b"v%d" % i for i in range(n)]))
+        set_base_offset(batch, 0, offset)
+        out.append(bytes(batch))
+        offset += n
+    return out
+
+
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=8).flatmap(
+    lambda sizes: st.tuples(st.just(sizes), st.integers(0, len(sizes)), st.integers(0, len(sizes)),
+                            st.booleans())))
+def test_join_batches_hands_each_batch_out_once(case: tuple[list[int], int, int, bool]) -> None:
+    # A first pass took batches [0, j); the next pass starts at batch i <= j: batch i..j-1 are held by both
+    # when the first stopped inside one (at the in-flight limit).
+    sizes, i, j, headers_only = case
+    i = min(i, j)
+    batches = stored_batches(sizes)
+    if headers_only:
+        batches = [b[:HEADER_SIZE] for b in batches]
+    assert join_batches(b"".join(batches[:j]), b"".join(batches[i:]), headers_only=headers_only) == b"".join(batches)

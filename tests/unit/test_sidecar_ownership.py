@@ -71,6 +71,24 @@ def test_a_unit_the_leader_has_not_assigned_yet_is_the_leaders() -> None:
     assert ownership.owner(("new-topic", 0)) == _OTHER and not ownership.serves(("new-topic", 0))
 
 
+def test_the_leader_keeps_serving_a_new_unit_the_next_assignment_gives_it() -> None:
+    """A topic created on the upstream is the leader's until the group rebalances; an assignment that then
+    names it for the leader is no change of owner: it is not taken again, nor released in between."""
+    state, old, new, elsewhere = ("__share_group_state", 0), ("t", 0), ("u", 0), ("u", 1)
+    ownership = Ownership(_ME, lambda: _info(_ME).endpoints)
+    asyncio.run(ownership.apply(_assignment(1, {state: _ME, old: _ME})))
+    recorder = _Recorder(ownership, [state, old, new, elsewhere])
+    assert ownership.serves(new) and ownership.serves(elsewhere)
+    asyncio.run(ownership.apply(_assignment(2, {state: _ME, old: _ME, new: _ME, elsewhere: _OTHER})))
+    assert recorder.events == [("release", {state, old, new}), ("take", (set(), {state, old, new}))]
+    # A follower that is handed a unit its leader held meanwhile takes it.
+    follower = Ownership(_OTHER, lambda: _info(_OTHER).endpoints)
+    asyncio.run(follower.apply(_assignment(1, {state: _ME, old: _ME})))
+    taken = _Recorder(follower, [elsewhere])
+    asyncio.run(follower.apply(_assignment(2, {state: _ME, old: _ME, new: _ME, elsewhere: _OTHER})))
+    assert taken.events == [("release", set()), ("take", ({elsewhere}, set()))]
+
+
 def test_a_lapsed_membership_serves_nothing_and_the_next_assignment_takes_everything_again() -> None:
     a = ("t", 0)
     ownership = Ownership(_ME, lambda: _info(_ME).endpoints)
