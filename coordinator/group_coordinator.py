@@ -95,6 +95,11 @@ class GroupCoordinator:
     def partition_for(self, group_id: str) -> int:
         return self.placement.partition_for(group_id)
 
+    def loaded_for(self, group_id: str) -> bool:
+        """The group's partition has been read. In a sidecar group the other partitions are other
+        instances' and never load here, so `loaded` (every partition) is not the question to ask."""
+        return self.partition_for(group_id) in self.runtime.loaded
+
     def _shard(self, group_id: str) -> GroupCoordinatorShard:
         return self.runtime.shard(self.partition_for(group_id))
 
@@ -189,7 +194,7 @@ class GroupCoordinator:
             return ErrorCode.INVALID_GROUP_ID
         if self.partition_for(group_id) in self.runtime.released:
             return ErrorCode.NOT_COORDINATOR  # another instance owns the group's partition now (sidecar mode)
-        if not self.loaded:
+        if not self.loaded_for(group_id):
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         return ErrorCode.NONE
 
@@ -288,7 +293,9 @@ class GroupCoordinator:
     async def delete_group(self, group_id: str) -> int:
         """DeleteGroups: an empty group goes with its committed offsets (their tombstones first, as Kafka
         writes them); a share group's persisted state is deleted by its part first."""
-        if not self.loaded:
+        if self.partition_for(group_id) in self.runtime.released:
+            return ErrorCode.NOT_COORDINATOR  # another instance owns the group's partition now (sidecar mode)
+        if not self.loaded_for(group_id):
             return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         if isinstance(self._group(group_id), ShareGroup):
             return await self.share.delete_group(group_id)

@@ -105,9 +105,7 @@ class AlterConfigs:
                 changes = given + [(k, None) for k in current if k not in names]
                 self._alter_broker(ctx, r.resource_name, changes, req.validate_only, res)
             elif r.resource_type == RESOURCE_GROUP:
-                current = list(self.services.group_configs.explicit(r.resource_name))
-                changes = given + [(k, None) for k in current if k not in names]
-                await self._alter_group(ctx, r.resource_name, changes, req.validate_only, res)
+                await self._alter_group(ctx, r.resource_name, given, req.validate_only, res, whole=True)
             else:
                 res.error_code = ErrorCode.INVALID_REQUEST
                 res.error_message = f"resource type {r.resource_type} cannot be altered on this broker"
@@ -116,7 +114,8 @@ class AlterConfigs:
         return messages.AlterConfigsResponse(responses=out)
 
     async def _alter_group(self, ctx: RequestContext, group: str, changes: list[tuple[str, str | None]],
-                     validate_only: bool, res: ResourceResponse) -> None:
+                           validate_only: bool, res: ResourceResponse, *, whole: bool = False) -> None:
+        """`whole`: AlterConfigs, the names not in `changes` are deleted."""
         if not ctx.authorize(Operation.ALTER_CONFIGS, ResourceType.GROUP, group):
             res.error_code = ErrorCode.GROUP_AUTHORIZATION_FAILED
             return
@@ -128,7 +127,10 @@ class AlterConfigs:
                 configs.validate_all(changes, check)
                 return
             # Sidecar mode: answered once the upstream has the change (acks=all).
-            await configs.alter(group, changes, check)
+            if whole:
+                await configs.set_all(group, [(k, v) for k, v in changes if v is not None], check)
+            else:
+                await configs.alter(group, changes, check)
         except InvalidGroupConfig as exc:
             res.error_code, res.error_message = ErrorCode.INVALID_CONFIG, str(exc)
             log.info("group config refused", group=group, reason=res.error_message)

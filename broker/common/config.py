@@ -236,9 +236,12 @@ _KEYS: list[ConfigKey] = [
               "SASL mechanisms offered: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512."),
     ConfigKey("sasl.jaas.config", str, "", "JAAS login module line; PLAIN users as user_<name>=\"<password>\"."),
     ConfigKey("connections.max.reauth.ms", int, 0, "SASL session lifetime; 0 disables re-authentication.", 0),
-    ConfigKey("security.inter.broker.protocol", str, "PLAINTEXT", "Accepted for compatibility (one broker)."),
-    ConfigKey("inter.broker.listener.name", str, "", "Accepted for compatibility (one broker)."),
-    ConfigKey("sasl.mechanism.inter.broker.protocol", str, "GSSAPI", "Accepted for compatibility (one broker)."),
+    ConfigKey("security.inter.broker.protocol", str, "PLAINTEXT",
+              "Sidecar group: the listener named after this protocol carries the sidecars' requests to each other."),
+    ConfigKey("inter.broker.listener.name", str, "",
+              "Sidecar group: the listener the sidecars' requests to each other use (instead of the protocol key)."),
+    ConfigKey("sasl.mechanism.inter.broker.protocol", str, "GSSAPI",
+              "Sidecar group: the SASL mechanism (PLAIN, SCRAM-*) on a SASL inter-broker listener."),
 ]
 
 SUPPORTED_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")

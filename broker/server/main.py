@@ -46,10 +46,10 @@ async def serve(config: BrokerConfig) -> int:
     from shoal.broker.upstream.cluster import UpstreamStartError
     from shoal.broker.upstream.settings import UpstreamConfigError
 
-    broker = Broker(config)
     try:
+        broker = Broker(config)
         await broker.start()
-    except (UpstreamStartError, UpstreamConfigError) as exc:
+    except (UpstreamStartError, UpstreamConfigError, ConfigError) as exc:
         # Sidecar mode without a usable upstream: say why and exit, rather than serve clients nothing.
         structlog.get_logger("shoal").error("cannot start in sidecar mode", error=str(exc))
         print(f"shoal-broker: {exc}", file=sys.stderr)

@@ -442,7 +442,10 @@ class Broker:
                                 state_key_string, topic=SHARE_GROUP_STATE),
         )
         if self.upstream_cluster is not None:
-            from shoal.broker.upstream.peer_state_client import PeerShareCoordinatorClient
+            from shoal.broker.upstream.peer_state_client import (
+                PeerShareCoordinatorClient,
+                inter_broker_settings,
+            )
 
             from .sidecar_group import SidecarGroup
 
@@ -450,7 +453,7 @@ class Broker:
             self.sidecar_group = SidecarGroup(self)
             self.persister = DefaultStatePersister(PeerShareCoordinatorClient(
                 InProcessShareCoordinatorClient(self.share_coordinator), self.sidecar_group.ownership,
-                self.sidecar_group.state_unit))
+                self.sidecar_group.state_unit, inter_broker_settings(cfg)))
         else:
             self.persister = DefaultStatePersister(InProcessShareCoordinatorClient(self.share_coordinator))
         from shoal.broker.share.dead_letter import DeadLetterWriter

@@ -107,6 +107,8 @@ class SidecarGroup:
         # both may lead a partition: each load records a higher leader epoch in the share state, so the
         # share coordinator refuses the earlier leader's writes from then on (FENCED_LEADER_EPOCH).
         leaders.bump_leader_epoch = True
+        # A group's offsets may be altered or deleted by its coordinator in another instance.
+        leaders.check_stored_state = True
         self.ownership.release_hooks.append(lambda _serves: self._drop_unled())
         self.ownership.release_hooks.append(lambda _serves: self._release_state())
         self.ownership.take_hooks.append(lambda _gained: self._take_state())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -180,10 +180,15 @@ GroupConfigStoreError = UpstreamProduceFailed
 class GroupConfigStore(Protocol):
     """Where group configs are kept when not in the local directory (sidecar mode: a topic on the upstream)."""
 
-    async def write(self, group_id: str, configs: Mapping[str, str] | None) -> None:
-        """Store the group's whole explicit config map (None: the group has none left) and apply it here
-        through `GroupConfigs.replace`, unless a later change of the group already was; returns once
-        durable, raises GroupConfigStoreError when it cannot."""
+    async def write(self, group_id: str, changes: Sequence[tuple[str, str | None]]) -> None:
+        """Store the group's changed names (a value, or None to delete it) and apply them here through
+        `GroupConfigs.replace`; returns once durable, raises GroupConfigStoreError when it cannot."""
+
+    async def delete_group(self, group_id: str) -> None:
+        """Delete every config of the group, as `write`."""
+
+    async def refresh(self) -> None:
+        """Apply here what was stored through other instances so far (as far as the store answers)."""
 
 
 class GroupConfigs:
@@ -265,23 +270,30 @@ class GroupConfigs:
         self.replace(group_id, self.planned(group_id, changes, ctx))
 
     async def alter(self, group_id: str, changes: list[tuple[str, str | None]], ctx: ValidationContext) -> None:
-        """As `apply`, through the store when there is one: in effect here once the store has it."""
-        # One change at a time: each is planned from the one before (a change through another sidecar may
-        # still land in between; the later record wins).
+        """As `apply`, through the store when there is one: in effect here once the store has it. The store
+        keeps only the names changed, so a change of other names made meanwhile elsewhere stays."""
         async with self._writing:
-            updated = self.planned(group_id, changes, ctx)
-            await self._write(group_id, updated)
+            if self.store is None:
+                self.replace(group_id, self.planned(group_id, changes, ctx))
+            else:
+                self.validate_all(changes, ctx)
+                await self.store.write(group_id, changes)  # the store applies it here through `replace`
+
+    async def set_all(self, group_id: str, configs: list[tuple[str, str]], ctx: ValidationContext) -> None:
+        """AlterConfigs (not incremental): the group's configs become exactly `configs`; with a store, the
+        names to delete are those it holds once what other instances stored has been read."""
+        if self.store is not None:
+            await self.store.refresh()
+        names = {name for name, _value in configs}
+        deleted: list[tuple[str, str | None]] = [(k, None) for k in self.explicit(group_id) if k not in names]
+        await self.alter(group_id, [*configs, *deleted], ctx)
 
     async def delete_group(self, group_id: str) -> None:
         async with self._writing:
-            if group_id in self._groups:
-                await self._write(group_id, {})
-
-    async def _write(self, group_id: str, configs: dict[str, str]) -> None:
-        if self.store is None:
-            self.replace(group_id, configs)
-        else:
-            await self.store.write(group_id, configs or None)  # the store applies it here through `replace`
+            if self.store is not None:
+                await self.store.delete_group(group_id)
+            elif group_id in self._groups:
+                self.replace(group_id, {})
 
     def replace(self, group_id: str, configs: Mapping[str, str] | None) -> None:
         """Make the group's explicit configs exactly `configs` (empty or None: none), saved to the local

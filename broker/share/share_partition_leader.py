@@ -301,6 +301,29 @@ class SharePartitionLeader:
         self.state = None
         self._cancel_timer()
 
+    async def drop_if_state_changed(self) -> bool:
+        """KIP-932: when a share session starts using this share partition, check that the stored state is
+        still the one loaded. An alter of the group's offsets (a higher state epoch) or their deletion
+        (no state, or state not initialised yet) made by a group coordinator elsewhere (another sidecar)
+        means memory is stale: it is dropped and the next use loads the stored state. Returns whether it
+        was dropped; an unanswered check keeps it (a stale write is still fenced, FENCED_STATE_EPOCH)."""
+        state = self.state
+        if state is None:
+            return False
+        summary = await self.persister.read_state_summary(self.key, LEADER_EPOCH)
+        if summary.error_code != ErrorCode.NONE:
+            return False
+        if summary.start_offset >= 0 and summary.state_epoch == state.state_epoch:
+            return False
+        async with self.lock:
+            if self.state is not state:
+                return False  # dropped or loaded again meanwhile
+            log.info("share partition state changed under its leader; loading it again", group=self.key.group_id,
+                     partition=self.key.partition, state_epoch=state.state_epoch,
+                     stored_state_epoch=summary.state_epoch, stored_start_offset=summary.start_offset)
+            self.drop()
+        return True
+
     @property
     def idle(self) -> bool:
         """Nothing is loading, acquiring, acknowledging, writing or dead-lettering. Records in ARCHIVING keep
@@ -660,6 +683,10 @@ class SharePartitionLeaders:
         # Set in several-sidecar mode, where share-partition leadership moves between instances without a
         # take: each load then fences the previous leader through a higher leader epoch.
         self.bump_leader_epoch = False
+        # Set in several-sidecar mode, where a share group's coordinator may run in another instance: a share
+        # session that starts using a partition checks it against its stored state (`drop_if_state_changed`).
+        # Standalone, the coordinator drops the partitions itself when it alters or deletes their state.
+        self.check_stored_state = False
         # Whether this broker leads a (topic id, partition): always standalone; in sidecar mode only the
         # partitions the sidecar group assigned to this instance.
         self.leads: Callable[[bytes, int], bool] = lambda _topic_id, _partition: True

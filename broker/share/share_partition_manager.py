@@ -192,6 +192,8 @@ class SharePartitionManager:
             if epoch != INITIAL_EPOCH:
                 for tp in forgotten:
                     session.forget(tp)
+        if new_partitions and self.leaders.check_stored_state:
+            await self._drop_changed_state(group, new_partitions)
 
         results: dict[TopicIdPartition, PartitionResult] = {}
         started = self._start_acknowledgements(authorize, group, member, acks, rules)
@@ -231,6 +233,18 @@ class SharePartitionManager:
         session.resend.update(tp for tp, pd in results.items()
                               if pd.error_code != ErrorCode.NONE and tp in session.partitions)
         return ShareFetchResult(partitions=results)
+
+    async def _drop_changed_state(self, group: str, partitions: Iterable[TopicIdPartition]) -> None:
+        """Share partitions a session starts using (it opens with them, or they join it) that are in memory are
+        checked against their stored state (KIP-932 checks when a partition's sessions go from none to one; a
+        session of a member that its group coordinator, on another sidecar, has already expired may still be
+        open here, so every session that starts using a partition checks). Offsets altered or deleted
+        meanwhile make the leader load the stored state again."""
+        leaders = [leader for tp in partitions
+                   if (leader := self.leaders.get(SharePartitionKey(group, tp.topic_id, tp.partition))) is not None
+                   and leader.state is not None]
+        if leaders:
+            await asyncio.gather(*(leader.drop_if_state_changed() for leader in leaders))
 
     async def withhold_records(self, group: str, member: str, result: ShareFetchResult,
                                acknowledged: Iterable[TopicIdPartition]) -> ShareFetchResult:

@@ -1,18 +1,24 @@
 """Sidecar mode: dynamic group configs (ConfigResource GROUP) kept on the upstream.
 
-`__shoal_group_configs` is a compacted state topic, created with the others (`state_topics.py`): one
-record per change, keyed by the group id, whose value is the group's whole explicit config map as a JSON
-object (a null value: the group has none left). Every write goes to partition 0 with acks=all, so the
-partition's order is the order of the changes, and a change is answered only once the upstream has it.
-Each sidecar reads the whole partition at start-up and then keeps reading it, so a change made through one
-sidecar reaches the others; the one that wrote it applies it at once.
+`__shoal_group_configs` is a compacted state topic, created with the others (`state_topics.py`). As Kafka's
+controller keeps a config as one ConfigRecord per resource and name, each change of one group config is one
+record, keyed by the group id and the config name (a JSON array of the two), whose value is the config's
+value (null: deleted). Compaction keeps the latest record of each (group, name), and changes of different
+names made at once through different sidecars both stay: each change writes only the names it changes, and
+every sidecar applies the records in the partition's order. Every write goes to partition 0 with acks=all,
+one batch per change (so a change's names land together), and a change is answered only once the upstream
+has it. Each sidecar reads the whole partition at start-up and then keeps reading it, so a change made
+through one sidecar reaches the others; the one that wrote it applies it at once.
+
+Records written before this layout (keyed by the group id alone, the group's whole config map as a JSON
+object, null for none) are still read: such a record sets the names it holds and deletes the others.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import structlog
 
@@ -37,16 +43,38 @@ _CACHE_BYTES = 4 << 20
 TAIL_INTERVAL_S = 0.5
 _RETRY_S = 1.0
 
-# Called with (group id, its explicit configs or None) for each record read, in log order.
+# Called with (group id, its explicit configs or None) after records of the group were applied.
 OnChange = Callable[[str, Mapping[str, str] | None], None]
+# A change of one group's configs: each name with its new value, or None to delete it.
+Changes = Sequence[tuple[str, str | None]]
+
+
+def encode_key(group_id: str, name: str) -> bytes:
+    return json.dumps([group_id, name], separators=(",", ":")).encode()
+
+
+def decode_key(key: bytes) -> tuple[str, str | None]:
+    """(group id, config name) of a record's key; the name is None for a record of the earlier layout,
+    keyed by the group id alone."""
+    text = key.decode(errors="replace")
+    if text.startswith("["):
+        try:
+            decoded = json.loads(text)
+        except ValueError:
+            decoded = None
+        if isinstance(decoded, list) and len(decoded) == 2 and all(isinstance(x, str) for x in decoded):
+            return decoded[0], decoded[1]
+    return text, None
 
 
 def encode_value(configs: Mapping[str, str] | None) -> bytes | None:
+    """The earlier layout's value: a group's whole config map (None when it has none)."""
     return None if not configs else json.dumps(dict(sorted(configs.items())), separators=(",", ":")).encode()
 
 
 def decode_value(value: bytes | None) -> dict[str, str] | None:
-    """The config map of a record's value; ValueError when it is not a JSON object of strings."""
+    """The config map of an earlier-layout record's value; ValueError when it is not a JSON object of
+    strings."""
     if value is None:
         return None
     decoded = json.loads(value)
@@ -54,6 +82,58 @@ def decode_value(value: bytes | None) -> dict[str, str] | None:
                                                 for k, v in decoded.items()):
         raise ValueError("not a JSON object of string values")
     return decoded or None
+
+
+def change_records(group_id: str, changes: Changes) -> list[RecordInput]:
+    """One record per name changed (the last change of a name wins, as it would applied in order)."""
+    latest = dict(changes)
+    return [RecordInput(key=encode_key(group_id, name), value=None if value is None else value.encode())
+            for name, value in latest.items()]
+
+
+class GroupConfigView:
+    """The group configs as the records applied so far make them. Records may be applied out of the
+    partition's order (a sidecar applies its own write before its tail reaches earlier records of others):
+    a change of a name older than the one applied last for it is ignored."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, dict[str, str]] = {}
+        # Per (group, name), the offset of the change applied last.
+        self.applied_at: dict[tuple[str, str], int] = {}
+        # Groups with an earlier-layout record that is not a tombstone (deleting the group writes one).
+        self.whole_map_groups: set[str] = set()
+
+    def explicit(self, group_id: str) -> dict[str, str]:
+        return dict(self.groups.get(group_id, {}))
+
+    def apply_record(self, key: bytes, value: bytes | None, offset: int) -> tuple[str, bool]:
+        """(group id, whether its configs changed) for the record at `offset`; ValueError when an
+        earlier-layout value is unreadable."""
+        group, name = decode_key(key)
+        if name is not None:
+            return group, self._apply(group, name, None if value is None else value.decode(errors="replace"), offset)
+        configs = decode_value(value)
+        if configs:
+            self.whole_map_groups.add(group)
+        else:
+            self.whole_map_groups.discard(group)
+        changed = False
+        for each in sorted(set(self.groups.get(group, {})) | set(configs or {})):
+            changed |= self._apply(group, each, (configs or {}).get(each), offset)
+        return group, changed
+
+    def _apply(self, group: str, name: str, value: str | None, offset: int) -> bool:
+        if offset < self.applied_at.get((group, name), -1):
+            return False
+        self.applied_at[(group, name)] = offset
+        configs = self.groups.setdefault(group, {})
+        if value is None:
+            configs.pop(name, None)
+        else:
+            configs[name] = value
+        if not configs:
+            del self.groups[group]
+        return True
 
 
 class UpstreamGroupConfigLog:
@@ -67,10 +147,10 @@ class UpstreamGroupConfigLog:
         self.timeout_ms = timeout_ms
         self.source = UpstreamPartitionSource(cluster, BatchCache(_CACHE_BYTES), GROUP_CONFIGS_TOPIC, PARTITION)
         self.next_offset = 0  # the next offset to read
-        # Per group, the offset of the change applied last: a record read later but written earlier (this
-        # sidecar's own write applied before the tail reached an older change of another) is not applied.
-        self._applied_at: dict[str, int] = {}
+        # The configs as the records read so far (and this sidecar's own writes) make them.
+        self.view = GroupConfigView()
         self._tail: asyncio.Task[None] | None = None
+        self._reading = asyncio.Lock()  # one reader at a time: the tail, or a change that reads first
 
     async def start(self, replication_factor: int | None) -> None:
         """Create the topic when missing, read it to its end (raises SourceUnavailable when the upstream does
@@ -84,19 +164,46 @@ class UpstreamGroupConfigLog:
             self._tail.cancel()
             await asyncio.gather(self._tail, return_exceptions=True)
 
-    async def write(self, group_id: str, configs: Mapping[str, str] | None) -> None:
-        """Produce the group's configs with acks=all, then apply them here (`on_change`); raises
+    async def write(self, group_id: str, changes: Changes) -> None:
+        """Produce the changed names of the group with acks=all, then apply them here (`on_change`); raises
         UpstreamProduceFailed when the upstream does not take them."""
-        batch = encode_batch([RecordInput(key=group_id.encode(), value=encode_value(configs))])
-        offset = await produce_acks_all(self.forwarder, GROUP_CONFIGS_TOPIC, PARTITION, batch,
-                                        timeout_ms=self.timeout_ms, what="group configs")
-        # The tail may already have applied a later change of the group (made through another sidecar).
-        if offset >= self._applied_at.get(group_id, -1):
-            self._applied_at[group_id] = offset
-            self.on_change(group_id, configs)
+        await self._produce(group_id, change_records(group_id, changes))
+
+    async def delete_group(self, group_id: str) -> None:
+        """Delete every config of the group: a tombstone for each name it has once this sidecar has read
+        the partition to its end (a name set through another sidecar since is deleted too, unless it lands
+        after the tombstones)."""
+        await self.refresh()
+        records = change_records(group_id, [(name, None) for name in sorted(self.view.explicit(group_id))])
+        if group_id in self.view.whole_map_groups:
+            records.append(RecordInput(key=group_id.encode(), value=None))
+        await self._produce(group_id, records)
+
+    async def refresh(self) -> None:
+        """Read what other sidecars added, when the upstream answers (else go on with what was read)."""
+        try:
+            await self.catch_up()
+        except SourceUnavailable as exc:
+            log.info("reading the upstream group configs failed", error=str(exc))
+
+    async def _produce(self, group_id: str, records: list[RecordInput]) -> None:
+        if not records:
+            return
+        base = await produce_acks_all(self.forwarder, GROUP_CONFIGS_TOPIC, PARTITION, encode_batch(records),
+                                      timeout_ms=self.timeout_ms, what="group configs")
+        changed = False
+        for i, record in enumerate(records):
+            assert record.key is not None
+            changed |= self.view.apply_record(record.key, record.value, base + i)[1]
+        if changed:
+            self.on_change(group_id, self.view.groups.get(group_id))
 
     async def catch_up(self) -> None:
         """Read and apply every record up to the partition's current end."""
+        async with self._reading:
+            await self._read_to_end()
+
+    async def _read_to_end(self) -> None:
         while True:
             try:
                 read = await self.source.read(self.next_offset, _READ_BYTES)
@@ -105,7 +212,7 @@ class UpstreamGroupConfigLog:
                 # and created again): read what there is from its start.
                 if 0 <= exc.log_start_offset != self.next_offset:
                     if exc.log_start_offset < self.next_offset:
-                        self._applied_at.clear()  # offsets start again: the new topic's records all count
+                        self.view.applied_at.clear()  # offsets start again: the new topic's records all count
                     self.next_offset = exc.log_start_offset
                     continue
                 raise SourceUnavailable(f"{GROUP_CONFIGS_TOPIC}: {exc}") from exc
@@ -124,20 +231,21 @@ class UpstreamGroupConfigLog:
         except CorruptRecordBatch as exc:
             log.warning("unreadable group-config batch skipped", offset=header.base_offset, error=str(exc))
             return
+        changed: set[str] = set()
         for record in records:
             if record.offset < self.next_offset or record.key is None:
                 continue
-            group_id = record.key.decode(errors="replace")
-            if record.offset < self._applied_at.get(group_id, -1):
-                continue
             try:
-                configs = decode_value(record.value)
+                group, group_changed = self.view.apply_record(
+                    bytes(record.key), None if record.value is None else bytes(record.value), record.offset)
             except ValueError as exc:
-                log.warning("unreadable group-config record skipped", group=group_id, offset=record.offset,
-                            error=str(exc))
+                log.warning("unreadable group-config record skipped", key=bytes(record.key)[:200],
+                            offset=record.offset, error=str(exc))
                 continue
-            self._applied_at[group_id] = record.offset
-            self.on_change(group_id, configs)
+            if group_changed:
+                changed.add(group)
+        for group in sorted(changed):
+            self.on_change(group, self.view.groups.get(group))
 
     async def _tail_loop(self) -> None:
         while True:

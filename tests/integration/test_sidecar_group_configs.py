@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from .broker_process import BrokerProcess
 from .conftest import FAST_HEARTBEAT, NO_JOIN_DELAY
@@ -81,30 +80,3 @@ def test_config_survives_a_sidecar_restarted_empty(upstream: BrokerProcess, tmp_
     finally:
         sidecar.stop()
 
-
-def test_change_through_one_sidecar_is_seen_by_the_other(upstream: BrokerProcess, tmp_path: Path) -> None:
-    membership = unique_name("gconfigs-pair")
-    a = _sidecar(tmp_path / "a", 1, upstream, membership).start()
-    try:
-        b = _sidecar(tmp_path / "b", 2, upstream, membership).start()
-        try:
-            group = unique_name("gconfigs-shared")
-            set_group_config(a.bootstrap, group, share_record_lock_duration_ms="20000")
-            _wait_for(lambda: group_configs(b.bootstrap, group)["share.record.lock.duration.ms"] == ("20000", True),
-                      "the other sidecar to see the change")
-            # A later change through the other one wins on both, and an unset key returns to its default.
-            set_group_config(b.bootstrap, group, share_record_lock_duration_ms="25000")
-            _wait_for(lambda: group_configs(a.bootstrap, group)["share.record.lock.duration.ms"] == ("25000", True),
-                      "the first sidecar to see the later change")
-            delete = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
-                ConfigEntry("share.record.lock.duration.ms", None, incremental_operation=AlterConfigOpType.DELETE)])
-            admin = AdminClient({"bootstrap.servers": a.bootstrap})
-            for future in admin.incremental_alter_configs([delete]).values():
-                future.result(30)
-            assert not group_configs(a.bootstrap, group)["share.record.lock.duration.ms"][1]
-            _wait_for(lambda: not group_configs(b.bootstrap, group)["share.record.lock.duration.ms"][1],
-                      "the other sidecar to see the key deleted")
-        finally:
-            b.stop()
-    finally:
-        a.stop()

@@ -213,3 +213,22 @@ async def test_a_headers_only_acquisition_carries_each_batchs_header_alone(parts
     assert [tuple(r) for r in whole.acquired] == [(5, 9, 1)]
     (rest,) = iter_packed_headers(whole.records[:HEADER_SIZE])
     assert (rest.base_offset, rest.last_offset, rest.size) == (5, 9, len(whole.records))
+
+
+async def test_a_leader_drops_state_altered_or_deleted_under_it(parts: Parts) -> None:
+    # Another sidecar's group coordinator alters or deletes the stored state while this leader holds it.
+    leader, persister = parts.leader, parts.leader.persister
+    assert await acquire(leader, "m1") == [(0, 9, 1)]
+    assert await leader.acknowledge("m1", [AckBatch(0, 9, [ACCEPT])]) == ErrorCode.NONE
+    assert not await leader.drop_if_state_changed()  # the stored state is the one in memory
+    assert leader.state is not None and leader.state.start_offset == 10
+
+    # AlterShareGroupOffsets: a higher state epoch, start offset 3. The next use loads it.
+    assert await persister.initialize_state(KEY, 1, 3) == ErrorCode.NONE
+    assert await leader.drop_if_state_changed() and leader.state is None
+    assert await acquire(leader, "m2") == [(3, 9, 1)]
+    assert not await leader.drop_if_state_changed()
+
+    # DeleteShareGroupOffsets / DeleteGroups: no stored state at all.
+    assert await persister.delete_state(KEY) == ErrorCode.NONE
+    assert await leader.drop_if_state_changed() and leader.state is None
