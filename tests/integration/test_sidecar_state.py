@@ -389,7 +389,7 @@ def test_a_transactional_id_the_upstream_forgot_is_taken_again(tmp_path: Path) -
     fails (not reported done) and loses the partition without it being fenced, and taking it again goes on
     from what committed."""
     upstream = BrokerProcess(tmp_path / "upstream", overrides=[
-        "transactional.id.expiration.ms=300", "transaction.remove.expired.transaction.cleanup.interval.ms=100"]).start()
+        "transactional.id.expiration.ms=1000", "transaction.remove.expired.transaction.cleanup.interval.ms=100"]).start()
     topic, membership = unique_name("__shoal_expiry"), unique_name("expiry")
     lost: list[tuple[int, bool]] = []
 
@@ -417,9 +417,17 @@ def test_a_transactional_id_the_upstream_forgot_is_taken_again(tmp_path: Path) -
                 await state_log.append(0, [offset_commit_record("g", "t", 0, CommittedOffset(2, -1, "", 0))])
             assert refused.value.error_code == ErrorCode.NOT_COORDINATOR
             assert lost == [(0, False)]
-            await state_log.take(0)
-            assert [r.value.offset for _o, r in state_log.replay(0) if r.value is not None] == [1]
-            await state_log.append(0, [offset_commit_record("g", "t", 0, CommittedOffset(3, -1, "", 0))])
+            # Taken again, it goes on from what committed. The new transactional id expires as quickly, so on
+            # a loaded machine it may be gone again before the append: then it is taken once more.
+            for attempt in range(3):
+                await state_log.take(0)
+                assert [r.value.offset for _o, r in state_log.replay(0) if r.value is not None] == [1]
+                try:
+                    await state_log.append(0, [offset_commit_record("g", "t", 0, CommittedOffset(3, -1, "", 0))])
+                    break
+                except CoordinatorLogError as exc:
+                    if "no longer knows" not in str(exc) or attempt == 2:
+                        raise
         finally:
             await cluster.close()
 
