@@ -14,7 +14,7 @@ import concurrent.futures
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -24,6 +24,9 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import INF, floatToGoString
 
 from .share_metrics import ShareGroupMetrics
+
+# The `le` label as prometheus_client writes it (the function has no annotations of its own).
+_float_to_go_string: Callable[[float], str] = floatToGoString
 
 # How long a scrape waits for the event loop to copy the values before it reads them from its own thread.
 SNAPSHOT_TIMEOUT_S = 2.0
@@ -159,7 +162,7 @@ class LoopHistogram(_Family):
         if len(bounds) < 2:
             raise ValueError("Must have at least two buckets")
         self.bounds = bounds
-        self._le = [floatToGoString(b) for b in bounds]
+        self._le = [_float_to_go_string(b) for b in bounds]
         super().__init__(name, documentation, labelnames)
 
     def _new_child(self) -> HistogramChild:
