@@ -78,13 +78,15 @@ def auto_create_topic(bootstrap: str, topic: str, partitions: int) -> None:
         raise RuntimeError(f"mock topic {topic}: {md.error}, {len(md.partitions)} partitions")
 
 
-def produce(bootstrap: str, topic: str, records: int, value: bytes, partitions: int, acks: str) -> Result:
+def produce(bootstrap: str, topic: str, records: int, value: bytes, partitions: int, acks: str, *,
+            batch_records: int = 10_000) -> Result:
+    """`batch_records`: the producer's batch.num.messages, the most records one batch holds."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
             "acks": acks,
             "linger.ms": 5,
-            "batch.num.messages": 10_000,
+            "batch.num.messages": batch_records,
             "queue.buffering.max.messages": 1_000_000,
             "queue.buffering.max.kbytes": 1_048_576,
         }

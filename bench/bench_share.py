@@ -162,14 +162,16 @@ class ConsumerGroup:
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.records = 0
+        self.per_consumer = [0] * n  # records each member received (to tell a stalled member apart)
         self.probe_partitions: set[int] = set()
         self.first_record_at = 0.0
         self.last_record_at = 0.0
-        self.threads = [threading.Thread(target=self._run, args=(c,), daemon=True) for c in self.consumers]
+        self.threads = [threading.Thread(target=self._run, args=(c, i), daemon=True)
+                        for i, c in enumerate(self.consumers)]
         for t in self.threads:
             t.start()
 
-    def _run(self, consumer: ShareConsumer) -> None:
+    def _run(self, consumer: ShareConsumer, index: int) -> None:
         while not self.stop.is_set():
             if not self.running.wait(0.1):
                 continue
@@ -186,6 +188,7 @@ class ConsumerGroup:
             if records or probes:
                 with self.lock:
                     self.records += records
+                    self.per_consumer[index] += records
                     self.probe_partitions |= probes
                     self.last_record_at = time.perf_counter()
                     if records and not self.first_record_at:

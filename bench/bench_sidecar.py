@@ -41,6 +41,7 @@ from bench_produce_fetch import Result, create_topic, fetch, line, produce
 from bench_share import ConsumerGroup
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from peers import start_shoal, stop
+from sidecar_scale import two_vs_one
 
 
 def share_consume(bootstrap: str, topic: str, group: str, records: int, value_bytes: int) -> tuple[Result, Result]:
@@ -70,6 +71,9 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-tv1", action="store_true", help="skip the sidecar writing its state with TV1")
+    parser.add_argument("--no-scale", action="store_true",
+                        help="skip two sidecars against one, 8 share consumers over 8 partitions (sidecar_scale.py, "
+                             "after the rest, with brokers of its own)")
     args = parser.parse_args()
     value = os.urandom(args.value_bytes)
     n, parts = args.records, args.partitions
@@ -127,6 +131,8 @@ def main() -> int:
                 stop(proc)
         stop(upstream)
         shutil.rmtree(base, ignore_errors=True)
+    if not args.no_scale:
+        two_vs_one(records=n, value_bytes=args.value_bytes, rounds=args.rounds)
     return 0
 
 

@@ -93,9 +93,7 @@ from shoal.protocol.records import (
 )
 
 if TYPE_CHECKING:
-    from prometheus_client import Counter
-
-    from shoal.broker.common.metrics import BrokerMetrics
+    from shoal.broker.common.metrics import BrokerMetrics, CounterChild
 
 log = structlog.get_logger(__name__)
 
@@ -239,7 +237,7 @@ class PartitionLog:
         self.directory = directory
         self.config = config
         self.context = context or LogContext()
-        self._metric_children: tuple[Counter, Counter] | None = None
+        self._metric_children: tuple[CounterChild, CounterChild] | None = None
         self.segments: list[LogSegment] = []
         self._bases: list[int] = []
         self.log_start_offset = 0

@@ -11,7 +11,8 @@ transaction is aborted, its next write fails with PRODUCER_FENCED or INVALID_PRO
 the partition from its log start with read_committed Fetch, so the coordinator's load replays exactly what
 committed. `release(partition)` stops writing it. Between the two, appends are group-committed: every
 append that arrives while one transaction is in flight goes into the next one (AddPartitionsToTxn,
-one Produce with acks=all, EndTxn commit), and `flush` returns only once that transaction committed.
+one Produce with acks=all of one batch holding them all, EndTxn commit), and `flush` returns only once
+that transaction committed.
 
 When the upstream finalizes `transaction.version` 2 (KIP-890 part 2, Kafka 4.x), a transaction is one round
 trip shorter: no AddPartitionsToTxn, the Produce (v12+) adds the partition to the transaction itself, and
@@ -69,6 +70,9 @@ _DECODE_YIELD_EVERY = 64  # batches decoded between yields while a partition is 
 TRANSACTION_TIMEOUT_MS = 60_000
 # Records one transaction carries at most; what is queued beyond them goes in the next.
 MAX_TRANSACTION_RECORDS = 4096
+# A transaction's appends go in one batch up to this size (under Kafka's default max.message.bytes, 1 MiB);
+# past it, each append is a batch, and a Produce, of its own.
+MAX_BATCH_BYTES = 1_000_000
 # Connections per state topic and upstream broker that the partitions' writers spread over.
 STATE_LANES = 8
 TRANSACTION_VERSION_FEATURE = "transaction.version"
@@ -100,6 +104,26 @@ def appends_per_transaction(queued: list[int], max_records: int) -> int:
         count += queued[taken]
         taken += 1
     return taken
+
+
+def transaction_batches(appends: list[list[CoordinatorRecord]], producer_id: int, producer_epoch: int,
+                        sequence: int, max_bytes: int = MAX_BATCH_BYTES) -> list[tuple[bytes, int]]:
+    """A transaction's record batches, each with its record count, numbered on from `sequence`: one batch
+    holding every append, unless that outgrows `max_bytes`, then one batch per append (a Produce of its own
+    each, since Kafka takes one magic v2 batch per partition in a Produce)."""
+    def encode(records: list[CoordinatorRecord], base_sequence: int) -> bytes:
+        return encode_records(records, producer_id=producer_id, producer_epoch=producer_epoch,
+                              base_sequence=base_sequence, is_transactional=True)
+
+    records = [r for append in appends for r in append]
+    whole = encode(records, sequence)
+    if len(appends) == 1 or len(whole) <= max_bytes:
+        return [(whole, len(records))]
+    batches = []
+    for append in appends:
+        batches.append((encode(append, sequence), len(append)))
+        sequence += len(append)
+    return batches
 
 
 class _Unknown(Exception):
@@ -270,12 +294,17 @@ class _PartitionWriter:
         return base
 
     async def _produce(self, appends: list[list[CoordinatorRecord]]) -> int:
-        batches, sequence = [], self.sequence
-        for records in appends:
-            batches.append(encode_records(records, producer_id=self.producer_id, producer_epoch=self.producer_epoch,
-                                          base_sequence=sequence, is_transactional=True))
-            sequence += len(records)
-        batch = b"".join(batches)
+        """Produce the appends in the open transaction; returns the base offset of the first. A Produce
+        carries one batch per partition, as Kafka requires of magic v2 batches (it refuses more with
+        INVALID_RECORD), so batches that must stay apart go in Produces of their own, in order."""
+        base = -1
+        for batch, count in transaction_batches(appends, self.producer_id, self.producer_epoch, self.sequence):
+            offset = await self._produce_batch(batch, self.sequence + count)
+            base = offset if base < 0 else base
+        return base
+
+    async def _produce_batch(self, batch: bytes, sequence: int) -> int:
+        """One Produce of one batch; `sequence` is the next batch's base sequence once it is appended."""
         leader = self.cluster.leader(self.topic, self.partition)
         if leader < 0:
             await self.cluster.refresh_metadata([self.topic])

@@ -29,11 +29,19 @@ from .conftest import FAST_HEARTBEAT, NO_JOIN_DELAY
 from .names import unique_name
 from .share_clients import create_topic, group_configs, produce, set_group_config
 
-# Short sessions on both sides, so a dead sidecar's work moves within seconds.
+# A sidecar the test kills or pauses has a short session, so its work moves within seconds. The others keep
+# theirs through a loaded machine: a sidecar starved of CPU for a few seconds would otherwise see its own
+# membership lapse and hand its work around in the middle of a test. Heartbeats are frequent either way, so a
+# rebalance (a sidecar joining or leaving) completes as soon as every member has rejoined; the rebalance
+# timeout only bounds how long the group waits for a member that does not.
 UPSTREAM_GROUPS = [*NO_JOIN_DELAY, "group.min.session.timeout.ms=1000"]
-MEMBERSHIP = ["upstream.membership.session.timeout.ms=3000", "upstream.membership.heartbeat.interval.ms=300",
-              "upstream.membership.rebalance.timeout.ms=5000"]
-WAIT_S = 30.0
+SHORT_SESSION_MS = 3000
+STEADY_SESSION_MS = 20000
+MEMBERSHIP = ["upstream.membership.heartbeat.interval.ms=300", "upstream.membership.rebalance.timeout.ms=20000"]
+# Waits on conditions: generous, as they end as soon as the condition holds.
+WAIT_S = 60.0
+PEER_TIMEOUT_S = 30.0  # a sidecar's share-state request to another sidecar (the client's request.timeout.ms)
+LOCK_S = 30.0  # group.share.record.lock.duration.ms, the default
 
 
 def _wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT_S,
@@ -45,10 +53,12 @@ def _wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT_S,
         time.sleep(0.2)
 
 
-def _sidecar(base: Path, name: str, node_id: int, upstream: BrokerProcess, group: str) -> BrokerProcess:
+def _sidecar(base: Path, name: str, node_id: int, upstream: BrokerProcess, group: str,
+             session_ms: int = STEADY_SESSION_MS) -> BrokerProcess:
     return BrokerProcess(base / name, overrides=[
         f"node.id={node_id}", f"upstream.bootstrap.servers={upstream.bootstrap}",
-        f"upstream.membership.group.id={group}", *MEMBERSHIP, *FAST_HEARTBEAT])
+        f"upstream.membership.group.id={group}", f"upstream.membership.session.timeout.ms={session_ms}",
+        *MEMBERSHIP, *FAST_HEARTBEAT])
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +161,16 @@ class AckLedger:
                 else:
                     self.confirmed.add(r)
 
+    def settled(self, records: set[Record]) -> bool:
+        """Every one of `records` was accepted: confirmed, or its commit was cut off."""
+        with self.lock:
+            return records <= self.confirmed | self.unsure
+
+    def missing(self, records: set[Record]) -> object:
+        with self.lock:
+            left = records - self.confirmed - self.unsure
+            return {"missing": sorted(left)[:8], "count": len(left), "unsure": len(self.unsure)}
+
     def partitions_after(self, since: int) -> set[int]:
         with self.lock:
             return {r[0] for r, _ in self.deliveries[since:]}
@@ -191,9 +211,10 @@ class Stream:
     consumers: list[ShareConsumer] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
 
-    def produce(self, count: int, prefix: str) -> None:
-        self.produced |= {(p, o) for p, o, _ in produce(self.upstream.bootstrap, self.topic, count, partitions=4,
-                                                           prefix=prefix)}
+    def produce(self, count: int, prefix: str) -> set[Record]:
+        records = {(p, o) for p, o, _ in produce(self.upstream.bootstrap, self.topic, count, partitions=4, prefix=prefix)}
+        self.produced |= records
+        return records
 
     def consume(self, share_group: str) -> None:
         for _ in range(4):
@@ -219,12 +240,7 @@ class Stream:
                 quiet = time.monotonic() - ledger.last_delivery > 5
                 return quiet and self.produced <= ledger.confirmed | ledger.unsure
 
-        def missing() -> object:
-            with ledger.lock:
-                left = self.produced - ledger.confirmed - ledger.unsure
-                return {"missing": sorted(left)[:8], "count": len(left), "unsure": len(ledger.unsure)}
-
-        _wait_for(settled, "every record to be accepted", 60, missing)
+        _wait_for(settled, "every record to be accepted", 60, lambda: ledger.missing(self.produced))
         self.close()
 
     def close(self) -> None:
@@ -248,7 +264,7 @@ def _from_earliest(a: BrokerProcess, b: BrokerProcess, share_group: str) -> None
 def stream(upstream: BrokerProcess, tmp_path: Path) -> Iterator[Stream]:
     group = unique_name("sidecars")
     a = _sidecar(tmp_path, "a", 1, upstream, group).start()
-    b = _sidecar(tmp_path, "b", 2, upstream, group).start()
+    b = _sidecar(tmp_path, "b", 2, upstream, group, SHORT_SESSION_MS).start()  # killed or paused
     s = Stream(upstream, a, b, unique_name("members-stream"))
     try:
         create_topic(upstream.bootstrap, s.topic, 4)
@@ -299,12 +315,19 @@ def test_a_sidecar_paused_past_its_session_is_fenced_and_hands_nothing_out_twice
     b.proc.send_signal(signal.SIGSTOP)
     _wait_for(lambda: _view(a, stream.topic) == ({1}, dict.fromkeys(range(4), 1)),
               "the other sidecar to take everything over")
-    # Every state partition the paused sidecar held was taken with a higher producer epoch: the upstream
-    # refuses that sidecar's writes from now on.
-    took = _taken(a.log_text())
-    assert all(took[key] > epoch for key, epoch in held.items()), (held, took)
-    stream.produce(100, "while-paused")
-    _wait_for(lambda: len(ledger.confirmed) >= 250, "records produced during the pause to be accepted", 60)
+    # Every state partition the paused sidecar held is taken with a higher producer epoch: the upstream
+    # refuses that sidecar's writes from then on. Metadata names the new owner as soon as the assignment
+    # arrives, before the take (InitProducerId, then the read of the partition) is done, so wait for it.
+    _wait_for(lambda: all(_taken(a.log_text()).get(key, -1) > epoch for key, epoch in held.items()),
+              "the other sidecar to take every state partition the paused one held",
+              detail=lambda: (held, _taken(a.log_text())))
+    while_paused = stream.produce(100, "while-paused")
+    # A state write the survivor sent to the paused sidecar just before the pause waits out the peer request
+    # timeout (30 s) and fails, and the writes queued behind it on that share partition wait with it: a
+    # consumer's commit may give up first (its ACCEPT is then unsure, as in settle()), and records whose
+    # ACCEPT the failed write rolled back come back once their acquisition lock (30 s) runs out.
+    _wait_for(lambda: ledger.settled(while_paused), "records produced during the pause to be accepted",
+              PEER_TIMEOUT_S + LOCK_S + WAIT_S, detail=lambda: ledger.missing(while_paused))
     b.proc.send_signal(signal.SIGCONT)
     # Resumed, it finds its membership lapsed and serves nothing until the group assigns it work again;
     # what it takes back it takes with a new producer epoch, which fences the other's writes on it.

@@ -1,6 +1,6 @@
 """Sidecar mode's state settings and names: the `__shoal_*` topics, the transactional ids that fence their
 writers, the `upstream.` keys that are Shoal's own rather than client settings, and how queued state
-writes are cut into upstream transactions."""
+writes are cut into upstream transactions and batches."""
 
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ from shoal.broker.storage.topic_registry import CONSUMER_OFFSETS, SHARE_GROUP_ST
 from shoal.broker.upstream.settings import DEFAULT_MEMBERSHIP_GROUP_ID, UpstreamConfigError, parse_upstream
 from shoal.broker.upstream.state_log import (
     appends_per_transaction,
+    transaction_batches,
     transaction_version_to_use,
     transactional_id,
 )
 from shoal.broker.upstream.state_topics import state_topic_name
+from shoal.coordinator.offset_metadata_manager import CommittedOffset, offset_commit_record
+from shoal.protocol.record_batch import iter_batches
 
 
 def test_state_topics_carry_the_shoal_prefix_and_never_an_internal_topics_name() -> None:
@@ -93,3 +96,26 @@ def test_the_state_transaction_version_setting_caps_what_the_writers_use() -> No
 def test_transaction_version_2_needs_the_feature_and_the_request_versions(
         finalized: int, produce_max: int, end_txn_max: int, cap: int, used: int) -> None:
     assert transaction_version_to_use(finalized, produce_max, end_txn_max, cap) == used
+
+
+@given(st.lists(st.lists(st.text(max_size=300), min_size=1, max_size=5), min_size=1, max_size=6),
+       st.integers(0, 1000), st.sampled_from([200, 2_000, 1_000_000]))
+def test_a_transaction_is_one_batch_per_produce_with_sequences_in_order(
+        appends_metadata: list[list[str]], sequence: int, max_bytes: int) -> None:
+    """Kafka takes one magic v2 batch per partition in a Produce: the appends are one batch when it fits,
+    else one batch each; either way the record counts add up and the sequences run on without a gap."""
+    appends = [[offset_commit_record("g", "t", i, CommittedOffset(i, -1, meta, 0)) for i, meta in enumerate(metas)]
+               for metas in appends_metadata]
+    batches = transaction_batches(appends, 7, 3, sequence, max_bytes)
+    total = sum(len(a) for a in appends)
+    if len(appends) == 1 or len(transaction_batches(appends, 7, 3, sequence)[0][0]) <= max_bytes:
+        assert len(batches) == 1
+    else:
+        assert [count for _b, count in batches] == [len(a) for a in appends]
+    expected_sequence = sequence
+    for batch, count in batches:
+        [(_pos, header)] = list(iter_batches(batch))  # exactly one batch
+        assert (header.producer_id, header.producer_epoch, header.is_transactional) == (7, 3, True)
+        assert (header.base_sequence, header.records_count) == (expected_sequence, count)
+        expected_sequence += count
+    assert expected_sequence == sequence + total
