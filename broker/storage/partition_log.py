@@ -2,8 +2,7 @@
 retention and DeleteRecords.
 
 Appends go to the page cache only; durability comes from `flush()`, which shares one fsync between all
-concurrent callers (group commit) and runs it in a worker thread so the event loop never blocks on disk;
-rounds of several logs due at once fsync concurrently on a pool of their own (`flush_pool.py`).
+concurrent callers (group commit) and runs it in a worker thread so the event loop never blocks on disk.
 
 Crash safety: a sealed segment's index files are written only after its `.log` was fsynced, so on open
 sealed segments with index files are trusted and only the active segment (plus any sealed segment whose
@@ -40,7 +39,6 @@ import structlog
 
 from shoal.backoff import Backoff
 from shoal.broker.common.purgatory import LogKey, Purgatory
-from shoal.broker.storage.flush_pool import flush_executor
 from shoal.broker.storage.log_config import (
     ProducePolicy,
     batch_too_large,
@@ -976,10 +974,7 @@ class PartitionLog:
         plan: _FlushPlan | None = None
         try:
             plan = self._plan_flush()
-            # Its own pool: rounds of several logs due at once (a ShareFetch's acknowledgements on several
-            # `__share_group_state` partitions) fsync concurrently, not queued behind each other.
-            await asyncio.get_running_loop().run_in_executor(flush_executor(), self._execute_flush, self.directory,
-                                                             plan)
+            await asyncio.get_running_loop().run_in_executor(None, self._execute_flush, self.directory, plan)
         except BaseException:
             self._dir_dirty = True
             _txn_indexes_unsynced(plan)

@@ -1,42 +1,18 @@
-"""Flush rounds of several partition logs due at once fsync concurrently on the flush pool, whatever else the
-loop's default executor is doing; each round releases its own waiters and fails only with its own fsync."""
+"""Flush rounds of several partition logs due at once: each round releases its own waiters when its own fsync
+is done, and a failed fsync fails only the waiters whose data it covered."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import threading
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from shoal.broker.storage.partition_log import LogConfig, PartitionLog
 
 from .test_partition_log import append, make_batch
-
-
-class OneWorkerExecutor(ThreadPoolExecutor):
-    """A real one-thread pool that counts the jobs submitted to it: a default executor that can run one
-    blocking job at a time."""
-
-    def __init__(self) -> None:
-        super().__init__(max_workers=1)
-        self.jobs = 0
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        self.jobs += 1
-        return super().submit(fn, *args, **kwargs)
-
-
-@pytest.fixture
-async def executor() -> AsyncIterator[OneWorkerExecutor]:
-    pool = OneWorkerExecutor()
-    asyncio.get_running_loop().set_default_executor(pool)
-    yield pool
-    pool.shutdown(wait=False)
 
 
 def _logs(tmp_path: Path, n: int) -> list[PartitionLog]:
@@ -48,35 +24,6 @@ def _logs(tmp_path: Path, n: int) -> list[PartitionLog]:
 
 def _fd_dir(fd: int) -> str:
     return os.path.dirname(os.readlink(f"/proc/self/fd/{fd}"))
-
-
-async def test_rounds_due_together_fsync_concurrently_off_the_default_executor(
-        tmp_path: Path, executor: OneWorkerExecutor, monkeypatch: pytest.MonkeyPatch) -> None:
-    logs = _logs(tmp_path, 4)
-    # Every log's fsync waits at the barrier for the others: it passes only if all four run at once (queued
-    # one after another, as on a one-thread default executor, the barrier breaks and the flushes fail).
-    barrier = threading.Barrier(4, timeout=10)
-    real_fsync = os.fsync
-    seen: set[str] = set()
-    lock = threading.Lock()
-
-    def gathering_fsync(fd: int) -> None:
-        path = _fd_dir(fd)
-        with lock:
-            first = path.startswith(str(tmp_path)) and path not in seen
-            seen.add(path)
-        if first:
-            barrier.wait()
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", gathering_fsync)
-    await asyncio.gather(*(plog.flush() for plog in logs))
-    assert executor.jobs == 0
-    assert len(seen) == 4
-    for plog in logs:
-        assert plog.flushed_offset == plog.log_end_offset == 1
-        assert plog.fsync_count == 1
-        plog.close()
 
 
 async def test_each_round_releases_its_own_waiters_and_fails_only_with_its_own_fsync(
