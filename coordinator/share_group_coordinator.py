@@ -478,12 +478,16 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
                     if record is not None:
                         yield [record]
                 if failed:
-                    # Failed partitions stay "initializing"; they are retried once the interval passed.
+                    # Failed partitions stay "initializing", and become due again when the backoff allows, at
+                    # most one retry interval on: Kafka uninitialises them, so its next heartbeat retries them.
                     now = self.clock()
+                    interval = self.config.initialize_retry_interval_ms / 1000
+                    due = self._retries.next_attempt(("initialize", req.group_id))
+                    retry_at = now + interval if due is None else min(due, now + interval)
                     for tid in req.topics:
                         info = group.initializing.get(tid)
                         if info is not None:
-                            info.timestamp = now
+                            info.timestamp = retry_at - interval
 
             await self._write_steps(req.group_id, record_outcome)
         except asyncio.CancelledError:

@@ -30,6 +30,11 @@ class Backoff:
         state = self._keys.get(key)
         return state is None or now >= state.next_attempt
 
+    def next_attempt(self, key: Hashable) -> float | None:
+        """When a retry for `key` may run next (None: it never failed)."""
+        state = self._keys.get(key)
+        return None if state is None else state.next_attempt
+
     def failed(self, key: Hashable, now: float) -> int | None:
         """Record a failure; returns how many failures went unlogged since the last line if this one should
         be logged, else None."""

@@ -423,6 +423,21 @@ async def test_initialisation_failure_is_retried(env: Env) -> None:
     assert parts(resp) == {T_ORDERS: {0, 1, 2, 3}}
 
 
+async def test_failed_initialisation_is_retried_by_a_heartbeat_once_its_backoff_passed(env: Env) -> None:
+    """As Kafka, which uninitialises failed partitions so that the next heartbeat retries them: a transient
+    failure costs the backoff (1 s at first), not the whole retry interval."""
+    env.persister.fail_initialize = True
+    resp = await env.hb("a", 0, ["orders"])
+    await env.coord.wait_for_background()
+    env.persister.fail_initialize = False
+    env.clock.now += 1.5
+    resp = await env.hb("a", resp.member_epoch)
+    await env.coord.wait_for_background()
+    assert len(env.persister.initialized) == 4
+    resp = await env.hb("a", resp.member_epoch)
+    assert parts(resp) == {T_ORDERS: {0, 1, 2, 3}}
+
+
 async def test_added_partitions_are_initialised_and_assigned(env: Env) -> None:
     a = await env.join_initialised("a", ["orders"])
     env.topics.by_name["orders"] = (T_ORDERS, 6)
