@@ -113,6 +113,7 @@ class ProduceHandler:
                             pd.records, origin=AppendOrigin.CLIENT, internal_topics_allowed=internal_allowed,
                             transactional_id=req.transactional_id,
                             verify_transaction=self.services.verify_txn_partition, handed_over=True,
+                            single_batch=True,
                         )
                     except AppendRefused as exc:
                         parts.append(PartitionResponse(index=pd.index, base_offset=-1,

@@ -618,9 +618,12 @@ class PartitionLog:
         transactional_id: str | None = None,
         verify_transaction: TransactionVerifier | None = None,
         handed_over: bool = False,
+        single_batch: bool = False,
     ) -> AppendResult:
         """Check `records` as `origin` requires, append them (page cache only; `flush` makes them durable),
         track their producers and transactions, wake the partition's long polls and count them.
+
+        `single_batch`: a Produce request's record set (v3 and later), which Kafka allows exactly one batch.
 
         With `handed_over` the caller gives up `records` (a Produce request's record set, a view into
         the request's own frame): when writable it is patched in place (base offsets, LogAppendTime),
@@ -667,6 +670,12 @@ class PartitionLog:
                                           f"errors in total, and only showing the first three errors at most: "
                                           f"[{shown}]", record_errors=errors) from exc
             raise AppendRefused(code, str(exc)) from exc
+        if single_batch and len(headers) != 1:
+            message = (f"Produce requests with version 3 and above are only allowed to contain exactly one record "
+                       f"batch per partition; {ctx.topic}-{ctx.partition} had {len(headers)}")
+            log.warning(_REJECTED[origin], topic=ctx.topic, partition=ctx.partition, error=message,
+                        error_code=int(ErrorCode.INVALID_RECORD))
+            raise AppendRefused(ErrorCode.INVALID_RECORD, message)
         if origin is not AppendOrigin.REPLICATION and any(h.is_control for _p, h in headers):
             self._check_markers(buf, headers)
         # Only idempotent batches need the producer state; touching it first rebuilds it from the log's tail.

@@ -344,6 +344,17 @@ def test_rejected_batch_appends_nothing(healthy_after: BrokerProcess) -> None:
         assert produce_errors(sock, name, bytes(sample_batch())) == [(ErrorCode.NONE, 0)]
 
 
+def test_two_batches_for_one_partition_are_invalid_record(healthy_after: BrokerProcess) -> None:
+    """Kafka's ProduceRequest rule (v3 and later): exactly one record batch per partition. Two valid batches
+    in one partition's record set are refused whole with INVALID_RECORD, and nothing of them is appended."""
+    name = f"bad-input-two-{uuid.uuid4().hex[:8]}"
+    with connect(healthy_after) as sock:
+        create_topic(sock, name)
+        assert produce_errors(sock, name, bytes(sample_batch()) + bytes(sample_batch())) == \
+            [(ErrorCode.INVALID_RECORD, -1)]
+        assert produce_errors(sock, name, bytes(sample_batch())) == [(ErrorCode.NONE, 0)]
+
+
 # ---- connection behaviour --------------------------------------------------------------------------
 
 
