@@ -43,6 +43,7 @@ from shoal.broker.upstream.produce import produce_acks_all
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.record_batch import iter_batches
 from shoal.protocol.records import Header, Record, RecordInput, decode_batches, encode_batch
 
 from .group_configs import (
@@ -408,4 +409,7 @@ class _UpstreamTarget:
         self.owner, self.topic, self.partition, self.reader = owner, topic, partition, reader
 
     async def append(self, batches: bytes) -> None:
-        await self.owner.produce(self.topic, self.partition, batches)
+        # Kafka takes one batch per partition in a Produce: several (records over max.message.bytes) go in
+        # turn. A retry after a partial write skips the offsets already in the topic.
+        for pos, header in iter_batches(batches):
+            await self.owner.produce(self.topic, self.partition, batches[pos:pos + header.size])
