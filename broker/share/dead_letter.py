@@ -43,7 +43,6 @@ from shoal.broker.upstream.produce import produce_acks_all
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
-from shoal.protocol.record_batch import iter_batches
 from shoal.protocol.records import Header, Record, RecordInput, decode_batches, encode_batch
 
 from .group_configs import (
@@ -204,8 +203,7 @@ class DeadLetterWriter:
             key, value = copies.get(offset, (None, None))
             records.append(RecordInput(key=key, value=value, headers=_headers(source, offset, count, reason),
                                        timestamp=now))
-        batches = b"".join(encode_batch(chunk) for chunk in _chunks(records, target.max_message_bytes))
-        await target.append(batches)
+        await target.append([encode_batch(chunk) for chunk in _chunks(records, target.max_message_bytes)])
         if self.on_written is not None:
             self.on_written(source.group_id, len(records))
         return len(records)
@@ -258,8 +256,9 @@ class _Target(Protocol):
     def max_message_bytes(self) -> int: ...
     @property
     def reader(self) -> PartitionSource: ...
-    async def append(self, batches: bytes) -> None:
-        """Durable when it returns; NotDeadLettered when the topic refuses the records."""
+    async def append(self, batches: list[bytes]) -> None:
+        """The batches, each within max.message.bytes; durable when it returns; NotDeadLettered when the
+        topic refuses the records."""
         ...
 
 
@@ -269,12 +268,12 @@ class _LocalTarget:
         self.max_message_bytes = dlq_log.config.produce.max_message_bytes
         self.reader: PartitionSource = LocalPartitionSource(dlq_log)
 
-    async def append(self, batches: bytes) -> None:
+    async def append(self, batches: list[bytes]) -> None:
         dlq_log = self.dlq_log
         try:
             # The topic's rules (compression.type, timestamps, max.message.bytes) apply as to a produce, and
             # long polls on the partition wake.
-            result = dlq_log.append_as_leader(batches, origin=AppendOrigin.COORDINATOR)
+            result = dlq_log.append_as_leader(b"".join(batches), origin=AppendOrigin.COORDINATOR)
         except AppendRefused as exc:
             raise NotDeadLettered(f"The DLQ topic {self.topic} refused the records: {exc}") from exc
         await dlq_log.flush(result.last_offset + 1)
@@ -408,8 +407,8 @@ class _UpstreamTarget:
     def __init__(self, owner: UpstreamDeadLetters, topic: str, partition: int, reader: PartitionSource):
         self.owner, self.topic, self.partition, self.reader = owner, topic, partition, reader
 
-    async def append(self, batches: bytes) -> None:
+    async def append(self, batches: list[bytes]) -> None:
         # Kafka takes one batch per partition in a Produce: several (records over max.message.bytes) go in
         # turn. A retry after a partial write skips the offsets already in the topic.
-        for pos, header in iter_batches(batches):
-            await self.owner.produce(self.topic, self.partition, batches[pos:pos + header.size])
+        for batch in batches:
+            await self.owner.produce(self.topic, self.partition, batch)
