@@ -30,9 +30,13 @@ class _Capture(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+# The mock's debug log, read to learn when it has seen a consumer's ShareFetch (one mock per module).
+_MOCK_LOG = _Capture()
+
+
 @pytest.fixture(scope="module")
 def mock_cluster() -> Iterator[tuple[str, RdProducer]]:
-    capture = _Capture()
+    capture = _MOCK_LOG
     logger = logging.getLogger("rdkafka-mock-client-tests")
     logger.addHandler(capture)
     logger.setLevel(logging.DEBUG)
@@ -55,11 +59,13 @@ def _assign_then_produce(
     owner: RdProducer,
     consumer: ShareConsumer,
     topic: str,
+    group: str,
     prefix: bytes,
     poll: Callable[[float], object],
 ) -> list[RecordMetadata]:
-    """Create `topic`, wait (polling with `poll`) until `consumer` holds its 4 partitions, then produce 12
-    records across them: the mock starts a new share group at the log end."""
+    """Create `topic`, wait (polling with `poll`) until `consumer` holds its 4 partitions and the mock has
+    served it a ShareFetch for them, then produce 12 records across them. The mock starts a share partition at
+    the log end when the first ShareFetch names it, so a record produced before that fetch is never offered."""
     owner.produce(topic, b"__create__")  # the mock creates the topic (4 partitions) on first produce
     assert owner.flush(10) == 0
     consumer.subscribe([topic])
@@ -67,8 +73,26 @@ def _assign_then_produce(
     while len(consumer.assignment()) < 4 and time.monotonic() < deadline:
         poll(0.2)
     assert consumer.assignment() == {(topic, p) for p in range(4)}
+    owner.poll(0)  # deliver the log lines the mock wrote so far
+    mark = len(_MOCK_LOG.lines)
+    while time.monotonic() < deadline and not _fetched_after(mark, group):
+        poll(0.2)
+        owner.poll(0)
+    assert _fetched_after(mark, group), "the mock never served the assigned consumer a ShareFetch"
     with Producer(bootstrap) as producer:
         return [producer.send(topic, prefix + str(i).encode(), partition=i % 4).result(30) for i in range(12)]
+
+
+def _fetched_after(mark: int, group: str) -> bool:
+    """Whether the mock finished a ShareFetch from `group` that it parsed after log line `mark`: the mock
+    serves requests on one thread, so the request's "acquired" line follows its "parsed" line."""
+    parsed = False
+    for line in _MOCK_LOG.lines[mark:]:
+        if f"ShareFetch parsed: group {group} " in line:
+            parsed = True
+        elif parsed and "ShareFetch acquired:" in line:
+            return True
+    return False
 
 
 async def test_api_versions_fall_back_to_v0_against_the_mock(mock_cluster: tuple[str, RdProducer]) -> None:
@@ -87,7 +111,7 @@ def test_produce_and_share_consume_with_explicit_acks(mock_cluster: tuple[str, R
     bootstrap, owner = mock_cluster
     topic, group = "cl-mock", "cl-mock-g"
     with ShareConsumer(bootstrap, group, acknowledgement_mode="explicit") as consumer:
-        sent = _assign_then_produce(bootstrap, owner, consumer, topic, b"m", consumer.poll)
+        sent = _assign_then_produce(bootstrap, owner, consumer, topic, group, b"m", consumer.poll)
         assert {md.partition for md in sent} == {0, 1, 2, 3}
 
         got: dict[bytes, int] = {}
@@ -117,7 +141,7 @@ def test_a_header_only_consumer_reads_ranges_from_the_records_a_broker_without_t
     bootstrap, owner = mock_cluster
     topic, group = "cl-mock-headers", "cl-mock-headers-g"
     with ShareConsumer(bootstrap, group, acknowledgement_mode="explicit", header_only=True) as consumer:
-        sent = _assign_then_produce(bootstrap, owner, consumer, topic, b"h", consumer.poll_ranges)
+        sent = _assign_then_produce(bootstrap, owner, consumer, topic, group, b"h", consumer.poll_ranges)
         want = {(md.partition, md.offset) for md in sent}
         got: set[tuple[int, int]] = set()
         sized = 0
