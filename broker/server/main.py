@@ -12,6 +12,7 @@ import structlog
 
 from shoal.broker.common.config import BrokerConfig, ConfigError
 
+from .collector import settle_after_start
 from .logging_setup import configure_logging
 from .server import Broker
 
@@ -60,6 +61,7 @@ async def serve(config: BrokerConfig) -> int:
         "metrics_port": broker.metrics_port,
         "log_dirs": str(config["log.dirs"]),
     }
+    settle_after_start()
     # One machine-readable line so tests and scripts can find the port chosen for `:0`.
     print(READY_PREFIX + json.dumps(ready), flush=True)
     structlog.get_logger("shoal").info("broker started", **ready)
