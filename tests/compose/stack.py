@@ -19,8 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[2]
 MAIN_COMPOSE = REPO / "docker" / "docker-compose.yml"
+SIDECAR_COMPOSE = REPO / "docker" / "docker-compose.sidecar.yml"
+# On top of SIDECAR_COMPOSE where the apache/kafka image cannot be had: a standalone Shoal broker upstream.
+SIDECAR_SHOAL_UPSTREAM = REPO / "docker" / "docker-compose.sidecar.shoal-upstream.yml"
 ENABLE_ENV = "SHOAL_COMPOSE_TESTS"
 
 
@@ -47,14 +52,15 @@ def docker(*args: str, timeout: float = 120) -> str:
 
 @dataclass
 class Stack:
-    """One compose project over `file`, with its host ports moved to free ones through the environment."""
+    """One compose project over `files` (a file and its overrides, in that order), with its host ports moved
+    to free ones through the environment."""
 
     project: str
-    file: Path = MAIN_COMPOSE
+    files: tuple[Path, ...] = (MAIN_COMPOSE,)
     env: dict[str, str] = field(default_factory=dict)
 
     def compose(self, *args: str, timeout: float = 1800, check: bool = True) -> subprocess.CompletedProcess[str]:
-        argv = [*compose_command(), "-p", self.project, "-f", str(self.file), *args]
+        argv = [*compose_command(), "-p", self.project, *(a for f in self.files for a in ("-f", str(f))), *args]
         run = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO,
                              env={**os.environ, **self.env})
         if check:
@@ -70,6 +76,11 @@ class Stack:
         [info] = json.loads(docker("inspect", self.container(service)))
         assert isinstance(info, dict)
         return info
+
+    def state(self, service: str) -> tuple[str, str, int, bool]:
+        """Container id, start time, restart count, running: all four stay equal while it runs on untouched."""
+        info = self.inspect(service)
+        return info["Id"], info["State"]["StartedAt"], int(info["RestartCount"]), bool(info["State"]["Running"])
 
     def wait_healthy(self, service: str, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
@@ -94,4 +105,19 @@ def main_stack(project: str, extra_env: Mapping[str, str] | None = None) -> Stac
     """The main stack (docker/docker-compose.yml) with its published ports on free loopback ports."""
     env = {"SHOAL_PORT": str(free_port()), "SHOAL_METRICS_PORT": str(free_port()),
            "PROMETHEUS_PORT": str(free_port()), "GRAFANA_PORT": str(free_port()), **(extra_env or {})}
-    return Stack(project, MAIN_COMPOSE, env)
+    return Stack(project, (MAIN_COMPOSE,), env)
+
+
+def kafka_image() -> str:
+    """The apache/kafka image the sidecar stack's brokers run."""
+    services = yaml.safe_load(SIDECAR_COMPOSE.read_text())["services"]
+    return next(str(s["image"]) for s in services.values() if str(s.get("image", "")).startswith("apache/kafka:"))
+
+
+def sidecar_stack(project: str) -> Stack:
+    """The sidecar stack (docker/docker-compose.sidecar.yml) with its sidecars' ports on free loopback ports:
+    over Apache Kafka where its image is on this engine (`make compose-test` pulls it first if it can), else
+    over the standalone Shoal upstream of docker-compose.sidecar.shoal-upstream.yml."""
+    env = {f"SHOAL_{n}_{kind}PORT": str(free_port()) for n in (1, 2) for kind in ("", "METRICS_")}
+    have_kafka = subprocess.run(["docker", "image", "inspect", kafka_image()], capture_output=True).returncode == 0
+    return Stack(project, (SIDECAR_COMPOSE,) if have_kafka else (SIDECAR_COMPOSE, SIDECAR_SHOAL_UPSTREAM), env)

@@ -14,15 +14,12 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from shoal.client.producer import Producer
 from tests.integration.external import ExternalBroker
 from tests.integration.kafka_wire import WireClient
-from tests.integration.share_clients import Consumed, poll_until, share_consumer
 from tests.integration.test_share_protocol import (
     ACCEPT,
     REJECT,
@@ -34,18 +31,13 @@ from tests.integration.test_share_protocol import (
     state_summary,
     topic_id_of,
 )
-from tests.spark.test_spark_sink import _load_example
 
+from .orders_job import WAIT_S, load_job, priced, produce_orders, start_checking, wait_priced
 from .stack import ENABLE_ENV, Stack, docker, main_stack
 
 pytestmark = pytest.mark.skipif(
     not os.environ.get(ENABLE_ENV), reason=f"needs a Docker engine: `make compose-test` runs it ({ENABLE_ENV}=1)"
 )
-
-JOB_TOPICS = ("orders", "orders-priced", "orders-spark")  # the example job's defaults, as the service runs it
-# Waits for a deployment on a loaded 2-core machine (JVM start-up, Spark's first micro-batch): deadlines, not
-# measurements.
-WAIT_S = 600
 
 
 @pytest.fixture(scope="module")
@@ -65,62 +57,28 @@ def bootstrap(stack: Stack) -> str:
     return f"localhost:{stack.env['SHOAL_PORT']}"
 
 
-def container_state(stack: Stack, service: str) -> tuple[str, str, int, bool]:
-    info = stack.inspect(service)
-    return info["Id"], info["State"]["StartedAt"], int(info["RestartCount"]), bool(info["State"]["Running"])
-
-
-def priced(job: Any, order: str) -> str:
-    item, qty = order.split(",")
-    price = job.UNIT_PRICES.get(item)
-    return f"{item},{qty},{float(round(price * int(qty), 2)) if price is not None else -1.0}"
-
-
-def produce_orders(address: str, orders: list[str]) -> None:
-    with Producer(address) as producer:
-        futures = [producer.send(JOB_TOPICS[0], order.encode(), partition=i % 3) for i, order in enumerate(orders)]
-        producer.flush()
-        assert all(f.result(60).offset >= 0 for f in futures)
-
-
-def wait_priced(address: str, group: str, expected: set[str], seen: set[str]) -> None:
-    """Read the job's output topic in a share group of the test's own until every expected value was seen."""
-    consumer = share_consumer(address, group, [JOB_TOPICS[1]])
-    got = Consumed()
-    try:
-        poll_until(consumer, lambda: expected <= seen, got, timeout=WAIT_S,
-                   on_message=lambda msg: seen.add(msg.value().decode()))
-    finally:
-        consumer.close()
-    assert expected <= seen, f"not priced: {sorted(expected - seen)}"
-
-
 def test_broker_restart_under_the_running_spark_job(stack: Stack) -> None:
-    job = _load_example()
+    job = load_job()
     address = bootstrap(stack)
-    source, sink, group = JOB_TOPICS
     check_group = f"orders-check-{uuid.uuid4().hex[:8]}"
-    # The job creates its topics on start; so does this (whichever is first), and the checking group reads
-    # from the start of the output topic.
-    job.ensure_topics(address, source, sink, group, 3)
-    job.ensure_topics(address, source, sink, check_group, 3)
+    start_checking(job, address, check_group)
     first = [f"widget,{i}" for i in range(1, 21)]
     produce_orders(address, first)
     seen: set[str] = set()
     wait_priced(address, check_group, {priced(job, o) for o in first}, seen)
 
-    job_before = container_state(stack, "spark-orders-job")
+    job_before = stack.state("spark-orders-job")
     assert job_before[3], stack.logs("spark-orders-job")[-3000:]
-    broker_id = container_state(stack, "shoal")[0]
+    broker_id = stack.state("shoal")[0]
     stack.compose("restart", "shoal")
     stack.wait_healthy("shoal")
-    assert container_state(stack, "shoal")[0] == broker_id  # restarted, not re-created
+    assert stack.state("shoal")[0] == broker_id  # restarted, not re-created
 
     second = [f"gadget,{i}" for i in range(1, 21)]
     produce_orders(address, second)
     wait_priced(address, check_group, {priced(job, o) for o in first + second}, seen)
     # The same job container, never restarted: it rode out the broker's restart on its own.
-    job_after = container_state(stack, "spark-orders-job")
+    job_after = stack.state("spark-orders-job")
     assert job_after == job_before, (job_before, job_after, stack.logs("spark-orders-job")[-3000:])
 
 
@@ -177,14 +135,14 @@ def test_docker_stop_and_start_keep_topics_records_share_state_and_offsets(stack
     records_before = read_all(address, s.topic, 2, 60)
     assert len(records_before) == 60
 
-    broker_id = container_state(stack, "shoal")[0]
+    broker_id = stack.state("shoal")[0]
     docker("stop", broker_id, timeout=120)
     stopped = stack.inspect("shoal")["State"]
     # SIGTERM reached the broker as PID 1 and it shut down cleanly (not SIGKILLed after the grace period).
     assert not stopped["Running"] and stopped["ExitCode"] == 0, (stopped, stack.logs("shoal")[-3000:])
     docker("start", broker_id)
     stack.wait_healthy("shoal")
-    assert container_state(stack, "shoal")[0] == broker_id
+    assert stack.state("shoal")[0] == broker_id
 
     with WireClient.connect(address) as admin:
         assert topic_id_of(admin, s.topic) == s.topic_id
