@@ -7,10 +7,12 @@
 #  3. builds the images (BuildKit: the layer cache makes a rebuild after a source edit cheap);
 #  4. runs the test stack (docker/docker-compose.test.yml, project shoal-test) to the exit code of its
 #     `tests` service, then takes it down with its volumes;
-#  5. runs tests/compose (the main stack's deployment cases) with a project of their own;
-#  6. runs the sidecar stack (docker/docker-compose.sidecar.yml, project shoal-sidecar: Apache Kafka 3.9 and
-#     two sidecars) to the exit code of its `tests` service; where the apache/kafka image cannot be pulled,
-#     over a standalone Shoal upstream instead (docker/docker-compose.sidecar.shoal-upstream.yml).
+#  5. runs tests/compose/test_compose_stack.py (the main stack's deployment cases) with a project of its own;
+#  6. runs tests/compose/test_sidecar_stack.py against the sidecar stack (docker/docker-compose.sidecar.yml,
+#     project shoal-sidecar: Apache Kafka 3.9, two sidecars and the example Spark job): the stack's `tests`
+#     service inside it, then the Spark job through the sidecars across a SIGKILL of one; where the
+#     apache/kafka image cannot be pulled, over a standalone Shoal upstream instead
+#     (docker/docker-compose.sidecar.shoal-upstream.yml).
 # The exit code is non-zero if either run failed: 2 when this machine cannot run the stacks at all (no engine
 # can be started, too little disk, no base image) and 3 when the images cannot be built (the package
 # mirrors or PyPI unreachable, or a broken Dockerfile), so a caller can tell those from a failed test.
@@ -141,11 +143,12 @@ log "test stack exit code: $status"
 
 # It builds the main stack's images itself (`up --build`), so it also runs on its own.
 log "running tests/compose against the main stack"
-SHOAL_COMPOSE_TESTS=1 "$PYTEST" -q -p no:cacheprovider tests/compose || status=$?
+SHOAL_COMPOSE_TESTS=1 "$PYTEST" -q -p no:cacheprovider tests/compose/test_compose_stack.py || status=$?
 
 SIDECAR_PROJECT=shoal-sidecar
 KAFKA_IMAGE=$(sed -n 's/^ *image: *\(apache\/kafka:[^ ]*\).*/\1/p' docker/docker-compose.sidecar.yml | head -1)
 sidecar_stack=("${COMPOSE[@]}" -p "$SIDECAR_PROJECT" -f docker/docker-compose.sidecar.yml)
+# The test module picks the same files: the apache/kafka image where this engine has it, else the override.
 if docker image inspect "$KAFKA_IMAGE" >/dev/null 2>&1 || timeout 300 docker pull "$KAFKA_IMAGE" >/dev/null 2>&1; then
     upstream="$KAFKA_IMAGE"
 else
@@ -154,13 +157,15 @@ else
     sidecar_stack+=(-f docker/docker-compose.sidecar.shoal-upstream.yml)
     upstream="a standalone Shoal upstream"
 fi
+# The test module takes its stack down itself; this is for a run interrupted before it could.
 sidecar_cleanup() { "${sidecar_stack[@]}" down -v --remove-orphans >/dev/null 2>&1 || true; }
 trap 'record_status $?; cleanup; sidecar_cleanup; remove_replaced_images; stop_engine' EXIT
 sidecar_cleanup
-log "running the sidecar stack ($upstream)"
+log "running tests/compose/test_sidecar_stack.py against the sidecar stack ($upstream)"
 sidecar_status=0
-"${sidecar_stack[@]}" --profile test up --build --exit-code-from tests \
-    kafka-1 kafka-2 kafka-3 shoal-1 shoal-2 tests || sidecar_status=$?
+# -s: the module prints the `tests` service's own summary line.
+SHOAL_COMPOSE_TESTS=1 SHOAL_SIDECAR_COMPOSE_PROJECT="$SIDECAR_PROJECT" \
+    "$PYTEST" -q -s -p no:cacheprovider tests/compose/test_sidecar_stack.py || sidecar_status=$?
 sidecar_cleanup
 log "sidecar stack exit code: $sidecar_status"
 [ "$sidecar_status" -eq 0 ] || status=$sidecar_status
