@@ -19,6 +19,7 @@ from confluent_kafka import AcknowledgeType, ShareConsumer
 from confluent_kafka.admin import AdminClient
 
 from shoal.client.connection import BrokerConnection
+from shoal.client.consumer import ShareConsumer as BundledShareConsumer
 from shoal.client.security import ClientConfig
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -283,15 +284,35 @@ def stream(upstream: BrokerProcess, tmp_path: Path) -> Iterator[Stream]:
         a.stop()
 
 
+def _read_until(consumer: BundledShareConsumer, seen: set[Record], wanted: set[Record], what: str) -> None:
+    def more() -> bool:
+        seen.update((r.partition, r.offset) for r in consumer.poll(0.5))
+        return wanted <= seen
+
+    _wait_for(more, what, detail=lambda: sorted(wanted - seen)[:10])
+
+
 def test_the_survivor_of_a_kill_serves_every_share_partition_with_nothing_lost_or_redelivered_after_accept(
         stream: Stream) -> None:
     a, b, ledger = stream.a, stream.b, stream.ledger
-    b.kill()  # kill -9, mid-stream
-    _wait_for(lambda: _view(a, stream.topic) == ({1}, dict.fromkeys(range(4), 1)),
-              "the survivor to lead every partition")
-    with ledger.lock:
-        mark = len(ledger.deliveries)
-    stream.produce(200, "second")
+    # Shoal's own share consumer too (the Spark source's driver is one), in a group of its own: it fetched
+    # from both sidecars before the kill, and must find the survivor leading the dead one's partitions after.
+    bundled_group = unique_name("members-bundled")
+    _from_earliest(a, b, bundled_group)
+    bundled = BundledShareConsumer(f"{a.bootstrap},{b.bootstrap}", bundled_group, request_timeout_ms=5000)
+    seen: set[Record] = set()
+    try:
+        bundled.subscribe([stream.topic])
+        _read_until(bundled, seen, set(stream.produced), "the bundled share consumer to read the first records")
+        b.kill()  # kill -9, mid-stream
+        _wait_for(lambda: _view(a, stream.topic) == ({1}, dict.fromkeys(range(4), 1)),
+                  "the survivor to lead every partition")
+        with ledger.lock:
+            mark = len(ledger.deliveries)
+        second = stream.produce(200, "second")
+        _read_until(bundled, seen, second, "the bundled share consumer to read the second records from the survivor")
+    finally:
+        bundled.close()
     stream.settle()
     assert ledger.redelivered_after_accept == []
     delivered = {r for r, _ in ledger.deliveries}
