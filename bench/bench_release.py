@@ -6,7 +6,9 @@ untracked-but-not-ignored files. Each venv sees this interpreter's site-packages
 only Shoal itself differs. Then, for `--rounds` rounds (baseline first in even rounds, the working tree
 first in odd ones), each build gets a fresh broker and the same confluent-kafka workload:
 
-- produce acks=1 and acks=all: N records of 100 B to a 4-partition topic, linger.ms=5;
+- produce acks=1 and acks=all: N records of 100 B (300k by default, as the issue's table: at 100k a share
+  drain lasts a tenth of a second and its rate swung by a fifth between identical builds) to a 4-partition
+  topic, linger.ms=5;
 - plain consume: an assigned Consumer drains the acks=1 topic, timed from its assign to the last record;
 - share consume: one ShareConsumer (implicit acknowledgement) drains the same topic, timed from the first
   record received (after its group join) to the last (both from bench_produce_fetch.py);
@@ -18,7 +20,7 @@ first in odd ones), each build gets a fresh broker and the same confluent-kafka 
 It prints every run and, per figure, new/baseline: the median of the paired rounds' ratios (for latency the
 ratio is of milliseconds, so below 1 is better). The machine is shared, so only paired ratios mean much.
 
-Usage: python bench/bench_release.py [COMMIT] [--records 100000] [--rounds 2] [--latency-seconds 5]
+Usage: python bench/bench_release.py [COMMIT] [--records 300000] [--rounds 2] [--latency-seconds 5]
        [--latency-rate 10000] [--new COMMIT] [--figures plain,share,acks-all,latency]
 
 With --new, a second commit is measured instead of the working tree; with --figures, only some figures
@@ -148,7 +150,7 @@ def run_build(python: str, work: Path, args: argparse.Namespace) -> dict[str, fl
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("commit", nargs="?", help="baseline commit (default: the one in bench/BASELINE)")
-    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--latency-seconds", type=float, default=5.0, help="0 skips the latency figures")
     parser.add_argument("--latency-rate", type=int, default=10_000)
