@@ -1,9 +1,11 @@
 """Two sidecar deployments (different `upstream.membership.group.id`) over one upstream, a standalone Shoal
 process: each keeps its share groups' state in topics of its own, so a share group of the same name on the
-same topic is two independent groups; and a deployment refuses to start on state topics another one owns."""
+same topic is two independent groups; and a deployment refuses to start on state topics another one owns,
+also when both claim them at once."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +13,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import AcknowledgeType
 from confluent_kafka.admin import AdminClient
+
+from shoal.broker.upstream.cluster import UpstreamCluster, UpstreamStartError
+from shoal.broker.upstream.forwarder import Forwarder
+from shoal.broker.upstream.settings import parse_upstream
+from shoal.broker.upstream.state_topics import StateTopicNames, claim_state_topics
 
 from .broker_process import BrokerProcess
 from .conftest import FAST_HEARTBEAT, NO_JOIN_DELAY
@@ -121,3 +128,27 @@ def test_a_deployment_refuses_the_state_topics_of_another(
     intruder.stop()
     assert f"upstream.membership.group.id='{owner}'" in intruder.log_text()
     assert deployments[owner].alive()
+
+
+def test_of_two_deployments_claiming_one_prefix_at_once_exactly_one_gets_it(upstream: BrokerProcess) -> None:
+    prefix, groups = unique_name("__shoal_race"), [unique_name("race-a"), unique_name("race-b")]
+
+    async def claim(group: str) -> None:
+        cluster = UpstreamCluster(parse_upstream({"bootstrap.servers": upstream.bootstrap}))
+        try:
+            await cluster.start()
+            await claim_state_topics(cluster, Forwarder(cluster), StateTopicNames(prefix), group, None)
+        finally:
+            await cluster.close()
+
+    async def run() -> None:
+        first = await asyncio.gather(*(claim(g) for g in groups), return_exceptions=True)
+        refused = [g for g, outcome in zip(groups, first, strict=True) if isinstance(outcome, UpstreamStartError)]
+        assert len(refused) == 1 and not [o for o in first if o is not None and not isinstance(o, UpstreamStartError)]
+        [winner] = set(groups) - set(refused)
+        # The claim holds across starts: the winner starts again, the other is refused again.
+        await claim(winner)
+        with pytest.raises(UpstreamStartError, match=f"upstream.membership.group.id='{winner}'"):
+            await claim(refused[0])
+
+    asyncio.run(run())
