@@ -308,14 +308,27 @@ class Broker:
             raise
         self.upstream_cluster = cluster
         self.upstream_forwarder = Forwarder(cluster)
+        await self._claim_state_topics()
         await self._start_group_config_log()
 
+    async def _claim_state_topics(self) -> None:
+        """Sidecar mode: before reading or writing any state topic, make sure this deployment owns them
+        (another deployment's prefix is a start-up error, UpstreamStartError)."""
+        from shoal.broker.upstream.state_topics import StateTopicNames, claim_state_topics
+
+        assert self.upstream_cluster is not None and self.upstream_forwarder is not None
+        settings = self.upstream_cluster.settings
+        await claim_state_topics(self.upstream_cluster, self.upstream_forwarder,
+                                 StateTopicNames(settings.state_topic_prefix), settings.membership_group_id,
+                                 settings.state_topic_replication_factor)
+
     async def _start_group_config_log(self) -> None:
-        """Sidecar mode: group configs live on the upstream (`__shoal_group_configs`), read whole before
+        """Sidecar mode: group configs live on the upstream (`<prefix>_group_configs`), read whole before
         anything is served, and followed from then on."""
         from shoal.broker.storage.partition_source import SourceUnavailable
         from shoal.broker.upstream.cluster import UpstreamStartError
         from shoal.broker.upstream.group_config_log import UpstreamGroupConfigLog
+        from shoal.broker.upstream.state_topics import StateTopicNames
 
         assert self.upstream_cluster is not None and self.upstream_forwarder is not None
 
@@ -323,7 +336,9 @@ class Broker:
             self.group_configs.replace(group_id, configs)
             self.on_group_config_changed(group_id)
 
-        group_config_log = UpstreamGroupConfigLog(self.upstream_cluster, self.upstream_forwarder, changed)
+        group_config_log = UpstreamGroupConfigLog(
+            self.upstream_cluster, self.upstream_forwarder, changed,
+            topic=StateTopicNames(self.upstream_cluster.settings.state_topic_prefix).group_configs)
         self.group_configs.use_store(group_config_log)
         try:
             await group_config_log.start(self.upstream_cluster.settings.state_topic_replication_factor)
@@ -531,8 +546,8 @@ class Broker:
 
     async def _coordinator_logs(self) -> tuple[TransactionalRecordLog, CoordinatorRecordLog]:
         """The record logs of `__consumer_offsets` and `__share_group_state`: the local topics standalone; in
-        sidecar mode the upstream's `__shoal_*` topics (created when missing; raises UpstreamStartError when
-        they cannot be created or written with acks=all)."""
+        sidecar mode this deployment's `<prefix>_*` topics on the upstream (created when missing; raises
+        UpstreamStartError when they cannot be created or written with acks=all)."""
         from shoal.broker.storage.internal_topic_log import InternalTopicLog
 
         if self.upstream_cluster is None:
@@ -542,10 +557,11 @@ class Broker:
         from shoal.broker.storage.partition_source import SourceUnavailable
         from shoal.broker.upstream.cluster import UpstreamStartError
         from shoal.broker.upstream.state_log import UpstreamStateLog
-        from shoal.broker.upstream.state_topics import ensure_state_topics, state_topic_name
+        from shoal.broker.upstream.state_topics import StateTopicNames, ensure_state_topics
 
         settings = self.upstream_cluster.settings
-        wanted = {state_topic_name(name): int(self.config[INTERNAL_TOPIC_PARTITIONS_KEYS[name]])
+        names = StateTopicNames(settings.state_topic_prefix)
+        wanted = {names.for_internal(name): int(self.config[INTERNAL_TOPIC_PARTITIONS_KEYS[name]])
                   for name in (CONSUMER_OFFSETS, SHARE_GROUP_STATE)}
         try:
             created = await ensure_state_topics(self.upstream_cluster, wanted,
@@ -553,7 +569,7 @@ class Broker:
         except SourceUnavailable as exc:
             raise UpstreamStartError(f"cannot set up the upstream state topics: {exc}") from exc
         for name in (CONSUMER_OFFSETS, SHARE_GROUP_STATE):
-            upstream_name = state_topic_name(name)
+            upstream_name = names.for_internal(name)
             self.state_logs[name] = UpstreamStateLog(
                 self.upstream_cluster, upstream_name, name, created[upstream_name].partitions,
                 settings.membership_group_id,

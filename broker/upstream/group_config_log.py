@@ -1,6 +1,7 @@
 """Sidecar mode: dynamic group configs (ConfigResource GROUP) kept on the upstream.
 
-`__shoal_group_configs` is a compacted state topic, created with the others (`state_topics.py`). As Kafka's
+`<prefix>_group_configs` (`__shoal_group_configs` for the default deployment) is a compacted state topic,
+created with the others (`state_topics.py`). As Kafka's
 controller keeps a config as one ConfigRecord per resource and name, each change of one group config is one
 record, keyed by the group id and the config name (a JSON array of the two), whose value is the config's
 value (null: deleted). Compaction keeps the latest record of each (group, name), and changes of different
@@ -30,11 +31,12 @@ from .cluster import UpstreamCluster
 from .forwarder import Forwarder
 from .partition_reader import BatchCache, UpstreamPartitionSource
 from .produce import produce_acks_all
-from .state_topics import ensure_state_topics, state_topic_name
+from .state_topic_names import StateTopicNames
+from .state_topics import ensure_state_topics
 
 log = structlog.get_logger("shoal.upstream.group_configs")
 
-GROUP_CONFIGS_TOPIC = state_topic_name("__group_configs")
+GROUP_CONFIGS_TOPIC = StateTopicNames().group_configs  # the default deployment's
 PARTITION = 0
 _READ_BYTES = 1 << 20
 _CACHE_BYTES = 4 << 20
@@ -140,12 +142,13 @@ class UpstreamGroupConfigLog:
     """The `GroupConfigStore` of sidecar mode, and the reader that keeps this sidecar's copy current."""
 
     def __init__(self, cluster: UpstreamCluster, forwarder: Forwarder, on_change: OnChange, *,
-                 timeout_ms: int = 30_000):
+                 timeout_ms: int = 30_000, topic: str = GROUP_CONFIGS_TOPIC):
+        self.topic = topic
         self.cluster = cluster
         self.forwarder = forwarder
         self.on_change = on_change
         self.timeout_ms = timeout_ms
-        self.source = UpstreamPartitionSource(cluster, BatchCache(_CACHE_BYTES), GROUP_CONFIGS_TOPIC, PARTITION)
+        self.source = UpstreamPartitionSource(cluster, BatchCache(_CACHE_BYTES), topic, PARTITION)
         self.next_offset = 0  # the next offset to read
         # The configs as the records read so far (and this sidecar's own writes) make them.
         self.view = GroupConfigView()
@@ -155,7 +158,7 @@ class UpstreamGroupConfigLog:
     async def start(self, replication_factor: int | None) -> None:
         """Create the topic when missing, read it to its end (raises SourceUnavailable when the upstream does
         not answer), then keep reading it in the background."""
-        await ensure_state_topics(self.cluster, {GROUP_CONFIGS_TOPIC: 1}, replication_factor)
+        await ensure_state_topics(self.cluster, {self.topic: 1}, replication_factor)
         await self.catch_up()
         self._tail = asyncio.get_running_loop().create_task(self._tail_loop())
 
@@ -189,7 +192,7 @@ class UpstreamGroupConfigLog:
     async def _produce(self, group_id: str, records: list[RecordInput]) -> None:
         if not records:
             return
-        base = await produce_acks_all(self.forwarder, GROUP_CONFIGS_TOPIC, PARTITION, encode_batch(records),
+        base = await produce_acks_all(self.forwarder, self.topic, PARTITION, encode_batch(records),
                                       timeout_ms=self.timeout_ms, what="group configs")
         changed = False
         for i, record in enumerate(records):
@@ -215,7 +218,7 @@ class UpstreamGroupConfigLog:
                         self.view.applied_at.clear()  # offsets start again: the new topic's records all count
                     self.next_offset = exc.log_start_offset
                     continue
-                raise SourceUnavailable(f"{GROUP_CONFIGS_TOPIC}: {exc}") from exc
+                raise SourceUnavailable(f"{self.topic}: {exc}") from exc
             for header, data in read.batches:
                 if header.last_offset < self.next_offset:
                     continue

@@ -13,6 +13,13 @@ from dataclasses import dataclass
 from shoal.client.cluster import parse_bootstrap
 from shoal.client.security import ClientConfig
 
+from .state_topic_names import (
+    DEFAULT_MEMBERSHIP_GROUP_ID,
+    DEFAULT_STATE_TOPIC_PREFIX,
+    derived_prefix,
+    prefix_problem,
+)
+
 # Kafka client keys with the ClientConfig attribute they set, as text values.
 _DIRECT = {
     "client.id": "client.id",
@@ -36,8 +43,8 @@ _DIRECT = {
 _ACCEPTED = frozenset({"ssl.truststore.type", "ssl.keystore.type", "ssl.truststore.password",
                        "ssl.keystore.password"})
 # Shoal's own sidecar keys (not client settings), with their defaults.
-DEFAULT_MEMBERSHIP_GROUP_ID = "shoal-sidecars"
 _MEMBERSHIP_GROUP_ID = "membership.group.id"
+_STATE_TOPIC_PREFIX = "state.topic.prefix"
 _STATE_TOPIC_REPLICATION_FACTOR = "state.topic.replication.factor"
 _STATE_TRANSACTION_VERSION = "state.transaction.version"
 _JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
@@ -61,6 +68,8 @@ class UpstreamSettings:
     # The highest transaction.version the state writers use (2 when the upstream finalizes it; 1 always
     # sends AddPartitionsToTxn).
     state_transaction_version: int = 2
+    # The deployment's state topics are `<prefix>_...` (state_topic_names.py).
+    state_topic_prefix: str = DEFAULT_STATE_TOPIC_PREFIX
 
     @property
     def bootstrap_text(self) -> str:
@@ -96,11 +105,21 @@ def parse_upstream(keys: Mapping[str, str]) -> UpstreamSettings:
             raise UpstreamConfigError(f"upstream.{_STATE_TOPIC_REPLICATION_FACTOR} must be a positive number "
                                       "(or -1 for the upstream's default)")
         replication = None if replication == -1 else replication
+    explicit_prefix = keys.get(_STATE_TOPIC_PREFIX, "").strip()
+    prefix = explicit_prefix or derived_prefix(group_id)
+    problem = prefix_problem(prefix)
+    if problem and explicit_prefix:
+        raise UpstreamConfigError(f"upstream.{_STATE_TOPIC_PREFIX}={prefix!r} cannot name the state topics: {problem}")
+    if problem:
+        raise UpstreamConfigError(
+            f"upstream.{_MEMBERSHIP_GROUP_ID}={group_id!r} cannot name this deployment's state topics "
+            f"({prefix}_...): {problem}; choose another group id or set upstream.{_STATE_TOPIC_PREFIX}")
     transaction_version = keys.get(_STATE_TRANSACTION_VERSION, "2").strip()
     if transaction_version not in ("1", "2"):
         raise UpstreamConfigError(f"upstream.{_STATE_TRANSACTION_VERSION} must be 1 or 2")
     for key, value in keys.items():
-        if key in ("bootstrap.servers", _STATE_TOPIC_REPLICATION_FACTOR, _STATE_TRANSACTION_VERSION) \
+        if key in ("bootstrap.servers", _STATE_TOPIC_REPLICATION_FACTOR, _STATE_TRANSACTION_VERSION,
+                   _STATE_TOPIC_PREFIX) \
                 or key in _ACCEPTED \
                 or key.startswith(MEMBERSHIP_PREFIX):
             continue  # membership.*: the sidecar group's settings (membership.parse_membership)
@@ -117,4 +136,4 @@ def parse_upstream(keys: Mapping[str, str]) -> UpstreamSettings:
         config = ClientConfig.from_dict(client)
     except ValueError as exc:
         raise UpstreamConfigError(f"upstream settings: {exc}") from exc
-    return UpstreamSettings(bootstrap, config, group_id, replication, int(transaction_version))
+    return UpstreamSettings(bootstrap, config, group_id, replication, int(transaction_version), prefix)

@@ -14,6 +14,13 @@ append that arrives while one transaction is in flight goes into the next one (A
 one Produce with acks=all of one batch holding them all, EndTxn commit), and `flush` returns only once
 that transaction committed.
 
+A write is never a plain idempotent Produce under the epoch the take bumped, fast as that would be: the
+upstream partition refuses an older epoch only while it remembers the producer (`producer.id.expiration.ms`)
+and only for that producer id, which changes once the transactional id expired (idempotent writes never
+reach its coordinator) or its epochs ran out, and then an earlier owner's stale write would land behind the
+new owner's read. The transaction coordinator, which every transaction goes through, refuses it
+(`tests/integration/test_sidecar_state_fencing.py`).
+
 When the upstream finalizes `transaction.version` 2 (KIP-890 part 2, Kafka 4.x), a transaction is one round
 trip shorter: no AddPartitionsToTxn, the Produce (v12+) adds the partition to the transaction itself, and
 EndTxn v5 bumps the producer epoch and names the id and epoch the next transaction uses. Fencing is the same:

@@ -1,12 +1,19 @@
 """Sidecar mode: the upstream topics that hold the coordinators' records.
 
-`__shoal_consumer_offsets` (the share groups of the group coordinator) and `__shoal_share_group_state` (the
-share coordinator's state), named with a `__shoal` prefix so they never collide with the internal topics of
-an upstream that has share groups of its own. They are created at start-up when missing: compacted, with
+`<prefix>_consumer_offsets` (the share groups of the group coordinator) and `<prefix>_share_group_state` (the
+share coordinator's state), with a prefix of one deployment's own (`state_topic_names.py`: `__shoal` for the
+default membership group id), so they never collide with the internal topics of an upstream that has share
+groups of its own, nor with another deployment's. They are created at start-up when missing: compacted, with
 the upstream's default replication factor (or `upstream.state.topic.replication.factor`), and with the
 `min.insync.replicas` the upstream gives them (not overridden). Their partition count is fixed at creation;
 an existing topic's count is read from the upstream. A topic on which an acks=all write cannot succeed
 (`min.insync.replicas` above its replica count) is a start-up error that says so.
+
+`<prefix>_deployment` says whose they are: its first record is keyed by the membership group id of the
+deployment that claimed the prefix, before that deployment wrote or read any other state topic. A deployment
+whose prefix another one claimed refuses to start (`claim_state_topics`), rather than replay and overwrite
+that deployment's state. Compaction keeps one record per key and never reorders them, so the first record
+stays the first; two deployments that claim at once both write a record, and the one written first wins.
 """
 
 from __future__ import annotations
@@ -14,32 +21,91 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 
-from shoal.broker.storage.partition_source import SourceUnavailable
+from shoal.broker.storage.partition_source import OffsetOutOfRange, SourceUnavailable
 from shoal.client.errors import error_name
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
+from shoal.protocol.record_batch import CorruptRecordBatch
+from shoal.protocol.records import RecordInput, decode_records, encode_batch
 
 from .cluster import UpstreamCluster, UpstreamStartError
+from .partition_reader import BatchCache, UpstreamPartitionSource
+from .produce import UpstreamProduceFailed, produce_acks_all
+from .state_topic_names import DEFAULT_STATE_TOPIC_PREFIX, StateTopicNames, is_state_topic
+
+if TYPE_CHECKING:
+    from .forwarder import Forwarder
+
+__all__ = ["STATE_TOPIC_PREFIX", "StateTopic", "StateTopicNames", "claim_state_topics", "deployment_owner",
+           "ensure_state_topics", "is_state_topic", "state_topic_name"]
 
 log = structlog.get_logger("shoal.upstream.state")
 
-STATE_TOPIC_PREFIX = "__shoal"
+STATE_TOPIC_PREFIX = DEFAULT_STATE_TOPIC_PREFIX
 _RESOURCE_TOPIC = 2
 _LEADER_WAIT_S = 0.05
+_OWNER_READ_BYTES = 64 << 10
 
 
-def state_topic_name(internal_topic: str) -> str:
-    """`__consumer_offsets` -> `__shoal_consumer_offsets`, `__share_group_state` -> `__shoal_share_group_state`."""
-    return STATE_TOPIC_PREFIX + internal_topic[1:]
+def state_topic_name(internal_topic: str, prefix: str = STATE_TOPIC_PREFIX) -> str:
+    """`__consumer_offsets` -> `<prefix>_consumer_offsets`, `__share_group_state` -> `<prefix>_share_group_state`."""
+    return StateTopicNames(prefix).for_internal(internal_topic)
 
 
-def is_state_topic(name: str | None) -> bool:
-    """One of the sidecars' state topics on the upstream (clients must not write them)."""
-    return name is not None and name.startswith(STATE_TOPIC_PREFIX + "_")
+async def claim_state_topics(cluster: UpstreamCluster, forwarder: Forwarder, names: StateTopicNames,
+                             membership_group_id: str, replication_factor: int | None) -> None:
+    """Make sure the deployment of `membership_group_id` owns the state topics of `names`: claim them when
+    nobody has; raises UpstreamStartError when another deployment owns them or the upstream does not answer."""
+    topic = names.deployment
+    try:
+        await ensure_state_topics(cluster, {topic: 1}, replication_factor)
+        owner = await deployment_owner(cluster, topic)
+        if owner is None:
+            marker = encode_batch([RecordInput(key=membership_group_id.encode(), value=membership_group_id.encode())])
+            await produce_acks_all(forwarder, topic, 0, marker, timeout_ms=cluster.config.request_timeout_ms,
+                                   what="deployment marker")
+            owner = await deployment_owner(cluster, topic)  # the first claim wins, whoever's it is
+            log.info("upstream state topics claimed", prefix=names.prefix, owner=owner)
+    except (SourceUnavailable, UpstreamProduceFailed) as exc:
+        raise UpstreamStartError(f"cannot check who owns the upstream state topics {names.prefix}_*: {exc}") from exc
+    if owner != membership_group_id:
+        raise UpstreamStartError(
+            f"the upstream state topics {names.prefix}_* belong to another sidecar deployment "
+            f"(upstream.membership.group.id={owner!r}, this one is {membership_group_id!r}): give this deployment "
+            f"a prefix of its own (upstream.state.topic.prefix), or, to hand it these topics with the state they "
+            f"hold, delete topic {topic} on the upstream first")
+
+
+async def deployment_owner(cluster: UpstreamCluster, topic: str) -> str | None:
+    """The membership group id of the deployment marker topic's first record, None while it has none."""
+    source = UpstreamPartitionSource(cluster, BatchCache(_OWNER_READ_BYTES), topic, 0)
+    offset = 0
+    while True:
+        try:
+            read = await source.read(offset, _OWNER_READ_BYTES)
+        except OffsetOutOfRange as exc:
+            if 0 <= exc.log_start_offset != offset:
+                offset = exc.log_start_offset  # records deleted below it: the first one left is the owner's
+                continue
+            raise SourceUnavailable(f"{topic}: {exc}") from exc
+        for header, data in read.batches:
+            if header.last_offset < offset or header.is_control:
+                continue
+            try:
+                records = decode_records(data, 0, header)
+            except CorruptRecordBatch as exc:
+                raise SourceUnavailable(f"{topic}: unreadable batch at offset {header.base_offset}: {exc}") from exc
+            for record in records:
+                if record.offset >= offset and record.key is not None:
+                    return bytes(record.key).decode(errors="replace")
+            offset = header.last_offset + 1
+        if offset >= read.high_watermark or not read.batches:
+            return None
 
 
 @dataclass(frozen=True, slots=True)

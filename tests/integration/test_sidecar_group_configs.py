@@ -54,7 +54,8 @@ def test_config_survives_a_sidecar_restarted_empty(upstream: BrokerProcess, tmp_
     group, topic = unique_name("gconfigs-wipe"), unique_name("gconfigs-wipe")
     create_topic(upstream.bootstrap, topic, 1)
     data_dir = tmp_path / "sidecar"
-    sidecar = _sidecar(data_dir, 5, upstream, unique_name("gconfigs-alone")).start()
+    deployment = unique_name("gconfigs-alone")  # the same deployment, so the same state topics, after the restart
+    sidecar = _sidecar(data_dir, 5, upstream, deployment).start()
     try:
         set_group_config(sidecar.bootstrap, group, share_auto_offset_reset="earliest",
                          share_delivery_count_limit="3")
@@ -65,7 +66,7 @@ def test_config_survives_a_sidecar_restarted_empty(upstream: BrokerProcess, tmp_
     shutil.rmtree(data_dir)
     # Records produced before the group's first consumer: only "earliest" hands them out.
     produce(upstream.bootstrap, topic, 10)
-    sidecar = _sidecar(data_dir, 5, upstream, unique_name("gconfigs-alone")).start()
+    sidecar = _sidecar(data_dir, 5, upstream, deployment).start()
     try:
         described = group_configs(sidecar.bootstrap, group)
         assert described["share.auto.offset.reset"] == ("earliest", True)
