@@ -124,3 +124,26 @@ def reject_confirmed(consumer: ShareConsumer, count: int, timeout: float,
         if after_batch is not None:
             after_batch(rejected)
     return rejected
+
+
+def consume_and_ack(bootstrap: str, group: str, topics: list[str], accept_below: int, want: int,
+                    timeout: float = 60) -> list[tuple[str, int, int]]:
+    """Explicit acknowledgement: ACCEPT offsets below `accept_below`, RELEASE the rest, committing each poll,
+    until `want` distinct (topic, offset) came or `timeout` passed; (topic, offset, delivery count) of every
+    delivery."""
+    consumer = share_consumer(bootstrap, group, topics, share_acknowledgement_mode="explicit")
+    seen: list[tuple[str, int, int]] = []
+    try:
+        deadline = time.monotonic() + timeout
+        while len({(t, o) for t, o, _ in seen}) < want and time.monotonic() < deadline:
+            msgs = [m for m in consumer.poll(0.5) if not m.error()]
+            for m in msgs:
+                topic, offset = m.topic(), m.offset()
+                assert topic is not None and offset is not None
+                seen.append((topic, offset, m.delivery_count()))
+                consumer.acknowledge(m, AcknowledgeType.ACCEPT if offset < accept_below else AcknowledgeType.RELEASE)
+            if msgs:
+                assert all(err is None for err in consumer.commit_sync(30).values())
+    finally:
+        consumer.close()
+    return seen

@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 import pytest
-from confluent_kafka import AcknowledgeType, ConsumerGroupState
+from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient
 
 from shoal.protocol import messages
@@ -19,6 +19,7 @@ from shoal.protocol.errors import ErrorCode
 from .broker_process import BrokerProcess
 from .kafka_wire import WireClient
 from .share_clients import Consumed, create_topic, poll_until, produce, set_group_config, share_consumer
+from .share_clients import consume_and_ack as deliveries
 
 pytestmark = pytest.mark.external
 
@@ -101,24 +102,8 @@ def wait_for_state(bs: str, group: str, state: str, timeout: float = 30.0) -> No
 
 def consume_and_ack(bs: str, group: str, topics: list[str], accept_below: int, want: int,
                     timeout: float = 60) -> list[tuple[str, int]]:
-    """Explicit acknowledgement: ACCEPT offsets below `accept_below`, RELEASE the rest; returns (topic, offset)
-    of every delivery."""
-    consumer = share_consumer(bs, group, topics, share_acknowledgement_mode="explicit")
-    seen: list[tuple[str, int]] = []
-    try:
-        deadline = time.monotonic() + timeout
-        while len(set(seen)) < want and time.monotonic() < deadline:
-            msgs = [m for m in consumer.poll(0.5) if not m.error()]
-            for m in msgs:
-                topic, offset = m.topic(), m.offset()
-                assert topic is not None and offset is not None
-                seen.append((topic, offset))
-                consumer.acknowledge(m, AcknowledgeType.ACCEPT if offset < accept_below else AcknowledgeType.RELEASE)
-            if msgs:
-                assert all(err is None for err in consumer.commit_sync(30).values())
-    finally:
-        consumer.close()
-    return seen
+    """ACCEPT offsets below `accept_below`, RELEASE the rest; (topic, offset) of every delivery."""
+    return [(t, o) for t, o, _ in deliveries(bs, group, topics, accept_below, want, timeout)]
 
 
 def test_describe_offsets_after_consuming_half(broker: BrokerProcess) -> None:

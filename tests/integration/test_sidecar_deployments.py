@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import AcknowledgeType
 from confluent_kafka.admin import AdminClient
 
 from shoal.broker.upstream.cluster import UpstreamCluster, UpstreamStartError
@@ -22,7 +21,7 @@ from shoal.broker.upstream.state_topics import StateTopicNames, claim_state_topi
 from .broker_process import BrokerProcess
 from .conftest import FAST_HEARTBEAT, NO_JOIN_DELAY
 from .names import unique_name
-from .share_clients import create_topic, produce, set_group_config, share_consumer
+from .share_clients import consume_and_ack, create_topic, produce, set_group_config
 from .test_share_admin import describe_offsets, offsets_by_partition
 
 RECORDS = 30
@@ -60,22 +59,8 @@ def deployments(tmp_path_factory: pytest.TempPathFactory, upstream: BrokerProces
 def _consume(sidecar: BrokerProcess, group: str, topic: str, accept_below: int) -> list[tuple[int, int]]:
     """(offset, delivery count) of each delivery until every offset came once; offsets below `accept_below`
     are accepted, the others released."""
-    consumer = share_consumer(sidecar.bootstrap, group, [topic], share_acknowledgement_mode="explicit")
-    got: list[tuple[int, int]] = []
-    try:
-        deadline = time.monotonic() + POLL_DEADLINE_S
-        while len({o for o, _ in got}) < RECORDS and time.monotonic() < deadline:
-            msgs = [m for m in consumer.poll(0.5) if m.error() is None]
-            for m in msgs:
-                offset = m.offset()
-                assert offset is not None
-                got.append((offset, m.delivery_count()))
-                consumer.acknowledge(m, AcknowledgeType.ACCEPT if offset < accept_below else AcknowledgeType.RELEASE)
-            if msgs:
-                assert all(err is None for err in consumer.commit_sync(30).values())
-    finally:
-        consumer.close()
-    return got
+    got = consume_and_ack(sidecar.bootstrap, group, [topic], accept_below, RECORDS, POLL_DEADLINE_S)
+    return [(offset, count) for _, offset, count in got]
 
 
 def _offsets(sidecar: BrokerProcess, group: str) -> dict[tuple[str, int], tuple[int, int, int]]:
