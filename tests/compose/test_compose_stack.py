@@ -35,9 +35,12 @@ from tests.integration.test_share_protocol import (
 from .orders_job import WAIT_S, load_job, priced, produce_orders, start_checking, wait_priced
 from .stack import ENABLE_ENV, Stack, docker, main_stack
 
-pytestmark = pytest.mark.skipif(
-    not os.environ.get(ENABLE_ENV), reason=f"needs a Docker engine: `make compose-test` runs it ({ENABLE_ENV}=1)"
-)
+pytestmark = [
+    pytest.mark.skipif(not os.environ.get(ENABLE_ENV),
+                       reason=f"needs a Docker engine: `make compose-test` runs it ({ENABLE_ENV}=1)"),
+    # Image builds and container start-ups on a loaded machine: a deadline well past the waits inside.
+    pytest.mark.timeout(3 * WAIT_S),
+]
 
 
 @pytest.fixture(scope="module")
