@@ -3,17 +3,29 @@ orders go into its queue, and its output topic is read in a share group of the t
 
 from __future__ import annotations
 
+import os
 from types import ModuleType
+
+import pytest
 
 from shoal.client.producer import Producer
 from tests.integration.share_clients import Consumed, poll_until, share_consumer
 from tests.spark.test_spark_sink import _load_example
+
+from .stack import ENABLE_ENV
 
 JOB_TOPICS = ("orders", "orders-priced", "orders-spark")  # the example job's defaults, as the services run it
 JOB_PARTITIONS = 3  # the job's default for the topics it creates
 # Waits for a deployment on a loaded 2-core machine (JVM start-up, Spark's first micro-batch): deadlines, not
 # measurements.
 WAIT_S = 600
+# Both stack modules: skipped without an engine; image builds and container start-ups on a loaded machine
+# get a deadline well past the waits inside.
+COMPOSE_MARKS = [
+    pytest.mark.skipif(not os.environ.get(ENABLE_ENV),
+                       reason=f"needs a Docker engine: `make compose-test` runs it ({ENABLE_ENV}=1)"),
+    pytest.mark.timeout(3 * WAIT_S),
+]
 
 
 def load_job() -> ModuleType:

@@ -32,15 +32,10 @@ from tests.integration.test_share_protocol import (
     topic_id_of,
 )
 
-from .orders_job import WAIT_S, load_job, priced, produce_orders, start_checking, wait_priced
-from .stack import ENABLE_ENV, Stack, docker, main_stack
+from .orders_job import COMPOSE_MARKS, WAIT_S, load_job, priced, produce_orders, start_checking, wait_priced
+from .stack import Stack, docker, main_stack
 
-pytestmark = [
-    pytest.mark.skipif(not os.environ.get(ENABLE_ENV),
-                       reason=f"needs a Docker engine: `make compose-test` runs it ({ENABLE_ENV}=1)"),
-    # Image builds and container start-ups on a loaded machine: a deadline well past the waits inside.
-    pytest.mark.timeout(3 * WAIT_S),
-]
+pytestmark = COMPOSE_MARKS
 
 
 @pytest.fixture(scope="module")

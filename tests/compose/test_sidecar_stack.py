@@ -21,6 +21,7 @@ from collections.abc import Iterator
 import pytest
 
 from .orders_job import (
+    COMPOSE_MARKS,
     JOB_PARTITIONS,
     JOB_TOPICS,
     WAIT_S,
@@ -30,14 +31,9 @@ from .orders_job import (
     start_checking,
     wait_priced,
 )
-from .stack import ENABLE_ENV, Stack, docker, sidecar_stack
+from .stack import Stack, docker, sidecar_stack
 
-pytestmark = [
-    pytest.mark.skipif(not os.environ.get(ENABLE_ENV),
-                       reason=f"needs a Docker engine: `make compose-test` runs it ({ENABLE_ENV}=1)"),
-    # Image builds and container start-ups on a loaded machine: a deadline well past the waits inside.
-    pytest.mark.timeout(3 * WAIT_S),
-]
+pytestmark = COMPOSE_MARKS
 
 SIDECARS = ("shoal-1", "shoal-2")
 

@@ -91,20 +91,21 @@ def _run(upstream: BrokerProcess, scenario: Callable[[list[UpstreamCluster], str
     asyncio.run(run())
 
 
-@pytest.fixture
-def forgets_producers(tmp_path: Path) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path / "upstream", overrides=[
-        "producer.id.expiration.ms=300", "producer.id.expiration.check.interval.ms=50"]).start()
+def _upstream(tmp_path: Path, *overrides: str) -> Iterator[BrokerProcess]:
+    proc = BrokerProcess(tmp_path / "upstream", overrides=list(overrides)).start()
     yield proc
     proc.stop()
+
+
+@pytest.fixture
+def forgets_producers(tmp_path: Path) -> Iterator[BrokerProcess]:
+    yield from _upstream(tmp_path, "producer.id.expiration.ms=300", "producer.id.expiration.check.interval.ms=50")
 
 
 @pytest.fixture
 def forgets_transactional_ids(tmp_path: Path) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path / "upstream", overrides=[
-        "transactional.id.expiration.ms=300", "transaction.remove.expired.transaction.cleanup.interval.ms=50"]).start()
-    yield proc
-    proc.stop()
+    yield from _upstream(tmp_path, "transactional.id.expiration.ms=300",
+                         "transaction.remove.expired.transaction.cleanup.interval.ms=50")
 
 
 def test_the_earlier_owner_stays_fenced_after_the_partition_forgot_its_producer(
