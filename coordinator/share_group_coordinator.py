@@ -50,8 +50,6 @@ __all__ = [
 
 log = structlog.get_logger("shoal.share_groups")
 
-_RETRY_TIMER = "share-retry"
-
 HeartbeatRequest = messages.ShareGroupHeartbeatRequest
 HeartbeatResponse = messages.ShareGroupHeartbeatResponse
 DescribeResponse = messages.ShareGroupDescribeResponse
@@ -140,6 +138,8 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
         self._pending_state_deletes: dict[str, dict[bytes, set[int]]] = {}
         # Background retries (initialisations, state deletions) back off and log sparingly.
         self._retries = Backoff()
+        self._retry_timer: asyncio.TimerHandle | None = None
+        self._retrying: asyncio.Task[None] | None = None
 
     # ---- placement, operations, writing -----------------------------------------------------------
 
@@ -208,8 +208,9 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
 
     async def stop(self) -> None:
         self._started = False
-        for partition in range(self.runtime.num_partitions):
-            self.runtime.cancel(partition, _RETRY_TIMER)
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+            self._retry_timer = None
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -241,23 +242,33 @@ class ShareGroupCoordinator(GroupsOfOneType[ShareGroup]):
         log.info("share group member session expired", group_id=group_id, member_id=member_id)
 
     def _schedule_retries(self) -> None:
-        """Initialisations and state deletions that failed are retried on a timer of partition 0's (the
-        retry walks every group; each group's work then runs as that group's operation)."""
+        """Initialisations and state deletions that failed are retried on a timer of this coordinator's own
+        (the retry walks every group; each group's work then runs as that group's operation). It is no
+        partition's timer: in sidecar mode a partition given to another instance takes its timers along,
+        and the groups of the partitions kept here would never be retried again."""
         if not self._started:
             return
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+        self._retry_timer = asyncio.get_running_loop().call_later(self.config.maintenance_interval_ms / 1000,
+                                                                  self._fire_retries)
 
-        async def retry() -> None:
-            try:
-                await self.retry_pending()
-                self._retries.succeeded("retry")
-            except Exception:
-                suppressed = self._retries.failed("retry", self.clock())
-                if suppressed is not None:
-                    log.exception("share group retries failed", failures_not_logged=suppressed)
-            finally:
-                self._schedule_retries()
+    def _fire_retries(self) -> None:
+        self._retry_timer = None
+        if self._retrying is not None and not self._retrying.done():
+            return  # still running: it schedules the next one when it ends
+        self._retrying = self._spawn(self._retry())
 
-        self.runtime.schedule(0, _RETRY_TIMER, self.config.maintenance_interval_ms / 1000, _RETRY_TIMER, retry)
+    async def _retry(self) -> None:
+        try:
+            await self.retry_pending()
+            self._retries.succeeded("retry")
+        except Exception:
+            suppressed = self._retries.failed("retry", self.clock())
+            if suppressed is not None:
+                log.exception("share group retries failed", failures_not_logged=suppressed)
+        finally:
+            self._schedule_retries()
 
     # ---- heartbeat ---------------------------------------------------------------------------------
 

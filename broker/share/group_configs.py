@@ -282,11 +282,16 @@ class GroupConfigs:
     async def set_all(self, group_id: str, configs: list[tuple[str, str]], ctx: ValidationContext) -> None:
         """AlterConfigs (not incremental): the group's configs become exactly `configs`; with a store, the
         names to delete are those it holds once what other instances stored has been read."""
-        if self.store is not None:
-            await self.store.refresh()
+        await self.refresh()
         names = {name for name, _value in configs}
         deleted: list[tuple[str, str | None]] = [(k, None) for k in self.explicit(group_id) if k not in names]
         await self.alter(group_id, [*configs, *deleted], ctx)
+
+    async def refresh(self) -> None:
+        """With a store, apply what other instances stored so far (a read of one's own writes across
+        sidecars); standalone, the configs here are all there is."""
+        if self.store is not None:
+            await self.store.refresh()
 
     async def delete_group(self, group_id: str) -> None:
         async with self._writing:

@@ -280,6 +280,9 @@ class SharePartitionLeader:
 
     async def _reset_offset(self) -> int:
         """Resolve an uninitialised start offset through the group's share.auto.offset.reset."""
+        # The policy may have been set through another sidecar just before this first fetch: read it as
+        # the upstream has it now, or "latest" would skip what was produced for the group meanwhile.
+        await self.group_configs.refresh()
         policy = self.group_configs.get(self.key.group_id, "share.auto.offset.reset")
         if policy == "earliest":
             return await self.source.list_offset(EARLIEST)

@@ -307,6 +307,28 @@ async def test_session_timeout_background_loop(tmp_path: Path) -> None:
     close_log(log)
 
 
+async def test_failed_initialisation_is_retried_after_partition_0_went_to_another_instance(tmp_path: Path) -> None:
+    """Sidecar mode: the retry timer was partition 0's, so giving that partition to another instance took
+    the timer along, and a group this instance kept had its failed initialisation never retried."""
+    env = Env(tmp_path, ShareGroupConfig(maintenance_interval_ms=10, assignment_interval_ms=0))
+    await env.coord.load()
+    env.coord.start()
+    group = next(g for g in (f"group-{i}" for i in range(100)) if env.coord.partition_for(g) != 0)
+    env.persister.fail_initialize = True
+    await env.hb("a", 0, ["orders"], group=group)
+    await env.coord.wait_for_background()
+    env.coord.runtime.unload(0)
+    env.persister.fail_initialize = False
+    env.clock.now += 31  # past the retry interval and the backoff; no heartbeat comes
+    for _ in range(500):
+        if len(env.persister.initialized) == 4:
+            break
+        await asyncio.sleep(0.01)
+    assert sorted(k.partition for k, _, _ in env.persister.initialized) == [0, 1, 2, 3]
+    await env.coord.stop()
+    close_log(env.log)
+
+
 async def test_restart_restores_state(env: Env) -> None:
     a = await env.join_initialised("a", ["orders"])
     b = await env.hb("b", 0, ["orders"], rack="r1")

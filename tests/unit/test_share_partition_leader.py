@@ -232,3 +232,42 @@ async def test_a_leader_drops_state_altered_or_deleted_under_it(parts: Parts) ->
     # DeleteShareGroupOffsets / DeleteGroups: no stored state at all.
     assert await persister.delete_state(KEY) == ErrorCode.NONE
     assert await leader.drop_if_state_changed() and leader.state is None
+
+
+class PendingStore:
+    """A group-config store holding a change made through another instance, which this one applies only
+    when it reads the store again (`refresh`), as a sidecar's tail would a moment later."""
+
+    def __init__(self, configs: GroupConfigs, group_id: str, changes: dict[str, str]):
+        self.configs = configs
+        self.pending: tuple[str, dict[str, str]] | None = (group_id, changes)
+
+    async def write(self, group_id: str, changes: Any) -> None:
+        raise AssertionError("not written here")
+
+    async def delete_group(self, group_id: str) -> None:
+        raise AssertionError("not deleted here")
+
+    async def refresh(self) -> None:
+        if self.pending is not None:
+            self.configs.replace(*self.pending)
+            self.pending = None
+
+
+async def test_a_first_load_reads_share_auto_offset_reset_as_the_store_has_it_now(tmp_path: Path) -> None:
+    """share.auto.offset.reset=earliest set through another sidecar just before the group's first fetch:
+    the leader resolves the start offset by the stored policy, not the "latest" it held before, which
+    skipped every record produced before the first fetch."""
+    parts = await open_parts(tmp_path, [[f"v{i}".encode() for i in range(5)]])
+    try:
+        uninitialised = SharePartitionKey("g2", KEY.topic_id, 0)
+        assert await parts.leader.persister.initialize_state(uninitialised, 0, -1) == ErrorCode.NONE
+        configs = parts.leader.group_configs
+        configs.use_store(PendingStore(configs, "g2", {"share.auto.offset.reset": "earliest"}))
+        leader = SharePartitionLeader(uninitialised, LocalPartitionSource(parts.plog), parts.leader.persister,
+                                      configs, Purgatory())
+        assert await leader.ensure_loaded() == ErrorCode.NONE
+        assert leader.state is not None and leader.state.start_offset == 0
+        leader.drop()
+    finally:
+        close_parts(parts)
