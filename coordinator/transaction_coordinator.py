@@ -6,6 +6,9 @@ the runtime, which writes and fsyncs it and only then replays it into the shard,
 phases: PrepareCommit/PrepareAbort is written (and the client answered), then the COMMIT/ABORT markers
 go to every partition of the transaction, then CompleteCommit/CompleteAbort is written. A crash between
 the phases leaves a Prepare* record, which start-up finds and completes; markers are idempotent.
+A producer's next transaction may start once the markers are durable (Kafka lets it start once the
+Complete* record is written): if its first request is already waiting then, the Complete* record goes in
+the same append as that request's Ongoing record, one fsync for the two, in Kafka's order.
 The completion retries whatever fails, with a growing pause, until it is done: a transaction never stays
 in Prepare* while the broker runs (a partition deleted meanwhile gets no marker, as in Kafka).
 """
@@ -16,7 +19,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 import structlog
@@ -83,6 +86,18 @@ class MarkerWriter(Protocol):
         ...
 
 
+@dataclass(eq=False, slots=True)
+class _Ending:
+    """The second phase of one transaction's end, as the producer's next transaction sees it."""
+
+    prepared: TxnMetadata  # the Prepare* state the markers end
+    markers_durable: asyncio.Future[None]  # done once every partition's marker is durable
+    # Requests of the next transaction waiting to write the Complete* record with their own (`add_partitions`);
+    # the completion leaves it to them, and writes it itself once none is left and it is still missing.
+    takers: int = 0
+    no_takers: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 @dataclass(frozen=True, slots=True)
 class InitResult:
     error: int
@@ -121,6 +136,7 @@ class TransactionCoordinator:
         self.clock = clock
         self.transactional_id_expiration_ms = transactional_id_expiration_ms
         self._completing: dict[str, asyncio.Task[None]] = {}
+        self._endings: dict[str, _Ending] = {}
         # Kafka's lastProducerEpoch (in memory, as in Kafka): the (producer id, epoch) a KIP-360
         # InitProducerId bumped from, so a retry of that request gets the same answer, not PRODUCER_FENCED.
         self._bumped_from: dict[str, tuple[int, int]] = {}
@@ -190,16 +206,34 @@ class TransactionCoordinator:
             pruned += await self.runtime.write_exclusive_steps(partition, rewrite)
         return pruned
 
-    def _validate(self, transactional_id: str, producer_id: int, producer_epoch: int) -> tuple[int, TxnMetadata | None]:
-        meta = self._get(transactional_id)
+    def _validate(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                  meta: TxnMetadata | None = None) -> tuple[int, TxnMetadata | None]:
+        """Does the producer own the id (`meta`: its state, by default the current one)?"""
+        if meta is None:
+            meta = self._get(transactional_id)
         if meta is None or meta.producer_id != producer_id:
             return ErrorCode.INVALID_PRODUCER_ID_MAPPING, None
         if meta.producer_epoch != producer_epoch:
             return ErrorCode.PRODUCER_FENCED, None
-        if transactional_id in self._completing and meta.state not in (TxnState.PREPARE_COMMIT,
-                                                                         TxnState.PREPARE_ABORT):
+        if self._markers_pending(transactional_id) and meta.state not in (TxnState.PREPARE_COMMIT,
+                                                                            TxnState.PREPARE_ABORT):
             return ErrorCode.CONCURRENT_TRANSACTIONS, None
         return ErrorCode.NONE, meta
+
+    def _markers_pending(self, transactional_id: str) -> bool:
+        """Is the last transaction of this id still ending, its markers not all durable yet?"""
+        if transactional_id not in self._completing:
+            return False
+        ending = self._endings.get(transactional_id)
+        return ending is None or not ending.markers_durable.done()
+
+    def _completed_now(self, transactional_id: str, meta: TxnMetadata | None) -> TxnMetadata | None:
+        """The Complete* state to write ahead of the next transaction's first record, when `meta` is a
+        Prepare* state whose markers are all durable and whose Complete* record is not written yet."""
+        ending = self._endings.get(transactional_id)
+        if meta is None or ending is None or not ending.markers_durable.done() or meta != ending.prepared:
+            return None
+        return _completed(meta).but(update_ms=self.clock())
 
     # ---- InitProducerId -------------------------------------------------------------------------
 
@@ -257,12 +291,11 @@ class TransactionCoordinator:
         behalf (its first transactional Produce or TxnOffsetCommit, KIP-890 part 2), and the transaction
         is marked as a transaction.version 2 one, whose EndTxn bumps the epoch."""
         wanted = frozenset(partitions)
-        completing = self._completing.get(transactional_id)
-        if completing is not None:
-            await asyncio.wait({completing}, timeout=_COMPLETION_WAIT_S)
 
         def operation() -> Steps[int]:
-            err, meta = self._validate(transactional_id, producer_id, producer_epoch)
+            current = self._get(transactional_id)
+            completed = self._completed_now(transactional_id, current)
+            err, meta = self._validate(transactional_id, producer_id, producer_epoch, completed or current)
             if meta is None:
                 return err
             if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
@@ -274,12 +307,25 @@ class TransactionCoordinator:
                 return ErrorCode.INVALID_TXN_STATE
             now = self.clock()
             start = meta.start_ms if meta.state == TxnState.ONGOING else now
-            yield [to_record(meta.but(state=TxnState.ONGOING, partitions=meta.partitions | wanted,
-                                      start_ms=start, update_ms=now,
-                                      client_transaction_version=2 if transaction_version >= 2 else 0))]
+            ongoing = to_record(meta.but(state=TxnState.ONGOING, partitions=meta.partitions | wanted,
+                                         start_ms=start, update_ms=now,
+                                         client_transaction_version=2 if transaction_version >= 2 else 0))
+            yield [to_record(completed), ongoing] if completed is not None else [ongoing]
             return ErrorCode.NONE
 
-        return await self._holding(transactional_id, operation)
+        ending = self._endings.get(transactional_id)
+        if ending is None:
+            return await self._holding(transactional_id, operation)
+        # The previous transaction is still ending: wait for its markers (then Complete* goes with this write).
+        ending.takers += 1
+        try:
+            if not ending.markers_durable.done():
+                await asyncio.wait({ending.markers_durable}, timeout=_COMPLETION_WAIT_S)
+            return await self._holding(transactional_id, operation)
+        finally:
+            ending.takers -= 1
+            if not ending.takers:
+                ending.no_takers.set()
 
     def verify_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
                           partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
@@ -322,8 +368,8 @@ class TransactionCoordinator:
             meta = self._get(transactional_id)
             if meta is None:
                 return InitResult(ErrorCode.INVALID_PRODUCER_ID_MAPPING)
-            if transactional_id in self._completing and meta.state not in (TxnState.PREPARE_COMMIT,
-                                                                             TxnState.PREPARE_ABORT):
+            if self._markers_pending(transactional_id) and meta.state not in (TxnState.PREPARE_COMMIT,
+                                                                                TxnState.PREPARE_ABORT):
                 return InitResult(ErrorCode.CONCURRENT_TRANSACTIONS)
             retry_on_overflow = (meta.previous_producer_id == producer_id and producer_epoch == MAX_EPOCH - 1
                                  and meta.producer_epoch == 0)
@@ -410,22 +456,26 @@ class TransactionCoordinator:
     def _schedule_completion(self, transactional_id: str) -> None:
         if transactional_id in self._completing:
             return
-        task = asyncio.get_running_loop().create_task(self._complete(transactional_id))
+        prepared = self._get(transactional_id)
+        assert prepared is not None
+        loop = asyncio.get_running_loop()
+        ending = self._endings[transactional_id] = _Ending(prepared, loop.create_future())
+        task = loop.create_task(self._complete(transactional_id, ending))
         self._completing[transactional_id] = task
         task.add_done_callback(lambda t: self._completion_done(transactional_id, t))
 
     def _completion_done(self, transactional_id: str, task: asyncio.Task[None]) -> None:
         if self._completing.get(transactional_id) is task:
             del self._completing[transactional_id]
+            self._endings.pop(transactional_id, None)
         if not task.cancelled() and task.exception() is not None:
             # Not expected (_complete retries every failure), but never silent.
             log.error("txn.completion_died", transactional_id=transactional_id, error=repr(task.exception()))
 
-    async def _complete(self, transactional_id: str) -> None:
-        """Second phase: markers on every partition, then the Complete* record; any failure is retried
-        (only the partitions still without a marker get one)."""
-        meta = self._get(transactional_id)
-        assert meta is not None
+    async def _complete(self, transactional_id: str, ending: _Ending) -> None:
+        """Second phase: markers on every partition, then the Complete* record (unless the next transaction's
+        first write carried it); any failure is retried (only the partitions still without a marker get one)."""
+        meta = ending.prepared
         commit = meta.state == TxnState.PREPARE_COMMIT
         pending = set(meta.partitions)
         delay = _MARKER_RETRY_S
@@ -444,6 +494,11 @@ class TransactionCoordinator:
                                                                    pending, COORDINATOR_EPOCH,
                                                                    meta.client_transaction_version))
                 if not pending:
+                    if not ending.markers_durable.done():
+                        ending.markers_durable.set_result(None)
+                    while ending.takers:
+                        ending.no_takers.clear()
+                        await ending.no_takers.wait()
                     await self._holding(transactional_id, operation)
                     break
                 error = f"no marker yet on {sorted(pending)}"

@@ -453,3 +453,130 @@ def test_a_timed_out_transaction_version_2_transaction_is_fenced_past_a_retry(tm
         cluster.close()
 
     asyncio.run(run())
+
+
+class HeldMarkers(LogMarkers):
+    """Markers written only once `release` is set: the window between EndTxn's answer and its markers."""
+
+    def __init__(self, logs: dict[tuple[str, int], PartitionLog]):
+        super().__init__(logs)
+        self.release = asyncio.Event()
+        self.waiting = asyncio.Event()
+
+    async def write_markers(self, producer_id: int, producer_epoch: int, commit: bool,
+                            partitions: Iterable[tuple[str, int]], coordinator_epoch: int = 0,
+                            transaction_version: int = 0) -> set[tuple[str, int]]:
+        self.waiting.set()
+        await self.release.wait()
+        return await super().write_markers(producer_id, producer_epoch, commit, partitions, coordinator_epoch,
+                                           transaction_version)
+
+
+def _state_batches(cluster: Cluster, coord: TransactionCoordinator, txn_id: str) -> list[list[TxnState]]:
+    """The states of `txn_id` on __transaction_state, one list per batch (one batch per append)."""
+    partition = coord.partition_for(txn_id)
+    out = []
+    for _header, records in InternalTopicLog(cluster.state_topic)._batches(partition):
+        states = []
+        for r in records:
+            assert r.key is not None and r.value is not None
+            record = decode_record(bytes(r.key), bytes(r.value), topic=TRANSACTION_STATE)
+            tid, meta = from_record(record)
+            if tid == txn_id and meta is not None:
+                states.append(meta.state)
+        out.append(states)
+    return out
+
+
+@given(commit=st.booleans(), version=st.sampled_from([1, 2]), next_before_markers=st.booleans())
+@settings(max_examples=12, deadline=None)
+def test_the_next_transaction_carries_the_complete_record_of_the_last(tmp_path_factory: Any, commit: bool,
+                                                                       version: int,
+                                                                       next_before_markers: bool) -> None:
+    """A producer's next transaction asks to add a partition while the last one's markers are written:
+    it waits for them, and the last one's Complete record goes in the same append as the new Ongoing one,
+    Complete first (Kafka's order, one fsync for the two). Asked after the completion ended, it writes its
+    Ongoing record alone. Either way the markers are on every partition before the Ongoing record, and a
+    reload of __transaction_state gives the same state."""
+    base = tmp_path_factory.mktemp("next")
+
+    async def run() -> None:
+        cluster = Cluster(base)
+        markers = HeldMarkers(cluster.logs)
+        coord = await cluster.coordinator(markers)
+        init = await coord.init_producer_id("app", 30_000)
+        pid, epoch = init.producer_id, init.producer_epoch
+        assert await coord.add_partitions("app", pid, epoch, list(cluster.logs), transaction_version=version) == 0
+        for tp in cluster.logs:
+            cluster.produce_txn(tp, pid, epoch, 0)
+        if version == 2:
+            ended = await coord.end_txn_v2("app", pid, epoch, commit)
+            assert ended.error == ErrorCode.NONE
+            epoch = ended.producer_epoch
+        else:
+            assert await coord.end_txn("app", pid, epoch, commit) == ErrorCode.NONE
+        await markers.waiting.wait()
+        prepared = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
+        completed = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+        assert coord.txns["app"].state == prepared
+        if next_before_markers:
+            adding = asyncio.ensure_future(coord.add_partitions("app", pid, epoch, [("t", 0)],
+                                                                transaction_version=version))
+            await asyncio.sleep(0.05)
+            assert not adding.done()  # it waits for the markers
+            assert coord.txns["app"].state == prepared
+            markers.release.set()
+            assert await adding == ErrorCode.NONE
+        else:
+            markers.release.set()
+            await _settle(coord)
+            assert coord.txns["app"].state == completed
+            assert await coord.add_partitions("app", pid, epoch, [("t", 0)],
+                                              transaction_version=version) == ErrorCode.NONE
+        for plog in cluster.logs.values():
+            assert plog.last_stable_offset == plog.log_end_offset  # every marker is in
+        await _settle(coord)
+        meta = coord.txns["app"]
+        assert (meta.state, meta.partitions, meta.producer_epoch) == (TxnState.ONGOING, frozenset({("t", 0)}), epoch)
+        last_two = [[completed, TxnState.ONGOING]] if next_before_markers else [[completed], [TxnState.ONGOING]]
+        assert _state_batches(cluster, coord, "app")[-len(last_two):] == last_two
+        await coord.stop()
+        cluster.close()
+        cluster.open()
+        assert (await cluster.coordinator(LogMarkers(cluster.logs))).txns["app"] == meta
+        cluster.close()
+
+    asyncio.run(run())
+
+
+def test_a_refused_request_of_the_next_transaction_leaves_the_complete_record_to_the_completion(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """A request that arrives during the markers and is refused (a stale epoch) writes nothing; the
+    completion still writes the Complete record. One that waits past the wait limit for the markers is
+    told CONCURRENT_TRANSACTIONS, as in Kafka."""
+    from shoal.coordinator import transaction_coordinator
+
+    monkeypatch.setattr(transaction_coordinator, "_COMPLETION_WAIT_S", 0.05)
+
+    async def run() -> None:
+        cluster = Cluster(tmp_path)
+        markers = HeldMarkers(cluster.logs)
+        coord = await cluster.coordinator(markers)
+        init = await coord.init_producer_id("app", 30_000)
+        pid = init.producer_id
+        assert await coord.add_partitions("app", pid, 0, [("t", 1)], transaction_version=2) == ErrorCode.NONE
+        cluster.produce_txn(("t", 1), pid, 0, 0)
+        assert (await coord.end_txn_v2("app", pid, 0, commit=True)).producer_epoch == 1
+        await markers.waiting.wait()
+        assert await coord.add_partitions("app", pid, 1, [("t", 0)], transaction_version=2) == (
+            ErrorCode.CONCURRENT_TRANSACTIONS)
+        stale = asyncio.ensure_future(coord.add_partitions("app", pid, 0, [("t", 0)], transaction_version=2))
+        await asyncio.sleep(0.01)
+        markers.release.set()
+        assert await stale == ErrorCode.PRODUCER_FENCED
+        await _settle(coord)
+        assert coord.txns["app"].state == TxnState.COMPLETE_COMMIT
+        assert _state_batches(cluster, coord, "app")[-1] == [TxnState.COMPLETE_COMMIT]
+        cluster.close()
+
+    asyncio.run(run())
