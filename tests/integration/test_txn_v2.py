@@ -172,3 +172,44 @@ def test_a_new_incarnation_fences_an_open_version_2_transaction(tv2_broker: Brok
         lso, end = lso_and_end(wire, topic)
         assert lso == end
     assert read_partition(tv2_broker.bootstrap, topic, "read_committed") == []
+
+
+def _send_retrying(wire: WireClient, txn_id: str, topic: str, value: bytes, pid: int, epoch: int) -> int:
+    """A transaction's first Produce, sent again while the broker answers CONCURRENT_TRANSACTIONS (the last
+    transaction's markers took longer than it waits for them), as a client does."""
+    deadline = time.monotonic() + 30
+    while (code := _send(wire, txn_id, topic, value, pid, epoch, 0)) == ErrorCode.CONCURRENT_TRANSACTIONS:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return code
+
+
+def test_back_to_back_transactions_then_a_kill_right_after_a_commit(tmp_path: Any) -> None:
+    """Each transaction's Produce goes out the moment the last EndTxn is answered, while that one's markers
+    are still being written (the broker holds it until they are durable, then writes the last one's
+    Complete record with the new Ongoing one). A read_committed reader sees a transaction's record only
+    after its commit, and after a kill -9 right behind the last commit answer and a restart every committed
+    record is there, in order, and the producer carries on with the epoch it was last given."""
+    proc = BrokerProcess(tmp_path / "data").start()
+    try:
+        topic = _topic(proc.bootstrap)
+        txn_id = unique_name("tv2-b2b")
+        with WireClient.connect(proc.bootstrap) as wire:
+            pid, epoch = _init(wire, txn_id)
+            for i in range(12):
+                assert _send_retrying(wire, txn_id, topic, b"v%d" % i, pid, epoch) == ErrorCode.NONE
+                lso, end = lso_and_end(wire, topic)
+                assert lso < end  # not readable committed before the commit
+                ended = _end(wire, txn_id, pid, epoch, True)
+                assert (ended.error_code, ended.producer_id) == (ErrorCode.NONE, pid)
+                epoch = ended.producer_epoch
+        proc.kill()
+        proc.start()
+        assert [v for _o, _k, v in read_partition(proc.bootstrap, topic, "read_committed")] == [
+            b"v%d" % i for i in range(12)]
+        with WireClient.connect(proc.bootstrap) as wire:
+            assert _send_retrying(wire, txn_id, topic, b"after", pid, epoch) == ErrorCode.NONE
+            assert _end(wire, txn_id, pid, epoch, True).error_code == ErrorCode.NONE
+        assert [v for _o, _k, v in read_partition(proc.bootstrap, topic, "read_committed")][-1] == b"after"
+    finally:
+        proc.stop()
