@@ -480,11 +480,14 @@ class TransactionCoordinator:
         pending = set(meta.partitions)
         delay = _MARKER_RETRY_S
 
-        def operation() -> Steps[None]:
+        def still_prepared() -> bool:
             current = self._get(transactional_id)
-            if current is None or (current.producer_id, current.producer_epoch, current.state) != (
-                    meta.producer_id, meta.producer_epoch, meta.state):
-                return  # completed meanwhile (an admin abort repaired it, or expiry removed it)
+            return current is not None and (current.producer_id, current.producer_epoch, current.state) == (
+                meta.producer_id, meta.producer_epoch, meta.state)
+
+        def operation() -> Steps[None]:
+            if not still_prepared():
+                return  # completed meanwhile (by the next transaction's first write, or expiry removed it)
             yield [to_record(_completed(meta).but(update_ms=self.clock()))]
 
         while True:
@@ -499,7 +502,10 @@ class TransactionCoordinator:
                     while ending.takers:
                         ending.no_takers.clear()
                         await ending.no_takers.wait()
-                    await self._holding(transactional_id, operation)
+                    # A state only moves on under its key, so one that left `meta` (the next transaction
+                    # wrote Complete* with its own record) never comes back to it: nothing left to write.
+                    if still_prepared():
+                        await self._holding(transactional_id, operation)
                     break
                 error = f"no marker yet on {sorted(pending)}"
             except Exception as exc:  # whatever it is, the transaction must not stay prepared

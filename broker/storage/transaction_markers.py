@@ -61,9 +61,17 @@ class TransactionMarkerWriter:
         A partition deleted since it joined the transaction (or while its marker was written) needs no
         marker, as in Kafka; the partitions whose marker failed are returned, to be retried."""
         parts = list(partitions)
-        results = await asyncio.gather(*(self.write_marker(topic, index, producer_id, producer_epoch, commit,
-                                                           coordinator_epoch, transaction_version)
-                                         for topic, index in parts), return_exceptions=True)
+        results: list[object]
+        if len(parts) == 1:  # the common case (a sidecar's state write): no task for one marker
+            try:
+                results = [await self.write_marker(*parts[0], producer_id, producer_epoch, commit, coordinator_epoch,
+                                                   transaction_version)]
+            except Exception as exc:
+                results = [exc]
+        else:
+            results = await asyncio.gather(*(self.write_marker(topic, index, producer_id, producer_epoch, commit,
+                                                               coordinator_epoch, transaction_version)
+                                             for topic, index in parts), return_exceptions=True)
         failed: set[TopicPartition] = set()
         for tp, result in zip(parts, results, strict=True):
             if isinstance(result, asyncio.CancelledError):
