@@ -1,5 +1,10 @@
 """Fetch (consumer side): stored batches served as they are on disk, with MaxWaitMs/MinBytes long polling.
 
+Byte limits as Kafka's ReplicaManager.readFromLog: the first partition with records gets at least one whole
+batch, past PartitionMaxBytes and MaxBytes; every later one gets whole batches within its PartitionMaxBytes and
+what is left of MaxBytes, or none. (Kafka may end a partition's records with a cut batch the client drops;
+Shoal stops before it.)
+
 With isolation_level=1 (read_committed) reads stop at the last stable offset and the response lists the
 aborted transactions in the range read, so the client drops their records (Kafka's FetchIsolation.TXN_COMMITTED).
 
