@@ -1,5 +1,10 @@
 """Fetch (consumer side): stored batches served as they are on disk, with MaxWaitMs/MinBytes long polling.
 
+Byte limits as Kafka's ReplicaManager.readFromLog: the first partition with records gets at least one whole
+batch, past PartitionMaxBytes and MaxBytes; every later one gets whole batches within its PartitionMaxBytes and
+what is left of MaxBytes, or none. (Kafka may end a partition's records with a cut batch the client drops;
+Shoal stops before it.)
+
 With isolation_level=1 (read_committed) reads stop at the last stable offset and the response lists the
 aborted transactions in the range read, so the client drops their records (Kafka's FetchIsolation.TXN_COMMITTED).
 
@@ -109,18 +114,16 @@ class FetchHandler:
                 pd.last_stable_offset = lso
                 pd.log_start_offset = plog.log_start_offset
                 keys.append(LogKey(topic.topic_id, fp.partition))
-                # The first partition with data always gets one whole batch, so a huge batch cannot stall a consumer.
-                limit = min(fp.partition_max_bytes, budget)
-                if limit <= 0 and total > 0:
-                    continue
+                # As Kafka's readFromLog: until a partition returned data, one whole batch is returned past both
+                # limits, so a huge batch cannot stall a consumer; after that each partition gets whole batches
+                # within min(its PartitionMaxBytes, what is left of MaxBytes), and none when its next batch is larger.
+                # A partition past the limits is still read with nothing to return, so its offset is checked.
                 try:
-                    data = plog.read(fp.fetch_offset, max(limit, 1) if total == 0 else limit,
-                                     max_offset=lso if read_committed else None)
+                    data = plog.read(fp.fetch_offset, max(0, min(fp.partition_max_bytes, budget)),
+                                     max_offset=lso if read_committed else None, min_one=total == 0)
                 except OffsetOutOfRange:
                     pd.error_code = ErrorCode.OFFSET_OUT_OF_RANGE
                     continue
-                if total > 0 and len(data) > budget:
-                    data = b""
                 if read_committed:
                     # A partition that never saw a transaction has none aborted; asking its producer state
                     # would build it first, reading up to 64 MiB of log inside this request.

@@ -1088,8 +1088,9 @@ class PartitionLog:
     def _segment_index(self, offset: int) -> int:
         return max(0, bisect_right(self._bases, offset) - 1)
 
-    def read(self, fetch_offset: int, max_bytes: int, *, max_offset: int | None = None) -> bytes:
-        """Whole batches from the one containing `fetch_offset`, within `max_bytes` but at least one batch.
+    def read(self, fetch_offset: int, max_bytes: int, *, max_offset: int | None = None, min_one: bool = True) -> bytes:
+        """Whole batches from the one containing `fetch_offset`, within `max_bytes`; with `min_one` at least
+        one batch even when it is larger (Kafka's minOneMessage), else nothing when the first batch does not fit.
 
         `max_offset` (exclusive, e.g. a last stable offset) stops before batches starting at or above it.
         """
@@ -1097,7 +1098,7 @@ class PartitionLog:
         if fetch_offset < self.log_start_offset or fetch_offset > self.log_end_offset:
             raise OffsetOutOfRange(fetch_offset, self.log_start_offset, self.log_end_offset)
         limit = self.log_end_offset if max_offset is None else min(max_offset, self.log_end_offset)
-        if fetch_offset >= limit:
+        if fetch_offset >= limit or (max_bytes <= 0 and not min_one):
             return b""
         i = self._segment_index(fetch_offset)
         seg = self.segments[i]
@@ -1105,7 +1106,7 @@ class PartitionLog:
         parts: list[bytes] = []
         remaining = max_bytes
         while True:
-            data, stopped = seg.read_batches(position, remaining, min_one=not parts, max_offset=limit)
+            data, stopped = seg.read_batches(position, remaining, min_one=min_one and not parts, max_offset=limit)
             if data:
                 parts.append(data)
                 remaining -= len(data)

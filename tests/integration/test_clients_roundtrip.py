@@ -575,3 +575,42 @@ def test_fetch_long_poll_delivers_record_produced_later(broker: BrokerProcess) -
         assert [(m.offset(), m.key(), m.value()) for m in got] == [(0, b"late", b"arrived")]
     finally:
         consumer.close()
+
+
+@pytest.mark.parametrize("client", ["confluent", "kafka-python"])
+def test_batches_larger_than_the_fetch_limits_reach_every_partition(broker: BrokerProcess, client: str) -> None:
+    """Each log batch is larger than the consumer's per-partition and overall fetch limits: a Fetch returns one
+    whole batch for the first partition that has one and nothing for the others (as Kafka does), and the
+    clients' turn-taking over partitions still reads every record of every partition, in order."""
+    topic = topic_name("fetchlimit")
+    confluent_create(broker.bootstrap, topic)
+    records = [Rec(i % PARTITIONS, -1, None, bytes([i]) * 3000, (), BASE_TS + i) for i in range(60)]
+    # Each partition's records go in a handful of batches of several records (linger 50 ms, one flush).
+    confluent_produce(broker.bootstrap, topic, records)
+    want = {p: [r.value for r in records if r.partition == p] for p in range(PARTITIONS)}
+    got: dict[int, list[bytes | None]] = {p: [] for p in range(PARTITIONS)}
+    deadline = time.monotonic() + 30
+    if client == "confluent":
+        # librdkafka wants fetch.max.bytes >= message.max.bytes, whose least value is 1000.
+        consumer = confluent_consumer(broker.bootstrap, **{"max.partition.fetch.bytes": 1000,
+                                                           "fetch.max.bytes": 1000, "message.max.bytes": 1000})
+        try:
+            consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+            while sum(map(len, got.values())) < len(records) and time.monotonic() < deadline:
+                for msg in consumer.consume(100, 0.5):
+                    assert msg.error() is None, msg.error()
+                    got[msg.partition()].append(msg.value())
+        finally:
+            consumer.close()
+    else:
+        kp = KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False,
+                           max_partition_fetch_bytes=1000, fetch_max_bytes=1000)
+        try:
+            kp.assign([KpTopicPartition(topic, p) for p in range(PARTITIONS)])
+            kp.seek_to_beginning()
+            while sum(map(len, got.values())) < len(records) and time.monotonic() < deadline:
+                for tp, msgs in kp.poll(timeout_ms=500).items():
+                    got[tp.partition].extend(m.value for m in msgs)
+        finally:
+            kp.close()
+    assert got == want

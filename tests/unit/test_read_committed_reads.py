@@ -9,46 +9,28 @@ from pathlib import Path
 
 import pytest
 
-from shoal.broker.common.config import BrokerConfig, Listener
-from shoal.broker.network.connection import KafkaConnection, RequestContext
 from shoal.broker.server.server import Broker
 from shoal.broker.storage.partition_log import PartitionLog
 from shoal.broker.storage.partition_source import LocalPartitionSource
 from shoal.protocol import messages
-from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.records import RecordInput, encode_batch
 
+from .fetch_calls import fetch, fetch_request, running_broker
 from .test_partition_log import append, make_batch
 
-Req = messages.FetchRequest
 TOPIC = "committed-reads"
-FETCH_VERSION = 12  # topics by name
 
 
 @pytest.fixture
 async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
-    b = Broker(BrokerConfig.from_strings({
-        "log.dirs": str(tmp_path), "listeners": "PLAINTEXT://127.0.0.1:0", "offsets.topic.num.partitions": "1",
-        "share.coordinator.state.topic.num.partitions": "1",
-    }))
-    await b.start()
-    yield b
-    await b.stop()
+    async for b in running_broker(tmp_path):
+        yield b
 
 
 async def fetch_committed(broker: Broker) -> messages.FetchResponse.PartitionData:
-    """A read_committed Fetch of partition 0 from offset 0, through the wire codec both ways."""
-    req = Req(replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20, isolation_level=1,
-              session_id=0, session_epoch=-1, topics=[Req.FetchTopic(topic=TOPIC, partitions=[  # type: ignore[attr-defined]
-                  Req.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])],  # type: ignore[attr-defined]
-              forgotten_topics_data=[], rack_id="")
-    _, decoded = messages.decode_request(messages.encode_request(req, ApiKey.FETCH, FETCH_VERSION, 3, "test"))
-    conn = KafkaConnection(broker, Listener("PLAINTEXT", "PLAINTEXT", "127.0.0.1", 0))
-    ctx = RequestContext(messages.RequestHeader(ApiKey.FETCH, FETCH_VERSION, 3, "test"), conn)
-    resp = await broker.apis[ApiKey.FETCH].handler(ctx, decoded)
-    framed = messages.encode_response(resp, ApiKey.FETCH, FETCH_VERSION, 3)
-    out = messages.decode_response(framed[4:], ApiKey.FETCH, FETCH_VERSION)[1]
+    """A read_committed Fetch of partition 0 from offset 0."""
+    out = await fetch(broker, fetch_request(TOPIC, [(0, 0, 1 << 20)], isolation_level=1))
     assert out.error_code == ErrorCode.NONE
     return out.responses[0].partitions[0]  # type: ignore[no-any-return]
 
