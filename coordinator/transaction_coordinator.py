@@ -96,6 +96,7 @@ class _Ending:
     # the completion leaves it to them, and writes it itself once none is left and it is still missing.
     takers: int = 0
     no_takers: asyncio.Event = field(default_factory=asyncio.Event)
+    finished: bool = False  # its Complete* record is written (by the completion or by the next transaction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,13 +228,15 @@ class TransactionCoordinator:
         ending = self._endings.get(transactional_id)
         return ending is None or not ending.markers_durable.done()
 
-    def _completed_now(self, transactional_id: str, meta: TxnMetadata | None) -> TxnMetadata | None:
-        """The Complete* state to write ahead of the next transaction's first record, when `meta` is a
-        Prepare* state whose markers are all durable and whose Complete* record is not written yet."""
+    def _completed_now(self, transactional_id: str, meta: TxnMetadata | None) -> tuple[TxnMetadata, _Ending] | None:
+        """The Complete* state to write ahead of the next transaction's first record (and the ending it
+        finishes), when `meta` is a Prepare* state whose markers are all durable and whose Complete* record
+        is not written yet."""
         ending = self._endings.get(transactional_id)
-        if meta is None or ending is None or not ending.markers_durable.done() or meta != ending.prepared:
+        if (meta is None or ending is None or ending.finished or not ending.markers_durable.done()
+                or meta != ending.prepared):
             return None
-        return _completed(meta).but(update_ms=self.clock())
+        return _completed(meta).but(update_ms=self.clock()), ending
 
     # ---- InitProducerId -------------------------------------------------------------------------
 
@@ -294,7 +297,8 @@ class TransactionCoordinator:
 
         def operation() -> Steps[int]:
             current = self._get(transactional_id)
-            completed = self._completed_now(transactional_id, current)
+            carried = self._completed_now(transactional_id, current)
+            completed = carried[0] if carried is not None else None
             err, meta = self._validate(transactional_id, producer_id, producer_epoch, completed or current)
             if meta is None:
                 return err
@@ -310,7 +314,11 @@ class TransactionCoordinator:
             ongoing = to_record(meta.but(state=TxnState.ONGOING, partitions=meta.partitions | wanted,
                                          start_ms=start, update_ms=now,
                                          client_transaction_version=2 if transaction_version >= 2 else 0))
-            yield [to_record(completed), ongoing] if completed is not None else [ongoing]
+            if carried is None:
+                yield [ongoing]
+            else:
+                yield [to_record(carried[0]), ongoing]
+                carried[1].finished = True
             return ErrorCode.NONE
 
         ending = self._endings.get(transactional_id)
@@ -454,8 +462,9 @@ class TransactionCoordinator:
         self._schedule_completion(meta.transactional_id)
 
     def _schedule_completion(self, transactional_id: str) -> None:
-        if transactional_id in self._completing:
-            return
+        ending = self._endings.get(transactional_id)
+        if transactional_id in self._completing and (ending is None or not ending.finished):
+            return  # already being completed (a finished completion still winding down is replaced)
         prepared = self._get(transactional_id)
         assert prepared is not None
         loop = asyncio.get_running_loop()
@@ -480,15 +489,13 @@ class TransactionCoordinator:
         pending = set(meta.partitions)
         delay = _MARKER_RETRY_S
 
-        def still_prepared() -> bool:
-            current = self._get(transactional_id)
-            return current is not None and (current.producer_id, current.producer_epoch, current.state) == (
-                meta.producer_id, meta.producer_epoch, meta.state)
-
         def operation() -> Steps[None]:
-            if not still_prepared():
-                return  # completed meanwhile (by the next transaction's first write, or expiry removed it)
+            current = self._get(transactional_id)
+            if ending.finished or current is None or (current.producer_id, current.producer_epoch, current.state) != (
+                    meta.producer_id, meta.producer_epoch, meta.state):
+                return  # completed meanwhile (by the next transaction's first write)
             yield [to_record(_completed(meta).but(update_ms=self.clock()))]
+            ending.finished = True
 
         while True:
             try:
@@ -502,9 +509,7 @@ class TransactionCoordinator:
                     while ending.takers:
                         ending.no_takers.clear()
                         await ending.no_takers.wait()
-                    # A state only moves on under its key, so one that left `meta` (the next transaction
-                    # wrote Complete* with its own record) never comes back to it: nothing left to write.
-                    if still_prepared():
+                    if not ending.finished:  # else the next transaction's first write carried Complete*
                         await self._holding(transactional_id, operation)
                     break
                 error = f"no marker yet on {sorted(pending)}"
