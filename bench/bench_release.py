@@ -192,7 +192,7 @@ def main() -> int:
                 started = time.monotonic()
                 result = run_build(builds[name], work, args)
                 runs[name].append(result)
-                figures = "  ".join(f"{k}={v:,.2f}" if k.endswith(" ms") or "us/rec" in k else f"{k}={v:,.0f}"
+                figures = "  ".join(f"{k}={v:,.0f}" if k in THROUGHPUT else f"{k}={v:,.2f}"
                                     for k, v in result.items())
                 print(f"round {r + 1} {name:<8} ({time.monotonic() - started:.0f} s): {figures}", flush=True)
     finally:
@@ -205,7 +205,7 @@ def main() -> int:
         base = [run[key] for run in runs["baseline"]]
         new = [run[key] for run in runs["new"]]
         ratios = [n / b for n, b in zip(new, base, strict=True)]
-        fmt = "{:,.2f}" if key.endswith(" ms") or "us/rec" in key else "{:,.0f}"
+        fmt = "{:,.0f}" if key in THROUGHPUT else "{:,.2f}"  # rates; the rest are ms and us/rec
         better = "higher is better" if key in THROUGHPUT else "lower is better"
         print(f"  {key:<24} {' '.join(fmt.format(v) for v in base):>28} {' '.join(fmt.format(v) for v in new):>28}"
               f" {' '.join(f'{x:.2f}' for x in ratios):>20} {statistics.median(ratios):>7.2f}  ({better})")
