@@ -116,7 +116,7 @@ class BrokerConnection:
     # ---- set-up --------------------------------------------------------------------------------
 
     async def connect(self) -> BrokerConnection:
-        timeout = self.config.request_timeout_ms / 1000
+        timeout = min(self.config.socket_connection_setup_timeout_ms, self.config.request_timeout_ms) / 1000
         ssl_ctx = self.config.ssl_context()
         loop = asyncio.get_running_loop()
         try:
@@ -131,7 +131,11 @@ class BrokerConnection:
             # Retrying cannot help: the server's certificate is not trusted (Kafka's SslAuthenticationException).
             self._closed = True
             raise AuthenticationError(None, f"TLS handshake with {self.host}:{self.port} failed: {exc}") from exc
-        except (TimeoutError, OSError) as exc:
+        except TimeoutError as exc:
+            self._closed = True
+            raise KafkaConnectionError(None, f"cannot connect to {self.host}:{self.port}: no answer within "
+                                             f"{timeout * 1000:.0f} ms") from exc
+        except OSError as exc:
             self._closed = True
             raise KafkaConnectionError(None, f"cannot connect to {self.host}:{self.port}: {exc}") from exc
         try:

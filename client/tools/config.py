@@ -33,6 +33,7 @@ CONNECTION_KEYS = frozenset(
         "ssl.key.password",
         "ssl.endpoint.identification.algorithm",
         "request.timeout.ms",
+        "socket.connection.setup.timeout.ms",
         "reconnect.backoff.ms",
         "reconnect.backoff.max.ms",
         "metadata.max.age.ms",

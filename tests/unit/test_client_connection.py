@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -178,3 +179,22 @@ def test_parse_bootstrap() -> None:
         parse_bootstrap("nohost")
     with pytest.raises(ValueError):
         parse_bootstrap("")
+
+
+async def test_a_connect_without_an_answer_gives_up_after_the_connection_setup_timeout() -> None:
+    """Kafka's socket.connection.setup.timeout.ms: a broker that never answers the connect (here a listener
+    whose accept queue is full, as a host gone without a reset would be) fails the connect after that
+    timeout, not after the whole request timeout, so the client goes on to another broker."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    host, port = listener.getsockname()
+    queued = socket.create_connection((host, port))  # fills the accept queue: the next connects get no answer
+    try:
+        config = ClientConfig.from_dict({"socket.connection.setup.timeout.ms": 200, "request.timeout.ms": 600_000})
+        # The outer deadline only keeps a broken client from hanging the suite for the request timeout.
+        with pytest.raises(KafkaConnectionError, match="no answer within 200 ms"):
+            await asyncio.wait_for(BrokerConnection(host, port, config).connect(), 60)
+    finally:
+        queued.close()
+        listener.close()
