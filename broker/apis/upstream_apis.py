@@ -23,7 +23,7 @@ from shoal.broker.upstream.cluster import (
     UpstreamUnsupported,
 )
 from shoal.broker.upstream.forwarder import DELETE_RECORDS, LIST_OFFSETS
-from shoal.broker.upstream.state_topics import is_state_topic
+from shoal.broker.upstream.state_topic_names import is_state_topic
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.codec import MessageBase

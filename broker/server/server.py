@@ -314,13 +314,12 @@ class Broker:
     async def _claim_state_topics(self) -> None:
         """Sidecar mode: before reading or writing any state topic, make sure this deployment owns them
         (another deployment's prefix is a start-up error, UpstreamStartError)."""
-        from shoal.broker.upstream.state_topics import StateTopicNames, claim_state_topics
+        from shoal.broker.upstream.state_topics import claim_state_topics
 
         assert self.upstream_cluster is not None and self.upstream_forwarder is not None
         settings = self.upstream_cluster.settings
-        await claim_state_topics(self.upstream_cluster, self.upstream_forwarder,
-                                 StateTopicNames(settings.state_topic_prefix), settings.membership_group_id,
-                                 settings.state_topic_replication_factor)
+        await claim_state_topics(self.upstream_cluster, self.upstream_forwarder, settings.state_topics,
+                                 settings.membership_group_id, settings.state_topic_replication_factor)
 
     async def _start_group_config_log(self) -> None:
         """Sidecar mode: group configs live on the upstream (`<prefix>_group_configs`), read whole before
@@ -328,7 +327,6 @@ class Broker:
         from shoal.broker.storage.partition_source import SourceUnavailable
         from shoal.broker.upstream.cluster import UpstreamStartError
         from shoal.broker.upstream.group_config_log import UpstreamGroupConfigLog
-        from shoal.broker.upstream.state_topics import StateTopicNames
 
         assert self.upstream_cluster is not None and self.upstream_forwarder is not None
 
@@ -338,7 +336,7 @@ class Broker:
 
         group_config_log = UpstreamGroupConfigLog(
             self.upstream_cluster, self.upstream_forwarder, changed,
-            topic=StateTopicNames(self.upstream_cluster.settings.state_topic_prefix).group_configs)
+            topic=self.upstream_cluster.settings.state_topics.group_configs)
         self.group_configs.use_store(group_config_log)
         try:
             await group_config_log.start(self.upstream_cluster.settings.state_topic_replication_factor)
@@ -557,10 +555,10 @@ class Broker:
         from shoal.broker.storage.partition_source import SourceUnavailable
         from shoal.broker.upstream.cluster import UpstreamStartError
         from shoal.broker.upstream.state_log import UpstreamStateLog
-        from shoal.broker.upstream.state_topics import StateTopicNames, ensure_state_topics
+        from shoal.broker.upstream.state_topics import ensure_state_topics
 
         settings = self.upstream_cluster.settings
-        names = StateTopicNames(settings.state_topic_prefix)
+        names = settings.state_topics
         wanted = {names.for_internal(name): int(self.config[INTERNAL_TOPIC_PARTITIONS_KEYS[name]])
                   for name in (CONSUMER_OFFSETS, SHARE_GROUP_STATE)}
         try:

@@ -18,12 +18,13 @@ object, null for none) are still read: such a record sets the names it holds and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 
 import structlog
 
-from shoal.broker.storage.partition_source import OffsetOutOfRange, SourceUnavailable
+from shoal.broker.storage.partition_source import SourceUnavailable
 from shoal.protocol.record_batch import BatchHeader, CorruptRecordBatch
 from shoal.protocol.records import RecordInput, decode_records, encode_batch
 
@@ -207,26 +208,17 @@ class UpstreamGroupConfigLog:
             await self._read_to_end()
 
     async def _read_to_end(self) -> None:
-        while True:
-            try:
-                read = await self.source.read(self.next_offset, _READ_BYTES)
-            except OffsetOutOfRange as exc:
-                # Below the log start (records deleted by retention), or past the end (the topic was deleted
-                # and created again): read what there is from its start.
-                if 0 <= exc.log_start_offset != self.next_offset:
-                    if exc.log_start_offset < self.next_offset:
-                        self.view.applied_at.clear()  # offsets start again: the new topic's records all count
-                    self.next_offset = exc.log_start_offset
-                    continue
-                raise SourceUnavailable(f"{self.topic}: {exc}") from exc
-            for header, data in read.batches:
-                if header.last_offset < self.next_offset:
-                    continue
+        def restarted(log_start_offset: int) -> None:
+            if log_start_offset < self.next_offset:
+                self.view.applied_at.clear()  # offsets start again: the new topic's records all count
+            self.next_offset = log_start_offset
+
+        async with contextlib.aclosing(self.source.batches_to_end(self.next_offset, _READ_BYTES,
+                                                                   on_log_start=restarted)) as batches:
+            async for header, data in batches:
                 if not header.is_control:
                     self._apply_batch(header, data)
                 self.next_offset = header.last_offset + 1
-            if self.next_offset >= read.high_watermark or not read.batches:
-                return
 
     def _apply_batch(self, header: BatchHeader, data: memoryview) -> None:
         try:

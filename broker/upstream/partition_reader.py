@@ -12,11 +12,18 @@ from __future__ import annotations
 import asyncio
 import bisect
 from collections import OrderedDict
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 
 import structlog
 
-from shoal.broker.storage.partition_source import EARLIEST, LATEST, OffsetOutOfRange, SourceRead
+from shoal.broker.storage.partition_source import (
+    EARLIEST,
+    LATEST,
+    OffsetOutOfRange,
+    SourceRead,
+    SourceUnavailable,
+)
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
 from shoal.protocol.errors import ErrorCode
@@ -185,6 +192,31 @@ class UpstreamPartitionSource:
         if read.batches and not read_committed:
             self._read_ahead(read.batches[-1][0].last_offset + 1)
         return read
+
+    async def batches_to_end(self, offset: int, max_bytes: int, *,
+                             on_log_start: Callable[[int], None] | None = None,
+                             ) -> AsyncGenerator[tuple[BatchHeader, memoryview], None]:
+        """Every batch from the one holding `offset` to the high watermark (control batches too), for readers
+        of a whole state topic. An offset below the log start (records deleted by retention) or past the end
+        (the topic deleted and created again) goes on from the log start, told to `on_log_start` first.
+        Raises SourceUnavailable when the upstream does not answer."""
+        while True:
+            try:
+                read = await self.read(offset, max_bytes)
+            except OffsetOutOfRange as exc:
+                if 0 <= exc.log_start_offset != offset:
+                    if on_log_start is not None:
+                        on_log_start(exc.log_start_offset)
+                    offset = exc.log_start_offset
+                    continue
+                raise SourceUnavailable(f"{self.key[0]}: {exc}") from exc
+            for header, data in read.batches:
+                if header.last_offset < offset:
+                    continue
+                yield header, data
+                offset = header.last_offset + 1
+            if offset >= read.high_watermark or not read.batches:
+                return
 
     async def _shared_read(self, fetch_offset: int, max_bytes: int, read_committed: bool) -> SourceRead:
         """One upstream Fetch, shared by every read of the same range that comes while it is out."""

@@ -16,6 +16,7 @@ from shoal.client.security import ClientConfig
 from .state_topic_names import (
     DEFAULT_MEMBERSHIP_GROUP_ID,
     DEFAULT_STATE_TOPIC_PREFIX,
+    StateTopicNames,
     derived_prefix,
     prefix_problem,
 )
@@ -70,6 +71,10 @@ class UpstreamSettings:
     state_transaction_version: int = 2
     # The deployment's state topics are `<prefix>_...` (state_topic_names.py).
     state_topic_prefix: str = DEFAULT_STATE_TOPIC_PREFIX
+
+    @property
+    def state_topics(self) -> StateTopicNames:
+        return StateTopicNames(self.state_topic_prefix)
 
     @property
     def bootstrap_text(self) -> str:

@@ -19,13 +19,14 @@ stays the first; two deployments that claim at once both write a record, and the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
 
-from shoal.broker.storage.partition_source import OffsetOutOfRange, SourceUnavailable
+from shoal.broker.storage.partition_source import SourceUnavailable
 from shoal.client.errors import error_name
 from shoal.protocol import messages
 from shoal.protocol.api_keys import ApiKey
@@ -36,25 +37,17 @@ from shoal.protocol.records import RecordInput, decode_records, encode_batch
 from .cluster import UpstreamCluster, UpstreamStartError
 from .partition_reader import BatchCache, UpstreamPartitionSource
 from .produce import UpstreamProduceFailed, produce_acks_all
-from .state_topic_names import DEFAULT_STATE_TOPIC_PREFIX, StateTopicNames, is_state_topic
+from .state_topic_names import StateTopicNames
 
 if TYPE_CHECKING:
     from .forwarder import Forwarder
 
-__all__ = ["STATE_TOPIC_PREFIX", "StateTopic", "StateTopicNames", "claim_state_topics", "deployment_owner",
-           "ensure_state_topics", "is_state_topic", "state_topic_name"]
 
 log = structlog.get_logger("shoal.upstream.state")
 
-STATE_TOPIC_PREFIX = DEFAULT_STATE_TOPIC_PREFIX
 _RESOURCE_TOPIC = 2
 _LEADER_WAIT_S = 0.05
 _OWNER_READ_BYTES = 64 << 10
-
-
-def state_topic_name(internal_topic: str, prefix: str = STATE_TOPIC_PREFIX) -> str:
-    """`__consumer_offsets` -> `<prefix>_consumer_offsets`, `__share_group_state` -> `<prefix>_share_group_state`."""
-    return StateTopicNames(prefix).for_internal(internal_topic)
 
 
 async def claim_state_topics(cluster: UpstreamCluster, forwarder: Forwarder, names: StateTopicNames,
@@ -84,28 +77,24 @@ async def claim_state_topics(cluster: UpstreamCluster, forwarder: Forwarder, nam
 async def deployment_owner(cluster: UpstreamCluster, topic: str) -> str | None:
     """The membership group id of the deployment marker topic's first record, None while it has none."""
     source = UpstreamPartitionSource(cluster, BatchCache(_OWNER_READ_BYTES), topic, 0)
-    offset = 0
-    while True:
-        try:
-            read = await source.read(offset, _OWNER_READ_BYTES)
-        except OffsetOutOfRange as exc:
-            if 0 <= exc.log_start_offset != offset:
-                offset = exc.log_start_offset  # records deleted below it: the first one left is the owner's
-                continue
-            raise SourceUnavailable(f"{topic}: {exc}") from exc
-        for header, data in read.batches:
-            if header.last_offset < offset or header.is_control:
+    first = 0  # records below the log start (deleted) do not count, even in a batch that holds later ones
+
+    def restarted(log_start_offset: int) -> None:
+        nonlocal first
+        first = log_start_offset
+
+    async with contextlib.aclosing(source.batches_to_end(0, _OWNER_READ_BYTES, on_log_start=restarted)) as batches:
+        async for header, data in batches:
+            if header.is_control:
                 continue
             try:
                 records = decode_records(data, 0, header)
             except CorruptRecordBatch as exc:
                 raise SourceUnavailable(f"{topic}: unreadable batch at offset {header.base_offset}: {exc}") from exc
             for record in records:
-                if record.offset >= offset and record.key is not None:
+                if record.offset >= first and record.key is not None:
                     return bytes(record.key).decode(errors="replace")
-            offset = header.last_offset + 1
-        if offset >= read.high_watermark or not read.batches:
-            return None
+    return None
 
 
 @dataclass(frozen=True, slots=True)

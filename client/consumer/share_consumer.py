@@ -565,7 +565,7 @@ class AsyncShareConsumer:
             except KafkaError as exc:
                 log.warning("share fetch: cannot reach broker %s: %s", node, exc)
                 session.reset()
-                await self._refresh_metadata_after_disconnect()
+                await self._refresh_metadata_quietly()
                 return
             wanted = self._wanted_on(node)
             # Acknowledgements cannot ride on the epoch-0 request that opens a session.
@@ -623,7 +623,7 @@ class AsyncShareConsumer:
                 # The connection is gone, and with it the session and our acquired records on that broker.
                 session.reset()
                 self._ack_results(node, acks, exc, {})
-                await self._refresh_metadata_after_disconnect()
+                await self._refresh_metadata_quietly()
                 return
             self._sensors["fetch-latency"].record((time.monotonic() - started) * 1000)
             self._sensors["fetch-throttle-time"].record(response.throttle_time_ms)
@@ -680,13 +680,13 @@ class AsyncShareConsumer:
                 self._sensors["records-fetched"].record(fetched_records)
             self._ack_results(node, acks, None, per_partition)
         if metadata_stale:
-            with contextlib.suppress(KafkaError):
-                await self.cluster.refresh_metadata()
+            await self._refresh_metadata_quietly()
 
-    async def _refresh_metadata_after_disconnect(self) -> None:
-        """A broker that cannot be reached may be gone for good, its partitions led by another one now (a
-        sidecar taking over a dead one's work): ask for the leaders again, as Kafka's network client does
-        on a disconnection, instead of trying the old leader forever."""
+    async def _refresh_metadata_quietly(self) -> None:
+        """Ask for the leaders again after a leadership error or a broker that cannot be reached (it may be
+        gone for good, its partitions led by another one now, as when a sidecar takes over a dead one's
+        work), as Kafka's network client does, instead of trying the old leader forever; a failed refresh
+        is left to the next one."""
         with contextlib.suppress(KafkaError):
             await self.cluster.refresh_metadata()
 

@@ -11,12 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from shoal.broker.upstream.cluster import UpstreamCluster, UpstreamStartError
 from shoal.broker.upstream.forwarder import Forwarder
+from shoal.broker.upstream.produce import produce_acks_all
 from shoal.broker.upstream.settings import parse_upstream
-from shoal.broker.upstream.state_topics import StateTopicNames, claim_state_topics
+from shoal.broker.upstream.state_topic_names import StateTopicNames
+from shoal.broker.upstream.state_topics import claim_state_topics, deployment_owner, ensure_state_topics
+from shoal.protocol.records import RecordInput, encode_batch
 
 from .broker_process import BrokerProcess
 from .conftest import FAST_HEARTBEAT, NO_JOIN_DELAY
@@ -137,3 +141,28 @@ def test_of_two_deployments_claiming_one_prefix_at_once_exactly_one_gets_it(upst
             await claim(refused[0])
 
     asyncio.run(run())
+
+
+def test_the_owner_is_the_first_record_left_once_earlier_ones_are_deleted(upstream: BrokerProcess) -> None:
+    """The marker topic read from a log start past offset 0, which falls inside the batch that holds the next
+    record: the records below it do not count, the first one at or after it names the owner."""
+    topic = StateTopicNames(unique_name("__shoal_deleted")).deployment
+
+    async def owner() -> str | None:
+        cluster = UpstreamCluster(parse_upstream({"bootstrap.servers": upstream.bootstrap}))
+        try:
+            await cluster.start()
+            await ensure_state_topics(cluster, {topic: 1}, None)
+            if (found := await deployment_owner(cluster, topic)) is None:
+                batch = encode_batch([RecordInput(key=b"first", value=b"first"), RecordInput(key=b"second", value=b"")])
+                await produce_acks_all(Forwarder(cluster), topic, 0, batch, timeout_ms=10_000, what="markers")
+                found = await deployment_owner(cluster, topic)
+            return found
+        finally:
+            await cluster.close()
+
+    assert asyncio.run(owner()) == "first"
+    admin = AdminClient({"bootstrap.servers": upstream.bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 0, 1)]).values():
+        assert future.result(30).low_watermark == 1
+    assert asyncio.run(owner()) == "second"

@@ -15,7 +15,7 @@ from shoal.broker.upstream.group_config_log import (
     encode_key,
     encode_value,
 )
-from shoal.broker.upstream.state_topics import is_state_topic
+from shoal.broker.upstream.state_topic_names import is_state_topic
 
 configs = st.dictionaries(st.text(min_size=1, max_size=40), st.text(max_size=60), max_size=8)
 

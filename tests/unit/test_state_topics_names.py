@@ -31,7 +31,7 @@ legal_prefixes = st.one_of(st.just("__shoal"), st.lists(
 
 
 def _names(keys: dict[str, str]) -> StateTopicNames:
-    return StateTopicNames(parse_upstream({"bootstrap.servers": "h:1", **keys}).state_topic_prefix)
+    return parse_upstream({"bootstrap.servers": "h:1", **keys}).state_topics
 
 
 def _all_names(names: StateTopicNames) -> set[str]:

@@ -16,15 +16,16 @@ from shoal.broker.upstream.state_log import (
     transaction_version_to_use,
     transactional_id,
 )
-from shoal.broker.upstream.state_topics import state_topic_name
+from shoal.broker.upstream.state_topic_names import StateTopicNames
 from shoal.coordinator.offset_metadata_manager import CommittedOffset, offset_commit_record
 from shoal.protocol.record_batch import iter_batches
 
 
 def test_state_topics_carry_the_shoal_prefix_and_never_an_internal_topics_name() -> None:
-    assert state_topic_name(CONSUMER_OFFSETS) == "__shoal_consumer_offsets"
-    assert state_topic_name(SHARE_GROUP_STATE) == "__shoal_share_group_state"
-    assert {state_topic_name(t) for t in (CONSUMER_OFFSETS, SHARE_GROUP_STATE)}.isdisjoint(
+    names = StateTopicNames()
+    assert names.for_internal(CONSUMER_OFFSETS) == "__shoal_consumer_offsets"
+    assert names.for_internal(SHARE_GROUP_STATE) == "__shoal_share_group_state"
+    assert {names.for_internal(t) for t in (CONSUMER_OFFSETS, SHARE_GROUP_STATE)}.isdisjoint(
         {CONSUMER_OFFSETS, SHARE_GROUP_STATE, TRANSACTION_STATE})
 
 
