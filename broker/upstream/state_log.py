@@ -21,6 +21,19 @@ reach its coordinator) or its epochs ran out, and then an earlier owner's stale 
 new owner's read. The transaction coordinator, which every transaction goes through, refuses it
 (`tests/integration/test_sidecar_state_fencing.py`).
 
+With transaction.version 1, a transaction begins with AddPartitionsToTxn. Once a transaction committed, the
+writer sends the next one's AddPartitionsToTxn at once, before any append asks for it, so the next write
+waits for two round trips (Produce, EndTxn), not three. That holds while the transaction is fresh
+(`OPENED_AHEAD_FRESH_S`): a write that finds it older sends AddPartitionsToTxn again, which the coordinator
+answers at once for a partition already in its open transaction, or refuses for a fenced epoch. So a writer
+paused past a take (SIGSTOP) still meets the transaction coordinator before its Produce, as without the
+early open; the clock only decides when to ask again, never whether a write is fenced. A transaction
+opened that way and left empty for
+`idle_end_s` is committed empty, well within the upstream's transaction timeout, which would otherwise abort
+it with an epoch bump that reads as fencing; the next write then opens its own. An empty open transaction
+holds no records, so it never holds back the partition's last stable offset, and a new owner's
+InitProducerId aborts it as it would any other.
+
 When the upstream finalizes `transaction.version` 2 (KIP-890 part 2, Kafka 4.x), a transaction is one round
 trip shorter: no AddPartitionsToTxn, the Produce (v12+) adds the partition to the transaction itself, and
 EndTxn v5 bumps the producer epoch and names the id and epoch the next transaction uses. Fencing is the same:
@@ -75,6 +88,10 @@ _READ_RETRY_S = 0.1
 _READ_BYTES = 4 << 20
 _DECODE_YIELD_EVERY = 64  # batches decoded between yields while a partition is read at take
 TRANSACTION_TIMEOUT_MS = 60_000
+# How long a TV1 transaction opened ahead of its first append may stay empty before it is committed.
+IDLE_END_S = TRANSACTION_TIMEOUT_MS / 1000 / 4
+# How long a transaction opened ahead is used without asking its coordinator again.
+OPENED_AHEAD_FRESH_S = 1.0
 # Records one transaction carries at most; what is queued beyond them goes in the next.
 MAX_TRANSACTION_RECORDS = 4096
 # A transaction's appends go in one batch up to this size (under Kafka's default max.message.bytes, 1 MiB);
@@ -147,8 +164,9 @@ class _PartitionWriter:
     """The transactional producer of one state partition: one transaction per flush of what is queued."""
 
     def __init__(self, cluster: UpstreamCluster, topic: str, partition: int, txn_id: str, timeout_s: float,
-                 max_transaction_version: int = 2):
+                 max_transaction_version: int = 2, idle_end_s: float = IDLE_END_S):
         self.cluster = cluster
+        self.idle_end_s = idle_end_s
         self.max_transaction_version = max_transaction_version
         self.transaction_version = 1  # what the upstream offers, found at init
         self.topic = topic
@@ -168,6 +186,12 @@ class _PartitionWriter:
         self._queue: list[_Pending] = []
         self._futures: dict[int, asyncio.Future[None]] = {}
         self._task: asyncio.Task[None] | None = None
+        # TV1: the partition is in an open transaction that holds nothing yet (AddPartitionsToTxn sent ahead).
+        self.opened_ahead = False
+        self.opened_ahead_fresh_s = OPENED_AHEAD_FRESH_S
+        self._opened_at = 0.0
+        self._open_next = False  # a transaction just committed: open the next one ahead
+        self._idle_timer: asyncio.TimerHandle | None = None
 
     # ---- ownership -------------------------------------------------------------------------------
 
@@ -202,6 +226,8 @@ class _PartitionWriter:
         if self.lost is not None:
             return
         self.lost = error
+        self.opened_ahead = False
+        self._cancel_idle_timer()
         queued, self._queue = self._queue, []
         for pending in queued:
             if not pending.future.done():
@@ -242,7 +268,13 @@ class _PartitionWriter:
         return batch
 
     async def _run(self) -> None:
-        while self._queue and self.lost is None:
+        while self.lost is None:
+            if not self._queue:
+                if not self._open_next:
+                    return
+                self._open_next = False
+                await self._open_ahead()
+                continue  # appends that came meanwhile go in the transaction just opened
             batch = self._next_transaction()
             appends = [pending.records for pending in batch]
             records = [r for pending in batch for r in pending.records]
@@ -261,6 +293,7 @@ class _PartitionWriter:
             else:
                 # The records sit at base.., the commit marker after them.
                 self.next_offset = max(self.next_offset, base + len(records) + 1)
+                self._open_next = self.transaction_version < 2
             for pending in batch:
                 if pending.future.done():
                     continue
@@ -269,15 +302,60 @@ class _PartitionWriter:
                 else:
                     pending.future.set_exception(error)
 
+    async def _add_partition(self) -> None:
+        """TV1: AddPartitionsToTxn, which opens a transaction holding this partition."""
+        req = messages.AddPartitionsToTxnRequest
+        add = req(v3_and_below_transactional_id=self.txn_id, v3_and_below_producer_id=self.producer_id,
+                  v3_and_below_producer_epoch=self.producer_epoch,
+                  v3_and_below_topics=[req.AddPartitionsToTxnTopic(name=self.topic, partitions=[self.partition])])
+        await self._txn_request(ApiKey.ADD_PARTITIONS_TO_TXN, add, 3, _add_partitions_error)
+
+    async def _open_ahead(self) -> None:
+        """TV1: open the next transaction before an append needs it. Failing that, the next write opens its
+        own; only fencing or a forgotten transactional id loses the partition, as in a write."""
+        try:
+            await self._add_partition()
+        except _Unknown as exc:
+            self.lose(CoordinatorLogError(ErrorCode.NOT_COORDINATOR, f"state write outcome unknown: {exc}"), fenced=False)
+            return
+        except (CoordinatorLogError, SourceUnavailable) as exc:
+            log.debug("state transaction not opened ahead", topic=self.topic, partition=self.partition, error=str(exc))
+            return
+        if self.lost is None:
+            self.opened_ahead = True
+            self._opened_at = time.monotonic()
+            self._idle_timer = asyncio.get_running_loop().call_later(self.idle_end_s, self._end_idle)
+
+    def _cancel_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def _end_idle(self) -> None:
+        """The transaction opened ahead stayed empty: commit it, unless a write is using it already."""
+        self._idle_timer = None
+        if self.opened_ahead and self.lost is None and (self._task is None or self._task.done()):
+            self._task = asyncio.get_running_loop().create_task(self._commit_idle())
+
+    async def _commit_idle(self) -> None:
+        self.opened_ahead = False
+        try:
+            await self._end(commit=True)
+        except (CoordinatorLogError, _Unknown) as exc:
+            # Unless fenced, the transaction may still be open, and the upstream's timeout would abort it with
+            # an epoch bump that looks like fencing: lose the partition now, so its owner takes it again.
+            self.lose(CoordinatorLogError(ErrorCode.NOT_COORDINATOR, f"empty state transaction not ended: {exc}"),
+                      fenced=False)
+        await self._run()  # appends that came meanwhile
+
     async def _transaction(self, appends: list[list[CoordinatorRecord]]) -> int:
         """One committed transaction holding the appends (one batch each); returns their base offset."""
-        if self.transaction_version < 2:  # TV2: the Produce adds the partition to the transaction
-            req = messages.AddPartitionsToTxnRequest
-            add = req(v3_and_below_transactional_id=self.txn_id, v3_and_below_producer_id=self.producer_id,
-                      v3_and_below_producer_epoch=self.producer_epoch,
-                      v3_and_below_topics=[req.AddPartitionsToTxnTopic(name=self.topic, partitions=[self.partition])])
+        self._cancel_idle_timer()
+        fresh = self.opened_ahead and time.monotonic() - self._opened_at <= self.opened_ahead_fresh_s
+        self.opened_ahead = False
+        if not fresh and self.transaction_version < 2:  # TV2: the Produce adds the partition to the transaction
             try:
-                await self._txn_request(ApiKey.ADD_PARTITIONS_TO_TXN, add, 3, _add_partitions_error)
+                await self._add_partition()
             except SourceUnavailable as exc:  # nothing was written: the write may simply be tried again
                 raise CoordinatorLogError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"state write failed: {exc}") from exc
         try:

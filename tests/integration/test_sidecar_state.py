@@ -11,8 +11,9 @@ import asyncio
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import AcknowledgeType, ShareConsumer
@@ -214,6 +215,67 @@ def test_two_writers_of_a_state_partition_the_later_one_fences_the_earlier(upstr
         finally:
             for cluster in clusters:
                 await cluster.close()
+
+    asyncio.run(run())
+
+
+def test_a_tv1_writer_opens_its_next_transaction_ahead_and_commits_it_if_left_empty(upstream: BrokerProcess) -> None:
+    """Transaction version 1: once a state transaction committed, the writer sends the next one's
+    AddPartitionsToTxn at once, so the next write starts with its Produce (two round trips on the
+    acknowledgement's path, not three). One opened longer ago than `opened_ahead_fresh_s` is added to
+    again first (the coordinator checks the epoch then). A transaction opened ahead and left empty is
+    committed after `idle_end_s`, before the upstream's transaction timeout could abort it, and writes go
+    on after it."""
+    topic = unique_name("__shoal_ahead")
+
+    def record(offset: int) -> object:
+        return offset_commit_record("g", "t", 0, CommittedOffset(offset, -1, "", 0))
+
+    async def until(condition: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 10
+        while not condition():
+            assert time.monotonic() < deadline, "timed out"
+            await asyncio.sleep(0.01)
+
+    async def run() -> None:
+        cluster = UpstreamCluster(parse_upstream({"bootstrap.servers": upstream.bootstrap}))
+        sent: list[int] = []
+        send = cluster.send
+
+        async def recorded_send(node: int, api_key: int, body: Any, version: int, **kwargs: Any) -> Any:
+            sent.append(api_key)
+            return await send(node, api_key, body, version, **kwargs)
+
+        cluster.send = recorded_send  # type: ignore[method-assign]
+        try:
+            await cluster.start()
+            await ensure_state_topics(cluster, {topic: 1}, None)
+            state_log = UpstreamStateLog(cluster, topic, CONSUMER_OFFSETS, 1, unique_name("ahead"),
+                                         max_transaction_version=1)
+            await state_log.take(0)
+            writer = state_log._writers[0]
+            await state_log.append(0, [record(1)])  # type: ignore[list-item]
+            await until(lambda: writer.opened_ahead)
+            sent.clear()
+            await state_log.append(0, [record(2)])  # type: ignore[list-item]
+            assert sent[:2] == [ApiKey.PRODUCE, ApiKey.END_TXN]
+            await until(lambda: writer.opened_ahead)
+            writer.opened_ahead_fresh_s = 0.0  # as after a pause: asked again, and the upstream says yes
+            writer.idle_end_s = 0.2  # for the transaction the next write opens ahead
+            sent.clear()
+            await state_log.append(0, [record(3)])  # type: ignore[list-item]
+            assert sent[:3] == [ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.PRODUCE, ApiKey.END_TXN]
+            # The next one opened ahead, left empty, then committed: one AddPartitionsToTxn, one EndTxn more.
+            await until(lambda: sent.count(ApiKey.END_TXN) == 2 and not writer.opened_ahead
+                        and writer._task is not None and writer._task.done())
+            assert sent.count(ApiKey.ADD_PARTITIONS_TO_TXN) == 2
+            assert writer.lost is None
+            await state_log.append(0, [record(4)])  # type: ignore[list-item]
+            reader = UpstreamStateLog(cluster, topic, CONSUMER_OFFSETS, 1, unique_name("ahead-reader"))
+            await reader.take(0)
+            assert [r.value.offset for _o, r in reader.replay(0) if r.value is not None] == [1, 2, 3, 4]
+        finally:
+            await cluster.close()
 
     asyncio.run(run())
 
