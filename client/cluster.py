@@ -17,6 +17,7 @@ from shoal.protocol.codec import MessageBase
 from shoal.protocol.errors import ErrorCode
 from shoal.protocol.uuids import ZERO_UUID
 
+from .backoff import exponential_backoff_ms
 from .connection import BrokerConnection
 from .errors import (
     KafkaConnectionError,
@@ -67,7 +68,7 @@ class TopicInfo:
 
 @dataclass(slots=True)
 class _Backoff:
-    failures: int = 0
+    failures: int = 0  # failed connects in a row
     next_attempt: float = 0.0
 
 
@@ -120,16 +121,19 @@ class Cluster:
                 wait = state.next_attempt - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+                setup_timeout_ms = exponential_backoff_ms(self.config.socket_connection_setup_timeout_ms,
+                                                          self.config.socket_connection_setup_timeout_max_ms,
+                                                          state.failures)
                 try:
-                    conn = await BrokerConnection(host, port, self.config, node_id=node_id).connect()
+                    conn = await BrokerConnection(host, port, self.config, node_id=node_id).connect(setup_timeout_ms)
                 except KafkaError as exc:
                     # Only connection-level failures are worth retrying; a refused SASL login is final.
                     if not isinstance(exc, KafkaConnectionError):
                         raise
                     last = exc
                     state.failures += 1
-                    base = self.config.reconnect_backoff_ms * (2 ** min(state.failures - 1, 16))
-                    delay = min(base, self.config.reconnect_backoff_max_ms) * random.uniform(0.8, 1.2)
+                    delay = exponential_backoff_ms(self.config.reconnect_backoff_ms,
+                                                   self.config.reconnect_backoff_max_ms, state.failures - 1)
                     state.next_attempt = time.monotonic() + delay / 1000
                     continue
                 state.failures = 0

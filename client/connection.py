@@ -115,8 +115,12 @@ class BrokerConnection:
 
     # ---- set-up --------------------------------------------------------------------------------
 
-    async def connect(self) -> BrokerConnection:
-        timeout = min(self.config.socket_connection_setup_timeout_ms, self.config.request_timeout_ms) / 1000
+    async def connect(self, setup_timeout_ms: float | None = None) -> BrokerConnection:
+        """Connect, negotiate versions and authenticate; the connect itself fails after `setup_timeout_ms`
+        (default socket.connection.setup.timeout.ms), and never later than the request timeout."""
+        if setup_timeout_ms is None:
+            setup_timeout_ms = self.config.socket_connection_setup_timeout_ms
+        timeout = min(setup_timeout_ms, self.config.request_timeout_ms) / 1000
         ssl_ctx = self.config.ssl_context()
         loop = asyncio.get_running_loop()
         try:

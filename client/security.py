@@ -33,8 +33,10 @@ class ClientConfig:
     ssl_check_hostname: bool = True
     request_timeout_ms: int = 30_000
     # Kafka's socket.connection.setup.timeout.ms: a broker that does not answer the connect (a host gone
-    # without a reset) is given up on after this, not after the whole request timeout.
+    # without a reset) is given up on after this, not after the whole request timeout. As in Kafka, it
+    # doubles with each failed attempt in a row, up to socket.connection.setup.timeout.max.ms.
     socket_connection_setup_timeout_ms: int = 10_000
+    socket_connection_setup_timeout_max_ms: int = 30_000
     reconnect_backoff_ms: int = 50
     reconnect_backoff_max_ms: int = 1_000
     metadata_max_age_ms: int = 300_000
@@ -55,6 +57,7 @@ class ClientConfig:
             "ssl.key.password": "ssl_key_password",
             "request.timeout.ms": "request_timeout_ms",
             "socket.connection.setup.timeout.ms": "socket_connection_setup_timeout_ms",
+            "socket.connection.setup.timeout.max.ms": "socket_connection_setup_timeout_max_ms",
             "reconnect.backoff.ms": "reconnect_backoff_ms",
             "reconnect.backoff.max.ms": "reconnect_backoff_max_ms",
             "metadata.max.age.ms": "metadata_max_age_ms",

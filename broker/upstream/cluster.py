@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 
 from shoal.broker.storage.partition_source import SourceUnavailable
+from shoal.client.backoff import exponential_backoff_ms
 from shoal.client.connection import BrokerConnection
 from shoal.client.errors import AuthenticationError, KafkaConnectionError, KafkaError, KafkaTimeoutError
 from shoal.protocol import messages
@@ -144,18 +145,23 @@ class UpstreamCluster:
         deadline = time.monotonic() + self.config.request_timeout_ms / 1000
         delay = self.config.reconnect_backoff_ms / 1000
         last = ""
+        failures = 0  # in a row: each doubles the next connect's setup timeout, as in Kafka's clients
         while True:
             if node_id == BOOTSTRAP or node_id not in self.brokers:
                 addresses = random.sample(self.settings.bootstrap, len(self.settings.bootstrap))
             else:
                 addresses = [self.brokers[node_id]]
             for host, port in addresses:
+                setup_timeout_ms = exponential_backoff_ms(self.config.socket_connection_setup_timeout_ms,
+                                                          self.config.socket_connection_setup_timeout_max_ms,
+                                                          failures)
                 try:
-                    return await BrokerConnection(host, port, self.config, node_id=node_id).connect()
+                    return await BrokerConnection(host, port, self.config, node_id=node_id).connect(setup_timeout_ms)
                 except KafkaConnectionError as exc:
                     last = str(exc)
                 except (KafkaTimeoutError, DecodeError) as exc:
                     last = f"{host}:{port}: {exc}"
+                failures += 1
             if time.monotonic() + delay >= deadline:
                 raise UpstreamUnavailable(last or f"cannot connect to upstream broker {node_id}")
             await asyncio.sleep(delay)

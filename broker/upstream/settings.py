@@ -30,6 +30,8 @@ _DIRECT = {
     "sasl.password": "sasl.password",
     "ssl.key.password": "ssl.key.password",
     "request.timeout.ms": "request.timeout.ms",
+    "socket.connection.setup.timeout.ms": "socket.connection.setup.timeout.ms",
+    "socket.connection.setup.timeout.max.ms": "socket.connection.setup.timeout.max.ms",
     "reconnect.backoff.ms": "reconnect.backoff.ms",
     "reconnect.backoff.max.ms": "reconnect.backoff.max.ms",
     "metadata.max.age.ms": "metadata.max.age.ms",

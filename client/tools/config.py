@@ -34,6 +34,7 @@ CONNECTION_KEYS = frozenset(
         "ssl.endpoint.identification.algorithm",
         "request.timeout.ms",
         "socket.connection.setup.timeout.ms",
+        "socket.connection.setup.timeout.max.ms",
         "reconnect.backoff.ms",
         "reconnect.backoff.max.ms",
         "metadata.max.age.ms",

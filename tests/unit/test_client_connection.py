@@ -9,7 +9,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from shoal.client.backoff import exponential_backoff_ms
 from shoal.client.cluster import Cluster, parse_bootstrap
 from shoal.client.connection import BrokerConnection
 from shoal.client.errors import KafkaConnectionError, UnsupportedVersionError
@@ -196,5 +199,35 @@ async def test_a_connect_without_an_answer_gives_up_after_the_connection_setup_t
         with pytest.raises(KafkaConnectionError, match="no answer within 200 ms"):
             await asyncio.wait_for(BrokerConnection(host, port, config).connect(), 60)
     finally:
+        queued.close()
+        listener.close()
+
+
+@given(initial=st.integers(1, 60_000), ceiling=st.integers(1, 600_000), attempts=st.integers(0, 200))
+def test_exponential_backoff_doubles_to_its_ceiling_within_its_jitter(initial: int, ceiling: int, attempts: int) -> None:
+    term = min(initial * 2 ** min(attempts, 32), ceiling)
+    assert exponential_backoff_ms(initial, ceiling, attempts, jitter=0) == term
+    assert term * 0.8 <= exponential_backoff_ms(initial, ceiling, attempts) <= term * 1.2
+
+
+async def test_the_connection_setup_timeout_grows_with_each_failed_connect_in_a_row() -> None:
+    """As Kafka's clients (socket.connection.setup.timeout.max.ms): each connect that got no answer doubles
+    the next one's setup timeout, up to the maximum, so a broker that is slow to accept is not given up on
+    forever at the first value."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    host, port = listener.getsockname()
+    queued = socket.create_connection((host, port))  # fills the accept queue: the next connects get no answer
+    cluster = Cluster(f"{host}:{port}", ClientConfig.from_dict({
+        "socket.connection.setup.timeout.ms": 50, "socket.connection.setup.timeout.max.ms": 100,
+        "reconnect.backoff.ms": 10, "reconnect.backoff.max.ms": 10, "request.timeout.ms": 400}))
+    try:
+        # The request timeout ends the tries; the last one's message names the timeout it had: the ceiling,
+        # within the jitter, not the 50 ms of the first.
+        with pytest.raises(KafkaConnectionError, match=r"no answer within (8\d|9\d|1[01]\d|120) ms"):
+            await asyncio.wait_for(cluster.connection(-1), 60)
+    finally:
+        await cluster.close()
         queued.close()
         listener.close()

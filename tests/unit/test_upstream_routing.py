@@ -49,6 +49,12 @@ def test_tls_files_map_to_the_client_settings() -> None:
     assert client.ssl_check_hostname is False
 
 
+def test_connection_setup_timeouts_configure_the_upstream_connections() -> None:
+    client = parse_upstream({"bootstrap.servers": "h:1", "socket.connection.setup.timeout.ms": "2000",
+                             "socket.connection.setup.timeout.max.ms": "8000"}).client
+    assert (client.socket_connection_setup_timeout_ms, client.socket_connection_setup_timeout_max_ms) == (2000, 8000)
+
+
 @pytest.mark.parametrize("keys, message", [
     ({"bootstrap.servers": "h:1", "linger.ms": "5"}, "upstream.linger.ms is not a client setting"),
     ({"bootstrap.servers": "nohost"}, "upstream.bootstrap.servers"),
