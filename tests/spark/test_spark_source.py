@@ -42,6 +42,18 @@ def _one_partition_of(broker: BrokerProcess, topic: str, group: str, records: in
     return SourceOptions.parse({"kafka.bootstrap.servers": broker.bootstrap, "group.id": group, "subscribe": topic})
 
 
+def _first_batch(reader: Any, start: dict[str, Any], limit: Any) -> dict[str, Any]:
+    """The first trigger's end offset, once a trigger holds records. On a loaded machine a new member's
+    first fetch can come back empty (its assignment, or its partition's first load, came after the source's
+    wait): that trigger holds nothing, and Spark's next trigger asks again from the same start, as this does."""
+    offset: dict[str, Any] = reader.latestOffset(start, limit)
+    deadline = time.monotonic() + 60
+    while "ranges" not in offset and time.monotonic() < deadline:
+        time.sleep(0.2)
+        offset = reader.latestOffset(start, limit)
+    return offset
+
+
 def _rows(spark: SparkSession, table: str) -> list[tuple[int, int]]:
     return [(r.partition, r.offset) for r in spark.sql(f"SELECT partition, offset FROM {table}").collect()]
 
@@ -441,7 +453,7 @@ def test_records_back_from_the_offset_log_are_accepted_and_dropped(broker: Broke
 
     first = KafkaShareStreamReader(options)
     start = first.initialOffset()
-    logged = first.latestOffset(start, ReadMaxRows(60))  # Spark would now write this to its offset log...
+    logged = _first_batch(first, start, ReadMaxRows(60))  # Spark would now write this to its offset log...
     assert logged["ranges"] == {topic: {"0": [[0, 59, 1, logged["ranges"][topic]["0"][0][3]]]}}
     first.stop()  # ...and the driver dies before partitions() accepts: the records go back to the group
 
@@ -478,7 +490,7 @@ def test_the_batch_acquired_ahead_keeps_its_locks_while_the_current_batch_runs(b
     other = ShareConsumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
     try:
         start = reader.initialOffset()
-        first = reader.latestOffset(start, ReadMaxRows(40))
+        first = _first_batch(reader, start, ReadMaxRows(40))
         assert reader.partitions(start, first)  # logged: accepted, and offsets 40..79 are acquired ahead
         # While the "current batch" runs for three lock durations, another member of the group polls.
         other.subscribe([topic])
@@ -523,13 +535,7 @@ def test_a_journaled_batch_holds_more_than_the_in_flight_limit(broker: BrokerPro
     reader = KafkaShareStreamReader(options)
     try:
         start = reader.initialOffset()
-        first = reader.latestOffset(start, ReadMaxRows(1000))
-        deadline = time.monotonic() + 60
-        while "ranges" not in first and time.monotonic() < deadline:
-            # On a loaded machine the consumer's assignment can come after the source's wait for it: that
-            # trigger finds nothing and holds nothing, and Spark's next trigger asks again from the same start.
-            time.sleep(0.2)
-            first = reader.latestOffset(start, ReadMaxRows(1000))
+        first = _first_batch(reader, start, ReadMaxRows(1000))
         assert len(_offsets_of(first, topic)) <= 200  # batch 1 waits acquired: at most about the limit
         reader.partitions(start, first)
         second = reader.latestOffset(first, ReadMaxRows(1000))
@@ -595,7 +601,7 @@ def test_a_batch_journaled_but_never_logged_is_the_next_batch_after_a_restart(br
 
     first_run = KafkaShareStreamReader(options)
     start = first_run.initialOffset()
-    logged = first_run.latestOffset(start, ReadMaxRows(40))  # batch 1: Spark logs it...
+    logged = _first_batch(first_run, start, ReadMaxRows(40))  # batch 1: Spark logs it...
     first_run.partitions(start, logged)  # ...plans it, and batch 2 is acquired ahead (journaled, accepted)
     # The crash comes once batch 2 is in the journal; stopping earlier would release its records instead.
     assert options.journal_topic is not None
