@@ -121,10 +121,9 @@ def main() -> int:
             print(line(label, r) + f"  spread {spread:.0%}")
         produce_ratio = results["produce sidecar"].rate / results["produce direct"].rate
         print(f"  produce through the sidecar / produce direct: {produce_ratio:.2f}")
-        for plain in ("consume", "consume, no stall"):
-            consume_ratio = results[plain.replace("consume", "consume sidecar")].rate / results[
-                plain.replace("consume", "consume direct")].rate
-            print(f"  {plain} through the sidecar / direct: {consume_ratio:.2f}")
+        for stall in ("", ", no stall"):
+            consume_ratio = results[f"consume sidecar{stall}"].rate / results[f"consume direct{stall}"].rate
+            print(f"  consume{stall} through the sidecar / direct: {consume_ratio:.2f}")
         for plain in ("consume direct", "consume direct, no stall"):
             share_ratio = results["share sidecar, 1st rec on"].rate / results[plain].rate
             whole_ratio = results["share consume sidecar"].rate / results[plain].rate

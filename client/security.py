@@ -17,6 +17,28 @@ SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
+# Kafka client keys `ClientConfig.from_dict` takes, with the attribute each sets (and, apart from these,
+# ssl.endpoint.identification.algorithm, which sets ssl_check_hostname).
+CLIENT_KEYS: dict[str, str] = {
+    "client.id": "client_id",
+    "security.protocol": "security_protocol",
+    "sasl.mechanism": "sasl_mechanism",
+    "sasl.mechanisms": "sasl_mechanism",  # librdkafka's spelling
+    "sasl.username": "sasl_username",
+    "sasl.password": "sasl_password",
+    "ssl.ca.location": "ssl_ca_location",
+    "ssl.certificate.location": "ssl_certificate_location",
+    "ssl.key.location": "ssl_key_location",
+    "ssl.key.password": "ssl_key_password",
+    "request.timeout.ms": "request_timeout_ms",
+    "socket.connection.setup.timeout.ms": "socket_connection_setup_timeout_ms",
+    "socket.connection.setup.timeout.max.ms": "socket_connection_setup_timeout_max_ms",
+    "reconnect.backoff.ms": "reconnect_backoff_ms",
+    "reconnect.backoff.max.ms": "reconnect_backoff_max_ms",
+    "metadata.max.age.ms": "metadata_max_age_ms",
+}
+
+
 @dataclass(slots=True)
 class ClientConfig:
     """The connection-level settings every Shoal client takes, read from a Kafka-style config dict."""
@@ -44,29 +66,11 @@ class ClientConfig:
     @classmethod
     def from_dict(cls, config: Mapping[str, Any] | None, **overrides: Any) -> ClientConfig:
         out = cls()
-        names = {
-            "client.id": "client_id",
-            "security.protocol": "security_protocol",
-            "sasl.mechanism": "sasl_mechanism",
-            "sasl.mechanisms": "sasl_mechanism",  # librdkafka's spelling
-            "sasl.username": "sasl_username",
-            "sasl.password": "sasl_password",
-            "ssl.ca.location": "ssl_ca_location",
-            "ssl.certificate.location": "ssl_certificate_location",
-            "ssl.key.location": "ssl_key_location",
-            "ssl.key.password": "ssl_key_password",
-            "request.timeout.ms": "request_timeout_ms",
-            "socket.connection.setup.timeout.ms": "socket_connection_setup_timeout_ms",
-            "socket.connection.setup.timeout.max.ms": "socket_connection_setup_timeout_max_ms",
-            "reconnect.backoff.ms": "reconnect_backoff_ms",
-            "reconnect.backoff.max.ms": "reconnect_backoff_max_ms",
-            "metadata.max.age.ms": "metadata_max_age_ms",
-        }
         for key, value in (config or {}).items():
             if key == "ssl.endpoint.identification.algorithm":
                 out.ssl_check_hostname = str(value).lower() == "https"
-            elif key in names:
-                attr = names[key]
+            elif key in CLIENT_KEYS:
+                attr = CLIENT_KEYS[key]
                 current = getattr(out, attr)
                 setattr(out, attr, int(value) if isinstance(current, int) and not isinstance(current, bool) else value)
             else:

@@ -28,9 +28,9 @@ waits for two round trips (Produce, EndTxn), not three. That holds while the tra
 answers at once for a partition already in its open transaction, or refuses for a fenced epoch. So a writer
 paused past a take (SIGSTOP) still meets the transaction coordinator before its Produce, as without the
 early open; the clock only decides when to ask again, never whether a write is fenced. A transaction
-opened that way and left empty for
-`idle_end_s` is committed empty, well within the upstream's transaction timeout, which would otherwise abort
-it with an epoch bump that reads as fencing; the next write then opens its own. An empty open transaction
+opened that way and left empty for `idle_end_s` is committed empty, well within the upstream's transaction
+timeout, which would otherwise abort it with an epoch bump that reads as fencing; the next write then opens
+its own. An empty open transaction
 holds no records, so it never holds back the partition's last stable offset, and a new owner's
 InitProducerId aborts it as it would any other.
 
@@ -164,9 +164,8 @@ class _PartitionWriter:
     """The transactional producer of one state partition: one transaction per flush of what is queued."""
 
     def __init__(self, cluster: UpstreamCluster, topic: str, partition: int, txn_id: str, timeout_s: float,
-                 max_transaction_version: int = 2, idle_end_s: float = IDLE_END_S):
+                 max_transaction_version: int = 2):
         self.cluster = cluster
-        self.idle_end_s = idle_end_s
         self.max_transaction_version = max_transaction_version
         self.transaction_version = 1  # what the upstream offers, found at init
         self.topic = topic
@@ -186,10 +185,10 @@ class _PartitionWriter:
         self._queue: list[_Pending] = []
         self._futures: dict[int, asyncio.Future[None]] = {}
         self._task: asyncio.Task[None] | None = None
-        # TV1: the partition is in an open transaction that holds nothing yet (AddPartitionsToTxn sent ahead).
-        self.opened_ahead = False
+        # TV1: when the open transaction that holds nothing yet was opened (AddPartitionsToTxn sent ahead).
+        self._opened_ahead_at: float | None = None
         self.opened_ahead_fresh_s = OPENED_AHEAD_FRESH_S
-        self._opened_at = 0.0
+        self.idle_end_s = IDLE_END_S
         self._open_next = False  # a transaction just committed: open the next one ahead
         self._idle_timer: asyncio.TimerHandle | None = None
 
@@ -226,7 +225,7 @@ class _PartitionWriter:
         if self.lost is not None:
             return
         self.lost = error
-        self.opened_ahead = False
+        self._opened_ahead_at = None
         self._cancel_idle_timer()
         queued, self._queue = self._queue, []
         for pending in queued:
@@ -234,6 +233,10 @@ class _PartitionWriter:
                 pending.future.set_exception(error)
         if self.on_lost is not None:
             self.on_lost(fenced)
+
+    @property
+    def opened_ahead(self) -> bool:
+        return self._opened_ahead_at is not None
 
     # ---- writes ----------------------------------------------------------------------------------
 
@@ -322,8 +325,7 @@ class _PartitionWriter:
             log.debug("state transaction not opened ahead", topic=self.topic, partition=self.partition, error=str(exc))
             return
         if self.lost is None:
-            self.opened_ahead = True
-            self._opened_at = time.monotonic()
+            self._opened_ahead_at = time.monotonic()
             self._idle_timer = asyncio.get_running_loop().call_later(self.idle_end_s, self._end_idle)
 
     def _cancel_idle_timer(self) -> None:
@@ -338,7 +340,7 @@ class _PartitionWriter:
             self._task = asyncio.get_running_loop().create_task(self._commit_idle())
 
     async def _commit_idle(self) -> None:
-        self.opened_ahead = False
+        self._opened_ahead_at = None
         try:
             await self._end(commit=True)
         except (CoordinatorLogError, _Unknown) as exc:
@@ -351,8 +353,8 @@ class _PartitionWriter:
     async def _transaction(self, appends: list[list[CoordinatorRecord]]) -> int:
         """One committed transaction holding the appends (one batch each); returns their base offset."""
         self._cancel_idle_timer()
-        fresh = self.opened_ahead and time.monotonic() - self._opened_at <= self.opened_ahead_fresh_s
-        self.opened_ahead = False
+        opened, self._opened_ahead_at = self._opened_ahead_at, None
+        fresh = opened is not None and time.monotonic() - opened <= self.opened_ahead_fresh_s
         if not fresh and self.transaction_version < 2:  # TV2: the Produce adds the partition to the transaction
             try:
                 await self._add_partition()

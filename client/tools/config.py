@@ -16,30 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from shoal.client.security import CLIENT_KEYS
 from shoal.java_properties import parse_properties, unescape
 
 # Property names `ClientConfig.from_dict` understands (security.py), passed through as they are.
-CONNECTION_KEYS = frozenset(
-    {
-        "client.id",
-        "security.protocol",
-        "sasl.mechanism",
-        "sasl.mechanisms",
-        "sasl.username",
-        "sasl.password",
-        "ssl.ca.location",
-        "ssl.certificate.location",
-        "ssl.key.location",
-        "ssl.key.password",
-        "ssl.endpoint.identification.algorithm",
-        "request.timeout.ms",
-        "socket.connection.setup.timeout.ms",
-        "socket.connection.setup.timeout.max.ms",
-        "reconnect.backoff.ms",
-        "reconnect.backoff.max.ms",
-        "metadata.max.age.ms",
-    }
-)
+CONNECTION_KEYS = frozenset({*CLIENT_KEYS, "ssl.endpoint.identification.algorithm"})
 
 # Share-consumer settings by Kafka name -> AsyncShareConsumer keyword (with the value's type).
 CONSUMER_KEYS: dict[str, tuple[str, type]] = {

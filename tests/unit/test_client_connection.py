@@ -205,9 +205,11 @@ async def test_a_connect_without_an_answer_gives_up_after_the_connection_setup_t
 
 @given(initial=st.integers(1, 60_000), ceiling=st.integers(1, 600_000), attempts=st.integers(0, 200))
 def test_exponential_backoff_doubles_to_its_ceiling_within_its_jitter(initial: int, ceiling: int, attempts: int) -> None:
-    term = min(initial * 2 ** min(attempts, 32), ceiling)
-    assert exponential_backoff_ms(initial, ceiling, attempts, jitter=0) == term
-    assert term * 0.8 <= exponential_backoff_ms(initial, ceiling, attempts) <= term * 1.2
+    exact = [exponential_backoff_ms(initial, ceiling, a, jitter=0) for a in (attempts, attempts + 1)]
+    if attempts == 0:
+        assert exact[0] == min(initial, ceiling)
+    assert exact[1] == min(2 * exact[0], ceiling)  # each attempt doubles it, until the ceiling holds it
+    assert exact[0] * 0.8 <= exponential_backoff_ms(initial, ceiling, attempts) <= exact[0] * 1.2
 
 
 async def test_the_connection_setup_timeout_grows_with_each_failed_connect_in_a_row() -> None:
