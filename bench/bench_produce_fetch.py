@@ -178,16 +178,21 @@ def fetch(bootstrap: str, topic: str, records: int, partitions: int, value_bytes
     return Result(got, last - first, got * value_bytes)
 
 
+def share_from_earliest(bootstrap: str, group: str) -> None:
+    """share.auto.offset.reset=earliest for `group` (IncrementalAlterConfigs), before its members join."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    entry = ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)
+    for f in admin.incremental_alter_configs([ConfigResource(ResourceType.GROUP, group,
+                                                             incremental_configs=[entry])]).values():
+        f.result(30)
+
+
 def share_drain(bootstrap: str, topic: str, records: int, value_bytes: int = 100) -> Result:
     """One ShareConsumer (implicit acknowledgement) draining `topic` from its start, timed from the first
     record received to the last: before the first, the consumer joins its share group, which is not the read
     path. The group is named after the topic."""
     group = f"drain-{topic}"
-    entry = ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.incremental_alter_configs([ConfigResource(ResourceType.GROUP, group,
-                                                             incremental_configs=[entry])]).values():
-        f.result(30)
+    share_from_earliest(bootstrap, group)
     cg = ConsumerGroup(bootstrap, group, topic, 1)
     try:
         cg.running.set()

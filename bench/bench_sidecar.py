@@ -42,9 +42,8 @@ import sys
 import tempfile
 import time
 
-from bench_produce_fetch import NO_STALL, Result, create_topic, fetch, line, produce
+from bench_produce_fetch import NO_STALL, Result, create_topic, fetch, line, produce, share_from_earliest
 from bench_share import ConsumerGroup
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from peers import start_shoal, stop
 from sidecar_scale import two_vs_one
 
@@ -52,11 +51,7 @@ from sidecar_scale import two_vs_one
 def share_consume(bootstrap: str, topic: str, group: str, records: int, value_bytes: int) -> tuple[Result, Result]:
     """One ShareConsumer (implicit acknowledgement) drains `records` from the earliest offset: (from the
     subscription, from the first record)."""
-    entry = ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.incremental_alter_configs([ConfigResource(ResourceType.GROUP, group,
-                                                             incremental_configs=[entry])]).values():
-        f.result(30)
+    share_from_earliest(bootstrap, group)
     started = time.perf_counter()
     cg = ConsumerGroup(bootstrap, group, topic, 1)
     try:
