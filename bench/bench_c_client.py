@@ -75,9 +75,9 @@ def c_drain(binary: Path, mode: str, bootstrap: str, topic: str, partitions: int
     extra = [f"{k}={v}" for k, v in (settings or {}).items()]
     run = subprocess.run([str(binary), mode, bootstrap, topic, str(partitions), str(records), group, *extra],
                          capture_output=True, text=True, timeout=180)
+    if run.returncode != 0:
+        raise RuntimeError(f"C {mode} drain: {run.stdout.strip()} (exit {run.returncode}) {run.stderr[-500:]}")
     got, payload, seconds = run.stdout.split()
-    if run.returncode != 0 or int(got) < records:
-        raise RuntimeError(f"C {mode} drain read {got} of {records}: {run.stderr[-500:]}")
     return Result(int(got), float(seconds), int(payload))
 
 
