@@ -37,6 +37,9 @@ CLIENT_KEYS: dict[str, str] = {
     "reconnect.backoff.max.ms": "reconnect_backoff_max_ms",
     "metadata.max.age.ms": "metadata_max_age_ms",
 }
+SSL_ENDPOINT_IDENTIFICATION = "ssl.endpoint.identification.algorithm"
+# Every key `ClientConfig.from_dict` reads: what tools and the sidecar's upstream.* keys pass through.
+CLIENT_KEY_NAMES = frozenset({*CLIENT_KEYS, SSL_ENDPOINT_IDENTIFICATION})
 
 
 @dataclass(slots=True)
@@ -67,7 +70,7 @@ class ClientConfig:
     def from_dict(cls, config: Mapping[str, Any] | None, **overrides: Any) -> ClientConfig:
         out = cls()
         for key, value in (config or {}).items():
-            if key == "ssl.endpoint.identification.algorithm":
+            if key == SSL_ENDPOINT_IDENTIFICATION:
                 out.ssl_check_hostname = str(value).lower() == "https"
             elif key in CLIENT_KEYS:
                 attr = CLIENT_KEYS[key]

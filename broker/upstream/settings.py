@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shoal.client.cluster import parse_bootstrap
-from shoal.client.security import ClientConfig
+from shoal.client.security import CLIENT_KEY_NAMES, ClientConfig
 
 from .state_topic_names import (
     DEFAULT_MEMBERSHIP_GROUP_ID,
@@ -21,27 +21,9 @@ from .state_topic_names import (
     prefix_problem,
 )
 
-# Kafka client keys with the ClientConfig attribute they set, as text values.
-_DIRECT = {
-    "client.id": "client.id",
-    "security.protocol": "security.protocol",
-    "sasl.mechanism": "sasl.mechanism",
-    "sasl.username": "sasl.username",
-    "sasl.password": "sasl.password",
-    "ssl.key.password": "ssl.key.password",
-    "request.timeout.ms": "request.timeout.ms",
-    "socket.connection.setup.timeout.ms": "socket.connection.setup.timeout.ms",
-    "socket.connection.setup.timeout.max.ms": "socket.connection.setup.timeout.max.ms",
-    "reconnect.backoff.ms": "reconnect.backoff.ms",
-    "reconnect.backoff.max.ms": "reconnect.backoff.max.ms",
-    "metadata.max.age.ms": "metadata.max.age.ms",
-    "ssl.endpoint.identification.algorithm": "ssl.endpoint.identification.algorithm",
-    # PEM files: Kafka's names, and librdkafka's spellings of the same.
-    "ssl.truststore.location": "ssl.ca.location",
-    "ssl.ca.location": "ssl.ca.location",
-    "ssl.certificate.location": "ssl.certificate.location",
-    "ssl.key.location": "ssl.key.location",
-}
+# upstream.* client keys, with the `ClientConfig.from_dict` key each is passed on as (text values): every
+# key it reads, and Kafka's name for the PEM CA file, which librdkafka spells ssl.ca.location.
+_DIRECT = {**{key: key for key in CLIENT_KEY_NAMES}, "ssl.truststore.location": "ssl.ca.location"}
 # Accepted and meaningless for PEM files (Kafka requires them for JKS).
 _ACCEPTED = frozenset({"ssl.truststore.type", "ssl.keystore.type", "ssl.truststore.password",
                        "ssl.keystore.password"})

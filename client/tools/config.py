@@ -16,11 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from shoal.client.security import CLIENT_KEYS
+from shoal.client.security import CLIENT_KEY_NAMES
 from shoal.java_properties import parse_properties, unescape
-
-# Property names `ClientConfig.from_dict` understands (security.py), passed through as they are.
-CONNECTION_KEYS = frozenset({*CLIENT_KEYS, "ssl.endpoint.identification.algorithm"})
 
 # Share-consumer settings by Kafka name -> AsyncShareConsumer keyword (with the value's type).
 CONSUMER_KEYS: dict[str, tuple[str, type]] = {
@@ -90,7 +87,7 @@ def split_settings(props: Mapping[str, str], *, for_consumer: bool = False) -> C
             out.client_id = value
         elif key == "request.timeout.ms":
             out.request_timeout_ms = _int(key, value)
-        elif key in CONNECTION_KEYS:
+        elif key in CLIENT_KEY_NAMES:  # passed through as they are
             out.connection[key] = value
         elif key == "sasl.jaas.config":
             user, password = _jaas_credentials(value)
