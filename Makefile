@@ -11,7 +11,7 @@ STRICT_PACKAGES := -p shoal.protocol -p shoal.coordinator -p shoal.persister
 
 .PHONY: run test check install install-test lint typecheck unit integration bench clean generate compose-test compose-up compose-down compat
 
-$(VENV)/.installed: pyproject.toml setup.py protocol/_record_walk.c
+$(VENV)/.installed: pyproject.toml setup.py protocol/_record_walk.c broker/storage/_fsync_worker.c
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e .

@@ -102,8 +102,12 @@ def make_venv(src: Path, venv: Path) -> str:
 
 
 def describe_build(python: str, cwd: Path) -> str:
-    code = ("import shoal.protocol.records as r; "
-            "print(r.__file__, 'compiled walk' if getattr(r, '_compiled_walk', None) else 'python walk')")
+    # A baseline from before the fsync worker has no such module: it fsyncs in the executor.
+    code = ("import shoal.protocol.records as r\n"
+            "try:\n    from shoal.broker.storage.fsync_worker import _FsyncWorker as f\n"
+            "except ImportError:\n    f = None\n"
+            "print(r.__file__, 'compiled walk' if getattr(r, '_compiled_walk', None) else 'python walk',"
+            " 'compiled fsync' if f else 'executor fsync')")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run([python, "-c", code], cwd=cwd, env=env, check=True, capture_output=True,
                           text=True).stdout.strip()

@@ -2,7 +2,8 @@
 retention and DeleteRecords.
 
 Appends go to the page cache only; durability comes from `flush()`, which shares one fsync between all
-concurrent callers (group commit) and runs it in a worker thread so the event loop never blocks on disk.
+concurrent callers (group commit) and runs it in a worker thread so the event loop never blocks on disk
+(fsync_worker.py: threads that do not take the interpreter lock, when compiled).
 
 Crash safety: a sealed segment's index files are written only after its `.log` was fsynced, so on open
 sealed segments with index files are trusted and only the active segment (plus any sealed segment whose
@@ -39,6 +40,7 @@ import structlog
 
 from shoal.backoff import Backoff
 from shoal.broker.common.purgatory import LogKey, Purgatory
+from shoal.broker.storage import fsync_worker
 from shoal.broker.storage.log_config import (
     ProducePolicy,
     batch_too_large,
@@ -983,7 +985,12 @@ class PartitionLog:
         plan: _FlushPlan | None = None
         try:
             plan = self._plan_flush()
-            await asyncio.get_running_loop().run_in_executor(None, self._execute_flush, self.directory, plan)
+            loop = asyncio.get_running_loop()
+            fsync = None if plan.persist else fsync_worker.for_loop(loop)
+            if fsync is not None:
+                await fsync.sync([fd for _, fd, _ in plan.items], self.directory if plan.sync_dir else None)
+            else:
+                await loop.run_in_executor(None, self._execute_flush, self.directory, plan)
         except BaseException:
             self._dir_dirty = True
             _txn_indexes_unsynced(plan)

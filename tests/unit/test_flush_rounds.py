@@ -12,7 +12,7 @@ import pytest
 
 from shoal.broker.storage.partition_log import LogConfig, PartitionLog
 
-from .test_partition_log import append, make_batch
+from .test_partition_log import append, executor_fsync, make_batch
 
 
 def _logs(tmp_path: Path, n: int) -> list[PartitionLog]:
@@ -41,6 +41,7 @@ async def test_each_round_releases_its_own_waiters_and_fails_only_with_its_own_f
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
+    executor_fsync(monkeypatch)
     waiters: list[asyncio.Future[None]] = []
     for plog in (failing, held, fine):
         waiter = plog.durable(plog.log_end_offset)

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from shoal.broker.storage import log_segment
+from shoal.broker.storage import fsync_worker, log_segment
 from shoal.broker.storage.log_segment import LogSegment
 from shoal.broker.storage.partition_log import LogClosed, LogConfig, OffsetOutOfRange, PartitionLog
 from shoal.protocol.record_batch import iter_batches
@@ -450,6 +450,12 @@ def test_delete_removes_directory(tmp_path: Path) -> None:
 # -- flush / group commit ----------------------------------------------------------------------------
 
 
+def executor_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flush rounds fsync with Python's os.fsync in the loop's executor, so a test can hold or fail it;
+    the compiled worker that otherwise runs them is tested in test_fsync_worker.py."""
+    monkeypatch.setattr(fsync_worker, "for_loop", lambda loop: None)
+
+
 async def test_group_commit_shares_fsyncs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plog = PartitionLog.open(tmp_path / "t-0", cfg(segment_bytes=1000))
     in_flight = 0
@@ -470,6 +476,8 @@ async def test_group_commit_shares_fsyncs(tmp_path: Path, monkeypatch: pytest.Mo
                 in_flight -= 1
 
     monkeypatch.setattr(os, "fsync", slow_fsync)
+
+    executor_fsync(monkeypatch)
     base_count = plog.fsync_count
     for _ in range(5):
         append(plog, make_batch([b"g" * 30]))
@@ -506,6 +514,8 @@ async def test_flush_propagates_fsync_errors(tmp_path: Path, monkeypatch: pytest
         raise OSError(5, "EIO")
 
     monkeypatch.setattr(os, "fsync", failing_fsync)
+
+    executor_fsync(monkeypatch)
     results = await asyncio.gather(*(plog.flush() for _ in range(3)), return_exceptions=True)
     assert all(isinstance(r, OSError) for r in results)
     assert plog.flushed_offset == 0
@@ -527,6 +537,8 @@ async def test_durable_waiters_share_rounds_and_each_waits_for_its_own_data(tmp_
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", held_fsync)
+
+    executor_fsync(monkeypatch)
     append(plog, make_batch([b"a"]))
     first = [plog.durable(plog.log_end_offset) for _ in range(3)]
     flush_caller = asyncio.ensure_future(plog.flush())
@@ -557,6 +569,8 @@ async def test_durable_waiters_fail_with_the_fsync_error_and_on_close(tmp_path: 
         raise OSError(5, "EIO")
 
     monkeypatch.setattr(os, "fsync", failing_fsync)
+
+    executor_fsync(monkeypatch)
     waiters = [plog.durable(1) for _ in range(2)]
     results = await asyncio.gather(*(w for w in waiters if w is not None), return_exceptions=True)
     assert len(results) == 2 and all(isinstance(r, OSError) for r in results)
@@ -569,6 +583,7 @@ async def test_durable_waiters_fail_with_the_fsync_error_and_on_close(tmp_path: 
     # A partition deleted while a waiter waits fails it instead of leaving it hanging.
     append(plog, make_batch([b"f"]))
     monkeypatch.setattr(os, "fsync", lambda fd: time.sleep(0.05))
+    executor_fsync(monkeypatch)
     waiter = plog.durable(2)
     assert waiter is not None
     round_in_flight = plog._flush_task
