@@ -153,7 +153,10 @@ class Cluster:
         for conn in self._connections.values():
             if conn.connected:
                 return conn
-        for node_id in random.sample(list(self.brokers), len(self.brokers)):
+        # Brokers that failed their last connects go last: a dead one would hold each try for the request timeout.
+        tried = sorted(random.sample(list(self.brokers), len(self.brokers)),
+                       key=lambda n: self._backoff[n].failures if n in self._backoff else 0)
+        for node_id in tried:
             with contextlib.suppress(KafkaConnectionError):
                 return await self.connection(node_id)
         return await self.connection(BOOTSTRAP_NODE)

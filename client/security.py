@@ -36,6 +36,7 @@ CLIENT_KEYS: dict[str, str] = {
     "reconnect.backoff.ms": "reconnect_backoff_ms",
     "reconnect.backoff.max.ms": "reconnect_backoff_max_ms",
     "metadata.max.age.ms": "metadata_max_age_ms",
+    "default.api.timeout.ms": "default_api_timeout_ms",
 }
 SSL_ENDPOINT_IDENTIFICATION = "ssl.endpoint.identification.algorithm"
 # Every key `ClientConfig.from_dict` reads: what tools and the sidecar's upstream.* keys pass through.
@@ -65,6 +66,8 @@ class ClientConfig:
     reconnect_backoff_ms: int = 50
     reconnect_backoff_max_ms: int = 1_000
     metadata_max_age_ms: int = 300_000
+    # Kafka's default.api.timeout.ms: how long a read by offset keeps retrying a leader it cannot reach.
+    default_api_timeout_ms: int = 60_000
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any] | None, **overrides: Any) -> ClientConfig:

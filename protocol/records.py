@@ -53,6 +53,11 @@ def _load_compiled_walk() -> Callable[[bytes | memoryview, int, bool], tuple[int
 
 _compiled_walk = _load_compiled_walk()
 
+
+def compiled_walk_loaded() -> bool:
+    """Whether produce walks records with the compiled walk (the broker says so when it starts)."""
+    return _compiled_walk is not None
+
 LOG_APPEND_TIME = 1
 CREATE_TIME = 0
 

@@ -11,6 +11,8 @@ import sys
 import structlog
 
 from shoal.broker.common.config import BrokerConfig, ConfigError
+from shoal.broker.storage.fsync_worker import compiled_worker_loaded
+from shoal.protocol.records import compiled_walk_loaded
 
 from .collector import settle_after_start
 from .logging_setup import configure_logging
@@ -64,7 +66,9 @@ async def serve(config: BrokerConfig) -> int:
     settle_after_start()
     # One machine-readable line so tests and scripts can find the port chosen for `:0`.
     print(READY_PREFIX + json.dumps(ready), flush=True)
-    structlog.get_logger("shoal").info("broker started", **ready)
+    # Whether the optional C extensions were built: without a compiler the broker runs, slower.
+    structlog.get_logger("shoal").info("broker started", **ready, compiled_record_walk=compiled_walk_loaded(),
+                                       compiled_fsync_worker=compiled_worker_loaded())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

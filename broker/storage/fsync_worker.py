@@ -41,6 +41,11 @@ def _load() -> type[FsyncWorker] | None:
 _FsyncWorker = _load()
 
 
+def compiled_worker_loaded() -> bool:
+    """Whether flush rounds can use the compiled worker (the broker says so when it starts)."""
+    return _FsyncWorker is not None
+
+
 class LoopFsync:
     """The fsync worker of one event loop: `sync` hands descriptors over and completes on the loop."""
 

@@ -176,7 +176,7 @@ class AsyncAdmin:
         bootstrap_servers: str | Iterable[str],
         *,
         client_id: str | None = None,
-        request_timeout_ms: int = 30_000,
+        request_timeout_ms: int | None = None,  # default: request.timeout.ms of `config`, else 30 s
         config: Mapping[str, Any] | None = None,
     ):
         self.config = ClientConfig.from_dict(config, client_id=client_id, request_timeout_ms=request_timeout_ms)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from shoal.client.admin import AsyncAdmin
-from shoal.client.errors import KafkaError, for_code
+from shoal.client.errors import KafkaConnectionError, KafkaError, for_code
 from shoal.client.fetch_defaults import MAX_PARTITION_FETCH_BYTES
 from shoal.client.loop_thread import LoopThread
 from shoal.protocol import messages
@@ -90,8 +91,21 @@ class AsyncOffsetReader(AsyncAdmin):
         pos = first
         max_bytes = self.partition_max_bytes
         retries = 0
+        unreachable_since: float | None = None
         while True:
-            p = await self._fetch(topic, partition, pos, max_bytes, refresh=retries > 0)
+            try:
+                p = await self._fetch(topic, partition, pos, max_bytes, refresh=retries > 0)
+            except KafkaConnectionError:
+                # The leader cannot be reached (a sidecar killed, a broker gone): as Kafka's consumer, ask the
+                # metadata again and retry, until default.api.timeout.ms has gone by without reaching one.
+                now = time.monotonic()
+                unreachable_since = now if unreachable_since is None else unreachable_since
+                if now - unreachable_since >= self.cluster.config.default_api_timeout_ms / 1000:
+                    raise
+                retries += 1
+                await asyncio.sleep(min(1.0, 0.1 * retries))
+                continue
+            unreachable_since = None
             if p.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
                 start = await self.log_start_offset(topic, partition)
                 if pos >= start:

@@ -157,7 +157,7 @@ class AsyncShareConsumer:
         fetch_max_bytes: int = 52_428_800,
         client_id: str | None = None,
         rack_id: str | None = None,
-        request_timeout_ms: int = 30_000,
+        request_timeout_ms: int | None = None,  # default: request.timeout.ms of `config`, else 30 s
         config: Mapping[str, Any] | None = None,
         member_id: str | None = None,
         header_only: bool = False,

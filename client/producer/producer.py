@@ -133,7 +133,7 @@ class AsyncProducer:
         compression: str = "none",
         enable_idempotence: bool | None = None,
         client_id: str | None = None,
-        request_timeout_ms: int = 30_000,
+        request_timeout_ms: int | None = None,  # default: request.timeout.ms of `config`, else 30 s
         delivery_timeout_ms: int = 120_000,
         retry_backoff_ms: int = 100,
         max_request_size: int = 1_048_576,

@@ -5,11 +5,14 @@ suite skips it).
 - the broker container is restarted under the running example Spark job, which goes on pricing orders
   without a restart of its own (it reaches the broker by service name on the INTERNAL listener);
 - `docker stop` and `docker start` of the broker keep topics, records, share-group state and committed
-  offsets (the data directory is a named volume; the broker exits 0 on SIGTERM).
+  offsets (the data directory is a named volume; the broker exits 0 on SIGTERM);
+- the broker image runs the compiled record walk and fsync worker (the slim image has no compiler: the
+  Dockerfile builds the wheel in a stage that has one).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -103,6 +106,16 @@ def read_all(address: str, topic: str, partitions: int, count: int) -> list[tupl
     finally:
         consumer.close()
     return sorted(out)
+
+
+def test_the_broker_image_runs_the_compiled_extensions(stack: Stack) -> None:
+    started = []
+    for line in stack.logs("shoal").splitlines():
+        _, brace, rest = line.partition("{")  # compose prefixes each line with the container's name
+        if brace and '"broker started"' in rest:
+            started.append(json.loads(brace + rest))
+    assert started, stack.logs("shoal")[-3000:]
+    assert all(e["compiled_record_walk"] and e["compiled_fsync_worker"] for e in started), started
 
 
 def test_docker_stop_and_start_keep_topics_records_share_state_and_offsets(stack: Stack) -> None:

@@ -233,3 +233,18 @@ async def test_the_connection_setup_timeout_grows_with_each_failed_connect_in_a_
         await cluster.close()
         queued.close()
         listener.close()
+
+
+def test_request_timeout_and_api_timeout_come_from_the_config_unless_given_as_arguments() -> None:
+    from shoal.client.admin import AsyncAdmin
+    from shoal.client.consumer.share_consumer import AsyncShareConsumer
+    from shoal.client.producer.producer import AsyncProducer
+
+    config = {"request.timeout.ms": "700", "default.api.timeout.ms": "9000"}
+    makers: list[Callable[..., Any]] = [AsyncAdmin, AsyncProducer, AsyncShareConsumer]
+    for make in makers:
+        kwargs: dict[str, Any] = {"group_id": "g"} if make is AsyncShareConsumer else {}
+        client = make("127.0.0.1:1", config=config, **kwargs)
+        assert (client.config.request_timeout_ms, client.config.default_api_timeout_ms) == (700, 9000)
+        assert make("127.0.0.1:1", **kwargs).config.request_timeout_ms == 30_000
+        assert make("127.0.0.1:1", config=config, request_timeout_ms=1200, **kwargs).config.request_timeout_ms == 1200
