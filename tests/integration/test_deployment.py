@@ -244,6 +244,9 @@ def test_every_command_is_a_console_script_the_image_installs() -> None:
     assert checked >= 3
 
 
+WHEEL_STAGE = "broker-wheel"
+
+
 def test_broker_image_runs_as_non_root_with_its_data_in_a_volume() -> None:
     stage = dockerfile_stages(DOCKER / "Dockerfile")["broker"]
     assert stage.user not in ("root", "0", "")
@@ -260,8 +263,15 @@ def test_broker_image_runs_as_non_root_with_its_data_in_a_volume() -> None:
         copies = re.findall(r"^COPY (.*)$", text, re.M)
         assert copies and all(
             c == ". ." or c.startswith("--from=requirements ") or c == "pyproject.toml docker/requirements.py ./"
+            or c == f"--from={WHEEL_STAGE} /wheels /tmp/wheels"
             for c in copies
         ), copies
+    # The broker image installs the wheel a stage with a compiler built from the whole context, and that
+    # stage fails the build if either C extension is missing from it.
+    wheel_stage = dockerfile_steps(DOCKER / "Dockerfile")[WHEEL_STAGE]
+    [build] = [rest for word, rest in wheel_stage if word == "RUN" and "pip wheel" in rest]
+    assert "--wheel-dir /wheels ." in build and "_record_walk" in build and "_fsync_worker" in build
+    assert ("COPY", f"--from={WHEEL_STAGE} /wheels /tmp/wheels") in dockerfile_steps(DOCKER / "Dockerfile")["broker"]
     # Container logs are JSON lines by default, for log collectors.
     assert "log.format=json" in argv
 
@@ -300,7 +310,8 @@ def test_dependencies_are_installed_before_the_sources_are_copied(dockerfile: st
         for run in [rest for word, rest in stage[copy_at + 1:] if word == "RUN"]:
             assert "apt-get" not in run and " -r " not in run, f"{dockerfile} {name}: {run}"
             installs = re.findall(r"pip install ([^&]*)", run)
-            assert all("--no-deps" in i and i.split()[-1] == "." for i in installs), f"{dockerfile} {name}: {run}"
+            assert all("--no-deps" in i and i.split()[-1] in (".", "/tmp/wheels/*.whl") for i in installs), \
+                f"{dockerfile} {name}: {run}"
         for word, rest in stage:
             if word == "RUN" and "pip install" in rest and "--no-deps" not in rest:
                 # a dependency install: from pinned versions, never a bare package name
