@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shoal.client.admin import AsyncAdmin
+from shoal.client.backoff import exponential_backoff_ms
 from shoal.client.errors import KafkaConnectionError, KafkaError, for_code
 from shoal.client.fetch_defaults import MAX_PARTITION_FETCH_BYTES
 from shoal.client.loop_thread import LoopThread
@@ -98,12 +99,14 @@ class AsyncOffsetReader(AsyncAdmin):
             except KafkaConnectionError:
                 # The leader cannot be reached (a sidecar killed, a broker gone): as Kafka's consumer, ask the
                 # metadata again and retry, until default.api.timeout.ms has gone by without reaching one.
-                now = time.monotonic()
-                unreachable_since = now if unreachable_since is None else unreachable_since
-                if now - unreachable_since >= self.cluster.config.default_api_timeout_ms / 1000:
+                config = self.cluster.config
+                if unreachable_since is None:
+                    unreachable_since = time.monotonic()
+                elif time.monotonic() - unreachable_since >= config.default_api_timeout_ms / 1000:
                     raise
                 retries += 1
-                await asyncio.sleep(min(1.0, 0.1 * retries))
+                await asyncio.sleep(exponential_backoff_ms(config.reconnect_backoff_ms, config.reconnect_backoff_max_ms,
+                                                           retries - 1) / 1000)
                 continue
             unreachable_since = None
             if p.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:

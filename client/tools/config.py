@@ -70,7 +70,6 @@ class ClientSettings:
     connection: dict[str, str] = field(default_factory=dict)  # for ClientConfig (config=...)
     consumer: dict[str, Any] = field(default_factory=dict)  # AsyncShareConsumer keywords
     group_id: str | None = None
-    request_timeout_ms: int | None = None
     client_id: str | None = None
     ignored: list[str] = field(default_factory=list)
 
@@ -86,7 +85,7 @@ def split_settings(props: Mapping[str, str], *, for_consumer: bool = False) -> C
         if key == "client.id":
             out.client_id = value
         elif key == "request.timeout.ms":
-            out.request_timeout_ms = _int(key, value)
+            out.connection[key] = str(_int(key, value))  # checked here, so a bad value gets the tool's error
         elif key in CLIENT_KEY_NAMES:  # passed through as they are
             out.connection[key] = value
         elif key == "sasl.jaas.config":

@@ -145,7 +145,6 @@ class Plan:
     max_messages: int | None
     timeout_ms: int | None
     client_id: str
-    request_timeout_ms: int
     consumer_kwargs: dict[str, object]
     connection: dict[str, str]
 
@@ -188,7 +187,6 @@ def plan_from_args(ns: argparse.Namespace) -> Plan:
         max_messages=ns.max_messages,
         timeout_ms=ns.timeout_ms,
         client_id=settings.client_id or DEFAULT_CLIENT_ID,
-        request_timeout_ms=settings.request_timeout_ms or 30_000,
         consumer_kwargs=kwargs,
         connection=settings.connection,
     )
@@ -206,7 +204,6 @@ async def consume(bootstrap: str, plan: Plan, out: BinaryIO, progress: Progress)
         plan.group,
         acknowledgement_mode="explicit",
         client_id=plan.client_id,
-        request_timeout_ms=plan.request_timeout_ms,
         config=plan.connection,
         **plan.consumer_kwargs,  # type: ignore[arg-type]  # split_settings gave each value its parameter's type (CONSUMER_KEYS)
     )
@@ -232,7 +229,7 @@ async def consume(bootstrap: str, plan: Plan, out: BinaryIO, progress: Progress)
             out.flush()
         # Settle what was printed before leaving (close() releases whatever else was acquired), and say
         # so if the brokers refused an acknowledgement.
-        results = await consumer.commit_sync(plan.request_timeout_ms / 1000)
+        results = await consumer.commit_sync(consumer.config.request_timeout_ms / 1000)
         for (topic, partition), error in sorted(results.items()):
             if error is not None:
                 print(f"Warning: acknowledging records of {topic}-{partition} failed: {error}", file=sys.stderr)

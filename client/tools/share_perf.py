@@ -83,7 +83,6 @@ class Options:
     print_metrics: bool
     date_format: str
     client_id: str
-    request_timeout_ms: int
     consumer_kwargs: dict[str, object]
     connection: dict[str, str]
 
@@ -131,7 +130,6 @@ def options_from_args(ns: argparse.Namespace) -> Options:
         print_metrics=ns.print_metrics,
         date_format=ns.date_format,
         client_id=settings.client_id or DEFAULT_CLIENT_ID,
-        request_timeout_ms=settings.request_timeout_ms or 30_000,
         consumer_kwargs=kwargs,
         connection=settings.connection,
     )
@@ -197,7 +195,6 @@ async def run(opts: Options) -> int:
             opts.bootstrap,
             opts.group,
             client_id=opts.client_id if opts.threads == 1 else f"{opts.client_id}-{i + 1}",
-            request_timeout_ms=opts.request_timeout_ms,
             config=opts.connection,
             **opts.consumer_kwargs,  # type: ignore[arg-type]  # split_settings gave each value its parameter's type (CONSUMER_KEYS)
         )
@@ -219,7 +216,7 @@ async def run(opts: Options) -> int:
                   "exceeded. You can use the --timeout option to increase the timeout.")
         metrics = [c.metrics() for c in consumers] if opts.print_metrics else []
         # Accept what the last polls handed out, as the Java tool's commitSync() does.
-        await asyncio.gather(*(c.commit_sync(opts.request_timeout_ms / 1000) for c in consumers))
+        await asyncio.gather(*(c.commit_sync(c.config.request_timeout_ms / 1000) for c in consumers))
         print(stats_line(opts, start_ms, end_ms, totals.bytes, totals.records))
         for i, values in enumerate(metrics):
             _print_metrics(values, opts.client_id if opts.threads == 1 else f"{opts.client_id}-{i + 1}")
